@@ -1,0 +1,1 @@
+"""What runs outside ranks: ``stratacl-launch``, process supervision, the bootstrap daemon."""

@@ -1,0 +1,68 @@
+"""``stratacl-launch``: start N ranks of a script or module on this host.
+
+    stratacl-launch -n 32 [--topology cm384|flat|FILE] [--hbm-size 4G] [--timeout SEC]
+                    [--registration roa|jit|pool] [--tag-output] script.py [args...]
+    stratacl-launch -n 8 -m package.module [args...]
+
+Every flag also has a STRATACL_* environment variable (see the README's settings table);
+a flag wins over the variable.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from stratacl._config import SETTINGS, Config, check_environment
+from stratacl._errors import ConfigError
+
+from ._supervisor import Job, format_failure
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="stratacl-launch", description="Run a script on N emulated supernode ranks (one process each).",
+        epilog="Settings: every flag also reads STRATACL_<NAME> from the environment.")
+    p.add_argument("-n", "--nprocs", type=int, default=int(os.environ.get("STRATACL_NPROCS", "1")),
+                   help="number of ranks (STRATACL_NPROCS; default 1)")
+    p.add_argument("-m", dest="module", metavar="MODULE", help="run a module as __main__ in each rank")
+    for s in SETTINGS:
+        if s.flag is None:
+            continue
+        if s.parse.__name__ == "_bool":
+            p.add_argument(s.flag, dest=s.name, action="store_true", default=None, help=s.doc)
+        else:
+            p.add_argument(s.flag, dest=s.name, default=None, metavar=s.name.upper(), help=f"{s.doc} ({s.env})")
+    p.add_argument("script", nargs="?", help="the Python script every rank runs")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script or module")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = _parser().parse_args(argv)
+    try:
+        check_environment()
+        overrides = {s.name: getattr(ns, s.name) for s in SETTINGS if s.flag and getattr(ns, s.name) is not None}
+        config = Config(**overrides)
+    except ConfigError as e:
+        print(f"stratacl-launch: {e}", file=sys.stderr)
+        return 2
+    if ns.module:
+        args = ([ns.script] if ns.script else []) + ns.args
+        target = ("module", ns.module, [ns.module, *args])
+    elif ns.script:
+        target = ("script", ns.script, [ns.script, *ns.args])
+    else:
+        print("stratacl-launch: give a script or -m MODULE", file=sys.stderr)
+        return 2
+    if ns.nprocs < 1:
+        print(f"stratacl-launch: -n must be at least 1, got {ns.nprocs}", file=sys.stderr)
+        return 2
+    outcome = Job(ns.nprocs, config, target, handle_signals=True).run()
+    if not outcome.ok:
+        print(format_failure(outcome), file=sys.stderr)
+    return outcome.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,117 @@
+"""Entry point of every rank process: ties the rank to its launcher, then runs the user's code.
+
+    python -m stratacl_launcher._rankboot script PATH ARGS...
+    python -m stratacl_launcher._rankboot module NAME ARGS...
+    python -m stratacl_launcher._rankboot spawn          (function and arguments come over the socket)
+
+The rank dies with its launcher (PR_SET_PDEATHSIG), reports its traceback or its result over
+its socket, and exits 1 on an exception.
+"""
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import pickle
+import runpy
+import signal
+import socket
+import sys
+import time
+import traceback
+import types
+
+
+def _bind_to_launcher() -> None:
+    from stratacl.runtime import _native
+    _native.set_pdeathsig(signal.SIGKILL)
+    if os.getppid() != int(os.environ.get("STRATACL_LAUNCHER_PID", "0")):
+        os._exit(70)  # the launcher is already gone
+
+
+def _report_error(sock: socket.socket, exc: BaseException) -> None:
+    from stratacl_launcher import _wire
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    try:
+        pickled = pickle.dumps(exc)
+        pickle.loads(pickled)
+    except Exception:
+        pickled = None
+    rank = int(os.environ.get("STRATACL_RANK", "-1"))
+    try:
+        _wire.send(sock, ("error", {"rank": rank, "type": type(exc).__name__, "message": str(exc),
+                                    "traceback": tb, "exception": pickled, "time": time.monotonic()}))
+    except OSError:
+        pass
+
+
+def _mark_dead() -> None:
+    from stratacl.runtime import _world
+    from stratacl.runtime._control import STATE_DEAD
+    rt = _world._RUNTIME
+    if rt is not None:
+        rt.ctl.set_state(rt.rank, STATE_DEAD)
+
+
+def _load_main(path: str) -> None:
+    """Make a spawning script's functions importable here, as multiprocessing does."""
+    mod = types.ModuleType("__mp_main__")
+    mod.__file__ = path
+    sys.modules["__mp_main__"] = mod
+    code = runpy.run_path(path, run_name="__mp_main__")
+    mod.__dict__.update(code)
+    sys.modules["__main__"] = mod
+
+
+def main() -> None:
+    _bind_to_launcher()
+    faulthandler.enable()
+    boot = json.loads(os.environ["STRATACL_BOOT"])
+    sock = socket.socket(fileno=boot["report"])
+    from stratacl_launcher import _wire
+    kind, rest = sys.argv[1], sys.argv[2:]
+    code = 0
+    try:
+        if kind == "spawn":
+            sys_path, main_path, payload = _wire.recv(sock)
+            sys.path[:] = sys_path
+            if main_path:
+                _load_main(main_path)
+            fn, args = pickle.loads(payload)
+            import stratacl
+            comm = stratacl.init()
+            result = fn(comm, *args)
+            _wire.send(sock, ("result", pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL)))
+        elif kind == "script":
+            sys.argv = rest
+            sys.path.insert(0, os.path.dirname(os.path.abspath(rest[0])))
+            runpy.run_path(rest[0], run_name="__main__")
+        elif kind == "module":
+            sys.argv = rest
+            sys.path.insert(0, os.getcwd())
+            runpy.run_module(rest[0], run_name="__main__", alter_sys=True)
+        else:
+            raise SystemExit(f"stratacl rank boot: unknown target kind {kind!r}")
+    except SystemExit as e:
+        if e.code not in (None, 0):
+            code = e.code if isinstance(e.code, int) else 1
+            if not isinstance(e.code, int):
+                print(e.code, file=sys.stderr)
+            _report_error(sock, e)
+            _mark_dead()
+    except BaseException as e:  # noqa: BLE001 - every failure must reach the launcher
+        traceback.print_exc()
+        _report_error(sock, e)
+        _mark_dead()
+        code = 1
+    finally:
+        if code == 0:
+            import stratacl
+            stratacl.finalize()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    main()

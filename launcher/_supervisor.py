@@ -1,0 +1,343 @@
+"""Process supervision: one job = the bootstrap daemon + N rank processes, all or nothing.
+
+    Job.run()
+      create segments (named, mode 0600, unlinked at once)  -> descriptors
+      start daemon  (pipe: EOF = launcher gone -> daemon kills ranks and sweeps /dev/shm)
+      start ranks   (spawned with python -m stratacl_launcher._rankboot, die with the launcher)
+      loop: read reports, reap exits
+        first failure -> recorded in the control segment (peers raise PeerFailure)
+                      -> after `grace` s SIGTERM the rest, after another `grace` s SIGKILL
+      stop daemon, close everything, return a JobOutcome
+
+Ranks run in their own session so a terminal's Ctrl-C reaches only the launcher, which then
+shuts the job down in order.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pickle
+import secrets
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+from stratacl._config import Config
+from stratacl.runtime._control import (FAILED_EXIT, FAILED_SIGNAL, STATE_DEAD, STATE_FINALIZED, Control)
+
+from . import _wire
+from ._resources import create_job_segments, sweep
+
+
+@dataclasses.dataclass
+class RankEnd:
+    rank: int
+    pid: int
+    returncode: int | None = None
+    ended_at: float | None = None
+    error: dict | None = None
+    result: bytes | None = None
+    killed_by_launcher: bool = False
+
+    @property
+    def failed(self) -> bool:
+        return self.returncode not in (0, None) or self.error is not None
+
+    def how(self) -> str:
+        if self.returncode is None:
+            return "still running"
+        if self.returncode < 0:
+            try:
+                name = signal.Signals(-self.returncode).name
+            except ValueError:
+                name = f"signal {-self.returncode}"
+            return f"killed by {name}" + (" (sent by the launcher)" if self.killed_by_launcher else "")
+        return f"exit code {self.returncode}"
+
+
+@dataclasses.dataclass
+class JobOutcome:
+    job_id: str
+    ranks: list[RankEnd]
+    reason: str = ""            # '' | 'failure' | 'signal' | 'deadline'
+    signal: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not self.reason and all(r.returncode == 0 and r.error is None for r in self.ranks)
+
+    @property
+    def root_cause(self) -> RankEnd | None:
+        failed = [r for r in self.ranks if r.failed and not r.killed_by_launcher]
+        if not failed:
+            failed = [r for r in self.ranks if r.failed]
+        if not failed:
+            return None
+        return min(failed, key=lambda r: (r.error or {}).get("time", r.ended_at or float("inf")))
+
+    @property
+    def exit_code(self) -> int:
+        if self.ok:
+            return 0
+        if self.reason == "signal":
+            return 128 + self.signal
+        if self.reason == "deadline":
+            return 124
+        root = self.root_cause
+        if root is not None and root.returncode and root.returncode > 0:
+            return root.returncode
+        return 1
+
+
+def format_failure(outcome: JobOutcome) -> str:
+    """The root-cause block printed when a job fails."""
+    bar = "=" * 72
+    lines = [bar, f"stratacl-launch: job {outcome.job_id} failed"]
+    if outcome.reason == "signal":
+        lines.append(f"  the launcher received {signal.Signals(outcome.signal).name} and shut the job down")
+    elif outcome.reason == "deadline":
+        lines.append("  the job ran past its deadline (--deadline / STRATACL_DEADLINE) and was ended")
+    root = outcome.root_cause
+    if root is not None:
+        lines += ["Root cause (first failure):",
+                  f"  rank      : {root.rank} (pid {root.pid})",
+                  f"  ended by  : {root.how()}"]
+        if root.error:
+            lines.append(f"  error     : {root.error['type']}: {root.error['message']}")
+            lines.append("  traceback :")
+            lines += ["    " + ln for ln in root.error["traceback"].rstrip().splitlines()]
+        else:
+            lines.append("  traceback : (none: the process did not get to report one)")
+    others = [r for r in outcome.ranks if r.failed and r is not root]
+    if others:
+        lines.append("Other ranks:")
+        for r in others:
+            msg = f": {r.error['type']}: {r.error['message'].splitlines()[0] if r.error['message'] else ''}" \
+                if r.error else ""
+            lines.append(f"  rank {r.rank}: {r.how()}{msg}")
+    lines.append(bar)
+    return "\n".join(lines)
+
+
+class Job:
+    """Run ``target`` on ``nprocs`` ranks. target: ('script', path, args) | ('module', name, args)
+    | ('spawn', payload)."""
+
+    def __init__(self, nprocs: int, config: Config, target: tuple, handle_signals: bool = False,
+                 extra_env: dict[str, str] | None = None):
+        if nprocs < 1:
+            raise ValueError(f"need at least one rank, got {nprocs}")
+        self.n, self.config, self.target = nprocs, config, target
+        self.handle_signals = handle_signals
+        self.extra_env = extra_env or {}
+        self.job_id = secrets.token_hex(4)
+        self._signal = 0
+
+    # --- start ------------------------------------------------------------------------------
+    def _rank_env(self, rank: int, boot: dict) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(self.config.as_env())
+        env.update(self.extra_env)
+        env.update({
+            "STRATACL_JOB_ID": self.job_id, "STRATACL_RANK": str(rank), "STRATACL_WORLD_SIZE": str(self.n),
+            "STRATACL_BOOT": json.dumps(boot), "STRATACL_LAUNCHER_PID": str(os.getpid()),
+            "RANK": str(rank), "WORLD_SIZE": str(self.n), "LOCAL_RANK": str(rank),
+            "LOCAL_WORLD_SIZE": str(self.n),
+        })
+        if self.config.tag_output:
+            env["PYTHONUNBUFFERED"] = "1"
+        return env
+
+    def _argv(self) -> list[str]:
+        kind = self.target[0]
+        base = [sys.executable, "-m", "stratacl_launcher._rankboot", kind]
+        if kind == "spawn":
+            return base
+        return base + [self.target[1], *self.target[2]]
+
+    def run(self) -> JobOutcome:
+        ctl_fd, hbm_fds = create_job_segments(self.job_id, self.n, self.config)
+        ctl = Control(ctl_fd, self.n)
+        pipe_r, pipe_w = os.pipe()
+        procs: list[subprocess.Popen] = []
+        socks: list[socket.socket] = []
+        daemon = None
+        old_handlers = {}
+        try:
+            if self.handle_signals:
+                for sig in (signal.SIGINT, signal.SIGTERM):
+                    old_handlers[sig] = signal.signal(sig, self._on_signal)
+            daemon = subprocess.Popen(
+                [sys.executable, "-m", "stratacl_launcher._daemon", self.job_id, str(self.n), str(ctl_fd),
+                 str(pipe_r)], pass_fds=(ctl_fd, pipe_r), start_new_session=True, stdin=subprocess.DEVNULL)
+            os.close(pipe_r)
+            pipe_r = -1
+            tag = self.config.tag_output
+            for rank in range(self.n):
+                mine, theirs = socket.socketpair()
+                boot = {"ctl": ctl_fd, "hbm": hbm_fds, "report": theirs.fileno()}
+                p = subprocess.Popen(self._argv(), env=self._rank_env(rank, boot),
+                                     pass_fds=(ctl_fd, *hbm_fds, theirs.fileno()), start_new_session=True,
+                                     stdout=subprocess.PIPE if tag else None,
+                                     stderr=subprocess.PIPE if tag else None)
+                theirs.close()
+                procs.append(p)
+                socks.append(mine)
+                ctl.set_pid(rank, p.pid)
+                if tag:
+                    for stream, out in ((p.stdout, sys.stdout), (p.stderr, sys.stderr)):
+                        threading.Thread(target=_forward, args=(stream, out, f"[{rank}]: "), daemon=True).start()
+            for fd in hbm_fds:
+                os.close(fd)
+            hbm_fds = []
+            if self.target[0] == "spawn":
+                threading.Thread(target=_send_payload, args=(socks, self.target[1:]), daemon=True).start()
+            return self._supervise(ctl, procs, socks)
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    _kill(p, signal.SIGKILL)
+                    p.wait()
+            for s in socks:
+                s.close()
+            os.close(pipe_w)
+            if pipe_r >= 0:
+                os.close(pipe_r)
+            if daemon is not None:
+                try:
+                    daemon.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    daemon.kill()
+                    daemon.wait()
+            for fd in hbm_fds:
+                os.close(fd)
+            ctl.close()
+            os.close(ctl_fd)
+            sweep(self.job_id)
+            for sig, h in old_handlers.items():
+                signal.signal(sig, h)
+
+    def _on_signal(self, signum, frame) -> None:
+        self._signal = signum
+
+    # --- supervise --------------------------------------------------------------------------
+    def _supervise(self, ctl: Control, procs: list[subprocess.Popen], socks: list[socket.socket]) -> JobOutcome:
+        ends = [RankEnd(r, p.pid) for r, p in enumerate(procs)]
+        outcome = JobOutcome(self.job_id, ends)
+        sel = selectors.DefaultSelector()
+        readers = {}
+        for r, s in enumerate(socks):
+            sel.register(s, selectors.EVENT_READ, r)
+            readers[r] = _wire.FrameReader()
+        grace = self.config.grace
+        started = time.monotonic()
+        failed_at = term_at = None
+        killed = False
+        while True:
+            for key, _ in sel.select(timeout=0.02):
+                r = key.data
+                try:
+                    data = key.fileobj.recv(1 << 20, socket.MSG_DONTWAIT)
+                except (BlockingIOError, InterruptedError):
+                    continue
+                except OSError:
+                    data = b""
+                if not data:
+                    sel.unregister(key.fileobj)
+                    continue
+                for frame in readers[r].feed(data):
+                    kind, body = pickle.loads(frame)
+                    if kind == "error":
+                        ends[r].error = body
+                    elif kind == "result":
+                        ends[r].result = body
+            now = time.monotonic()
+            for r, p in enumerate(procs):
+                if ends[r].returncode is None and p.poll() is not None:
+                    e = ends[r]
+                    e.returncode, e.ended_at = p.returncode, now
+                    if p.returncode != 0:
+                        ctl.set_state(r, STATE_DEAD)
+                        if term_at is None:
+                            kind = FAILED_SIGNAL if p.returncode < 0 else FAILED_EXIT
+                            ctl.record_failure(r, kind, abs(p.returncode))
+                            if failed_at is None:
+                                failed_at, outcome.reason = now, outcome.reason or "failure"
+                    elif ctl.state(r) != STATE_FINALIZED:
+                        ctl.set_state(r, STATE_FINALIZED)
+            if all(e.returncode is not None for e in ends):
+                # drain what the last ranks wrote before they exited
+                for key in list(sel.get_map().values()):
+                    _drain_blocking(key.fileobj, readers[key.data], ends[key.data])
+                break
+            if self._signal and term_at is None:
+                outcome.reason, outcome.signal = "signal", self._signal
+                ctl.record_shutdown(self._signal)
+                term_at = now
+                self._terminate(procs, ends, signal.SIGTERM)
+            deadline = self.config.deadline
+            if deadline and term_at is None and now - started > deadline:
+                outcome.reason = "deadline"
+                ctl.record_shutdown(signal.SIGALRM)
+                term_at = now
+                self._terminate(procs, ends, signal.SIGTERM)
+            if failed_at is not None and term_at is None and now - failed_at > grace:
+                term_at = now
+                self._terminate(procs, ends, signal.SIGTERM)
+            if term_at is not None and not killed and now - term_at > grace:
+                killed = True
+                self._terminate(procs, ends, signal.SIGKILL)
+        sel.close()
+        return outcome
+
+    @staticmethod
+    def _terminate(procs, ends, sig) -> None:
+        for p, e in zip(procs, ends):
+            if p.poll() is None:
+                e.killed_by_launcher = True
+                _kill(p, sig)
+
+
+def _kill(p: subprocess.Popen, sig: int) -> None:
+    try:
+        os.kill(p.pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _drain_blocking(sock: socket.socket, reader: _wire.FrameReader, end: RankEnd) -> None:
+    sock.setblocking(True)
+    sock.settimeout(5.0)
+    try:
+        while True:
+            data = sock.recv(1 << 20)
+            if not data:
+                break
+            for frame in reader.feed(data):
+                kind, body = pickle.loads(frame)
+                if kind == "error":
+                    end.error = body
+                elif kind == "result":
+                    end.result = body
+    except OSError:
+        pass
+
+
+def _send_payload(socks: list[socket.socket], payload: tuple) -> None:
+    for s in socks:
+        try:
+            _wire.send(s, payload)
+        except OSError:
+            pass
+
+
+def _forward(stream, out, prefix: str) -> None:
+    for line in iter(stream.readline, b""):
+        out.write(prefix + line.decode(errors="replace"))
+        out.flush()
+    stream.close()

@@ -1,0 +1,191 @@
+"""Settings: one typo-proof object, filled from ``STRATACL_*`` environment variables.
+
+Every launcher flag maps to one environment variable, so a rank sees the same settings however
+it was started. ``SETTINGS`` is the single table of names, types, defaults and effects; the
+README's settings table is generated from it (``python -m stratacl._config``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from typing import Any, Callable
+
+from ._errors import ConfigError
+
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str | int) -> int:  # noqa: D401
+    """Parse '4G', '512MiB', '64K' or a plain byte count; K/M/G/T are powers of 1024."""
+    if isinstance(text, int):
+        return text
+    m = _SIZE_RE.match(str(text))
+    if not m:
+        raise ConfigError(f"not a size: {text!r} (examples: 4096, 64K, 512M, 4G)")
+    value, unit = float(m.group(1)), m.group(2).lower()
+    return int(value * 1024 ** " kmgt".index(unit or " "))
+
+
+def _choice(*allowed: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        v = str(text).strip().lower()
+        if v not in allowed:
+            raise ConfigError(f"expected one of {', '.join(allowed)}, got {text!r}")
+        return v
+    parse.__name__ = "|".join(allowed)
+    return parse
+
+
+def _bool(text: str | bool) -> bool:
+    if isinstance(text, bool):
+        return text
+    v = str(text).strip().lower()
+    if v in ("1", "true", "yes", "on"):
+        return True
+    if v in ("0", "false", "no", "off", ""):
+        return False
+    raise ConfigError(f"expected a boolean (1/0, true/false), got {text!r}")
+
+
+def _float(text: str | float) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise ConfigError(f"expected a number, got {text!r}") from None
+
+
+def _int(text: str | int) -> int:
+    try:
+        return int(str(text), 0)
+    except ValueError:
+        raise ConfigError(f"expected an integer, got {text!r}") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    name: str
+    parse: Callable[[Any], Any]
+    default: Any
+    flag: str | None
+    doc: str
+
+    @property
+    def env(self) -> str:
+        return "STRATACL_" + self.name.upper()
+
+    @property
+    def type_name(self) -> str:
+        names = {"parse_size": "size", "_float": "float", "_int": "int", "_bool": "bool", "str": "str"}
+        name = getattr(self.parse, "__name__", "str")
+        return names.get(name, name)
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("topology", str, "cm384", "--topology",
+            "Where ranks sit and what each fabric tier costs: `cm384`, `flat`, or a path to a topology file."),
+    Setting("hbm_size", parse_size, 4 * 1024**3, "--hbm-size",
+            "Capacity of each rank's HBM segment (sparse: only touched pages use host memory)."),
+    Setting("timeout", _float, 120.0, "--timeout",
+            "Seconds any wait inside an operation may last before CommTimeout; a dead peer is reported sooner."),
+    Setting("registration", _choice("roa", "jit", "pool"), "roa", "--registration",
+            "How buffers become remotely accessible: registration-on-allocation, just-in-time at first use, "
+            "or one pre-registered pool."),
+    Setting("metadata_path", _choice("direct", "relay"), "direct", "--metadata-path",
+            "How registration metadata travels: written by the owner into every peer's mailbox ring, "
+            "or relayed by the bootstrap daemon."),
+    Setting("pool_size", parse_size, 0, "--pool-size",
+            "Size of the pre-registered region in `pool` mode; 0 means the whole HBM."),
+    Setting("tag_output", _bool, False, "--tag-output",
+            "Prefix every line a rank prints with `[rank]`."),
+    Setting("debug", _choice("off", "info", "detail"), "off", None,
+            "Logging level of the library: OFF, INFO or DETAIL (DETAIL logs every operation and its descriptor)."),
+    Setting("grace", _float, 5.0, "--grace",
+            "Seconds the launcher waits after the first failure before SIGTERM, and again before SIGKILL."),
+    Setting("deadline", _float, 0.0, "--deadline",
+            "Wall-clock limit for the whole job in seconds; 0 means none. The launcher ends the job when it passes."),
+    Setting("va_base", _int, 0x1000_0000_0000, None,
+            "Start of the shared virtual-address window every rank reserves (advanced)."),
+)
+
+_BY_NAME = {s.name: s for s in SETTINGS}
+
+
+class Config:
+    """Resolved settings. Attribute access only for known names; assignment is validated."""
+
+    __slots__ = ("_values",)
+
+    def __init__(self, environ: dict[str, str] | None = None, **overrides: Any):
+        environ = os.environ if environ is None else environ
+        values = {}
+        for s in SETTINGS:
+            raw = environ.get(s.env)
+            try:
+                values[s.name] = s.default if raw is None else s.parse(raw)
+            except ConfigError as e:
+                raise ConfigError(f"{s.env}={raw!r}: {e}") from None
+        object.__setattr__(self, "_values", values)
+        for k, v in overrides.items():
+            setattr(self, k, v)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self._values[name]
+        except KeyError:
+            raise AttributeError(_unknown(name)) from None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name not in _BY_NAME:
+            raise ConfigError(_unknown(name))
+        self._values[name] = _BY_NAME[name].parse(value)
+
+    def as_env(self) -> dict[str, str]:
+        """The environment variables that reproduce these settings in another process."""
+        out = {}
+        for s in SETTINGS:
+            v = self._values[s.name]
+            out[s.env] = ("1" if v else "0") if isinstance(v, bool) else str(v)
+        return out
+
+    def __repr__(self) -> str:
+        return "Config(" + ", ".join(f"{k}={v!r}" for k, v in self._values.items()) + ")"
+
+
+def _unknown(name: str) -> str:
+    import difflib
+    near = difflib.get_close_matches(name, _BY_NAME, n=1)
+    hint = f"; did you mean {near[0]!r}?" if near else ""
+    return f"unknown setting {name!r}{hint} (known: {', '.join(_BY_NAME)})"
+
+
+def check_environment(environ: dict[str, str] | None = None) -> None:
+    """Reject STRATACL_* variables that name no setting: a typo must not be silently ignored."""
+    environ = os.environ if environ is None else environ
+    internal = {"STRATACL_JOB_ID", "STRATACL_RANK", "STRATACL_WORLD_SIZE", "STRATACL_BOOT",
+                "STRATACL_LAUNCHER_PID"}
+    known = {s.env for s in SETTINGS} | internal
+    for key in environ:
+        if key.startswith("STRATACL_") and key not in known:
+            near = [s.env for s in SETTINGS if s.env.startswith(key[:12])]
+            hint = f"; did you mean {near[0]}?" if near else ""
+            raise ConfigError(f"unknown environment variable {key}{hint}")
+
+
+def settings_table() -> str:
+    """The markdown table of every setting, as printed in the README."""
+    rows = ["| setting | launcher flag | environment variable | type | default | effect |",
+            "|---|---|---|---|---|---|"]
+    for s in SETTINGS:
+        default = s.default
+        if s.name in ("hbm_size", "pool_size") and default:
+            default = f"{default // 1024**3}G"
+        elif s.name == "va_base":
+            default = hex(default)
+        rows.append(f"| `{s.name}` | {f'`{s.flag}`' if s.flag else '-'} | `{s.env}` | {s.type_name} | "
+                    f"`{default}` | {s.doc} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(settings_table())

@@ -1,0 +1,61 @@
+"""The StrataError tree: one root, one child per subsystem.
+
+Every message names the operation, the rank, what was expected and what was seen, and the fix
+when there is one.
+"""
+from __future__ import annotations
+
+
+class StrataError(RuntimeError):
+    """Root of every error StrataCL-emu raises on purpose."""
+
+
+class ConfigError(StrataError, ValueError):
+    """A setting has an unknown name or a value of the wrong form."""
+
+
+class BootstrapError(StrataError):
+    """A rank could not join its job (missing environment, address window taken, ...)."""
+
+
+class RegistrationError(StrataError):
+    """An address range is not registered in this rank (never allocated, or already released)."""
+
+
+class OutOfMemory(StrataError, MemoryError):
+    """The rank's HBM cannot hold the requested allocation. Free arrays and retry."""
+
+
+class CollectiveMismatch(StrataError):
+    """Ranks called one collective with disagreeing arguments; raised on every rank of the call."""
+
+
+class PeerFailure(StrataError):
+    """A peer died or left while this rank waited on it inside an operation.
+
+    ``peer`` is the failed rank (world numbering), ``operation`` the operation that noticed.
+    """
+
+    def __init__(self, message: str, peer: int | None = None, operation: str | None = None):
+        super().__init__(message)
+        self.peer = peer
+        self.operation = operation
+
+    def __reduce__(self):
+        return (type(self), (self.args[0], self.peer, self.operation))
+
+
+class CommTimeout(StrataError, TimeoutError):
+    """Peers did not arrive within the communication timeout (``STRATACL_TIMEOUT``)."""
+
+
+class RankFailure(StrataError):
+    """A rank of a job failed; carries the rank, how it ended and its traceback text."""
+
+    def __init__(self, message: str, rank: int | None = None, traceback_text: str = ""):
+        super().__init__(message)
+        self.rank = rank
+        self.traceback_text = traceback_text
+
+    def __reduce__(self):
+        return (type(self), (self.args[0], self.rank, self.traceback_text))

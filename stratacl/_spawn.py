@@ -1,0 +1,52 @@
+"""``stratacl.spawn``: run a function on N ranks through the launcher's supervisor."""
+from __future__ import annotations
+
+import pickle
+import sys
+from typing import Any, Callable
+
+from ._config import Config
+from ._errors import RankFailure
+
+
+class RemoteTraceback(Exception):
+    """Carries a rank's formatted traceback as the cause of the re-raised exception."""
+
+    def __init__(self, tb: str):
+        super().__init__(tb)
+        self.tb = tb
+
+    def __str__(self) -> str:
+        return "\n" + self.tb
+
+
+def spawn(fn: Callable[..., Any], nranks: int, args: tuple = (), **settings: Any) -> list[Any]:
+    """Run ``fn(comm, *args)`` in ``nranks`` fresh rank processes; return their results by rank.
+
+    ``fn`` and ``args`` must be picklable (``fn`` defined at module level). ``settings`` are
+    the launcher's settings (``hbm_size=``, ``registration=``, ``timeout=``, ...). If a rank
+    fails, the first failure is raised here: the rank's own exception when it can be rebuilt
+    (with the rank's traceback as its cause), otherwise ``RankFailure``. Host-blocking.
+    """
+    from stratacl_launcher._supervisor import Job, format_failure
+
+    config = Config(**settings)
+    main_path = None
+    if getattr(fn, "__module__", None) == "__main__":
+        main_path = getattr(sys.modules["__main__"], "__file__", None)
+    payload = pickle.dumps((fn, tuple(args)), protocol=pickle.HIGHEST_PROTOCOL)
+    outcome = Job(nranks, config, ("spawn", list(sys.path), main_path, payload)).run()
+    if outcome.ok:
+        return [pickle.loads(r.result) if r.result is not None else None for r in outcome.ranks]
+    root = outcome.root_cause
+    block = format_failure(outcome)
+    if root is not None and root.error and root.error.get("exception"):
+        try:
+            exc = pickle.loads(root.error["exception"])
+        except Exception:
+            exc = None
+        if isinstance(exc, BaseException):
+            exc.add_note(f"(raised on rank {root.rank} of {nranks}; job {outcome.job_id})")
+            raise exc from RemoteTraceback(root.error["traceback"])
+    raise RankFailure(block, root.rank if root is not None else None,
+                      (root.error or {}).get("traceback", "") if root is not None else "")

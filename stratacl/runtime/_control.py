@@ -1,0 +1,168 @@
+"""The job's control segment: host-DRAM state every rank, the daemon and the launcher map.
+
+The launcher creates one shared-memory segment per job and hands its descriptor to every
+process it starts. It holds, in fixed places computed by ``Layout``:
+
+    header            job facts and the first failure, written by the launcher
+    region[r]         one per rank: pid and state, a doorbell, the inbound mailbox rings
+                      (one single-producer ring per sender, the daemon's last), and the rank's
+                      communicator slots
+    daemon region     the daemon's doorbell and one inbound ring per rank (the relay path)
+
+Every word has exactly one writer except the central barrier counter (atomic fetch-add) and
+doorbells (any producer may ring them). Nothing here is a lock.
+"""
+from __future__ import annotations
+
+import mmap
+
+import numpy as np
+
+from . import _native
+
+MAGIC = 0x5354524154414C31  # "STRATAL1"
+HEADER_BYTES = 4096
+RING_ENTRIES = 64
+RING_ENTRY_WORDS = 8                      # 8 x u64 = one 64-byte message
+RING_BYTES = 128 + RING_ENTRIES * RING_ENTRY_WORDS * 8
+COMM_SLOTS = 128
+DESC_FIXED = 16                           # fixed int64 fields of an operation descriptor
+P2P_DESC = 16
+
+# rank states
+STATE_STARTING, STATE_RUNNING, STATE_FINALIZED, STATE_DEAD = 0, 1, 2, 3
+STATE_NAMES = {0: "starting", 1: "running", 2: "finalized", 3: "dead"}
+
+# header word offsets (bytes)
+H_MAGIC, H_WORLD, H_FAILED_RANK, H_FAILED_KIND, H_FAILED_VALUE, H_LAUNCHER_PID = 0, 8, 16, 24, 32, 40
+H_HBM_SIZE, H_VA_BASE, H_SLICE = 48, 56, 64
+FAILED_NONE, FAILED_EXIT, FAILED_SIGNAL, FAILED_SHUTDOWN = 0, 1, 2, 3
+
+# rank region word offsets (bytes)
+R_PID, R_STATE, R_DOORBELL, R_PUBLISHED, R_FINAL_ACKS = 0, 8, 16, 24, 32
+R_RINGS = 128
+
+
+def _align(n: int, a: int = 64) -> int:
+    return (n + a - 1) // a * a
+
+
+class Layout:
+    """Byte offsets of everything in a control segment for a world of ``world`` ranks."""
+
+    def __init__(self, world: int):
+        self.world = world
+        self.desc_words = DESC_FIXED + 2 * world
+        self.slot_bytes = _align(
+            16 + 12 * world + 64 + world * P2P_DESC * 8 + 2 * self.desc_words * 8, 4096)
+        self.rings_bytes = (world + 1) * RING_BYTES
+        self.slots_offset = _align(R_RINGS + self.rings_bytes, 4096)
+        self.region_bytes = self.slots_offset + COMM_SLOTS * self.slot_bytes
+        self.daemon_offset = HEADER_BYTES + world * self.region_bytes
+        self.total = self.daemon_offset + _align(R_RINGS + world * RING_BYTES, 4096)
+
+    def region(self, rank: int) -> int:
+        """Offset of a rank's region; ``rank == world`` is the daemon's."""
+        return HEADER_BYTES + rank * self.region_bytes
+
+    def ring(self, consumer: int, producer: int) -> int:
+        """Offset of the ring carrying messages from ``producer`` to ``consumer``.
+
+        Either side may be ``world``, meaning the daemon.
+        """
+        return self.region(consumer) + R_RINGS + producer * RING_BYTES
+
+    def slot(self, rank: int, index: int) -> int:
+        return self.region(rank) + self.slots_offset + index * self.slot_bytes
+
+    # offsets inside a communicator slot
+    SLOT_COUNTER, SLOT_GEN, SLOT_ARRIVAL, SLOT_SEND_SEQ = 0, 8, 12, 16
+
+    def slot_recv_done(self) -> int:
+        return 16 + 4 * self.world
+
+    def slot_recv_status(self) -> int:
+        return 16 + 8 * self.world
+
+    def slot_p2p_desc(self) -> int:
+        return _align(16 + 12 * self.world)
+
+    def slot_desc(self, parity: int) -> int:
+        return self.slot_p2p_desc() + self.world * P2P_DESC * 8 + parity * self.desc_words * 8
+
+
+class Control:
+    """One process's mapping of the control segment, with typed views and raw addresses."""
+
+    def __init__(self, fd: int, world: int):
+        self.layout = Layout(world)
+        self.world = world
+        self._mm = mmap.mmap(fd, self.layout.total, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        self.u8 = np.frombuffer(self._mm, dtype=np.uint8)
+        self.base = self.u8.ctypes.data
+        self.u32 = self.u8.view(np.uint32)
+        self.u64 = self.u8.view(np.uint64)
+        self.i64 = self.u8.view(np.int64)
+
+    @staticmethod
+    def size_for(world: int) -> int:
+        return Layout(world).total
+
+    def init_header(self, hbm_size: int, va_base: int, slice_bytes: int, launcher_pid: int) -> None:
+        h = HEADER_BYTES // 8
+        self.u64[H_WORLD // 8] = self.world
+        self.i64[H_FAILED_RANK // 8] = -1
+        self.u64[H_HBM_SIZE // 8] = hbm_size
+        self.u64[H_VA_BASE // 8] = va_base
+        self.u64[H_SLICE // 8] = slice_bytes
+        self.u64[H_LAUNCHER_PID // 8] = launcher_pid
+        assert h
+        _native.store_u64(self.base + H_MAGIC, MAGIC)
+
+    def header(self, offset: int) -> int:
+        return int(self.u64[offset // 8])
+
+    def addr(self, offset: int) -> int:
+        return self.base + offset
+
+    # --- rank state -------------------------------------------------------------------------
+    def set_state(self, rank: int, state: int) -> None:
+        _native.store_u64(self.base + self.layout.region(rank) + R_STATE, state)
+
+    def state(self, rank: int) -> int:
+        return int(self.u64[(self.layout.region(rank) + R_STATE) // 8])
+
+    def set_pid(self, rank: int, pid: int) -> None:
+        self.i64[(self.layout.region(rank) + R_PID) // 8] = pid
+
+    def pid(self, rank: int) -> int:
+        return int(self.i64[(self.layout.region(rank) + R_PID) // 8])
+
+    # --- first failure, as recorded by the launcher ----------------------------------------
+    def record_failure(self, rank: int, kind: int, value: int) -> bool:
+        """Record the job's first failure; later calls keep the first. Returns True if recorded."""
+        if int(self.i64[H_FAILED_RANK // 8]) >= 0 or self.header(H_FAILED_KIND) == FAILED_SHUTDOWN:
+            return False
+        self.u64[H_FAILED_KIND // 8] = kind
+        self.i64[H_FAILED_VALUE // 8] = value
+        _native.store_u64(self.base + H_FAILED_RANK, rank if rank >= 0 else 2**64 + rank)
+        return True
+
+    def failure(self) -> tuple[int, int, int] | None:
+        """(rank, kind, value) of the first failure, or None while the job is healthy."""
+        rank = int(self.i64[H_FAILED_RANK // 8])
+        kind = self.header(H_FAILED_KIND)
+        if rank < 0 and kind != FAILED_SHUTDOWN:
+            return None
+        return rank, kind, int(self.i64[H_FAILED_VALUE // 8])
+
+    def record_shutdown(self, signum: int) -> None:
+        self.i64[H_FAILED_VALUE // 8] = signum
+        _native.store_u64(self.base + H_FAILED_KIND, FAILED_SHUTDOWN)
+
+    def close(self) -> None:
+        self.u8 = self.u32 = self.u64 = self.i64 = None  # type: ignore[assignment]
+        try:
+            self._mm.close()
+        except BufferError:
+            pass  # a view is still alive somewhere; the mapping goes with the process

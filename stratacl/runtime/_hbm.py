@@ -1,0 +1,67 @@
+"""A rank's HBM: one sparse POSIX shared-memory segment and its physical ranges.
+
+Physical ranges are carved page-granular (2 MiB) out of the segment. A released range is not
+reused until every peer has acknowledged dropping its mapping of it (``release_after_acks``):
+otherwise a peer still holding the old mapping could read bytes of a new owner. Released
+pages are punched out of the segment so the host gets the memory back.
+"""
+from __future__ import annotations
+
+import threading
+
+from . import _native
+from ._window import RangeAllocator
+
+
+class Hbm:
+    def __init__(self, rank: int, fd: int, capacity: int, reserved: int = 0):
+        self.rank, self.fd, self.capacity = rank, fd, capacity
+        self.phys = RangeAllocator(0, capacity)
+        if reserved:
+            self.phys.alloc(reserved)
+        self._awaiting: dict[int, tuple[int, int, set]] = {}   # epoch -> (offset, size, peers yet to ack)
+        self.cond = threading.Condition()
+
+    def alloc(self, size: int) -> int | None:
+        with self.cond:
+            return self.phys.alloc(size)
+
+    def release_after_acks(self, epoch: int, offset: int, size: int, peers: set) -> None:
+        """Free the range once every rank in ``peers`` has acknowledged ``epoch``'s release."""
+        with self.cond:
+            if not peers:
+                self._free(offset, size)
+            else:
+                self._awaiting[epoch] = (offset, size, set(peers))
+
+    def ack(self, epoch: int, peer: int) -> None:
+        with self.cond:
+            entry = self._awaiting.get(epoch)
+            if entry is None:
+                return
+            entry[2].discard(peer)
+            if not entry[2]:
+                del self._awaiting[epoch]
+                self._free(entry[0], entry[1])
+
+    def forget_peers(self, gone) -> None:
+        """Peers that finalized or died will never ack; stop waiting for them."""
+        with self.cond:
+            if not self._awaiting:
+                return
+            for epoch, (offset, size, peers) in list(self._awaiting.items()):
+                for p in [p for p in peers if gone(p)]:
+                    peers.discard(p)
+                if not peers:
+                    del self._awaiting[epoch]
+                    self._free(offset, size)
+
+    def _free(self, offset: int, size: int) -> None:
+        _native.punch_hole(self.fd, offset, size)
+        self.phys.free(offset, size)
+        self.cond.notify_all()
+
+    @property
+    def awaiting_bytes(self) -> int:
+        with self.cond:
+            return sum(size for _, size, _ in self._awaiting.values())

@@ -1,0 +1,230 @@
+/*
+ * Small native layer for StrataCL-emu: the few things Python cannot do on shared memory.
+ *
+ * - atomics and fences on words in shared mappings (the central barrier counter needs a
+ *   fetch-add that every rank sees in one total order);
+ * - futex wait/wake on shared (non-private) words, with the GIL released, so a waiting rank
+ *   costs nothing while it sleeps;
+ * - a bounded spin that yields the CPU between polls (32 ranks share 2 host cores);
+ * - mmap/munmap at fixed addresses, hole punching and the parent-death signal.
+ *
+ * Every function takes raw addresses as Python ints; callers own the validity of the address.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <sched.h>
+#include <stdint.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifndef MAP_FIXED_NOREPLACE
+#define MAP_FIXED_NOREPLACE 0x100000
+#endif
+#ifndef FALLOC_FL_KEEP_SIZE
+#define FALLOC_FL_KEEP_SIZE 0x01
+#endif
+#ifndef FALLOC_FL_PUNCH_HOLE
+#define FALLOC_FL_PUNCH_HOLE 0x02
+#endif
+
+static int parse_addr(PyObject *o, void **out) {
+    unsigned long long v = PyLong_AsUnsignedLongLong(o);
+    if (v == (unsigned long long)-1 && PyErr_Occurred()) return -1;
+    *out = (void *)(uintptr_t)v;
+    return 0;
+}
+
+static PyObject *fetch_add_u64(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    void *p;
+    if (n != 2) { PyErr_SetString(PyExc_TypeError, "fetch_add_u64(addr, value)"); return NULL; }
+    if (parse_addr(args[0], &p) < 0) return NULL;
+    unsigned long long v = PyLong_AsUnsignedLongLong(args[1]);
+    if (v == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+    uint64_t old = __atomic_fetch_add((uint64_t *)p, (uint64_t)v, __ATOMIC_SEQ_CST);
+    return PyLong_FromUnsignedLongLong(old);
+}
+
+static PyObject *load_u64(PyObject *self, PyObject *arg) {
+    void *p;
+    if (parse_addr(arg, &p) < 0) return NULL;
+    return PyLong_FromUnsignedLongLong(__atomic_load_n((uint64_t *)p, __ATOMIC_SEQ_CST));
+}
+
+static PyObject *store_u64(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    void *p;
+    if (n != 2) { PyErr_SetString(PyExc_TypeError, "store_u64(addr, value)"); return NULL; }
+    if (parse_addr(args[0], &p) < 0) return NULL;
+    unsigned long long v = PyLong_AsUnsignedLongLong(args[1]);
+    if (v == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+    __atomic_store_n((uint64_t *)p, (uint64_t)v, __ATOMIC_SEQ_CST);
+    Py_RETURN_NONE;
+}
+
+static PyObject *load_u32(PyObject *self, PyObject *arg) {
+    void *p;
+    if (parse_addr(arg, &p) < 0) return NULL;
+    return PyLong_FromUnsignedLong(__atomic_load_n((uint32_t *)p, __ATOMIC_SEQ_CST));
+}
+
+static PyObject *store_u32(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    void *p;
+    if (n != 2) { PyErr_SetString(PyExc_TypeError, "store_u32(addr, value)"); return NULL; }
+    if (parse_addr(args[0], &p) < 0) return NULL;
+    unsigned long v = PyLong_AsUnsignedLong(args[1]);
+    if (v == (unsigned long)-1 && PyErr_Occurred()) return NULL;
+    __atomic_store_n((uint32_t *)p, (uint32_t)v, __ATOMIC_SEQ_CST);
+    Py_RETURN_NONE;
+}
+
+static PyObject *fence(PyObject *self, PyObject *unused) {
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    Py_RETURN_NONE;
+}
+
+/* futex_wait(addr, expected, timeout_s) -> True if woken or the word changed, False on timeout. */
+static PyObject *futex_wait(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    void *p;
+    if (n != 3) { PyErr_SetString(PyExc_TypeError, "futex_wait(addr, expected, timeout_s)"); return NULL; }
+    if (parse_addr(args[0], &p) < 0) return NULL;
+    unsigned long expected = PyLong_AsUnsignedLong(args[1]);
+    if (expected == (unsigned long)-1 && PyErr_Occurred()) return NULL;
+    double t = PyFloat_AsDouble(args[2]);
+    if (t == -1.0 && PyErr_Occurred()) return NULL;
+    if (t < 0) t = 0;
+    struct timespec ts;
+    ts.tv_sec = (time_t)t;
+    ts.tv_nsec = (long)((t - (double)ts.tv_sec) * 1e9);
+    long rc;
+    int err;
+    Py_BEGIN_ALLOW_THREADS
+    rc = syscall(SYS_futex, (uint32_t *)p, FUTEX_WAIT, (uint32_t)expected, &ts, NULL, 0);
+    err = errno;
+    Py_END_ALLOW_THREADS
+    if (rc == 0) Py_RETURN_TRUE;
+    if (err == EAGAIN || err == EINTR) Py_RETURN_TRUE;
+    if (err == ETIMEDOUT) Py_RETURN_FALSE;
+    errno = err;
+    return PyErr_SetFromErrno(PyExc_OSError);
+}
+
+static PyObject *futex_wake(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    void *p;
+    if (n != 2) { PyErr_SetString(PyExc_TypeError, "futex_wake(addr, count)"); return NULL; }
+    if (parse_addr(args[0], &p) < 0) return NULL;
+    long count = PyLong_AsLong(args[1]);
+    if (count == -1 && PyErr_Occurred()) return NULL;
+    long rc = syscall(SYS_futex, (uint32_t *)p, FUTEX_WAKE, (int)count, NULL, NULL, 0);
+    if (rc < 0) return PyErr_SetFromErrno(PyExc_OSError);
+    return PyLong_FromLong(rc);
+}
+
+/* spin_until_geq_u64(addr, target, polls) -> True once *addr >= target; False after `polls`
+ * polls. Yields the CPU between polls: with more ranks than cores, a poll that does not yield
+ * keeps the rank that would set the word from running. */
+static PyObject *spin_until_geq_u64(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    void *p;
+    if (n != 3) { PyErr_SetString(PyExc_TypeError, "spin_until_geq_u64(addr, target, polls)"); return NULL; }
+    if (parse_addr(args[0], &p) < 0) return NULL;
+    unsigned long long target = PyLong_AsUnsignedLongLong(args[1]);
+    if (target == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+    long polls = PyLong_AsLong(args[2]);
+    if (polls == -1 && PyErr_Occurred()) return NULL;
+    int ok = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (long i = 0; i < polls; i++) {
+        if (__atomic_load_n((uint64_t *)p, __ATOMIC_ACQUIRE) >= target) { ok = 1; break; }
+        sched_yield();
+    }
+    Py_END_ALLOW_THREADS
+    if (ok) Py_RETURN_TRUE;
+    Py_RETURN_FALSE;
+}
+
+/* mmap_at(addr, length, prot, flags, fd, offset) -> addr; raises OSError on failure or if the
+ * kernel placed the mapping elsewhere. */
+static PyObject *mmap_at(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    void *p;
+    if (n != 6) { PyErr_SetString(PyExc_TypeError, "mmap_at(addr, length, prot, flags, fd, offset)"); return NULL; }
+    if (parse_addr(args[0], &p) < 0) return NULL;
+    unsigned long long len = PyLong_AsUnsignedLongLong(args[1]);
+    if (len == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+    int prot = (int)PyLong_AsLong(args[2]);
+    int flags = (int)PyLong_AsLong(args[3]);
+    int fd = (int)PyLong_AsLong(args[4]);
+    long long off = PyLong_AsLongLong(args[5]);
+    if (PyErr_Occurred()) return NULL;
+    void *r;
+    Py_BEGIN_ALLOW_THREADS
+    r = mmap(p, (size_t)len, prot, flags, fd, (off_t)off);
+    Py_END_ALLOW_THREADS
+    if (r == MAP_FAILED) return PyErr_SetFromErrno(PyExc_OSError);
+    if (p != NULL && r != p) {
+        munmap(r, (size_t)len);
+        errno = EEXIST;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    return PyLong_FromUnsignedLongLong((unsigned long long)(uintptr_t)r);
+}
+
+static PyObject *munmap_at(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    void *p;
+    if (n != 2) { PyErr_SetString(PyExc_TypeError, "munmap_at(addr, length)"); return NULL; }
+    if (parse_addr(args[0], &p) < 0) return NULL;
+    unsigned long long len = PyLong_AsUnsignedLongLong(args[1]);
+    if (len == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+    if (munmap(p, (size_t)len) != 0) return PyErr_SetFromErrno(PyExc_OSError);
+    Py_RETURN_NONE;
+}
+
+static PyObject *punch_hole(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    if (n != 3) { PyErr_SetString(PyExc_TypeError, "punch_hole(fd, offset, length)"); return NULL; }
+    int fd = (int)PyLong_AsLong(args[0]);
+    long long off = PyLong_AsLongLong(args[1]);
+    long long len = PyLong_AsLongLong(args[2]);
+    if (PyErr_Occurred()) return NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)off, (off_t)len);
+    Py_END_ALLOW_THREADS
+    if (rc != 0) return PyErr_SetFromErrno(PyExc_OSError);
+    Py_RETURN_NONE;
+}
+
+static PyObject *set_pdeathsig(PyObject *self, PyObject *arg) {
+    long sig = PyLong_AsLong(arg);
+    if (sig == -1 && PyErr_Occurred()) return NULL;
+    if (prctl(PR_SET_PDEATHSIG, (unsigned long)sig, 0, 0, 0) != 0) return PyErr_SetFromErrno(PyExc_OSError);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"fetch_add_u64", (PyCFunction)(void (*)(void))fetch_add_u64, METH_FASTCALL, "Atomic fetch-add on a u64; returns the old value."},
+    {"load_u64", load_u64, METH_O, "Sequentially consistent load of a u64."},
+    {"store_u64", (PyCFunction)(void (*)(void))store_u64, METH_FASTCALL, "Sequentially consistent store of a u64."},
+    {"load_u32", load_u32, METH_O, "Sequentially consistent load of a u32."},
+    {"store_u32", (PyCFunction)(void (*)(void))store_u32, METH_FASTCALL, "Sequentially consistent store of a u32."},
+    {"fence", fence, METH_NOARGS, "Full memory fence."},
+    {"futex_wait", (PyCFunction)(void (*)(void))futex_wait, METH_FASTCALL, "Wait on a shared futex word."},
+    {"futex_wake", (PyCFunction)(void (*)(void))futex_wake, METH_FASTCALL, "Wake waiters of a shared futex word."},
+    {"spin_until_geq_u64", (PyCFunction)(void (*)(void))spin_until_geq_u64, METH_FASTCALL, "Yielding spin until a u64 reaches a target."},
+    {"mmap_at", (PyCFunction)(void (*)(void))mmap_at, METH_FASTCALL, "mmap at a fixed address."},
+    {"munmap_at", (PyCFunction)(void (*)(void))munmap_at, METH_FASTCALL, "munmap a range."},
+    {"punch_hole", (PyCFunction)(void (*)(void))punch_hole, METH_FASTCALL, "Release the pages of a file range."},
+    {"set_pdeathsig", set_pdeathsig, METH_O, "Deliver a signal to this process when its parent dies."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "_native", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__native(void) {
+    PyObject *m = PyModule_Create(&moduledef);
+    if (m == NULL) return NULL;
+    PyModule_AddIntConstant(m, "MAP_FIXED_NOREPLACE", MAP_FIXED_NOREPLACE);
+    return m;
+}

@@ -1,0 +1,90 @@
+"""Waiting with deadlines: barriers and flags in the control segment.
+
+Every wait is a short yielding spin, then futex sleeps in slices; between slices the job's
+first failure and the waited-for peers' states are checked, so a dead peer is reported within
+one slice, and a peer that never arrives within ``timeout`` seconds gives ``CommTimeout``
+naming the missing ranks.
+
+A barrier is one atomic fetch-add on a counter in the leader's communicator slot; the last
+arriver publishes the generation in a futex word and wakes everyone.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Callable
+
+from .._errors import CommTimeout, PeerFailure
+from . import _native
+from ._control import (FAILED_EXIT, FAILED_SHUTDOWN, FAILED_SIGNAL, STATE_DEAD, STATE_FINALIZED, STATE_NAMES,
+                       Control)
+
+SPIN_POLLS = 64          # yielding polls before sleeping on the futex
+SLICE = 0.05             # seconds between health checks while asleep
+WAKE_ALL = 0x7FFFFFFF
+
+
+def _describe_failure(kind: int, value: int) -> str:
+    if kind == FAILED_SIGNAL:
+        try:
+            return f"killed by {signal.Signals(value).name}"
+        except ValueError:
+            return f"killed by signal {value}"
+    if kind == FAILED_EXIT:
+        return f"exited with code {value}"
+    return "failed"
+
+
+class JobHealth:
+    """Answers 'may I keep waiting?' for one rank."""
+
+    def __init__(self, ctl: Control, rank: int):
+        self.ctl, self.rank = ctl, rank
+
+    def check(self, operation: str, waiting_for: list[int]) -> None:
+        failure = self.ctl.failure()
+        if failure is not None:
+            frank, kind, value = failure
+            if kind == FAILED_SHUTDOWN:
+                raise PeerFailure(f"{operation}: rank {self.rank}: the job is shutting down "
+                                  f"(launcher got signal {value})", None, operation)
+            raise PeerFailure(f"{operation}: rank {self.rank}: peer rank {frank} "
+                              f"{_describe_failure(kind, value)}; this operation cannot complete",
+                              frank, operation)
+        for p in waiting_for:
+            st = self.ctl.state(p)
+            if st in (STATE_FINALIZED, STATE_DEAD):
+                raise PeerFailure(f"{operation}: rank {self.rank}: peer rank {p} has {STATE_NAMES[st]} "
+                                  f"and will not take part", p, operation)
+
+
+def wait_until(ready: Callable[[], bool], futex_addr: int, health: JobHealth, operation: str,
+               timeout: float, missing: Callable[[], list[int]], what: str) -> None:
+    """Return once ``ready()``; sleep on ``futex_addr`` (a u32 whose change signals progress)."""
+    if ready():
+        return
+    for _ in range(SPIN_POLLS):
+        _native.fence()
+        if ready():
+            return
+        os.sched_yield()
+    deadline = time.monotonic() + timeout
+    while True:
+        seen = _native.load_u32(futex_addr)
+        if ready():
+            return
+        left = deadline - time.monotonic()
+        if left <= 0:
+            gone = missing()
+            raise CommTimeout(f"{operation}: rank {health.rank} waited {timeout:g} s for {what}; "
+                              f"still missing: {gone}. Raise --timeout (STRATACL_TIMEOUT) if they are "
+                              f"only slow.")
+        _native.futex_wait(futex_addr, seen, min(SLICE, left))
+        if not ready():
+            health.check(operation, missing())
+
+
+def seq_reached(value: int, target: int) -> bool:
+    """u32 sequence comparison that survives wrap-around."""
+    return ((value - target) & 0xFFFFFFFF) < 0x80000000

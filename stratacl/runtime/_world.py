@@ -1,0 +1,179 @@
+"""Joining a job: the per-process runtime behind ``stratacl.init()``.
+
+``init`` reads what the launcher handed over (the job id, this rank, the control segment and
+every rank's HBM segment as inherited descriptors), reserves the shared address window,
+starts the registration thread and builds the world communicator. Run without the launcher it
+makes a one-rank job of its own. Nothing happens at import time.
+"""
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import secrets
+import threading
+from typing import Any
+
+import numpy as np
+
+from .._config import Config, check_environment
+from .._errors import BootstrapError, StrataError
+from ..ub import _topology
+from ..ub._registration import RegistrationUnit
+from . import _native
+from ._allocator import CachingAllocator, array_from_block
+from ._comm import Communicator
+from ._control import (COMM_SLOTS, H_HBM_SIZE, H_MAGIC, H_SLICE, H_VA_BASE, MAGIC, STATE_FINALIZED,
+                       STATE_RUNNING, Control)
+from ._hbm import Hbm
+from ._sync import JobHealth
+from ._window import PAGE, ShadowWindow, round_up
+
+log = logging.getLogger("stratacl")
+
+
+class _RankFilter(logging.Filter):
+    def __init__(self, rank: int):
+        super().__init__()
+        self.rank = rank
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.rank = self.rank
+        return True
+
+
+class Runtime:
+    def __init__(self, rank: int, world: int, job_id: str, config: Config, ctl: Control, hbm_fds: list[int]):
+        self.rank, self.world, self.job_id, self.config, self.ctl = rank, world, job_id, config, ctl
+        if _native.load_u64(ctl.base + H_MAGIC) != MAGIC:
+            raise BootstrapError(f"rank {rank}: the control segment of job {job_id} is not initialised")
+        self.topology = _topology.load(config.topology)
+        self.health = JobHealth(ctl, rank)
+        self.window = ShadowWindow(ctl.header(H_VA_BASE), world, ctl.header(H_SLICE))
+        capacity = ctl.header(H_HBM_SIZE)
+        self.reg = RegistrationUnit(rank, world, ctl, self.window, hbm_fds, config.registration,
+                                    config.metadata_path, self.health.check, config.timeout)
+        pool_va = None
+        if config.registration == "pool":
+            pool = round_up(config.pool_size or capacity)
+            if pool > capacity:
+                raise BootstrapError(f"pool size {pool} exceeds the HBM capacity {capacity}")
+            self.reg.map_pools(pool)
+            capacity, pool_va = pool, self.window.slice_start(rank)
+        self.hbm = Hbm(rank, hbm_fds[rank], capacity)
+        self.reg.hbm = self.hbm
+        self.allocator = CachingAllocator(rank, self.window, self.hbm, self.reg, pool_va)
+        self.stats: dict[str, Any] = dict(calls={}, bytes_pulled=0, bytes_local=0, bytes_staged=0,
+                                          staged_calls=0, output_bytes_written=0)
+        self._next_slot = 1
+        self._slot_lock = threading.Lock()
+        ctl.set_pid(rank, os.getpid())
+        self.reg.start()
+        ctl.set_state(rank, STATE_RUNNING)
+        self.world_comm = Communicator(self, list(range(world)), [0] * world)
+
+    def reserve_slot(self) -> int:
+        with self._slot_lock:
+            if self._next_slot >= COMM_SLOTS:
+                raise StrataError(f"rank {self.rank}: no communicator slots left ({COMM_SLOTS} per rank)")
+            self._next_slot += 1
+            return self._next_slot - 1
+
+    def own_segment(self, addr: int, nbytes: int):
+        """The segment of this rank's HBM holding [addr, addr + nbytes), or None."""
+        if self.window.owner(addr) != self.rank:
+            return None
+        seg = self.allocator.segment_of(addr)
+        if seg is None or addr + nbytes > seg.va + seg.size:
+            return None
+        return seg
+
+    def empty(self, shape, dtype) -> np.ndarray:
+        dtype = np.dtype(dtype)
+        shape = (int(shape),) if np.isscalar(shape) else tuple(int(s) for s in shape)
+        if any(s < 0 for s in shape):
+            raise ValueError(f"negative dimensions are not allowed: {shape}")
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        block = self.allocator.malloc(nbytes)
+        return array_from_block(self.allocator, block, shape, dtype)
+
+    def close(self) -> None:
+        self.reg.stop()
+        self.ctl.set_state(self.rank, STATE_FINALIZED)
+
+
+_RUNTIME: Runtime | None = None
+_LOCK = threading.Lock()
+
+
+def runtime() -> Runtime:
+    if _RUNTIME is None:
+        raise StrataError("stratacl is not initialised in this process: call stratacl.init() first")
+    return _RUNTIME
+
+
+def is_initialized() -> bool:
+    return _RUNTIME is not None
+
+
+def init(**settings: Any) -> Communicator:
+    """Join the job (or start a one-rank job) and return the world communicator. Idempotent."""
+    global _RUNTIME
+    with _LOCK:
+        if _RUNTIME is not None:
+            return _RUNTIME.world_comm
+        check_environment()
+        config = Config(**settings)
+        boot = os.environ.get("STRATACL_BOOT")
+        if boot:
+            info = json.loads(boot)
+            rank, world = int(os.environ["STRATACL_RANK"]), int(os.environ["STRATACL_WORLD_SIZE"])
+            job_id = os.environ["STRATACL_JOB_ID"]
+            ctl = Control(info["ctl"], world)
+            hbm_fds = list(info["hbm"])
+        else:
+            rank, world, job_id = 0, 1, secrets.token_hex(4)
+            ctl, hbm_fds = _standalone(job_id, config)
+        _setup_logging(rank, config.debug)
+        rt = Runtime(rank, world, job_id, config, ctl, hbm_fds)
+        _RUNTIME = rt
+        atexit.register(finalize)
+    log.info("rank %d of %d joined job %s (registration=%s, metadata=%s)", rank, world, job_id,
+             config.registration, config.metadata_path)
+    rt.world_comm.barrier()
+    return rt.world_comm
+
+
+def _standalone(job_id: str, config: Config) -> tuple[Control, list[int]]:
+    """A one-rank job without the launcher: same segments, unlinked as soon as they exist."""
+    from stratacl_launcher._resources import create_job_segments
+    ctl_fd, hbm_fds = create_job_segments(job_id, 1, config)
+    return Control(ctl_fd, 1), hbm_fds
+
+
+def _setup_logging(rank: int, level: str) -> None:
+    if level == "off":
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("[rank %(rank)s] %(levelname)s %(name)s: %(message)s"))
+    handler.addFilter(_RankFilter(rank))
+    log.addHandler(handler)
+    log.setLevel(logging.DEBUG if level == "detail" else logging.INFO)
+
+
+def finalize() -> None:
+    """Leave the job: stop background threads and mark this rank finalized. Not collective.
+
+    Arrays in HBM stay readable until the process exits; no further operation may be issued.
+    """
+    global _RUNTIME
+    with _LOCK:
+        rt, _RUNTIME = _RUNTIME, None
+    if rt is not None:
+        rt.close()
+
+
+def slice_bytes_for(hbm_size: int) -> int:
+    """Address space per rank: twice the HBM, so freed addresses can be reused independently."""
+    return 2 * round_up(hbm_size, PAGE)

@@ -1,0 +1,235 @@
+"""The memory registration unit: makes physical allocations remotely accessible.
+
+Registration-on-allocation (``roa``, the default), as a flow:
+
+    allocating thread                       background registration thread (every rank)
+    -----------------                       ------------------------------------------
+    segment mapped (physical event)
+      -> count it as published
+      -> queue {owner, va, size, HBM offset, epoch} ----> post to every peer (direct)
+      -> return at once                                  or to the daemon (relay)
+                                            peer: drain mailbox, map the owner's pages at
+                                                  the same address, record (va, epoch)
+    operator touches a peer buffer
+      -> ensure_ready: local table lookup; waits only if the mapping is not done yet
+
+Release: the owner takes back its address at once and queues RELEASE; each peer unmaps in the
+background and ACKs; the physical range is reused only after every ACK (see ``Hbm``).
+
+``jit`` maps a peer buffer on first use inside the operator (synchronous, on the critical path,
+cached afterwards). ``pool`` maps one pre-registered region of every peer at start-up.
+"""
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from typing import Callable
+
+import numpy as np
+
+from .._errors import RegistrationError
+from ..runtime import _native
+from ..runtime._control import R_PUBLISHED, STATE_RUNNING, STATE_STARTING, Control
+from ..runtime._mailbox import (BROADCAST, MSG_ACK, MSG_REGISTER, MSG_RELEASE, Mailbox, pack_header,
+                                unpack_header)
+from ..runtime._window import ShadowWindow
+
+
+class RegistrationUnit:
+    """This rank's registration unit; also the allocator's interception layer."""
+
+    def __init__(self, rank: int, world: int, ctl: Control, window: ShadowWindow, hbm_fds: list[int],
+                 mode: str, path: str, check_job: Callable[[str, list[int]], None], timeout: float):
+        self.rank, self.world, self.ctl, self.window = rank, world, ctl, window
+        self.hbm_fds, self.mode, self.path = hbm_fds, mode, path
+        self.check_job, self.timeout = check_job, timeout
+        self.hbm = None                      # set by the runtime once HBM exists
+        self.pool_bytes = 0
+        self.mailbox = Mailbox(ctl, rank)
+        self.cond = threading.Condition()
+        self._mapped: list[dict[int, tuple[int, int]]] = [dict() for _ in range(world)]  # owner -> va -> (epoch, size)
+        self._processed = [0] * world      # metadata messages handled per owner
+        self._requests: collections.deque = collections.deque()
+        self._published_addr = ctl.addr(ctl.layout.region(rank) + R_PUBLISHED)
+        self._stop = False
+        self._thread: threading.Thread | None = None
+        self.thread_error: BaseException | None = None
+        self.latencies: collections.deque = collections.deque(maxlen=4096)  # (owner, recv_ns, mapped_ns)
+        self.counters = dict(published=0, background_maps=0, background_unmaps=0, acks_received=0,
+                             ready_checks=0, ready_waits=0, ready_wait_ns=0,
+                             registrations_in_operator=0, registration_in_operator_ns=0)
+
+    # --- lifecycle --------------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name=f"stratacl-registration-{self.rank}",
+                                        daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop = True
+        if self._thread is not None:
+            self.mailbox.ring_own_doorbell()
+            self._thread.join(timeout=5.0)
+
+    def map_pools(self, pool_bytes: int) -> None:
+        """``pool`` mode: every peer's whole pre-registered region, mapped once at start-up."""
+        self.pool_bytes = pool_bytes
+        for owner in range(self.world):
+            self.window.map(self.window.slice_start(owner), pool_bytes, self.hbm_fds[owner], 0)
+
+    # --- interception layer (called by the allocator, on physical events only) --------------
+    def segment_mapped(self, seg) -> None:
+        if self.mode != "roa":
+            return
+        self._publish(MSG_REGISTER, seg)
+
+    def segment_released(self, seg) -> None:
+        if self.mode == "pool":
+            self.hbm.release_after_acks(seg.epoch, seg.hbm_offset, seg.size, set())
+            return
+        peers = {p for p in range(self.world) if p != self.rank and self._peer_alive(p)}
+        self.hbm.release_after_acks(seg.epoch, seg.hbm_offset, seg.size, peers)
+        self._publish(MSG_RELEASE, seg)
+
+    def _publish(self, kind: int, seg) -> None:
+        self.counters["published"] += 1
+        _native.store_u64(self._published_addr, self.counters["published"])
+        self._requests.append((kind, seg.va, seg.size, seg.hbm_offset, seg.epoch, time.monotonic_ns()))
+        self.mailbox.ring_own_doorbell()
+
+    def _peer_alive(self, p: int) -> bool:
+        return self.ctl.state(p) in (STATE_STARTING, STATE_RUNNING)
+
+    # --- background thread ------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while not self._stop:
+                seen = self.mailbox.doorbell_value()
+                busy = self._send_requests()
+                msgs = self.mailbox.drain()
+                if len(msgs):
+                    self._handle(msgs)
+                    busy = True
+                left = self.mailbox.flush(self._endpoint_alive)
+                if self.hbm is not None:
+                    self.hbm.forget_peers(lambda p: not self._peer_alive(p))
+                if not busy and not self._stop:
+                    self.mailbox.wait(seen, 0.002 if left else 0.1)
+        except BaseException as e:  # surfaced by ensure_ready / view; the thread must not die silently
+            self.thread_error = e
+            with self.cond:
+                self.cond.notify_all()
+
+    def _endpoint_alive(self, dst: int) -> bool:
+        return dst == self.world or self._peer_alive(dst)
+
+    def _send_requests(self) -> bool:
+        did = False
+        while self._requests:
+            kind, va, size, off, epoch, t = self._requests.popleft()
+            did = True
+            if self.path == "relay":
+                self.mailbox.post(self.world, (pack_header(kind, self.rank, BROADCAST), self.rank, epoch, va,
+                                               size, off, t, 0))
+            else:
+                words = (pack_header(kind, self.rank, BROADCAST), self.rank, epoch, va, size, off, t, 0)
+                for p in range(self.world):
+                    if p != self.rank:
+                        self.mailbox.post(p, words)
+        return did
+
+    def _handle(self, msgs: np.ndarray) -> None:
+        now = time.monotonic_ns()
+        for row in msgs.tolist():
+            kind, src, _ = unpack_header(row[0])
+            owner, epoch, va, size, off, t_sent = row[1], row[2], row[3], row[4], row[5], row[6]
+            if kind == MSG_REGISTER:
+                with self.cond:
+                    self._drop_overlaps(owner, va, size)
+                    self.window.map(va, size, self.hbm_fds[owner], off)
+                    self._mapped[owner][va] = (epoch, size)
+                    self._processed[owner] += 1
+                    self.counters["background_maps"] += 1
+                    self.cond.notify_all()
+                self.latencies.append((owner, now - t_sent, time.monotonic_ns() - t_sent))
+            elif kind == MSG_RELEASE:
+                with self.cond:
+                    entry = self._mapped[owner].get(va)
+                    if entry is not None and entry[0] <= epoch:
+                        self.window.unmap(va, entry[1])
+                        del self._mapped[owner][va]
+                        self.counters["background_unmaps"] += 1
+                    self._processed[owner] += 1
+                    self.cond.notify_all()
+                ack = (pack_header(MSG_ACK, self.rank, owner), owner, epoch, va, size, off, t_sent, 0)
+                self.mailbox.post(self.world if self.path == "relay" else owner, ack)
+            elif kind == MSG_ACK:
+                self.counters["acks_received"] += 1
+                self.hbm.ack(epoch, src)
+
+    def _drop_overlaps(self, owner: int, va: int, size: int) -> None:
+        table = self._mapped[owner]
+        for other_va, (epoch, other_size) in list(table.items()):
+            if other_va < va + size and va < other_va + other_size:
+                self.window.unmap(other_va, other_size)
+                del table[other_va]
+
+    # --- readiness (called by operators, purely local) --------------------------------------
+    def ensure_ready(self, owner: int, seg_va: int, seg_size: int, seg_offset: int, epoch: int,
+                     operation: str) -> None:
+        """Make sure ``owner``'s segment is mapped here; cheap when it already is."""
+        if owner == self.rank or self.mode == "pool":
+            return
+        self.counters["ready_checks"] += 1
+        entry = self._mapped[owner].get(seg_va)
+        if entry is not None and entry[0] == epoch:
+            return
+        t0 = time.monotonic_ns()
+        if self.mode == "jit":
+            with self.cond:
+                self._drop_overlaps(owner, seg_va, seg_size)
+                self.window.map(seg_va, seg_size, self.hbm_fds[owner], seg_offset)
+                self._mapped[owner][seg_va] = (epoch, seg_size)
+            self.counters["registrations_in_operator"] += 1
+            self.counters["registration_in_operator_ns"] += time.monotonic_ns() - t0
+            return
+        self.counters["ready_waits"] += 1
+        self._wait(lambda: self._mapped[owner].get(seg_va, (None,))[0] == epoch, owner, operation,
+                   f"registration of rank {owner}'s buffer {seg_va:#x} (epoch {epoch})")
+        self.counters["ready_wait_ns"] += time.monotonic_ns() - t0
+
+    def _wait(self, done: Callable[[], bool], owner: int, operation: str, what: str) -> None:
+        deadline = time.monotonic() + self.timeout
+        with self.cond:
+            while not done():
+                if self.thread_error is not None:
+                    raise RegistrationError(f"{operation}: registration thread of rank {self.rank} failed: "
+                                            f"{self.thread_error!r}") from self.thread_error
+                self.check_job(operation, [owner])
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise RegistrationError(f"{operation}: rank {self.rank} waited {self.timeout:g} s for {what}")
+                self.cond.wait(min(left, 0.05))
+
+    # --- ub.view ----------------------------------------------------------------------------
+    def lookup(self, owner: int, addr: int, nbytes: int, operation: str = "ub.view") -> bool:
+        """True if [addr, addr + nbytes) of ``owner`` is mapped here, after catching up with every
+        metadata message the owner had published when the call started."""
+        if self.mode == "pool":
+            start = self.window.slice_start(owner)
+            return start <= addr and addr + nbytes <= start + self.pool_bytes
+        published = _native.load_u64(self.ctl.addr(self.ctl.layout.region(owner) + R_PUBLISHED))
+        self._wait(lambda: self._processed[owner] >= published, owner, operation,
+                   f"metadata from rank {owner}")
+        with self.cond:
+            for va, (epoch, size) in self._mapped[owner].items():
+                if va <= addr and addr + nbytes <= va + size:
+                    return True
+        return False
+
+    def stats(self) -> dict:
+        out = dict(self.counters)
+        out["mode"], out["metadata_path"] = self.mode, self.path
+        out["peer_segments_mapped"] = sum(len(t) for t in self._mapped)
+        return out
