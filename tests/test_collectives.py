@@ -1,0 +1,181 @@
+"""Exact bytes on every rank: every operator x dtype x size, at N in {1, 2, 3, 8, 32}.
+
+Every rank computes what every peer contributes (``helpers.rank_data`` is reproducible), so
+each rank checks its own output byte for byte. Reductions are checked against numpy applied
+in rank order (``functools.reduce(ufunc, [x_0, ..., x_{N-1}])``), the documented order.
+Inputs alternate between HBM arrays (zero copy) and plain numpy arrays (staged path).
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+
+import stratacl
+from helpers import DTYPES, rank_data
+
+REDUCE = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum, "avg": np.add}
+SIZES = {1: [0, 1, 7, 1000, 65537, 300001], 2: [0, 1, 7, 1000, 65537, 300001],
+         3: [0, 1, 7, 1000, 65537, 300001], 8: [0, 1, 7, 1000, 65537], 32: [0, 1, 7, 1000, 20001]}
+
+
+def _place(a: np.ndarray, in_hbm: bool) -> np.ndarray:
+    if not in_hbm:
+        return a.copy()
+    h = stratacl.empty(a.shape, a.dtype)
+    h[...] = a
+    return h
+
+
+def _ref_reduce(op: str, parts: list[np.ndarray], n: int) -> np.ndarray:
+    acc = functools.reduce(REDUCE[op], parts)
+    if op == "avg":
+        acc = acc / acc.dtype.type(n)
+    return acc
+
+
+def _a2av_count(i: int, j: int, count: int) -> int:
+    return (i * 7 + j * 3 + count) % 4 * (count // 4 + 1) if count else 0
+
+
+def _same(name: str, got: np.ndarray, want: np.ndarray, bad: list[str]) -> None:
+    if got.dtype != want.dtype or got.shape != want.shape or got.tobytes() != want.tobytes():
+        where = np.nonzero(got.view(np.uint8) != want.view(np.uint8))[0][:3] if got.nbytes == want.nbytes else "shape"
+        bad.append(f"{name}: bytes differ (first differing bytes {where})")
+
+
+def matrix(comm, sizes: list[int], dtypes=None) -> tuple[list[str], int]:
+    """Run every case; return (failures, number of cases checked) for this rank."""
+    n, me = comm.size, comm.rank
+    bad: list[str] = []
+    cases = 0
+    for di, dt in enumerate(dtypes or DTYPES):
+        dt = np.dtype(dt)
+        for si, count in enumerate(sizes):
+            hbm = (di + si) % 2 == 0
+            tag = f"{dt}/{count}"
+            # all_gather
+            x = _place(rank_data(me, count, dt, "ag" + tag), hbm)
+            out = _place(np.zeros(n * count, dt), not hbm)
+            comm.all_gather(out, x)
+            _same(f"all_gather {tag}", out, np.concatenate([rank_data(p, count, dt, "ag" + tag)
+                                                            for p in range(n)]), bad)
+            cases += 1
+            # all_reduce and reduce_scatter, every op the dtype supports
+            for op in REDUCE:
+                if op == "avg" and dt.kind != "f":
+                    continue
+                parts = [rank_data(p, count, dt, f"ar{op}{tag}", op) for p in range(n)]
+                x = _place(parts[me], hbm)
+                comm.all_reduce(x, op=op)
+                _same(f"all_reduce {op} {tag}", x, _ref_reduce(op, parts, n), bad)
+                x = _place(rank_data(me, n * count, dt, f"rs{op}{tag}", op), hbm)
+                out = _place(np.zeros(count, dt), not hbm)
+                comm.reduce_scatter(out, x, op=op)
+                mine = [rank_data(p, n * count, dt, f"rs{op}{tag}", op, me * count, (me + 1) * count)
+                        for p in range(n)]
+                _same(f"reduce_scatter {op} {tag}", out, _ref_reduce(op, mine, n), bad)
+                cases += 2
+            # all_to_all
+            x = _place(rank_data(me, n * count, dt, "a2a" + tag), hbm)
+            out = _place(np.zeros(n * count, dt), not hbm)
+            comm.all_to_all(out, x)
+            want = np.concatenate([rank_data(p, n * count, dt, "a2a" + tag, None, me * count, (me + 1) * count)
+                                   for p in range(n)])
+            _same(f"all_to_all {tag}", out, want, bad)
+            cases += 1
+            # all_to_all_v
+            send = [_a2av_count(me, j, count) for j in range(n)]
+            recv = [_a2av_count(j, me, count) for j in range(n)]
+            x = _place(rank_data(me, sum(send), dt, "a2av" + tag), hbm)
+            out = _place(np.zeros(sum(recv) + 3, dt), not hbm)
+            comm.all_to_all_v(out, x, send, recv)
+            pieces = []
+            for j in range(n):
+                sj = [_a2av_count(j, k, count) for k in range(n)]
+                lo = sum(sj[:me])
+                pieces.append(rank_data(j, sum(sj), dt, "a2av" + tag, None, lo, lo + sj[me]))
+            want = np.concatenate(pieces + [np.zeros(3, dt)])
+            _same(f"all_to_all_v {tag}", out, want, bad)
+            cases += 1
+            # broadcast from several roots
+            for root in sorted({0, n - 1, n // 2}):
+                data = rank_data(root, count, dt, f"bc{root}{tag}")
+                x = _place(data if me == root else np.zeros(count, dt), hbm)
+                comm.broadcast(x, root=root)
+                _same(f"broadcast root {root} {tag}", x, data, bad)
+                cases += 1
+            # send/recv around a ring (even ranks send first, odd ranks receive first)
+            if n > 1:
+                nxt, prv = (me + 1) % n, (me - 1) % n
+                x = _place(rank_data(me, count, dt, "p2p" + tag), hbm)
+                got = _place(np.zeros(count, dt), not hbm)
+                if me % 2 == 0:
+                    comm.send(x, nxt)
+                    comm.recv(got, prv)
+                else:
+                    comm.recv(got, prv)
+                    comm.send(x, nxt)
+                _same(f"send/recv {tag}", got, rank_data(prv, count, dt, "p2p" + tag), bad)
+                cases += 1
+            comm.barrier()
+    return bad, cases
+
+
+def _expected_cases(n: int, sizes: list[int], dtypes=None) -> int:
+    total = 0
+    for dt in dtypes or DTYPES:
+        ops = 5 if np.dtype(dt).kind == "f" else 4
+        roots = len({0, n - 1, n // 2})
+        total += len(sizes) * (1 + 2 * ops + 1 + 1 + roots + (1 if n > 1 else 0))
+    return total
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 8, 32])
+def test_every_operator_dtype_and_size(n):
+    results = stratacl.spawn(matrix, n, args=(SIZES[n],), hbm_size="1G", timeout=120)
+    assert len(results) == n
+    for rank, (bad, cases) in enumerate(results):
+        assert bad == [], f"rank {rank}: {bad[:5]}"
+        assert cases == _expected_cases(n, SIZES[n])
+
+
+@pytest.mark.parametrize("settings", [
+    dict(registration="jit"), dict(registration="pool", hbm_size="512M"),
+    dict(metadata_path="relay"), dict(topology="flat")], ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()))
+@pytest.mark.parametrize("n", [3, 8])
+def test_matrix_under_every_registration_mode(n, settings):
+    sizes = [0, 7, 1000, 65537]
+    dtypes = [np.bool_, np.int8, np.float16, np.float64]
+    kwargs = dict(hbm_size="1G", timeout=120)
+    kwargs.update(settings)
+    results = stratacl.spawn(matrix, n, args=(sizes, dtypes), **kwargs)
+    for rank, (bad, cases) in enumerate(results):
+        assert bad == [], f"rank {rank}: {bad[:5]}"
+        assert cases == _expected_cases(n, sizes, dtypes)
+
+
+def subgroups(comm):
+    """split by parity, then run collectives inside each half and across the world again."""
+    me = comm.rank
+    half = comm.split(me % 2, key=-me)          # reverse order inside each group
+    members = [r for r in range(comm.size) if r % 2 == me % 2][::-1]
+    x = stratacl.empty((5,), np.int64)
+    x[:] = me
+    out = np.zeros(5 * half.size, np.int64)
+    half.all_gather(out, x)
+    none = comm.split(None if me == 0 else 1)
+    y = stratacl.empty((3,), np.float64)
+    y[:] = me + 1
+    comm.all_reduce(y, op="max")
+    return half.rank, half.size, out.reshape(half.size, 5)[:, 0].tolist(), members, none is None, y.tolist()
+
+
+@pytest.mark.parametrize("n", [1, 3, 8])
+def test_split_follows_mpi_semantics(n):
+    for me, (hrank, hsize, gathered, members, got_none, y) in enumerate(stratacl.spawn(subgroups, n)):
+        assert gathered == members
+        assert hsize == len(members) and hrank == members.index(me)
+        assert got_none == (me == 0)
+        assert y == [float(n)] * 3
