@@ -9,7 +9,8 @@ import zlib
 
 import numpy as np
 
-DTYPES = [np.bool_, np.uint8, np.int8, np.int16, np.int32, np.int64, np.float16, np.float32, np.float64]
+DTYPES = [np.bool_, np.uint8, np.int8, np.int16, np.int32, np.int64, np.float16, np.float32, np.float64,
+          np.uint16, np.uint32, np.uint64]
 
 
 def _hash(tag: str, rank: int, start: int, stop: int) -> np.ndarray:

@@ -10,7 +10,8 @@ from __future__ import annotations
 import numpy as np
 
 DTYPES = {np.dtype(t): code for code, t in enumerate(
-    (np.bool_, np.uint8, np.int8, np.int16, np.int32, np.int64, np.float16, np.float32, np.float64), start=1)}
+    (np.bool_, np.uint8, np.int8, np.int16, np.int32, np.int64, np.float16, np.float32, np.float64,
+     np.uint16, np.uint32, np.uint64), start=1)}
 DTYPE_BY_CODE = {code: dt for dt, code in DTYPES.items()}
 
 REDUCE_OPS = {"sum": 1, "prod": 2, "min": 3, "max": 4, "avg": 5}

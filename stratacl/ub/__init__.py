@@ -17,6 +17,7 @@ def view(address: int, shape, dtype) -> np.ndarray:
     Local and cheap when the range is already mapped here; otherwise it first catches up with
     the metadata the owner has published. Raises RegistrationError for an address that is not
     part of a registered range (never allocated, released, or in ``jit`` mode not yet used).
+    In ``pool`` mode the owner's whole pre-registered region is registered, allocated or not.
     """
     from ..runtime._world import runtime
     rt = runtime()
@@ -27,7 +28,7 @@ def view(address: int, shape, dtype) -> np.ndarray:
     if owner < 0 or rt.window.owner(address + max(nbytes, 1) - 1) != owner:
         raise RegistrationError(f"ub.view: {address:#x}+{nbytes} is not inside one rank's slice of the "
                                 f"shared address window")
-    if owner == rt.rank:
+    if owner == rt.rank and rt.reg.mode != "pool":
         ok = rt.own_segment(address, nbytes) is not None
     else:
         ok = rt.reg.lookup(owner, address, nbytes)

@@ -199,14 +199,15 @@ class RegistrationUnit:
                    f"registration of rank {owner}'s buffer {seg_va:#x} (epoch {epoch})")
         self.counters["ready_wait_ns"] += time.monotonic_ns() - t0
 
-    def _wait(self, done: Callable[[], bool], owner: int, operation: str, what: str) -> None:
+    def _wait(self, done: Callable[[], bool], owner: int | None, operation: str, what: str) -> None:
+        """Wait for the background thread; ``owner`` (if given) must stay alive meanwhile."""
         deadline = time.monotonic() + self.timeout
         with self.cond:
             while not done():
                 if self.thread_error is not None:
                     raise RegistrationError(f"{operation}: registration thread of rank {self.rank} failed: "
                                             f"{self.thread_error!r}") from self.thread_error
-                self.check_job(operation, [owner])
+                self.check_job(operation, [] if owner is None else [owner])
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise RegistrationError(f"{operation}: rank {self.rank} waited {self.timeout:g} s for {what}")
@@ -220,7 +221,8 @@ class RegistrationUnit:
             start = self.window.slice_start(owner)
             return start <= addr and addr + nbytes <= start + self.pool_bytes
         published = _native.load_u64(self.ctl.addr(self.ctl.layout.region(owner) + R_PUBLISHED))
-        self._wait(lambda: self._processed[owner] >= published, owner, operation,
+        # messages already published are in our rings: no need for the owner to be alive
+        self._wait(lambda: self._processed[owner] >= published, None, operation,
                    f"metadata from rank {owner}")
         with self.cond:
             for va, (epoch, size) in self._mapped[owner].items():
