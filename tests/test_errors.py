@@ -1,0 +1,138 @@
+"""Disagreeing calls raise a clear error on every rank, never hang, never move bytes; the
+communicator keeps working afterwards."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+import stratacl
+
+
+def _attempt(fn):
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001 - the test inspects whatever was raised
+        return type(e).__name__, str(e)
+    return None
+
+
+def mismatches(comm):
+    me, n = comm.rank, comm.size
+    x = stratacl.empty((8,), np.float32)
+    x[:] = me
+    out = stratacl.empty((8 * n,), np.float32)
+    results = {}
+    # operation: rank 1 calls all_gather, the others all_reduce
+    results["op"] = _attempt(lambda: comm.all_gather(out, x) if me == 1 else comm.all_reduce(x))
+    # dtype
+    y = stratacl.empty((8,), np.float64 if me == 0 else np.float32)
+    results["dtype"] = _attempt(lambda: comm.all_reduce(y))
+    # count
+    z = stratacl.empty((8 + (me == n - 1),), np.float32)
+    results["count"] = _attempt(lambda: comm.all_reduce(z))
+    # root
+    results["root"] = _attempt(lambda: comm.broadcast(x, root=0 if me else 1))
+    # reduce op
+    results["redop"] = _attempt(lambda: comm.all_reduce(x, op="max" if me == 0 else "sum"))
+    # wrong output size on one rank: ValueError there, CollectiveMismatch elsewhere
+    bad = stratacl.empty((8 * n - (me == 0),), np.float32)
+    results["outsize"] = _attempt(lambda: comm.all_gather(bad, x))
+    # avg on an integer dtype: a TypeError everywhere
+    i = stratacl.empty((4,), np.int32)
+    results["avg_int"] = _attempt(lambda: comm.all_reduce(i, op="avg"))
+    # all_to_all_v with counts that do not pair up
+    send = [1] * n
+    recv = [1] * n
+    if me == 0:
+        recv[n - 1] = 2
+    v = stratacl.empty((n,), np.float32)
+    o = stratacl.empty((n + 1,), np.float32)
+    results["a2av"] = _attempt(lambda: comm.all_to_all_v(o, v, send, recv))
+    # the inputs were never touched and the communicator still works
+    x[:] = me
+    comm.all_reduce(x)
+    results["after"] = x.tolist()
+    return results
+
+
+@pytest.mark.parametrize("n", [2, 3, 8])
+def test_disagreeing_calls_raise_on_every_rank(n):
+    total = float(sum(range(n)))
+    for rank, r in enumerate(stratacl.spawn(mismatches, n, timeout=30)):
+        assert r["op"][0] == "CollectiveMismatch" and "operation" in r["op"][1]
+        assert "rank(s) [1]: all_gather" in r["op"][1]
+        assert r["dtype"][0] == "CollectiveMismatch" and "rank(s) [0]: float64" in r["dtype"][1]
+        assert r["count"][0] == "CollectiveMismatch" and "element count" in r["count"][1]
+        assert r["root"][0] == "CollectiveMismatch" and "root" in r["root"][1]
+        assert r["redop"][0] == "CollectiveMismatch" and "rank(s) [0]: max" in r["redop"][1]
+        if rank == 0:
+            assert r["outsize"][0] == "ValueError"
+            assert f"output has {8 * n - 1} elements, expected {n} x 8" in r["outsize"][1]
+        else:
+            assert r["outsize"][0] == "CollectiveMismatch" and "rank(s) [0] rejected" in r["outsize"][1]
+        assert r["avg_int"][0] == "TypeError" and "avg" in r["avg_int"][1]
+        assert r["a2av"][0] == "CollectiveMismatch"
+        assert f"rank 0 expects 2 elements from rank {n - 1}" in r["a2av"][1]
+        assert r["after"] == [total] * 8
+
+
+def p2p_mismatch(comm):
+    a = stratacl.empty((10,), np.int32)
+    if comm.rank == 0:
+        first = _attempt(lambda: comm.send(a, 1))
+    else:
+        b = np.empty(11, np.int32)
+        first = _attempt(lambda: comm.recv(b, 0))
+    a[:] = 5
+    if comm.rank == 0:
+        comm.send(a, 1)
+        return first, None
+    b = np.zeros(10, np.int32)
+    comm.recv(b, 0)
+    return first, b.tolist()
+
+
+def test_send_recv_size_mismatch_raises_on_both_sides():
+    (s_err, _), (r_err, got) = stratacl.spawn(p2p_mismatch, 2, timeout=30)
+    assert s_err[0] == "CollectiveMismatch" and "does not match" in s_err[1]
+    assert r_err[0] == "CollectiveMismatch" and "sends 10 x int32, this rank expects 11 x int32" in r_err[1]
+    assert got == [5] * 10
+
+
+def bad_arguments(comm):
+    x = stratacl.empty((4,), np.float32)
+    return [
+        _attempt(lambda: comm.all_reduce(x, op="median")),
+        _attempt(lambda: comm.all_gather(np.empty(4 * comm.size, np.float64), x)),
+        _attempt(lambda: comm.broadcast(x, root=comm.size)),
+        _attempt(lambda: comm.all_reduce(x.astype(np.complex64))),
+        _attempt(lambda: comm.send(x, comm.rank)),
+        _attempt(lambda: comm.all_gather([1, 2], x)),
+        _attempt(lambda: stratacl.empty((-1,), np.float32)),
+    ]
+
+
+def test_bad_arguments_are_clear_errors():
+    for r in stratacl.spawn(bad_arguments, 2, timeout=30):
+        kinds = [k for k, _ in r]
+        assert kinds == ["ValueError", "TypeError", "ValueError", "TypeError", "ValueError", "TypeError",
+                         "ValueError"]
+        assert "unknown reduce op 'median'" in r[0][1]
+        assert "not supported" in r[3][1]
+
+
+def late_peer(comm):
+    """Rank 1 is slow (simulated by a sleep longer than the timeout), rank 0 gives up on it."""
+    if comm.rank == 0:
+        return _attempt(comm.barrier)
+    time.sleep(2.0)
+    comm.barrier()                     # completes with rank 0's earlier arrival
+    return None
+
+
+def test_a_missing_peer_is_a_timeout_naming_it():
+    err, _ = stratacl.spawn(late_peer, 2, timeout=1.0)
+    assert err[0] == "CommTimeout"
+    assert "barrier: rank 0 waited 1 s" in err[1] and "still missing: [1]" in err[1]
