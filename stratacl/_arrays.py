@@ -1,0 +1,45 @@
+"""Arrays in HBM and the per-rank counters: the functions ``stratacl`` re-exports."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .runtime._world import runtime as _runtime
+
+
+def empty(shape, dtype=np.float32) -> np.ndarray:
+    """A numpy array in this rank's HBM (uninitialised). Freed back to the cache when unreferenced."""
+    return _runtime().empty(shape, dtype)
+
+
+def zeros(shape, dtype=np.float32) -> np.ndarray:
+    """A zero-filled numpy array in this rank's HBM."""
+    a = _runtime().empty(shape, dtype)
+    a.fill(0)
+    return a
+
+
+def empty_like(a: np.ndarray, dtype=None) -> np.ndarray:
+    """An HBM array with the shape (and dtype, unless given) of ``a``."""
+    return _runtime().empty(a.shape, a.dtype if dtype is None else dtype)
+
+
+def memory_stats() -> dict[str, Any]:
+    """Caching-allocator counters of this rank (bytes held by arrays, cached, segments mapped...)."""
+    return _runtime().allocator.stats()
+
+
+def empty_cache() -> int:
+    """Release every cached HBM segment no array uses; returns the bytes released."""
+    return _runtime().allocator.empty_cache()
+
+
+def stats() -> dict[str, Any]:
+    """Counters of this rank: calls per operation, bytes pulled/staged/written, registration."""
+    rt = _runtime()
+    out = dict(rt.stats)
+    out["calls"] = dict(rt.stats["calls"])
+    out["registration"] = rt.reg.stats()
+    out["memory"] = rt.allocator.stats()
+    return out

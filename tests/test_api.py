@@ -1,0 +1,91 @@
+"""The public surface: exports, settings, topology files. No ranks needed."""
+from __future__ import annotations
+
+import json
+import pathlib
+
+import pytest
+
+import stratacl
+from stratacl import _config
+from stratacl.ub import load_topology
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def test_public_names_are_exported_and_nothing_private_leaks():
+    for name in stratacl.__all__:
+        assert hasattr(stratacl, name) or name == "config", name
+    public = {n for n in dir(stratacl) if not n.startswith("_")}
+    modules = {"ub", "runtime", "collectives"}
+    assert public - set(stratacl.__all__) - modules == set()
+
+
+def test_import_has_no_side_effects():
+    assert not stratacl.is_initialized()
+    with pytest.raises(stratacl.StrataError, match="call stratacl.init"):
+        stratacl.empty((1,))
+
+
+def test_error_tree():
+    assert issubclass(stratacl.StrataError, RuntimeError)
+    assert issubclass(stratacl.OutOfMemory, MemoryError) and issubclass(stratacl.OutOfMemory, stratacl.StrataError)
+    assert issubclass(stratacl.CommTimeout, TimeoutError)
+    for e in (stratacl.BootstrapError, stratacl.RegistrationError, stratacl.CollectiveMismatch,
+              stratacl.PeerFailure, stratacl.ConfigError, stratacl.RankFailure):
+        assert issubclass(e, stratacl.StrataError)
+
+
+def test_settings_parse_and_reject_typos():
+    cfg = _config.Config({"STRATACL_HBM_SIZE": "512M", "STRATACL_REGISTRATION": "JIT"})
+    assert cfg.hbm_size == 512 * 1024**2 and cfg.registration == "jit"
+    with pytest.raises(stratacl.ConfigError, match="STRATACL_REGISTRATION='foo'"):
+        _config.Config({"STRATACL_REGISTRATION": "foo"})
+    with pytest.raises(stratacl.ConfigError, match="did you mean 'timeout'"):
+        _config.Config({}, timeoutt=3)
+    with pytest.raises(stratacl.ConfigError, match="STRATACL_TIMEOUTT"):
+        _config.check_environment({"STRATACL_TIMEOUTT": "3"})
+    assert _config.parse_size("4G") == 4 * 1024**3 and _config.parse_size("64KiB") == 65536
+
+
+def test_readme_settings_table_is_the_generated_one():
+    readme = (ROOT / "README.md").read_text()
+    assert _config.settings_table() in readme, "regenerate with: python -m stratacl._config"
+
+
+def test_builtin_topologies():
+    cm = load_topology("cm384")
+    assert cm.tier(0, 1).name == "die-to-die" and cm.tier(0, 1).latency_us == 0.2
+    assert cm.tier(0, 2).name == "intra-node" and cm.tier(0, 15).bandwidth_gbps == 170
+    assert cm.tier(0, 16).name == "inter-node" and cm.tier(0, 16).latency_us == 2.1
+    assert cm.tier(0, 64).name == "inter-node"
+    assert cm.location(37) == {"die": 37, "npu": 18, "node": 2, "rack": 0, "supernode": 0}
+    assert "die-to-die" in cm.describe(32)
+    flat = load_topology("flat")
+    assert flat.tier(0, 5).name == "fabric"
+
+
+def test_topology_file_errors_name_the_field(tmp_path):
+    good = {"name": "nvl72-like", "levels": [{"name": "gpu", "size": 1, "tier": "local"},
+                                              {"name": "rack", "size": 72, "tier": "nvlink"}],
+            "tiers": {"local": {"latency_us": 0.1, "bandwidth_gbps": 2000},
+                      "nvlink": {"latency_us": 1.0, "bandwidth_gbps": 900}}, "beyond": "nvlink"}
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps(good))
+    t = load_topology(str(p))
+    assert t.tier(0, 71).name == "nvlink" and t.tier(0, 72).name == "nvlink"
+    bad = json.loads(json.dumps(good))
+    del bad["tiers"]["nvlink"]["bandwidth_gbps"]
+    p.write_text(json.dumps(bad))
+    with pytest.raises(stratacl.ConfigError, match=r"tiers\.nvlink\.'bandwidth_gbps'"):
+        load_topology(str(p))
+    bad = json.loads(json.dumps(good))
+    bad["levels"][1]["size"] = "72"
+    p.write_text(json.dumps(bad))
+    with pytest.raises(stratacl.ConfigError, match=r"levels\[1\]\.'size' must be int"):
+        load_topology(str(p))
+    p.write_text("{not json")
+    with pytest.raises(stratacl.ConfigError, match="not valid JSON"):
+        load_topology(str(p))
+    with pytest.raises(stratacl.ConfigError, match="no such file"):
+        load_topology(str(tmp_path / "missing.json"))
