@@ -16,6 +16,7 @@ segment rounded up to 2 MiB (the large pool), as torch's caching allocator does.
 from __future__ import annotations
 
 import bisect
+import collections
 import threading
 import weakref
 from typing import Protocol
@@ -76,6 +77,7 @@ class CachingAllocator:
         self._segments: list[Segment] = []   # sorted by va
         self._seg_starts: list[int] = []
         self._epoch = 0
+        self._dead: collections.deque = collections.deque()   # blocks whose arrays died, not yet freed
         self.counters = dict(allocated_bytes=0, peak_allocated_bytes=0, reserved_bytes=0,
                              segments_mapped=0, segments_released=0, alloc_calls=0, free_calls=0,
                              cache_hits=0, num_ooms=0, num_alloc_retries=0)
@@ -85,6 +87,7 @@ class CachingAllocator:
         size = round_up(max(nbytes, 1), BLOCK_ROUND)
         small = size <= SMALL_LIMIT
         with self.lock:
+            self._reap()
             self.counters["alloc_calls"] += 1
             block = self._take_free(size, small)
             if block is None:
@@ -100,6 +103,15 @@ class CachingAllocator:
             c["allocated_bytes"] += block.size
             c["peak_allocated_bytes"] = max(c["peak_allocated_bytes"], c["allocated_bytes"])
             return block
+
+    def free_later(self, block: Block) -> None:
+        """Called when an array dies, which can happen inside any allocation (a garbage-collector
+        pass), even inside ``malloc`` itself: only queue the block; the next call frees it."""
+        self._dead.append(block)
+
+    def _reap(self) -> None:
+        while self._dead:
+            self.free(self._dead.popleft())
 
     def free(self, block: Block) -> None:
         with self.lock:
@@ -228,6 +240,7 @@ class CachingAllocator:
         """Release every segment with no live block. Returns the bytes released."""
         released = 0
         with self.lock:
+            self._reap()
             for seg in list(self._segments):
                 if seg.live_blocks == 0:
                     released += seg.size
@@ -248,6 +261,7 @@ class CachingAllocator:
 
     def stats(self) -> dict:
         with self.lock:
+            self._reap()
             out = dict(self.counters)
             out["num_segments"] = len(self._segments)
             out["capacity_bytes"] = self.hbm.capacity
@@ -270,6 +284,6 @@ class _HbmArrayBase:
 def array_from_block(allocator: CachingAllocator, block: Block, shape: tuple[int, ...],
                      dtype: np.dtype) -> np.ndarray:
     base = _HbmArrayBase(block, shape, dtype)
-    fin = weakref.finalize(base, allocator.free, block)
+    fin = weakref.finalize(base, allocator.free_later, block)
     fin.atexit = False
     return np.asarray(base)
