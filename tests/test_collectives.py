@@ -118,7 +118,10 @@ def matrix(comm, sizes: list[int], dtypes=None) -> tuple[list[str], int]:
                     comm.recv(got, prv)
                     comm.send(x, nxt)
                 _same(f"send/recv {tag}", got, rank_data(prv, count, dt, "p2p" + tag), bad)
-                cases += 1
+                got2 = _place(np.zeros(count, dt), hbm)
+                comm.sendrecv(x, nxt, got2, prv)          # everyone at once: no ordering needed
+                _same(f"sendrecv {tag}", got2, rank_data(prv, count, dt, "p2p" + tag), bad)
+                cases += 2
             comm.barrier()
     return bad, cases
 
@@ -128,7 +131,7 @@ def _expected_cases(n: int, sizes: list[int], dtypes=None) -> int:
     for dt in dtypes or DTYPES:
         ops = 5 if np.dtype(dt).kind == "f" else 4
         roots = len({0, n - 1, n // 2})
-        total += len(sizes) * (1 + 2 * ops + 1 + 1 + roots + (1 if n > 1 else 0))
+        total += len(sizes) * (1 + 2 * ops + 1 + 1 + roots + (2 if n > 1 else 0))
     return total
 
 

@@ -385,7 +385,26 @@ class Communicator:
 
     def send(self, x: np.ndarray, dst: int) -> None:
         """Blocking send: returns once rank ``dst`` has pulled ``x`` with a matching ``recv``."""
-        op = f"send to {dst}"
+        self._complete_send(self._post_send(x, dst))
+
+    def sendrecv(self, x: np.ndarray, dst: int, out: np.ndarray, src: int) -> None:
+        """Send ``x`` to ``dst`` while receiving into ``out`` from ``src`` (MPI_Sendrecv).
+
+        Both halves proceed at once, so a ring of sendrecv calls cannot deadlock.
+        """
+        posted = self._post_send(x, dst)
+        try:
+            self.recv(out, src)
+        except BaseException:
+            try:
+                self._complete_send(posted)
+            except Exception:   # the receive's error is the one to report
+                pass
+            raise
+        self._complete_send(posted)
+
+    def _post_send(self, x: np.ndarray, dst: int) -> tuple:
+        """Publish ``x`` for rank ``dst`` to pull; returns what ``_complete_send`` waits on."""
         _expect(isinstance(dst, (int, np.integer)) and 0 <= dst < self.size and dst != self.rank,
                 f"send: destination {dst!r} is not another rank of this communicator (size {self.size})")
         error = None
@@ -410,8 +429,12 @@ class Communicator:
         flag = self._p2p_addr(self.rank, 0, dst)
         _native.store_u32(flag, seq)
         _native.futex_wake(flag, WAKE_ALL)
+        return dst, seq, error, inp, x
+
+    def _complete_send(self, posted: tuple) -> None:
+        dst, seq, error, inp, x = posted
         done = self._p2p_addr(dst, 1, self.rank)
-        wait_until(lambda: seq_reached(_native.load_u32(done), seq), done, self._rt.health, op,
+        wait_until(lambda: seq_reached(_native.load_u32(done), seq), done, self._rt.health, f"send to {dst}",
                    self._rt.config.timeout, lambda: [self.members[dst]], f"rank {self.members[dst]} to receive")
         if error is not None:
             raise error

@@ -1,0 +1,1 @@
+"""``stratacl-bench``: nccl-tests-style sweeps of every operator, with peers and the host limit."""

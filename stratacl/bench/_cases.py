@@ -1,0 +1,172 @@
+"""What one benchmark rank does, whatever library it drives (StrataCL, mpi4py, gloo).
+
+A ``Backend`` moves the bytes; everything else (sizes, data, timing, checking) is here, so the
+three libraries run the identical sweep. Conventions are nccl-tests':
+
+    op              size (B) means                count column      bus bandwidth factor
+    all_gather      whole output, N x per-rank    per-rank elements (N-1)/N
+    reduce_scatter  whole input, N x per-rank     per-rank elements (N-1)/N
+    all_to_all      whole buffer, N x per-peer    per-peer elements (N-1)/N
+    all_reduce      the buffer                    elements          2(N-1)/N
+    broadcast       the buffer                    elements          1
+    sendrecv        the message                   elements          1
+    barrier         -                             0                 -
+
+algbw = size / time, busbw = algbw x factor, GB = 1e9. Time is the per-iteration average of
+each rank, averaged over ranks (nccl-tests' default).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from typing import Protocol
+
+import numpy as np
+
+OPS = ("all_gather", "all_reduce", "reduce_scatter", "all_to_all", "broadcast", "sendrecv", "barrier")
+REDUCE = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum}
+
+
+def bus_factor(op: str, n: int) -> float:
+    if op == "all_reduce":
+        return 2 * (n - 1) / n if n > 1 else 0.0
+    if op in ("all_gather", "reduce_scatter", "all_to_all"):
+        return (n - 1) / n if n > 1 else 0.0
+    if op in ("broadcast", "sendrecv"):
+        return 1.0
+    return 0.0
+
+
+def copy_volume(op: str, n: int, size: int) -> float:
+    """Bytes the whole job must at least copy for one call: what the host limit is held to."""
+    if op in ("all_gather", "reduce_scatter", "all_to_all"):
+        return (n - 1) * size
+    if op == "all_reduce":
+        return 2 * (n - 1) * size
+    if op == "broadcast":
+        return (n - 1) * size
+    if op == "sendrecv":
+        return n * size
+    return 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    """Element counts of one sweep point for one rank."""
+    size: int        # bytes, nccl-tests meaning (see module docstring)
+    count: int       # the count column
+    n_in: int        # elements of the input buffer
+    n_out: int       # elements of the output buffer (0: in place)
+
+
+def shape(op: str, n: int, size: int, itemsize: int) -> Shape:
+    if op == "barrier":
+        return Shape(0, 0, 0, 0)
+    if op in ("all_gather", "reduce_scatter", "all_to_all"):
+        per = max(size // (n * itemsize), 0)
+        total = per * n
+        if op == "all_gather":
+            return Shape(total * itemsize, per, per, total)
+        if op == "reduce_scatter":
+            return Shape(total * itemsize, per, total, per)
+        return Shape(total * itemsize, per, total, total)
+    count = size // itemsize
+    if op == "sendrecv":
+        return Shape(count * itemsize, count, count, count)
+    return Shape(count * itemsize, count, count, 0)
+
+
+def input_data(op: str, rank: int, n: int, sh: Shape, dtype: np.dtype, redop: str) -> np.ndarray:
+    """Small integers, exact in every dtype and for every reduction over up to 127 ranks."""
+    i = np.arange(sh.n_in, dtype=np.int64)
+    if dtype.kind == "b":
+        return ((i + rank) % 3 == 0).astype(dtype)
+    if op in ("all_reduce", "reduce_scatter") and redop == "prod":
+        return (1 + ((i + rank) % 7 == 0)).astype(dtype) if n <= 8 else np.ones(sh.n_in, dtype)
+    return ((i * 3 + rank * 5) % 7).astype(dtype)
+
+
+def expected(op: str, rank: int, n: int, sh: Shape, dtype: np.dtype, redop: str, root: int) -> np.ndarray:
+    data = functools.partial(input_data, op, n=n, sh=sh, dtype=dtype, redop=redop)
+    if op == "all_gather":
+        return np.concatenate([data(rank=p) for p in range(n)])
+    if op == "all_to_all":
+        c = sh.count
+        return np.concatenate([data(rank=p)[rank * c:(rank + 1) * c] for p in range(n)])
+    if op == "broadcast":
+        return data(rank=root)
+    if op == "sendrecv":
+        return data(rank=(rank - 1) % n)
+    acc = functools.reduce(REDUCE[redop], [data(rank=p) for p in range(n)])
+    if op == "reduce_scatter":
+        return acc[rank * sh.count:(rank + 1) * sh.count]
+    return acc
+
+
+class Backend(Protocol):
+    rank: int
+    size: int
+    name: str
+
+    def alloc(self, count: int, dtype: np.dtype) -> np.ndarray: ...
+    def run(self, op: str, out: np.ndarray | None, x: np.ndarray, redop: str, root: int) -> None: ...
+    def barrier(self) -> None: ...
+    def mean(self, value: float) -> float: ...
+    def total(self, value: int) -> int: ...
+
+
+@dataclasses.dataclass
+class Spec:
+    op: str
+    sizes: list[int]
+    dtype: str = "float32"
+    redop: str = "sum"
+    root: int = 0
+    warmup: int = 2
+    iters: int = 10
+    check: int = 1
+
+
+def sweep(backend: Backend, spec: Spec, progress=None) -> list[dict]:
+    """Run the sweep on this rank; every rank gets the same rows back (times averaged over ranks)."""
+    n, me = backend.size, backend.rank
+    dtype = np.dtype(spec.dtype)
+    root = spec.root if spec.op == "broadcast" else -1
+    redop = spec.redop if spec.op in ("all_reduce", "reduce_scatter") else "none"
+    rows = []
+    seen = set()
+    for size in spec.sizes:
+        sh = shape(spec.op, n, size, dtype.itemsize)
+        if sh.size in seen:
+            continue
+        seen.add(sh.size)
+        x = backend.alloc(sh.n_in, dtype)
+        out = backend.alloc(sh.n_out, dtype) if sh.n_out else None
+        x[...] = input_data(spec.op, me, n, sh, dtype, redop)
+        for _ in range(spec.warmup):
+            backend.run(spec.op, out, x, redop, root)
+        backend.barrier()
+        t0 = time.perf_counter()
+        for _ in range(spec.iters):
+            backend.run(spec.op, out, x, redop, root)
+        elapsed = (time.perf_counter() - t0) / max(spec.iters, 1)
+        wrong = 0
+        if spec.check and spec.op != "barrier":
+            for _ in range(spec.check):
+                x[...] = input_data(spec.op, me, n, sh, dtype, redop)
+                if out is not None:
+                    out[...] = 0
+                backend.run(spec.op, out, x, redop, root)
+                got = x if out is None else out
+                want = expected(spec.op, me, n, sh, dtype, redop, root)
+                wrong += int(np.count_nonzero(got.reshape(-1) != want))
+        t = backend.mean(elapsed)
+        wrong = backend.total(wrong)
+        algbw = sh.size / t / 1e9 if t > 0 else 0.0
+        rows.append(dict(op=spec.op, size=sh.size, count=sh.count, type=str(dtype), redop=redop, root=root,
+                         time_us=t * 1e6, algbw=algbw, busbw=algbw * bus_factor(spec.op, n), wrong=wrong))
+        if progress is not None and me == 0:
+            progress(rows[-1])
+        del x, out
+    return rows

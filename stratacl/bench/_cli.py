@@ -1,0 +1,234 @@
+"""``stratacl-bench``: sweep one operator over sizes on N ranks, nccl-tests style.
+
+    stratacl-bench all_gather -n 32 -b 4K -e 64M -f 4 -w 2 -i 10 -c 1 --dtype float32
+                   [--op sum] [--root 0] [--registration roa|jit|pool] [--buffers hbm|plain]
+                   [--vs mpi,gloo] [--no-limit] [-J out.json]
+
+Prints a header (the run and the host), one row per size and the average bus bandwidth;
+``-J`` writes the same as JSON. Progress goes to stderr. Exits 1 if any check found wrong data.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+
+import numpy as np
+
+from .._config import parse_size
+from . import _cases
+
+COLUMNS = ("size", "count", "type", "redop", "root", "time_us", "algbw", "busbw", "wrong")
+
+
+def _sizes(lo: int, hi: int, factor: float, step: int) -> list[int]:
+    out, s = [], lo
+    while s <= hi:
+        out.append(int(s))
+        s = s + step if step else s * factor
+        if factor <= 1 and not step:
+            break
+    return out
+
+
+class StrataBackend:
+    name = "stratacl"
+
+    def __init__(self, comm, buffers: str):
+        import stratacl
+        self.comm, self.rank, self.size = comm, comm.rank, comm.size
+        self._alloc = (lambda c, d: stratacl.empty((c,), d)) if buffers == "hbm" else (lambda c, d: np.empty(c, d))
+        self._scalar = np.zeros(1, np.float64)
+        self._count = np.zeros(1, np.int64)
+
+    def alloc(self, count, dtype):
+        return self._alloc(count, dtype)
+
+    def run(self, op, out, x, redop, root):
+        c, n = self.comm, self.size
+        if op == "all_gather":
+            c.all_gather(out, x)
+        elif op == "all_reduce":
+            c.all_reduce(x, op=redop)
+        elif op == "reduce_scatter":
+            c.reduce_scatter(out, x, op=redop)
+        elif op == "all_to_all":
+            c.all_to_all(out, x)
+        elif op == "broadcast":
+            c.broadcast(x, root=root)
+        elif op == "sendrecv":
+            if n == 1:
+                out[...] = x
+            else:
+                c.sendrecv(x, (self.rank + 1) % n, out, (self.rank - 1) % n)
+        elif op == "barrier":
+            c.barrier()
+        else:
+            raise ValueError(f"unknown operator {op!r}")
+
+    def barrier(self):
+        self.comm.barrier()
+
+    def mean(self, value):
+        self._scalar[0] = value
+        self.comm.all_reduce(self._scalar, op="sum")
+        return float(self._scalar[0]) / self.size
+
+    def total(self, value):
+        self._count[0] = value
+        self.comm.all_reduce(self._count, op="sum")
+        return int(self._count[0])
+
+
+def _progress(row: dict) -> None:
+    print(f"stratacl-bench: {row['op']} {row['size']} B done ({row['time_us']:.1f} us)", file=sys.stderr, flush=True)
+
+
+def rank_main(comm, spec: _cases.Spec, buffers: str):
+    """Inside every rank: run the sweep; rank 0's rows are the job's."""
+    rows = _cases.sweep(StrataBackend(comm, buffers), spec, progress=_progress)
+    return rows if comm.rank == 0 else None
+
+
+def host_facts() -> dict:
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "")
+    except OSError:
+        model = ""
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return {"host": platform.node(), "cpu": model or platform.processor(), "cores": os.cpu_count(),
+            "memory_gib": round(mem / 2**30, 1), "python": platform.python_version(), "numpy": np.__version__}
+
+
+def footprint(op: str, n: int, size: int, itemsize: int) -> int:
+    """Bytes all ranks touch for one sweep point (inputs and outputs)."""
+    sh = _cases.shape(op, n, size, itemsize)
+    return n * (sh.n_in + sh.n_out) * itemsize
+
+
+def format_table(header: dict, rows: list[dict], peers: dict[str, list[dict] | str] | None = None) -> str:
+    n = header["ranks"]
+    lines = [f"# stratacl-bench {header['op']}: {n} ranks, dtype {header['dtype']}, redop {header['redop']}, "
+             f"root {header['root']}, warmup {header['warmup']}, iters {header['iters']}, check {header['check']}",
+             f"# registration {header['registration']}, buffers {header['buffers']}, topology {header['topology']}",
+             f"# host {header['host']['host']}: {header['host']['cores']} cores ({header['host']['cpu']}), "
+             f"{header['host']['memory_gib']} GiB; python {header['host']['python']}, numpy {header['host']['numpy']}",
+             "#"]
+    limit = any("limit_busbw" in r for r in rows)
+    head = f"#{'size':>11} {'count':>11} {'type':>8} {'redop':>6} {'root':>5} {'time':>10} {'algbw':>8} {'busbw':>8} {'#wrong':>6}"
+    unit = f"#{'(B)':>11} {'(elements)':>11} {'':>8} {'':>6} {'':>5} {'(us)':>10} {'(GB/s)':>8} {'(GB/s)':>8} {'':>6}"
+    if limit:
+        head += f" {'limit':>8} {'%limit':>6}"
+        unit += f" {'(GB/s)':>8} {'':>6}"
+    lines += [head, unit]
+    for r in rows:
+        ln = (f" {r['size']:>11} {r['count']:>11} {r['type']:>8} {r['redop']:>6} {r['root']:>5} "
+              f"{r['time_us']:>10.1f} {r['algbw']:>8.3f} {r['busbw']:>8.3f} {r['wrong']:>6}")
+        if limit:
+            ln += f" {r['limit_busbw']:>8.3f} {100 * r['limit_fraction']:>5.0f}%"
+        lines.append(ln)
+    data = [r for r in rows if r["size"]]
+    avg = sum(r["busbw"] for r in data) / len(data) if data else 0.0
+    lines.append(f"# Out of bounds values : {sum(1 for r in rows if r['wrong'])} {'FAILED' if any(r['wrong'] for r in rows) else 'OK'}")
+    lines.append(f"# Avg bus bandwidth    : {avg:.4f} GB/s")
+    for peer, prow in (peers or {}).items():
+        lines.append("#")
+        if isinstance(prow, str):
+            lines.append(f"# peer {peer}: not run ({prow})")
+            continue
+        lines.append(f"# versus {peer} (same sweep, same host, same run): ratio = stratacl / {peer}; "
+                     f"busbw ratio > 1 and time ratio < 1 mean stratacl is faster")
+        lines.append(f"#{'size':>11} {'time':>10} {peer + ' time':>12} {'time ratio':>10} "
+                     f"{'busbw':>8} {peer + ' busbw':>12} {'busbw ratio':>11} {peer + ' #wrong':>12}")
+        by_size = {p["size"]: p for p in prow}
+        for r in rows:
+            p = by_size.get(r["size"])
+            if p is None:
+                continue
+            tr = r["time_us"] / p["time_us"] if p["time_us"] else float("nan")
+            br = r["busbw"] / p["busbw"] if p["busbw"] else float("nan")
+            lines.append(f" {r['size']:>11} {r['time_us']:>10.1f} {p['time_us']:>12.1f} {tr:>10.2f} "
+                         f"{r['busbw']:>8.3f} {p['busbw']:>12.3f} {br:>11.2f} {p['wrong']:>12}")
+    return "\n".join(lines)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="stratacl-bench", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("operator", choices=_cases.OPS)
+    p.add_argument("-n", "--nranks", type=int, default=8, help="ranks (default 8)")
+    p.add_argument("-b", "--minbytes", default="32M", help="smallest size (default 32M)")
+    p.add_argument("-e", "--maxbytes", default="32M", help="largest size (default 32M)")
+    p.add_argument("-f", "--stepfactor", type=float, default=2.0, help="multiply the size by this (default 2)")
+    p.add_argument("-s", "--stepbytes", default="0", help="add this to the size instead of multiplying")
+    p.add_argument("-w", "--warmup", type=int, default=2, help="warmup iterations per size (default 2)")
+    p.add_argument("-i", "--iters", type=int, default=10, help="timed iterations per size (default 10)")
+    p.add_argument("-c", "--check", type=int, default=1, help="checked iterations per size (default 1; 0 = none)")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--op", default="sum", choices=sorted(_cases.REDUCE), help="reduce op (default sum)")
+    p.add_argument("--root", type=int, default=0, help="broadcast root (default 0)")
+    p.add_argument("--registration", default=None, choices=("roa", "jit", "pool"))
+    p.add_argument("--buffers", default="hbm", choices=("hbm", "plain"),
+                   help="hbm: arrays from stratacl.empty (zero copy); plain: numpy arrays (staged)")
+    p.add_argument("--topology", default=None)
+    p.add_argument("--hbm-size", default=None, help="per-rank HBM (default: enough for the sweep, at least 1G)")
+    p.add_argument("--vs", default="", help="comma-separated peers to run the same sweep with: mpi, gloo")
+    p.add_argument("--no-limit", action="store_true", help="skip measuring the host copy limit")
+    p.add_argument("-J", "--json", default=None, help="also write the results as JSON to this file")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    import stratacl
+
+    a = _parser().parse_args(argv)
+    sizes = [0] if a.operator == "barrier" else _sizes(parse_size(a.minbytes), parse_size(a.maxbytes),
+                                                       a.stepfactor, parse_size(a.stepbytes))
+    spec = _cases.Spec(a.operator, sizes, a.dtype, a.op, a.root, a.warmup, a.iters, a.check)
+    itemsize = np.dtype(a.dtype).itemsize
+    need = max((footprint(a.operator, a.nranks, s, itemsize) // a.nranks for s in sizes), default=0)
+    settings = {"hbm_size": a.hbm_size or max(parse_size("1G"), 1 << (3 * need).bit_length())}
+    if a.registration:
+        settings["registration"] = a.registration
+    if a.topology:
+        settings["topology"] = a.topology
+    config = stratacl.Config(**settings)
+    header = dict(op=a.operator, ranks=a.nranks, dtype=a.dtype,
+                  redop=a.op if a.operator in ("all_reduce", "reduce_scatter") else "none",
+                  root=a.root if a.operator == "broadcast" else -1, warmup=a.warmup, iters=a.iters, check=a.check,
+                  registration=config.registration, buffers=a.buffers, topology=config.topology, host=host_facts(),
+                  command="stratacl-bench " + " ".join(argv if argv is not None else sys.argv[1:]),
+                  started=time.strftime("%Y-%m-%dT%H:%M:%S"))
+    print(f"stratacl-bench: {a.operator} on {a.nranks} ranks, {len(sizes)} size(s)", file=sys.stderr, flush=True)
+    rows = stratacl.spawn(rank_main, a.nranks, args=(spec, a.buffers), **settings)[0]
+    if not a.no_limit and a.operator != "barrier":
+        print("stratacl-bench: measuring the host copy limit", file=sys.stderr, flush=True)
+        from ._hostlimit import copy_bandwidth
+        bw = copy_bandwidth([footprint(a.operator, a.nranks, r["size"], itemsize) for r in rows])
+        for r, b in zip(rows, bw):
+            vol = _cases.copy_volume(a.operator, a.nranks, r["size"])
+            r["limit_copy_gbps"] = b
+            r["limit_busbw"] = (r["size"] * _cases.bus_factor(a.operator, a.nranks) * b / vol) if vol else 0.0
+            r["limit_fraction"] = r["busbw"] / r["limit_busbw"] if r["limit_busbw"] else 0.0
+    peers: dict = {}
+    for peer in [p.strip() for p in a.vs.split(",") if p.strip()]:
+        from ._peers import run_peer
+        print(f"stratacl-bench: running the same sweep with {peer}", file=sys.stderr, flush=True)
+        peers[peer] = run_peer(peer, a.nranks, spec)
+    print(format_table(header, rows, peers))
+    if a.json:
+        doc = {"header": header, "rows": rows}
+        if peers:
+            doc["peers"] = peers
+        with open(a.json, "w") as f:
+            json.dump(doc, f, indent=1)
+    wrong = any(r["wrong"] for r in rows)
+    return 1 if wrong else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
