@@ -157,6 +157,9 @@ class Communicator:
         return descs
 
     def _validate(self, operation: str, descs: np.ndarray) -> None:
+        # one vectorised comparison on the fast path; the message is built only on a mismatch
+        if not (descs[:, F_OP:F_FLAGS + 1] != descs[0, F_OP:F_FLAGS + 1]).any() and not descs[0, F_FLAGS]:
+            return
         rejected = np.nonzero(descs[:, F_FLAGS] & FLAG_REJECTED)[0]
         if rejected.size:
             who = [self.members[i] for i in rejected]
@@ -246,9 +249,9 @@ class Communicator:
         try:
             code = _reduce.dtype_code(x.dtype, op)
             o = _flat(out, op, "output", writable=True)
-            _expect(o.size == self.size * x.size, f"{op}: output has {o.size} elements, expected "
+            _expect(o.size == self.size * x.size, lambda: f"{op}: output has {o.size} elements, expected "
                     f"{self.size} x {x.size} = {self.size * x.size}")
-            _expect(o.dtype == x.dtype, f"{op}: output dtype {o.dtype} differs from input dtype {x.dtype}",
+            _expect(o.dtype == x.dtype, lambda: f"{op}: output dtype {o.dtype} differs from input dtype {x.dtype}",
                     TypeError)
             inp = self._as_input(x, op)
         except Exception as e:
@@ -264,10 +267,10 @@ class Communicator:
         try:
             code = _reduce.dtype_code(x.dtype, op)
             o = _flat(out, op, "output", writable=True)
-            _expect(x.size % self.size == 0, f"{op}: input has {x.size} elements, not divisible by "
+            _expect(x.size % self.size == 0, lambda: f"{op}: input has {x.size} elements, not divisible by "
                     f"{self.size} ranks")
-            _expect(o.size == x.size, f"{op}: output has {o.size} elements, expected {x.size}")
-            _expect(o.dtype == x.dtype, f"{op}: output dtype {o.dtype} differs from input dtype {x.dtype}",
+            _expect(o.size == x.size, lambda: f"{op}: output has {o.size} elements, expected {x.size}")
+            _expect(o.dtype == x.dtype, lambda: f"{op}: output dtype {o.dtype} differs from input dtype {x.dtype}",
                     TypeError)
             inp = self._as_input(x, op)
         except Exception as e:
@@ -288,14 +291,14 @@ class Communicator:
             o = _flat(out, op, "output", writable=True)
             sc = np.asarray(send_counts, dtype=np.int64).reshape(-1)
             rc = np.asarray(recv_counts, dtype=np.int64).reshape(-1)
-            _expect(sc.size == n and rc.size == n, f"{op}: send_counts and recv_counts need {n} entries, "
+            _expect(sc.size == n and rc.size == n, lambda: f"{op}: send_counts and recv_counts need {n} entries, "
                     f"got {sc.size} and {rc.size}")
-            _expect((sc >= 0).all() and (rc >= 0).all(), f"{op}: counts must not be negative")
-            _expect(int(sc.sum()) <= x.size, f"{op}: send_counts add up to {int(sc.sum())} elements but the "
+            _expect((sc >= 0).all() and (rc >= 0).all(), lambda: f"{op}: counts must not be negative")
+            _expect(int(sc.sum()) <= x.size, lambda: f"{op}: send_counts add up to {int(sc.sum())} elements but the "
                     f"input has {x.size}")
-            _expect(int(rc.sum()) <= o.size, f"{op}: recv_counts add up to {int(rc.sum())} elements but the "
+            _expect(int(rc.sum()) <= o.size, lambda: f"{op}: recv_counts add up to {int(rc.sum())} elements but the "
                     f"output has {o.size}")
-            _expect(o.dtype == x.dtype, f"{op}: output dtype {o.dtype} differs from input dtype {x.dtype}",
+            _expect(o.dtype == x.dtype, lambda: f"{op}: output dtype {o.dtype} differs from input dtype {x.dtype}",
                     TypeError)
             inp = self._as_input(x, op)
         except Exception as e:
@@ -320,7 +323,7 @@ class Communicator:
         try:
             code = _reduce.dtype_code(x.dtype, op)
             _expect(isinstance(root, (int, np.integer)) and 0 <= root < self.size,
-                    f"{op}: root {root!r} is not a rank of this communicator (size {self.size})")
+                    lambda: f"{op}: root {root!r} is not a rank of this communicator (size {self.size})")
             xf = _flat(x, op, "buffer", writable=True)
             inp = self._as_input(x, op) if self.rank == root else _Input(xf, None)
         except Exception as e:
@@ -337,9 +340,9 @@ class Communicator:
             code = _reduce.dtype_code(x.dtype, name)
             rcode = _reduce.reduce_code(op, x.dtype, name)
             o = _flat(out, name, "output", writable=True)
-            _expect(x.size == self.size * o.size, f"{name}: input has {x.size} elements, expected "
+            _expect(x.size == self.size * o.size, lambda: f"{name}: input has {x.size} elements, expected "
                     f"{self.size} x {o.size} = {self.size * o.size}")
-            _expect(o.dtype == x.dtype, f"{name}: output dtype {o.dtype} differs from input dtype {x.dtype}",
+            _expect(o.dtype == x.dtype, lambda: f"{name}: output dtype {o.dtype} differs from input dtype {x.dtype}",
                     TypeError)
             inp = self._as_input(x, name)
         except Exception as e:
@@ -406,7 +409,7 @@ class Communicator:
     def _post_send(self, x: np.ndarray, dst: int) -> tuple:
         """Publish ``x`` for rank ``dst`` to pull; returns what ``_complete_send`` waits on."""
         _expect(isinstance(dst, (int, np.integer)) and 0 <= dst < self.size and dst != self.rank,
-                f"send: destination {dst!r} is not another rank of this communicator (size {self.size})")
+                lambda: f"send: destination {dst!r} is not another rank of this communicator (size {self.size})")
         error = None
         try:
             code = _reduce.dtype_code(x.dtype, "send")
@@ -447,13 +450,13 @@ class Communicator:
 
     def recv(self, x: np.ndarray, src: int) -> None:
         """Blocking receive into ``x`` from rank ``src``; sizes and dtypes must match the send."""
-        op = f"recv from {src}"
+        op = "recv"
         _expect(isinstance(src, (int, np.integer)) and 0 <= src < self.size and src != self.rank,
-                f"recv: source {src!r} is not another rank of this communicator (size {self.size})")
+                lambda: f"recv: source {src!r} is not another rank of this communicator (size {self.size})")
         self._received[src] += 1
         seq = self._received[src] & 0xFFFFFFFF
         flag = self._p2p_addr(src, 0, self.rank)
-        wait_until(lambda: seq_reached(_native.load_u32(flag), seq), flag, self._rt.health, op,
+        wait_until(lambda: seq_reached(_native.load_u32(flag), seq), flag, self._rt.health, f"recv from {src}",
                    self._rt.config.timeout, lambda: [self.members[src]], f"rank {self.members[src]} to send")
         off = self._p2p_desc_off(src, self.rank)
         d = self._rt.ctl.i64[off:off + P2P_DESC].copy()
@@ -495,8 +498,8 @@ class Communicator:
         (``key``, rank here). ``color=None`` (or negative) takes part but gets None. Collective."""
         op = "split"
         try:
-            _expect(color is None or isinstance(color, (int, np.integer)), f"{op}: color must be an int or None")
-            _expect(isinstance(key, (int, np.integer)), f"{op}: key must be an int")
+            _expect(color is None or isinstance(color, (int, np.integer)), lambda: f"{op}: color must be an int or None")
+            _expect(isinstance(key, (int, np.integer)), lambda: f"{op}: key must be an int")
         except Exception as e:
             self._begin(op, {}, error=e)
         color = -1 if color is None or color < 0 else int(color)
@@ -511,9 +514,10 @@ class Communicator:
         return Communicator(self._rt, [self.members[i] for _, i in mine], [int(descs[i, F_AUX2]) for _, i in mine])
 
 
-def _expect(cond: bool, message: str, kind: type = ValueError) -> None:
+def _expect(cond: bool, message, kind: type = ValueError) -> None:
+    """Raise ``kind(message)`` unless ``cond``; ``message`` may be a callable, built only on failure."""
     if not cond:
-        raise kind(message)
+        raise kind(message() if callable(message) else message)
 
 
 def _flat(a: np.ndarray, operation: str, what: str, writable: bool = False) -> np.ndarray:
