@@ -29,7 +29,7 @@ from .._errors import CollectiveMismatch
 from ..collectives import _fullmesh, _reduce
 from . import _native
 from ._control import DESC_FIXED, P2P_DESC, Layout
-from ._sync import WAKE_ALL, seq_reached, wait_until
+from ._sync import SLICE, SPIN_POLLS, WAKE_ALL, seq_reached, wait_until
 
 if TYPE_CHECKING:
     from ._world import Runtime
@@ -112,21 +112,21 @@ class Communicator:
 
     # --- synchronisation --------------------------------------------------------------------
     def _sync(self, operation: str) -> None:
+        """Counter barrier: arrive, then a yielding spin and futex sleeps, all in native code."""
         self._syncs += 1
         k = self._syncs
         target = k * self.size
-        _native.store_u32(self._arrival_addr, k & 0xFFFFFFFF)
-        if _native.fetch_add_u64(self._counter_addr, 1) + 1 == target:
-            _native.store_u32(self._gen_addr, k & 0xFFFFFFFF)
-            _native.futex_wake(self._gen_addr, WAKE_ALL)
+        if _native.arrive(self._counter_addr, self._gen_addr, self._arrival_addr, k & 0xFFFFFFFF, target):
             return
-        counter = self._counter_addr
+        if _native.wait_counter(self._counter_addr, target, self._gen_addr, SPIN_POLLS, SLICE):
+            return
         u32 = self._rt.ctl.u32
 
         def missing():
             arr = u32[self._arrival_idx]
             return [self.members[i] for i in range(self.size) if not seq_reached(int(arr[i]), k)]
 
+        counter = self._counter_addr
         wait_until(lambda: _native.load_u64(counter) >= target, self._gen_addr, self._rt.health, operation,
                    self._rt.config.timeout, missing, f"{self.size} ranks to arrive")
 
@@ -437,8 +437,10 @@ class Communicator:
     def _complete_send(self, posted: tuple) -> None:
         dst, seq, error, inp, x = posted
         done = self._p2p_addr(dst, 1, self.rank)
-        wait_until(lambda: seq_reached(_native.load_u32(done), seq), done, self._rt.health, f"send to {dst}",
-                   self._rt.config.timeout, lambda: [self.members[dst]], f"rank {self.members[dst]} to receive")
+        if not _native.wait_seq_u32(done, seq, SPIN_POLLS, SLICE):
+            wait_until(lambda: seq_reached(_native.load_u32(done), seq), done, self._rt.health, f"send to {dst}",
+                       self._rt.config.timeout, lambda: [self.members[dst]],
+                       f"rank {self.members[dst]} to receive")
         if error is not None:
             raise error
         status = _native.load_u32(self._p2p_addr(dst, 2, self.rank))
@@ -456,8 +458,9 @@ class Communicator:
         self._received[src] += 1
         seq = self._received[src] & 0xFFFFFFFF
         flag = self._p2p_addr(src, 0, self.rank)
-        wait_until(lambda: seq_reached(_native.load_u32(flag), seq), flag, self._rt.health, f"recv from {src}",
-                   self._rt.config.timeout, lambda: [self.members[src]], f"rank {self.members[src]} to send")
+        if not _native.wait_seq_u32(flag, seq, SPIN_POLLS, SLICE):
+            wait_until(lambda: seq_reached(_native.load_u32(flag), seq), flag, self._rt.health, f"recv from {src}",
+                       self._rt.config.timeout, lambda: [self.members[src]], f"rank {self.members[src]} to send")
         off = self._p2p_desc_off(src, self.rank)
         d = self._rt.ctl.i64[off:off + P2P_DESC].copy()
         status, error = 0, None

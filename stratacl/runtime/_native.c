@@ -146,6 +146,104 @@ static PyObject *spin_until_geq_u64(PyObject *self, PyObject *const *args, Py_ss
     Py_RETURN_FALSE;
 }
 
+/* arrive(counter, gen, arrival, k, target) -> True if this caller completed the barrier.
+ * Publishes the caller's arrival number (diagnostics), bumps the central counter; the last
+ * arriver publishes generation k and wakes every sleeper. */
+static PyObject *arrive(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    void *counter, *gen, *arrival;
+    if (n != 5) { PyErr_SetString(PyExc_TypeError, "arrive(counter, gen, arrival, k, target)"); return NULL; }
+    if (parse_addr(args[0], &counter) < 0 || parse_addr(args[1], &gen) < 0 || parse_addr(args[2], &arrival) < 0)
+        return NULL;
+    unsigned long long k = PyLong_AsUnsignedLongLong(args[3]);
+    unsigned long long target = PyLong_AsUnsignedLongLong(args[4]);
+    if (PyErr_Occurred()) return NULL;
+    __atomic_store_n((uint32_t *)arrival, (uint32_t)k, __ATOMIC_SEQ_CST);
+    uint64_t old = __atomic_fetch_add((uint64_t *)counter, 1, __ATOMIC_SEQ_CST);
+    if (old + 1 == target) {
+        __atomic_store_n((uint32_t *)gen, (uint32_t)k, __ATOMIC_SEQ_CST);
+        syscall(SYS_futex, (uint32_t *)gen, FUTEX_WAKE, 0x7fffffff, NULL, NULL, 0);
+        Py_RETURN_TRUE;
+    }
+    Py_RETURN_FALSE;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* wait_counter(counter, target, gen, polls, seconds) -> True once *counter >= target, False if
+ * `seconds` passed first. Polls (yielding the CPU between polls) `polls` times, then sleeps on
+ * the futex word `gen`, which the completer changes and wakes. The GIL is released throughout. */
+static PyObject *wait_counter(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    void *counter, *gen;
+    if (n != 5) { PyErr_SetString(PyExc_TypeError, "wait_counter(counter, target, gen, polls, seconds)"); return NULL; }
+    if (parse_addr(args[0], &counter) < 0) return NULL;
+    unsigned long long target = PyLong_AsUnsignedLongLong(args[1]);
+    if (parse_addr(args[2], &gen) < 0) return NULL;
+    long polls = PyLong_AsLong(args[3]);
+    double seconds = PyFloat_AsDouble(args[4]);
+    if (PyErr_Occurred()) return NULL;
+    int ok = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (long i = 0; i < polls; i++) {
+        if (__atomic_load_n((uint64_t *)counter, __ATOMIC_ACQUIRE) >= target) { ok = 1; break; }
+        sched_yield();
+    }
+    if (!ok) {
+        double end = now_s() + seconds;
+        for (;;) {
+            uint32_t g = __atomic_load_n((uint32_t *)gen, __ATOMIC_ACQUIRE);
+            if (__atomic_load_n((uint64_t *)counter, __ATOMIC_ACQUIRE) >= target) { ok = 1; break; }
+            double left = end - now_s();
+            if (left <= 0) break;
+            struct timespec ts;
+            ts.tv_sec = (time_t)left;
+            ts.tv_nsec = (long)((left - (double)ts.tv_sec) * 1e9);
+            syscall(SYS_futex, (uint32_t *)gen, FUTEX_WAIT, g, &ts, NULL, 0);
+        }
+    }
+    Py_END_ALLOW_THREADS
+    if (ok) Py_RETURN_TRUE;
+    Py_RETURN_FALSE;
+}
+
+/* wait_seq_u32(word, target, polls, seconds) -> True once the u32 sequence number at `word` has
+ * reached `target` (wrap-around safe), False if `seconds` passed first. Sleeps on `word` itself. */
+static PyObject *wait_seq_u32(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    void *word;
+    if (n != 4) { PyErr_SetString(PyExc_TypeError, "wait_seq_u32(word, target, polls, seconds)"); return NULL; }
+    if (parse_addr(args[0], &word) < 0) return NULL;
+    unsigned long target = PyLong_AsUnsignedLong(args[1]);
+    long polls = PyLong_AsLong(args[2]);
+    double seconds = PyFloat_AsDouble(args[3]);
+    if (PyErr_Occurred()) return NULL;
+    int ok = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (long i = 0; i < polls; i++) {
+        uint32_t v = __atomic_load_n((uint32_t *)word, __ATOMIC_ACQUIRE);
+        if ((uint32_t)(v - (uint32_t)target) < 0x80000000u) { ok = 1; break; }
+        sched_yield();
+    }
+    if (!ok) {
+        double end = now_s() + seconds;
+        for (;;) {
+            uint32_t v = __atomic_load_n((uint32_t *)word, __ATOMIC_ACQUIRE);
+            if ((uint32_t)(v - (uint32_t)target) < 0x80000000u) { ok = 1; break; }
+            double left = end - now_s();
+            if (left <= 0) break;
+            struct timespec ts;
+            ts.tv_sec = (time_t)left;
+            ts.tv_nsec = (long)((left - (double)ts.tv_sec) * 1e9);
+            syscall(SYS_futex, (uint32_t *)word, FUTEX_WAIT, v, &ts, NULL, 0);
+        }
+    }
+    Py_END_ALLOW_THREADS
+    if (ok) Py_RETURN_TRUE;
+    Py_RETURN_FALSE;
+}
+
 /* mmap_at(addr, length, prot, flags, fd, offset) -> addr; raises OSError on failure or if the
  * kernel placed the mapping elsewhere. */
 static PyObject *mmap_at(PyObject *self, PyObject *const *args, Py_ssize_t n) {
@@ -213,6 +311,9 @@ static PyMethodDef methods[] = {
     {"futex_wait", (PyCFunction)(void (*)(void))futex_wait, METH_FASTCALL, "Wait on a shared futex word."},
     {"futex_wake", (PyCFunction)(void (*)(void))futex_wake, METH_FASTCALL, "Wake waiters of a shared futex word."},
     {"spin_until_geq_u64", (PyCFunction)(void (*)(void))spin_until_geq_u64, METH_FASTCALL, "Yielding spin until a u64 reaches a target."},
+    {"arrive", (PyCFunction)(void (*)(void))arrive, METH_FASTCALL, "Arrive at a counter barrier."},
+    {"wait_counter", (PyCFunction)(void (*)(void))wait_counter, METH_FASTCALL, "Wait for a counter barrier."},
+    {"wait_seq_u32", (PyCFunction)(void (*)(void))wait_seq_u32, METH_FASTCALL, "Wait for a u32 sequence flag."},
     {"mmap_at", (PyCFunction)(void (*)(void))mmap_at, METH_FASTCALL, "mmap at a fixed address."},
     {"munmap_at", (PyCFunction)(void (*)(void))munmap_at, METH_FASTCALL, "munmap a range."},
     {"punch_hole", (PyCFunction)(void (*)(void))punch_hole, METH_FASTCALL, "Release the pages of a file range."},
