@@ -1,0 +1,106 @@
+"""``stratacl-bench``: nccl-tests' columns for every operator, and peers that degrade to a message.
+
+The first half runs the real command (our side only) and checks its JSON against the nccl-tests
+definitions written out here, not against ``_cases`` itself. The second half checks that
+``run_peer`` answers with a string, never an exception, when a peer is unknown, not installed or
+fails, and leaves no process behind (conftest checks that after every test).
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from stratacl.bench import _peers
+from stratacl.bench._cases import OPS, Spec
+
+N = 4
+SIZES = (4096, 16384)
+ITEM = 4   # float32
+KEYS = {"op", "size", "count", "type", "redop", "root", "time_us", "algbw", "busbw", "wrong"}
+# nccl-tests: per-rank counts, whole-buffer sizes and bus factors for N ranks
+PER_RANK = {"all_gather", "reduce_scatter", "all_to_all"}
+FACTOR = {"all_gather": (N - 1) / N, "reduce_scatter": (N - 1) / N, "all_to_all": (N - 1) / N,
+          "all_reduce": 2 * (N - 1) / N, "broadcast": 1.0, "sendrecv": 1.0, "barrier": 0.0}
+
+
+def _bench(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    exe = shutil.which("stratacl-bench")
+    cmd = [exe] if exe else [sys.executable, "-c", "import sys; from stratacl.bench._cli import main; sys.exit(main())"]
+    return subprocess.run(cmd + list(args), capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_bench_rows_follow_nccl_tests(op, tmp_path):
+    out = tmp_path / "bench.json"
+    extra = ["--root", "1"] if op == "broadcast" else []
+    run = _bench(op, "-n", str(N), "-b", "4K", "-e", "16K", "-f", "4", "-w", "1", "-i", "2",
+                 "--no-limit", "-J", str(out), *extra)
+    assert run.returncode == 0, run.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert doc["header"]["op"] == op and doc["header"]["ranks"] == N
+    assert "peers" not in doc
+    rows = doc["rows"]
+    want_sizes = [0] if op == "barrier" else list(SIZES)
+    assert len(rows) == len(want_sizes), rows
+    for row, size in zip(rows, want_sizes):
+        assert set(row) == KEYS, row
+        count = size // (N * ITEM) if op in PER_RANK else size // ITEM
+        assert row["op"] == op
+        assert row["count"] == count
+        assert row["size"] == (count * N * ITEM if op in PER_RANK else count * ITEM)
+        assert row["type"] == "float32"
+        assert row["redop"] == ("sum" if op in ("all_reduce", "reduce_scatter") else "none")
+        assert row["root"] == (1 if op == "broadcast" else -1)
+        assert row["wrong"] == 0
+        assert row["time_us"] > 0
+        assert row["algbw"] == pytest.approx(row["size"] / row["time_us"] / 1e3)
+        assert row["busbw"] == pytest.approx(row["algbw"] * FACTOR[op])
+    assert "Out of bounds values : 0 OK" in run.stdout
+
+
+SPEC = Spec("all_reduce", [4096], warmup=1, iters=2)
+
+
+def test_unknown_peer_is_a_message():
+    got = _peers.run_peer("nccl", 2, SPEC)
+    assert isinstance(got, str) and "unknown peer 'nccl'" in got and "mpi" in got
+
+
+def test_missing_mpirun_is_a_message_with_the_fix(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    got = _peers.run_peer("mpi", 2, SPEC)
+    assert isinstance(got, str) and "mpirun not found" in got and "apt-get install openmpi-bin" in got
+
+
+@pytest.mark.parametrize("peer, module", [("mpi", "mpi4py"), ("gloo", "torch")])
+def test_missing_python_package_is_a_message(monkeypatch, peer, module):
+    if peer == "mpi" and shutil.which("mpirun") is None:
+        pytest.skip("mpirun missing: the message is about mpirun (tested above)")
+    monkeypatch.setitem(sys.modules, module, None)   # find_spec answers None: as if not installed
+    got = _peers.run_peer(peer, 2, SPEC)
+    assert isinstance(got, str) and f"{module} is not installed" in got and "pip install" in got
+
+
+def _installed(peer: str):
+    why = _peers.missing(peer)
+    return pytest.mark.skipif(why is not None, reason=why or "")
+
+
+@pytest.mark.parametrize("peer", [pytest.param(p, marks=_installed(p)) for p in _peers.PEERS])
+def test_peer_runs_the_same_sweep(peer):
+    rows = _peers.run_peer(peer, 3, Spec("all_gather", [4096, 16384], warmup=1, iters=2), timeout=120)
+    assert not isinstance(rows, str), rows
+    assert [(r["size"], r["count"], r["wrong"]) for r in rows] == [(4092, 341, 0), (16380, 1365, 0)]
+    assert all(set(r) == KEYS for r in rows)
+
+
+@pytest.mark.parametrize("peer", [pytest.param(p, marks=_installed(p)) for p in _peers.PEERS])
+def test_peer_failure_and_timeout_are_messages(peer):
+    bad_root = _peers.run_peer(peer, 2, Spec("broadcast", [4096], root=5), timeout=120)
+    assert isinstance(bad_root, str) and "root" in bad_root, bad_root
+    slow = _peers.run_peer(peer, 2, Spec("all_reduce", [1 << 16], iters=10**7), timeout=4)
+    assert isinstance(slow, str) and "timed out after" in slow, slow
