@@ -23,7 +23,7 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="stratacl-launch", description="Run a script on N emulated supernode ranks (one process each).",
         epilog="Settings: every flag also reads STRATACL_<NAME> from the environment.")
-    p.add_argument("-n", "--nprocs", type=int, default=int(os.environ.get("STRATACL_NPROCS", "1")),
+    p.add_argument("-n", "--nprocs", type=int, default=os.environ.get("STRATACL_NPROCS", "1"),
                    help="number of ranks (STRATACL_NPROCS; default 1)")
     p.add_argument("-m", dest="module", metavar="MODULE", help="run a module as __main__ in each rank")
     for s in SETTINGS:
@@ -42,8 +42,14 @@ def main(argv: list[str] | None = None) -> int:
     ns = _parser().parse_args(argv)
     try:
         check_environment()
-        overrides = {s.name: getattr(ns, s.name) for s in SETTINGS if s.flag and getattr(ns, s.name) is not None}
-        config = Config(**overrides)
+        config = Config()
+        for s in SETTINGS:
+            value = getattr(ns, s.name) if s.flag else None
+            if value is not None:
+                try:
+                    setattr(config, s.name, value)
+                except ConfigError as e:
+                    raise ConfigError(f"{s.flag} {value}: {e}") from None
     except ConfigError as e:
         print(f"stratacl-launch: {e}", file=sys.stderr)
         return 2

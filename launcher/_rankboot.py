@@ -53,13 +53,18 @@ def _mark_dead() -> None:
         rt.ctl.set_state(rt.rank, STATE_DEAD)
 
 
-def _load_main(path: str) -> None:
-    """Make a spawning script's functions importable here, as multiprocessing does."""
-    mod = types.ModuleType("__mp_main__")
-    mod.__file__ = path
-    sys.modules["__mp_main__"] = mod
-    code = runpy.run_path(path, run_name="__mp_main__")
-    mod.__dict__.update(code)
+def _load_main(main: tuple[str, str]) -> None:
+    """Make a spawning script's functions importable here, as multiprocessing does: its
+    ``__main__`` is imported again (by module name, or run by path) under another name."""
+    kind, where = main
+    if kind == "module":
+        import importlib
+        mod = importlib.import_module(where)
+    else:
+        mod = types.ModuleType("__mp_main__")
+        mod.__file__ = where
+        sys.modules["__mp_main__"] = mod
+        mod.__dict__.update(runpy.run_path(where, run_name="__mp_main__"))
     sys.modules["__main__"] = mod
 
 
@@ -75,7 +80,7 @@ def main() -> None:
         if kind == "spawn":
             sys_path, main_path, payload = _wire.recv(sock)
             sys.path[:] = sys_path
-            if main_path:
+            if main_path and main_path[1]:
                 _load_main(main_path)
             fn, args = pickle.loads(payload)
             import stratacl

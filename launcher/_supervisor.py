@@ -66,6 +66,7 @@ class JobOutcome:
     ranks: list[RankEnd]
     reason: str = ""            # '' | 'failure' | 'signal' | 'deadline'
     signal: int = 0
+    shutdown_at: float | None = None    # when the launcher began ending the ranks still running
 
     @property
     def ok(self) -> bool:
@@ -73,9 +74,15 @@ class JobOutcome:
 
     @property
     def root_cause(self) -> RankEnd | None:
-        failed = [r for r in self.ranks if r.failed and not r.killed_by_launcher]
-        if not failed:
-            failed = [r for r in self.ranks if r.failed]
+        """The first rank that failed on its own; None when the launcher ended every failed rank
+        (a signal to the launcher, or the deadline)."""
+        def on_its_own(r: RankEnd) -> bool:
+            # a rank that ended, or reported an error, once the launcher had begun ending the
+            # job failed because of the shutdown, not before it
+            t = (r.error or {}).get("time", r.ended_at)
+            return r.failed and (self.shutdown_at is None or (t is not None and t <= self.shutdown_at))
+
+        failed = [r for r in self.ranks if on_its_own(r)]
         if not failed:
             return None
         return min(failed, key=lambda r: (r.error or {}).get("time", r.ended_at or float("inf")))
@@ -115,7 +122,7 @@ def format_failure(outcome: JobOutcome) -> str:
             lines.append("  traceback : (none: the process did not get to report one)")
     others = [r for r in outcome.ranks if r.failed and r is not root]
     if others:
-        lines.append("Other ranks:")
+        lines.append("Other ranks:" if root is not None else "Ranks:")
         for r in others:
             msg = f": {r.error['type']}: {r.error['message'].splitlines()[0] if r.error['message'] else ''}" \
                 if r.error else ""
@@ -158,7 +165,7 @@ class Job:
         base = [sys.executable, "-m", "stratacl_launcher._rankboot", kind]
         if kind == "spawn":
             return base
-        return base + [self.target[1], *self.target[2]]
+        return base + list(self.target[2])   # target[2] is the rank's argv: [path or module, *args]
 
     def run(self) -> JobOutcome:
         ctl_fd, hbm_fds = create_job_segments(self.job_id, self.n, self.config)
@@ -167,6 +174,7 @@ class Job:
         procs: list[subprocess.Popen] = []
         socks: list[socket.socket] = []
         daemon = None
+        forwarders: list[threading.Thread] = []
         old_handlers = {}
         try:
             if self.handle_signals:
@@ -191,7 +199,9 @@ class Job:
                 ctl.set_pid(rank, p.pid)
                 if tag:
                     for stream, out in ((p.stdout, sys.stdout), (p.stderr, sys.stderr)):
-                        threading.Thread(target=_forward, args=(stream, out, f"[{rank}]: "), daemon=True).start()
+                        t = threading.Thread(target=_forward, args=(stream, out, f"[{rank}]: "), daemon=True)
+                        t.start()
+                        forwarders.append(t)
             for fd in hbm_fds:
                 os.close(fd)
             hbm_fds = []
@@ -203,6 +213,10 @@ class Job:
                 if p.poll() is None:
                     _kill(p, signal.SIGKILL)
                     p.wait()
+            # the ranks are gone, but their last lines may still sit in the pipes: forward them
+            # before returning (a process the rank left behind may hold a pipe open, so bounded)
+            for t in forwarders:
+                t.join(timeout=10)
             for s in socks:
                 s.close()
             os.close(pipe_w)
@@ -278,16 +292,16 @@ class Job:
             if self._signal and term_at is None:
                 outcome.reason, outcome.signal = "signal", self._signal
                 ctl.record_shutdown(self._signal)
-                term_at = now
+                term_at = outcome.shutdown_at = now
                 self._terminate(procs, ends, signal.SIGTERM)
             deadline = self.config.deadline
             if deadline and term_at is None and now - started > deadline:
                 outcome.reason = "deadline"
                 ctl.record_shutdown(signal.SIGALRM)
-                term_at = now
+                term_at = outcome.shutdown_at = now
                 self._terminate(procs, ends, signal.SIGTERM)
             if failed_at is not None and term_at is None and now - failed_at > grace:
-                term_at = now
+                term_at = outcome.shutdown_at = now
                 self._terminate(procs, ends, signal.SIGTERM)
             if term_at is not None and not killed and now - term_at > grace:
                 killed = True
@@ -336,8 +350,26 @@ def _send_payload(socks: list[socket.socket], payload: tuple) -> None:
             pass
 
 
+_FORWARD_LOCK = threading.Lock()   # one writer at a time: a text stream's write is not atomic
+
+
 def _forward(stream, out, prefix: str) -> None:
-    for line in iter(stream.readline, b""):
-        out.write(prefix + line.decode(errors="replace"))
-        out.flush()
+    """Copy a rank's pipe to ``out`` with every line prefixed, a chunk (many lines) per write."""
+    fd = stream.fileno()
+    pending = b""
+    while True:
+        data = os.read(fd, 1 << 16)
+        if not data:
+            break
+        lines = (pending + data).split(b"\n")
+        pending = lines.pop()
+        if lines:
+            text = "".join(f"{prefix}{ln.decode(errors='replace')}\n" for ln in lines)
+            with _FORWARD_LOCK:
+                out.write(text)
+                out.flush()
+    if pending:
+        with _FORWARD_LOCK:
+            out.write(prefix + pending.decode(errors="replace"))
+            out.flush()
     stream.close()

@@ -33,7 +33,10 @@ def spawn(fn: Callable[..., Any], nranks: int, args: tuple = (), **settings: Any
     config = Config(**settings)
     main_path = None
     if getattr(fn, "__module__", None) == "__main__":
-        main_path = getattr(sys.modules["__main__"], "__file__", None)
+        main = sys.modules["__main__"]
+        spec = getattr(main, "__spec__", None)
+        # started with -m: the rank imports the module by name; else it runs the file by path
+        main_path = ("module", spec.name) if spec is not None else ("path", getattr(main, "__file__", None))
     payload = pickle.dumps((fn, tuple(args)), protocol=pickle.HIGHEST_PROTOCOL)
     outcome = Job(nranks, config, ("spawn", list(sys.path), main_path, payload)).run()
     if outcome.ok:
@@ -45,7 +48,9 @@ def spawn(fn: Callable[..., Any], nranks: int, args: tuple = (), **settings: Any
             exc = pickle.loads(root.error["exception"])
         except Exception:
             exc = None
-        if isinstance(exc, BaseException):
+        # SystemExit / KeyboardInterrupt in a rank end that rank; re-raised here they would end
+        # the caller too, so they are reported as a RankFailure like a crash
+        if isinstance(exc, Exception):
             exc.add_note(f"(raised on rank {root.rank} of {nranks}; job {outcome.job_id})")
             raise exc from RemoteTraceback(root.error["traceback"])
     raise RankFailure(block, root.rank if root is not None else None,

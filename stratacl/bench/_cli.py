@@ -226,7 +226,8 @@ def main(argv: list[str] | None = None) -> int:
             doc["peers"] = peers
         with open(a.json, "w") as f:
             json.dump(doc, f, indent=1)
-    wrong = any(r["wrong"] for r in rows)
+    wrong = any(r["wrong"] for r in rows) or any(
+        not isinstance(p, str) and any(r["wrong"] for r in p) for p in peers.values())
     return 1 if wrong else 0
 
 

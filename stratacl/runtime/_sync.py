@@ -17,7 +17,7 @@ from typing import Callable
 
 from .._errors import CommTimeout, PeerFailure
 from . import _native
-from ._control import (FAILED_EXIT, FAILED_SHUTDOWN, FAILED_SIGNAL, STATE_DEAD, STATE_FINALIZED, STATE_NAMES,
+from ._control import (FAILED_EXIT, FAILED_SHUTDOWN, FAILED_SIGNAL, STATE_DEAD, STATE_FINALIZED,
                        Control)
 
 SPIN_POLLS = 64          # yielding polls before sleeping on the futex
@@ -55,7 +55,8 @@ class JobHealth:
         for p in waiting_for:
             st = self.ctl.state(p)
             if st in (STATE_FINALIZED, STATE_DEAD):
-                raise PeerFailure(f"{operation}: rank {self.rank}: peer rank {p} has {STATE_NAMES[st]} "
+                how = "has died" if st == STATE_DEAD else "has finalized"
+                raise PeerFailure(f"{operation}: rank {self.rank}: peer rank {p} {how} "
                                   f"and will not take part", p, operation)
 
 

@@ -1,0 +1,131 @@
+"""Running ``stratacl-launch`` from tests: the command, its records, and leftover checks.
+
+Rank scripts live in ``tests/scripts`` and report what they saw as ``@@ {json}`` lines on
+stdout (see ``scripts/_report.py``). Every wait here has a deadline: subprocess timeouts,
+``select`` on pipes, ``psutil.wait_procs``; nothing sleeps to wait for another process.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import selectors
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+SHM = "/dev/shm"
+MARK = "@@ "
+
+
+def launcher_command() -> list[str]:
+    """The installed console script of this interpreter (not a version-manager shim)."""
+    here = Path(sys.executable).parent / "stratacl-launch"
+    path = str(here) if here.exists() else shutil.which("stratacl-launch")
+    assert path, "stratacl-launch is not installed (pip install -e .)"
+    return [path]
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """The test's environment without any STRATACL_* setting that could leak in, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STRATACL_")}
+    env.update(extra)
+    return env
+
+
+@dataclasses.dataclass
+class Run:
+    returncode: int
+    stdout: str
+    stderr: str
+    elapsed: float
+
+    @property
+    def records(self) -> list[dict]:
+        return parse_records(self.stdout)
+
+    def by_rank(self, kind: str) -> dict[int, dict]:
+        out: dict[int, dict] = {}
+        for r in self.records:
+            if r.get("kind") == kind:
+                assert r["rank"] not in out, f"rank {r['rank']} reported {kind!r} twice"
+                out[r["rank"]] = r
+        return out
+
+    def explain(self) -> str:
+        return f"exit code {self.returncode}\n--- stdout ---\n{self.stdout[-4000:]}\n--- stderr ---\n{self.stderr[-6000:]}"
+
+
+def parse_records(text: str) -> list[dict]:
+    return [json.loads(line[len(MARK):]) for line in text.splitlines() if line.startswith(MARK)]
+
+
+def launch(*args: str, timeout: float = 120, env: dict[str, str] | None = None, cwd: str | Path | None = None
+           ) -> Run:
+    """Run ``stratacl-launch ARGS`` to completion (killed after ``timeout`` seconds)."""
+    t0 = time.monotonic()
+    p = subprocess.run(launcher_command() + list(args), capture_output=True, text=True, timeout=timeout,
+                       env=clean_env() if env is None else env, cwd=cwd)
+    return Run(p.returncode, p.stdout, p.stderr, time.monotonic() - t0)
+
+
+def script(name: str) -> str:
+    return str(SCRIPTS / name)
+
+
+def read_lines_until(proc: subprocess.Popen, want: int, prefix: str, timeout: float) -> list[str]:
+    """Read ``proc.stdout`` (binary pipe) until ``want`` lines starting with ``prefix`` have arrived."""
+    fd = proc.stdout.fileno()
+    sel = selectors.DefaultSelector()
+    sel.register(fd, selectors.EVENT_READ)
+    deadline = time.monotonic() + timeout
+    buf, found = b"", []
+    try:
+        while len(found) < want:
+            left = deadline - time.monotonic()
+            if left <= 0 or not sel.select(timeout=left):
+                raise AssertionError(f"only {len(found)} of {want} {prefix!r} lines within {timeout} s: {found}")
+            data = os.read(fd, 1 << 16)
+            if not data:
+                raise AssertionError(f"launcher stdout closed after {len(found)} of {want} {prefix!r} lines "
+                                     f"(exit code {proc.wait(timeout=10)})")
+            buf += data
+            *lines, buf = buf.split(b"\n")
+            found += [ln.decode() for ln in lines if ln.decode().startswith(prefix)]
+    finally:
+        sel.close()
+    return found
+
+
+def shm_names(job_id: str) -> list[str]:
+    p = f"stratacl-{job_id}-"
+    return sorted(n for n in os.listdir(SHM) if n.startswith(p) or n.startswith("sem." + p))
+
+
+def assert_all_gone(pids: list[int], timeout: float = 15) -> None:
+    """Every process in ``pids`` ends within ``timeout`` s (a zombie waiting for init counts as gone)."""
+    procs = []
+    for pid in pids:
+        try:
+            procs.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=timeout)
+    still = []
+    for p in alive:
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE:
+                still.append(p.pid)
+        except psutil.NoSuchProcess:
+            pass
+    for pid in still:
+        try:
+            os.kill(pid, 9)
+        except OSError:
+            pass
+    assert not still, f"processes still running {timeout} s later: {still}"

@@ -1,0 +1,121 @@
+"""``stratacl-launch`` basics: what each rank sees, output tagging, ``-m``, and bad settings.
+
+The rank script (``scripts/rank_info.py``) reports its identity, its sys.argv and the result of
+one all_gather as an ``@@ {json}`` line; tests compare that with what was asked for.
+"""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from launch_helpers import SCRIPTS, clean_env, launch, script
+
+
+def _check_info(run, n: int, argv: list[str]) -> None:
+    info = run.by_rank("info")
+    assert sorted(info) == list(range(n)), run.explain()
+    jobs = {rec["env"]["STRATACL_JOB_ID"] for rec in info.values()}
+    assert len(jobs) == 1 and re.fullmatch(r"[0-9a-f]+", jobs.pop())
+    for r, rec in info.items():
+        assert (rec["comm_rank"], rec["comm_size"]) == (r, n)
+        assert rec["env"] | {"STRATACL_JOB_ID": None} == {
+            "STRATACL_RANK": str(r), "STRATACL_WORLD_SIZE": str(n), "RANK": str(r), "WORLD_SIZE": str(n),
+            "LOCAL_RANK": str(r), "STRATACL_JOB_ID": None}, rec
+        assert rec["argv"] == argv, rec
+        assert rec["gather_ok"], rec
+    assert len({rec["pid"] for rec in info.values()}) == n
+
+
+def test_32_ranks_each_see_their_rank_and_world():
+    n = 32
+    run = launch("-n", str(n), "--timeout", "120", script("rank_info.py"), "alpha", "--beta", "3",
+                 timeout=280)
+    assert run.returncode == 0, run.explain()
+    _check_info(run, n, ["alpha", "--beta", "3"])
+    assert run.stderr.count("stderr line from rank") == n
+    assert "failed" not in run.stderr
+
+
+def test_tag_output_prefixes_every_line_with_its_rank():
+    n = 4
+    run = launch("-n", str(n), "--tag-output", script("rank_info.py"), timeout=120)
+    assert run.returncode == 0, run.explain()
+    for stream, what in ((run.stdout, "stdout"), (run.stderr, "stderr")):
+        lines = stream.splitlines()
+        assert lines, what
+        seen = set()
+        for line in lines:
+            m = re.fullmatch(r"\[(\d+)\]: (.*)", line)
+            assert m, f"untagged {what} line: {line!r}"
+            rank, text = int(m.group(1)), m.group(2)
+            if text.startswith(f"{what} line from rank "):
+                assert text == f"{what} line from rank {rank}"
+                seen.add(rank)
+        assert seen == set(range(n)), (what, stream)
+    # the JSON records are tagged too; strip the tag and check them
+    records = [re.sub(r"^\[\d+\]: ", "", ln) for ln in run.stdout.splitlines()]
+    run.stdout = "\n".join(records)
+    _check_info(run, n, [])
+
+
+def test_tag_output_forwards_every_line_before_the_launcher_exits():
+    n, count = 4, 20000
+    run = launch("-n", str(n), "--tag-output", script("print_lines.py"), str(count), timeout=120)
+    assert run.returncode == 0, run.explain()
+    per_rank: dict[int, list[str]] = {r: [] for r in range(n)}
+    for line in run.stdout.splitlines():
+        m = re.fullmatch(r"\[(\d+)\]: (.*)", line)
+        assert m, line
+        per_rank[int(m.group(1))].append(m.group(2))
+    for r in range(n):
+        assert per_rank[r] == [f"r{r} line {i}" for i in range(count)], \
+            f"rank {r}: {len(per_rank[r])} of {count} lines arrived"
+
+
+def test_module_mode_runs_the_module_in_every_rank_with_its_args():
+    n = 3
+    run = launch("-n", str(n), "-m", "rank_info", "x", "-y", cwd=SCRIPTS, timeout=120)
+    assert run.returncode == 0, run.explain()
+    _check_info(run, n, ["x", "-y"])
+
+
+def test_nprocs_from_the_environment():
+    run = launch(script("rank_info.py"), env=clean_env(STRATACL_NPROCS="3"), timeout=120)
+    assert run.returncode == 0, run.explain()
+    _check_info(run, 3, [])
+
+
+def test_unknown_stratacl_environment_variable_is_an_error():
+    run = launch("-n", "2", script("rank_info.py"), env=clean_env(STRATACL_TIMEOUTT="3"), timeout=60)
+    assert run.returncode == 2, run.explain()
+    assert "unknown environment variable STRATACL_TIMEOUTT" in run.stderr
+    assert "did you mean STRATACL_TIMEOUT?" in run.stderr
+    assert run.stdout == ""                    # no rank was started
+
+
+@pytest.mark.parametrize("flag, value, expected", [
+    ("--registration", "foo", "expected one of roa, jit, pool, got 'foo'"),
+    ("--timeout", "soon", "expected a number, got 'soon'"),
+    ("--hbm-size", "lots", "not a size: 'lots'"),
+    ("--metadata-path", "carrier-pigeon", "expected one of direct, relay"),
+])
+def test_bad_flag_value_exits_2_naming_the_flag(flag, value, expected):
+    run = launch("-n", "2", flag, value, script("rank_info.py"), timeout=60)
+    assert run.returncode == 2, run.explain()
+    assert run.stderr.startswith(f"stratacl-launch: {flag} {value}: "), run.stderr
+    assert expected in run.stderr
+    assert run.stdout == ""
+
+
+def test_bad_setting_in_the_environment_names_the_variable():
+    run = launch("-n", "2", script("rank_info.py"), env=clean_env(STRATACL_REGISTRATION="foo"), timeout=60)
+    assert run.returncode == 2, run.explain()
+    assert "STRATACL_REGISTRATION='foo'" in run.stderr and "expected one of roa, jit, pool" in run.stderr
+
+
+@pytest.mark.parametrize("args", [["-n", "0", "x.py"], ["-n", "2"], ["-n", "two", "x.py"]])
+def test_bad_command_line_exits_2(args):
+    run = launch(*args, timeout=60)
+    assert run.returncode == 2, run.explain()
+    assert run.stdout == "" and run.stderr.strip()
