@@ -296,7 +296,7 @@ def test_deadline_ends_a_hung_job_with_124():
     assert f"\n  rank {stuck}: killed by SIGTERM (sent by the launcher)\n" in run.stderr, run.explain()
     for r in range(n):
         assert re.search(rf"^  rank {r}: (killed by SIGTERM \(sent by the launcher\)|exit code 1: PeerFailure: "
-                         rf"barrier: rank {r}: the job is shutting down \(launcher got signal 14\))$",
+                         rf"barrier: rank {r}: the job is shutting down: it passed its deadline \(--deadline\))$",
                          run.stderr, re.M), run.explain()
     assert sorted(run.by_rank("started")) == list(range(n)), run.explain()
     assert not run.by_rank("completed")

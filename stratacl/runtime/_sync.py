@@ -25,6 +25,13 @@ SLICE = 0.05             # seconds between health checks while asleep
 WAKE_ALL = 0x7FFFFFFF
 
 
+def _signal_name(value: int) -> str:
+    try:
+        return signal.Signals(value).name
+    except ValueError:
+        return f"signal {value}"
+
+
 def _describe_failure(kind: int, value: int) -> str:
     if kind == FAILED_SIGNAL:
         try:
@@ -47,8 +54,10 @@ class JobHealth:
         if failure is not None:
             frank, kind, value = failure
             if kind == FAILED_SHUTDOWN:
-                raise PeerFailure(f"{operation}: rank {self.rank}: the job is shutting down "
-                                  f"(launcher got signal {value})", None, operation)
+                why = ("it passed its deadline (--deadline)" if value == signal.SIGALRM
+                       else f"the launcher got {_signal_name(value)}")
+                raise PeerFailure(f"{operation}: rank {self.rank}: the job is shutting down: {why}",
+                                  None, operation)
             raise PeerFailure(f"{operation}: rank {self.rank}: peer rank {frank} "
                               f"{_describe_failure(kind, value)}; this operation cannot complete",
                               frank, operation)
