@@ -7,6 +7,12 @@ setup(
             "stratacl.runtime._native",
             sources=["stratacl/runtime/_native.c"],
             extra_compile_args=["-O2"],
-        )
+        ),
+        Extension(
+            "stratacl.collectives._kernels",
+            sources=["stratacl/collectives/_kernels.c"],
+            # no fused multiply-add: every element must round exactly as numpy rounds it
+            extra_compile_args=["-O3", "-ffp-contract=off"],
+        ),
     ]
 )

@@ -3,7 +3,7 @@ registration metadata takes to reach every peer. A benchmark, not a test: it pri
 (progress goes to stderr). See docs/registration.md for a recorded run and how to read it.
 
     python benchmarks/registration.py                 # everything, 3 repetitions (~3 min on 2 cores)
-    python benchmarks/registration.py --quick         # smoke run (~30 s)
+    python benchmarks/registration.py --quick         # smoke run (~10 s)
     python benchmarks/registration.py --only broadcast --meta-ranks 2,8,32
 
 A. First use of a freshly allocated buffer, per registration mode (``jit``, ``roa``, ``pool``)::
@@ -21,8 +21,9 @@ A. First use of a freshly allocated buffer, per registration mode (``jit``, ``ro
    time spent mapping inside the operator) and ``ready_wait_ns`` (roa: time the operator waited
    for the background mapping). The all_gather is timed twice: the whole call (two N-rank
    barriers included, so noisy) and its pull phase alone (between the barriers, where
-   registration happens), by wrapping the full-mesh routine inside the rank process.
-   A4 repeats the roa case at N = 32 for several gaps (--gap-sweep).
+   registration happens), by wrapping the full-mesh routine inside the rank process. A4 adds
+   where the host's CPU went (all ranks, and their registration threads alone), and A5 repeats
+   the roa case at N = 32 for several gaps (--gap-sweep).
 
 B. Metadata broadcast latency (roa), ``metadata_path`` ``direct`` (the owner writes into every
    peer's mailbox ring) against ``relay`` (owner -> bootstrap daemon -> every peer)::
@@ -89,9 +90,20 @@ def _registration_counters() -> dict:
     return stratacl.stats()["registration"]
 
 
-def first_use_rank(comm, sizes: list[int], iters: int, gap: tuple[str, float, int]) -> list:
-    """Part A in one rank: one row per (size, iteration). ``gap`` is (kind, ms, numpy repetitions)."""
+def _registration_thread_cpu() -> float:
+    """CPU seconds used so far by this rank's registration thread (NaN if it cannot be found)."""
+    import threading
+    for t in threading.enumerate():
+        if t.name.startswith("stratacl-registration") and t.ident is not None:
+            return time.clock_gettime(time.pthread_getcpuclockid(t.ident))
+    return float("nan")
+
+
+def first_use_rank(comm, sizes: list[int], iters: int, gap: tuple[str, float, int]) -> dict:
+    """Part A in one rank: one row per (size, iteration), and the CPU the whole loop took.
+    ``gap`` is (kind, ms, numpy repetitions)."""
     pull = _PullTimer()
+    cpu0, reg_cpu0, wall0 = time.process_time(), _registration_thread_cpu(), time.perf_counter()
     n, me = comm.size, comm.rank
     out = stratacl.empty((n * max(sizes),), np.uint8)
     work = np.random.default_rng(me).random(GAP_WORK_ELEMS)
@@ -130,7 +142,10 @@ def first_use_rank(comm, sizes: list[int], iters: int, gap: tuple[str, float, in
                 waits=c1["ready_waits"] - c0["ready_waits"],
                 warm_registrations=(c2["registrations_in_operator"] - c1["registrations_in_operator"]
                                     + c2["ready_waits"] - c1["ready_waits"])))
-    return rows
+    rounds = (iters + 1) * len(sizes)
+    return dict(rows=rows, cpu_per_round=(time.process_time() - cpu0) / rounds,
+                reg_cpu_per_round=(_registration_thread_cpu() - reg_cpu0) / rounds,
+                wall_per_round=(time.perf_counter() - wall0) / rounds)
 
 
 def broadcast_rank(comm, count: int, timeout: float) -> list:
@@ -304,31 +319,38 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def _first_use_job(args, host: _Host, n: int, mode: str, gap: tuple[str, float, int], label: str) -> dict:
-    """One part-A job; returns {size: summary}."""
+    """One part-A job; returns {size: summary}, plus {"cpu": where the host's CPU went}."""
     per_rank = host.run(f"{label} N={n:<2} {mode:<4} gap {_gap_name(gap)}", lambda: stratacl.spawn(
         first_use_rank, n, args=(args.sizes, args.iters, gap), registration=mode, hbm_size=args.hbm_size))
-    rows = [r for rank_rows in per_rank for r in rank_rows]
-    return {size: summarise_first_use([r for r in rows if r["size"] == size], n) for size in args.sizes}
+    rows = [r for rank in per_rank for r in rank["rows"]]
+    out: dict = {size: summarise_first_use([r for r in rows if r["size"] == size], n) for size in args.sizes}
+    cpu = sum(r["cpu_per_round"] for r in per_rank)
+    wall = _median([r["wall_per_round"] for r in per_rank])
+    out["cpu"] = dict(cpu_ms=cpu * 1e3, reg_cpu_ms=sum(r["reg_cpu_per_round"] for r in per_rank) * 1e3,
+                      wall_ms=wall * 1e3, busy=cpu / (wall * (os.cpu_count() or 1)))
+    return out
 
 
 def run_first_use(args, host: _Host) -> dict:
-    """{(size, N, mode): [summary per repetition]}; modes interleaved so drift hits them alike."""
+    """{(size or "cpu", N, mode): [summary per repetition]}; modes interleaved so drift hits them alike."""
     results: dict = {}
     for rep in range(args.repeat):
         for n in args.ranks:
             for mode in args.modes:
-                for size, s in _first_use_job(args, host, n, mode, args.gap, f"A rep {rep + 1}/{args.repeat}").items():
+                label = f"A rep {rep + 1}/{args.repeat}"
+                for size, s in _first_use_job(args, host, n, mode, args.gap, label).items():
                     results.setdefault((size, n, mode), []).append(s)
     return results
 
 
 def run_gap_sweep(args, host: _Host) -> dict:
-    """{(size, N, gap name): [summary per repetition]} for roa only."""
+    """{(size or "cpu", N, gap name): [summary per repetition]}, roa only."""
     results: dict = {}
     for rep in range(args.repeat):
         for n in args.sweep_ranks:
             for gap in args.gap_sweep:
-                for size, s in _first_use_job(args, host, n, "roa", gap, f"S rep {rep + 1}/{args.repeat}").items():
+                label = f"S rep {rep + 1}/{args.repeat}"
+                for size, s in _first_use_job(args, host, n, "roa", gap, label).items():
                     results.setdefault((size, n, _gap_name(gap)), []).append(s)
     return results
 
@@ -383,7 +405,13 @@ def report_first_use(args, results: dict) -> str:
                 _table(["N"] + [f"{m}: first / warm" for m in modes] + [f"{m}: excess" for m in modes], pull_rows),
                 "", "### A3. Whole all_gather call (ms; both N-rank barriers included): first use / warm\n",
                 _table(["N"] + [f"{m}: first / warm" for m in modes], call_rows), ""]
-    warm = sum(r["warm_registrations"] for reps in results.values() for r in reps)
+    cpu_rows = [[str(n), m, _cell(reps, "wall_ms"), _cell(reps, "cpu_ms"), _cell(reps, "reg_cpu_ms"),
+                 _cell(reps, "busy", 100)] for n in args.ranks for m in modes for reps in [results[("cpu", n, m)]]]
+    out += ["### A4. Where the host's CPU goes, per round (one fresh buffer per rank, its gap, barrier, "
+            "two all_gathers, release)\n",
+            _table(["N", "mode", "wall per round (ms)", "CPU of all ranks per round (ms)",
+                    "of which registration threads (ms)", f"host busy (% of {os.cpu_count()} cores)"], cpu_rows), ""]
+    warm = sum(r.get("warm_registrations", 0) for reps in results.values() for r in reps)
     if warm:
         out.append(f"WARNING: {warm} warm all_gather calls registered or waited (expected none)\n")
     return "\n".join(out)
@@ -396,13 +424,15 @@ def report_gap_sweep(args, results: dict) -> str:
         for n in args.sweep_ranks:
             for gap in args.gap_sweep:
                 reps = results[(size, n, _gap_name(gap))]
-                rows.append([str(n), _gap_name(gap), _cell(reps, "interval_us", 1e-3), _cell(reps, "waited_frac", 100),
-                             _cell(reps, "wait_mean_us"), _cell(reps, "wait_p90_us"), _cell(reps, "wait_max_us", 1e-3),
-                             f"{_cell(reps, 'first_pull_us')} / {_cell(reps, 'warm_pull_us')}"])
-        out += [f"### A4. roa against the allocation-to-use gap ({_size(size)} per rank)\n",
+                cpu = results[("cpu", n, _gap_name(gap))]
+                rows.append([str(n), _gap_name(gap), _cell(reps, "interval_us", 1e-3),
+                             _cell(reps, "waited_frac", 100), _cell(reps, "wait_mean_us"), _cell(reps, "wait_p90_us"),
+                             _cell(reps, "wait_max_us", 1e-3), f"{_cell(reps, 'first_pull_us')} / "
+                             f"{_cell(reps, 'warm_pull_us')}", _cell(cpu, "busy", 100)])
+        out += [f"### A5. roa against the allocation-to-use gap ({_size(size)} per rank)\n",
                 _table(["N", "gap", "allocation to first use (ms)", "calls that waited (%)",
                         "ready-wait mean (us/call)", "ready-wait p90 (us/call)", "longest wait (ms)",
-                        "pull phase first / warm (us)"], rows), ""]
+                        "pull phase first / warm (us)", "host busy (%)"], rows), ""]
     return "\n".join(out)
 
 
@@ -470,7 +500,8 @@ def main(argv: list[str] | None = None) -> int:
                         "computes), compute:MS (host CPU busy with numpy for MS on one uncontended core), or "
                         "none (only the barrier). Default sleep:5")
     p.add_argument("--gap-sweep", type=lambda s: [_parse_gap(g) for g in s.split(",") if g],
-                   default="none,sleep:1,sleep:5,compute:5", help="gaps of the roa sweep (part A4)")
+                   default="none,sleep:1,sleep:5,compute:5",
+                   help="gaps of the roa sweep, part A5 (default none,sleep:1,sleep:5,compute:5)")
     p.add_argument("--sweep-ranks", type=_ints, default=[32], help="world sizes of the gap sweep (default 32)")
     p.add_argument("--meta-ranks", type=_ints, default=[8, 32], help="world sizes of part B (default 8,32)")
     p.add_argument("--meta-allocs", type=int, default=128, help="allocations per part-B job (default 128)")
@@ -478,7 +509,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", choices=("first-use", "gap-sweep", "broadcast"), help="run one part only")
     p.add_argument("--hbm-size", default="1G", help="HBM per rank (default 1G)")
     p.add_argument("--wait-quiet", type=float, default=0.0, metavar="S",
-                   help="before each job, wait up to S seconds for other jobs' ranks to finish (default 0)")
+                   help="before each job, wait up to S seconds for the host to be quiet, and rerun a job "
+                        "during which other work took more than 10%% of the host (default 0: neither)")
     p.add_argument("--json", help="also write the per-repetition summaries to this file")
     p.add_argument("--quick", action="store_true",
                    help="N = 2,8; 5 iterations; sweep none,sleep:5 at N = 8; part B at N = 8; one repetition")
@@ -494,10 +526,11 @@ def main(argv: list[str] | None = None) -> int:
     host = _Host(args.wait_quiet)
     started = time.monotonic()
     command = " ".join(argv if argv is not None else sys.argv[1:])
+    other_load = host._foreign_share(lambda: time.sleep(1.0))[1]
     print(f"# StrataCL-emu registration benchmark\n\n"
           f"command: `python benchmarks/registration.py {command}`  \n"
           f"host: {os.cpu_count()} cores, Python {sys.version.split()[0]}, numpy {np.__version__}; "
-          f"share of the host busy with other work at start: {100 * _Host(0)._foreign_share(lambda: time.sleep(1.0))[1]:.0f}%  \n"
+          f"share of the host busy with other work at start: {100 * other_load:.0f}%  \n"
           f"library: {os.path.dirname(stratacl.__file__)}  \n"
           f"each cell: median over ranks x iterations, then median over {args.repeat} repetition(s) "
           f"[min-max over repetitions]\n", flush=True)

@@ -143,17 +143,26 @@ def test_shadow_addressing_same_address_same_bytes_on_every_rank(registration):
 
 
 def registration_counters(comm, rounds):
+    """Allocate, leave the gap registration-on-allocation relies on, then use the buffer."""
+    n, me = comm.size, comm.rank
+    addrs = np.zeros(n, np.int64)
+    comm.all_reduce(addrs, op="max")               # sets up the staging buffer used below
     out = []
     for i in range(rounds):
-        x = stratacl.empty((300_000 + i,), np.uint8)     # a fresh large segment every round
-        x[:] = comm.rank
-        comm.barrier()
+        x = stratacl.empty((1_100_000 + i,), np.uint8)   # large pool: a fresh segment every round
+        x[:] = me
+        addrs[:] = 0
+        addrs[me] = x.ctypes.data
+        comm.all_reduce(addrs, op="max")
+        if stratacl.config.registration == "roa":
+            for p in range(n):                     # the gap: wait until the metadata has arrived
+                ub.view(int(addrs[p]), (16,), np.uint8)
         before = stratacl.stats()["registration"]
-        o = np.empty(comm.size * x.size, np.uint8)
+        o = np.empty(n * x.size, np.uint8)
         comm.all_gather(o, x)
-        comm.all_gather(o, x)                             # warm: nothing left to register
+        comm.all_gather(o, x)                      # warm: nothing left to register
         after = stratacl.stats()["registration"]
-        out.append({k: after[k] - before[k] for k in ("registrations_in_operator", "ready_checks")})
+        out.append({k: after[k] - before[k] for k in ("registrations_in_operator", "ready_waits", "ready_checks")})
         del x
         stratacl.empty_cache()
     return out, stratacl.stats()["registration"]
@@ -162,13 +171,32 @@ def registration_counters(comm, rounds):
 @pytest.mark.parametrize("n", [4, 8])
 def test_roa_keeps_registration_off_the_critical_path_and_jit_puts_it_on(n):
     for rounds, total in stratacl.spawn(registration_counters, n, args=(3,), registration="roa"):
-        assert all(r["registrations_in_operator"] == 0 for r in rounds)
-        assert total["background_maps"] >= 3 * (n - 1)  # every peer segment mapped by the thread
+        for r in rounds:
+            assert r["registrations_in_operator"] == 0 and r["ready_waits"] == 0
+            assert r["ready_checks"] == 2 * (n - 1)          # the purely local check did run
+        assert total["background_maps"] >= 3 * (n - 1)     # every peer segment mapped by the thread
         assert total["background_unmaps"] >= 2 * (n - 1)
     for rounds, total in stratacl.spawn(registration_counters, n, args=(3,), registration="jit"):
         # first use maps each of the n-1 peers' new segments inside the operator, the second nothing
         assert all(r["registrations_in_operator"] == n - 1 for r in rounds)
         assert total["background_maps"] == 0
+
+
+def use_before_registration(comm):
+    """No gap at all: the operator maps what the background thread has not mapped yet."""
+    x = stratacl.empty((1_200_000,), np.uint8)       # a segment of its own
+    x[:] = comm.rank
+    o = np.empty(comm.size * x.size, np.uint8)
+    comm.all_gather(o, x)
+    s = stratacl.stats()["registration"]
+    ok = bool((o.reshape(comm.size, -1) == np.arange(comm.size, dtype=np.uint8)[:, None]).all())
+    return ok, s["ready_waits"], s["registrations_in_operator"]
+
+
+def test_roa_first_use_before_the_mapping_is_done_is_still_correct():
+    for ok, waits, in_op in stratacl.spawn(use_before_registration, 8):
+        assert ok
+        assert waits == in_op        # every wait was a mapping done in the operator, like jit
 
 
 def churn(comm, iters):

@@ -2,25 +2,24 @@
 
 Each function runs after the arrival barrier (every rank's input is ready and every
 descriptor agrees) and before the departure barrier (nobody returns while a peer may still
-read its input). ``peer(i, byte_offset, nbytes)`` gives a uint8 view of member i's input at
-its shared virtual address (registration readiness already checked); a rank reads peers'
-bytes straight into its own output, and reductions load remote operands into a private
-scratch tile (the core's SRAM) and write each output byte once.
+read its input). ``src`` holds every member's input address (registration readiness already
+checked), the calling rank's own included: at shared virtual addresses a peer's buffer is just
+another address. A phase builds one table of transfers and hands it to the native kernels,
+which run with the GIL released:
 
-Peers are visited starting after the calling rank (r+1, r+2, ...) so that concurrent readers
-spread over owners instead of all hitting rank 0 first.
+    all_gather / all_to_all(_v) / gather phase   rows (dst, src, bytes) -> copy_many
+    reduce_scatter / reduce phase                 reduce_into: load every member's operand in
+                                                  rank order, accumulate in a private tile
+                                                  (the core's SRAM), write each byte once
+
+Rows start with the peer after the calling rank (r+1, r+2, ...) so concurrent readers spread
+over owners instead of all hitting rank 0 first.
 """
 from __future__ import annotations
 
-from typing import Callable
-
 import numpy as np
 
-from . import _reduce
-
-TILE_BYTES = 256 * 1024     # reduction tile: fits the host core's L2 with room for operands
-
-PeerBytes = Callable[[int, int, int], np.ndarray]
+from . import _kernels
 
 
 def chunk_bounds(count: int, n: int, i: int) -> tuple[int, int]:
@@ -28,8 +27,8 @@ def chunk_bounds(count: int, n: int, i: int) -> tuple[int, int]:
     return count * i // n, count * (i + 1) // n
 
 
-def _order(me: int, n: int):
-    return ((me + k) % n for k in range(1, n))
+def _order(me: int, n: int) -> np.ndarray:
+    return (me + np.arange(n)) % n
 
 
 class Counters:
@@ -40,110 +39,95 @@ class Counters:
     def __init__(self):
         self.pulled = self.local = self.written = 0
 
+    def add(self, me: int, members: np.ndarray, nbytes: np.ndarray) -> None:
+        own = int(nbytes[members == me].sum())
+        total = int(nbytes.sum())
+        self.local += own
+        self.pulled += total - own
+        self.written += total
 
-def all_gather(me: int, n: int, out: np.ndarray, x: np.ndarray, peer: PeerBytes, c: Counters) -> None:
+
+def _copy(me: int, dst: np.ndarray, src: np.ndarray, nbytes: np.ndarray, members: np.ndarray,
+          c: Counters) -> None:
+    table = np.empty((len(dst), 3), dtype=np.int64)
+    table[:, 0], table[:, 1], table[:, 2] = dst, src, nbytes
+    _kernels.copy_many(table)
+    c.add(me, members, nbytes)
+
+
+def all_gather(me: int, n: int, out: np.ndarray, x: np.ndarray, src: np.ndarray, c: Counters) -> None:
     nb = x.nbytes
-    o = out.view(np.uint8)
-    if o[me * nb:(me + 1) * nb].ctypes.data != x.ctypes.data or nb == 0:
-        o[me * nb:(me + 1) * nb] = x.view(np.uint8)
-        c.local += nb
-    for p in _order(me, n):
-        o[p * nb:(p + 1) * nb] = peer(p, 0, nb)
-        c.pulled += nb
-    c.written += n * nb
+    if nb == 0:
+        return
+    p = _order(me, n)
+    dst = out.ctypes.data + p * nb
+    keep = dst != src[p]            # in place (x is this rank's chunk of out): nothing to copy
+    _copy(me, dst[keep], src[p][keep], np.full(int(keep.sum()), nb, np.int64), p[keep], c)
+    c.written += nb * int((~keep).sum())
 
 
-def all_to_all(me: int, n: int, out: np.ndarray, x: np.ndarray, peer: PeerBytes, c: Counters) -> None:
+def all_to_all(me: int, n: int, out: np.ndarray, x: np.ndarray, src: np.ndarray, c: Counters) -> None:
     nb = x.nbytes // n
-    o, xb = out.view(np.uint8), x.view(np.uint8)
-    o[me * nb:(me + 1) * nb] = xb[me * nb:(me + 1) * nb]
-    c.local += nb
-    for p in _order(me, n):
-        o[p * nb:(p + 1) * nb] = peer(p, me * nb, nb)
-        c.pulled += nb
-    c.written += n * nb
+    if nb == 0:
+        return
+    p = _order(me, n)
+    _copy(me, out.ctypes.data + p * nb, src[p] + me * nb, np.full(n, nb, np.int64), p, c)
 
 
 def all_to_all_v(me: int, n: int, out: np.ndarray, x: np.ndarray, send: np.ndarray, recv: np.ndarray,
-                 peer: PeerBytes, c: Counters) -> None:
+                 src: np.ndarray, c: Counters) -> None:
     """``send[i, j]``: elements member i sends to member j (packed in rank order in i's input)."""
     item = x.itemsize
-    send_displ = np.concatenate([np.zeros((n, 1), np.int64), np.cumsum(send, axis=1)], axis=1)
-    recv_displ = np.concatenate([[0], np.cumsum(recv[me])])
-    o, xb = out.view(np.uint8), x.view(np.uint8)
-    for p in [me, *_order(me, n)]:
-        cnt = int(recv[me, p]) * item
-        if cnt == 0:
-            continue
-        dst = int(recv_displ[p]) * item
-        src = int(send_displ[p, me]) * item
-        if p == me:
-            o[dst:dst + cnt] = xb[src:src + cnt]
-            c.local += cnt
-        else:
-            o[dst:dst + cnt] = peer(p, src, cnt)
-            c.pulled += cnt
-        c.written += cnt
+    p = _order(me, n)
+    send_displ = np.cumsum(send, axis=1) - send           # exclusive prefix sums, per sender
+    recv_displ = np.cumsum(recv[me]) - recv[me]
+    nbytes = recv[me, p] * item
+    _copy(me, out.ctypes.data + recv_displ[p] * item, src[p] + send_displ[p, me] * item, nbytes, p, c)
 
 
-def broadcast(me: int, n: int, root: int, x: np.ndarray, peer: PeerBytes, c: Counters) -> None:
+def broadcast(me: int, n: int, root: int, x: np.ndarray, src: np.ndarray, c: Counters) -> None:
     if me == root or x.nbytes == 0:
         return
-    x.view(np.uint8)[:] = peer(root, 0, x.nbytes)
-    c.pulled += x.nbytes
-    c.written += x.nbytes
+    _copy(me, np.array([x.ctypes.data]), src[root:root + 1], np.array([x.nbytes]), np.array([root]), c)
 
 
-def reduce_chunk(me: int, n: int, start: int, stop: int, dst: np.ndarray, local: np.ndarray, code: int,
-                 peer: PeerBytes, scratch: np.ndarray, c: Counters) -> None:
-    """dst[:] = reduction over members of their input elements [start, stop), in rank order.
-
-    ``local`` is this rank's own input; ``dst`` may alias ``local[start:stop]`` (in-place
-    all_reduce): every tile is accumulated in ``scratch`` before its single write to ``dst``.
-    """
-    dtype = local.dtype
-    item = dtype.itemsize
-    ufunc = _reduce.ufunc(code)
-    tile = max(1, TILE_BYTES // item)
-    for t0 in range(start, stop, tile):
-        t1 = min(stop, t0 + tile)
-        m = t1 - t0
-        acc = scratch[:m * item].view(dtype)
-        for p in range(n):
-            if p == me:
-                operand = local[t0:t1]
-                c.local += m * item
-            else:
-                operand = peer(p, t0 * item, m * item).view(dtype)
-                c.pulled += m * item
-            if p == 0:
-                np.copyto(acc, operand)
-            else:
-                ufunc(acc, operand, out=acc)
-        _reduce.finish(code, acc, n)
-        dst[t0 - start:t1 - start] = acc
-        c.written += m * item
+def reduce_chunk(me: int, n: int, start: int, stop: int, dst: int, dtype_code: int, itemsize: int,
+                 op_code: int, src: np.ndarray, c: Counters) -> None:
+    """Elements [start, stop) of every member's input, reduced in rank order into address ``dst``
+    (which may alias this rank's own input: each tile is read before it is written)."""
+    m = stop - start
+    if m <= 0:
+        return
+    _kernels.reduce_into(dst, src + start * itemsize, m, dtype_code, op_code, float(n))
+    c.local += m * itemsize
+    c.pulled += (n - 1) * m * itemsize
+    c.written += m * itemsize
 
 
-def reduce_scatter(me: int, n: int, out: np.ndarray, x: np.ndarray, code: int, peer: PeerBytes,
-                   scratch: np.ndarray, c: Counters) -> None:
+def reduce_scatter(me: int, n: int, out: np.ndarray, dtype_code: int, op_code: int, src: np.ndarray,
+                   c: Counters) -> None:
     per = out.size
-    reduce_chunk(me, n, me * per, (me + 1) * per, out, x, code, peer, scratch, c)
+    reduce_chunk(me, n, me * per, (me + 1) * per, out.ctypes.data, dtype_code, out.itemsize, op_code, src, c)
 
 
-def all_reduce_scatter_phase(me: int, n: int, x: np.ndarray, code: int, peer: PeerBytes,
-                             scratch: np.ndarray, c: Counters) -> None:
+def all_reduce_whole(me: int, n: int, scratch: np.ndarray, count: int, dtype_code: int, itemsize: int,
+                     op_code: int, src: np.ndarray, c: Counters) -> None:
+    """Small all_reduce, phase 1 of 1: every rank reduces all of it into private scratch."""
+    reduce_chunk(me, n, 0, count, scratch.ctypes.data, dtype_code, itemsize, op_code, src, c)
+    c.written -= count * itemsize          # scratch is not the output; the copy-out counts
+
+
+def all_reduce_scatter_phase(me: int, n: int, x: np.ndarray, dtype_code: int, op_code: int,
+                             src: np.ndarray, c: Counters) -> None:
     """Phase 1 of in-place all_reduce: reduce this rank's own chunk into place."""
     a, b = chunk_bounds(x.size, n, me)
-    reduce_chunk(me, n, a, b, x[a:b], x, code, peer, scratch, c)
+    reduce_chunk(me, n, a, b, x.ctypes.data + a * x.itemsize, dtype_code, x.itemsize, op_code, src, c)
 
 
-def all_reduce_gather_phase(me: int, n: int, x: np.ndarray, peer: PeerBytes, c: Counters) -> None:
+def all_reduce_gather_phase(me: int, n: int, x: np.ndarray, src: np.ndarray, c: Counters) -> None:
     """Phase 2: pull every other rank's finished chunk."""
-    xb, item = x.view(np.uint8), x.itemsize
-    for p in _order(me, n):
-        a, b = chunk_bounds(x.size, n, p)
-        if b > a:
-            xb[a * item:b * item] = peer(p, a * item, (b - a) * item)
-            c.pulled += (b - a) * item
-            c.written += (b - a) * item
+    item = x.itemsize
+    p = _order(me, n)[1:]
+    starts = x.size * p // n
+    stops = x.size * (p + 1) // n
+    _copy(me, x.ctypes.data + starts * item, src[p] + starts * item, (stops - starts) * item, p, c)

@@ -44,6 +44,7 @@ OP_NAMES = {v: k for k, v in OPS.items()}
 (F_OP, F_DTYPE, F_COUNT, F_ROOT, F_REDOP, F_FLAGS, F_ADDR, F_NBYTES, F_SEG_VA, F_SEG_SIZE, F_SEG_OFF,
  F_EPOCH, F_AUX0, F_AUX1, F_AUX2, F_CALL) = range(DESC_FIXED)
 FLAG_REJECTED = 1
+SMALL_ALL_REDUCE = 16 * 1024   # bytes up to which all_reduce reads everything once instead of two phases
 
 _COMPARED = ((F_DTYPE, "dtype"), (F_COUNT, "element count"), (F_ROOT, "root"), (F_REDOP, "reduce op"))
 
@@ -100,7 +101,7 @@ class Communicator:
         self._sent = [0] * self.size
         self._received = [0] * self.size
         self._staging = None
-        self._scratch = np.empty(_fullmesh.TILE_BYTES, dtype=np.uint8)
+        self._scratch = np.empty(SMALL_ALL_REDUCE, dtype=np.uint8)
         self.counters = _fullmesh.Counters()
 
     @property
@@ -206,28 +207,23 @@ class Communicator:
         return {F_ADDR: inp.addr, F_NBYTES: inp.flat.nbytes, F_SEG_VA: seg.va, F_SEG_SIZE: seg.size,
                 F_SEG_OFF: seg.hbm_offset, F_EPOCH: seg.epoch}
 
-    def _peer_reader(self, descs: np.ndarray, operation: str, local: np.ndarray | None = None):
-        rt = self._rt
-        ready: set[int] = set()
-        view = rt.window.view
-
-        empty = np.empty(0, np.uint8)
-
-        def peer(i: int, byte_offset: int, nbytes: int) -> np.ndarray:
-            if nbytes == 0:
-                return empty
-            if i == self.rank and local is not None:
-                return local.view(np.uint8)[byte_offset:byte_offset + nbytes]
+    def _sources(self, descs: np.ndarray, operation: str, local: _Input, need=None) -> np.ndarray:
+        """Every member's input address (this rank's own: ``local``), after the purely local
+        readiness check of each peer buffer this rank will read (``need[i]``; default: all)."""
+        src = descs[:, F_ADDR].copy()
+        src[self.rank] = local.addr if local is not None else 0
+        reg, members = self._rt.reg, self.members
+        for i in range(self.size):
             d = descs[i]
-            if i not in ready:
-                rt.reg.ensure_ready(self.members[i], int(d[F_SEG_VA]), int(d[F_SEG_SIZE]), int(d[F_SEG_OFF]),
-                                    int(d[F_EPOCH]), operation)
-                ready.add(i)
-            return view(int(d[F_ADDR]) + byte_offset, nbytes)
-        return peer
+            if i != self.rank and d[F_NBYTES] and (need is None or need[i]):
+                reg.ensure_ready(members[i], int(d[F_SEG_VA]), int(d[F_SEG_SIZE]), int(d[F_SEG_OFF]),
+                                 int(d[F_EPOCH]), operation)
+        return src
 
-    def _finish(self, operation: str, nbytes: int) -> None:
-        self._sync(operation)
+    def _finish(self, operation: str, departure: bool = True) -> None:
+        """Departure barrier (unless nobody can still be reading this rank's input), then stats."""
+        if departure:
+            self._sync(operation)
         s = self._rt.stats
         s["calls"][operation] = s["calls"].get(operation, 0) + 1
         c = self.counters
@@ -258,8 +254,8 @@ class Communicator:
             self._begin(op, {}, error=e)
         descs = self._begin(op, {F_DTYPE: code, F_COUNT: x.size, **self._input_fields(inp)})
         with _Output(o) as ob:
-            _fullmesh.all_gather(self.rank, self.size, ob, inp.flat, self._peer_reader(descs, op), self.counters)
-        self._finish(op, x.nbytes)
+            _fullmesh.all_gather(self.rank, self.size, ob, inp.flat, self._sources(descs, op, inp), self.counters)
+        self._finish(op)
 
     def all_to_all(self, out: np.ndarray, x: np.ndarray) -> None:
         """Equal splits: chunk j of rank i's ``x`` lands in chunk i of rank j's ``out``. Collective."""
@@ -277,8 +273,8 @@ class Communicator:
             self._begin(op, {}, error=e)
         descs = self._begin(op, {F_DTYPE: code, F_COUNT: x.size, **self._input_fields(inp)})
         with _Output(o) as ob:
-            _fullmesh.all_to_all(self.rank, self.size, ob, inp.flat, self._peer_reader(descs, op), self.counters)
-        self._finish(op, x.nbytes)
+            _fullmesh.all_to_all(self.rank, self.size, ob, inp.flat, self._sources(descs, op, inp), self.counters)
+        self._finish(op)
 
     def all_to_all_v(self, out: np.ndarray, x: np.ndarray, send_counts: Sequence[int],
                      recv_counts: Sequence[int]) -> None:
@@ -313,9 +309,9 @@ class Communicator:
                 f"{op}: rank {self.members[i]} expects {int(recv[i, j])} elements from rank {self.members[j]}, "
                 f"which sends it {int(send[j, i])}; no data was moved")
         with _Output(o) as ob:
-            _fullmesh.all_to_all_v(self.rank, n, ob, inp.flat, send, recv, self._peer_reader(descs, op),
-                                   self.counters)
-        self._finish(op, x.nbytes)
+            _fullmesh.all_to_all_v(self.rank, n, ob, inp.flat, send, recv,
+                                   self._sources(descs, op, inp, need=recv[self.rank] > 0), self.counters)
+        self._finish(op)
 
     def broadcast(self, x: np.ndarray, root: int = 0) -> None:
         """Every rank's ``x`` receives the root's ``x``. Collective."""
@@ -330,8 +326,9 @@ class Communicator:
             self._begin(op, {}, error=e)
         descs = self._begin(op, {F_DTYPE: code, F_COUNT: x.size, F_ROOT: root, **self._input_fields(inp)})
         with _Output(xf) as ob:
-            _fullmesh.broadcast(self.rank, self.size, root, ob, self._peer_reader(descs, op), self.counters)
-        self._finish(op, x.nbytes)
+            need = np.arange(self.size) == root
+            _fullmesh.broadcast(self.rank, self.size, root, ob, self._sources(descs, op, None, need), self.counters)
+        self._finish(op)
 
     def reduce_scatter(self, out: np.ndarray, x: np.ndarray, op: str = "sum") -> None:
         """``out`` receives chunk ``rank`` of the element-wise reduction of every rank's ``x``. Collective."""
@@ -349,14 +346,15 @@ class Communicator:
             self._begin(name, {}, error=e)
         descs = self._begin(name, {F_DTYPE: code, F_COUNT: o.size, F_REDOP: rcode, **self._input_fields(inp)})
         with _Output(o) as ob:
-            _fullmesh.reduce_scatter(self.rank, self.size, ob, inp.flat, rcode,
-                                     self._peer_reader(descs, name, inp.flat), self._scratch, self.counters)
-        self._finish(name, x.nbytes)
+            _fullmesh.reduce_scatter(self.rank, self.size, ob, code, rcode, self._sources(descs, name, inp),
+                                     self.counters)
+        self._finish(name)
 
     def all_reduce(self, x: np.ndarray, op: str = "sum") -> None:
         """In place: every rank's ``x`` becomes the element-wise reduction of all ranks' ``x``.
 
-        Collective; two data phases (reduce own chunk, gather the others), three barriers.
+        Collective. Up to SMALL_ALL_REDUCE bytes: every rank reduces the whole buffer from all
+        inputs (two barriers); above: reduce own chunk in place, then gather the others (three).
         """
         name = "all_reduce"
         try:
@@ -367,12 +365,24 @@ class Communicator:
         except Exception as e:
             self._begin(name, {}, error=e)
         descs = self._begin(name, {F_DTYPE: code, F_COUNT: x.size, F_REDOP: rcode, **self._input_fields(inp)})
-        peer = self._peer_reader(descs, name, inp.flat)
-        _fullmesh.all_reduce_scatter_phase(self.rank, self.size, inp.flat, rcode, peer, self._scratch,
-                                           self.counters)
-        self._sync(name)
-        _fullmesh.all_reduce_gather_phase(self.rank, self.size, inp.flat, peer, self.counters)
-        self._finish(name, x.nbytes)
+        src = self._sources(descs, name, inp)
+        flat, n = inp.flat, self.size
+        if flat.nbytes <= SMALL_ALL_REDUCE or flat.size < n:
+            # small: each rank reduces the whole buffer privately, then writes its own copy;
+            # after the second barrier nobody reads this rank's input any more
+            scratch = self._scratch[:flat.nbytes]
+            _fullmesh.all_reduce_whole(self.rank, n, scratch, flat.size, code, flat.itemsize, rcode, src,
+                                       self.counters)
+            self._sync(name)
+            flat.view(np.uint8)[:] = scratch
+            self.counters.written += flat.nbytes
+            self._finish(name, departure=False)
+        else:
+            # large: reduce-scatter in place, then all-gather the finished chunks
+            _fullmesh.all_reduce_scatter_phase(self.rank, n, flat, code, rcode, src, self.counters)
+            self._sync(name)
+            _fullmesh.all_reduce_gather_phase(self.rank, n, flat, src, self.counters)
+            self._finish(name)
         if inp.flat.ctypes.data != xf.ctypes.data or not xf.flags.c_contiguous:
             _copy_back(x, inp.flat)
             self._rt.stats["bytes_staged"] += x.nbytes

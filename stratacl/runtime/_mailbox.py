@@ -81,8 +81,7 @@ class Mailbox:
             if sent:
                 _native.store_u64(self.ctl.base + ring, head)
                 bell = self.ctl.addr(lay.region(dst) + R_DOORBELL)
-                self.ctl.u32[(bell - self.ctl.base) // 4] += 1
-                _native.futex_wake(bell, 1)
+                _ring(bell)
             remaining += len(q)
         return remaining
 
@@ -115,9 +114,14 @@ class Mailbox:
         _native.futex_wait(self.doorbell, seen_doorbell, timeout)
 
     def ring_own_doorbell(self) -> None:
-        i = (self.doorbell - self.ctl.base) // 4
-        self.ctl.u32[i] += 1
-        _native.futex_wake(self.doorbell, 1)
+        _ring(self.doorbell)
+
+
+def _ring(bell: int) -> None:
+    """Any producer may ring: the increment is atomic so the doorbell never moves backwards
+    (it is the low half of a u64 whose upper half is unused), then the sleeper is woken."""
+    _native.fetch_add_u64(bell, 1)
+    _native.futex_wake(bell, 1)
 
 
 def now_ns() -> int:

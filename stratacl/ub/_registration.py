@@ -104,7 +104,7 @@ class RegistrationUnit:
     # --- background thread ------------------------------------------------------------------
     def _run(self) -> None:
         try:
-            while not self._stop:
+            while True:
                 seen = self.mailbox.doorbell_value()
                 busy = self._send_requests()
                 msgs = self.mailbox.drain()
@@ -112,10 +112,12 @@ class RegistrationUnit:
                     self._handle(msgs)
                     busy = True
                 left = self.mailbox.flush(self._endpoint_alive)
+                if self._stop and not left and not self._requests:
+                    break   # stopping: only once everything this rank published has left
                 if self.hbm is not None:
                     self.hbm.forget_peers(lambda p: not self._peer_alive(p))
-                if not busy and not self._stop:
-                    self.mailbox.wait(seen, 0.002 if left else 0.1)
+                if not busy:
+                    self.mailbox.wait(seen, 0.002 if left or self._stop else 0.1)
         except BaseException as e:  # surfaced by ensure_ready / view; the thread must not die silently
             self.thread_error = e
             with self.cond:
@@ -146,11 +148,12 @@ class RegistrationUnit:
             owner, epoch, va, size, off, t_sent = row[1], row[2], row[3], row[4], row[5], row[6]
             if kind == MSG_REGISTER:
                 with self.cond:
-                    self._drop_overlaps(owner, va, size)
-                    self.window.map(va, size, self.hbm_fds[owner], off)
-                    self._mapped[owner][va] = (epoch, size)
+                    if self._mapped[owner].get(va) != (epoch, size):   # an operator may have been first
+                        self._drop_overlaps(owner, va, size)
+                        self.window.map(va, size, self.hbm_fds[owner], off)
+                        self._mapped[owner][va] = (epoch, size)
+                        self.counters["background_maps"] += 1
                     self._processed[owner] += 1
-                    self.counters["background_maps"] += 1
                     self.cond.notify_all()
                 self.latencies.append((owner, now - t_sent, time.monotonic_ns() - t_sent))
             elif kind == MSG_RELEASE:
@@ -194,10 +197,19 @@ class RegistrationUnit:
             self.counters["registrations_in_operator"] += 1
             self.counters["registration_in_operator_ns"] += time.monotonic_ns() - t0
             return
+        # roa, first use before the background mapping is done: the operator already holds the
+        # segment's metadata, so it maps it itself rather than wait (never worse than jit); the
+        # background thread then finds the mapping in place
+        with self.cond:
+            if self._mapped[owner].get(seg_va, (None,))[0] != epoch:
+                self._drop_overlaps(owner, seg_va, seg_size)
+                self.window.map(seg_va, seg_size, self.hbm_fds[owner], seg_offset)
+                self._mapped[owner][seg_va] = (epoch, seg_size)
+                self.counters["registrations_in_operator"] += 1
+        dt = time.monotonic_ns() - t0
         self.counters["ready_waits"] += 1
-        self._wait(lambda: self._mapped[owner].get(seg_va, (None,))[0] == epoch, owner, operation,
-                   f"registration of rank {owner}'s buffer {seg_va:#x} (epoch {epoch})")
-        self.counters["ready_wait_ns"] += time.monotonic_ns() - t0
+        self.counters["ready_wait_ns"] += dt
+        self.counters["registration_in_operator_ns"] += dt
 
     def _wait(self, done: Callable[[], bool], owner: int | None, operation: str, what: str) -> None:
         """Wait for the background thread; ``owner`` (if given) must stay alive meanwhile."""
