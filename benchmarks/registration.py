@@ -12,18 +12,23 @@ A. First use of a freshly allocated buffer, per registration mode (``jit``, ``ro
            x = stratacl.empty(2 MiB)          a new HBM segment: a physical event (roa publishes it)
            gap                                 --gap: host idle (sleep), host busy (numpy) or none
            barrier
-           all_gather(out, x[:size])           "first use": jit maps the N-1 peer segments in here,
-                                               roa only checks readiness (waits if not mapped yet)
+           all_gather(out, x[:size])           "first use": jit maps the N-1 peer segments in here;
+                                               roa checks readiness, and maps a segment the
+                                               background thread has not mapped yet itself
            all_gather(out, x[:size])           "warm": same buffer, nothing left to register
            del x; stratacl.empty_cache()       the segment is really released: the next is fresh
 
-   Per call, from ``stratacl.stats()["registration"]``: ``registration_in_operator_ns`` (jit:
-   time spent mapping inside the operator) and ``ready_wait_ns`` (roa: time the operator waited
-   for the background mapping). The all_gather is timed twice: the whole call (two N-rank
-   barriers included, so noisy) and its pull phase alone (between the barriers, where
-   registration happens), by wrapping the full-mesh routine inside the rank process. A4 adds
-   where the host's CPU went (all ranks, and their registration threads alone), and A5 repeats
-   the roa case at N = 32 for several gaps (--gap-sweep).
+   Per call, from ``stratacl.stats()["registration"]``: jit: ``registrations_in_operator`` /
+   ``registration_in_operator_ns`` (mappings inside the operator and their time). roa: a check
+   that finds a peer segment not mapped yet ("late") counts in ``ready_waits`` / ``ready_wait_ns``
+   (its whole time), and, if the operator then mapped the segment itself (a "fallback map": the
+   background thread had not started on it), also in ``registrations_in_operator``; so roa's
+   critical-path time is ``ready_wait_ns`` alone. The all_gather is timed twice: the whole call
+   (two N-rank barriers included, so noisy) and its pull phase alone (between the barriers: the
+   readiness checks or jit mappings, then the copies), by wrapping, inside the rank process, the
+   communicator's source resolution and the full-mesh routine. A4 adds where the host's CPU went
+   (all ranks, and their registration threads alone), and A5 repeats the roa case at N = 32 for
+   several gaps (--gap-sweep).
 
 B. Metadata broadcast latency (roa), ``metadata_path`` ``direct`` (the owner writes into every
    peer's mailbox ring) against ``relay`` (owner -> bootstrap daemon -> every peer)::
@@ -63,18 +68,29 @@ PATHS = ("direct", "relay")
 
 # --- inside a rank ------------------------------------------------------------------------------
 class _PullTimer:
-    """Times the full-mesh all_gather routine: the part of the call between its two barriers."""
+    """Times the part of an all_gather between its two barriers: from the communicator resolving
+    its sources (where every peer segment's readiness is checked, and jit / roa's fallback map
+    it) to the end of the full-mesh copy routine."""
 
     def __init__(self):
         from stratacl.collectives import _fullmesh
-        self.inner = _fullmesh.all_gather
+        from stratacl.runtime._comm import Communicator
+        sources, gather = Communicator._sources, _fullmesh.all_gather
+        self.t0 = None
         self.last = 0
-        _fullmesh.all_gather = self
 
-    def __call__(self, *args):
-        t0 = time.perf_counter_ns()
-        self.inner(*args)
-        self.last = time.perf_counter_ns() - t0
+        def timed_sources(comm, *args, **kwargs):
+            self.t0 = time.perf_counter_ns()
+            return sources(comm, *args, **kwargs)
+
+        def timed_gather(*args):
+            gather(*args)
+            if self.t0 is None:
+                raise RuntimeError("pull timer: all_gather ran without resolving its sources first")
+            self.last, self.t0 = time.perf_counter_ns() - self.t0, None
+
+        Communicator._sources = timed_sources
+        _fullmesh.all_gather = timed_gather
 
 
 def _gap(gap: tuple[str, float, int], work: np.ndarray) -> None:
@@ -84,6 +100,9 @@ def _gap(gap: tuple[str, float, int], work: np.ndarray) -> None:
     elif kind == "compute":
         for _ in range(reps):
             np.multiply(work, 1.0000001, out=work)
+
+
+_COUNTERS = ("registrations_in_operator", "registration_in_operator_ns", "ready_waits", "ready_wait_ns")
 
 
 def _registration_counters() -> dict:
@@ -105,6 +124,7 @@ def first_use_rank(comm, sizes: list[int], iters: int, gap: tuple[str, float, in
     pull = _PullTimer()
     cpu0, reg_cpu0, wall0 = time.process_time(), _registration_thread_cpu(), time.perf_counter()
     n, me = comm.size, comm.rank
+    mode = _registration_counters()["mode"]
     out = stratacl.empty((n * max(sizes),), np.uint8)
     work = np.random.default_rng(me).random(GAP_WORK_ELEMS)
     expect = (np.arange(n) & 0xFF).astype(np.uint8)
@@ -133,15 +153,17 @@ def first_use_rank(comm, sizes: list[int], iters: int, gap: tuple[str, float, in
             stratacl.empty_cache()
             if it < 0:
                 continue
+            d1 = {k: c1[k] - c0[k] for k in _COUNTERS}
+            d2 = {k: c2[k] - c1[k] for k in _COUNTERS}
             rows.append(dict(
                 size=size, interval_ns=t0 - allocated, first_ns=t1 - t0, warm_ns=t2 - t1,
                 first_pull_ns=first_pull, warm_pull_ns=warm_pull,
-                jit_ns=c1["registration_in_operator_ns"] - c0["registration_in_operator_ns"],
-                jit_maps=c1["registrations_in_operator"] - c0["registrations_in_operator"],
-                wait_ns=c1["ready_wait_ns"] - c0["ready_wait_ns"],
-                waits=c1["ready_waits"] - c0["ready_waits"],
-                warm_registrations=(c2["registrations_in_operator"] - c1["registrations_in_operator"]
-                                    + c2["ready_waits"] - c1["ready_waits"])))
+                # jit: mappings in the operator; roa: fallback maps (their time is in late_ns)
+                op_maps=d1["registrations_in_operator"], op_map_ns=d1["registration_in_operator_ns"],
+                # roa: checks that found a segment unmapped (fallback map, or the thread finishing it)
+                lates=d1["ready_waits"], late_ns=d1["ready_wait_ns"],
+                critical_ns=d1["ready_wait_ns"] if mode == "roa" else d1["registration_in_operator_ns"],
+                warm_registrations=d2["registrations_in_operator"] + d2["ready_waits"]))
     rounds = (iters + 1) * len(sizes)
     return dict(rows=rows, cpu_per_round=(time.process_time() - cpu0) / rounds,
                 reg_cpu_per_round=(_registration_thread_cpu() - reg_cpu0) / rounds,
@@ -262,13 +284,14 @@ def summarise_first_use(rows: list[dict], n: int) -> dict:
         first_call_us=_median(a["first_ns"]) / 1e3, warm_call_us=_median(a["warm_ns"]) / 1e3,
         first_pull_us=_median(a["first_pull_ns"]) / 1e3, warm_pull_us=_median(a["warm_pull_ns"]) / 1e3,
         extra_pull_us=_median(a["first_pull_ns"] - a["warm_pull_ns"]) / 1e3,
-        critical_mean_us=float(np.mean(a["jit_ns"] + a["wait_ns"])) / 1e3,
-        jit_us=_median(a["jit_ns"]) / 1e3, jit_per_peer_us=_median(a["jit_ns"] / peers) / 1e3,
-        jit_maps=float(np.mean(a["jit_maps"])),
-        wait_us=_median(a["wait_ns"]) / 1e3, wait_mean_us=float(np.mean(a["wait_ns"])) / 1e3,
-        wait_p90_us=float(np.percentile(a["wait_ns"], 90)) / 1e3, wait_max_us=float(a["wait_ns"].max()) / 1e3,
+        critical_mean_us=float(np.mean(a["critical_ns"])) / 1e3,
+        jit_us=_median(a["op_map_ns"]) / 1e3, jit_per_peer_us=_median(a["op_map_ns"] / peers) / 1e3,
+        jit_maps=float(np.mean(a["op_maps"])),
+        late_us=_median(a["late_ns"]) / 1e3, late_mean_us=float(np.mean(a["late_ns"])) / 1e3,
+        late_p90_us=float(np.percentile(a["late_ns"], 90)) / 1e3, late_max_us=float(a["late_ns"].max()) / 1e3,
+        late_frac=float(np.mean(a["lates"] > 0)), fallback_maps=float(np.mean(a["op_maps"])),
+        fallback_frac=float(np.mean(a["op_maps"] > 0)),
         interval_us=_median(a["interval_ns"]) / 1e3,
-        waited_frac=float(np.mean(a["waits"] > 0)),
         warm_registrations=int(a["warm_registrations"].sum()), samples=len(rows))
 
 
@@ -381,8 +404,8 @@ def report_first_use(args, results: dict) -> str:
                 cp += [_cell(get["jit"], "jit_us"), _cell(get["jit"], "jit_per_peer_us"),
                        _num(_across(get["jit"], "jit_maps")[0])]
             if "roa" in get:
-                cp += [_cell(get["roa"], "wait_us"), _cell(get["roa"], "wait_mean_us"),
-                       _cell(get["roa"], "waited_frac", 100)]
+                cp += [_cell(get["roa"], "late_us"), _cell(get["roa"], "late_mean_us"),
+                       _cell(get["roa"], "late_frac", 100), _cell(get["roa"], "fallback_maps")]
             if "pool" in get:
                 cp += [_cell(get["pool"], "critical_mean_us")]
             cp_rows.append(cp)
@@ -394,8 +417,8 @@ def report_first_use(args, results: dict) -> str:
         if "jit" in modes:
             head += ["jit: mapping in operator (us/call)", "jit: per peer (us)", "jit: maps/call"]
         if "roa" in modes:
-            head += ["roa: ready-wait median (us/call)", "roa: ready-wait mean (us/call)",
-                     "roa: calls that waited (%)"]
+            head += ["roa: late checks, median (us/call)", "roa: late checks, mean (us/call)",
+                     "roa: calls with a late peer (%)", "roa: fallback maps/call"]
         if "pool" in modes:
             head += ["pool: mean (us/call)"]
         out += [f"### A1. Registration time on the critical path of the first all_gather "
@@ -426,12 +449,14 @@ def report_gap_sweep(args, results: dict) -> str:
                 reps = results[(size, n, _gap_name(gap))]
                 cpu = results[("cpu", n, _gap_name(gap))]
                 rows.append([str(n), _gap_name(gap), _cell(reps, "interval_us", 1e-3),
-                             _cell(reps, "waited_frac", 100), _cell(reps, "wait_mean_us"), _cell(reps, "wait_p90_us"),
-                             _cell(reps, "wait_max_us", 1e-3), f"{_cell(reps, 'first_pull_us')} / "
+                             _cell(reps, "late_frac", 100), _cell(reps, "fallback_maps"),
+                             _cell(reps, "late_mean_us"), _cell(reps, "late_p90_us"),
+                             _cell(reps, "late_max_us", 1e-3), f"{_cell(reps, 'first_pull_us')} / "
                              f"{_cell(reps, 'warm_pull_us')}", _cell(cpu, "busy", 100)])
         out += [f"### A5. roa against the allocation-to-use gap ({_size(size)} per rank)\n",
-                _table(["N", "gap", "allocation to first use (ms)", "calls that waited (%)",
-                        "ready-wait mean (us/call)", "ready-wait p90 (us/call)", "longest wait (ms)",
+                _table(["N", "gap", "allocation to first use (ms)", "calls with a late peer (%)",
+                        "fallback maps/call", "late checks, mean (us/call)", "late checks, p90 (us/call)",
+                        "longest (ms)",
                         "pull phase first / warm (us)", "host busy (%)"], rows), ""]
     return "\n".join(out)
 

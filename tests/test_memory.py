@@ -173,7 +173,7 @@ def test_roa_keeps_registration_off_the_critical_path_and_jit_puts_it_on(n):
     for rounds, total in stratacl.spawn(registration_counters, n, args=(3,), registration="roa"):
         for r in rounds:
             assert r["registrations_in_operator"] == 0 and r["ready_waits"] == 0
-            assert r["ready_checks"] == 2 * (n - 1)          # the purely local check did run
+            assert r["ready_checks"] == n - 1    # the purely local check ran once per peer segment
         assert total["background_maps"] >= 3 * (n - 1)     # every peer segment mapped by the thread
         assert total["background_unmaps"] >= 2 * (n - 1)
     for rounds, total in stratacl.spawn(registration_counters, n, args=(3,), registration="jit"):

@@ -103,6 +103,7 @@ class Communicator:
         self._staging = None
         self._scratch = np.empty(SMALL_ALL_REDUCE, dtype=np.uint8)
         self.counters = _fullmesh.Counters()
+        self._ready = np.full((self.size, 2), -1, dtype=np.int64)   # last (seg_va, epoch) checked per member
 
     @property
     def topology(self):
@@ -136,16 +137,16 @@ class Communicator:
         """Publish this rank's descriptor, arrive, and return every member's descriptor."""
         self._calls += 1
         parity = self._calls & 1
-        desc = np.zeros(DESC_FIXED, dtype=np.int64)
+        i64 = self._rt.ctl.i64
+        off = self._desc_off[parity] // 8
+        desc = i64[off:off + DESC_FIXED]
+        desc[:] = 0
         desc[F_OP] = OPS[operation]
         for f, v in fields.items():
             desc[f] = v
         desc[F_CALL] = self._calls
         if error is not None:
-            desc[F_FLAGS] |= FLAG_REJECTED
-        i64 = self._rt.ctl.i64
-        off = self._desc_off[parity] // 8
-        i64[off:off + DESC_FIXED] = desc
+            desc[F_FLAGS] = FLAG_REJECTED
         if ext is not None:
             i64[off + DESC_FIXED:off + DESC_FIXED + ext.size] = ext
         if log.isEnabledFor(logging.DEBUG):
@@ -212,12 +213,20 @@ class Communicator:
         readiness check of each peer buffer this rank will read (``need[i]``; default: all)."""
         src = descs[:, F_ADDR].copy()
         src[self.rank] = local.addr if local is not None else 0
-        reg, members = self._rt.reg, self.members
-        for i in range(self.size):
-            d = descs[i]
-            if i != self.rank and d[F_NBYTES] and (need is None or need[i]):
+        # a (segment, epoch) checked once stays valid: a released segment cannot appear in a
+        # descriptor again, and a new one has a new epoch
+        check = (descs[:, F_EPOCH] != self._ready[:, 1]) | (descs[:, F_SEG_VA] != self._ready[:, 0])
+        check &= descs[:, F_NBYTES] != 0
+        check[self.rank] = False
+        if need is not None:
+            check &= need
+        if check.any():
+            reg, members = self._rt.reg, self.members
+            for i in np.nonzero(check)[0].tolist():
+                d = descs[i]
                 reg.ensure_ready(members[i], int(d[F_SEG_VA]), int(d[F_SEG_SIZE]), int(d[F_SEG_OFF]),
                                  int(d[F_EPOCH]), operation)
+                self._ready[i, 0], self._ready[i, 1] = d[F_SEG_VA], d[F_EPOCH]
         return src
 
     def _finish(self, operation: str, departure: bool = True) -> None:
