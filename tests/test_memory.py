@@ -196,7 +196,8 @@ def use_before_registration(comm):
 def test_roa_first_use_before_the_mapping_is_done_is_still_correct():
     for ok, waits, in_op in stratacl.spawn(use_before_registration, 8):
         assert ok
-        assert waits == in_op        # every wait was a mapping done in the operator, like jit
+        # a late check maps in the operator, like jit (unless the thread got there in between)
+        assert in_op <= waits <= 7
 
 
 def churn(comm, iters):

@@ -59,19 +59,21 @@ def all_gather(me: int, n: int, out: np.ndarray, x: np.ndarray, src: np.ndarray,
     nb = x.nbytes
     if nb == 0:
         return
-    p = _order(me, n)
-    dst = out.ctypes.data + p * nb
-    keep = dst != src[p]            # in place (x is this rank's chunk of out): nothing to copy
-    _copy(me, dst[keep], src[p][keep], np.full(int(keep.sum()), nb, np.int64), p[keep], c)
-    c.written += nb * int((~keep).sum())
+    copied = _kernels.copy_blocks(out.ctypes.data, nb, src, 0, nb, me + 1)
+    own = nb if copied == n * nb else 0          # in place: this rank's block was already there
+    c.local += own
+    c.pulled += copied - own
+    c.written += n * nb
 
 
 def all_to_all(me: int, n: int, out: np.ndarray, x: np.ndarray, src: np.ndarray, c: Counters) -> None:
     nb = x.nbytes // n
     if nb == 0:
         return
-    p = _order(me, n)
-    _copy(me, out.ctypes.data + p * nb, src[p] + me * nb, np.full(n, nb, np.int64), p, c)
+    _kernels.copy_blocks(out.ctypes.data, nb, src, me * nb, nb, me + 1)
+    c.local += nb
+    c.pulled += (n - 1) * nb
+    c.written += n * nb
 
 
 def all_to_all_v(me: int, n: int, out: np.ndarray, x: np.ndarray, send: np.ndarray, recv: np.ndarray,

@@ -57,6 +57,37 @@ static PyObject *copy_many(PyObject *self, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
+/* copy_blocks(dst_base, dst_stride, srcs, src_offset, nbytes, first): for every member p,
+ * visiting p = first, first+1, ... (mod n), copy `nbytes` from srcs[p] + src_offset to
+ * dst_base + p * dst_stride, skipping a block already in place. Returns the bytes copied. */
+static PyObject *copy_blocks(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "copy_blocks(dst_base, dst_stride, srcs, src_offset, nbytes, first)");
+        return NULL;
+    }
+    unsigned long long dst = PyLong_AsUnsignedLongLong(args[0]);
+    long long stride = PyLong_AsLongLong(args[1]);
+    long long src_off = PyLong_AsLongLong(args[3]);
+    long long nbytes = PyLong_AsLongLong(args[4]);
+    long long first = PyLong_AsLongLong(args[5]);
+    if (PyErr_Occurred()) return NULL;
+    Py_buffer view;
+    if (get_table(args[2], &view, 1) < 0) return NULL;
+    const int64_t *srcs = (const int64_t *)view.buf;
+    Py_ssize_t n = view.len / 8;
+    long long copied = 0;
+    PyThreadState *ts = nbytes * n >= RELEASE_GIL_BYTES ? PyEval_SaveThread() : NULL;
+    for (Py_ssize_t k = 0; k < n && nbytes > 0; k++) {
+        Py_ssize_t p = (Py_ssize_t)((first + k) % n);
+        char *d = (char *)(uintptr_t)dst + p * stride;
+        const char *s = (const char *)(uintptr_t)srcs[p] + src_off;
+        if (d != s) { memcpy(d, s, (size_t)nbytes); copied += nbytes; }
+    }
+    if (ts != NULL) PyEval_RestoreThread(ts);
+    PyBuffer_Release(&view);
+    return PyLong_FromLongLong(copied);
+}
+
 /* one accumulation step acc[i] = acc[i] op s[i], for every type */
 #define INT_LOOP(T, UT)                                                                         \
     static void step_##T(T *acc, const T *s, size_t n, int op) {                               \
@@ -204,6 +235,8 @@ static PyObject *reduce_into(PyObject *self, PyObject *const *args, Py_ssize_t n
 
 static PyMethodDef methods[] = {
     {"copy_many", copy_many, METH_O, "Execute rows of (dst, src, nbytes) copies."},
+    {"copy_blocks", (PyCFunction)(void (*)(void))copy_blocks, METH_FASTCALL,
+     "Copy one equal block from every member into a strided destination."},
     {"reduce_into", (PyCFunction)(void (*)(void))reduce_into, METH_FASTCALL,
      "dst = reduction of the sources in order, numpy semantics."},
     {NULL, NULL, 0, NULL},

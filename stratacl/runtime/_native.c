@@ -244,6 +244,28 @@ static PyObject *wait_seq_u32(PyObject *self, PyObject *const *args, Py_ssize_t 
     Py_RETURN_FALSE;
 }
 
+/* check_descriptors(addrs, nfields) -> -1 if every member's descriptor agrees with member 0's
+ * on the first `nfields` int64 fields, else the index of the first member that differs.
+ * `addrs` is an int64 array of descriptor addresses in member order. */
+static PyObject *check_descriptors(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    if (n != 2) { PyErr_SetString(PyExc_TypeError, "check_descriptors(addrs, nfields)"); return NULL; }
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    long nfields = PyLong_AsLong(args[1]);
+    if (PyErr_Occurred()) { PyBuffer_Release(&view); return NULL; }
+    const int64_t *addrs = (const int64_t *)view.buf;
+    Py_ssize_t members = view.len / 8;
+    long bad = -1;
+    const int64_t *first = (const int64_t *)(uintptr_t)addrs[0];
+    for (Py_ssize_t i = 1; i < members && bad < 0; i++) {
+        const int64_t *d = (const int64_t *)(uintptr_t)addrs[i];
+        for (long f = 0; f < nfields; f++)
+            if (d[f] != first[f]) { bad = (long)i; break; }
+    }
+    PyBuffer_Release(&view);
+    return PyLong_FromLong(bad);
+}
+
 /* mmap_at(addr, length, prot, flags, fd, offset) -> addr; raises OSError on failure or if the
  * kernel placed the mapping elsewhere. */
 static PyObject *mmap_at(PyObject *self, PyObject *const *args, Py_ssize_t n) {
@@ -314,6 +336,8 @@ static PyMethodDef methods[] = {
     {"arrive", (PyCFunction)(void (*)(void))arrive, METH_FASTCALL, "Arrive at a counter barrier."},
     {"wait_counter", (PyCFunction)(void (*)(void))wait_counter, METH_FASTCALL, "Wait for a counter barrier."},
     {"wait_seq_u32", (PyCFunction)(void (*)(void))wait_seq_u32, METH_FASTCALL, "Wait for a u32 sequence flag."},
+    {"check_descriptors", (PyCFunction)(void (*)(void))check_descriptors, METH_FASTCALL,
+     "Index of the first member whose descriptor differs from member 0's, or -1."},
     {"mmap_at", (PyCFunction)(void (*)(void))mmap_at, METH_FASTCALL, "mmap at a fixed address."},
     {"munmap_at", (PyCFunction)(void (*)(void))munmap_at, METH_FASTCALL, "munmap a range."},
     {"punch_hole", (PyCFunction)(void (*)(void))punch_hole, METH_FASTCALL, "Release the pages of a file range."},

@@ -20,7 +20,9 @@ from . import _native
 from ._control import (FAILED_EXIT, FAILED_SHUTDOWN, FAILED_SIGNAL, STATE_DEAD, STATE_FINALIZED,
                        Control)
 
-SPIN_POLLS = 64          # yielding polls before sleeping on the futex
+# Yielding polls before sleeping on the futex. Polling pays while the ranks being waited for
+# can run on other cores; with many more ranks than cores every poll only delays them.
+SPIN_POLLS = 50 if int(os.environ.get("STRATACL_WORLD_SIZE", "1")) <= 2 * (os.cpu_count() or 1) else 0
 SLICE = 0.05             # seconds between health checks while asleep
 WAKE_ALL = 0x7FFFFFFF
 
