@@ -18,7 +18,6 @@ each rank, averaged over ranks (nccl-tests' default).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import time
 from typing import Protocol
 
@@ -77,30 +76,36 @@ def shape(op: str, n: int, size: int, itemsize: int) -> Shape:
     return Shape(count * itemsize, count, count, 0)
 
 
-def input_data(op: str, rank: int, n: int, sh: Shape, dtype: np.dtype, redop: str) -> np.ndarray:
-    """Small integers, exact in every dtype and for every reduction over up to 127 ranks."""
-    i = np.arange(sh.n_in, dtype=np.int64)
+def input_data(op: str, rank: int, n: int, sh: Shape, dtype: np.dtype, redop: str,
+               start: int = 0, stop: int | None = None) -> np.ndarray:
+    """Elements [start, stop) of a rank's input: small integers, exact in every dtype and for
+    every reduction over up to 127 ranks, computable for any sub-range alone."""
+    i = np.arange(start, sh.n_in if stop is None else stop, dtype=np.int64)
     if dtype.kind == "b":
         return ((i + rank) % 3 == 0).astype(dtype)
     if op in ("all_reduce", "reduce_scatter") and redop == "prod":
-        return (1 + ((i + rank) % 7 == 0)).astype(dtype) if n <= 8 else np.ones(sh.n_in, dtype)
+        return (1 + ((i + rank) % 7 == 0)).astype(dtype) if n <= 8 else np.ones(i.size, dtype)
     return ((i * 3 + rank * 5) % 7).astype(dtype)
 
 
 def expected(op: str, rank: int, n: int, sh: Shape, dtype: np.dtype, redop: str, root: int) -> np.ndarray:
-    data = functools.partial(input_data, op, n=n, sh=sh, dtype=dtype, redop=redop)
+    """What this rank's output must hold; reductions accumulate peer by peer in rank order,
+    so the check needs two buffers, not N."""
+    def data(p, start=0, stop=None):
+        return input_data(op, p, n, sh, dtype, redop, start, stop)
     if op == "all_gather":
-        return np.concatenate([data(rank=p) for p in range(n)])
+        return np.concatenate([data(p) for p in range(n)])
     if op == "all_to_all":
         c = sh.count
-        return np.concatenate([data(rank=p)[rank * c:(rank + 1) * c] for p in range(n)])
+        return np.concatenate([data(p, rank * c, (rank + 1) * c) for p in range(n)])
     if op == "broadcast":
-        return data(rank=root)
+        return data(root)
     if op == "sendrecv":
-        return data(rank=(rank - 1) % n)
-    acc = functools.reduce(REDUCE[redop], [data(rank=p) for p in range(n)])
-    if op == "reduce_scatter":
-        return acc[rank * sh.count:(rank + 1) * sh.count]
+        return data((rank - 1) % n)
+    start, stop = (rank * sh.count, (rank + 1) * sh.count) if op == "reduce_scatter" else (0, sh.n_in)
+    acc = data(0, start, stop)
+    for p in range(1, n):
+        REDUCE[redop](acc, data(p, start, stop), out=acc)
     return acc
 
 
