@@ -84,13 +84,34 @@ def run_peer(peer: str, nranks: int, spec: _cases.Spec, *, timeout: float = DEFA
         else:
             init = f"tcp://127.0.0.1:{_free_port()}"
             cmds = [rank + ["--rank", str(r), "--world", str(nranks), "--init", init] for r in range(nranks)]
+        before = _shm_names()
         try:
             outcome = _run(peer, cmds, timeout)
         except OSError as e:
             return f"{peer} could not start: {e}"
         except Exception as e:   # the comparison is optional: a driver bug must not lose StrataCL's table
             return f"{peer} failed in the driver: {type(e).__name__}: {e}"
+        finally:
+            _remove_new_vader_segments(before)
         return _result(peer, out, outcome)
+
+
+def _shm_names() -> set[str]:
+    try:
+        return set(os.listdir("/dev/shm"))
+    except OSError:
+        return set()
+
+
+def _remove_new_vader_segments(before: set[str]) -> None:
+    """Open MPI's shared-memory segments outlive ranks that were killed: remove the ones this
+    run created (every process of the run has ended by now)."""
+    for name in _shm_names() - before:
+        if name.startswith("vader_segment."):
+            try:
+                os.unlink(os.path.join("/dev/shm", name))
+            except OSError:
+                pass
 
 
 @dataclasses.dataclass
