@@ -29,6 +29,11 @@ COMM_SLOTS = 128
 DESC_FIXED = 16                           # fixed int64 fields of an operation descriptor
 P2P_DESC = 16
 
+# operation descriptor fields (int64 words; collectives and point-to-point share the layout)
+(F_OP, F_DTYPE, F_COUNT, F_ROOT, F_REDOP, F_FLAGS, F_ADDR, F_NBYTES, F_SEG_VA, F_SEG_SIZE, F_SEG_OFF,
+ F_EPOCH, F_AUX0, F_AUX1, F_AUX2, F_CALL) = range(DESC_FIXED)
+FLAG_REJECTED = 1                         # the rank rejected its own arguments; it raises, peers too
+
 # rank states
 STATE_STARTING, STATE_RUNNING, STATE_FINALIZED, STATE_DEAD = 0, 1, 2, 3
 STATE_NAMES = {0: "starting", 1: "running", 2: "finalized", 3: "dead"}

@@ -1,0 +1,144 @@
+"""Point-to-point transfers: pull-mode send/recv between two ranks of a communicator.
+
+    sender                                         receiver
+    publish descriptor {dtype, count, address, segment} in its slot for the receiver
+    bump send_seq[receiver] (futex word) -------> wait for send_seq >= expected
+                                                   check dtype/count, readiness, pull the bytes
+    wait for recv_done[sender] <------------------ write status, bump recv_done[sender]
+    (a mismatch is reported to both sides through the status word)
+
+``sendrecv`` posts the send before pulling the receive, so a ring of them cannot deadlock.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .._errors import CollectiveMismatch
+from ..collectives import _reduce
+from . import _native
+from ._args import _Output, _expect, _flat
+from ._control import (F_ADDR, F_CALL, F_COUNT, F_DTYPE, F_EPOCH, F_FLAGS, F_OP, F_SEG_OFF, F_SEG_SIZE, F_SEG_VA,
+                       FLAG_REJECTED, P2P_DESC, Layout)
+from ._sync import SLICE, SPIN_POLLS, WAKE_ALL, seq_reached, wait_until
+
+
+
+class PointToPoint:
+    """The send/recv half of ``Communicator`` (a mixin: it uses the communicator's slots)."""
+
+    def _p2p_addr(self, owner_idx: int, which: int, peer_idx: int) -> int:
+        """which: 0 send_seq, 1 recv_done, 2 recv_status (u32 words)."""
+        off = (Layout.SLOT_SEND_SEQ, self._lay.slot_recv_done(), self._lay.slot_recv_status())[which]
+        return self._rt.ctl.base + self._slot_offs[owner_idx] + off + 4 * peer_idx
+
+    def _p2p_desc_off(self, owner_idx: int, peer_idx: int) -> int:
+        return (self._slot_offs[owner_idx] + self._lay.slot_p2p_desc()) // 8 + peer_idx * P2P_DESC
+
+    def send(self, x: np.ndarray, dst: int) -> None:
+        """Blocking send: returns once rank ``dst`` has pulled ``x`` with a matching ``recv``."""
+        self._complete_send(self._post_send(x, dst))
+
+    def sendrecv(self, x: np.ndarray, dst: int, out: np.ndarray, src: int) -> None:
+        """Send ``x`` to ``dst`` while receiving into ``out`` from ``src`` (MPI_Sendrecv).
+
+        Both halves proceed at once, so a ring of sendrecv calls cannot deadlock.
+        """
+        posted = self._post_send(x, dst)
+        try:
+            self.recv(out, src)
+        except BaseException:
+            try:
+                self._complete_send(posted)
+            except Exception:   # the receive's error is the one to report
+                pass
+            raise
+        self._complete_send(posted)
+
+    def _post_send(self, x: np.ndarray, dst: int) -> tuple:
+        """Publish ``x`` for rank ``dst`` to pull; returns what ``_complete_send`` waits on."""
+        _expect(isinstance(dst, (int, np.integer)) and 0 <= dst < self.size and dst != self.rank,
+                lambda: f"send: destination {dst!r} is not another rank of this communicator (size {self.size})")
+        error = None
+        try:
+            code = _reduce.dtype_code(x.dtype, "send")
+            inp = self._as_input(x, "send")
+        except Exception as e:
+            error, code, inp = e, 0, None
+        self._sent[dst] += 1
+        seq = self._sent[dst] & 0xFFFFFFFF
+        desc = np.zeros(P2P_DESC, dtype=np.int64)
+        desc[F_OP], desc[F_DTYPE], desc[F_CALL] = 100, code, seq
+        if inp is not None:
+            desc[F_COUNT] = x.size
+            for f, v in self._input_fields(inp).items():
+                desc[f] = v
+        if error is not None:
+            desc[F_FLAGS] = FLAG_REJECTED
+        i64 = self._rt.ctl.i64
+        off = self._p2p_desc_off(self.rank, dst)
+        i64[off:off + P2P_DESC] = desc
+        flag = self._p2p_addr(self.rank, 0, dst)
+        _native.store_u32(flag, seq)
+        _native.futex_wake(flag, WAKE_ALL)
+        return dst, seq, error, inp, x
+
+    def _complete_send(self, posted: tuple) -> None:
+        dst, seq, error, inp, x = posted
+        done = self._p2p_addr(dst, 1, self.rank)
+        if not _native.wait_seq_u32(done, seq, SPIN_POLLS, SLICE):
+            wait_until(lambda: seq_reached(_native.load_u32(done), seq), done, self._rt.health, f"send to {dst}",
+                       self._rt.config.timeout, lambda: [self.members[dst]],
+                       f"rank {self.members[dst]} to receive")
+        if error is not None:
+            raise error
+        status = _native.load_u32(self._p2p_addr(dst, 2, self.rank))
+        if status:
+            raise CollectiveMismatch(f"send: rank {self.members[dst]} posted a recv that does not match this "
+                                     f"send ({x.size} x {x.dtype}); no data was moved")
+        s = self._rt.stats
+        s["calls"]["send"] = s["calls"].get("send", 0) + 1
+
+    def recv(self, x: np.ndarray, src: int) -> None:
+        """Blocking receive into ``x`` from rank ``src``; sizes and dtypes must match the send."""
+        op = "recv"
+        _expect(isinstance(src, (int, np.integer)) and 0 <= src < self.size and src != self.rank,
+                lambda: f"recv: source {src!r} is not another rank of this communicator (size {self.size})")
+        self._received[src] += 1
+        seq = self._received[src] & 0xFFFFFFFF
+        flag = self._p2p_addr(src, 0, self.rank)
+        if not _native.wait_seq_u32(flag, seq, SPIN_POLLS, SLICE):
+            wait_until(lambda: seq_reached(_native.load_u32(flag), seq), flag, self._rt.health, f"recv from {src}",
+                       self._rt.config.timeout, lambda: [self.members[src]], f"rank {self.members[src]} to send")
+        off = self._p2p_desc_off(src, self.rank)
+        d = self._rt.ctl.i64[off:off + P2P_DESC].copy()
+        status, error = 0, None
+        try:
+            code = _reduce.dtype_code(x.dtype, "recv")
+            xf = _flat(x, "recv", "buffer", writable=True)
+            if d[F_FLAGS] & FLAG_REJECTED:
+                error = CollectiveMismatch(f"recv: rank {self.members[src]} rejected its send arguments; "
+                                           f"no data was moved")
+            elif d[F_DTYPE] != code or d[F_COUNT] != x.size:
+                status = 1
+                error = CollectiveMismatch(
+                    f"recv: rank {self.members[src]} sends {int(d[F_COUNT])} x "
+                    f"{_reduce.DTYPE_BY_CODE.get(int(d[F_DTYPE]), '?')}, this rank expects {x.size} x {x.dtype}; "
+                    f"no data was moved")
+            elif x.nbytes:
+                self._rt.reg.ensure_ready(self.members[src], int(d[F_SEG_VA]), int(d[F_SEG_SIZE]),
+                                          int(d[F_SEG_OFF]), int(d[F_EPOCH]), op)
+                with _Output(xf) as ob:
+                    ob.view(np.uint8)[:] = self._rt.window.view(int(d[F_ADDR]), x.nbytes)
+                s = self._rt.stats
+                s["bytes_pulled"] += x.nbytes
+                s["output_bytes_written"] += x.nbytes
+        except Exception as e:
+            status, error = 1, e
+        _native.store_u32(self._p2p_addr(self.rank, 2, src), status)
+        done = self._p2p_addr(self.rank, 1, src)
+        _native.store_u32(done, seq)
+        _native.futex_wake(done, WAKE_ALL)
+        if error is not None:
+            raise error
+        s = self._rt.stats
+        s["calls"]["recv"] = s["calls"].get("recv", 0) + 1
