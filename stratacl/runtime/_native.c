@@ -173,6 +173,18 @@ static double now_s(void) {
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+/* Sleep on the futex `word` while it still holds `seen`, at most until `end` (CLOCK_MONOTONIC
+ * seconds). Returns 0 once `end` has passed, 1 after a wake-up, a change or a spurious return. */
+static int sleep_until(uint32_t *word, uint32_t seen, double end) {
+    double left = end - now_s();
+    if (left <= 0) return 0;
+    struct timespec ts;
+    ts.tv_sec = (time_t)left;
+    ts.tv_nsec = (long)((left - (double)ts.tv_sec) * 1e9);
+    syscall(SYS_futex, word, FUTEX_WAIT, seen, &ts, NULL, 0);
+    return 1;
+}
+
 /* wait_counter(counter, target, gen, polls, seconds) -> True once *counter >= target, False if
  * `seconds` passed first. Polls (yielding the CPU between polls) `polls` times, then sleeps on
  * the futex word `gen`, which the completer changes and wakes. The GIL is released throughout. */
@@ -196,12 +208,7 @@ static PyObject *wait_counter(PyObject *self, PyObject *const *args, Py_ssize_t 
         for (;;) {
             uint32_t g = __atomic_load_n((uint32_t *)gen, __ATOMIC_ACQUIRE);
             if (__atomic_load_n((uint64_t *)counter, __ATOMIC_ACQUIRE) >= target) { ok = 1; break; }
-            double left = end - now_s();
-            if (left <= 0) break;
-            struct timespec ts;
-            ts.tv_sec = (time_t)left;
-            ts.tv_nsec = (long)((left - (double)ts.tv_sec) * 1e9);
-            syscall(SYS_futex, (uint32_t *)gen, FUTEX_WAIT, g, &ts, NULL, 0);
+            if (!sleep_until((uint32_t *)gen, g, end)) break;
         }
     }
     Py_END_ALLOW_THREADS
@@ -231,12 +238,7 @@ static PyObject *wait_seq_u32(PyObject *self, PyObject *const *args, Py_ssize_t 
         for (;;) {
             uint32_t v = __atomic_load_n((uint32_t *)word, __ATOMIC_ACQUIRE);
             if ((uint32_t)(v - (uint32_t)target) < 0x80000000u) { ok = 1; break; }
-            double left = end - now_s();
-            if (left <= 0) break;
-            struct timespec ts;
-            ts.tv_sec = (time_t)left;
-            ts.tv_nsec = (long)((left - (double)ts.tv_sec) * 1e9);
-            syscall(SYS_futex, (uint32_t *)word, FUTEX_WAIT, v, &ts, NULL, 0);
+            if (!sleep_until((uint32_t *)word, v, end)) break;
         }
     }
     Py_END_ALLOW_THREADS
