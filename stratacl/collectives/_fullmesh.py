@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..runtime._native import data_address as _addr
 from . import _kernels
 
 
@@ -59,7 +60,7 @@ def all_gather(me: int, n: int, out: np.ndarray, x: np.ndarray, src: np.ndarray,
     nb = x.nbytes
     if nb == 0:
         return
-    copied = _kernels.copy_blocks(out.ctypes.data, nb, src, 0, nb, me + 1)
+    copied = _kernels.copy_blocks(_addr(out), nb, src, 0, nb, me + 1)
     own = nb if copied == n * nb else 0          # in place: this rank's block was already there
     c.local += own
     c.pulled += copied - own
@@ -70,7 +71,7 @@ def all_to_all(me: int, n: int, out: np.ndarray, x: np.ndarray, src: np.ndarray,
     nb = x.nbytes // n
     if nb == 0:
         return
-    _kernels.copy_blocks(out.ctypes.data, nb, src, me * nb, nb, me + 1)
+    _kernels.copy_blocks(_addr(out), nb, src, me * nb, nb, me + 1)
     c.local += nb
     c.pulled += (n - 1) * nb
     c.written += n * nb
@@ -84,13 +85,13 @@ def all_to_all_v(me: int, n: int, out: np.ndarray, x: np.ndarray, send: np.ndarr
     send_displ = np.cumsum(send, axis=1) - send           # exclusive prefix sums, per sender
     recv_displ = np.cumsum(recv[me]) - recv[me]
     nbytes = recv[me, p] * item
-    _copy(me, out.ctypes.data + recv_displ[p] * item, src[p] + send_displ[p, me] * item, nbytes, p, c)
+    _copy(me, _addr(out) + recv_displ[p] * item, src[p] + send_displ[p, me] * item, nbytes, p, c)
 
 
 def broadcast(me: int, n: int, root: int, x: np.ndarray, src: np.ndarray, c: Counters) -> None:
     if me == root or x.nbytes == 0:
         return
-    _copy(me, np.array([x.ctypes.data]), src[root:root + 1], np.array([x.nbytes]), np.array([root]), c)
+    _copy(me, np.array([_addr(x)]), src[root:root + 1], np.array([x.nbytes]), np.array([root]), c)
 
 
 def reduce_chunk(me: int, n: int, start: int, stop: int, dst: int, dtype_code: int, itemsize: int,
@@ -109,13 +110,13 @@ def reduce_chunk(me: int, n: int, start: int, stop: int, dst: int, dtype_code: i
 def reduce_scatter(me: int, n: int, out: np.ndarray, dtype_code: int, op_code: int, src: np.ndarray,
                    c: Counters) -> None:
     per = out.size
-    reduce_chunk(me, n, me * per, (me + 1) * per, out.ctypes.data, dtype_code, out.itemsize, op_code, src, c)
+    reduce_chunk(me, n, me * per, (me + 1) * per, _addr(out), dtype_code, out.itemsize, op_code, src, c)
 
 
 def all_reduce_whole(me: int, n: int, scratch: np.ndarray, count: int, dtype_code: int, itemsize: int,
                      op_code: int, src: np.ndarray, c: Counters) -> None:
     """Small all_reduce, phase 1 of 1: every rank reduces all of it into private scratch."""
-    reduce_chunk(me, n, 0, count, scratch.ctypes.data, dtype_code, itemsize, op_code, src, c)
+    reduce_chunk(me, n, 0, count, _addr(scratch), dtype_code, itemsize, op_code, src, c)
     c.written -= count * itemsize          # scratch is not the output; the copy-out counts
 
 
@@ -123,7 +124,7 @@ def all_reduce_scatter_phase(me: int, n: int, x: np.ndarray, dtype_code: int, op
                              src: np.ndarray, c: Counters) -> None:
     """Phase 1 of in-place all_reduce: reduce this rank's own chunk into place."""
     a, b = chunk_bounds(x.size, n, me)
-    reduce_chunk(me, n, a, b, x.ctypes.data + a * x.itemsize, dtype_code, x.itemsize, op_code, src, c)
+    reduce_chunk(me, n, a, b, _addr(x) + a * x.itemsize, dtype_code, x.itemsize, op_code, src, c)
 
 
 def all_reduce_gather_phase(me: int, n: int, x: np.ndarray, src: np.ndarray, c: Counters) -> None:
@@ -132,4 +133,4 @@ def all_reduce_gather_phase(me: int, n: int, x: np.ndarray, src: np.ndarray, c: 
     p = _order(me, n)[1:]
     starts = x.size * p // n
     stops = x.size * (p + 1) // n
-    _copy(me, x.ctypes.data + starts * item, src[p] + starts * item, (stops - starts) * item, p, c)
+    _copy(me, _addr(x) + starts * item, src[p] + starts * item, (stops - starts) * item, p, c)

@@ -20,6 +20,7 @@ k's descriptors.
 """
 from __future__ import annotations
 
+import array
 import logging
 from typing import TYPE_CHECKING, Sequence
 
@@ -28,6 +29,7 @@ import numpy as np
 from .._errors import CollectiveMismatch
 from ..collectives import _fullmesh, _reduce
 from . import _native
+from ._allocator import _HbmArrayBase
 from ._args import _copy_back, _expect, _flat, _Output
 from ._control import (DESC_FIXED, F_ADDR, F_AUX0, F_AUX1, F_AUX2, F_CALL, F_COUNT, F_DTYPE, F_EPOCH, F_FLAGS,
                        F_NBYTES, F_OP, F_REDOP, F_ROOT, F_SEG_OFF, F_SEG_SIZE, F_SEG_VA, FLAG_REJECTED, Layout)
@@ -64,9 +66,9 @@ class _Input:
 
     __slots__ = ("flat", "addr", "seg")
 
-    def __init__(self, flat: np.ndarray, seg):
+    def __init__(self, flat: np.ndarray, seg, addr: int | None = None):
         self.flat, self.seg = flat, seg
-        self.addr = flat.ctypes.data if flat.size else 0
+        self.addr = (_native.data_address(flat) if addr is None else addr) if flat.size else 0
 
 
 class Communicator(PointToPoint):
@@ -97,6 +99,10 @@ class Communicator(PointToPoint):
                                    for o in self._slot_offs]) for p in (0, 1)]
         self._desc_addrs = [np.array([base + o + lay.slot_desc(p) for o in self._slot_offs], dtype=np.int64)
                             for p in (0, 1)]
+        # everything the native fast path needs, handed over as one int64 array (_native.c, "cx")
+        self._cx = np.array([self._counter_addr, self._gen_addr, self._arrival_addr, self.size, self.rank,
+                             *self._desc_addrs[0], *self._desc_addrs[1]], dtype=np.int64)
+        self._src = np.zeros(self.size, dtype=np.int64)
         self._syncs = 0
         self._calls = 0
         self._sent = [0] * self.size
@@ -117,12 +123,12 @@ class Communicator(PointToPoint):
     def _sync(self, operation: str) -> None:
         """Counter barrier: arrive, then a yielding spin and futex sleeps, all in native code."""
         self._syncs += 1
-        k = self._syncs
+        if not _native.sync(self._cx, self._syncs, SPIN_POLLS, SLICE):
+            self._wait_barrier(self._syncs, operation)
+
+    def _wait_barrier(self, k: int, operation: str) -> None:
+        """Barrier k, already arrived at: keep waiting, checking the job's health between sleeps."""
         target = k * self.size
-        if _native.arrive(self._counter_addr, self._gen_addr, self._arrival_addr, k & 0xFFFFFFFF, target):
-            return
-        if _native.wait_counter(self._counter_addr, target, self._gen_addr, SPIN_POLLS, SLICE):
-            return
         u32 = self._rt.ctl.u32
 
         def missing():
@@ -132,6 +138,46 @@ class Communicator(PointToPoint):
         counter = self._counter_addr
         wait_until(lambda: _native.load_u64(counter) >= target, self._gen_addr, self._rt.health, operation,
                    self._rt.config.timeout, missing, f"{self.size} ranks to arrive")
+
+    def _enter(self, operation: str, dtype: int = 0, count: int = 0, root: int = 0, redop: int = 0,
+               inp: "_Input | None" = None) -> int:
+        """The fast path of _begin for operations that need no descriptor but their peers' input
+        addresses: publish, arrive, wait and compare in one native call. Returns the slot parity."""
+        self._calls += 1
+        parity = self._calls & 1
+        op = OPS[operation]
+        seg = inp.seg if inp is not None else None
+        if seg is not None:
+            fields = array.array("q", (op, dtype, count, root, redop, 0, inp.addr, inp.flat.nbytes, seg.va,
+                                       seg.size, seg.hbm_offset, seg.epoch, 0, 0, 0, self._calls))
+        else:
+            addr, nbytes = (inp.addr, inp.flat.nbytes) if inp is not None else (0, 0)
+            fields = array.array("q", (op, dtype, count, root, redop, 0, addr, nbytes, 0, 0, 0, 0, 0, 0, 0,
+                                       self._calls))
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("%s call %d: %s", operation, self._calls, fields.tolist())
+        self._syncs += 1
+        status = _native.enter(self._cx, parity, self._syncs, SPIN_POLLS, SLICE, fields)
+        if status == 1:
+            self._wait_barrier(self._syncs, operation)
+            status = 0 if _native.agree(self._cx, parity) else 2
+        if status:
+            self._validate(operation, self._rt.ctl.i64[self._desc_idx[parity]])   # raises
+        return parity
+
+    def _peer_sources(self, operation: str, parity: int, local: "_Input | None", only: int = -1) -> np.ndarray:
+        """Every member's input address (``local`` for this rank), after the purely local
+        readiness check of each peer buffer this rank reads (``only``: just that member)."""
+        src = self._src
+        own = local.addr if local is not None else 0
+        i = _native.sources(self._cx, parity, self._ready, src, own, only)
+        while i >= 0:
+            d = self._rt.ctl.i64[self._desc_idx[parity][i]]
+            self._rt.reg.ensure_ready(self.members[i], int(d[F_SEG_VA]), int(d[F_SEG_SIZE]), int(d[F_SEG_OFF]),
+                                      int(d[F_EPOCH]), operation)
+            self._ready[i, 0], self._ready[i, 1] = d[F_SEG_VA], d[F_EPOCH]
+            i = _native.sources(self._cx, parity, self._ready, src, own, only)
+        return src
 
     def _begin(self, operation: str, fields: dict[int, int], error: BaseException | None = None,
                ext: np.ndarray | None = None) -> np.ndarray:
@@ -188,14 +234,30 @@ class Communicator(PointToPoint):
         flat = _flat(x, operation, "input")
         if flat.size == 0:
             return _Input(flat, None)
-        seg = self._rt.own_segment(flat.ctypes.data, flat.nbytes) if flat.flags.c_contiguous else None
-        if seg is not None:
-            return _Input(flat, seg)
+        if flat.flags.c_contiguous:
+            addr = _native.data_address(flat)
+            seg = self._hbm_segment(flat, addr)
+            if seg is not None:
+                return _Input(flat, seg, addr)
         buf = self._staging_buffer(flat.nbytes)[:flat.nbytes].view(flat.dtype)
         np.copyto(buf, flat.reshape(-1))
         self._rt.stats["bytes_staged"] += flat.nbytes
         self._rt.stats["staged_calls"] += 1
-        return _Input(buf, self._rt.own_segment(buf.ctypes.data, buf.nbytes))
+        addr = _native.data_address(buf)
+        return _Input(buf, self._rt.own_segment(addr, buf.nbytes), addr)
+
+    def _hbm_segment(self, a: np.ndarray, addr: int):
+        """The segment of this rank's HBM holding ``a``, or None. An array made by
+        stratacl.empty (or a view of one) keeps its block alive, so its segment is found
+        without the allocator's lock; anything else is looked up."""
+        b = a.base
+        while isinstance(b, np.ndarray):
+            b = b.base
+        if type(b) is _HbmArrayBase:
+            seg = b.block.seg
+            if seg.va <= addr and addr + a.nbytes <= seg.va + seg.size:
+                return seg
+        return self._rt.own_segment(addr, a.nbytes)
 
     def _staging_buffer(self, nbytes: int) -> np.ndarray:
         if self._staging is None or self._staging.nbytes < nbytes:
@@ -247,7 +309,7 @@ class Communicator(PointToPoint):
     # --- collectives ------------------------------------------------------------------------
     def barrier(self) -> None:
         """Block until every rank of the communicator has called barrier. Collective."""
-        self._begin("barrier", {})
+        self._enter("barrier")
         s = self._rt.stats
         s["calls"]["barrier"] = s["calls"].get("barrier", 0) + 1
 
@@ -264,9 +326,10 @@ class Communicator(PointToPoint):
             inp = self._as_input(x, op)
         except Exception as e:
             self._begin(op, {}, error=e)
-        descs = self._begin(op, {F_DTYPE: code, F_COUNT: x.size, **self._input_fields(inp)})
+        parity = self._enter(op, code, x.size, inp=inp)
         with _Output(o) as ob:
-            _fullmesh.all_gather(self.rank, self.size, ob, inp.flat, self._sources(descs, op, inp), self.counters)
+            _fullmesh.all_gather(self.rank, self.size, ob, inp.flat, self._peer_sources(op, parity, inp),
+                                 self.counters)
         self._finish(op)
 
     def all_to_all(self, out: np.ndarray, x: np.ndarray) -> None:
@@ -283,9 +346,10 @@ class Communicator(PointToPoint):
             inp = self._as_input(x, op)
         except Exception as e:
             self._begin(op, {}, error=e)
-        descs = self._begin(op, {F_DTYPE: code, F_COUNT: x.size, **self._input_fields(inp)})
+        parity = self._enter(op, code, x.size, inp=inp)
         with _Output(o) as ob:
-            _fullmesh.all_to_all(self.rank, self.size, ob, inp.flat, self._sources(descs, op, inp), self.counters)
+            _fullmesh.all_to_all(self.rank, self.size, ob, inp.flat, self._peer_sources(op, parity, inp),
+                                 self.counters)
         self._finish(op)
 
     def all_to_all_v(self, out: np.ndarray, x: np.ndarray, send_counts: Sequence[int],
@@ -336,10 +400,10 @@ class Communicator(PointToPoint):
             inp = self._as_input(x, op) if self.rank == root else _Input(xf, None)
         except Exception as e:
             self._begin(op, {}, error=e)
-        descs = self._begin(op, {F_DTYPE: code, F_COUNT: x.size, F_ROOT: root, **self._input_fields(inp)})
+        parity = self._enter(op, code, x.size, root, inp=inp)
         with _Output(xf) as ob:
-            need = np.arange(self.size) == root
-            _fullmesh.broadcast(self.rank, self.size, root, ob, self._sources(descs, op, None, need), self.counters)
+            _fullmesh.broadcast(self.rank, self.size, root, ob, self._peer_sources(op, parity, None, only=root),
+                                self.counters)
         self._finish(op)
 
     def reduce_scatter(self, out: np.ndarray, x: np.ndarray, op: str = "sum") -> None:
@@ -356,9 +420,9 @@ class Communicator(PointToPoint):
             inp = self._as_input(x, name)
         except Exception as e:
             self._begin(name, {}, error=e)
-        descs = self._begin(name, {F_DTYPE: code, F_COUNT: o.size, F_REDOP: rcode, **self._input_fields(inp)})
+        parity = self._enter(name, code, o.size, 0, rcode, inp)
         with _Output(o) as ob:
-            _fullmesh.reduce_scatter(self.rank, self.size, ob, code, rcode, self._sources(descs, name, inp),
+            _fullmesh.reduce_scatter(self.rank, self.size, ob, code, rcode, self._peer_sources(name, parity, inp),
                                      self.counters)
         self._finish(name)
 
@@ -376,8 +440,8 @@ class Communicator(PointToPoint):
             inp = self._as_input(x, name)
         except Exception as e:
             self._begin(name, {}, error=e)
-        descs = self._begin(name, {F_DTYPE: code, F_COUNT: x.size, F_REDOP: rcode, **self._input_fields(inp)})
-        src = self._sources(descs, name, inp)
+        parity = self._enter(name, code, x.size, 0, rcode, inp)
+        src = self._peer_sources(name, parity, inp)
         flat, n = inp.flat, self.size
         if flat.nbytes <= SMALL_ALL_REDUCE or flat.size < n:
             # small: each rank reduces the whole buffer privately, then writes its own copy;
@@ -395,7 +459,7 @@ class Communicator(PointToPoint):
             self._sync(name)
             _fullmesh.all_reduce_gather_phase(self.rank, n, flat, src, self.counters)
             self._finish(name)
-        if inp.flat.ctypes.data != xf.ctypes.data or not xf.flags.c_contiguous:
+        if inp.addr != _native.data_address(xf) or not xf.flags.c_contiguous:
             _copy_back(x, inp.flat)
             self._rt.stats["bytes_staged"] += x.nbytes
 

@@ -20,6 +20,7 @@
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
+#include <string.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -246,6 +247,177 @@ static PyObject *wait_seq_u32(PyObject *self, PyObject *const *args, Py_ssize_t 
     Py_RETURN_FALSE;
 }
 
+/* ---- one collective call in few native calls --------------------------------------------
+ * A communicator hands its addresses over once, as an int64 array `cx`:
+ *   [CX_COUNTER] barrier counter   [CX_GEN] futex word   [CX_ARRIVAL] this rank's arrival word
+ *   [CX_N] members   [CX_ME] this rank's index   [CX_DESC + p*n + i] member i's descriptor, parity p
+ * Descriptor fields are the F_* indices of runtime/_control.py. */
+enum { CX_COUNTER, CX_GEN, CX_ARRIVAL, CX_N, CX_ME, CX_DESC };
+enum { F_OP, F_DTYPE, F_COUNT, F_ROOT, F_REDOP, F_FLAGS, F_ADDR, F_NBYTES, F_SEG_VA, F_SEG_SIZE,
+       F_SEG_OFF, F_EPOCH, F_AUX0, F_AUX1, F_AUX2, F_CALL, DESC_FIXED };
+
+static int get_i64_buffer(PyObject *o, Py_buffer *view, int writable, const char *what) {
+    if (PyObject_GetBuffer(o, view, PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0)) < 0) return -1;
+    if (view->len % 8) {
+        PyBuffer_Release(view);
+        PyErr_Format(PyExc_ValueError, "%s: not an int64 buffer", what);
+        return -1;
+    }
+    return 0;
+}
+
+/* Arrive at barrier number k and wait at most `seconds` for the others (GIL released by the
+ * caller). 1: complete; 0: not yet. */
+static int barrier(const int64_t *cx, uint64_t k, long polls, double seconds) {
+    uint64_t *counter = (uint64_t *)(uintptr_t)cx[CX_COUNTER];
+    uint32_t *gen = (uint32_t *)(uintptr_t)cx[CX_GEN];
+    uint64_t target = k * (uint64_t)cx[CX_N];
+    __atomic_store_n((uint32_t *)(uintptr_t)cx[CX_ARRIVAL], (uint32_t)k, __ATOMIC_SEQ_CST);
+    if (__atomic_fetch_add(counter, 1, __ATOMIC_SEQ_CST) + 1 == target) {
+        __atomic_store_n(gen, (uint32_t)k, __ATOMIC_SEQ_CST);
+        syscall(SYS_futex, gen, FUTEX_WAKE, 0x7fffffff, NULL, NULL, 0);
+        return 1;
+    }
+    for (long i = 0; i < polls; i++) {
+        if (__atomic_load_n(counter, __ATOMIC_ACQUIRE) >= target) return 1;
+        sched_yield();
+    }
+    double end = now_s() + seconds;
+    for (;;) {
+        uint32_t g = __atomic_load_n(gen, __ATOMIC_ACQUIRE);
+        if (__atomic_load_n(counter, __ATOMIC_ACQUIRE) >= target) return 1;
+        if (!sleep_until(gen, g, end)) return 0;
+    }
+}
+
+/* 1 if every member's descriptor of parity p agrees with member 0's on F_OP..F_FLAGS and none
+ * is flagged, else 0. */
+static int descriptors_agree(const int64_t *cx, int parity) {
+    int64_t n = cx[CX_N];
+    const int64_t *const *d = (const int64_t *const *)&cx[CX_DESC + parity * n];
+    if (d[0][F_FLAGS]) return 0;
+    for (int64_t i = 1; i < n; i++)
+        for (int f = F_OP; f <= F_FLAGS; f++)
+            if (d[i][f] != d[0][f]) return 0;
+    return 1;
+}
+
+/* sync(cx, k, polls, seconds) -> True once barrier k is complete, False if `seconds` passed. */
+static PyObject *sync_barrier(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    if (n != 4) { PyErr_SetString(PyExc_TypeError, "sync(cx, k, polls, seconds)"); return NULL; }
+    Py_buffer cx;
+    if (get_i64_buffer(args[0], &cx, 0, "sync") < 0) return NULL;
+    unsigned long long k = PyLong_AsUnsignedLongLong(args[1]);
+    long polls = PyLong_AsLong(args[2]);
+    double seconds = PyFloat_AsDouble(args[3]);
+    if (PyErr_Occurred()) { PyBuffer_Release(&cx); return NULL; }
+    int ok;
+    Py_BEGIN_ALLOW_THREADS
+    ok = barrier((const int64_t *)cx.buf, k, polls, seconds);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&cx);
+    if (ok) Py_RETURN_TRUE;
+    Py_RETURN_FALSE;
+}
+
+/* enter(cx, parity, k, polls, seconds, fields) -> 0 | 1 | 2
+ * Publish this rank's descriptor (`fields`: DESC_FIXED int64 values) in slot `parity`, arrive
+ * at barrier k and wait at most `seconds`. 0: everyone arrived and all descriptors agree;
+ * 1: still waiting (the caller continues with health checks); 2: they disagree or one is
+ * flagged (the caller builds the message). */
+static PyObject *enter(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    if (n != 6) { PyErr_SetString(PyExc_TypeError, "enter(cx, parity, k, polls, seconds, fields)"); return NULL; }
+    Py_buffer cx, fields;
+    if (get_i64_buffer(args[0], &cx, 0, "enter") < 0) return NULL;
+    if (get_i64_buffer(args[5], &fields, 0, "enter") < 0) { PyBuffer_Release(&cx); return NULL; }
+    int parity = (int)PyLong_AsLong(args[1]);
+    unsigned long long k = PyLong_AsUnsignedLongLong(args[2]);
+    long polls = PyLong_AsLong(args[3]);
+    double seconds = PyFloat_AsDouble(args[4]);
+    int rc = -1;
+    if (PyErr_Occurred()) goto done;
+    if (fields.len != DESC_FIXED * 8 || (parity != 0 && parity != 1)) {
+        PyErr_SetString(PyExc_ValueError, "enter: fields must hold DESC_FIXED int64 values, parity 0 or 1");
+        goto done;
+    }
+    const int64_t *c = (const int64_t *)cx.buf;
+    int64_t *mine = (int64_t *)(uintptr_t)c[CX_DESC + parity * c[CX_N] + c[CX_ME]];
+    memcpy(mine, fields.buf, DESC_FIXED * 8);
+    Py_BEGIN_ALLOW_THREADS
+    if (!barrier(c, k, polls, seconds)) rc = 1;
+    else rc = descriptors_agree(c, parity) ? 0 : 2;
+    Py_END_ALLOW_THREADS
+done:
+    PyBuffer_Release(&cx);
+    PyBuffer_Release(&fields);
+    if (rc < 0) return NULL;
+    return PyLong_FromLong(rc);
+}
+
+/* agree(cx, parity) -> True if the descriptors of slot `parity` agree (see enter). */
+static PyObject *agree(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    if (n != 2) { PyErr_SetString(PyExc_TypeError, "agree(cx, parity)"); return NULL; }
+    Py_buffer cx;
+    if (get_i64_buffer(args[0], &cx, 0, "agree") < 0) return NULL;
+    int parity = (int)PyLong_AsLong(args[1]);
+    int ok = PyErr_Occurred() ? -1 : descriptors_agree((const int64_t *)cx.buf, parity & 1);
+    PyBuffer_Release(&cx);
+    if (ok < 0) return NULL;
+    return PyBool_FromLong(ok);
+}
+
+/* sources(cx, parity, ready, src, own_addr, only) -> -1, or the first member whose buffer
+ * needs the registration readiness check.
+ * Fills src[i] with member i's input address (own_addr for this rank). ready[i] holds the last
+ * (segment va, epoch) found ready for member i; a member whose descriptor names another one,
+ * with bytes to read, is returned (the caller checks it, records it in ready, and calls again).
+ * only >= 0 restricts the check to that member (broadcast reads the root only). */
+static PyObject *sources(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    if (n != 6) { PyErr_SetString(PyExc_TypeError, "sources(cx, parity, ready, src, own_addr, only)"); return NULL; }
+    Py_buffer cx, ready, src;
+    if (get_i64_buffer(args[0], &cx, 0, "sources") < 0) return NULL;
+    if (get_i64_buffer(args[2], &ready, 0, "sources") < 0) { PyBuffer_Release(&cx); return NULL; }
+    if (get_i64_buffer(args[3], &src, 1, "sources") < 0) {
+        PyBuffer_Release(&cx); PyBuffer_Release(&ready); return NULL;
+    }
+    int parity = (int)PyLong_AsLong(args[1]);
+    unsigned long long own = PyLong_AsUnsignedLongLong(args[4]);
+    long only = PyLong_AsLong(args[5]);
+    long found = -2;
+    if (PyErr_Occurred()) goto done;
+    const int64_t *c = (const int64_t *)cx.buf;
+    int64_t members = c[CX_N], me = c[CX_ME];
+    if (ready.len != members * 16 || src.len != members * 8) {
+        PyErr_SetString(PyExc_ValueError, "sources: ready must be (n, 2) and src (n,) int64");
+        goto done;
+    }
+    const int64_t *const *d = (const int64_t *const *)&c[CX_DESC + (parity & 1) * members];
+    const int64_t *rd = (const int64_t *)ready.buf;
+    int64_t *out = (int64_t *)src.buf;
+    found = -1;
+    for (int64_t i = 0; i < members; i++) {
+        if (i == me) { out[i] = (int64_t)own; continue; }
+        out[i] = d[i][F_ADDR];
+        if (found >= 0 || (only >= 0 && i != only) || d[i][F_NBYTES] == 0) continue;
+        if (d[i][F_SEG_VA] != rd[2 * i] || d[i][F_EPOCH] != rd[2 * i + 1]) found = (long)i;
+    }
+done:
+    PyBuffer_Release(&cx);
+    PyBuffer_Release(&ready);
+    PyBuffer_Release(&src);
+    if (found == -2) return NULL;
+    return PyLong_FromLong(found);
+}
+
+/* data_address(array) -> the address of the first byte of any buffer-protocol object. */
+static PyObject *data_address(PyObject *self, PyObject *arg) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_RECORDS_RO) < 0) return NULL;
+    PyObject *r = PyLong_FromUnsignedLongLong((unsigned long long)(uintptr_t)view.buf);
+    PyBuffer_Release(&view);
+    return r;
+}
+
 /* check_descriptors(addrs, nfields) -> -1 if every member's descriptor agrees with member 0's
  * on the first `nfields` int64 fields, else the index of the first member that differs.
  * `addrs` is an int64 array of descriptor addresses in member order. */
@@ -338,6 +510,11 @@ static PyMethodDef methods[] = {
     {"arrive", (PyCFunction)(void (*)(void))arrive, METH_FASTCALL, "Arrive at a counter barrier."},
     {"wait_counter", (PyCFunction)(void (*)(void))wait_counter, METH_FASTCALL, "Wait for a counter barrier."},
     {"wait_seq_u32", (PyCFunction)(void (*)(void))wait_seq_u32, METH_FASTCALL, "Wait for a u32 sequence flag."},
+    {"sync", (PyCFunction)(void (*)(void))sync_barrier, METH_FASTCALL, "Arrive at a communicator barrier and wait (bounded)."},
+    {"enter", (PyCFunction)(void (*)(void))enter, METH_FASTCALL, "Publish a descriptor, arrive, wait (bounded), compare descriptors."},
+    {"agree", (PyCFunction)(void (*)(void))agree, METH_FASTCALL, "Do a slot's descriptors agree?"},
+    {"sources", (PyCFunction)(void (*)(void))sources, METH_FASTCALL, "Members' input addresses; first one needing a readiness check."},
+    {"data_address", data_address, METH_O, "Address of a buffer's first byte."},
     {"check_descriptors", (PyCFunction)(void (*)(void))check_descriptors, METH_FASTCALL,
      "Index of the first member whose descriptor differs from member 0's, or -1."},
     {"mmap_at", (PyCFunction)(void (*)(void))mmap_at, METH_FASTCALL, "mmap at a fixed address."},
