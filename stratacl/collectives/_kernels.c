@@ -1,6 +1,7 @@
 /*
  * Data-movement kernels of the collectives: what a rank's cores execute.
  *
+ *   copy(dst, src, nbytes)                   one block
  *   copy_many(table)                         rows of (dst, src, nbytes): one memcpy each
  *   reduce_into(dst, srcs, count, dtype, op, divisor)
  *                                            dst[i] = ((s0[i] op s1[i]) op s2[i]) ... in the
@@ -54,6 +55,20 @@ static PyObject *copy_many(PyObject *self, PyObject *arg) {
     }
     if (ts != NULL) PyEval_RestoreThread(ts);
     PyBuffer_Release(&view);
+    Py_RETURN_NONE;
+}
+
+/* copy(dst, src, nbytes): one block (point-to-point receive, broadcast). */
+static PyObject *copy_one(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) { PyErr_SetString(PyExc_TypeError, "copy(dst, src, nbytes)"); return NULL; }
+    unsigned long long dst = PyLong_AsUnsignedLongLong(args[0]);
+    unsigned long long src = PyLong_AsUnsignedLongLong(args[1]);
+    long long nbytes = PyLong_AsLongLong(args[2]);
+    if (PyErr_Occurred()) return NULL;
+    if (nbytes <= 0) Py_RETURN_NONE;
+    PyThreadState *ts = nbytes >= RELEASE_GIL_BYTES ? PyEval_SaveThread() : NULL;
+    memcpy((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, (size_t)nbytes);
+    if (ts != NULL) PyEval_RestoreThread(ts);
     Py_RETURN_NONE;
 }
 
@@ -234,6 +249,7 @@ static PyObject *reduce_into(PyObject *self, PyObject *const *args, Py_ssize_t n
 }
 
 static PyMethodDef methods[] = {
+    {"copy", (PyCFunction)(void (*)(void))copy_one, METH_FASTCALL, "Copy one block of bytes."},
     {"copy_many", copy_many, METH_O, "Execute rows of (dst, src, nbytes) copies."},
     {"copy_blocks", (PyCFunction)(void (*)(void))copy_blocks, METH_FASTCALL,
      "Copy one equal block from every member into a strided destination."},

@@ -103,6 +103,7 @@ class Communicator(PointToPoint):
         self._cx = np.array([self._counter_addr, self._gen_addr, self._arrival_addr, self.size, self.rank,
                              *self._desc_addrs[0], *self._desc_addrs[1]], dtype=np.int64)
         self._src = np.zeros(self.size, dtype=np.int64)
+        self._root_calls = [0] * self.size      # rooted operations per root, for _root_departure
         self._syncs = 0
         self._calls = 0
         self._sent = [0] * self.size
@@ -125,6 +126,19 @@ class Communicator(PointToPoint):
         self._syncs += 1
         if not _native.sync(self._cx, self._syncs, SPIN_POLLS, SLICE):
             self._wait_barrier(self._syncs, operation)
+
+    def _root_departure(self, operation: str, root: int) -> None:
+        """Departure when only the root's buffer was read: readers count themselves done on a
+        word in the root's slot and leave; the root waits for all of them."""
+        self._root_calls[root] += 1
+        target = (self._root_calls[root] * (self.size - 1)) & 0xFFFFFFFF
+        word = self._rt.ctl.base + self._slot_offs[root] + self._lay.slot_root_done()
+        if self.rank != root:
+            _native.done(word, target)
+        elif not _native.wait_seq_u32(word, target, SPIN_POLLS, SLICE):
+            wait_until(lambda: seq_reached(_native.load_u32(word), target), word, self._rt.health, operation,
+                       self._rt.config.timeout, list,    # who is late is not recorded; the health check names a dead rank
+                       f"the other {self.size - 1} ranks to finish reading this root's buffer")
 
     def _wait_barrier(self, k: int, operation: str) -> None:
         """Barrier k, already arrived at: keep waiting, checking the job's health between sleeps."""
@@ -404,7 +418,8 @@ class Communicator(PointToPoint):
         with _Output(xf) as ob:
             _fullmesh.broadcast(self.rank, self.size, root, ob, self._peer_sources(op, parity, None, only=root),
                                 self.counters)
-        self._finish(op)
+        self._root_departure(op, root)
+        self._finish(op, departure=False)
 
     def reduce_scatter(self, out: np.ndarray, x: np.ndarray, op: str = "sum") -> None:
         """``out`` receives chunk ``rank`` of the element-wise reduction of every rank's ``x``. Collective."""

@@ -59,7 +59,7 @@ class Layout:
         self.world = world
         self.desc_words = DESC_FIXED + 2 * world
         self.slot_bytes = _align(
-            16 + 12 * world + 64 + world * P2P_DESC * 8 + 2 * self.desc_words * 8, 4096)
+            16 + 12 * world + 128 + world * P2P_DESC * 8 + 2 * self.desc_words * 8, 4096)
         self.rings_bytes = (world + 1) * RING_BYTES
         self.slots_offset = _align(R_RINGS + self.rings_bytes, 4096)
         self.region_bytes = self.slots_offset + COMM_SLOTS * self.slot_bytes
@@ -89,8 +89,12 @@ class Layout:
     def slot_recv_status(self) -> int:
         return 16 + 8 * self.world
 
+    def slot_root_done(self) -> int:
+        """u32: how many members have finished reading this member's buffer as a root, ever."""
+        return 16 + 12 * self.world
+
     def slot_p2p_desc(self) -> int:
-        return _align(16 + 12 * self.world)
+        return _align(16 + 12 * self.world + 4)
 
     def slot_desc(self, parity: int) -> int:
         return self.slot_p2p_desc() + self.world * P2P_DESC * 8 + parity * self.desc_words * 8

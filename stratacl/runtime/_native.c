@@ -409,6 +409,37 @@ done:
     return PyLong_FromLong(found);
 }
 
+/* post(desc_addr, fields, flag_addr, seq): publish a point-to-point descriptor (`fields`, int64
+ * values), then the sequence number that announces it, and wake whoever sleeps on it. */
+static PyObject *post(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    if (n != 4) { PyErr_SetString(PyExc_TypeError, "post(desc_addr, fields, flag_addr, seq)"); return NULL; }
+    void *desc, *flag;
+    Py_buffer fields;
+    if (parse_addr(args[0], &desc) < 0 || parse_addr(args[2], &flag) < 0) return NULL;
+    unsigned long seq = PyLong_AsUnsignedLong(args[3]);
+    if (PyErr_Occurred()) return NULL;
+    if (get_i64_buffer(args[1], &fields, 0, "post") < 0) return NULL;
+    memcpy(desc, fields.buf, (size_t)fields.len);
+    PyBuffer_Release(&fields);
+    __atomic_store_n((uint32_t *)flag, (uint32_t)seq, __ATOMIC_SEQ_CST);
+    syscall(SYS_futex, (uint32_t *)flag, FUTEX_WAKE, 0x7fffffff, NULL, NULL, 0);
+    Py_RETURN_NONE;
+}
+
+/* done(word, target) -> True if this caller brought the u32 counter at `word` to `target`
+ * (wrap-around), in which case whoever sleeps on it is woken. */
+static PyObject *done(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    void *word;
+    if (n != 2) { PyErr_SetString(PyExc_TypeError, "done(word, target)"); return NULL; }
+    if (parse_addr(args[0], &word) < 0) return NULL;
+    unsigned long target = PyLong_AsUnsignedLong(args[1]);
+    if (PyErr_Occurred()) return NULL;
+    uint32_t now = __atomic_add_fetch((uint32_t *)word, 1, __ATOMIC_SEQ_CST);
+    if (now != (uint32_t)target) Py_RETURN_FALSE;
+    syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE, 0x7fffffff, NULL, NULL, 0);
+    Py_RETURN_TRUE;
+}
+
 /* data_address(array) -> the address of the first byte of any buffer-protocol object. */
 static PyObject *data_address(PyObject *self, PyObject *arg) {
     Py_buffer view;
@@ -514,6 +545,8 @@ static PyMethodDef methods[] = {
     {"enter", (PyCFunction)(void (*)(void))enter, METH_FASTCALL, "Publish a descriptor, arrive, wait (bounded), compare descriptors."},
     {"agree", (PyCFunction)(void (*)(void))agree, METH_FASTCALL, "Do a slot's descriptors agree?"},
     {"sources", (PyCFunction)(void (*)(void))sources, METH_FASTCALL, "Members' input addresses; first one needing a readiness check."},
+    {"post", (PyCFunction)(void (*)(void))post, METH_FASTCALL, "Publish a descriptor and its sequence number."},
+    {"done", (PyCFunction)(void (*)(void))done, METH_FASTCALL, "Count one completion; wake at the target."},
     {"data_address", data_address, METH_O, "Address of a buffer's first byte."},
     {"check_descriptors", (PyCFunction)(void (*)(void))check_descriptors, METH_FASTCALL,
      "Index of the first member whose descriptor differs from member 0's, or -1."},

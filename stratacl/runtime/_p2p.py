@@ -11,14 +11,16 @@
 """
 from __future__ import annotations
 
+import array
+
 import numpy as np
 
 from .._errors import CollectiveMismatch
-from ..collectives import _reduce
+from ..collectives import _kernels, _reduce
 from . import _native
 from ._args import _Output, _expect, _flat
-from ._control import (F_ADDR, F_CALL, F_COUNT, F_DTYPE, F_EPOCH, F_FLAGS, F_OP, F_SEG_OFF, F_SEG_SIZE, F_SEG_VA,
-                       FLAG_REJECTED, P2P_DESC, Layout)
+from ._control import (F_ADDR, F_CALL, F_COUNT, F_DTYPE, F_EPOCH, F_FLAGS, F_NBYTES, F_OP, F_SEG_OFF, F_SEG_SIZE,
+                       F_SEG_VA, FLAG_REJECTED, P2P_DESC, Layout)
 from ._sync import SLICE, SPIN_POLLS, WAKE_ALL, seq_reached, wait_until
 
 
@@ -66,20 +68,18 @@ class PointToPoint:
             error, code, inp = e, 0, None
         self._sent[dst] += 1
         seq = self._sent[dst] & 0xFFFFFFFF
-        desc = np.zeros(P2P_DESC, dtype=np.int64)
-        desc[F_OP], desc[F_DTYPE], desc[F_CALL] = 100, code, seq
+        seg = inp.seg if inp is not None else None
+        fields = array.array("q", bytes(8 * P2P_DESC))
+        fields[F_OP], fields[F_DTYPE], fields[F_CALL] = 100, code, seq
         if inp is not None:
-            desc[F_COUNT] = x.size
-            for f, v in self._input_fields(inp).items():
-                desc[f] = v
+            fields[F_COUNT], fields[F_ADDR], fields[F_NBYTES] = x.size, inp.addr, inp.flat.nbytes
+        if seg is not None:
+            fields[F_SEG_VA], fields[F_SEG_SIZE], fields[F_SEG_OFF], fields[F_EPOCH] = (
+                seg.va, seg.size, seg.hbm_offset, seg.epoch)
         if error is not None:
-            desc[F_FLAGS] = FLAG_REJECTED
-        i64 = self._rt.ctl.i64
-        off = self._p2p_desc_off(self.rank, dst)
-        i64[off:off + P2P_DESC] = desc
-        flag = self._p2p_addr(self.rank, 0, dst)
-        _native.store_u32(flag, seq)
-        _native.futex_wake(flag, WAKE_ALL)
+            fields[F_FLAGS] = FLAG_REJECTED
+        _native.post(self._rt.ctl.base + 8 * self._p2p_desc_off(self.rank, dst), fields,
+                     self._p2p_addr(self.rank, 0, dst), seq)
         return dst, seq, error, inp, x
 
     def _complete_send(self, posted: tuple) -> None:
@@ -110,7 +110,7 @@ class PointToPoint:
             wait_until(lambda: seq_reached(_native.load_u32(flag), seq), flag, self._rt.health, f"recv from {src}",
                        self._rt.config.timeout, lambda: [self.members[src]], f"rank {self.members[src]} to send")
         off = self._p2p_desc_off(src, self.rank)
-        d = self._rt.ctl.i64[off:off + P2P_DESC].copy()
+        d = self._rt.ctl.i64[off:off + P2P_DESC].tolist()
         status, error = 0, None
         try:
             code = _reduce.dtype_code(x.dtype, "recv")
@@ -121,14 +121,17 @@ class PointToPoint:
             elif d[F_DTYPE] != code or d[F_COUNT] != x.size:
                 status = 1
                 error = CollectiveMismatch(
-                    f"recv: rank {self.members[src]} sends {int(d[F_COUNT])} x "
-                    f"{_reduce.DTYPE_BY_CODE.get(int(d[F_DTYPE]), '?')}, this rank expects {x.size} x {x.dtype}; "
+                    f"recv: rank {self.members[src]} sends {d[F_COUNT]} x "
+                    f"{_reduce.DTYPE_BY_CODE.get(d[F_DTYPE], '?')}, this rank expects {x.size} x {x.dtype}; "
                     f"no data was moved")
             elif x.nbytes:
-                self._rt.reg.ensure_ready(self.members[src], int(d[F_SEG_VA]), int(d[F_SEG_SIZE]),
-                                          int(d[F_SEG_OFF]), int(d[F_EPOCH]), op)
+                ready = self._ready[src]
+                if ready[0] != d[F_SEG_VA] or ready[1] != d[F_EPOCH]:
+                    self._rt.reg.ensure_ready(self.members[src], d[F_SEG_VA], d[F_SEG_SIZE], d[F_SEG_OFF],
+                                              d[F_EPOCH], op)
+                    ready[0], ready[1] = d[F_SEG_VA], d[F_EPOCH]
                 with _Output(xf) as ob:
-                    ob.view(np.uint8)[:] = self._rt.window.view(int(d[F_ADDR]), x.nbytes)
+                    _kernels.copy(_native.data_address(ob), d[F_ADDR], x.nbytes)
                 s = self._rt.stats
                 s["bytes_pulled"] += x.nbytes
                 s["output_bytes_written"] += x.nbytes
