@@ -28,6 +28,8 @@ from ._errors import PeerFailure as PeerFailure
 from ._errors import RankFailure as RankFailure
 from ._errors import RegistrationError as RegistrationError
 from ._errors import StrataError as StrataError
+from ._estimate import Estimate as Estimate
+from ._estimate import estimate as estimate
 from ._spawn import spawn as spawn
 from .runtime._comm import Communicator as Communicator
 from .runtime._world import finalize as finalize
@@ -38,9 +40,9 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BootstrapError", "CollectiveMismatch", "CommTimeout", "Communicator", "Config", "ConfigError",
-    "OutOfMemory", "PeerFailure", "RankFailure", "RegistrationError", "SETTINGS", "StrataError",
-    "config", "empty", "empty_cache", "empty_like", "finalize", "init", "is_initialized", "memory_stats",
-    "spawn", "stats", "ub", "zeros",
+    "Estimate", "OutOfMemory", "PeerFailure", "RankFailure", "RegistrationError", "SETTINGS", "StrataError",
+    "config", "empty", "empty_cache", "empty_like", "estimate", "finalize", "init", "is_initialized",
+    "memory_stats", "spawn", "stats", "ub", "zeros",
 ]
 
 

@@ -21,6 +21,12 @@ def test_public_names_are_exported_and_nothing_private_leaks():
     assert public - set(stratacl.__all__) - modules == set()
 
 
+def test_estimate_is_public_and_needs_no_ranks():
+    assert {"estimate", "Estimate"} <= set(stratacl.__all__)
+    e = stratacl.estimate("all_reduce", 32, 1 << 20, algo="auto")
+    assert isinstance(e, stratacl.Estimate) and e.time_us > 0 and not stratacl.is_initialized()
+
+
 def test_import_has_no_side_effects():
     assert not stratacl.is_initialized()
     with pytest.raises(stratacl.StrataError, match="call stratacl.init"):

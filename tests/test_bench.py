@@ -21,6 +21,7 @@ N = 4
 SIZES = (4096, 16384)
 ITEM = 4   # float32
 KEYS = {"op", "size", "count", "type", "redop", "root", "time_us", "algbw", "busbw", "wrong"}
+MODEL_KEYS = {"model_time_us", "model_algbw", "model_busbw"}     # null without a modeled clock
 # nccl-tests: per-rank counts, whole-buffer sizes and bus factors for N ranks
 PER_RANK = {"all_gather", "reduce_scatter", "all_to_all"}
 FACTOR = {"all_gather": (N - 1) / N, "reduce_scatter": (N - 1) / N, "all_to_all": (N - 1) / N,
@@ -47,7 +48,8 @@ def test_bench_rows_follow_nccl_tests(op, tmp_path):
     want_sizes = [0] if op == "barrier" else list(SIZES)
     assert len(rows) == len(want_sizes), rows
     for row, size in zip(rows, want_sizes):
-        assert set(row) == KEYS, row
+        assert set(row) == KEYS | MODEL_KEYS, row
+        assert all(row[k] is None for k in MODEL_KEYS)
         count = size // (N * ITEM) if op in PER_RANK else size // ITEM
         assert row["op"] == op
         assert row["count"] == count

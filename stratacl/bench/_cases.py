@@ -14,6 +14,10 @@ three libraries run the identical sweep. Conventions are nccl-tests':
 
 algbw = size / time, busbw = algbw x factor, GB = 1e9. Time is the per-iteration average of
 each rank, averaged over ranks (nccl-tests' default).
+
+A backend with a modeled clock (``clock()``: this rank's modeled time in seconds, ``maximum``:
+the largest value over ranks) also gets ``model_time_us``: the modeled time per iteration,
+from the last rank's clock before the timed loop to the last rank's clock after it.
 """
 from __future__ import annotations
 
@@ -136,6 +140,12 @@ def count_wrong(got: np.ndarray, op: str, rank: int, n: int, sh: Shape, dtype: n
     return wrong
 
 
+def model_row(op: str, n: int, size: int, time_us: float) -> dict:
+    """The modeled columns of a row: time, algbw and busbw under the same conventions."""
+    algbw = size / time_us / 1e3 if time_us > 0 else 0.0
+    return {"model_time_us": time_us, "model_algbw": algbw, "model_busbw": algbw * bus_factor(op, n)}
+
+
 class Backend(Protocol):
     rank: int
     size: int
@@ -168,6 +178,7 @@ def sweep(backend: Backend, spec: Spec, progress=None) -> list[dict]:
     redop = spec.redop if spec.op in ("all_reduce", "reduce_scatter") else "none"
     rows = []
     seen = set()
+    clock = getattr(backend, "clock", None)
     for size in spec.sizes:
         sh = shape(spec.op, n, size, dtype.itemsize)
         if sh.size in seen:
@@ -179,10 +190,12 @@ def sweep(backend: Backend, spec: Spec, progress=None) -> list[dict]:
         for _ in range(spec.warmup):
             backend.run(spec.op, out, x, redop, root)
         backend.barrier()
+        m0 = clock() if clock is not None else None
         t0 = time.perf_counter()
         for _ in range(spec.iters):
             backend.run(spec.op, out, x, redop, root)
         elapsed = (time.perf_counter() - t0) / max(spec.iters, 1)
+        m1 = clock() if clock is not None else None
         wrong = 0
         if spec.check and spec.op != "barrier":
             for _ in range(spec.check):
@@ -197,6 +210,9 @@ def sweep(backend: Backend, spec: Spec, progress=None) -> list[dict]:
         algbw = sh.size / t / 1e9 if t > 0 else 0.0
         rows.append(dict(op=spec.op, size=sh.size, count=sh.count, type=str(dtype), redop=redop, root=root,
                          time_us=t * 1e6, algbw=algbw, busbw=algbw * bus_factor(spec.op, n), wrong=wrong))
+        if m0 is not None:
+            mt = (backend.maximum(m1) - backend.maximum(m0)) / max(spec.iters, 1)
+            rows[-1].update(model_row(spec.op, n, sh.size, mt * 1e6))
         if progress is not None and me == 0:
             progress(rows[-1])
         del x, out

@@ -1,11 +1,22 @@
 """``stratacl-bench``: sweep one operator over sizes on N ranks, nccl-tests style.
 
     stratacl-bench all_gather -n 32 -b 4K -e 64M -f 4 -w 2 -i 10 -c 1 --dtype float32
-                   [--op sum] [--root 0] [--registration roa|jit|pool] [--buffers hbm|plain]
-                   [--vs mpi,gloo] [--no-limit] [-J out.json]
+                   [--op sum] [--root 0] [--registration roa|jit|pool|staged] [--buffers hbm|plain]
+                   [--algo mesh|ring|auto] [--clock off|virtual|throttled] [--dilation D]
+                   [--topology cm384|flat|FILE] [--vs mpi,gloo] [--no-limit] [-J out.json]
+    stratacl-bench all_gather -n 256 -b 64K -e 256G --estimate [--algo auto] [--registration staged]
 
 Prints a header (the run and the host), one row per size and the average bus bandwidth;
 ``-J`` writes the same as JSON. Progress goes to stderr. Exits 1 if any check found wrong data.
+
+Modeled time. With ``--clock virtual`` (or ``throttled``) the ranks also read their modeled clocks
+(``comm.clock()``) around the timed iterations, and every row gains ``model_time_us``,
+``model_algbw`` and ``model_busbw`` beside the wall figures. With ``--estimate`` no rank is
+started: each row comes from the fabric model alone (``stratacl.estimate``), for sizes and rank
+counts beyond the host's memory; its wall fields ``time_us``, ``algbw``, ``busbw`` and its
+``wrong`` are null (nothing ran, nothing was checked) and ``model_algo`` says which algorithm
+was timed (what ``auto`` picked). Rows of a run without a modeled clock carry the model fields
+as null.
 """
 from __future__ import annotations
 
@@ -22,6 +33,7 @@ from .._config import parse_size
 from . import _cases
 
 COLUMNS = ("size", "count", "type", "redop", "root", "time_us", "algbw", "busbw", "wrong")
+MODEL_COLUMNS = ("model_time_us", "model_algbw", "model_busbw")
 
 
 def _sizes(lo: int, hi: int, factor: float, step: int) -> list[int]:
@@ -37,12 +49,15 @@ def _sizes(lo: int, hi: int, factor: float, step: int) -> list[int]:
 class StrataBackend:
     name = "stratacl"
 
-    def __init__(self, comm, buffers: str):
+    def __init__(self, comm, buffers: str, modeled: bool = False):
         import stratacl
         self.comm, self.rank, self.size = comm, comm.rank, comm.size
         self._alloc = (lambda c, d: stratacl.empty((c,), d)) if buffers == "hbm" else (lambda c, d: np.empty(c, d))
         self._scalar = np.zeros(1, np.float64)
         self._count = np.zeros(1, np.int64)
+        # comm.clock(): this rank's modeled time in seconds (ConfigError when the clock is off);
+        # a runtime without it leaves the model columns null
+        self.clock = getattr(comm, "clock", None) if modeled else None
 
     def alloc(self, count, dtype):
         return self._alloc(count, dtype)
@@ -82,15 +97,40 @@ class StrataBackend:
         self.comm.all_reduce(self._count, op="sum")
         return int(self._count[0])
 
+    def maximum(self, value):
+        self._scalar[0] = value
+        self.comm.all_reduce(self._scalar, op="max")
+        return float(self._scalar[0])
+
 
 def _progress(row: dict) -> None:
     print(f"stratacl-bench: {row['op']} {row['size']} B done ({row['time_us']:.1f} us)", file=sys.stderr, flush=True)
 
 
-def rank_main(comm, spec: _cases.Spec, buffers: str):
+def rank_main(comm, spec: _cases.Spec, buffers: str, modeled: bool = False):
     """Inside every rank: run the sweep; rank 0's rows are the job's."""
-    rows = _cases.sweep(StrataBackend(comm, buffers), spec, progress=_progress)
+    rows = _cases.sweep(StrataBackend(comm, buffers, modeled), spec, progress=_progress)
     return rows if comm.rank == 0 else None
+
+
+def estimate_rows(op: str, nranks: int, sizes: list[int], dtype: str, root: int, algo: str, topology: str,
+                  registration: str) -> list[dict]:
+    """One row per size from the fabric model alone (``stratacl.estimate``); no rank runs."""
+    from .._estimate import estimate
+    rows, seen = [], set()
+    redop_root = ("sum" if op in ("all_reduce", "reduce_scatter") else "none", root if op == "broadcast" else -1)
+    for size in sizes:
+        e = estimate(op, nranks, size, algo=algo, topology=topology, registration=registration,
+                     root=max(redop_root[1], 0), dtype=dtype)
+        if e.size in seen:
+            continue
+        seen.add(e.size)
+        row = dict(op=op, size=e.size, count=e.count, type=e.dtype, redop=redop_root[0], root=redop_root[1],
+                   time_us=None, algbw=None, busbw=None, wrong=None)
+        row.update(_cases.model_row(op, nranks, e.size, e.time_us))
+        row["model_algo"] = e.algo
+        rows.append(row)
+    return rows
 
 
 def host_facts() -> dict:
@@ -110,31 +150,57 @@ def footprint(op: str, n: int, size: int, itemsize: int) -> int:
     return n * (sh.n_in + sh.n_out) * itemsize
 
 
+def _num(v, width: int, prec: int) -> str:
+    return f"{'-':>{width}}" if v is None else f"{v:>{width}.{prec}f}"
+
+
 def format_table(header: dict, rows: list[dict], peers: dict[str, list[dict] | str] | None = None) -> str:
     n = header["ranks"]
+    estimated = header.get("clock") == "estimate"
     lines = [f"# stratacl-bench {header['op']}: {n} ranks, dtype {header['dtype']}, redop {header['redop']}, "
-             f"root {header['root']}, warmup {header['warmup']}, iters {header['iters']}, check {header['check']}",
-             f"# registration {header['registration']}, buffers {header['buffers']}, topology {header['topology']}",
+             f"root {header['root']}" + ("" if estimated else
+                                         f", warmup {header['warmup']}, iters {header['iters']}, check {header['check']}"),
+             f"# registration {header['registration']}, algo {header.get('algo', 'mesh')}, "
+             f"clock {header.get('clock', 'off')}, buffers {header['buffers']}, topology {header['topology']}",
              f"# host {header['host']['host']}: {header['host']['cores']} cores ({header['host']['cpu']}), "
              f"{header['host']['memory_gib']} GiB; python {header['host']['python']}, numpy {header['host']['numpy']}",
              "#"]
+    if estimated:
+        lines.insert(3, "# estimate only: modeled time from the fabric model; no rank ran, no data was checked")
     limit = any("limit_busbw" in r for r in rows)
-    head = f"#{'size':>11} {'count':>11} {'type':>8} {'redop':>6} {'root':>5} {'time':>10} {'algbw':>8} {'busbw':>8} {'#wrong':>6}"
-    unit = f"#{'(B)':>11} {'(elements)':>11} {'':>8} {'':>6} {'':>5} {'(us)':>10} {'(GB/s)':>8} {'(GB/s)':>8} {'':>6}"
+    model = any(r.get("model_time_us") is not None for r in rows)
+    head = f"#{'size':>11} {'count':>11} {'type':>8} {'redop':>6} {'root':>5}"
+    unit = f"#{'(B)':>11} {'(elements)':>11} {'':>8} {'':>6} {'':>5}"
+    if not estimated:
+        head += f" {'time':>10} {'algbw':>8} {'busbw':>8} {'#wrong':>6}"
+        unit += f" {'(us)':>10} {'(GB/s)':>8} {'(GB/s)':>8} {'':>6}"
+    if model:
+        head += f" {'model time':>11} {'m.algbw':>8} {'m.busbw':>8}" + (f" {'algo':>5}" if estimated else "")
+        unit += f" {'(us)':>11} {'(GB/s)':>8} {'(GB/s)':>8}" + (f" {'':>5}" if estimated else "")
     if limit:
         head += f" {'limit':>8} {'%limit':>6}"
         unit += f" {'(GB/s)':>8} {'':>6}"
     lines += [head, unit]
     for r in rows:
-        ln = (f" {r['size']:>11} {r['count']:>11} {r['type']:>8} {r['redop']:>6} {r['root']:>5} "
-              f"{r['time_us']:>10.1f} {r['algbw']:>8.3f} {r['busbw']:>8.3f} {r['wrong']:>6}")
+        ln = f" {r['size']:>11} {r['count']:>11} {r['type']:>8} {r['redop']:>6} {r['root']:>5}"
+        if not estimated:
+            ln += (f" {_num(r['time_us'], 10, 1)} {_num(r['algbw'], 8, 3)} {_num(r['busbw'], 8, 3)} "
+                   f"{'-' if r['wrong'] is None else r['wrong']:>6}")
+        if model:
+            ln += (f" {_num(r.get('model_time_us'), 11, 1)} {_num(r.get('model_algbw'), 8, 3)} "
+                   f"{_num(r.get('model_busbw'), 8, 3)}" + (f" {r.get('model_algo', ''):>5}" if estimated else ""))
         if limit:
             ln += f" {r['limit_busbw']:>8.3f} {100 * r['limit_fraction']:>5.0f}%"
         lines.append(ln)
     data = [r for r in rows if r["size"]]
-    avg = sum(r["busbw"] for r in data) / len(data) if data else 0.0
-    lines.append(f"# Out of bounds values : {sum(1 for r in rows if r['wrong'])} {'FAILED' if any(r['wrong'] for r in rows) else 'OK'}")
-    lines.append(f"# Avg bus bandwidth    : {avg:.4f} GB/s")
+    if not estimated:
+        avg = sum(r["busbw"] for r in data) / len(data) if data else 0.0
+        lines.append(f"# Out of bounds values : {sum(1 for r in rows if r['wrong'])} "
+                     f"{'FAILED' if any(r['wrong'] for r in rows) else 'OK'}")
+        lines.append(f"# Avg bus bandwidth    : {avg:.4f} GB/s")
+    if model:
+        got = [r["model_busbw"] for r in data if r.get("model_busbw") is not None]
+        lines.append(f"# Avg modeled bus bandwidth : {sum(got) / len(got) if got else 0.0:.4f} GB/s")
     for peer, prow in (peers or {}).items():
         lines.append("#")
         if isinstance(prow, str):
@@ -171,7 +237,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="float32")
     p.add_argument("--op", default="sum", choices=sorted(_cases.REDUCE), help="reduce op (default sum)")
     p.add_argument("--root", type=int, default=0, help="broadcast root (default 0)")
-    p.add_argument("--registration", default=None, choices=("roa", "jit", "pool"))
+    p.add_argument("--registration", default=None, choices=("roa", "jit", "pool", "staged"))
+    p.add_argument("--algo", default=None, choices=("mesh", "ring", "auto"),
+                   help="algorithm of all_gather, reduce_scatter, all_reduce (default mesh)")
+    p.add_argument("--clock", default=None, choices=("off", "virtual", "throttled"),
+                   help="modeled clock of the ranks; virtual/throttled add the model columns (default off)")
+    p.add_argument("--dilation", default=None, type=float, help="with --clock throttled: wall s per modeled s")
+    p.add_argument("--estimate", action="store_true",
+                   help="start no rank: every row from the fabric model alone (sizes beyond host memory)")
     p.add_argument("--buffers", default="hbm", choices=("hbm", "plain"),
                    help="hbm: arrays from stratacl.empty (zero copy); plain: numpy arrays (staged)")
     p.add_argument("--topology", default=None)
@@ -185,9 +258,15 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     import stratacl
 
-    a = _parser().parse_args(argv)
+    parser = _parser()
+    a = parser.parse_args(argv)
     sizes = [0] if a.operator == "barrier" else _sizes(parse_size(a.minbytes), parse_size(a.maxbytes),
                                                        a.stepfactor, parse_size(a.stepbytes))
+    command = "stratacl-bench " + " ".join(argv if argv is not None else sys.argv[1:])
+    if a.estimate:
+        if a.vs:
+            parser.error("--vs runs peers on the host: it needs a data-moving run, not --estimate")
+        return _main_estimate(a, sizes, command)
     spec = _cases.Spec(a.operator, sizes, a.dtype, a.op, a.root, a.warmup, a.iters, a.check)
     itemsize = np.dtype(a.dtype).itemsize
     need = max((footprint(a.operator, a.nranks, s, itemsize) // a.nranks for s in sizes), default=0)
@@ -196,15 +275,25 @@ def main(argv: list[str] | None = None) -> int:
         settings["registration"] = a.registration
     if a.topology:
         settings["topology"] = a.topology
+    for name in ("algo", "clock", "dilation"):       # only when asked: the ranks' defaults otherwise
+        if getattr(a, name) is not None:
+            settings[name] = getattr(a, name)
     config = stratacl.Config(**settings)
+    modeled = settings.get("clock", "off") != "off"
     header = dict(op=a.operator, ranks=a.nranks, dtype=a.dtype,
                   redop=a.op if a.operator in ("all_reduce", "reduce_scatter") else "none",
                   root=a.root if a.operator == "broadcast" else -1, warmup=a.warmup, iters=a.iters, check=a.check,
-                  registration=config.registration, buffers=a.buffers, topology=config.topology, host=host_facts(),
-                  command="stratacl-bench " + " ".join(argv if argv is not None else sys.argv[1:]),
-                  started=time.strftime("%Y-%m-%dT%H:%M:%S"))
+                  registration=config.registration, algo=settings.get("algo", "mesh"),
+                  clock=settings.get("clock", "off"), buffers=a.buffers, topology=config.topology, host=host_facts(),
+                  command=command, started=time.strftime("%Y-%m-%dT%H:%M:%S"))
     print(f"stratacl-bench: {a.operator} on {a.nranks} ranks, {len(sizes)} size(s)", file=sys.stderr, flush=True)
-    rows = stratacl.spawn(rank_main, a.nranks, args=(spec, a.buffers), **settings)[0]
+    rows = stratacl.spawn(rank_main, a.nranks, args=(spec, a.buffers, modeled), **settings)[0]
+    for r in rows:
+        for k in MODEL_COLUMNS:
+            r.setdefault(k, None)
+    if modeled and rows and all(r["model_time_us"] is None for r in rows):
+        print(f"stratacl-bench: --clock {settings['clock']}: the ranks reported no modeled time "
+              f"(this runtime has no comm.clock()); the model columns are null", file=sys.stderr, flush=True)
     if not a.no_limit and a.operator != "barrier":
         print("stratacl-bench: measuring the host copy limit", file=sys.stderr, flush=True)
         from ._hostlimit import copy_bandwidth
@@ -229,6 +318,21 @@ def main(argv: list[str] | None = None) -> int:
     wrong = any(r["wrong"] for r in rows) or any(
         not isinstance(p, str) and any(r["wrong"] for r in p) for p in peers.values())
     return 1 if wrong else 0
+
+
+def _main_estimate(a, sizes: list[int], command: str) -> int:
+    algo, topology, registration = a.algo or "mesh", a.topology or "cm384", a.registration or "roa"
+    header = dict(op=a.operator, ranks=a.nranks, dtype=a.dtype,
+                  redop=a.op if a.operator in ("all_reduce", "reduce_scatter") else "none",
+                  root=a.root if a.operator == "broadcast" else -1, warmup=0, iters=0, check=0,
+                  registration=registration, algo=algo, clock="estimate", buffers="none", topology=topology,
+                  host=host_facts(), command=command, started=time.strftime("%Y-%m-%dT%H:%M:%S"))
+    rows = estimate_rows(a.operator, a.nranks, sizes, a.dtype, a.root, algo, topology, registration)
+    print(format_table(header, rows))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"header": header, "rows": rows}, f, indent=1)
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,10 +1,11 @@
-"""Topology as data: where each rank sits and what each fabric tier costs.
+"""Topology as data: where each rank sits, what each fabric tier costs, where traffic contends.
 
 A topology is a list of nested levels (innermost first) and a tier per level. Two ranks talk
 over the tier of the innermost level they share. ``cm384`` is CloudMatrix384 as the StrataCL
 paper describes it (2 dies per NPU, 8 NPUs per node, 4 nodes per rack, 12 racks; Table 1 gives
 die-to-die 0.2 us / 210 GB/s, intra-node 0.7 us / 170 GB/s, inter-node 2.1 us / 150 GB/s).
-Rank r is die r, packed in that order.
+Rank r is die r, packed in that order. The fabric model (``_fabric.py``) reads the capacities
+below; every value of ``cm384`` carries its source next to it.
 
 A file (JSON) describes other machines::
 
@@ -16,7 +17,30 @@ A file (JSON) describes other machines::
      "beyond": "nvlink"}
 
 ``size`` is how many units of the previous level one unit of this level holds (the first
-level counts ranks). ``beyond`` is the tier between ranks that share no level.
+level counts ranks). ``beyond`` is the tier between ranks that share no level. The first
+level's tier is a rank's own memory (HBM): local copies move at half its bandwidth, since a
+copy reads and writes every byte.
+
+Optional fields, all with defaults that add no constraint:
+
+    field                               default  meaning
+    tiers.<t>.dedicated                 false    true: the two ranks have a link of their own for
+                                                 this tier (cm384's die-to-die SIO) that does not
+                                                 pass through their fabric ports
+    levels[i].uplink_gbps               null     per-direction capacity between one unit of this
+                                                 level and the rest of the fabric (its switch
+                                                 uplinks); null: never a bottleneck
+    port.gbps                           null     line rate of a rank's fabric port per direction;
+                                                 null: each tier's bandwidth is the port's rate
+                                                 for that tier's traffic
+    port.fan_in_efficiency              1.0      fraction of a port's rate left when it carries
+                                                 many concurrent flows (see _fabric.py); 1: none lost
+    sync.flag_us                        0.0      cost of one flag (a flag costs the tier latency plus
+                                                 this); barriers are made of flags
+    registration.map_us                 100.0    just-in-time registration: one peer mapping
+    registration.map_us_per_gib         690.0    ... plus this per GiB mapped (page-table updates)
+
+A malformed value raises ConfigError naming the field.
 """
 from __future__ import annotations
 
@@ -26,12 +50,16 @@ import os
 
 from .._errors import ConfigError
 
+# cm384's port fan-in efficiency: the one calibrated parameter (see _CM384["port"])
+FAN_IN_EFFICIENCY = 0.688
+
 
 @dataclasses.dataclass(frozen=True)
 class Tier:
     name: str
     latency_us: float
     bandwidth_gbps: float
+    dedicated: bool = False   # a link of the pair's own, outside both ranks' fabric ports
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,11 +67,24 @@ class Level:
     name: str
     size: int          # units of the previous level (ranks for the first) per unit of this one
     tier: str          # tier between two ranks whose innermost shared unit is this level
+    uplink_gbps: float | None = None   # per direction, one unit <-> rest of the fabric; None: unlimited
+
+
+@dataclasses.dataclass(frozen=True)
+class Contention:
+    """Where concurrent traffic shares capacity, and what synchronisation and registration cost."""
+    port_gbps: float | None = None      # a rank's fabric port, per direction; None: the tier's bandwidth
+    fan_in_efficiency: float = 1.0      # port rate left under many concurrent flows
+    flag_us: float = 0.0                # per flag, on top of the tier latency
+    map_us: float = 100.0               # jit: one peer mapping
+    map_us_per_gib: float = 690.0       # jit: per GiB mapped
 
 
 class Topology:
-    def __init__(self, name: str, levels: list[Level], tiers: dict[str, Tier], beyond: str):
+    def __init__(self, name: str, levels: list[Level], tiers: dict[str, Tier], beyond: str,
+                 contention: Contention | None = None):
         self.name, self.levels, self.tiers, self.beyond = name, levels, tiers, beyond
+        self.contention = contention or Contention()
         self._span = []
         span = 1
         for lv in levels:
@@ -61,15 +102,26 @@ class Topology:
                 return self.tiers[lv.tier]
         return self.tiers[self.beyond]
 
+    @property
+    def spans(self) -> list[int]:
+        """Ranks per unit at each level."""
+        return list(self._span)
+
     def describe(self, world: int | None = None) -> str:
         lines = [f"topology {self.name}:"]
         for lv, span in zip(self.levels, self._span):
             t = self.tiers[lv.tier]
-            lines.append(f"  {lv.name:<8} {span:>5} rank(s) per unit; tier {t.name}: "
-                         f"{t.latency_us:g} us, {t.bandwidth_gbps:g} GB/s")
+            up = f"; uplink {lv.uplink_gbps:g} GB/s per direction" if lv.uplink_gbps else ""
+            lines.append(f"  {lv.name:<9} {span:>5} rank(s) per unit; tier {t.name}: "
+                         f"{t.latency_us:g} us, {t.bandwidth_gbps:g} GB/s{' (dedicated link)' if t.dedicated else ''}{up}")
         if self.beyond:
             t = self.tiers[self.beyond]
-            lines.append(f"  beyond   tier {t.name}: {t.latency_us:g} us, {t.bandwidth_gbps:g} GB/s")
+            lines.append(f"  beyond    tier {t.name}: {t.latency_us:g} us, {t.bandwidth_gbps:g} GB/s")
+        c = self.contention
+        port = f"{c.port_gbps:g} GB/s" if c.port_gbps else "the tier's bandwidth"
+        lines.append(f"  port      {port} per direction, fan-in efficiency {c.fan_in_efficiency:g}")
+        lines.append(f"  sync      flag = tier latency + {c.flag_us:g} us; barrier = dissemination over flags")
+        lines.append(f"  jit map   {c.map_us:g} us per peer mapping + {c.map_us_per_gib:g} us per GiB")
         if world is not None:
             lines.append(f"  {world} rank(s) in this job")
         return "\n".join(lines)
@@ -83,19 +135,45 @@ _CM384 = {
     "levels": [
         {"name": "die", "size": 1, "tier": "local"},
         {"name": "npu", "size": 2, "tier": "die-to-die"},
-        {"name": "node", "size": 8, "tier": "intra-node"},
+        # 7 L1 UB switch chips per node, each with 448 GB/s toward the L2 switches (2506.12708,
+        # section 3: 7 L1 switches per node, non-blocking UB plane) = 3136 GB/s = 8 NPUs x 392 GB/s
+        {"name": "node", "size": 8, "tier": "intra-node", "uplink_gbps": 3136.0},
+        # one L2 layer joins all 48 nodes without oversubscription (2506.12708): no rack bottleneck
         {"name": "rack", "size": 4, "tier": "inter-node"},
         {"name": "supernode", "size": 12, "tier": "inter-node"},
     ],
     "tiers": {
         "local": {"latency_us": 0.0, "bandwidth_gbps": 1600.0},      # die HBM, paper section 2.1
-        "die-to-die": {"latency_us": 0.2, "bandwidth_gbps": 210.0},  # Table 1
+        # Table 1; the dies of one NPU talk over their SIO link (section 2.1, Fig. 2: up to 540 GB/s
+        # aggregate), not through the UB ports
+        "die-to-die": {"latency_us": 0.2, "bandwidth_gbps": 210.0, "dedicated": True},
         "intra-node": {"latency_us": 0.7, "bandwidth_gbps": 170.0},  # Table 1
         "inter-node": {"latency_us": 2.1, "bandwidth_gbps": 150.0},  # Table 1
     },
     "beyond": "inter-node",
+    "port": {
+        # a die's share of its NPU's UB links: "each Ascend 910C contributes over 392 GB/s of
+        # unidirectional UB bandwidth" (CloudMatrix384 paper, arXiv 2506.12708, section 3), 2 dies
+        "gbps": 196.0,
+        # Under fan-in/fan-out a port loses rate (paper sections 3.2, 8.1, 9.2: "fan-out and network
+        # contention from concurrent remote accesses"). No public source measures it, so it is
+        # CALIBRATED to one number: the paper's ~6% bus-bandwidth lead of the multi-step ring over
+        # the full mesh for large all_gather payloads at 32 ranks (section 8.1), taken at 1 GiB per
+        # rank; benchmarks/paper_reproduction.py --calibrate re-derives it. Nothing else was fitted.
+        "fan_in_efficiency": FAN_IN_EFFICIENCY,
+    },
+    "sync": {
+        # a flag is one remote store: its tier latency; no further overhead is assumed
+        "flag_us": 0.0,
+    },
+    "registration": {
+        # paper Fig. 5a (per-rank jit registration of an N-rank group, log-log, ~linear in N):
+        # about 0.1 ms at N = 2 for the smallest (2 MiB) buffer, about 100 ms at N = 128 for 1 GiB
+        # buffers; with N-1 peer mappings per rank: 100 us per mapping + 690 us per GiB mapped
+        "map_us": 100.0,
+        "map_us_per_gib": 690.0,
+    },
 }
-
 _FLAT = {
     "name": "flat",
     "levels": [{"name": "rank", "size": 1, "tier": "local"}],
@@ -112,8 +190,21 @@ def from_dict(data: dict, source: str = "topology") -> Topology:
         value = obj[key]
         if kind is float and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
-        if not isinstance(value, kind) or isinstance(value, bool):
+        if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
             raise ConfigError(f"{source}: field {where}{key!r} must be {kind.__name__}, got {value!r}")
+        return value
+
+    def optional(obj, key, kind, where, default):
+        if not isinstance(obj, dict) or obj.get(key) is None:
+            return default
+        return need(obj, key, kind, where)
+
+    def section(key):
+        value = data.get(key)
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            raise ConfigError(f"{source}: field {key!r} must be an object, got {value!r}")
         return value
 
     name = need(data, "name", str, "")
@@ -123,7 +214,7 @@ def from_dict(data: dict, source: str = "topology") -> Topology:
         bw = need(t, "bandwidth_gbps", float, f"tiers.{tname}.")
         if lat < 0 or bw <= 0:
             raise ConfigError(f"{source}: tiers.{tname} needs latency_us >= 0 and bandwidth_gbps > 0")
-        tiers[tname] = Tier(tname, lat, bw)
+        tiers[tname] = Tier(tname, lat, bw, optional(t, "dedicated", bool, f"tiers.{tname}.", False))
     levels = []
     for i, lv in enumerate(need(data, "levels", list, "")):
         lname = need(lv, "name", str, f"levels[{i}].")
@@ -133,13 +224,33 @@ def from_dict(data: dict, source: str = "topology") -> Topology:
             raise ConfigError(f"{source}: field levels[{i}].'size' must be >= 1, got {size}")
         if tier not in tiers:
             raise ConfigError(f"{source}: field levels[{i}].'tier' names unknown tier {tier!r}")
-        levels.append(Level(lname, size, tier))
+        up = optional(lv, "uplink_gbps", float, f"levels[{i}].", None)
+        if up is not None and up <= 0:
+            raise ConfigError(f"{source}: field levels[{i}].'uplink_gbps' must be > 0 (or null), got {up}")
+        levels.append(Level(lname, size, tier, up))
     if not levels:
         raise ConfigError(f"{source}: field 'levels' must not be empty")
     beyond = need(data, "beyond", str, "")
     if beyond not in tiers:
         raise ConfigError(f"{source}: field 'beyond' names unknown tier {beyond!r}")
-    return Topology(name, levels, tiers, beyond)
+
+    port, sync, reg = section("port"), section("sync"), section("registration")
+    d = Contention()
+    port_gbps = optional(port, "gbps", float, "port.", None)
+    if port_gbps is not None and port_gbps <= 0:
+        raise ConfigError(f"{source}: field port.'gbps' must be > 0 (or null), got {port_gbps}")
+    fan_in = optional(port, "fan_in_efficiency", float, "port.", d.fan_in_efficiency)
+    if not 0 < fan_in <= 1:
+        raise ConfigError(f"{source}: field port.'fan_in_efficiency' must be in (0, 1], got {fan_in}")
+    values = {}
+    for sec, sname, key, default in ((sync, "sync", "flag_us", d.flag_us),
+                                     (reg, "registration", "map_us", d.map_us),
+                                     (reg, "registration", "map_us_per_gib", d.map_us_per_gib)):
+        v = optional(sec, key, float, f"{sname}.", default)
+        if v < 0:
+            raise ConfigError(f"{source}: field {sname}.{key!r} must be >= 0, got {v}")
+        values[key] = v
+    return Topology(name, levels, tiers, beyond, Contention(port_gbps, fan_in, **values))
 
 
 def load(spec: str) -> Topology:

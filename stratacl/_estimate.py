@@ -1,0 +1,89 @@
+"""Estimate-only mode: a collective's modeled time on N ranks, without ranks or payload.
+
+    estimate(op, nranks, size) --> per-rank input bytes (nccl-tests size conventions)
+                               --> ub._clock.model_call on members 0..N-1, every clock at 0
+                               --> Estimate: per-rank modeled times, the call's time (the last
+                                   rank to finish), algbw = size / time, busbw = algbw x factor
+
+It runs the same schedules and cost model as the data path's virtual clock, so where both fit
+they report the same modeled time; no bytes are allocated, so 1 GiB per rank on 256 ranks is
+as cheap as 1 KiB. ``registration="jit"`` assumes every buffer is fresh, so each rank pays the
+mappings of every peer buffer it reads (the paper's dynamic-shape case, section 3.1).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import numpy as np
+
+from .bench._cases import OPS as _BENCH_OPS
+from .bench._cases import bus_factor, shape
+from .collectives import _schedule
+from .ub._clock import FabricModel, choose_algo, model_call
+from .ub._topology import Topology
+
+ALGOS = ("mesh", "ring", "auto")
+
+
+@dataclasses.dataclass(frozen=True)
+class Estimate:
+    """Modeled cost of one call. Times in microseconds, bandwidths in GB/s (1e9 bytes/s)."""
+    op: str
+    nranks: int
+    size: int                 # bytes, nccl-tests meaning (all_gather: the whole output, N x per rank)
+    count: int                # elements, nccl-tests count column
+    dtype: str
+    algo: str                 # the algorithm timed (what auto picked, if auto)
+    registration: str
+    topology: str
+    times_us: np.ndarray      # per rank: when it returns, the call entered at 0
+    time_us: float            # the last rank's
+    algbw: float
+    busbw: float
+
+    def as_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["times_us"] = self.times_us.tolist()
+        return d
+
+
+@functools.lru_cache(maxsize=16)
+def _model(topology: str, registration: str) -> FabricModel:
+    return FabricModel(topology, registration)
+
+
+def estimate(op: str, nranks: int, nbytes: int, algo: str = "mesh", topology: str | Topology = "cm384",
+             registration: str = "roa", root: int = 0, dtype: str = "float32") -> Estimate:
+    """Modeled time of one ``op`` on ranks 0..nranks-1 of ``topology``, sized like nccl-tests.
+
+    ``nbytes`` is nccl-tests' size: the whole buffer for all_gather, reduce_scatter and all_to_all
+    (N x per-rank), the buffer for all_reduce and broadcast, the message for sendrecv; it is
+    rounded down to whole elements of ``dtype`` (and per-rank chunks), as stratacl-bench does.
+    ``algo``: mesh, ring or auto. ``registration``: roa, pool, jit or staged. Pure computation:
+    no ranks, no shared memory; allocates nothing of the payload's size."""
+    if op not in _BENCH_OPS:
+        raise ValueError(f"estimate: unknown operator {op!r} (known: {', '.join(_BENCH_OPS)})")
+    if algo not in ALGOS:
+        raise ValueError(f"estimate: algo must be one of {', '.join(ALGOS)}, got {algo!r}")
+    if nranks < 1:
+        raise ValueError(f"estimate: nranks must be >= 1, got {nranks}")
+    if not 0 <= root < nranks:
+        raise ValueError(f"estimate: root {root} is not a rank of {nranks}")
+    itemsize = np.dtype(dtype).itemsize
+    model = _model(topology, registration) if isinstance(topology, str) else FabricModel(topology, registration)
+    sh = shape(op, nranks, int(nbytes), itemsize)
+    per_rank = sh.n_in * itemsize
+    members = np.arange(nranks)
+    chosen = choose_algo(model, op, members, per_rank, root, itemsize) if algo == "auto" else algo
+    if op not in _schedule.RING_OPS:
+        chosen = "mesh"
+    extra = None
+    if registration == "jit":
+        extra = model.registration_us(_schedule.peers_read(op, chosen, nranks, root), per_rank)
+    times = model_call(model, op, chosen, members, per_rank, np.zeros(nranks), extra, root, itemsize)
+    t = float(times.max())
+    algbw = sh.size / t / 1e3 if t > 0 else 0.0
+    return Estimate(op, nranks, sh.size, sh.count, str(np.dtype(dtype)), chosen, registration,
+                    model.topology.name, times, t, algbw, algbw * bus_factor(op, nranks))

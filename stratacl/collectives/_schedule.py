@@ -1,0 +1,240 @@
+"""What a collective call executes, step by step: the schedules the fabric model times.
+
+A schedule is a list of steps in communicator-local indices (member i is global rank
+``members[i]``; the clock module maps them). Every collective starts with the arrival barrier
+(inputs ready, descriptors agree) and, unless said otherwise, ends with the departure barrier
+(nobody returns while a peer may still read its buffers), exactly as ``runtime/_comm.py`` does.
+
+    Barrier        every member stores an arrival flag into every other and waits for all of
+                   them (one full-mesh step of flags)
+    Mesh           one full-mesh phase: all its transfers run at once, pull mode
+    Ring           a chain of steps; member i's step s starts when its step s-1 is done AND
+                   member i-1's flag says i-1's step s-1 is done; step 0 follows the barrier
+    Local          a copy inside each member's own HBM (staging, own-block copies)
+    RootWait       the root waits for a done flag from every other member; the others go on
+    Shift          point-to-point ring shift (sendrecv): i waits for i-1's send flag, pulls, then
+                   flags i-1 done; i returns when its own receiver has flagged it done
+
+Full mesh (``algo="mesh"``), one logical step per phase:
+
+    all_gather      Mesh: i loads x_j (M bytes) from every j != i; copies its own x_i locally
+    reduce_scatter  Mesh: i load-reduces chunk i (M bytes) from every j != i, own chunk locally
+    all_reduce      > 16 KiB: Mesh reduce-scatter of chunk i (count*i//N .. count*(i+1)//N
+                    elements), Barrier, Mesh gather: i loads chunk j from j
+                    <= 16 KiB: Mesh: i load-reduces the whole buffer from every j != i into
+                    scratch, Barrier, Local copy scratch -> buffer, and no departure barrier
+    all_to_all      Mesh: i loads block i of x_j (M/N bytes) from every j, own block locally
+    broadcast       Mesh: i != root loads the buffer from root; then RootWait instead of the
+                    departure barrier (only the root's buffer was read)
+    barrier         Barrier only
+    sendrecv        Shift (send to i+1, receive from i-1, as stratacl-bench runs it)
+
+Ring (``algo="ring"``; all_gather, reduce_scatter, all_reduce; the other operators run the mesh),
+N-1 steps per phase, each member pulling from its left neighbour i-1 only:
+
+    all_gather      own block copied locally during step 0; in step s = 0 .. N-2 member i pulls
+                    chunk (i - s - 1) mod N from member i-1 (step 0: i-1's own input; later:
+                    the chunk i-1 received in its step s-1, from i-1's output) into its output.
+                    After N-1 steps i holds every chunk.
+    reduce_scatter  in step s member i load-reduces chunk (i - s - 2) mod N from member i-1
+                    (step 0: i-1's input chunk; later: the partial sum i-1 produced in its step
+                    s-1) with its own input chunk, into its partial buffer. In step N-2 the chunk
+                    is (i - N) mod N = i: member i ends with chunk i fully reduced, in its output.
+    all_reduce      ring reduce_scatter over chunks of the buffer (chunk c = elements
+                    count*c//N .. count*(c+1)//N), then ring all_gather of the reduced chunks,
+                    as one chain of 2(N-1) steps: gather step 0 of member i waits for i-1's last
+                    reduce step, like any other step.
+
+Each ring step moves one chunk per member; the flag between steps is the only synchronisation
+(a flag from i-1 says "the chunk you pull next is complete"), so a ring call costs the arrival
+barrier, 2(N-1) or N-1 flag waits and the departure barrier.
+
+Staged (the buffer-centric baseline, ``staged``): each round copies (its share of) the input
+into the registered communication buffer (Local), runs the algorithm between communication
+buffers, and copies the output out (Local). The buffer holds at most ``buffer_bytes`` of a
+round's input or output, so large payloads run as several rounds, each with its own barriers,
+as HCCL does with its HCCL_BUFFSIZE communication buffer (default 200 MB).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+LOAD, LOAD_REDUCE, LOCAL_COPY = 0, 1, 2    # transfer kinds (same codes as ub._fabric)
+
+OPS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "broadcast", "barrier", "sendrecv")
+RING_OPS = ("all_gather", "reduce_scatter", "all_reduce")
+ALGOS = ("mesh", "ring")
+SMALL_ALL_REDUCE = 16 * 1024        # bytes up to which the mesh all_reduce reads the whole buffer once
+
+
+@dataclasses.dataclass(frozen=True)
+class Barrier:
+    pass
+
+
+@dataclasses.dataclass(frozen=True)
+class Mesh:
+    reader: np.ndarray      # member index
+    owner: np.ndarray
+    nbytes: np.ndarray
+    kind: np.ndarray
+
+
+@dataclasses.dataclass(frozen=True)
+class Ring:
+    nbytes: np.ndarray      # (steps, N): bytes member i pulls from member i-1 in step s
+    kind: np.ndarray        # (steps,)
+    local: np.ndarray | None = None   # (N,): bytes each member copies locally during step 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Local:
+    nbytes: np.ndarray      # (N,): bytes each member copies inside its own HBM
+
+
+@dataclasses.dataclass(frozen=True)
+class RootWait:
+    root: int               # member index that waits for every other member's done flag
+
+
+@dataclasses.dataclass(frozen=True)
+class Shift:
+    nbytes: int             # bytes member i pulls from member i-1
+
+
+Step = Barrier | Mesh | Ring | Local | RootWait | Shift
+
+
+def chunk_bytes(count: int, n: int, itemsize: int) -> np.ndarray:
+    """Bytes of chunk c = elements [count*c//n, count*(c+1)//n) (the data path's chunk_bounds)."""
+    edges = count * np.arange(n + 1, dtype=np.int64) // n
+    return np.diff(edges) * itemsize
+
+
+def ring_all_gather_chunk(i: int, s: int, n: int) -> int:
+    """The chunk member i pulls from member i-1 in ring all_gather step s."""
+    return (i - s - 1) % n
+
+
+def ring_reduce_scatter_chunk(i: int, s: int, n: int) -> int:
+    """The chunk member i load-reduces from member i-1 in ring reduce_scatter step s."""
+    return (i - s - 2) % n
+
+
+def _mesh_all_pairs(n: int, nbytes_of, kind: int, own_copy: bool) -> Mesh:
+    """Member i pulls ``nbytes_of(i, j)`` from every j != i, and copies its own share locally."""
+    r, o = np.meshgrid(np.arange(n), np.arange(n), indexing="ij")
+    off = r != o
+    reader, owner = r[off], o[off]
+    nb = nbytes_of(reader, owner)
+    kinds = np.full(reader.size, kind)
+    if own_copy:
+        me = np.arange(n)
+        reader, owner = np.concatenate([reader, me]), np.concatenate([owner, me])
+        nb = np.concatenate([nb, nbytes_of(me, me)])
+        kinds = np.concatenate([kinds, np.full(n, LOCAL_COPY)])
+    keep = nb > 0
+    return Mesh(reader[keep], owner[keep], nb[keep].astype(np.int64), kinds[keep])
+
+
+def schedule(op: str, algo: str, n: int, nbytes: int, root: int = 0, itemsize: int = 1) -> list:
+    """The steps of one call on ``n`` members, ``nbytes`` = bytes of each member's input buffer
+    (all_gather: x; reduce_scatter: the N-chunk input; all_reduce, broadcast, sendrecv: the
+    buffer; all_to_all: the N-block input). ``itemsize`` sets where chunks split."""
+    if op not in OPS:
+        raise ValueError(f"unknown operator {op!r} (known: {', '.join(OPS)})")
+    if algo not in ALGOS:
+        raise ValueError(f"unknown algorithm {algo!r} (known: {', '.join(ALGOS)})")
+    nbytes, itemsize = int(nbytes), max(int(itemsize), 1)
+    if op == "barrier":
+        return [Barrier()]
+    if op == "sendrecv":
+        return [Shift(nbytes)] if n > 1 else [Local(np.full(n, nbytes))]
+    ring = algo == "ring" and op in RING_OPS and n > 1
+    if op == "all_gather":
+        if ring:
+            steps = np.full((n - 1, n), nbytes, dtype=np.int64)
+            return [Barrier(), Ring(steps, np.full(n - 1, LOAD), np.full(n, nbytes)), Barrier()]
+        return [Barrier(), _mesh_all_pairs(n, lambda r, o: np.full(r.size, nbytes), LOAD, True), Barrier()]
+    if op == "reduce_scatter":
+        per = chunk_bytes(nbytes // itemsize, n, itemsize)
+        if ring:
+            i, s = np.arange(n)[None, :], np.arange(n - 1)[:, None]
+            steps = per[ring_reduce_scatter_chunk(i, s, n)]
+            return [Barrier(), Ring(steps, np.full(n - 1, LOAD_REDUCE)), Barrier()]
+        return [Barrier(), _mesh_all_pairs(n, lambda r, o: per[r], LOAD_REDUCE, True), Barrier()]
+    if op == "all_reduce":
+        per = chunk_bytes(nbytes // itemsize, n, itemsize)
+        if ring:
+            i, s = np.arange(n)[None, :], np.arange(n - 1)[:, None]
+            steps = np.concatenate([per[ring_reduce_scatter_chunk(i, s, n)], per[ring_all_gather_chunk(i, s, n)]])
+            kinds = np.concatenate([np.full(n - 1, LOAD_REDUCE), np.full(n - 1, LOAD)])
+            return [Barrier(), Ring(steps, kinds), Barrier()]
+        if nbytes <= SMALL_ALL_REDUCE or nbytes // itemsize < n:
+            whole = _mesh_all_pairs(n, lambda r, o: np.full(r.size, nbytes), LOAD_REDUCE, True)
+            return [Barrier(), whole, Barrier(), Local(np.full(n, nbytes))]
+        scatter = _mesh_all_pairs(n, lambda r, o: per[r], LOAD_REDUCE, True)
+        gather = _mesh_all_pairs(n, lambda r, o: per[o], LOAD, False)
+        return [Barrier(), scatter, Barrier(), gather, Barrier()]
+    if op == "all_to_all":
+        block = nbytes // n
+        return [Barrier(), _mesh_all_pairs(n, lambda r, o: np.full(r.size, block), LOAD, True), Barrier()]
+    # broadcast
+    readers = np.array([i for i in range(n) if i != root], dtype=np.int64)
+    mesh = Mesh(readers, np.full(readers.size, root), np.full(readers.size, nbytes, dtype=np.int64),
+                np.full(readers.size, LOAD))
+    return [Barrier(), mesh, RootWait(root)] if nbytes and readers.size else [Barrier(), RootWait(root)]
+
+
+def peers_read(op: str, algo: str, n: int, root: int = 0) -> np.ndarray:
+    """How many distinct peers each member reads from: the mappings jit registration makes when
+    every buffer is fresh (a ring reads its left neighbour only)."""
+    if n == 1 or op == "barrier":
+        return np.zeros(n, dtype=np.int64)
+    if op == "sendrecv" or (algo == "ring" and op in RING_OPS):
+        return np.ones(n, dtype=np.int64)
+    if op == "broadcast":
+        return (np.arange(n) != root).astype(np.int64)
+    return np.full(n, n - 1, dtype=np.int64)
+
+
+def staging_bytes(op: str, n: int, nbytes: int, root: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Bytes each member copies into the communication buffer before a call and out of it after
+    (the staged baseline), for a call whose input buffers hold ``nbytes``."""
+    me = np.arange(n)
+    full = np.full(n, nbytes, dtype=np.int64)
+    if op == "all_gather":
+        return full, full * n
+    if op == "reduce_scatter":
+        return full, full // n
+    if op == "broadcast":
+        return np.where(me == root, nbytes, 0), np.where(me == root, 0, nbytes)
+    if op == "barrier":
+        return np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
+    return full, full
+
+
+def staged_rounds(op: str, n: int, nbytes: int, buffer_bytes: int | None, itemsize: int = 1) -> list[int]:
+    """Per-round input bytes when a communication buffer of ``buffer_bytes`` must hold a round's
+    input and output (None: one round). Rounds split on element (and, where the op has chunks,
+    on N-element) boundaries so every round is a valid call of its own."""
+    if op == "barrier" or nbytes == 0:
+        return [nbytes]
+    cin, cout = staging_bytes(op, n, nbytes)
+    need = int(max(cin.max(), cout.max()))
+    if buffer_bytes is None or need <= buffer_bytes:
+        return [nbytes]
+    grain = itemsize * (n if op in ("reduce_scatter", "all_to_all") else 1)
+    units = max(nbytes // grain, 1)
+    rounds = -(-need // buffer_bytes)
+    per = -(-units // rounds)
+    out = []
+    done = 0
+    while done < units:
+        take = min(per, units - done)
+        out.append(take * grain)
+        done += take
+    out[-1] += nbytes - units * grain            # a ragged tail rides with the last round
+    return out

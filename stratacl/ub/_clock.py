@@ -1,0 +1,220 @@
+"""Modeled clocks: what a collective call does to every member's modeled time.
+
+    model_call(model, op, algo, members, nbytes, clocks_in, extra_us)
+        clocks = clocks_in + extra_us                    (e.g. jit mappings made in this call)
+        plan   = the call's schedule (collectives._schedule), timed once by the fabric model
+                 (ub._fabric) and cached: per-member durations of every phase, flag latencies
+        for each step of the plan:
+            Barrier   full mesh: every member stores its arrival flag into every other and
+                      waits for all of them: t_i = max over j of (t_j + flag latency j -> i)
+            Mesh      t_i += the time i's last transfer of the phase completes
+            Local     t_i += its own HBM copy
+            RootWait  t_root = max(t_root, max over j of (t_j + flag latency j -> root))
+            Ring      step s of i starts at max(end of i's step s-1, end of i-1's step s-1 + flag)
+            Shift     i pulls from i-1 after i-1's send flag, returns once i+1 flagged it done
+        -> clocks_out (float64, us, one per member)
+
+Every synchronisation is max(own clock, signaller's clock + latency), so the arithmetic is the
+same whether the clocks come from an estimate (all zero) or from ranks that moved real bytes:
+a data-moving rank that calls ``model_call`` with the clocks every member published (and the
+extra_us every member counted) gets, by construction, the times estimate-only mode reports, and
+every member computes the same vector. ``model_call`` is a pure function of its arguments (the
+cache only remembers what it computed).
+
+Baselines are variants of the model (``FabricModel.registration``):
+
+    roa, pool   zero copy: peers read user buffers directly; nothing added
+    jit         zero copy, plus the in-operator mappings the caller counted, passed as extra_us
+                (``FabricModel.registration_us``: topology ``registration.map_us`` per mapping
+                plus ``map_us_per_gib`` per GiB mapped; calibrated from the paper's Fig. 5a)
+    staged      buffer-centric: each round copies the input into the communication buffer, runs
+                the algorithm between communication buffers, copies the output out (local HBM
+                copies at half the HBM bandwidth); a buffer of ``staged_buffer`` bytes (HCCL's
+                HCCL_BUFFSIZE default, 200 MB) forces rounds, each with its own barriers
+
+``choose_algo`` is the workload-aware selection (``algo="auto"``): it times the call both ways
+with the model and keeps the cheaper, cached by (op, bytes, members, root).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..collectives import _schedule as S
+from ._fabric import Fabric
+from ._topology import Topology, load
+
+REGISTRATIONS = ("roa", "jit", "pool", "staged")
+STAGED_BUFFER = 200 * 1024 * 1024      # HCCL_BUFFSIZE default: 200 MB (CANN environment-variable reference)
+_CACHE_LIMIT = 1024
+
+
+class FabricModel:
+    """A topology, a registration mode and the cached plans of the calls timed so far."""
+
+    def __init__(self, topology: Topology | str = "cm384", registration: str = "roa",
+                 staged_buffer: int | None = STAGED_BUFFER):
+        if registration not in REGISTRATIONS:
+            raise ValueError(f"registration must be one of {', '.join(REGISTRATIONS)}, got {registration!r}")
+        self.topology = load(topology) if isinstance(topology, str) else topology
+        self.fabric = Fabric(self.topology)
+        self.registration = registration
+        self.staged_buffer = staged_buffer
+        self._plans: dict = {}
+        self._rounds: dict = {}
+        self._auto: dict = {}
+
+    def __repr__(self) -> str:
+        return f"FabricModel({self.topology.name!r}, registration={self.registration!r})"
+
+    def registration_us(self, mappings, nbytes) -> np.ndarray:
+        """Modeled cost of ``mappings`` just-in-time peer mappings of ``nbytes`` buffers each."""
+        c = self.topology.contention
+        return np.asarray(mappings, dtype=np.float64) * (c.map_us + c.map_us_per_gib * np.asarray(nbytes) / 2**30)
+
+    # --- plans ------------------------------------------------------------------------------
+    def plan(self, op: str, algo: str, members: tuple, nbytes: int, root: int = 0, itemsize: int = 1) -> list:
+        """The timed steps of one call (cached). Staged calls are a list of rounds."""
+        key = (op, algo, members, int(nbytes), int(root), int(itemsize))
+        got = self._plans.get(key)
+        if got is None:
+            if len(self._plans) >= _CACHE_LIMIT:
+                self._plans.clear()
+            m = np.asarray(members, dtype=np.int64)
+            if self.registration == "staged":
+                got = []
+                for b in S.staged_rounds(op, m.size, nbytes, self.staged_buffer, itemsize):
+                    got += self._round(op, algo, members, m, b, root, itemsize)
+            else:
+                got = self._timed(op, algo, m, nbytes, root, itemsize)
+            self._plans[key] = got
+        return got
+
+    def _round(self, op, algo, members, m, nbytes, root, itemsize) -> list:
+        key = (op, algo, members, nbytes, root, itemsize)
+        got = self._rounds.get(key)
+        if got is None:
+            if len(self._rounds) >= _CACHE_LIMIT:
+                self._rounds.clear()
+            cin, cout = S.staging_bytes(op, m.size, nbytes, root)
+            got = (self._timed_local(m, cin) + self._timed(op, algo, m, nbytes, root, itemsize)
+                   + self._timed_local(m, cout))
+            self._rounds[key] = got
+        return got
+
+    def _timed_local(self, m: np.ndarray, nbytes: np.ndarray) -> list:
+        if not np.any(nbytes):
+            return []
+        return [("add", self.fabric.phase(m, m, nbytes, S.LOCAL_COPY))]
+
+    def _timed(self, op, algo, m, nbytes, root, itemsize) -> list:
+        f, n = self.fabric, m.size
+        out = []
+        for step in S.schedule(op, algo, n, nbytes, root, itemsize):
+            if isinstance(step, S.Barrier):
+                if n > 1:
+                    out.append(("barrier", self._barrier(m)))
+            elif isinstance(step, S.Mesh):
+                done = f.phase(m[step.reader], m[step.owner], step.nbytes, step.kind)
+                dur = np.zeros(n)
+                np.maximum.at(dur, step.reader, done)
+                out.append(("add", dur))
+            elif isinstance(step, S.Local):
+                out += self._timed_local(m, step.nbytes)
+            elif isinstance(step, S.Ring):
+                left = np.roll(m, 1)
+                x, alpha = f.rates(m, left, np.ones(n, dtype=np.int64), S.LOAD)
+                dur = np.where(step.nbytes > 0, alpha + step.nbytes / x, 0.0)
+                if step.local is not None:     # the own-block copy runs beside step 0's pull
+                    dur[0] = np.maximum(dur[0], f.phase(m, m, step.local, S.LOCAL_COPY))
+                out.append(("ring", dur, f.flag_us(left, m)))
+            elif isinstance(step, S.RootWait):
+                if n > 1:
+                    lat = f.flag_us(m, np.full(n, m[step.root]))
+                    lat[step.root] = 0.0
+                    out.append(("rootwait", step.root, lat))
+            elif isinstance(step, S.Shift):
+                left, right = np.roll(m, 1), np.roll(m, -1)
+                dur = f.phase(m, left, np.full(n, step.nbytes), S.LOAD)
+                out.append(("shift", dur, f.flag_us(left, m), f.flag_us(right, m)))
+        return out
+
+    def _barrier(self, m: np.ndarray) -> np.ndarray:
+        """Flag latency matrix of the full-mesh barrier: [i, j] from member j to member i."""
+        lat = self.fabric.flag_us(m[None, :], m[:, None])
+        np.fill_diagonal(lat, 0.0)
+        return lat
+
+
+def _run(plan: list, clocks: np.ndarray) -> np.ndarray:
+    t = clocks
+    for step in plan:
+        kind = step[0]
+        if kind == "add":
+            t = t + step[1]
+        elif kind == "barrier":
+            t = (t[None, :] + step[1]).max(axis=1)
+        elif kind == "ring":
+            dur, lat = step[1], step[2]
+            end = t + dur[0]
+            for s in range(1, dur.shape[0]):
+                end = np.maximum(end, np.roll(end, 1) + lat) + dur[s]
+            t = end
+        elif kind == "rootwait":
+            root, lat = step[1], step[2]
+            t = t.copy()
+            t[root] = (t + lat).max()
+        elif kind == "shift":
+            dur, lat_in, lat_back = step[1:]
+            end = np.maximum(t, np.roll(t, 1) + lat_in) + dur
+            t = np.maximum(end, np.roll(end, -1) + lat_back)
+    return t
+
+
+def model_call(model: FabricModel, op: str, algo: str, members, nbytes: int, clocks_in,
+               extra_us=None, root: int = 0, itemsize: int = 1) -> np.ndarray:
+    """Every member's modeled clock (us) after one call of ``op`` that they entered at ``clocks_in``.
+
+    ``members``: global ranks of the communicator, in communicator order. ``nbytes``: bytes of
+    each member's input buffer (all_gather: x; reduce_scatter: the N-chunk input; all_to_all: the
+    N-block input; all_reduce, broadcast, sendrecv: the buffer). ``algo``: mesh, ring or auto
+    (``choose_algo``); operators without a ring run the mesh. ``extra_us``: per-member cost added
+    before the call (jit mappings made in it). ``root``: broadcast root (communicator index).
+    ``itemsize``: element size, where chunks split. Deterministic; allocates no payload."""
+    members = tuple(int(r) for r in np.asarray(members).reshape(-1))
+    clocks = np.array(clocks_in, dtype=np.float64).reshape(-1)
+    if clocks.size != len(members):
+        raise ValueError(f"model_call: {clocks.size} clocks for {len(members)} members")
+    if extra_us is not None:
+        clocks = clocks + np.asarray(extra_us, dtype=np.float64)
+    if algo == "auto":
+        algo = choose_algo(model, op, members, nbytes, root, itemsize)
+    return _run(model.plan(op, algo, members, int(nbytes), root, itemsize), clocks)
+
+
+def model_send_recv(model: FabricModel, sender: int, receiver: int, nbytes: int, t_send: float,
+                    t_recv: float) -> tuple[float, float]:
+    """One send/recv pair (global ranks), pull mode as runtime/_p2p.py runs it: the sender's flag
+    reaches the receiver, which pulls the bytes and flags back; returns (sender's, receiver's)
+    clocks after the pair. ``sendrecv`` in ``model_call`` is the ring shift built from these."""
+    f = model.fabric
+    start = max(t_recv, t_send + float(f.flag_us(sender, receiver)))
+    done = start + float(f.phase([receiver], [sender], [nbytes], S.LOAD)[0])
+    return max(t_send, done + float(f.flag_us(receiver, sender))), done
+
+
+def choose_algo(model: FabricModel, op: str, members, nbytes: int, root: int = 0, itemsize: int = 1) -> str:
+    """``auto``: the algorithm the model says finishes the call first (mesh on a tie, and for
+    operators that have no ring). Costs two model evaluations the first time, a lookup after."""
+    members = tuple(int(r) for r in np.asarray(members).reshape(-1))
+    if op not in S.RING_OPS or len(members) < 2:
+        return "mesh"
+    key = (op, int(nbytes), members, int(root), int(itemsize))
+    got = model._auto.get(key)
+    if got is None:
+        zero = np.zeros(len(members))
+        t = {a: _run(model.plan(op, a, members, int(nbytes), root, itemsize), zero).max() for a in S.ALGOS}
+        got = "ring" if t["ring"] < t["mesh"] else "mesh"
+        if len(model._auto) >= _CACHE_LIMIT:
+            model._auto.clear()
+        model._auto[key] = got
+    return got
