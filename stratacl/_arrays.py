@@ -42,4 +42,6 @@ def stats() -> dict[str, Any]:
     out["calls"] = dict(rt.stats["calls"])
     out["registration"] = rt.reg.stats()
     out["memory"] = rt.allocator.stats()
+    if rt.clock is not None:
+        out["clock"] = rt.clock.stats()
     return out

@@ -88,9 +88,19 @@ SETTINGS: tuple[Setting, ...] = (
             "Capacity of each rank's HBM segment (sparse: only touched pages use host memory)."),
     Setting("timeout", _float, 120.0, "--timeout",
             "Seconds any wait inside an operation may last before CommTimeout; a dead peer is reported sooner."),
-    Setting("registration", _choice("roa", "jit", "pool"), "roa", "--registration",
+    Setting("registration", _choice("roa", "jit", "pool", "staged"), "roa", "--registration",
             "How buffers become remotely accessible: registration-on-allocation, just-in-time at first use, "
-            "or one pre-registered pool."),
+            "one pre-registered pool, or `staged` (the buffer-centric baseline: every input and output is "
+            "copied through a registered communication buffer)."),
+    Setting("clock", _choice("off", "virtual", "throttled"), "off", "--clock",
+            "Modeled time: `off` (no model, full host speed), `virtual` (a per-rank modeled clock advanced by "
+            "the fabric model, deterministic) or `throttled` (virtual, and wall time is slowed to follow it "
+            "times `dilation`)."),
+    Setting("dilation", _float, 1000.0, "--dilation",
+            "With `--clock throttled`: wall seconds per modeled second."),
+    Setting("algo", _choice("mesh", "ring", "auto"), "mesh", "--algo",
+            "Algorithm of all_gather, reduce_scatter and all_reduce: full mesh (one logical step), ring "
+            "(N-1 steps per phase) or `auto` (picked per call by the fabric model's cost estimate)."),
     Setting("metadata_path", _choice("direct", "relay"), "direct", "--metadata-path",
             "How registration metadata travels: written by the owner into every peer's mailbox ring, "
             "or relayed by the bootstrap daemon."),

@@ -2,7 +2,8 @@
 
 Every rank computes what every peer contributes (``helpers.rank_data`` is reproducible), so
 each rank checks its own output byte for byte. Reductions are checked against numpy applied
-in rank order (``functools.reduce(ufunc, [x_0, ..., x_{N-1}])``), the documented order.
+in rank order (``functools.reduce(ufunc, [x_0, ..., x_{N-1}])``), the documented order of the
+full mesh; under ``--algo ring`` chunk c is folded in ring order c+1, c+2, ..., c.
 Inputs alternate between HBM arrays (zero copy) and plain numpy arrays (staged path).
 """
 from __future__ import annotations
@@ -35,6 +36,20 @@ def _ref_reduce(op: str, parts: list[np.ndarray], n: int) -> np.ndarray:
     return acc
 
 
+def _ring_order(c: int, n: int) -> list[int]:
+    """The order a ring reduces chunk c in: c+1, c+2, ..., c (mod n)."""
+    return [(c + 1 + k) % n for k in range(n)]
+
+
+def _ref_all_reduce(op: str, parts: list[np.ndarray], n: int, ring: bool) -> np.ndarray:
+    if not ring or n == 1:
+        return _ref_reduce(op, parts, n)
+    count = parts[0].size
+    edges = [count * c // n for c in range(n + 1)]
+    return np.concatenate([_ref_reduce(op, [parts[p][edges[c]:edges[c + 1]] for p in _ring_order(c, n)], n)
+                           for c in range(n)])
+
+
 def _a2av_count(i: int, j: int, count: int) -> int:
     return (i * 7 + j * 3 + count) % 4 * (count // 4 + 1) if count else 0
 
@@ -48,6 +63,7 @@ def _same(name: str, got: np.ndarray, want: np.ndarray, bad: list[str]) -> None:
 def matrix(comm, sizes: list[int], dtypes=None) -> tuple[list[str], int]:
     """Run every case; return (failures, number of cases checked) for this rank."""
     n, me = comm.size, comm.rank
+    ring = stratacl.config.algo == "ring"
     bad: list[str] = []
     cases = 0
     for di, dt in enumerate(dtypes or DTYPES):
@@ -69,13 +85,14 @@ def matrix(comm, sizes: list[int], dtypes=None) -> tuple[list[str], int]:
                 parts = [rank_data(p, count, dt, f"ar{op}{tag}", op) for p in range(n)]
                 x = _place(parts[me], hbm)
                 comm.all_reduce(x, op=op)
-                _same(f"all_reduce {op} {tag}", x, _ref_reduce(op, parts, n), bad)
+                _same(f"all_reduce {op} {tag}", x, _ref_all_reduce(op, parts, n, ring), bad)
                 x = _place(rank_data(me, n * count, dt, f"rs{op}{tag}", op), hbm)
                 out = _place(np.zeros(count, dt), not hbm)
                 comm.reduce_scatter(out, x, op=op)
                 mine = [rank_data(p, n * count, dt, f"rs{op}{tag}", op, me * count, (me + 1) * count)
                         for p in range(n)]
-                _same(f"reduce_scatter {op} {tag}", out, _ref_reduce(op, mine, n), bad)
+                order = _ring_order(me, n) if ring else range(n)
+                _same(f"reduce_scatter {op} {tag}", out, _ref_reduce(op, [mine[p] for p in order], n), bad)
                 cases += 2
             # all_to_all
             x = _place(rank_data(me, n * count, dt, "a2a" + tag), hbm)
@@ -145,10 +162,12 @@ def test_every_operator_dtype_and_size(n):
 
 
 @pytest.mark.parametrize("settings", [
-    dict(registration="jit"), dict(registration="pool", hbm_size="512M"),
-    dict(metadata_path="relay"), dict(topology="flat")], ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()))
+    dict(registration="jit"), dict(registration="pool", hbm_size="512M"), dict(registration="staged"),
+    dict(metadata_path="relay"), dict(topology="flat"), dict(algo="ring"), dict(clock="virtual"),
+    dict(algo="ring", clock="virtual", registration="jit"), dict(algo="auto", clock="throttled", dilation=1.0)],
+    ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()))
 @pytest.mark.parametrize("n", [3, 8])
-def test_matrix_under_every_registration_mode(n, settings):
+def test_matrix_under_every_mode_clock_and_algorithm(n, settings):
     sizes = [0, 7, 1000, 65537]
     dtypes = [np.bool_, np.int8, np.float16, np.float64]
     kwargs = dict(hbm_size="1G", timeout=120)

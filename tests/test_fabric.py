@@ -195,8 +195,10 @@ def test_mesh_byte_totals_and_phases():
     assert ar[1].nbytes[ar[1].kind == S.LOAD_REDUCE].sum() + ar[3].nbytes.sum() == 2 * (n - 1) * m
     small = S.schedule("all_reduce", "mesh", n, 16 * KIB, itemsize=4)
     assert [type(s) for s in small] == [S.Barrier, S.Mesh, S.Barrier, S.Local]      # no departure barrier
-    ring = S.schedule("all_reduce", "ring", n, m, itemsize=4)[1]
-    assert ring.nbytes.shape == (2 * (n - 1), n) and (ring.nbytes.sum(axis=0) == 2 * (n - 1) * m // n).all()
+    ring = S.schedule("all_reduce", "ring", n, m, itemsize=4)
+    assert [type(s) for s in ring] == [S.Barrier, S.Ring, S.Barrier, S.Ring, S.Barrier]
+    moved = ring[1].nbytes.sum(axis=0) + ring[3].nbytes.sum(axis=0)
+    assert ring[1].nbytes.shape == (n - 1, n) and (moved == 2 * (n - 1) * m // n).all()
     bc = S.schedule("broadcast", "ring", n, m, root=3)
     assert bc[1].owner.tolist() == [3] * (n - 1) and bc[2] == S.RootWait(3)   # readers leave, root waits
 

@@ -95,7 +95,7 @@ def test_unknown_stratacl_environment_variable_is_an_error():
 
 
 @pytest.mark.parametrize("flag, value, expected", [
-    ("--registration", "foo", "expected one of roa, jit, pool, got 'foo'"),
+    ("--registration", "foo", "expected one of roa, jit, pool, staged, got 'foo'"),
     ("--timeout", "soon", "expected a number, got 'soon'"),
     ("--hbm-size", "lots", "not a size: 'lots'"),
     ("--metadata-path", "carrier-pigeon", "expected one of direct, relay"),

@@ -41,13 +41,15 @@ N-1 steps per phase, each member pulling from its left neighbour i-1 only:
                     s-1) with its own input chunk, into its partial buffer. In step N-2 the chunk
                     is (i - N) mod N = i: member i ends with chunk i fully reduced, in its output.
     all_reduce      ring reduce_scatter over chunks of the buffer (chunk c = elements
-                    count*c//N .. count*(c+1)//N), then ring all_gather of the reduced chunks,
-                    as one chain of 2(N-1) steps: gather step 0 of member i waits for i-1's last
-                    reduce step, like any other step.
+                    count*c//N .. count*(c+1)//N) with partials in a scratch buffer (the last
+                    step writes chunk i of the buffer), a Barrier, then ring all_gather of the
+                    reduced chunks in place. The barrier is needed: gather step s of member i
+                    overwrites chunk i-s-1 of its buffer, which i+1's reduce steps read and i
+                    cannot know i+1 has finished with otherwise.
 
 Each ring step moves one chunk per member; the flag between steps is the only synchronisation
 (a flag from i-1 says "the chunk you pull next is complete"), so a ring call costs the arrival
-barrier, 2(N-1) or N-1 flag waits and the departure barrier.
+barrier, N-1 flag waits (2(N-1) and one more barrier for all_reduce) and the departure barrier.
 
 Staged (the buffer-centric baseline, ``staged``): each round copies (its share of) the input
 into the registered communication buffer (Local), runs the algorithm between communication
@@ -169,9 +171,10 @@ def schedule(op: str, algo: str, n: int, nbytes: int, root: int = 0, itemsize: i
         per = chunk_bytes(nbytes // itemsize, n, itemsize)
         if ring:
             i, s = np.arange(n)[None, :], np.arange(n - 1)[:, None]
-            steps = np.concatenate([per[ring_reduce_scatter_chunk(i, s, n)], per[ring_all_gather_chunk(i, s, n)]])
-            kinds = np.concatenate([np.full(n - 1, LOAD_REDUCE), np.full(n - 1, LOAD)])
-            return [Barrier(), Ring(steps, kinds), Barrier()]
+            # the gather overwrites chunks of the buffer that the right neighbour's reduce steps
+            # may still read, so a barrier separates the two chains
+            return [Barrier(), Ring(per[ring_reduce_scatter_chunk(i, s, n)], np.full(n - 1, LOAD_REDUCE)), Barrier(),
+                    Ring(per[ring_all_gather_chunk(i, s, n)], np.full(n - 1, LOAD)), Barrier()]
         if nbytes <= SMALL_ALL_REDUCE or nbytes // itemsize < n:
             whole = _mesh_all_pairs(n, lambda r, o: np.full(r.size, nbytes), LOAD_REDUCE, True)
             return [Barrier(), whole, Barrier(), Local(np.full(n, nbytes))]

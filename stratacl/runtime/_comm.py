@@ -27,13 +27,15 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from .._errors import CollectiveMismatch
-from ..collectives import _fullmesh, _reduce
+from ..collectives import _fullmesh, _reduce, _ring
 from . import _native
 from ._allocator import _HbmArrayBase
-from ._args import _copy_back, _expect, _flat, _Output
+from ._args import _copy_back, _expect, _flat
 from ._control import (DESC_FIXED, F_ADDR, F_AUX0, F_AUX1, F_AUX2, F_CALL, F_COUNT, F_DTYPE, F_EPOCH, F_FLAGS,
                        F_NBYTES, F_OP, F_REDOP, F_ROOT, F_SEG_OFF, F_SEG_SIZE, F_SEG_VA, FLAG_REJECTED, Layout)
+from ._modeling import Modeled
 from ._p2p import PointToPoint
+from ._ringsteps import RingSteps
 from ._sync import SLICE, SPIN_POLLS, seq_reached, wait_until
 
 if TYPE_CHECKING:
@@ -71,7 +73,7 @@ class _Input:
         self.addr = (_native.data_address(flat) if addr is None else addr) if flat.size else 0
 
 
-class Communicator(PointToPoint):
+class Communicator(PointToPoint, RingSteps, Modeled):
     """A group of ranks that run collectives together (MPI semantics for ``split``).
 
     Every collective method is a *collective operation*: all ranks of the communicator must
@@ -112,6 +114,12 @@ class Communicator(PointToPoint):
         self._scratch = np.empty(SMALL_ALL_REDUCE, dtype=np.uint8)
         self.counters = _fullmesh.Counters()
         self._ready = np.full((self.size, 2), -1, dtype=np.int64)   # last (seg_va, epoch) checked per member
+        self._ready_extra = np.full((self.size, 2), -1, dtype=np.int64)   # the same, for ring extra buffers
+        self._ring_steps = 0
+        self._scratch_ring = None
+        self._staging_out = None
+        self._mapped = None        # jit under the modeled clock: (reader, owner) -> (seg_va, epoch) mapped
+        self._always_stage = rt.config.registration == "staged"
 
     @property
     def topology(self):
@@ -154,19 +162,20 @@ class Communicator(PointToPoint):
                    self._rt.config.timeout, missing, f"{self.size} ranks to arrive")
 
     def _enter(self, operation: str, dtype: int = 0, count: int = 0, root: int = 0, redop: int = 0,
-               inp: "_Input | None" = None) -> int:
+               inp: "_Input | None" = None, aux1: int = 0) -> int:
         """The fast path of _begin for operations that need no descriptor but their peers' input
         addresses: publish, arrive, wait and compare in one native call. Returns the slot parity."""
         self._calls += 1
         parity = self._calls & 1
         op = OPS[operation]
         seg = inp.seg if inp is not None else None
+        clock = self._rt.clock.bits() if self._rt.clock is not None else 0
         if seg is not None:
             fields = array.array("q", (op, dtype, count, root, redop, 0, inp.addr, inp.flat.nbytes, seg.va,
-                                       seg.size, seg.hbm_offset, seg.epoch, 0, 0, 0, self._calls))
+                                       seg.size, seg.hbm_offset, seg.epoch, clock, aux1, 0, self._calls))
         else:
             addr, nbytes = (inp.addr, inp.flat.nbytes) if inp is not None else (0, 0)
-            fields = array.array("q", (op, dtype, count, root, redop, 0, addr, nbytes, 0, 0, 0, 0, 0, 0, 0,
+            fields = array.array("q", (op, dtype, count, root, redop, 0, addr, nbytes, 0, 0, 0, 0, clock, aux1, 0,
                                        self._calls))
         if log.isEnabledFor(logging.DEBUG):
             log.debug("%s call %d: %s", operation, self._calls, fields.tolist())
@@ -206,6 +215,8 @@ class Communicator(PointToPoint):
         for f, v in fields.items():
             desc[f] = v
         desc[F_CALL] = self._calls
+        if F_AUX0 not in fields and operation != "split" and self._rt.clock is not None:
+            desc[F_AUX0] = self._rt.clock.bits()
         if error is not None:
             desc[F_FLAGS] = FLAG_REJECTED
         if ext is not None:
@@ -248,7 +259,7 @@ class Communicator(PointToPoint):
         flat = _flat(x, operation, "input")
         if flat.size == 0:
             return _Input(flat, None)
-        if flat.flags.c_contiguous:
+        if flat.flags.c_contiguous and not self._always_stage:
             addr = _native.data_address(flat)
             seg = self._hbm_segment(flat, addr)
             if seg is not None:
@@ -323,9 +334,10 @@ class Communicator(PointToPoint):
     # --- collectives ------------------------------------------------------------------------
     def barrier(self) -> None:
         """Block until every rank of the communicator has called barrier. Collective."""
-        self._enter("barrier")
+        parity = self._enter("barrier")
         s = self._rt.stats
         s["calls"]["barrier"] = s["calls"].get("barrier", 0) + 1
+        self._tick("barrier", parity, 0)
 
     def all_gather(self, out: np.ndarray, x: np.ndarray) -> None:
         """``out`` (size * x.size elements) receives every rank's ``x``, rank-major. Collective."""
@@ -338,13 +350,23 @@ class Communicator(PointToPoint):
             _expect(o.dtype == x.dtype, lambda: f"{op}: output dtype {o.dtype} differs from input dtype {x.dtype}",
                     TypeError)
             inp = self._as_input(x, op)
+            algo = self._algo_for(op, x.nbytes, x.itemsize)
+            target = self._output(o, hbm=algo == "ring")
         except Exception as e:
             self._begin(op, {}, error=e)
-        parity = self._enter(op, code, x.size, inp=inp)
-        with _Output(o) as ob:
-            _fullmesh.all_gather(self.rank, self.size, ob, inp.flat, self._peer_sources(op, parity, inp),
+        if algo == "ring":
+            parity = self._enter(op, code, x.size, inp=inp, aux1=self._publish_extra(target))
+            left = (self.rank - 1) % self.size
+            src = self._peer_sources(op, parity, inp, only=left)
+            _ring.all_gather(self.rank, self.size, _native.data_address(target), inp.addr, x.nbytes, int(src[left]),
+                             self._left_extra_buffer(parity, op), self._ring_flags(op, self.size - 1), self.counters)
+        else:
+            parity = self._enter(op, code, x.size, inp=inp)
+            _fullmesh.all_gather(self.rank, self.size, target, inp.flat, self._peer_sources(op, parity, inp),
                                  self.counters)
         self._finish(op)
+        self._output_done(out, target)
+        self._tick(op, parity, x.nbytes, algo, itemsize=x.itemsize)
 
     def all_to_all(self, out: np.ndarray, x: np.ndarray) -> None:
         """Equal splits: chunk j of rank i's ``x`` lands in chunk i of rank j's ``out``. Collective."""
@@ -358,18 +380,22 @@ class Communicator(PointToPoint):
             _expect(o.dtype == x.dtype, lambda: f"{op}: output dtype {o.dtype} differs from input dtype {x.dtype}",
                     TypeError)
             inp = self._as_input(x, op)
+            target = self._output(o)
         except Exception as e:
             self._begin(op, {}, error=e)
         parity = self._enter(op, code, x.size, inp=inp)
-        with _Output(o) as ob:
-            _fullmesh.all_to_all(self.rank, self.size, ob, inp.flat, self._peer_sources(op, parity, inp),
-                                 self.counters)
+        _fullmesh.all_to_all(self.rank, self.size, target, inp.flat, self._peer_sources(op, parity, inp),
+                             self.counters)
         self._finish(op)
+        self._output_done(out, target)
+        self._tick(op, parity, x.nbytes, itemsize=x.itemsize)
 
     def all_to_all_v(self, out: np.ndarray, x: np.ndarray, send_counts: Sequence[int],
                      recv_counts: Sequence[int]) -> None:
         """Variable splits, packed in rank order: ``send_counts[j]`` elements of ``x`` go to rank j,
-        ``recv_counts[j]`` elements from rank j land in ``out``. Collective."""
+        ``recv_counts[j]`` elements from rank j land in ``out``. Collective.
+
+        Under a modeled clock only its synchronisation is modeled, not its transfers."""
         op = "all_to_all_v"
         n = self.size
         try:
@@ -387,10 +413,12 @@ class Communicator(PointToPoint):
             _expect(o.dtype == x.dtype, lambda: f"{op}: output dtype {o.dtype} differs from input dtype {x.dtype}",
                     TypeError)
             inp = self._as_input(x, op)
+            target = self._output(o)
         except Exception as e:
             self._begin(op, {}, error=e)
         descs = self._begin(op, {F_DTYPE: code, **self._input_fields(inp)}, ext=np.concatenate([sc, rc]))
-        ext = self._rt.ctl.i64[self._ext_idx[self._calls & 1]]
+        parity = self._calls & 1
+        ext = self._rt.ctl.i64[self._ext_idx[parity]]
         send, recv = ext[:, :n], ext[:, n:]
         bad = np.argwhere(recv != send.T)
         if bad.size:
@@ -398,10 +426,11 @@ class Communicator(PointToPoint):
             raise CollectiveMismatch(
                 f"{op}: rank {self.members[i]} expects {int(recv[i, j])} elements from rank {self.members[j]}, "
                 f"which sends it {int(send[j, i])}; no data was moved")
-        with _Output(o) as ob:
-            _fullmesh.all_to_all_v(self.rank, n, ob, inp.flat, send, recv,
-                                   self._sources(descs, op, inp, need=recv[self.rank] > 0), self.counters)
+        _fullmesh.all_to_all_v(self.rank, n, target, inp.flat, send, recv,
+                               self._sources(descs, op, inp, need=recv[self.rank] > 0), self.counters)
         self._finish(op)
+        self._output_done(out, target, int(recv[self.rank].sum()))
+        self._tick("barrier", parity, 0)
 
     def broadcast(self, x: np.ndarray, root: int = 0) -> None:
         """Every rank's ``x`` receives the root's ``x``. Collective."""
@@ -412,17 +441,22 @@ class Communicator(PointToPoint):
                     lambda: f"{op}: root {root!r} is not a rank of this communicator (size {self.size})")
             xf = _flat(x, op, "buffer", writable=True)
             inp = self._as_input(x, op) if self.rank == root else _Input(xf, None)
+            target = self._output(xf) if self.rank != root else xf
         except Exception as e:
             self._begin(op, {}, error=e)
         parity = self._enter(op, code, x.size, root, inp=inp)
-        with _Output(xf) as ob:
-            _fullmesh.broadcast(self.rank, self.size, root, ob, self._peer_sources(op, parity, None, only=root),
-                                self.counters)
+        _fullmesh.broadcast(self.rank, self.size, root, target, self._peer_sources(op, parity, None, only=root),
+                            self.counters)
         self._root_departure(op, root)
         self._finish(op, departure=False)
+        self._output_done(x, target)
+        self._tick(op, parity, x.nbytes, root=root, itemsize=x.itemsize)
 
     def reduce_scatter(self, out: np.ndarray, x: np.ndarray, op: str = "sum") -> None:
-        """``out`` receives chunk ``rank`` of the element-wise reduction of every rank's ``x``. Collective."""
+        """``out`` receives chunk ``rank`` of the element-wise reduction of every rank's ``x``. Collective.
+
+        Mesh: every output element is reduced in rank order. Ring: chunk c is reduced in the
+        order the ring visits the ranks, c+1, c+2, ..., c (collectives._ring)."""
         name = "reduce_scatter"
         try:
             code = _reduce.dtype_code(x.dtype, name)
@@ -433,19 +467,33 @@ class Communicator(PointToPoint):
             _expect(o.dtype == x.dtype, lambda: f"{name}: output dtype {o.dtype} differs from input dtype {x.dtype}",
                     TypeError)
             inp = self._as_input(x, name)
+            algo = self._algo_for(name, x.nbytes, x.itemsize)
+            target = self._output(o)
         except Exception as e:
             self._begin(name, {}, error=e)
-        parity = self._enter(name, code, o.size, 0, rcode, inp)
-        with _Output(o) as ob:
-            _fullmesh.reduce_scatter(self.rank, self.size, ob, code, rcode, self._peer_sources(name, parity, inp),
-                                     self.counters)
+        if algo == "ring":
+            part = self._ring_scratch(x.nbytes)
+            parity = self._enter(name, code, o.size, 0, rcode, inp, aux1=self._publish_extra(part))
+            left = (self.rank - 1) % self.size
+            src = self._peer_sources(name, parity, inp, only=left)
+            _ring.reduce_scatter(self.rank, self.size, _native.data_address(target), inp.addr, o.size, x.itemsize,
+                                 int(src[left]), _native.data_address(part), self._left_extra_buffer(parity, name),
+                                 code, rcode, self._ring_flags(name, self.size - 1), self.counters)
+        else:
+            parity = self._enter(name, code, o.size, 0, rcode, inp)
+            _fullmesh.reduce_scatter(self.rank, self.size, target, code, rcode,
+                                     self._peer_sources(name, parity, inp), self.counters)
         self._finish(name)
+        self._output_done(out, target)
+        self._tick(name, parity, x.nbytes, algo, itemsize=x.itemsize)
 
     def all_reduce(self, x: np.ndarray, op: str = "sum") -> None:
         """In place: every rank's ``x`` becomes the element-wise reduction of all ranks' ``x``.
 
-        Collective. Up to SMALL_ALL_REDUCE bytes: every rank reduces the whole buffer from all
-        inputs (two barriers); above: reduce own chunk in place, then gather the others (three).
+        Collective. Mesh, up to SMALL_ALL_REDUCE bytes: every rank reduces the whole buffer from
+        all inputs (two barriers); above: reduce own chunk in place, then gather the others
+        (three); every element is reduced in rank order. Ring: ring reduce-scatter, a barrier,
+        ring all-gather; chunk c is reduced in the order c+1, ..., c (collectives._ring).
         """
         name = "all_reduce"
         try:
@@ -453,30 +501,72 @@ class Communicator(PointToPoint):
             rcode = _reduce.reduce_code(op, x.dtype, name)
             xf = _flat(x, name, "buffer", writable=True)
             inp = self._as_input(x, name)
+            algo = self._algo_for(name, x.nbytes, x.itemsize)
         except Exception as e:
             self._begin(name, {}, error=e)
-        parity = self._enter(name, code, x.size, 0, rcode, inp)
-        src = self._peer_sources(name, parity, inp)
         flat, n = inp.flat, self.size
-        if flat.nbytes <= SMALL_ALL_REDUCE or flat.size < n:
-            # small: each rank reduces the whole buffer privately, then writes its own copy;
-            # after the second barrier nobody reads this rank's input any more
-            scratch = self._scratch[:flat.nbytes]
-            _fullmesh.all_reduce_whole(self.rank, n, scratch, flat.size, code, flat.itemsize, rcode, src,
-                                       self.counters)
-            self._sync(name)
-            flat.view(np.uint8)[:] = scratch
-            self.counters.written += flat.nbytes
-            self._finish(name, departure=False)
-        else:
-            # large: reduce-scatter in place, then all-gather the finished chunks
-            _fullmesh.all_reduce_scatter_phase(self.rank, n, flat, code, rcode, src, self.counters)
-            self._sync(name)
-            _fullmesh.all_reduce_gather_phase(self.rank, n, flat, src, self.counters)
+        if algo == "ring":
+            part = self._ring_scratch(flat.nbytes)
+            parity = self._enter(name, code, x.size, 0, rcode, inp, aux1=self._publish_extra(part))
+            left = (self.rank - 1) % n
+            src = self._peer_sources(name, parity, inp, only=left)
+            _ring.all_reduce(self.rank, n, inp.addr, flat.size, flat.itemsize, int(src[left]),
+                             _native.data_address(part), self._left_extra_buffer(parity, name), code, rcode,
+                             self._ring_flags(name, 2 * (n - 1)), lambda: self._sync(name), self.counters)
             self._finish(name)
+        else:
+            parity = self._enter(name, code, x.size, 0, rcode, inp)
+            src = self._peer_sources(name, parity, inp)
+            if flat.nbytes <= SMALL_ALL_REDUCE or flat.size < n:
+                # small: each rank reduces the whole buffer privately, then writes its own copy;
+                # after the second barrier nobody reads this rank's input any more
+                scratch = self._scratch[:flat.nbytes]
+                _fullmesh.all_reduce_whole(self.rank, n, scratch, flat.size, code, flat.itemsize, rcode, src,
+                                           self.counters)
+                self._sync(name)
+                flat.view(np.uint8)[:] = scratch
+                self.counters.written += flat.nbytes
+                self._finish(name, departure=False)
+            else:
+                # large: reduce-scatter in place, then all-gather the finished chunks
+                _fullmesh.all_reduce_scatter_phase(self.rank, n, flat, code, rcode, src, self.counters)
+                self._sync(name)
+                _fullmesh.all_reduce_gather_phase(self.rank, n, flat, src, self.counters)
+                self._finish(name)
         if inp.addr != _native.data_address(xf) or not xf.flags.c_contiguous:
             _copy_back(x, inp.flat)
             self._rt.stats["bytes_staged"] += x.nbytes
+        self._tick(name, parity, x.nbytes, algo, itemsize=x.itemsize)
+
+    # --- outputs ----------------------------------------------------------------------------
+    def _output(self, o: np.ndarray, hbm: bool = False) -> np.ndarray:
+        """Where an operation writes its output: ``o`` itself when it is 1-D and contiguous
+        (and, if ``hbm``, in this rank's HBM, because a ring neighbour reads it), otherwise a
+        communication buffer copied out by ``_output_done``; always the buffer in staged mode."""
+        if not self._always_stage and o.ndim == 1 and o.flags.c_contiguous:
+            if not hbm or o.size == 0 or self._hbm_segment(o, _native.data_address(o)) is not None:
+                return o
+        if self._staging_out is None or self._staging_out.nbytes < o.nbytes:
+            self._staging_out = None
+            self._staging_out = self._rt.empty((1 << max(12, (max(o.nbytes, 1) - 1).bit_length()),), np.uint8)
+        return self._staging_out[:o.nbytes].view(o.dtype)
+
+    def _output_done(self, out: np.ndarray, target: np.ndarray, count: int | None = None) -> None:
+        """Copy the output (its first ``count`` elements, if given) out of the communication
+        buffer, if ``_output`` chose one."""
+        if target.size and not np.may_share_memory(target, out):
+            if count is None:
+                _copy_back(out, target)
+            else:
+                out.flat[:count] = target[:count]
+            self._rt.stats["bytes_staged"] += (out.size if count is None else count) * out.itemsize
+
+    def _publish_extra(self, buf: np.ndarray) -> int:
+        """Name ``buf`` (in this rank's HBM) in the next descriptor as the ring's extra buffer;
+        returns its address for F_AUX1."""
+        addr = _native.data_address(buf)
+        seg = self._hbm_segment(buf, addr) if buf.nbytes else None
+        return self._publish_extra_buffer((self._calls + 1) & 1, addr, seg)
 
     # --- sub-communicators ------------------------------------------------------------------
     def split(self, color: int | None, key: int = 0) -> "Communicator | None":

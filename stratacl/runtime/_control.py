@@ -93,8 +93,12 @@ class Layout:
         """u32: how many members have finished reading this member's buffer as a root, ever."""
         return 16 + 12 * self.world
 
+    def slot_ring_step(self) -> int:
+        """u32: ring steps this member has finished on this communicator, ever."""
+        return 16 + 12 * self.world + 4
+
     def slot_p2p_desc(self) -> int:
-        return _align(16 + 12 * self.world + 4)
+        return _align(16 + 12 * self.world + 8)
 
     def slot_desc(self, parity: int) -> int:
         return self.slot_p2p_desc() + self.world * P2P_DESC * 8 + parity * self.desc_words * 8

@@ -17,12 +17,12 @@ import numpy as np
 
 from .._errors import CollectiveMismatch
 from ..collectives import _kernels, _reduce
+from ..ub._rankclock import to_bits, us_from_bits
 from . import _native
 from ._args import _Output, _expect, _flat
-from ._control import (F_ADDR, F_CALL, F_COUNT, F_DTYPE, F_EPOCH, F_FLAGS, F_NBYTES, F_OP, F_SEG_OFF, F_SEG_SIZE,
-                       F_SEG_VA, FLAG_REJECTED, P2P_DESC, Layout)
+from ._control import (F_ADDR, F_AUX0, F_AUX1, F_CALL, F_COUNT, F_DTYPE, F_EPOCH, F_FLAGS, F_NBYTES, F_OP,
+                       F_SEG_OFF, F_SEG_SIZE, F_SEG_VA, FLAG_REJECTED, P2P_DESC, Layout)
 from ._sync import SLICE, SPIN_POLLS, WAKE_ALL, seq_reached, wait_until
-
 
 
 class PointToPoint:
@@ -38,7 +38,9 @@ class PointToPoint:
 
     def send(self, x: np.ndarray, dst: int) -> None:
         """Blocking send: returns once rank ``dst`` has pulled ``x`` with a matching ``recv``."""
-        self._complete_send(self._post_send(x, dst))
+        t = self._complete_send(self._post_send(x, dst))
+        if t is not None:
+            self._rt.clock.set("send", t)
 
     def sendrecv(self, x: np.ndarray, dst: int, out: np.ndarray, src: int) -> None:
         """Send ``x`` to ``dst`` while receiving into ``out`` from ``src`` (MPI_Sendrecv).
@@ -47,14 +49,16 @@ class PointToPoint:
         """
         posted = self._post_send(x, dst)
         try:
-            self.recv(out, src)
+            received = self._recv(out, src, posted[5])
         except BaseException:
             try:
                 self._complete_send(posted)
             except Exception:   # the receive's error is the one to report
                 pass
             raise
-        self._complete_send(posted)
+        sent = self._complete_send(posted)
+        if sent is not None:
+            self._rt.clock.set("sendrecv", max(sent, received))
 
     def _post_send(self, x: np.ndarray, dst: int) -> tuple:
         """Publish ``x`` for rank ``dst`` to pull; returns what ``_complete_send`` waits on."""
@@ -78,12 +82,17 @@ class PointToPoint:
                 seg.va, seg.size, seg.hbm_offset, seg.epoch)
         if error is not None:
             fields[F_FLAGS] = FLAG_REJECTED
+        clock = self._rt.clock
+        t_send = clock.now_us if clock is not None else None
+        if clock is not None:
+            fields[F_AUX0] = to_bits(t_send)
         _native.post(self._rt.ctl.base + 8 * self._p2p_desc_off(self.rank, dst), fields,
                      self._p2p_addr(self.rank, 0, dst), seq)
-        return dst, seq, error, inp, x
+        return dst, seq, error, inp, x, t_send
 
-    def _complete_send(self, posted: tuple) -> None:
-        dst, seq, error, inp, x = posted
+    def _complete_send(self, posted: tuple) -> float | None:
+        """Wait for the receiver; under a modeled clock, return the sender's modeled exit time."""
+        dst, seq, error, inp, x, t_send = posted
         done = self._p2p_addr(dst, 1, self.rank)
         if not _native.wait_seq_u32(done, seq, SPIN_POLLS, SLICE):
             wait_until(lambda: seq_reached(_native.load_u32(done), seq), done, self._rt.health, f"send to {dst}",
@@ -97,9 +106,21 @@ class PointToPoint:
                                      f"send ({x.size} x {x.dtype}); no data was moved")
         s = self._rt.stats
         s["calls"]["send"] = s["calls"].get("send", 0) + 1
+        if t_send is None:
+            return None
+        received = us_from_bits(self._rt.ctl.i64[self._p2p_desc_off(self.rank, dst) + F_AUX1])
+        return self._rt.clock.sent(self.members[self.rank], self.members[dst], t_send, received)
 
     def recv(self, x: np.ndarray, src: int) -> None:
         """Blocking receive into ``x`` from rank ``src``; sizes and dtypes must match the send."""
+        clock = self._rt.clock
+        t = self._recv(x, src, clock.now_us if clock is not None else None)
+        if t is not None:
+            clock.set("recv", t)
+
+    def _recv(self, x: np.ndarray, src: int, t_recv: float | None) -> float | None:
+        """The receive; under a modeled clock, returns when the pull completes (modeled), having
+        told the sender in its descriptor (F_AUX1)."""
         op = "recv"
         _expect(isinstance(src, (int, np.integer)) and 0 <= src < self.size and src != self.rank,
                 lambda: f"recv: source {src!r} is not another rank of this communicator (size {self.size})")
@@ -137,6 +158,11 @@ class PointToPoint:
                 s["output_bytes_written"] += x.nbytes
         except Exception as e:
             status, error = 1, e
+        received = None
+        if t_recv is not None:
+            received = self._rt.clock.received(self.members[src], self.members[self.rank], x.nbytes,
+                                               us_from_bits(d[F_AUX0]), t_recv)
+            self._rt.ctl.i64[off + F_AUX1] = to_bits(received)
         _native.store_u32(self._p2p_addr(self.rank, 2, src), status)
         done = self._p2p_addr(self.rank, 1, src)
         _native.store_u32(done, seq)
@@ -145,3 +171,4 @@ class PointToPoint:
             raise error
         s = self._rt.stats
         s["calls"]["recv"] = s["calls"].get("recv", 0) + 1
+        return received

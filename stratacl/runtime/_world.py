@@ -20,6 +20,8 @@ import numpy as np
 from .._config import Config, check_environment
 from .._errors import BootstrapError, StrataError
 from ..ub import _topology
+from ..ub._clock import FabricModel
+from ..ub._rankclock import RankClock
 from ..ub._registration import RegistrationUnit
 from . import _native
 from ._allocator import CachingAllocator, array_from_block
@@ -52,7 +54,9 @@ class Runtime:
         self.health = JobHealth(ctl, rank)
         self.window = ShadowWindow(ctl.header(H_VA_BASE), world, ctl.header(H_SLICE))
         capacity = ctl.header(H_HBM_SIZE)
-        self.reg = RegistrationUnit(rank, world, ctl, self.window, hbm_fds, config.registration,
+        # staged: communication buffers are ordinary allocations, registered on allocation
+        mode = "roa" if config.registration == "staged" else config.registration
+        self.reg = RegistrationUnit(rank, world, ctl, self.window, hbm_fds, mode,
                                     config.metadata_path, self.health.check, config.timeout)
         pool_va = None
         if config.registration == "pool":
@@ -66,12 +70,24 @@ class Runtime:
         self.allocator = CachingAllocator(rank, self.window, self.hbm, self.reg, pool_va)
         self.stats: dict[str, Any] = dict(calls={}, bytes_pulled=0, bytes_local=0, bytes_staged=0,
                                           staged_calls=0, output_bytes_written=0)
+        self._model = None
+        self.clock = (RankClock(self.topology, config.registration, config.clock, config.dilation)
+                      if config.clock != "off" else None)
         self._next_slot = 1
         self._slot_lock = threading.Lock()
         ctl.set_pid(rank, os.getpid())
         self.reg.start()
         ctl.set_state(rank, STATE_RUNNING)
         self.world_comm = Communicator(self, list(range(world)), [0] * world)
+
+    @property
+    def model(self) -> FabricModel:
+        """The fabric model (for the modeled clock and ``--algo auto``), built on first use."""
+        if self.clock is not None:
+            return self.clock.model
+        if self._model is None:
+            self._model = FabricModel(self.topology, self.config.registration)
+        return self._model
 
     def reserve_slot(self) -> int:
         with self._slot_lock:
@@ -142,6 +158,8 @@ def init(**settings: Any) -> Communicator:
     log.info("rank %d of %d joined job %s (registration=%s, metadata=%s)", rank, world, job_id,
              config.registration, config.metadata_path)
     rt.world_comm.barrier()
+    if rt.clock is not None:
+        rt.clock.anchor()
     return rt.world_comm
 
 

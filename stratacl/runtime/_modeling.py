@@ -1,0 +1,74 @@
+"""The communicator's side of the fabric model: algorithm choice and the modeled clock.
+
+    _algo_for(op, nbytes)   mesh | ring: the --algo setting; ``auto`` asks the fabric model
+                            (ub._clock.choose_algo), identically on every member
+    _tick(op, ...)          after a call, under --clock virtual|throttled: every member's
+                            entering clock (descriptor field F_AUX0) and the jit mappings the
+                            call made go through ub._clock.model_call; this rank keeps its exit
+
+jit mappings are derived from the descriptors, the same way on every member: member i maps
+owner j's input segment in a call if i reads j in it (collectives._schedule.peers_read's
+pattern) and has not mapped that (segment, epoch) before. That is what jit registration does;
+the host's own mapping work does not enter modeled time.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .._errors import ConfigError
+from ..collectives import _schedule
+from ..ub._clock import choose_algo
+from ..ub._rankclock import from_bits
+from ._control import F_AUX0, F_EPOCH, F_NBYTES, F_SEG_SIZE, F_SEG_VA
+
+
+class Modeled:
+    """Mixin of ``Communicator``."""
+
+    def clock(self) -> float:
+        """This rank's modeled time in seconds (``--clock virtual`` or ``throttled``). Not collective."""
+        c = self._rt.clock
+        if c is None:
+            raise ConfigError("comm.clock(): the clock is off; launch with --clock virtual (or STRATACL_CLOCK)")
+        return c.now_us * 1e-6
+
+    def _algo_for(self, op: str, nbytes: int, itemsize: int = 1) -> str:
+        algo = self._rt.config.algo
+        if algo == "mesh" or self.size < 2 or op not in _schedule.RING_OPS:
+            return "mesh"
+        if algo == "ring":
+            return "ring"
+        return choose_algo(self._rt.model, op, self.members, nbytes, 0, itemsize)
+
+    def _tick(self, op: str, parity: int, nbytes: int, algo: str = "mesh", root: int = 0, itemsize: int = 1) -> None:
+        c = self._rt.clock
+        if c is None:
+            return
+        descs = self._rt.ctl.i64[self._desc_idx[parity]]
+        entering = from_bits(descs[:, F_AUX0])
+        extra = self._jit_extra(descs, op, algo, root) if self._rt.config.registration == "jit" else None
+        c.advance(op, algo, self.members, nbytes, entering, extra, self.rank, root, itemsize)
+
+    def _jit_extra(self, descs: np.ndarray, op: str, algo: str, root: int) -> np.ndarray | None:
+        n = self.size
+        if self._mapped is None:
+            self._mapped = np.full((n, n, 2), -1, dtype=np.int64)
+        if op in ("barrier", "split") or n == 1:
+            return None
+        if op == "sendrecv" or (algo == "ring" and op in _schedule.RING_OPS):
+            reads = np.roll(np.eye(n, dtype=bool), -1, axis=1)        # i reads i-1
+        elif op == "broadcast":
+            reads = np.zeros((n, n), dtype=bool)
+            reads[:, root] = True
+            reads[root, root] = False
+        else:
+            reads = ~np.eye(n, dtype=bool)
+        reads &= (descs[:, F_NBYTES] != 0)[None, :]
+        seg, epoch = descs[:, F_SEG_VA], descs[:, F_EPOCH]
+        new = reads & ((self._mapped[:, :, 0] != seg[None, :]) | (self._mapped[:, :, 1] != epoch[None, :]))
+        if not new.any():
+            return None
+        self._mapped[new, 0] = np.broadcast_to(seg[None, :], (n, n))[new]
+        self._mapped[new, 1] = np.broadcast_to(epoch[None, :], (n, n))[new]
+        cost = self._rt.model.registration_us(new.astype(np.float64), descs[:, F_SEG_SIZE][None, :])
+        return cost.sum(axis=1)

@@ -1,0 +1,77 @@
+"""The communicator's side of the ring algorithms: step flags and the left neighbour's buffer.
+
+Each member counts the ring steps it has finished on a communicator, ever, in a u32 of its
+communicator slot; step s of a call waits until the left neighbour's count reaches the call's
+base + s. A ring call also publishes one more buffer than its input (all_gather: the output
+the right neighbour pulls forwarded chunks from; reduce_scatter / all_reduce: the scratch
+buffer holding partial reductions), in descriptor field F_AUX1 and the first four extension
+words (segment va, size, HBM offset, epoch), so the right neighbour can check its readiness.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import _native
+from ._control import DESC_FIXED, F_AUX1
+from ._sync import SLICE, SPIN_POLLS, WAKE_ALL, seq_reached, wait_until
+
+
+class _Flags:
+    __slots__ = ("comm", "base", "operation", "left_word", "own_word")
+
+    def __init__(self, comm, base: int, operation: str):
+        self.comm, self.base, self.operation = comm, base, operation
+        ctl, lay = comm._rt.ctl, comm._lay
+        left = (comm.rank - 1) % comm.size
+        self.left_word = ctl.base + comm._slot_offs[left] + lay.slot_ring_step()
+        self.own_word = ctl.base + comm._slot_offs[comm.rank] + lay.slot_ring_step()
+
+    def wait(self, s: int) -> None:
+        target = (self.base + s) & 0xFFFFFFFF
+        if _native.wait_seq_u32(self.left_word, target, SPIN_POLLS, SLICE):
+            return
+        comm, word = self.comm, self.left_word
+        left = comm.members[(comm.rank - 1) % comm.size]
+        wait_until(lambda: seq_reached(_native.load_u32(word), target), word, comm._rt.health, self.operation,
+                   comm._rt.config.timeout, lambda: [left], f"rank {left} to finish ring step {s - 1}")
+
+    def post(self, s: int) -> None:
+        _native.store_u32(self.own_word, (self.base + s + 1) & 0xFFFFFFFF)
+        _native.futex_wake(self.own_word, WAKE_ALL)
+
+
+class RingSteps:
+    """Mixin of ``Communicator``: what its ring operations need besides the mesh machinery."""
+
+    def _ring_flags(self, operation: str, steps: int) -> _Flags:
+        flags = _Flags(self, self._ring_steps, operation)
+        self._ring_steps += steps
+        return flags
+
+    def _publish_extra_buffer(self, parity: int, addr: int, seg) -> int:
+        """Write the extension words naming ``seg`` into this rank's next descriptor (slot
+        ``parity``); returns ``addr`` for F_AUX1."""
+        i64 = self._rt.ctl.i64
+        off = self._desc_off[parity] // 8 + DESC_FIXED
+        i64[off:off + 4] = (seg.va, seg.size, seg.hbm_offset, seg.epoch) if seg is not None else 0
+        return addr
+
+    def _left_extra_buffer(self, parity: int, operation: str) -> int:
+        """The address of the left neighbour's extra buffer, once mapped here."""
+        left = (self.rank - 1) % self.size
+        i64 = self._rt.ctl.i64
+        off = (self._slot_offs[left] + self._lay.slot_desc(parity)) // 8
+        addr = int(i64[off + F_AUX1])
+        va, size, hbm_off, epoch = (int(v) for v in i64[off + DESC_FIXED:off + DESC_FIXED + 4])
+        ready = self._ready_extra[left]
+        if va and (ready[0] != va or ready[1] != epoch):
+            self._rt.reg.ensure_ready(self.members[left], va, size, hbm_off, epoch, operation)
+            ready[0], ready[1] = va, epoch
+        return addr
+
+    def _ring_scratch(self, nbytes: int) -> np.ndarray:
+        """A communicator-owned HBM buffer of at least ``nbytes`` (partials, forwarded chunks)."""
+        if self._scratch_ring is None or self._scratch_ring.nbytes < nbytes:
+            self._scratch_ring = None
+            self._scratch_ring = self._rt.empty((1 << max(12, (max(nbytes, 1) - 1).bit_length()),), np.uint8)
+        return self._scratch_ring

@@ -1,0 +1,109 @@
+"""One rank's modeled clock: what ``comm.clock()`` reads under ``--clock virtual|throttled``.
+
+    collective call on every member
+        arrival: each member publishes the clock it enters with (descriptor field F_AUX0)
+        ... the data path moves the real bytes ...
+        every member runs ub._clock.model_call on all entering clocks (+ the jit mappings the
+        call made, which every member derives from the descriptors alike) and keeps its own
+        exit time -> RankClock.advance
+    throttled: advance then sleeps until wall time = anchor + modeled time x dilation
+
+The modeled time depends only on the calls, their sizes, the topology and the registration
+mode, never on how long the host took: the same program gives the same modeled times on an
+idle or a loaded host, and ``stratacl.estimate`` gives the same numbers without moving bytes.
+"""
+from __future__ import annotations
+
+import struct
+import time
+
+import numpy as np
+
+from ._clock import FabricModel, model_call, model_send_recv
+from ._topology import Topology
+
+# a throttled rank more than this far behind its schedule (seconds of wall time) is "late"
+LATE_TOLERANCE = 0.002
+
+
+def to_bits(us: float) -> int:
+    """A modeled time as the int64 that carries it in a descriptor."""
+    return struct.unpack("<q", struct.pack("<d", us))[0]
+
+
+def us_from_bits(bits: int) -> float:
+    return struct.unpack("<d", struct.pack("<q", int(bits)))[0]
+
+
+def from_bits(bits: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(bits, dtype=np.int64).view(np.float64)
+
+
+class RankClock:
+    def __init__(self, topology: Topology, registration: str, mode: str, dilation: float):
+        if mode not in ("virtual", "throttled"):
+            raise ValueError(f"RankClock: mode must be virtual or throttled, got {mode!r}")
+        self.model = FabricModel(topology, registration)
+        self.mode, self.dilation = mode, float(dilation)
+        self.now_us = 0.0
+        self.calls: dict[str, list] = {}          # op -> [count, total modeled us, last modeled us]
+        self.late_calls = 0
+        self.max_lag_s = 0.0
+        self._wall0 = time.monotonic()
+
+    def anchor(self) -> None:
+        """Throttled: wall time follows modeled time from here (every rank anchors right after
+        the same barrier, so their schedules agree to within that barrier's skew)."""
+        self._wall0 = time.monotonic() - self.now_us * 1e-6 * self.dilation
+
+    def bits(self) -> int:
+        return to_bits(self.now_us)
+
+    def advance(self, op: str, algo: str, members, nbytes: int, entering: np.ndarray, extra_us, me: int,
+                root: int = 0, itemsize: int = 1) -> None:
+        """Move to this member's exit time of one collective call (``entering``: every member's
+        entering clock, in us)."""
+        out = model_call(self.model, op, algo, members, nbytes, entering, extra_us, root, itemsize)
+        self._record(op, float(out[me]))
+
+    def received(self, sender: int, receiver: int, nbytes: int, t_send: float, t_recv: float) -> float:
+        """Point-to-point, receiver's side (global ranks): when the pull of ``nbytes`` completes,
+        for a send posted at ``t_send`` and a receive entered at ``t_recv``."""
+        return float(model_send_recv(self.model, sender, receiver, nbytes, t_send, t_recv)[1])
+
+    def sent(self, sender: int, receiver: int, t_send: float, t_received: float) -> float:
+        """Point-to-point, sender's side: when the receiver's done flag (raised at
+        ``t_received``) reaches a sender that posted at ``t_send``."""
+        return max(t_send, t_received + float(self.model.fabric.flag_us(receiver, sender)))
+
+    def set(self, op: str, t_us: float) -> None:
+        self._record(op, t_us)
+
+    def _record(self, op: str, t_us: float) -> None:
+        dur = t_us - self.now_us
+        c = self.calls.get(op)
+        if c is None:
+            self.calls[op] = [1, dur, dur]
+        else:
+            c[0] += 1
+            c[1] += dur
+            c[2] = dur
+        self.now_us = t_us
+        if self.mode == "throttled":
+            self._follow()
+
+    def _follow(self) -> None:
+        target = self._wall0 + self.now_us * 1e-6 * self.dilation
+        lag = time.monotonic() - target
+        if lag < 0:
+            time.sleep(-lag)
+        elif lag > LATE_TOLERANCE:
+            self.late_calls += 1
+            self.max_lag_s = max(self.max_lag_s, lag)
+
+    def stats(self) -> dict:
+        out = {"mode": self.mode, "now_us": self.now_us,
+               "calls": {op: {"count": c[0], "total_us": c[1], "last_us": c[2]} for op, c in self.calls.items()}}
+        if self.mode == "throttled":
+            out.update(dilation=self.dilation, late_calls=self.late_calls, max_lag_s=self.max_lag_s)
+        return out
