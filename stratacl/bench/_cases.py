@@ -17,7 +17,9 @@ each rank, averaged over ranks (nccl-tests' default).
 
 A backend with a modeled clock (``clock()``: this rank's modeled time in seconds, ``maximum``:
 the largest value over ranks) also gets ``model_time_us``: the modeled time per iteration,
-from the last rank's clock before the timed loop to the last rank's clock after it.
+from the last rank's clock before the timed loop to the last rank's clock after it. One that
+follows modeled time with sleeps (``late()``: calls so far that ended behind schedule) also gets
+``late_calls``, summed over ranks, for the timed iterations.
 """
 from __future__ import annotations
 
@@ -179,6 +181,7 @@ def sweep(backend: Backend, spec: Spec, progress=None) -> list[dict]:
     rows = []
     seen = set()
     clock = getattr(backend, "clock", None)
+    late = getattr(backend, "late", None)       # throttled clock: calls that ended behind schedule so far
     for size in spec.sizes:
         sh = shape(spec.op, n, size, dtype.itemsize)
         if sh.size in seen:
@@ -191,11 +194,13 @@ def sweep(backend: Backend, spec: Spec, progress=None) -> list[dict]:
             backend.run(spec.op, out, x, redop, root)
         backend.barrier()
         m0 = clock() if clock is not None else None
+        l0 = late() if late is not None else 0
         t0 = time.perf_counter()
         for _ in range(spec.iters):
             backend.run(spec.op, out, x, redop, root)
         elapsed = (time.perf_counter() - t0) / max(spec.iters, 1)
         m1 = clock() if clock is not None else None
+        l1 = late() if late is not None else 0
         wrong = 0
         if spec.check and spec.op != "barrier":
             for _ in range(spec.check):
@@ -213,6 +218,8 @@ def sweep(backend: Backend, spec: Spec, progress=None) -> list[dict]:
         if m0 is not None:
             mt = (backend.maximum(m1) - backend.maximum(m0)) / max(spec.iters, 1)
             rows[-1].update(model_row(spec.op, n, sh.size, mt * 1e6))
+        if late is not None:
+            rows[-1]["late_calls"] = backend.total(l1 - l0)
         if progress is not None and me == 0:
             progress(rows[-1])
         del x, out

@@ -58,6 +58,8 @@ class StrataBackend:
         # comm.clock(): this rank's modeled time in seconds (ConfigError when the clock is off);
         # a runtime without it leaves the model columns null
         self.clock = getattr(comm, "clock", None) if modeled else None
+        if stratacl.config.clock == "throttled":
+            self.late = lambda: stratacl.stats()["clock"]["late_calls"]
 
     def alloc(self, count, dtype):
         return self._alloc(count, dtype)
@@ -201,6 +203,16 @@ def format_table(header: dict, rows: list[dict], peers: dict[str, list[dict] | s
     if model:
         got = [r["model_busbw"] for r in data if r.get("model_busbw") is not None]
         lines.append(f"# Avg modeled bus bandwidth : {sum(got) / len(got) if got else 0.0:.4f} GB/s")
+    if header.get("clock") == "throttled":
+        d = header.get("dilation") or 1.0
+        calls = header["iters"] * n
+        for r in rows:
+            if r.get("model_time_us"):
+                track = r["time_us"] / (r["model_time_us"] * d)
+                late = r.get("late_calls") or 0
+                lines.append(f"# throttled {r['size']:>11} B: wall / (modeled x {d:g}) = {track:.3f}; "
+                             f"{late} of {calls} rank-calls ended behind schedule"
+                             + ("; the host could not keep up: raise --dilation" if track > 1.1 else ""))
     for peer, prow in (peers or {}).items():
         lines.append("#")
         if isinstance(prow, str):
@@ -279,12 +291,13 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(a, name) is not None:
             settings[name] = getattr(a, name)
     config = stratacl.Config(**settings)
-    modeled = settings.get("clock", "off") != "off"
+    modeled = config.clock != "off"
     header = dict(op=a.operator, ranks=a.nranks, dtype=a.dtype,
                   redop=a.op if a.operator in ("all_reduce", "reduce_scatter") else "none",
                   root=a.root if a.operator == "broadcast" else -1, warmup=a.warmup, iters=a.iters, check=a.check,
-                  registration=config.registration, algo=settings.get("algo", "mesh"),
-                  clock=settings.get("clock", "off"), buffers=a.buffers, topology=config.topology, host=host_facts(),
+                  registration=config.registration, algo=config.algo, clock=config.clock,
+                  **({"dilation": config.dilation} if config.clock == "throttled" else {}),
+                  buffers=a.buffers, topology=config.topology, host=host_facts(),
                   command=command, started=time.strftime("%Y-%m-%dT%H:%M:%S"))
     print(f"stratacl-bench: {a.operator} on {a.nranks} ranks, {len(sizes)} size(s)", file=sys.stderr, flush=True)
     rows = stratacl.spawn(rank_main, a.nranks, args=(spec, a.buffers, modeled), **settings)[0]
@@ -292,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
         for k in MODEL_COLUMNS:
             r.setdefault(k, None)
     if modeled and rows and all(r["model_time_us"] is None for r in rows):
-        print(f"stratacl-bench: --clock {settings['clock']}: the ranks reported no modeled time "
+        print(f"stratacl-bench: --clock {config.clock}: the ranks reported no modeled time "
               f"(this runtime has no comm.clock()); the model columns are null", file=sys.stderr, flush=True)
     if not a.no_limit and a.operator != "barrier":
         print("stratacl-bench: measuring the host copy limit", file=sys.stderr, flush=True)

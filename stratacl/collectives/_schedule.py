@@ -9,11 +9,14 @@ A schedule is a list of steps in communicator-local indices (member i is global 
                    them (one full-mesh step of flags)
     Mesh           one full-mesh phase: all its transfers run at once, pull mode
     Ring           a chain of steps; member i's step s starts when its step s-1 is done AND
-                   member i-1's flag says i-1's step s-1 is done; step 0 follows the barrier
+                   member i-1's flag says i-1's step s-1 is done; step 0 follows the barrier.
+                   Flags are pulled like the data: i reads i-1's step counter in i-1's memory,
+                   which costs one access latency even when the flag was raised long before
     Local          a copy inside each member's own HBM (staging, own-block copies)
     RootWait       the root waits for a done flag from every other member; the others go on
     Shift          point-to-point ring shift (sendrecv): i waits for i-1's send flag, pulls, then
-                   flags i-1 done; i returns when its own receiver has flagged it done
+                   flags i-1 done; i returns when its own receiver has flagged it done (both
+                   flags read where their owner keeps them, as ring flags are)
 
 Full mesh (``algo="mesh"``), one logical step per phase:
 

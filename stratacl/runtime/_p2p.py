@@ -83,7 +83,7 @@ class PointToPoint:
         if error is not None:
             fields[F_FLAGS] = FLAG_REJECTED
         clock = self._rt.clock
-        t_send = clock.now_us if clock is not None else None
+        t_send = clock.entering() if clock is not None else None
         if clock is not None:
             fields[F_AUX0] = to_bits(t_send)
         _native.post(self._rt.ctl.base + 8 * self._p2p_desc_off(self.rank, dst), fields,
@@ -114,7 +114,7 @@ class PointToPoint:
     def recv(self, x: np.ndarray, src: int) -> None:
         """Blocking receive into ``x`` from rank ``src``; sizes and dtypes must match the send."""
         clock = self._rt.clock
-        t = self._recv(x, src, clock.now_us if clock is not None else None)
+        t = self._recv(x, src, clock.entering() if clock is not None else None)
         if t is not None:
             clock.set("recv", t)
 

@@ -10,11 +10,14 @@
             Mesh      t_i += the time i's last transfer of the phase completes
             Local     t_i += its own HBM copy
             RootWait  t_root = max(t_root, max over j of (t_j + flag latency j -> root))
-            Ring      step s of i starts at max(end of i's step s-1, end of i-1's step s-1 + flag)
+            Ring      step s of i starts at max(end of i's step s-1, end of i-1's step s-1) + flag
+                      (i polls i-1's step counter where i-1 keeps it: one access latency)
             Shift     i pulls from i-1 after i-1's send flag, returns once i+1 flagged it done
+                      (flags polled where their owner keeps them, like ring flags)
         -> clocks_out (float64, us, one per member)
 
-Every synchronisation is max(own clock, signaller's clock + latency), so the arithmetic is the
+Every synchronisation is max(own clock, signaller's clock + latency) (pulled flags: max(own,
+signaller's) + latency), so the arithmetic is the
 same whether the clocks come from an estimate (all zero) or from ranks that moved real bytes:
 a data-moving rank that calls ``model_call`` with the clocks every member published (and the
 extra_us every member counted) gets, by construction, the times estimate-only mode reports, and
@@ -157,7 +160,9 @@ def _run(plan: list, clocks: np.ndarray) -> np.ndarray:
             dur, lat = step[1], step[2]
             end = t + dur[0]
             for s in range(1, dur.shape[0]):
-                end = np.maximum(end, np.roll(end, 1) + lat) + dur[s]
+                # pull mode: i reads i-1's step counter where i-1 keeps it, so seeing the flag
+                # costs one access latency even when it was raised long ago
+                end = np.maximum(end, np.roll(end, 1)) + lat + dur[s]
             t = end
         elif kind == "rootwait":
             root, lat = step[1], step[2]
@@ -165,8 +170,8 @@ def _run(plan: list, clocks: np.ndarray) -> np.ndarray:
             t[root] = (t + lat).max()
         elif kind == "shift":
             dur, lat_in, lat_back = step[1:]
-            end = np.maximum(t, np.roll(t, 1) + lat_in) + dur
-            t = np.maximum(end, np.roll(end, -1) + lat_back)
+            end = np.maximum(t, np.roll(t, 1)) + lat_in + dur
+            t = np.maximum(end, np.roll(end, -1)) + lat_back
     return t
 
 

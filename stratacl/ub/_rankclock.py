@@ -6,7 +6,11 @@
         every member runs ub._clock.model_call on all entering clocks (+ the jit mappings the
         call made, which every member derives from the descriptors alike) and keeps its own
         exit time -> RankClock.advance
-    throttled: advance then sleeps until wall time = anchor + modeled time x dilation
+    throttled: advance then sleeps until wall time = anchor + modeled time x dilation; a call
+    that ends later than that is counted late and the anchor moves by the lag (lateness is the
+    host's, it never enters modeled time). Wall time the rank spends between calls (its real
+    compute) enters its clock as wall / dilation when it next enters a call, so compute and
+    communication overlap as they would on the modeled fabric.
 
 The modeled time depends only on the calls, their sizes, the topology and the registration
 mode, never on how long the host took: the same program gives the same modeled times on an
@@ -22,8 +26,9 @@ import numpy as np
 from ._clock import FabricModel, model_call, model_send_recv
 from ._topology import Topology
 
-# a throttled rank more than this far behind its schedule (seconds of wall time) is "late"
-LATE_TOLERANCE = 0.002
+# a throttled call that ends behind its schedule by more than this share of its own dilated
+# duration, plus a fixed slack for timer and wake-up noise, is "late"
+LATE_SHARE, LATE_SLACK = 0.10, 0.0005
 
 
 def to_bits(us: float) -> int:
@@ -50,14 +55,26 @@ class RankClock:
         self.late_calls = 0
         self.max_lag_s = 0.0
         self._wall0 = time.monotonic()
+        self._wall_exit: float | None = None
 
     def anchor(self) -> None:
         """Throttled: wall time follows modeled time from here (every rank anchors right after
         the same barrier, so their schedules agree to within that barrier's skew)."""
         self._wall0 = time.monotonic() - self.now_us * 1e-6 * self.dilation
+        self._wall_exit = None
+
+    def entering(self) -> float:
+        """The clock a call starts from. Throttled: wall time spent since the last call ended
+        counts, divided by the dilation (virtual: communication alone advances the clock)."""
+        if self.mode == "throttled" and self._wall_exit is not None:
+            now = time.monotonic()
+            self.now_us += (now - self._wall_exit) * 1e6 / self.dilation
+            self._wall_exit = now
+        return self.now_us
 
     def bits(self) -> int:
-        return to_bits(self.now_us)
+        """``entering()`` as the int64 a descriptor carries."""
+        return to_bits(self.entering())
 
     def advance(self, op: str, algo: str, members, nbytes: int, entering: np.ndarray, extra_us, me: int,
                 root: int = 0, itemsize: int = 1) -> None:
@@ -90,16 +107,19 @@ class RankClock:
             c[2] = dur
         self.now_us = t_us
         if self.mode == "throttled":
-            self._follow()
+            self._follow(dur)
 
-    def _follow(self) -> None:
+    def _follow(self, dur_us: float) -> None:
         target = self._wall0 + self.now_us * 1e-6 * self.dilation
         lag = time.monotonic() - target
         if lag < 0:
             time.sleep(-lag)
-        elif lag > LATE_TOLERANCE:
-            self.late_calls += 1
-            self.max_lag_s = max(self.max_lag_s, lag)
+        else:
+            if lag > LATE_SHARE * dur_us * 1e-6 * self.dilation + LATE_SLACK:
+                self.late_calls += 1
+                self.max_lag_s = max(self.max_lag_s, lag)
+            self._wall0 += lag          # the next call is scheduled from where this one really ended
+        self._wall_exit = time.monotonic()
 
     def stats(self) -> dict:
         out = {"mode": self.mode, "now_us": self.now_us,
