@@ -42,10 +42,10 @@ def bench_size(op: str, n: int, per_rank: int) -> int:
     return per_rank * n if op in ("all_gather", "reduce_scatter") else per_rank
 
 
-def run_bench(op: str, n: int, lo: int, hi: int, iters: int, extra: list[str]) -> dict:
+def run_bench(op: str, n: int, lo: int, hi: int, iters: int, extra: list[str], warmup: int = 2) -> dict:
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "r.json")
-        cmd = ["stratacl-bench", op, "-n", str(n), "-b", str(lo), "-e", str(hi), "-f", "4", "-w", "2",
+        cmd = ["stratacl-bench", op, "-n", str(n), "-b", str(lo), "-e", str(hi), "-f", "4", "-w", str(warmup),
                "-i", str(iters), "-c", "1", "--vs", "mpi", "-J", out, *extra]
         print("+", " ".join(cmd), file=sys.stderr, flush=True)
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, timeout=3600)
@@ -104,7 +104,8 @@ def main() -> None:
     ap.add_argument("--ranks", default="8,32")
     ap.add_argument("--ops", default=",".join(OPS))
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--iters", type=int, default=10, help="timed iterations for payloads >= 1 MiB")
+    ap.add_argument("--small-iters", type=int, default=50, help="timed iterations below 1 MiB")
     ap.add_argument("--json", default=None)
     ap.add_argument("--no-latency", action="store_true")
     ap.add_argument("--no-memory", action="store_true")
@@ -117,9 +118,16 @@ def main() -> None:
     for n in ranks:
         for op in ops:
             sizes = per_rank_sizes(op, n)
-            runs = [run_bench(op, n, bench_size(op, n, sizes[0]), bench_size(op, n, sizes[-1]), a.iters, [])
-                    for _ in range(a.repeat)]
-            rows = median_rows(runs)
+            small = [s for s in sizes if s < MiB]
+            large = [s for s in sizes if s >= MiB]
+            rows = []
+            # small payloads take microseconds: many iterations, so that a call's time is not its
+            # first-iteration skew (nccl-tests runs 5 warm-up and 20 timed iterations by default)
+            for part, iters, warmup in ((small, a.small_iters, 10), (large, a.iters, 3)):
+                if part:
+                    runs = [run_bench(op, n, bench_size(op, n, part[0]), bench_size(op, n, part[-1]), iters, [],
+                                      warmup) for _ in range(a.repeat)]
+                    rows += median_rows(runs)
             report["bandwidth"][f"{n}/{op}"] = rows
             for per, r in zip(sizes, rows):
                 print(f"| {n} | {op} | {per // KiB} KiB | {r['busbw']:.3f} | {r.get('mpi_busbw', float('nan')):.3f} | "
@@ -131,8 +139,8 @@ def main() -> None:
         print("|---|---|---|---|---|")
         for n in ranks:
             for op, size in (("barrier", 0), ("all_reduce", 4 * KiB), ("all_gather", 4 * KiB * n)):
-                runs = [run_bench(op, n, max(size, 4), max(size, 4), 200 if op == "barrier" else 50,
-                                  ["--no-limit"]) for _ in range(a.repeat)]
+                runs = [run_bench(op, n, max(size, 4), max(size, 4), 500 if op == "barrier" else 100,
+                                  ["--no-limit"], 20) for _ in range(a.repeat)]
                 r = median_rows(runs)[0]
                 report["latency"][f"{n}/{op}"] = r
                 print(f"| {n} | {op}{'' if op == 'barrier' else ' 4 KiB'} | {r['time_us']:.0f} | "

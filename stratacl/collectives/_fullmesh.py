@@ -103,7 +103,7 @@ def reduce_chunk(me: int, n: int, start: int, stop: int, dst: int, dtype_code: i
     m = stop - start
     if m <= 0:
         return
-    _kernels.reduce_into(dst, src + start * itemsize, m, dtype_code, op_code, float(n))
+    _kernels.reduce_into(dst, src + start * itemsize if start else src, m, dtype_code, op_code, float(n))
     c.local += m * itemsize
     c.pulled += (n - 1) * m * itemsize
     c.written += m * itemsize
@@ -131,8 +131,6 @@ def all_reduce_scatter_phase(me: int, n: int, x: np.ndarray, dtype_code: int, op
 
 def all_reduce_gather_phase(me: int, n: int, x: np.ndarray, src: np.ndarray, c: Counters) -> None:
     """Phase 2: pull every other rank's finished chunk."""
-    item = x.itemsize
-    p = _order(me, n)[1:]
-    starts = x.size * p // n
-    stops = x.size * (p + 1) // n
-    _copy(me, _addr(x) + starts * item, src[p] + starts * item, (stops - starts) * item, p, c)
+    copied = _kernels.copy_chunks(_addr(x), src, x.size, x.itemsize, me)
+    c.pulled += copied
+    c.written += copied

@@ -3,6 +3,7 @@
  *
  *   copy(dst, src, nbytes)                   one block
  *   copy_many(table)                         rows of (dst, src, nbytes): one memcpy each
+ *   copy_chunks(dst, srcs, count, item, me)  every other member's chunk of a buffer
  *   reduce_into(dst, srcs, count, dtype, op, divisor)
  *                                            dst[i] = ((s0[i] op s1[i]) op s2[i]) ... in the
  *                                            order of `srcs`, in the element type, tile by tile
@@ -97,6 +98,35 @@ static PyObject *copy_blocks(PyObject *self, PyObject *const *args, Py_ssize_t n
         char *d = (char *)(uintptr_t)dst + p * stride;
         const char *s = (const char *)(uintptr_t)srcs[p] + src_off;
         if (d != s) { memcpy(d, s, (size_t)nbytes); copied += nbytes; }
+    }
+    if (ts != NULL) PyEval_RestoreThread(ts);
+    PyBuffer_Release(&view);
+    return PyLong_FromLongLong(copied);
+}
+
+/* copy_chunks(dst, srcs, count, itemsize, me): the gather phase of all_reduce. Chunk p is
+ * elements [count*p/n, count*(p+1)/n); for every member p != me (p = me+1, me+2, ... mod n)
+ * copy chunk p from srcs[p] to dst, both at the chunk's byte offset. Returns the bytes copied. */
+static PyObject *copy_chunks(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5) { PyErr_SetString(PyExc_TypeError, "copy_chunks(dst, srcs, count, itemsize, me)"); return NULL; }
+    unsigned long long dst = PyLong_AsUnsignedLongLong(args[0]);
+    long long count = PyLong_AsLongLong(args[2]);
+    long long item = PyLong_AsLongLong(args[3]);
+    long long me = PyLong_AsLongLong(args[4]);
+    if (PyErr_Occurred()) return NULL;
+    Py_buffer view;
+    if (get_table(args[1], &view, 1) < 0) return NULL;
+    const int64_t *srcs = (const int64_t *)view.buf;
+    long long n = (long long)(view.len / 8);
+    long long copied = 0;
+    PyThreadState *ts = count * item >= RELEASE_GIL_BYTES ? PyEval_SaveThread() : NULL;
+    for (long long k = 1; k < n; k++) {
+        long long p = (me + k) % n;
+        long long a = count * p / n, b = count * (p + 1) / n;
+        if (b > a) {
+            memcpy((char *)(uintptr_t)dst + a * item, (const char *)(uintptr_t)srcs[p] + a * item, (size_t)((b - a) * item));
+            copied += (b - a) * item;
+        }
     }
     if (ts != NULL) PyEval_RestoreThread(ts);
     PyBuffer_Release(&view);
@@ -250,6 +280,7 @@ static PyObject *reduce_into(PyObject *self, PyObject *const *args, Py_ssize_t n
 
 static PyMethodDef methods[] = {
     {"copy", (PyCFunction)(void (*)(void))copy_one, METH_FASTCALL, "Copy one block of bytes."},
+    {"copy_chunks", (PyCFunction)(void (*)(void))copy_chunks, METH_FASTCALL, "The gather phase of all_reduce."},
     {"copy_many", copy_many, METH_O, "Execute rows of (dst, src, nbytes) copies."},
     {"copy_blocks", (PyCFunction)(void (*)(void))copy_blocks, METH_FASTCALL,
      "Copy one equal block from every member into a strided destination."},
