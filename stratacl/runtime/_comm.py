@@ -37,6 +37,7 @@ from ._modeling import Modeled
 from ._p2p import PointToPoint
 from ._ringsteps import RingSteps
 from ._sync import SLICE, SPIN_POLLS, seq_reached, wait_until
+from ._work import Worker, collective
 
 if TYPE_CHECKING:
     from ._world import Runtime
@@ -120,6 +121,13 @@ class Communicator(PointToPoint, RingSteps, Modeled):
         self._staging_out = None
         self._mapped = None        # jit under the modeled clock: (reader, owner) -> (seg_va, epoch) mapped
         self._always_stage = rt.config.registration == "staged"
+        self._worker: Worker | None = None
+
+    def _start_worker(self) -> Worker:
+        """The thread that runs this communicator's operations once one is asynchronous."""
+        self._worker = Worker(f"stratacl-comm-{self._rt.rank}-{self._slot_offs[0]:x}")
+        self._rt.workers.append(self._worker)
+        return self._worker
 
     @property
     def topology(self):
@@ -332,6 +340,7 @@ class Communicator(PointToPoint, RingSteps, Modeled):
         c.pulled = c.local = c.written = 0
 
     # --- collectives ------------------------------------------------------------------------
+    @collective
     def barrier(self) -> None:
         """Block until every rank of the communicator has called barrier. Collective."""
         parity = self._enter("barrier")
@@ -339,6 +348,7 @@ class Communicator(PointToPoint, RingSteps, Modeled):
         s["calls"]["barrier"] = s["calls"].get("barrier", 0) + 1
         self._tick("barrier", parity, 0)
 
+    @collective
     def all_gather(self, out: np.ndarray, x: np.ndarray) -> None:
         """``out`` (size * x.size elements) receives every rank's ``x``, rank-major. Collective."""
         op = "all_gather"
@@ -368,6 +378,7 @@ class Communicator(PointToPoint, RingSteps, Modeled):
         self._output_done(out, target)
         self._tick(op, parity, x.nbytes, algo, itemsize=x.itemsize)
 
+    @collective
     def all_to_all(self, out: np.ndarray, x: np.ndarray) -> None:
         """Equal splits: chunk j of rank i's ``x`` lands in chunk i of rank j's ``out``. Collective."""
         op = "all_to_all"
@@ -390,6 +401,7 @@ class Communicator(PointToPoint, RingSteps, Modeled):
         self._output_done(out, target)
         self._tick(op, parity, x.nbytes, itemsize=x.itemsize)
 
+    @collective
     def all_to_all_v(self, out: np.ndarray, x: np.ndarray, send_counts: Sequence[int],
                      recv_counts: Sequence[int]) -> None:
         """Variable splits, packed in rank order: ``send_counts[j]`` elements of ``x`` go to rank j,
@@ -432,6 +444,7 @@ class Communicator(PointToPoint, RingSteps, Modeled):
         self._output_done(out, target, int(recv[self.rank].sum()))
         self._tick("barrier", parity, 0)
 
+    @collective
     def broadcast(self, x: np.ndarray, root: int = 0) -> None:
         """Every rank's ``x`` receives the root's ``x``. Collective."""
         op = "broadcast"
@@ -452,6 +465,7 @@ class Communicator(PointToPoint, RingSteps, Modeled):
         self._output_done(x, target)
         self._tick(op, parity, x.nbytes, root=root, itemsize=x.itemsize)
 
+    @collective
     def reduce_scatter(self, out: np.ndarray, x: np.ndarray, op: str = "sum") -> None:
         """``out`` receives chunk ``rank`` of the element-wise reduction of every rank's ``x``. Collective.
 
@@ -487,6 +501,7 @@ class Communicator(PointToPoint, RingSteps, Modeled):
         self._output_done(out, target)
         self._tick(name, parity, x.nbytes, algo, itemsize=x.itemsize)
 
+    @collective
     def all_reduce(self, x: np.ndarray, op: str = "sum") -> None:
         """In place: every rank's ``x`` becomes the element-wise reduction of all ranks' ``x``.
 
@@ -569,6 +584,7 @@ class Communicator(PointToPoint, RingSteps, Modeled):
         return self._publish_extra_buffer((self._calls + 1) & 1, addr, seg)
 
     # --- sub-communicators ------------------------------------------------------------------
+    @collective
     def split(self, color: int | None, key: int = 0) -> "Communicator | None":
         """MPI_Comm_split: ranks with the same ``color`` form a communicator, ordered by
         (``key``, rank here). ``color=None`` (or negative) takes part but gets None. Collective."""

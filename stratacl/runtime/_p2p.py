@@ -23,6 +23,7 @@ from ._args import _Output, _expect, _flat
 from ._control import (F_ADDR, F_AUX0, F_AUX1, F_CALL, F_COUNT, F_DTYPE, F_EPOCH, F_FLAGS, F_NBYTES, F_OP,
                        F_SEG_OFF, F_SEG_SIZE, F_SEG_VA, FLAG_REJECTED, P2P_DESC, Layout)
 from ._sync import SLICE, SPIN_POLLS, WAKE_ALL, seq_reached, wait_until
+from ._work import collective
 
 
 class PointToPoint:
@@ -36,12 +37,14 @@ class PointToPoint:
     def _p2p_desc_off(self, owner_idx: int, peer_idx: int) -> int:
         return (self._slot_offs[owner_idx] + self._lay.slot_p2p_desc()) // 8 + peer_idx * P2P_DESC
 
+    @collective
     def send(self, x: np.ndarray, dst: int) -> None:
         """Blocking send: returns once rank ``dst`` has pulled ``x`` with a matching ``recv``."""
         t = self._complete_send(self._post_send(x, dst))
         if t is not None:
             self._rt.clock.set("send", t)
 
+    @collective
     def sendrecv(self, x: np.ndarray, dst: int, out: np.ndarray, src: int) -> None:
         """Send ``x`` to ``dst`` while receiving into ``out`` from ``src`` (MPI_Sendrecv).
 
@@ -111,6 +114,7 @@ class PointToPoint:
         received = us_from_bits(self._rt.ctl.i64[self._p2p_desc_off(self.rank, dst) + F_AUX1])
         return self._rt.clock.sent(self.members[self.rank], self.members[dst], t_send, received)
 
+    @collective
     def recv(self, x: np.ndarray, src: int) -> None:
         """Blocking receive into ``x`` from rank ``src``; sizes and dtypes must match the send."""
         clock = self._rt.clock

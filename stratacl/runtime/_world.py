@@ -73,6 +73,7 @@ class Runtime:
         self._model = None
         self.clock = (RankClock(self.topology, config.registration, config.clock, config.dilation)
                       if config.clock != "off" else None)
+        self.workers: list = []          # asynchronous-operation threads of this rank's communicators
         self._next_slot = 1
         self._slot_lock = threading.Lock()
         ctl.set_pid(rank, os.getpid())
@@ -115,6 +116,8 @@ class Runtime:
         return array_from_block(self.allocator, block, shape, dtype)
 
     def close(self) -> None:
+        for w in self.workers:
+            w.stop(self.config.timeout)
         self.reg.stop()
         self.ctl.set_state(self.rank, STATE_FINALIZED)
 

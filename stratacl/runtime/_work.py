@@ -1,0 +1,117 @@
+"""Asynchronous operations: ``comm.all_gather(out, x, async_op=True)`` returns a ``Work``.
+
+    caller thread                         the communicator's worker thread (started on first use)
+    op(..., async_op=True) --submit-->    queue (FIFO) --> runs the operation exactly as a
+        <-- Work                                           blocking call would, in call order
+    compute ...                                            (waits sleep with the GIL released,
+    work.wait() <----------- done/error --                 large copies and reductions too)
+
+Once a communicator has a worker, its blocking calls go through the same queue (submit, then
+wait), so operations still run in the order the program issued them. Buffers passed to an
+asynchronous operation belong to it until ``wait()`` returns, as in torch.distributed. An
+operation's exception is raised by ``wait()``; the operations queued after a failed one are not
+run and fail with the same exception, since the ranks no longer agree on the call sequence.
+"""
+from __future__ import annotations
+
+import collections
+import functools
+import threading
+from typing import Any, Callable
+
+
+class Work:
+    """Handle of one asynchronous operation (torch.distributed's Work, MPI's Request)."""
+
+    __slots__ = ("operation", "_done", "_error", "_result")
+
+    def __init__(self, operation: str):
+        self.operation = operation
+        self._done = threading.Event()
+        self._error: BaseException | None = None
+        self._result: Any = None
+
+    def is_completed(self) -> bool:
+        """True once the operation has finished (successfully or not). Never blocks."""
+        return self._done.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the operation has finished; raise its exception if it failed. With a
+        ``timeout`` (seconds), return False if it is still running then."""
+        if not self._done.wait(timeout):
+            return False
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def exception(self) -> BaseException | None:
+        return self._error if self._done.is_set() else None
+
+    def result(self) -> Any:
+        """What the operation returned (``split``: the new communicator); waits for it first."""
+        self.wait()
+        return self._result
+
+    def __repr__(self) -> str:
+        state = "failed" if self._error is not None else "completed" if self._done.is_set() else "pending"
+        return f"Work({self.operation}, {state})"
+
+
+class Worker:
+    """The FIFO thread that runs one communicator's operations once any of them is asynchronous."""
+
+    def __init__(self, name: str):
+        self._queue: collections.deque = collections.deque()
+        self._cond = threading.Condition()
+        self._failed: BaseException | None = None
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, operation: str, fn: Callable[[], Any]) -> Work:
+        work = Work(operation)
+        with self._cond:
+            if self._stopping:
+                raise RuntimeError(f"{operation}: the communicator is shutting down")
+            self._queue.append((fn, work))
+            self._cond.notify()
+        return work
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._stopping:
+                    self._cond.wait()
+                if not self._queue:
+                    return
+                fn, work = self._queue.popleft()
+            if self._failed is not None:
+                work._error = self._failed
+            else:
+                try:
+                    work._result = fn()
+                except BaseException as e:     # delivered by Work.wait()
+                    work._error = self._failed = e
+            work._done.set()
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Let the queued operations finish, then end the thread."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        self._thread.join(timeout)
+
+
+def collective(fn: Callable) -> Callable:
+    """Give a communicator operation the ``async_op`` keyword."""
+    @functools.wraps(fn)
+    def call(self, *args, async_op: bool = False, **kwargs):
+        worker = self._worker
+        if worker is None:
+            if not async_op:
+                return fn(self, *args, **kwargs)
+            worker = self._start_worker()
+        work = worker.submit(fn.__name__, lambda: fn(self, *args, **kwargs))
+        return work if async_op else work.result()
+    call.__doc__ = (fn.__doc__ or "") + "\n\n        ``async_op=True``: return a ``Work`` at once; see runtime/_work.py."
+    return call
