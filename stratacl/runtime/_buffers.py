@@ -1,0 +1,110 @@
+"""Where an operation reads and writes: the caller's HBM arrays (zero copy) or communication
+buffers (the staged path).
+
+    input  x in this rank's HBM, contiguous, not --registration staged
+               yes: peers read x itself at its shared address (zero copy)
+               no:  x is copied into a registered communication buffer first (counted in
+                    stats()["bytes_staged"]); peers read that
+    output o 1-D and contiguous (and in this rank's HBM when a ring neighbour reads it), not
+           --registration staged
+               yes: the operation writes o itself
+               no:  it writes a communication buffer, copied out afterwards
+
+Communication buffers are this rank's own HBM allocations, so they are registered on
+allocation like any other; they grow to the largest size used and are kept.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import _native
+from ._allocator import _HbmArrayBase
+from ._args import _copy_back, _flat
+from ._control import F_ADDR, F_EPOCH, F_NBYTES, F_SEG_OFF, F_SEG_SIZE, F_SEG_VA
+
+
+class _Input:
+    """A contiguous byte range peers may read: the caller's HBM array or a staged copy."""
+
+    __slots__ = ("flat", "addr", "seg")
+
+    def __init__(self, flat: np.ndarray, seg, addr: int | None = None):
+        self.flat, self.seg = flat, seg
+        self.addr = (_native.data_address(flat) if addr is None else addr) if flat.size else 0
+
+
+class Buffers:
+    """Mixin of ``Communicator``."""
+
+    def _as_input(self, x: np.ndarray, operation: str) -> _Input:
+        """Zero copy when ``x`` is contiguous and in this rank's HBM; otherwise stage it."""
+        flat = _flat(x, operation, "input")
+        if flat.size == 0:
+            return _Input(flat, None)
+        if flat.flags.c_contiguous and not self._always_stage:
+            addr = _native.data_address(flat)
+            seg = self._hbm_segment(flat, addr)
+            if seg is not None:
+                return _Input(flat, seg, addr)
+        buf = self._staging_buffer(flat.nbytes)[:flat.nbytes].view(flat.dtype)
+        np.copyto(buf, flat.reshape(-1))
+        self._rt.stats["bytes_staged"] += flat.nbytes
+        self._rt.stats["staged_calls"] += 1
+        addr = _native.data_address(buf)
+        return _Input(buf, self._rt.own_segment(addr, buf.nbytes), addr)
+
+    def _hbm_segment(self, a: np.ndarray, addr: int):
+        """The segment of this rank's HBM holding ``a``, or None. An array made by
+        stratacl.empty (or a view of one) keeps its block alive, so its segment is found
+        without the allocator's lock; anything else is looked up."""
+        b = a.base
+        while isinstance(b, np.ndarray):
+            b = b.base
+        if type(b) is _HbmArrayBase:
+            seg = b.block.seg
+            if seg.va <= addr and addr + a.nbytes <= seg.va + seg.size:
+                return seg
+        return self._rt.own_segment(addr, a.nbytes)
+
+    def _staging_buffer(self, nbytes: int) -> np.ndarray:
+        if self._staging is None or self._staging.nbytes < nbytes:
+            self._staging = None
+            size = 1 << max(12, (nbytes - 1).bit_length())
+            self._staging = self._rt.empty((size,), np.uint8)
+        return self._staging
+
+    def _input_fields(self, inp: _Input) -> dict[int, int]:
+        seg = inp.seg
+        if seg is None:
+            return {F_ADDR: inp.addr, F_NBYTES: inp.flat.nbytes}
+        return {F_ADDR: inp.addr, F_NBYTES: inp.flat.nbytes, F_SEG_VA: seg.va, F_SEG_SIZE: seg.size,
+                F_SEG_OFF: seg.hbm_offset, F_EPOCH: seg.epoch}
+
+    def _output(self, o: np.ndarray, hbm: bool = False) -> np.ndarray:
+        """Where an operation writes its output: ``o`` itself when it is 1-D and contiguous
+        (and, if ``hbm``, in this rank's HBM, because a ring neighbour reads it), otherwise a
+        communication buffer copied out by ``_output_done``; always the buffer in staged mode."""
+        if not self._always_stage and o.ndim == 1 and o.flags.c_contiguous:
+            if not hbm or o.size == 0 or self._hbm_segment(o, _native.data_address(o)) is not None:
+                return o
+        if self._staging_out is None or self._staging_out.nbytes < o.nbytes:
+            self._staging_out = None
+            self._staging_out = self._rt.empty((1 << max(12, (max(o.nbytes, 1) - 1).bit_length()),), np.uint8)
+        return self._staging_out[:o.nbytes].view(o.dtype)
+
+    def _output_done(self, out: np.ndarray, target: np.ndarray, count: int | None = None) -> None:
+        """Copy the output (its first ``count`` elements, if given) out of the communication
+        buffer, if ``_output`` chose one."""
+        if target.size and not np.may_share_memory(target, out):
+            if count is None:
+                _copy_back(out, target)
+            else:
+                out.flat[:count] = target[:count]
+            self._rt.stats["bytes_staged"] += (out.size if count is None else count) * out.itemsize
+
+    def _publish_extra(self, buf: np.ndarray) -> int:
+        """Name ``buf`` (in this rank's HBM) in the next descriptor as the ring's extra buffer;
+        returns its address for F_AUX1."""
+        addr = _native.data_address(buf)
+        seg = self._hbm_segment(buf, addr) if buf.nbytes else None
+        return self._publish_extra_buffer((self._calls + 1) & 1, addr, seg)
