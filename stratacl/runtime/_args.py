@@ -18,23 +18,5 @@ def _flat(a: np.ndarray, operation: str, what: str, writable: bool = False) -> n
     return a.reshape(-1) if a.flags.c_contiguous else a
 
 
-class _Output:
-    """A contiguous 1-D target for an output; non-contiguous outputs go through a copy."""
-
-    def __init__(self, a: np.ndarray):
-        self.a = a
-
-    def __enter__(self) -> np.ndarray:
-        if self.a.ndim == 1 and self.a.flags.c_contiguous:
-            self.tmp = None
-            return self.a
-        self.tmp = np.ascontiguousarray(self.a).reshape(-1)
-        return self.tmp
-
-    def __exit__(self, *exc) -> None:
-        if self.tmp is not None and exc[0] is None:
-            self.a[...] = self.tmp.reshape(self.a.shape)
-
-
 def _copy_back(x: np.ndarray, flat: np.ndarray) -> None:
     x[...] = flat.reshape(x.shape)

@@ -112,6 +112,7 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled):
         self._mapped = None        # jit under the modeled clock: (reader, owner) -> (seg_va, epoch) mapped
         self._always_stage = rt.config.registration == "staged"
         self._worker: Worker | None = None
+        self._init_p2p()
 
     def _start_worker(self) -> Worker:
         """The thread that runs this communicator's operations once one is asynchronous."""

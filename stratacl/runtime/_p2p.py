@@ -19,7 +19,7 @@ from .._errors import CollectiveMismatch
 from ..collectives import _kernels, _reduce
 from ..ub._rankclock import to_bits, us_from_bits
 from . import _native
-from ._args import _Output, _expect, _flat
+from ._args import _expect, _flat
 from ._control import (F_ADDR, F_AUX0, F_AUX1, F_CALL, F_COUNT, F_DTYPE, F_EPOCH, F_FLAGS, F_NBYTES, F_OP,
                        F_SEG_OFF, F_SEG_SIZE, F_SEG_VA, FLAG_REJECTED, P2P_DESC, Layout)
 from ._sync import SLICE, SPIN_POLLS, WAKE_ALL, seq_reached, wait_until
@@ -36,6 +36,18 @@ class PointToPoint:
 
     def _p2p_desc_off(self, owner_idx: int, peer_idx: int) -> int:
         return (self._slot_offs[owner_idx] + self._lay.slot_p2p_desc()) // 8 + peer_idx * P2P_DESC
+
+    def _init_p2p(self) -> None:
+        """Per-peer addresses, computed once: what this rank posts to and waits on."""
+        me, peers = self.rank, range(self.size)
+        self._send_flag = [self._p2p_addr(me, 0, p) for p in peers]      # my send_seq for p
+        self._recv_flag = [self._p2p_addr(p, 0, me) for p in peers]      # p's send_seq for me
+        self._sent_done = [self._p2p_addr(p, 1, me) for p in peers]      # p's recv_done for me
+        self._recv_done = [self._p2p_addr(me, 1, p) for p in peers]      # my recv_done for p
+        self._sent_status = [self._p2p_addr(p, 2, me) for p in peers]
+        self._recv_status = [self._p2p_addr(me, 2, p) for p in peers]
+        self._send_desc = [self._p2p_desc_off(me, p) for p in peers]     # int64 index of my descriptor for p
+        self._recv_desc = [self._p2p_desc_off(p, me) for p in peers]
 
     @collective
     def send(self, x: np.ndarray, dst: int) -> None:
@@ -89,21 +101,20 @@ class PointToPoint:
         t_send = clock.entering() if clock is not None else None
         if clock is not None:
             fields[F_AUX0] = to_bits(t_send)
-        _native.post(self._rt.ctl.base + 8 * self._p2p_desc_off(self.rank, dst), fields,
-                     self._p2p_addr(self.rank, 0, dst), seq)
+        _native.post(self._rt.ctl.base + 8 * self._send_desc[dst], fields, self._send_flag[dst], seq)
         return dst, seq, error, inp, x, t_send
 
     def _complete_send(self, posted: tuple) -> float | None:
         """Wait for the receiver; under a modeled clock, return the sender's modeled exit time."""
         dst, seq, error, inp, x, t_send = posted
-        done = self._p2p_addr(dst, 1, self.rank)
+        done = self._sent_done[dst]
         if not _native.wait_seq_u32(done, seq, SPIN_POLLS, SLICE):
             wait_until(lambda: seq_reached(_native.load_u32(done), seq), done, self._rt.health, f"send to {dst}",
                        self._rt.config.timeout, lambda: [self.members[dst]],
                        f"rank {self.members[dst]} to receive")
         if error is not None:
             raise error
-        status = _native.load_u32(self._p2p_addr(dst, 2, self.rank))
+        status = _native.load_u32(self._sent_status[dst])
         if status:
             raise CollectiveMismatch(f"send: rank {self.members[dst]} posted a recv that does not match this "
                                      f"send ({x.size} x {x.dtype}); no data was moved")
@@ -111,7 +122,7 @@ class PointToPoint:
         s["calls"]["send"] = s["calls"].get("send", 0) + 1
         if t_send is None:
             return None
-        received = us_from_bits(self._rt.ctl.i64[self._p2p_desc_off(self.rank, dst) + F_AUX1])
+        received = us_from_bits(self._rt.ctl.i64[self._send_desc[dst] + F_AUX1])
         return self._rt.clock.sent(self.members[self.rank], self.members[dst], t_send, received)
 
     @collective
@@ -130,11 +141,11 @@ class PointToPoint:
                 lambda: f"recv: source {src!r} is not another rank of this communicator (size {self.size})")
         self._received[src] += 1
         seq = self._received[src] & 0xFFFFFFFF
-        flag = self._p2p_addr(src, 0, self.rank)
+        flag = self._recv_flag[src]
         if not _native.wait_seq_u32(flag, seq, SPIN_POLLS, SLICE):
             wait_until(lambda: seq_reached(_native.load_u32(flag), seq), flag, self._rt.health, f"recv from {src}",
                        self._rt.config.timeout, lambda: [self.members[src]], f"rank {self.members[src]} to send")
-        off = self._p2p_desc_off(src, self.rank)
+        off = self._recv_desc[src]
         d = self._rt.ctl.i64[off:off + P2P_DESC].tolist()
         status, error = 0, None
         try:
@@ -155,8 +166,9 @@ class PointToPoint:
                     self._rt.reg.ensure_ready(self.members[src], d[F_SEG_VA], d[F_SEG_SIZE], d[F_SEG_OFF],
                                               d[F_EPOCH], op)
                     ready[0], ready[1] = d[F_SEG_VA], d[F_EPOCH]
-                with _Output(xf) as ob:
-                    _kernels.copy(_native.data_address(ob), d[F_ADDR], x.nbytes)
+                target = self._output(xf)
+                _kernels.copy(_native.data_address(target), d[F_ADDR], x.nbytes)
+                self._output_done(x, target)
                 s = self._rt.stats
                 s["bytes_pulled"] += x.nbytes
                 s["output_bytes_written"] += x.nbytes
@@ -167,8 +179,8 @@ class PointToPoint:
             received = self._rt.clock.received(self.members[src], self.members[self.rank], x.nbytes,
                                                us_from_bits(d[F_AUX0]), t_recv)
             self._rt.ctl.i64[off + F_AUX1] = to_bits(received)
-        _native.store_u32(self._p2p_addr(self.rank, 2, src), status)
-        done = self._p2p_addr(self.rank, 1, src)
+        _native.store_u32(self._recv_status[src], status)
+        done = self._recv_done[src]
         _native.store_u32(done, seq)
         _native.futex_wake(done, WAKE_ALL)
         if error is not None:
