@@ -35,6 +35,15 @@ Baselines are variants of the model (``FabricModel.registration``):
                 copies at half the HBM bandwidth); a buffer of ``staged_buffer`` bytes (HCCL's
                 HCCL_BUFFSIZE default, 200 MB) forces rounds, each with its own barriers
 
+The fabric-native backend (``collectives/_partition.py``, ``ub/_cores.py``, ``sdma/``) times every
+data-moving step through the rank's cores: the fabric gives each member its share of bandwidth
+for the step (as above), the member's transfers are cut into units, a partitioner (``naive`` or
+``balanced``) gives every communication core its task list, and the MTE executor (cores move the
+bytes, each at most ``cores.issue_gbps``) or the SDMA executor (cores post descriptors, the
+engine moves the bytes) gives exact per-core timelines; the step lasts until the member's last
+core (MTE) or the completion (SDMA) is done. Those runs stay attached to the plan, so
+``call_cores`` and the profiler read per-core figures of any call.
+
 ``choose_algo`` is the workload-aware selection (``algo="auto"``): it times the call both ways
 with the model and keeps the cheaper, cached by (op, bytes, members, root).
 """
@@ -42,9 +51,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..collectives import _partition as P
 from ..collectives import _schedule as S
+from ..sdma import _engine as sdma_engine
+from . import _cores
 from ._fabric import Fabric
-from ._topology import Topology, load
+from ._topology import UNIT_US, Topology, load
 
 REGISTRATIONS = ("roa", "jit", "pool", "staged")
 STAGED_BUFFER = 200 * 1024 * 1024      # HCCL_BUFFSIZE default: 200 MB (CANN environment-variable reference)
@@ -55,19 +67,96 @@ class FabricModel:
     """A topology, a registration mode and the cached plans of the calls timed so far."""
 
     def __init__(self, topology: Topology | str = "cm384", registration: str = "roa",
-                 staged_buffer: int | None = STAGED_BUFFER):
+                 staged_buffer: int | None = STAGED_BUFFER, cores: int | None = None,
+                 comm_cores: int | None = None, partition: str = "balanced", path: str = "mte",
+                 completion: str = "flag"):
         if registration not in REGISTRATIONS:
             raise ValueError(f"registration must be one of {', '.join(REGISTRATIONS)}, got {registration!r}")
+        if path not in sdma_engine.PATHS:
+            raise ValueError(f"path must be one of {', '.join(sdma_engine.PATHS)}, got {path!r}")
+        if completion not in sdma_engine.COMPLETIONS:
+            raise ValueError(f"completion must be one of {', '.join(sdma_engine.COMPLETIONS)}, got {completion!r}")
         self.topology = load(topology) if isinstance(topology, str) else topology
         self.fabric = Fabric(self.topology)
         self.registration = registration
         self.staged_buffer = staged_buffer
+        tc = self.topology.cores
+        self.cores = int(cores if cores else tc.count)
+        self.comm_cores = int(comm_cores if comm_cores else min(tc.comm, self.cores))
+        if not 1 <= self.comm_cores <= self.cores:
+            raise ValueError(f"comm_cores must be in 1..cores ({self.cores}), got {self.comm_cores}")
+        self.partitioner = P.Partitioner(partition)
+        self.partition, self.path, self.completion = partition, path, completion
+        f = self.fabric
+        self.issue_rate = tc.issue_gbps * 1e3 if tc.issue_gbps else None      # bytes/us
+        tiers = [self.topology.tiers[n] for n in f.tier_names]
+        # a local copy reads and writes every byte: its tier moves at half the HBM bandwidth
+        self._beta = np.where(np.arange(len(tiers)) == f.local_tier, f.hbm / 2, f.bandwidth)
+        self.unit_bytes = np.array([t.unit_bytes or P.default_unit_bytes(b, UNIT_US) for t, b in zip(tiers, self._beta)])
+        self.fan_out_cap = np.array([t.fan_out_cap or P.default_fan_out_cap(b, self.issue_rate, self.comm_cores)
+                                     for t, b in zip(tiers, self._beta)])
         self._plans: dict = {}
         self._rounds: dict = {}
         self._auto: dict = {}
+        self._runs: dict = {}
 
     def __repr__(self) -> str:
-        return f"FabricModel({self.topology.name!r}, registration={self.registration!r})"
+        return (f"FabricModel({self.topology.name!r}, registration={self.registration!r}, "
+                f"comm_cores={self.comm_cores}/{self.cores}, partition={self.partition!r}, path={self.path!r})")
+
+    # --- the backend: one member's transfers of one step through its cores ------------------
+    def core_run(self, peers: np.ndarray, nbytes: np.ndarray, tiers: np.ndarray, share: float, path: str | None = None):
+        """Per-core run (``_cores.CoreRun`` or ``sdma.SdmaRun``) of one member's transfers of one
+        step: ``peers`` (any ids: the cap counts cores per peer), ``nbytes``, ``tiers`` (tier
+        index of each), the member's fabric share (bytes/us). Cached by shape."""
+        path = path or self.path
+        # members whose shares agree to 9 digits share one run (symmetric members of a phase)
+        share = float(f"{share:.9g}")
+        key = (path, peers.tobytes(), nbytes.tobytes(), tiers.tobytes(), share)
+        got = self._runs.get(key)
+        if got is not None:
+            return got
+        f = self.fabric
+        # a unit's modeled cost on one core: alpha_t + s / beta_t, with beta_t no faster than a core issues
+        beta = np.minimum(self._beta, self.issue_rate) if self.issue_rate else self._beta
+        units = P.cut(peers, nbytes, tiers, self.unit_bytes, f.latency, beta, self.comm_cores)
+        pol = self.partitioner.policy(units, self.comm_cores, self.fan_out_cap,
+                                      key=(peers.tobytes(), nbytes.tobytes(), tiers.tobytes(), self.comm_cores))
+        alpha = f.latency[units.tier]
+        if path == "mte":
+            run = _cores.run_mte(units.nbytes, alpha, pol.core, pol.slot, self.comm_cores, share, self.issue_rate)
+        else:
+            run = sdma_engine.run_sdma(units.nbytes, alpha, pol.core, pol.slot, self.comm_cores, share,
+                                       self.topology.sdma, self.completion)
+        run = (run, pol, units)
+        if len(self._runs) >= 4 * _CACHE_LIMIT:
+            self._runs.clear()
+        self._runs[key] = run
+        return run
+
+    def _through_cores(self, m: np.ndarray, reader: np.ndarray, owner: np.ndarray, nbytes: np.ndarray,
+                       kind: np.ndarray, done: np.ndarray) -> tuple[np.ndarray, list]:
+        """Per-member duration of one phase whose transfers the fabric timed (``done``, us from
+        the phase start, per transfer) once the members' cores execute them."""
+        f, n = self.fabric, m.size
+        tier = f.tier_of(m[reader], m[owner])
+        tier[kind == S.LOCAL_COPY] = f.local_tier
+        alpha = f.latency[tier]
+        dur, runs = np.zeros(n), [None] * n
+        order = np.argsort(reader, kind="stable")
+        bounds = np.searchsorted(reader[order], np.arange(n + 1))
+        for i in range(n):
+            sel = order[bounds[i]:bounds[i + 1]]
+            sel = sel[nbytes[sel] > 0]
+            if sel.size == 0:
+                continue
+            data = float((done[sel] - alpha[sel]).max())
+            share = float(nbytes[sel].sum()) / data if data > 0 else 0.0
+            rel = (owner[sel] - i) % n           # peers relative to the member: symmetric members share a policy
+            run = self.core_run(rel.astype(np.int64), nbytes[sel].astype(np.int64), tier[sel], share)
+            runs[i] = run
+            dur[i] = run[0].end
+        return dur, runs
 
     def registration_us(self, mappings, nbytes) -> np.ndarray:
         """Modeled cost of ``mappings`` just-in-time peer mappings of ``nbytes`` buffers each."""
@@ -107,7 +196,12 @@ class FabricModel:
     def _timed_local(self, m: np.ndarray, nbytes: np.ndarray) -> list:
         if not np.any(nbytes):
             return []
-        return [("add", self.fabric.phase(m, m, nbytes, S.LOCAL_COPY))]
+        n = m.size
+        me = np.arange(n)
+        nbytes = np.asarray(nbytes, dtype=np.int64)
+        done = self.fabric.phase(m, m, nbytes, S.LOCAL_COPY)
+        dur, runs = self._through_cores(m, me, me, nbytes, np.full(n, S.LOCAL_COPY), done)
+        return [("add", dur, runs)]
 
     def _timed(self, op, algo, m, nbytes, root, itemsize) -> list:
         f, n = self.fabric, m.size
@@ -118,18 +212,28 @@ class FabricModel:
                     out.append(("barrier", self._barrier(m)))
             elif isinstance(step, S.Mesh):
                 done = f.phase(m[step.reader], m[step.owner], step.nbytes, step.kind)
-                dur = np.zeros(n)
-                np.maximum.at(dur, step.reader, done)
-                out.append(("add", dur))
+                dur, runs = self._through_cores(m, step.reader, step.owner, step.nbytes, step.kind, done)
+                out.append(("add", dur, runs))
             elif isinstance(step, S.Local):
                 out += self._timed_local(m, step.nbytes)
             elif isinstance(step, S.Ring):
                 left = np.roll(m, 1)
                 x, alpha = f.rates(m, left, np.ones(n, dtype=np.int64), S.LOAD)
-                dur = np.where(step.nbytes > 0, alpha + step.nbytes / x, 0.0)
-                if step.local is not None:     # the own-block copy runs beside step 0's pull
-                    dur[0] = np.maximum(dur[0], f.phase(m, m, step.local, S.LOCAL_COPY))
-                out.append(("ring", dur, f.flag_us(left, m)))
+                tier = f.tier_of(m, left)
+                dur = np.zeros(step.nbytes.shape)
+                runs = [[None] * n for _ in range(dur.shape[0])]
+                one = np.ones(1, dtype=np.int64)
+                for s in range(dur.shape[0]):
+                    for i in range(n):
+                        if step.nbytes[s, i] > 0:
+                            r = self.core_run(one, step.nbytes[s, i:i + 1].astype(np.int64), tier[i:i + 1], float(x[i]))
+                            runs[s][i] = r
+                            dur[s, i] = r[0].end
+                if step.local is not None:     # the own-block copy runs beside step 0's pull, on other cores' time
+                    loc = self._timed_local(m, step.local)
+                    if loc:
+                        dur[0] = np.maximum(dur[0], loc[0][1])
+                out.append(("ring", dur, f.flag_us(left, m), runs))
             elif isinstance(step, S.RootWait):
                 if n > 1:
                     lat = f.flag_us(m, np.full(n, m[step.root]))
@@ -137,8 +241,11 @@ class FabricModel:
                     out.append(("rootwait", step.root, lat))
             elif isinstance(step, S.Shift):
                 left, right = np.roll(m, 1), np.roll(m, -1)
-                dur = f.phase(m, left, np.full(n, step.nbytes), S.LOAD)
-                out.append(("shift", dur, f.flag_us(left, m), f.flag_us(right, m)))
+                me = np.arange(n)
+                nb = np.full(n, step.nbytes, dtype=np.int64)
+                done = f.phase(m, left, nb, S.LOAD)
+                dur, runs = self._through_cores(m, me, np.roll(me, 1), nb, np.full(n, S.LOAD), done)
+                out.append(("shift", dur, f.flag_us(left, m), f.flag_us(right, m), runs))
         return out
 
     def _barrier(self, m: np.ndarray) -> np.ndarray:
@@ -169,7 +276,7 @@ def _run(plan: list, clocks: np.ndarray) -> np.ndarray:
             t = t.copy()
             t[root] = (t + lat).max()
         elif kind == "shift":
-            dur, lat_in, lat_back = step[1:]
+            dur, lat_in, lat_back = step[1:4]
             end = np.maximum(t, np.roll(t, 1)) + lat_in + dur
             t = np.maximum(end, np.roll(end, -1)) + lat_back
     return t

@@ -39,6 +39,19 @@ Optional fields, all with defaults that add no constraint:
                                                  this); barriers are made of flags
     registration.map_us                 100.0    just-in-time registration: one peer mapping
     registration.map_us_per_gib         690.0    ... plus this per GiB mapped (page-table updates)
+    tiers.<t>.unit_bytes                beta_t x 20 us  transfer-unit size S_t the partitioner cuts
+                                                 slices into (rounded to 64 KiB; see _partition.py)
+    tiers.<t>.fan_out_cap               ceil(beta_t / core rate)  H_t: cores that may target one
+                                                 peer of this tier in one issue stripe
+    cores.count                         48       logical NPU (AIV) cores per rank
+    cores.comm                          24       of which a communication kernel uses
+    cores.issue_gbps                    null     one core's MTE issue rate; null: unbounded
+    sdma.descriptor_us                  0.5      core time to build and post one SDMA descriptor
+    sdma.max_descriptor_bytes           1 MiB    bytes one descriptor moves at most
+    sdma.channels                       4        descriptors the engine has in flight at once
+    sdma.doorbell_us                    0.1      core time to ring the doorbell once per queue
+    sdma.poll_cores                     1        cores that poll the tail flag (in-kernel mode)
+    sdma.notify_us                      2.0      notify event -> waiting operation (cross-kernel)
 
 A malformed value raises ConfigError naming the field.
 """
@@ -50,8 +63,11 @@ import os
 
 from .._errors import ConfigError
 
-# cm384's port fan-in efficiency: the one calibrated parameter (see _CM384["port"])
+# cm384's port fan-in efficiency: calibrated (see _CM384["port"])
 FAN_IN_EFFICIENCY = 0.688
+# one NPU core's MTE issue rate on cm384, calibrated (see _CM384["cores"])
+CORE_ISSUE_GBPS = 0.95 * 196.0 / 24
+UNIT_US = 20.0           # default S_t: the bytes a tier moves in this long (see _partition.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +76,8 @@ class Tier:
     latency_us: float
     bandwidth_gbps: float
     dedicated: bool = False   # a link of the pair's own, outside both ranks' fabric ports
+    unit_bytes: int | None = None    # S_t; None: bandwidth x UNIT_US, rounded to 64 KiB
+    fan_out_cap: int | None = None   # H_t; None: ceil(bandwidth / core issue rate), or no cap
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,11 +98,32 @@ class Contention:
     map_us_per_gib: float = 690.0       # jit: per GiB mapped
 
 
+@dataclasses.dataclass(frozen=True)
+class Cores:
+    """A rank's logical NPU cores: how many, how many a communication kernel uses, how fast one issues."""
+    count: int = 48
+    comm: int = 24
+    issue_gbps: float | None = None     # None: a core is never the bottleneck
+
+
+@dataclasses.dataclass(frozen=True)
+class Sdma:
+    """The rank's SDMA engine (sdma/): what posting costs the cores, how the engine works."""
+    descriptor_us: float = 0.5
+    max_descriptor_bytes: int = 1 << 20
+    channels: int = 4
+    doorbell_us: float = 0.1
+    poll_cores: int = 1
+    notify_us: float = 2.0
+
+
 class Topology:
     def __init__(self, name: str, levels: list[Level], tiers: dict[str, Tier], beyond: str,
-                 contention: Contention | None = None):
+                 contention: Contention | None = None, cores: Cores | None = None, sdma: Sdma | None = None):
         self.name, self.levels, self.tiers, self.beyond = name, levels, tiers, beyond
         self.contention = contention or Contention()
+        self.cores = cores or Cores()
+        self.sdma = sdma or Sdma()
         self._span = []
         span = 1
         for lv in levels:
@@ -122,6 +161,12 @@ class Topology:
         lines.append(f"  port      {port} per direction, fan-in efficiency {c.fan_in_efficiency:g}")
         lines.append(f"  sync      flag = tier latency + {c.flag_us:g} us; barrier = dissemination over flags")
         lines.append(f"  jit map   {c.map_us:g} us per peer mapping + {c.map_us_per_gib:g} us per GiB")
+        k = self.cores
+        rate = f"{k.issue_gbps:.3g} GB/s each" if k.issue_gbps else "unbounded issue rate"
+        lines.append(f"  cores     {k.count} per rank, {k.comm} for communication, {rate}")
+        d = self.sdma
+        lines.append(f"  sdma      {d.descriptor_us:g} us per descriptor (<= {d.max_descriptor_bytes} B), "
+                     f"{d.channels} channel(s), doorbell {d.doorbell_us:g} us, notify {d.notify_us:g} us")
         if world is not None:
             lines.append(f"  {world} rank(s) in this job")
         return "\n".join(lines)
@@ -143,10 +188,14 @@ _CM384 = {
         {"name": "supernode", "size": 12, "tier": "inter-node"},
     ],
     "tiers": {
-        "local": {"latency_us": 0.0, "bandwidth_gbps": 1600.0},      # die HBM, paper section 2.1
+        # die HBM, paper section 2.1; local copies are issued by the same cores as remote units,
+        # so their units are sized like the remote tiers' (~4 MiB), not by the HBM's rate
+        "local": {"latency_us": 0.0, "bandwidth_gbps": 1600.0, "unit_bytes": 4 << 20},
         # Table 1; the dies of one NPU talk over their SIO link (section 2.1, Fig. 2: up to 540 GB/s
         # aggregate), not through the UB ports
         "die-to-die": {"latency_us": 0.2, "bandwidth_gbps": 210.0, "dedicated": True},
+        # unit_bytes (S_t) and fan_out_cap (H_t) of every tier take their defaults: units of ~20 us
+        # of the tier's bandwidth, and as many cores per peer as fill the pair's bandwidth
         "intra-node": {"latency_us": 0.7, "bandwidth_gbps": 170.0},  # Table 1
         "inter-node": {"latency_us": 2.1, "bandwidth_gbps": 150.0},  # Table 1
     },
@@ -165,6 +214,29 @@ _CM384 = {
     "sync": {
         # a flag is one remote store: its tier latency; no further overhead is assumed
         "flag_us": 0.0,
+    },
+    "cores": {
+        # paper section 2.1: 24 AI Cores per die, each with two vector cores (AIV), which run the
+        # communication kernels: 48 "NPU cores" per die; section 3.2: communication uses 24
+        "count": 48,
+        "comm": 24,
+        # One core's MTE issue rate. No public source gives it; CALIBRATED to paper Fig. 6b /
+        # section 3.2 ("bus bandwidth reaches 95% of peak only when 24 NPU cores are used"):
+        # 24 cores fill 95% of a die's port line rate (196 GB/s above): 0.95 x 196 / 24 GB/s.
+        "issue_gbps": CORE_ISSUE_GBPS,
+    },
+    "sdma": {
+        # Paper Fig. 15b: on a 32-rank 128 MiB all_gather the cores are busy ~90 us submitting
+        # descriptors. With descriptors of at most 1 MiB (an assumption: no public figure) that is
+        # 31 x 128 = 3968 descriptors over 24 cores, 165 each: ~0.5 us per descriptor (CALIBRATED)
+        "descriptor_us": 0.5,
+        "max_descriptor_bytes": 1 << 20,
+        # ASSUMED, no public source: the engine keeps 4 descriptors in flight; each pays its
+        # pair's access latency before its bytes flow (a DMA engine's request window)
+        "channels": 4,
+        "doorbell_us": 0.1,        # ASSUMED: one MMIO store per queue
+        "poll_cores": 1,           # paper 6.3: "a few NPU cores poll local status flags"
+        "notify_us": 2.0,          # ASSUMED: AI CPU sees the notify record and releases the waiter
     },
     "registration": {
         # paper Fig. 5a (per-rank jit registration of an N-rank group, log-log, ~linear in N):
@@ -214,7 +286,11 @@ def from_dict(data: dict, source: str = "topology") -> Topology:
         bw = need(t, "bandwidth_gbps", float, f"tiers.{tname}.")
         if lat < 0 or bw <= 0:
             raise ConfigError(f"{source}: tiers.{tname} needs latency_us >= 0 and bandwidth_gbps > 0")
-        tiers[tname] = Tier(tname, lat, bw, optional(t, "dedicated", bool, f"tiers.{tname}.", False))
+        unit = optional(t, "unit_bytes", int, f"tiers.{tname}.", None)
+        cap = optional(t, "fan_out_cap", int, f"tiers.{tname}.", None)
+        if (unit is not None and unit < 1) or (cap is not None and cap < 1):
+            raise ConfigError(f"{source}: tiers.{tname} needs unit_bytes >= 1 and fan_out_cap >= 1")
+        tiers[tname] = Tier(tname, lat, bw, optional(t, "dedicated", bool, f"tiers.{tname}.", False), unit, cap)
     levels = []
     for i, lv in enumerate(need(data, "levels", list, "")):
         lname = need(lv, "name", str, f"levels[{i}].")
@@ -250,7 +326,26 @@ def from_dict(data: dict, source: str = "topology") -> Topology:
         if v < 0:
             raise ConfigError(f"{source}: field {sname}.{key!r} must be >= 0, got {v}")
         values[key] = v
-    return Topology(name, levels, tiers, beyond, Contention(port_gbps, fan_in, **values))
+    cs, sd = section("cores"), section("sdma")
+    dc, ds = Cores(), Sdma()
+    count = optional(cs, "count", int, "cores.", dc.count)
+    comm = optional(cs, "comm", int, "cores.", dc.comm)
+    if not 1 <= comm <= count:
+        raise ConfigError(f"{source}: fields cores.'comm' and cores.'count' need 1 <= comm <= count, got {comm}, {count}")
+    issue = optional(cs, "issue_gbps", float, "cores.", None)
+    if issue is not None and issue <= 0:
+        raise ConfigError(f"{source}: field cores.'issue_gbps' must be > 0 (or null), got {issue}")
+    sv = {}
+    for key, kind, default, low in (("descriptor_us", float, ds.descriptor_us, 0), ("max_descriptor_bytes", int,
+                                    ds.max_descriptor_bytes, 1), ("channels", int, ds.channels, 1),
+                                    ("doorbell_us", float, ds.doorbell_us, 0), ("poll_cores", int, ds.poll_cores, 0),
+                                    ("notify_us", float, ds.notify_us, 0)):
+        v = optional(sd, key, kind, "sdma.", default)
+        if v < low:
+            raise ConfigError(f"{source}: field sdma.{key!r} must be >= {low}, got {v}")
+        sv[key] = v
+    return Topology(name, levels, tiers, beyond, Contention(port_gbps, fan_in, **values),
+                    Cores(count, comm, issue), Sdma(**sv))
 
 
 def load(spec: str) -> Topology:

@@ -1,0 +1,249 @@
+"""Remote slices: what an operator frontend produces and the one backend executes.
+
+A collective call on one rank is a list of phases (a barrier separates two phases); a phase is
+a ``SliceMap``: arrays, one entry per remote-slice transfer ``<peer, src, dst, bytes, op, flag>``
+
+    peer      the member whose memory the slice touches (== me for a local copy)
+    src_buf   which buffer src is an offset into:  IN (the input), OUT, SCRATCH
+    src       byte offset in src_buf, of the peer for LOAD / LOAD_ACC, of this rank for STORE
+    dst_buf   which buffer dst is an offset into
+    dst       byte offset in dst_buf, of this rank for LOAD / LOAD_ACC, of the peer for STORE
+    nbytes    bytes of the slice
+    op        LOAD (pull), STORE (push), LOAD_ACC (load, then accumulate on write into dst)
+    flag      -1, or the flag id the slice raises when it completes (a dependency signal)
+
+    frontend (per operator, below)  ->  [SliceMap, ...] per rank
+        |                                   |
+        |   partitioner (_partition.py) cuts slices into transfer units, assigns them to cores
+        v                                   v
+    data executor: execute(...) here      modeled executor: ub/_cores.py, sdma/
+        real bytes through the native         exact per-core timelines of the same units
+        kernels, given base addresses
+
+Reductions. All LOAD_ACC slices of a phase that write the same destination range form one
+reduction group; the data executor reduces a group in one pass in communicator-rank order of
+``peer`` (((x_0 op x_1) op x_2) ...: the documented order, ``collectives/_reduce.py``), tile by
+tile into the destination: the accumulate-on-write step. Cores working on different ranges of
+the destination never touch the same bytes, so they take no lock.
+
+Adding an operator means writing one frontend: a function returning the phases' slice maps.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from . import _kernels
+from ._reduce import dtype_code, reduce_code
+
+LOAD, STORE, LOAD_ACC = 0, 1, 2
+OPS = {"load": LOAD, "store": STORE, "load-accumulate": LOAD_ACC}
+IN, OUT, SCRATCH = 0, 1, 2
+BUFFERS = {"in": IN, "out": OUT, "scratch": SCRATCH}
+FRONTENDS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "all_to_all_v", "broadcast",
+             "sendrecv", "ring_all_gather_step", "ring_reduce_scatter_step")
+
+
+@dataclasses.dataclass(frozen=True)
+class SliceMap:
+    """One phase of one rank: structure-of-arrays of remote-slice transfers."""
+    me: int
+    peer: np.ndarray
+    src_buf: np.ndarray
+    src: np.ndarray
+    dst_buf: np.ndarray
+    dst: np.ndarray
+    nbytes: np.ndarray
+    op: np.ndarray
+    flag: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.peer.size)
+
+    @property
+    def total(self) -> int:
+        return int(self.nbytes.sum())
+
+    def per_peer(self, n: int) -> np.ndarray:
+        """Bytes this rank moves to or from each member (index = member)."""
+        return np.bincount(self.peer, weights=self.nbytes, minlength=n).astype(np.int64)
+
+
+def make(me: int, peer, src_buf, src, dst_buf, dst, nbytes, op, flag=-1) -> SliceMap:
+    """A slice map from array-likes (scalars broadcast); zero-byte slices are dropped."""
+    peer = np.asarray(peer, dtype=np.int64).reshape(-1)
+    shape = peer.shape
+    arr = [np.broadcast_to(np.asarray(a, dtype=np.int64), shape).copy() for a in
+           (src_buf, src, dst_buf, dst, nbytes, op, flag)]
+    keep = arr[4] > 0
+    return SliceMap(int(me), peer[keep], *(a[keep] for a in arr))
+
+
+def concat(*maps: SliceMap) -> SliceMap:
+    f = [fld.name for fld in dataclasses.fields(SliceMap) if fld.name != "me"]
+    return SliceMap(maps[0].me, *(np.concatenate([getattr(m, k) for m in maps]) for k in f))
+
+
+def _order(me: int, n: int) -> np.ndarray:
+    # peers after me first (me+1, me+2, ...): concurrent readers spread over owners
+    return (me + 1 + np.arange(n)) % n
+
+
+def chunk_edges(count: int, n: int, itemsize: int) -> np.ndarray:
+    """Byte offsets of chunk c = elements [count*c//n, count*(c+1)//n) (the data path's chunks)."""
+    return (count * np.arange(n + 1, dtype=np.int64) // n) * itemsize
+
+
+# --- frontends: one per operator --------------------------------------------------------------
+def all_gather(me: int, n: int, nbytes: int) -> list[SliceMap]:
+    """out[p*M:(p+1)*M] = x_p for every member p (M = ``nbytes``); own block copied locally."""
+    p = _order(me, n)
+    return [make(me, p, IN, 0, OUT, p * nbytes, nbytes, LOAD)]
+
+
+def reduce_scatter(me: int, n: int, count: int, itemsize: int) -> list[SliceMap]:
+    """out = reduction over p of chunk ``me`` of x_p (``count`` elements of input)."""
+    e = chunk_edges(count, n, itemsize)
+    return [make(me, np.arange(n), IN, e[me], OUT, 0, e[me + 1] - e[me], LOAD_ACC)]
+
+
+def all_reduce(me: int, n: int, count: int, itemsize: int, small: int = 16 * 1024) -> list[SliceMap]:
+    """In place on IN. Large: phase 1 reduces chunk ``me`` of every x_p into place, phase 2
+    pulls every other chunk from its owner. Small (<= ``small`` bytes or fewer elements than
+    members): phase 1 reduces the whole buffer into SCRATCH, phase 2 copies it back locally."""
+    nb = count * itemsize
+    if nb <= small or count < n:
+        return [make(me, np.arange(n), IN, 0, SCRATCH, 0, nb, LOAD_ACC),
+                make(me, me, SCRATCH, 0, IN, 0, nb, LOAD)]
+    e = chunk_edges(count, n, itemsize)
+    p = _order(me, n)
+    p = p[p != me]
+    return [make(me, np.arange(n), IN, e[me], IN, e[me], e[me + 1] - e[me], LOAD_ACC),
+            make(me, p, IN, e[p], IN, e[p], e[p + 1] - e[p], LOAD)]
+
+
+def all_to_all(me: int, n: int, nbytes: int) -> list[SliceMap]:
+    """Equal splits of an ``nbytes`` input: out block p = block ``me`` of x_p."""
+    b = nbytes // n
+    p = _order(me, n)
+    return [make(me, p, IN, me * b, OUT, p * b, b, LOAD)]
+
+
+def all_to_all_v(me: int, n: int, send: np.ndarray, recv: np.ndarray, itemsize: int) -> list[SliceMap]:
+    """``send[i, j]``: elements member i sends to j, packed in rank order in i's input; member
+    ``me`` receives ``recv[me, p]`` elements from p, packed in rank order in its output."""
+    send, recv = np.asarray(send, dtype=np.int64), np.asarray(recv, dtype=np.int64)
+    p = _order(me, n)
+    send_displ = np.cumsum(send, axis=1) - send
+    recv_displ = np.cumsum(recv[me]) - recv[me]
+    return [make(me, p, IN, send_displ[p, me] * itemsize, OUT, recv_displ[p] * itemsize,
+                 recv[me, p] * itemsize, LOAD)]
+
+
+def broadcast(me: int, n: int, nbytes: int, root: int = 0) -> list[SliceMap]:
+    """Every member other than ``root`` pulls the root's buffer into its own (in place)."""
+    if me == root:
+        return [make(me, [], IN, 0, IN, 0, 0, LOAD)]
+    return [make(me, root, IN, 0, IN, 0, nbytes, LOAD)]
+
+
+def sendrecv(me: int, n: int, nbytes: int) -> list[SliceMap]:
+    """Ring shift: pull ``nbytes`` of member me-1's input into this rank's output, then raise
+    the done flag (id 0) that member me-1 waits for."""
+    return [make(me, (me - 1) % n, IN, 0, OUT, 0, nbytes, LOAD, flag=0)]
+
+
+def ring_all_gather_step(me: int, n: int, nbytes: int, s: int) -> list[SliceMap]:
+    """Ring all_gather step s: pull chunk (me - s - 1) mod n from member me-1 (step 0: its
+    input; later: its output) and raise step flag s. Step 0 also copies the own block."""
+    c = (me - s - 1) % n
+    left = (me - 1) % n
+    pull = make(me, left, IN if s == 0 else OUT, 0 if s == 0 else c * nbytes, OUT, c * nbytes, nbytes, LOAD, s)
+    if s == 0:
+        return [concat(pull, make(me, me, IN, 0, OUT, me * nbytes, nbytes, LOAD))]
+    return [pull]
+
+
+def ring_reduce_scatter_step(me: int, n: int, count: int, itemsize: int, s: int) -> list[SliceMap]:
+    """Ring reduce_scatter step s: accumulate chunk (me - s - 2) mod n of member me-1 (step 0:
+    its input; later: its partial in SCRATCH) with this rank's own input chunk, into SCRATCH
+    (the last step: into OUT)."""
+    e = chunk_edges(count, n, itemsize)
+    c = (me - s - 2) % n
+    left = (me - 1) % n
+    dst_buf, dst = (OUT, 0) if s == n - 2 else (SCRATCH, e[c])
+    a = make(me, left, IN if s == 0 else SCRATCH, e[c], dst_buf, dst, e[c + 1] - e[c], LOAD_ACC, s)
+    b = make(me, me, IN, e[c], dst_buf, dst, e[c + 1] - e[c], LOAD_ACC, s)
+    return [concat(a, b)]
+
+
+def frontend(op: str, me: int, n: int, nbytes: int, itemsize: int = 1, root: int = 0) -> list[SliceMap]:
+    """The phases of ``op`` on member ``me`` of ``n``, for ``nbytes`` of input per member (the
+    model's conventions, ``_schedule.schedule``); all_to_all_v needs its own frontend call."""
+    count = nbytes // max(itemsize, 1)
+    if op == "all_gather":
+        return all_gather(me, n, nbytes)
+    if op == "reduce_scatter":
+        return reduce_scatter(me, n, count // n * n, itemsize) if n > 1 else reduce_scatter(me, n, count, itemsize)
+    if op == "all_reduce":
+        return all_reduce(me, n, count, itemsize)
+    if op == "all_to_all":
+        return all_to_all(me, n, nbytes)
+    if op == "broadcast":
+        return broadcast(me, n, nbytes, root)
+    if op == "sendrecv":
+        return sendrecv(me, n, nbytes)
+    raise ValueError(f"no slice frontend for {op!r} (known: {', '.join(FRONTENDS)})")
+
+
+# --- the data executor ------------------------------------------------------------------------
+def addresses(smap: SliceMap, bases) -> tuple[np.ndarray, np.ndarray]:
+    """Absolute (src, dst) addresses of every slice. ``bases[rank][buf]``: the base address of
+    buffer ``buf`` (IN, OUT, SCRATCH) of member ``rank``, e.g. an (n, 3) int64 array."""
+    b = np.asarray(bases, dtype=np.int64)
+    me = smap.me
+    store = smap.op == STORE
+    src_rank = np.where(store, me, smap.peer)
+    dst_rank = np.where(store, smap.peer, me)
+    return b[src_rank, smap.src_buf] + smap.src, b[dst_rank, smap.dst_buf] + smap.dst
+
+
+def execute(smap: SliceMap, bases, dtype=None, redop: str = "sum", n: int | None = None) -> int:
+    """Run one phase's slices on real memory with the native kernels; returns bytes moved.
+
+    Copies (LOAD, STORE) go to ``copy_many`` in one call. Each reduction group (LOAD_ACC
+    slices with the same destination range) goes to ``reduce_into`` with its sources in
+    ascending ``peer`` order; ``avg`` divides by ``n`` (default: the group's size). Reduction
+    groups must cover whole elements of ``dtype``. The caller guarantees every address is
+    mapped and that the phase's sources are ready (the arrival barrier) and stay so."""
+    if len(smap) == 0:
+        return 0
+    src, dst = addresses(smap, bases)
+    copy = smap.op != LOAD_ACC
+    moved = 0
+    if copy.any():
+        table = np.stack([dst[copy], src[copy], smap.nbytes[copy]], axis=1)
+        _kernels.copy_many(np.ascontiguousarray(table))
+        moved += int(smap.nbytes[copy].sum())
+    acc = ~copy
+    if acc.any():
+        if dtype is None:
+            raise ValueError("execute: load-accumulate slices need a dtype")
+        dt = np.dtype(dtype)
+        tcode, ocode = dtype_code(dt, "execute"), reduce_code(redop, dt, "execute")
+        idx = np.nonzero(acc)[0]
+        # group by destination range, members of a group in rank order
+        idx = idx[np.lexsort((smap.peer[idx], smap.nbytes[idx], dst[idx]))]
+        key_d, key_b = dst[idx], smap.nbytes[idx]
+        starts = np.nonzero(np.r_[True, (key_d[1:] != key_d[:-1]) | (key_b[1:] != key_b[:-1])])[0]
+        ends = np.r_[starts[1:], idx.size]
+        for a, b in zip(starts, ends):
+            g = idx[a:b]
+            nb = int(smap.nbytes[g[0]])
+            if nb % dt.itemsize:
+                raise ValueError(f"execute: a reduction slice of {nb} bytes is not whole {dt} elements")
+            _kernels.reduce_into(int(dst[g[0]]), np.ascontiguousarray(src[g]), nb // dt.itemsize, tcode, ocode,
+                                 float(n if n is not None else g.size))
+            moved += nb * g.size
+    return moved
