@@ -136,3 +136,15 @@ def test_bench_virtual_rows_equal_estimate_rows(tmp_path):
         assert a["wrong"] == 0 and a["time_us"] > 0
         for key in ("model_time_us", "model_algbw", "model_busbw"):
             assert a[key] == pytest.approx(b[key], rel=1e-9)
+
+
+def test_a_user_topology_file_drives_the_model():
+    from pathlib import Path
+    from stratacl.ub import _topology
+    path = str(Path(__file__).resolve().parents[1] / "examples" / "topologies" / "nvl72-like.json")
+    topo = _topology.load(path)
+    assert topo.tier(0, 71).name == "nvlink" and topo.tier(5, 5).name == "local"
+    assert "nvl72-like" in topo.describe(72)
+    mine = stratacl.estimate("all_gather", 72, 64 * MIB, topology=path)
+    cm384 = stratacl.estimate("all_gather", 72, 64 * MIB, topology="cm384")
+    assert mine.busbw > 4 * cm384.busbw                  # 900 GB/s NVLink against 150-210 GB/s UB tiers
