@@ -101,6 +101,17 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("algo", _choice("mesh", "ring", "auto"), "mesh", "--algo",
             "Algorithm of all_gather, reduce_scatter and all_reduce: full mesh (one logical step), ring "
             "(N-1 steps per phase) or `auto` (picked per call by the fabric model's cost estimate)."),
+    Setting("cores", _int, 48, "--cores",
+            "Logical NPU cores per rank in the fabric model (cm384: 48 vector cores per die)."),
+    Setting("comm_cores", _int, 24, "--comm-cores",
+            "How many of a rank's cores a communication kernel uses; they are partitioned over its transfer units."),
+    Setting("partition", _choice("naive", "balanced"), "balanced", "--partition",
+            "Core partitioning of transfer units: `naive` (each peer pinned to a fixed core group) or `balanced` "
+            "(LPT list scheduling under a per-tier fan-out cap)."),
+    Setting("path", _choice("mte", "sdma"), "mte", "--path",
+            "Who moves the bytes in the model: the cores' MTEs, or the SDMA engine fed by descriptors the cores post."),
+    Setting("profile", str, "", "--profile",
+            "Directory for per-core profiler traces (Chrome trace-event JSON, opens in Perfetto); empty: off."),
     Setting("metadata_path", _choice("direct", "relay"), "direct", "--metadata-path",
             "How registration metadata travels: written by the owner into every peer's mailbox ring, "
             "or relayed by the bootstrap daemon."),

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 from typing import Any
 
 import numpy as np
@@ -22,6 +23,7 @@ from .bench._cases import OPS as _BENCH_OPS
 from .bench._cases import bus_factor, shape
 from .collectives import _schedule
 from .ub._clock import FabricModel, choose_algo, model_call
+from .ub._profile import call_cores, profile_call, write_chrome_trace
 from .ub._topology import Topology
 
 ALGOS = ("mesh", "ring", "auto")
@@ -42,6 +44,13 @@ class Estimate:
     time_us: float            # the last rank's
     algbw: float
     busbw: float
+    cores: int = 48           # logical NPU cores per rank, of which comm_cores communicate
+    comm_cores: int = 24
+    partition: str = "balanced"
+    path: str = "mte"
+    core_gap: float = 0.0     # (slowest - fastest core completion) / slowest, worst rank
+    core_busy_us: float = 0.0  # summed occupation of a rank's cores, mean over ranks
+    policy_us: float = 0.0    # host wall time of generating one rank's policy, mean (0: all cached)
 
     def as_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -50,19 +59,25 @@ class Estimate:
 
 
 @functools.lru_cache(maxsize=16)
-def _model(topology: str, registration: str) -> FabricModel:
-    return FabricModel(topology, registration)
+def _model(topology: str, registration: str, cores, comm_cores, partition: str, path: str) -> FabricModel:
+    return FabricModel(topology, registration, cores=cores, comm_cores=comm_cores, partition=partition, path=path)
 
 
 def estimate(op: str, nranks: int, nbytes: int, algo: str = "mesh", topology: str | Topology = "cm384",
-             registration: str = "roa", root: int = 0, dtype: str = "float32") -> Estimate:
+             registration: str = "roa", root: int = 0, dtype: str = "float32", cores: int | None = None,
+             comm_cores: int | None = None, partition: str = "balanced", path: str = "mte",
+             profile: str | None = None) -> Estimate:
     """Modeled time of one ``op`` on ranks 0..nranks-1 of ``topology``, sized like nccl-tests.
 
     ``nbytes`` is nccl-tests' size: the whole buffer for all_gather, reduce_scatter and all_to_all
     (N x per-rank), the buffer for all_reduce and broadcast, the message for sendrecv; it is
     rounded down to whole elements of ``dtype`` (and per-rank chunks), as stratacl-bench does.
-    ``algo``: mesh, ring or auto. ``registration``: roa, pool, jit or staged. Pure computation:
-    no ranks, no shared memory; allocates nothing of the payload's size."""
+    ``algo``: mesh, ring or auto. ``registration``: roa, pool, jit or staged. ``cores`` /
+    ``comm_cores``: logical NPU cores per rank and how many communicate (None: the topology's,
+    cm384 48 / 24); ``partition``: naive or balanced; ``path``: mte (cores move the bytes) or
+    sdma (cores post descriptors, the engine moves them). ``profile``: a directory to write the
+    call's per-core Chrome trace to (``trace-<op>-<size>.json``). Pure computation: no ranks,
+    no shared memory; allocates nothing of the payload's size."""
     if op not in _BENCH_OPS:
         raise ValueError(f"estimate: unknown operator {op!r} (known: {', '.join(_BENCH_OPS)})")
     if algo not in ALGOS:
@@ -72,7 +87,10 @@ def estimate(op: str, nranks: int, nbytes: int, algo: str = "mesh", topology: st
     if not 0 <= root < nranks:
         raise ValueError(f"estimate: root {root} is not a rank of {nranks}")
     itemsize = np.dtype(dtype).itemsize
-    model = _model(topology, registration) if isinstance(topology, str) else FabricModel(topology, registration)
+    if isinstance(topology, str):
+        model = _model(topology, registration, cores, comm_cores, partition, path)
+    else:
+        model = FabricModel(topology, registration, cores=cores, comm_cores=comm_cores, partition=partition, path=path)
     sh = shape(op, nranks, int(nbytes), itemsize)
     per_rank = sh.n_in * itemsize
     members = np.arange(nranks)
@@ -82,8 +100,16 @@ def estimate(op: str, nranks: int, nbytes: int, algo: str = "mesh", topology: st
     extra = None
     if registration == "jit":
         extra = model.registration_us(_schedule.peers_read(op, chosen, nranks, root), per_rank)
+    gen0, k0 = model.partitioner.total_us, model.partitioner.generated
     times = model_call(model, op, chosen, members, per_rank, np.zeros(nranks), extra, root, itemsize)
+    k = model.partitioner.generated - k0
+    policy_us = (model.partitioner.total_us - gen0) / k if k else 0.0
     t = float(times.max())
     algbw = sh.size / t / 1e3 if t > 0 else 0.0
+    cc = call_cores(model, op, chosen, members, per_rank, root, itemsize)
+    if profile:
+        profs = profile_call(model, op, chosen, members, per_rank, root, itemsize)
+        write_chrome_trace(os.path.join(profile, f"trace-{op}-{sh.size}.json"), profs)
     return Estimate(op, nranks, sh.size, sh.count, str(np.dtype(dtype)), chosen, registration,
-                    model.topology.name, times, t, algbw, algbw * bus_factor(op, nranks))
+                    model.topology.name, times, t, algbw, algbw * bus_factor(op, nranks), model.cores,
+                    model.comm_cores, model.partition, model.path, cc["core_gap"], cc["core_busy_us"], policy_us)

@@ -5,6 +5,7 @@
                    [--algo mesh|ring|auto] [--clock off|virtual|throttled] [--dilation D]
                    [--topology cm384|flat|FILE] [--vs mpi,gloo] [--no-limit] [-J out.json]
     stratacl-bench all_gather -n 256 -b 64K -e 256G --estimate [--algo auto] [--registration staged]
+                   [--cores N] [--comm-cores N] [--partition naive|balanced] [--path mte|sdma] [--profile DIR]
 
 Prints a header (the run and the host), one row per size and the average bus bandwidth;
 ``-J`` writes the same as JSON. Progress goes to stderr. Exits 1 if any check found wrong data.
@@ -17,6 +18,14 @@ counts beyond the host's memory; its wall fields ``time_us``, ``algbw``, ``busbw
 ``wrong`` are null (nothing ran, nothing was checked) and ``model_algo`` says which algorithm
 was timed (what ``auto`` picked). Rows of a run without a modeled clock carry the model fields
 as null.
+
+Fabric-native backend. ``--cores``, ``--comm-cores``, ``--partition`` and ``--path`` set the
+model's cores, their partitioning and who moves the bytes (settings of the same names, so a
+data-moving run's virtual clock uses them too); estimate rows gain ``core_gap`` (slowest minus
+fastest core completion over the slowest, worst rank), ``core_busy_us`` (summed occupation of a
+rank's cores) and ``policy_us`` (host time of one rank's partition policy); ``--profile DIR``
+writes each size's per-core Chrome trace (Perfetto) there. Data-moving rows carry these as null
+until the ranks report them.
 """
 from __future__ import annotations
 
@@ -34,6 +43,7 @@ from . import _cases
 
 COLUMNS = ("size", "count", "type", "redop", "root", "time_us", "algbw", "busbw", "wrong")
 MODEL_COLUMNS = ("model_time_us", "model_algbw", "model_busbw")
+CORE_COLUMNS = ("core_gap", "core_busy_us")
 
 
 def _sizes(lo: int, hi: int, factor: float, step: int) -> list[int]:
@@ -116,14 +126,16 @@ def rank_main(comm, spec: _cases.Spec, buffers: str, modeled: bool = False):
 
 
 def estimate_rows(op: str, nranks: int, sizes: list[int], dtype: str, root: int, algo: str, topology: str,
-                  registration: str) -> list[dict]:
+                  registration: str, cores: int | None = None, comm_cores: int | None = None,
+                  partition: str = "balanced", path: str = "mte", profile: str | None = None) -> list[dict]:
     """One row per size from the fabric model alone (``stratacl.estimate``); no rank runs."""
     from .._estimate import estimate
     rows, seen = [], set()
     redop_root = ("sum" if op in ("all_reduce", "reduce_scatter") else "none", root if op == "broadcast" else -1)
     for size in sizes:
         e = estimate(op, nranks, size, algo=algo, topology=topology, registration=registration,
-                     root=max(redop_root[1], 0), dtype=dtype)
+                     root=max(redop_root[1], 0), dtype=dtype, cores=cores, comm_cores=comm_cores,
+                     partition=partition, path=path, profile=profile or None)
         if e.size in seen:
             continue
         seen.add(e.size)
@@ -131,6 +143,7 @@ def estimate_rows(op: str, nranks: int, sizes: list[int], dtype: str, root: int,
                    time_us=None, algbw=None, busbw=None, wrong=None)
         row.update(_cases.model_row(op, nranks, e.size, e.time_us))
         row["model_algo"] = e.algo
+        row.update(core_gap=e.core_gap, core_busy_us=e.core_busy_us, policy_us=e.policy_us)
         rows.append(row)
     return rows
 
@@ -179,6 +192,10 @@ def format_table(header: dict, rows: list[dict], peers: dict[str, list[dict] | s
     if model:
         head += f" {'model time':>11} {'m.algbw':>8} {'m.busbw':>8}" + (f" {'algo':>5}" if estimated else "")
         unit += f" {'(us)':>11} {'(GB/s)':>8} {'(GB/s)':>8}" + (f" {'':>5}" if estimated else "")
+    cores = any(r.get("core_gap") is not None for r in rows)
+    if cores:
+        head += f" {'core gap':>8} {'core busy':>10}"
+        unit += f" {'':>8} {'(us)':>10}"
     if limit:
         head += f" {'limit':>8} {'%limit':>6}"
         unit += f" {'(GB/s)':>8} {'':>6}"
@@ -191,6 +208,8 @@ def format_table(header: dict, rows: list[dict], peers: dict[str, list[dict] | s
         if model:
             ln += (f" {_num(r.get('model_time_us'), 11, 1)} {_num(r.get('model_algbw'), 8, 3)} "
                    f"{_num(r.get('model_busbw'), 8, 3)}" + (f" {r.get('model_algo', ''):>5}" if estimated else ""))
+        if cores:
+            ln += f" {_num(r.get('core_gap'), 8, 3)} {_num(r.get('core_busy_us'), 10, 0)}"
         if limit:
             ln += f" {r['limit_busbw']:>8.3f} {100 * r['limit_fraction']:>5.0f}%"
         lines.append(ln)
@@ -257,6 +276,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dilation", default=None, type=float, help="with --clock throttled: wall s per modeled s")
     p.add_argument("--estimate", action="store_true",
                    help="start no rank: every row from the fabric model alone (sizes beyond host memory)")
+    p.add_argument("--cores", type=int, default=None, help="logical NPU cores per rank (default 48)")
+    p.add_argument("--comm-cores", type=int, default=None, help="cores a communication kernel uses (default 24)")
+    p.add_argument("--partition", default=None, choices=("naive", "balanced"),
+                   help="core partitioning of transfer units (default balanced)")
+    p.add_argument("--path", default=None, choices=("mte", "sdma"), help="cores move the bytes, or the SDMA engine")
+    p.add_argument("--profile", default=None, help="directory for per-core Chrome traces (Perfetto)")
     p.add_argument("--buffers", default="hbm", choices=("hbm", "plain"),
                    help="hbm: arrays from stratacl.empty (zero copy); plain: numpy arrays (staged)")
     p.add_argument("--topology", default=None)
@@ -287,7 +312,8 @@ def main(argv: list[str] | None = None) -> int:
         settings["registration"] = a.registration
     if a.topology:
         settings["topology"] = a.topology
-    for name in ("algo", "clock", "dilation"):       # only when asked: the ranks' defaults otherwise
+    for name in ("algo", "clock", "dilation", "cores", "comm_cores", "partition", "path", "profile"):
+        # only when asked: the ranks' defaults otherwise
         if getattr(a, name) is not None:
             settings[name] = getattr(a, name)
     config = stratacl.Config(**settings)
@@ -302,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"stratacl-bench: {a.operator} on {a.nranks} ranks, {len(sizes)} size(s)", file=sys.stderr, flush=True)
     rows = stratacl.spawn(rank_main, a.nranks, args=(spec, a.buffers, modeled), **settings)[0]
     for r in rows:
-        for k in MODEL_COLUMNS:
+        for k in MODEL_COLUMNS + CORE_COLUMNS:
             r.setdefault(k, None)
     if modeled and rows and all(r["model_time_us"] is None for r in rows):
         print(f"stratacl-bench: --clock {config.clock}: the ranks reported no modeled time "
@@ -340,7 +366,10 @@ def _main_estimate(a, sizes: list[int], command: str) -> int:
                   root=a.root if a.operator == "broadcast" else -1, warmup=0, iters=0, check=0,
                   registration=registration, algo=algo, clock="estimate", buffers="none", topology=topology,
                   host=host_facts(), command=command, started=time.strftime("%Y-%m-%dT%H:%M:%S"))
-    rows = estimate_rows(a.operator, a.nranks, sizes, a.dtype, a.root, algo, topology, registration)
+    header.update(cores=a.cores or 48, comm_cores=a.comm_cores or 24, partition=a.partition or "balanced",
+                  path=a.path or "mte")
+    rows = estimate_rows(a.operator, a.nranks, sizes, a.dtype, a.root, algo, topology, registration,
+                         a.cores, a.comm_cores, a.partition or "balanced", a.path or "mte", a.profile)
     print(format_table(header, rows))
     if a.json:
         with open(a.json, "w") as f:

@@ -185,6 +185,8 @@ class Partitioner:
         self.partition = partition
         self._cache: dict = {}
         self.last_generation_us = 0.0
+        self.total_us = 0.0          # all generation time so far (cache hits add nothing)
+        self.generated = 0           # policies computed (not from the cache)
 
     def policy(self, units: Units, cores: int, caps: np.ndarray, key=None) -> Policy:
         """The policy for ``units`` on ``cores`` cores; ``key``: a hashable shape identity for
@@ -199,6 +201,8 @@ class Partitioner:
         gen = (time.perf_counter() - t0) * 1e6
         p = dataclasses.replace(p, generation_us=gen)
         self.last_generation_us = gen
+        self.total_us += gen
+        self.generated += 1
         if key is not None:
             if len(self._cache) >= _CACHE_LIMIT:
                 self._cache.clear()

@@ -100,6 +100,14 @@ class FabricModel:
         self._auto: dict = {}
         self._runs: dict = {}
 
+    @classmethod
+    def from_settings(cls, topology: Topology | str, registration: str) -> "FabricModel":
+        """The model a rank's virtual clock uses: the backend settings (cores, comm_cores,
+        partition, path) from ``stratacl.config`` (``STRATACL_*``)."""
+        from .._config import Config
+        c = Config()
+        return cls(topology, registration, cores=c.cores, comm_cores=c.comm_cores, partition=c.partition, path=c.path)
+
     def __repr__(self) -> str:
         return (f"FabricModel({self.topology.name!r}, registration={self.registration!r}, "
                 f"comm_cores={self.comm_cores}/{self.cores}, partition={self.partition!r}, path={self.path!r})")

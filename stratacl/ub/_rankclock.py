@@ -48,7 +48,7 @@ class RankClock:
     def __init__(self, topology: Topology, registration: str, mode: str, dilation: float):
         if mode not in ("virtual", "throttled"):
             raise ValueError(f"RankClock: mode must be virtual or throttled, got {mode!r}")
-        self.model = FabricModel(topology, registration)
+        self.model = FabricModel.from_settings(topology, registration)
         self.mode, self.dilation = mode, float(dilation)
         self.now_us = 0.0
         self.calls: dict[str, list] = {}          # op -> [count, total modeled us, last modeled us]
