@@ -1,0 +1,251 @@
+"""The fabric-native backend: slice maps, data executor, partitioners, core model, SDMA, profiler."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import stratacl
+from stratacl.bench import _cli
+from stratacl.collectives import _partition as P
+from stratacl.collectives import _schedule as S
+from stratacl.collectives import _slices as SL
+from stratacl.ub._clock import FabricModel, model_call
+from stratacl.ub._compute import ComputeJob, overlap
+from stratacl.ub._profile import Profiler, call_cores, chrome_trace, profile_call, write_chrome_trace
+
+MIB = 1 << 20
+
+
+def _addr(a: np.ndarray) -> int:
+    return a.__array_interface__["data"][0]
+
+
+# --- slice maps cover exactly what each rank must receive -----------------------------------
+def _coverage(maps, out_bytes, buf):
+    cov = np.zeros(out_bytes, dtype=np.int64)
+    for m in maps:
+        for d, b, db in zip(m.dst.tolist(), m.nbytes.tolist(), m.dst_buf.tolist()):
+            if db == buf:
+                cov[d:d + b] += 1
+    return cov
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 8, 32])
+def test_slice_maps_cover_every_output_byte_once(n):
+    M = 4 * 13
+    for me in range(n):
+        assert (_coverage(SL.all_gather(me, n, M), n * M, SL.OUT) == 1).all()
+        assert (_coverage(SL.all_to_all(me, n, n * 8), n * 8, SL.OUT) == 1).all()
+        rs = SL.reduce_scatter(me, n, 5 * n, 4)
+        assert sorted(rs[0].peer.tolist()) == list(range(n))          # every member's operand once
+        assert (rs[0].nbytes == 20).all()
+        ar = SL.all_reduce(me, n, 10_000, 4)
+        cov = _coverage(ar[1:], 40_000, SL.IN) + _coverage([SL.make(me, 0, 0, 0, 0, 0, 0, 0)], 40_000, SL.IN)
+        e = SL.chunk_edges(10_000, n, 4)
+        own = np.zeros(40_000, dtype=np.int64)
+        own[e[me]:e[me + 1]] = 1
+        assert (cov + own == 1).all()                                  # others' chunks pulled, own reduced
+        b = SL.broadcast(me, n, 64, root=n - 1)[0]
+        assert b.total == (0 if me == n - 1 else 64)
+
+
+def test_slice_maps_match_the_models_mesh_flows():
+    n, M = 8, 3 * MIB
+    step = [s for s in S.schedule("all_gather", "mesh", n, M) if isinstance(s, S.Mesh)][0]
+    for me in range(n):
+        sm = SL.all_gather(me, n, M)[0]
+        mine = np.bincount(step.owner[step.reader == me], step.nbytes[step.reader == me], minlength=n)
+        assert (sm.per_peer(n) == mine).all()
+
+
+def test_all_to_all_v_slices_follow_the_counts():
+    n = 4
+    rng = np.random.default_rng(1)
+    send = rng.integers(0, 5, (n, n))
+    for me in range(n):
+        m = SL.all_to_all_v(me, n, send, send.T, 8)[0]
+        assert m.total == int(send[:, me].sum()) * 8
+
+
+# --- data executor: exact bytes in one process --------------------------------------------------
+def test_data_executor_all_gather_and_all_to_all_are_exact():
+    n, M = 5, 4096 + 8
+    ins = [np.random.default_rng(p).integers(0, 255, M, dtype=np.uint8) for p in range(n)]
+    outs = [np.zeros(n * M, dtype=np.uint8) for _ in range(n)]
+    bases = np.array([[_addr(ins[p]), _addr(outs[p]), 0] for p in range(n)])
+    for me in range(n):
+        for phase in SL.all_gather(me, n, M):
+            SL.execute(phase, bases)
+        assert (outs[me] == np.concatenate(ins)).all()
+    a2a = [np.zeros(M - 8 + 0, dtype=np.uint8) for _ in range(n)]
+    ins2 = [np.random.default_rng(10 + p).integers(0, 255, 4095 + 5, dtype=np.uint8)[:4095 // n * n] for p in range(n)]
+    bases = np.array([[_addr(ins2[p]), _addr(a2a[p]), 0] for p in range(n)])
+    b = ins2[0].size // n
+    for me in range(n):
+        SL.execute(SL.all_to_all(me, n, ins2[0].size)[0], bases)
+        assert (a2a[me][:n * b] == np.concatenate([x[me * b:(me + 1) * b] for x in ins2])).all()
+
+
+@pytest.mark.parametrize("op", ["sum", "max", "avg"])
+def test_data_executor_reductions_in_rank_order(op):
+    n, count = 6, 1003 * 6
+    ins = [np.random.default_rng(p).standard_normal(count).astype(np.float32) for p in range(n)]
+    ref = ins[0].copy()
+    uf = {"sum": np.add, "max": np.maximum, "avg": np.add}[op]
+    for p in range(1, n):
+        uf(ref, ins[p], out=ref)
+    if op == "avg":
+        ref /= np.float32(n)
+    outs = [np.zeros(count // n, dtype=np.float32) for _ in range(n)]
+    bases = np.array([[_addr(ins[p]), _addr(outs[p]), 0] for p in range(n)])
+    for me in range(n):
+        SL.execute(SL.reduce_scatter(me, n, count, 4)[0], bases, np.float32, op)
+        assert outs[me].tobytes() == ref[me * (count // n):(me + 1) * (count // n)].tobytes()
+
+
+def test_data_executor_in_place_all_reduce_two_phases():
+    n, count = 4, 10_000
+    bufs = [np.arange(count, dtype=np.int64) * (p + 1) for p in range(n)]
+    scratch = [np.zeros(count, dtype=np.int64) for _ in range(n)]
+    bases = np.array([[_addr(bufs[p]), 0, _addr(scratch[p])] for p in range(n)])
+    maps = [SL.all_reduce(me, n, count, 8) for me in range(n)]
+    for phase in range(2):                     # a barrier between phases: every rank finishes phase 1 first
+        for me in range(n):
+            SL.execute(maps[me][phase], bases, np.int64, "sum")
+    for me in range(n):
+        assert (bufs[me] == np.arange(count) * 10).all()
+
+
+# --- partitioners ------------------------------------------------------------------------------
+def _units(n=32, per=128 * MIB, me=0):
+    m = FabricModel("cm384")
+    f = m.fabric
+    peers = np.array([p for p in range(n) if p != me])
+    tiers = f.tier_of(np.full(peers.size, me), peers)
+    return P.cut(peers, np.full(peers.size, per), tiers, m.unit_bytes, f.latency, np.minimum(m._beta, m.issue_rate), 24), m
+
+
+@pytest.mark.parametrize("partition", P.PARTITIONS)
+def test_every_unit_assigned_once_and_lists_are_orderly(partition):
+    units, m = _units()
+    pol = P.Partitioner(partition).policy(units, 24, m.fan_out_cap)
+    assert pol.core.shape == (len(units),) and ((0 <= pol.core) & (pol.core < 24)).all()
+    pairs = set(zip(pol.core.tolist(), pol.slot.tolist()))
+    assert len(pairs) == len(units)                       # one unit per (core, slot)
+    for lst in pol.lists():
+        assert sorted(pol.slot[lst].tolist()) == list(range(lst.size))
+    # bytes conserved
+    assert units.nbytes.sum() == 31 * 128 * MIB
+
+
+def test_balanced_respects_the_fan_out_cap_and_beats_naive():
+    units, m = _units()
+    caps = np.full(m.fan_out_cap.size, 2)
+    pol = P.balanced(units, 24, caps)
+    fan = {}
+    for k, p in zip(pol.stripe.tolist(), units.peer.tolist()):
+        fan[(k, p)] = fan.get((k, p), 0) + 1
+    assert max(fan.values()) <= 2
+    naive = P.naive(units, 24)
+    assert pol.load(units).max() <= naive.load(units).max()
+    assert pol.load(units).max() / pol.load(units).min() < 1.05
+
+
+def test_policies_are_deterministic_and_cached():
+    units, m = _units()
+    a = P.balanced(units, 24, m.fan_out_cap)
+    b = P.balanced(units, 24, m.fan_out_cap)
+    assert (a.core == b.core).all() and (a.slot == b.slot).all()
+    part = P.Partitioner("balanced")
+    part.policy(units, 24, m.fan_out_cap, key="k")
+    assert part.last_generation_us > 0
+    part.policy(units, 24, m.fan_out_cap, key="k")
+    assert part.last_generation_us == 0.0
+
+
+# --- the model: Fig. 16, Fig. 6b, SDMA, overlap ----------------------------------------------
+def test_naive_has_a_core_tail_balanced_does_not():
+    t, gap = {}, {}
+    for part in P.PARTITIONS:
+        e = stratacl.estimate("all_gather", 32, 32 * 128 * MIB, partition=part)
+        t[part], gap[part] = e.time_us, e.core_gap
+    assert gap["naive"] > 0.30 and gap["balanced"] < 0.05
+    assert t["balanced"] < 0.9 * t["naive"]
+
+
+def test_few_cores_cannot_fill_the_port():
+    bw = {c: stratacl.estimate("all_gather", 32, 32 * 128 * MIB, comm_cores=c).busbw for c in (1, 8, 24, 48)}
+    assert bw[1] < bw[8] < bw[24] and bw[24] >= 0.95 * bw[48]
+    assert bw[1] == pytest.approx(7.76 * 31 / 32, rel=0.05)       # one core: its issue rate
+
+
+def test_sdma_is_a_little_slower_and_frees_the_cores():
+    mte = stratacl.estimate("all_gather", 32, 32 * 128 * MIB, path="mte")
+    sdma = stratacl.estimate("all_gather", 32, 32 * 128 * MIB, path="sdma")
+    assert 1.0 < sdma.time_us / mte.time_us < 1.2
+    assert sdma.core_busy_us < 0.1 * mte.core_busy_us
+
+
+def test_compute_overlap_slows_less_with_sdma():
+    job = ComputeJob(cores=40, duration_us=30_000.0)
+    slow = {p: overlap(FabricModel("cm384", path=p), "all_gather", "mesh", range(32), 128 * MIB, job).slowdown
+            for p in ("mte", "sdma")}
+    assert slow["mte"] > 0.2 and slow["sdma"] < 0.05
+    first = overlap(FabricModel("cm384"), "all_gather", "mesh", range(32), 128 * MIB, ComputeJob(40, 1000.0),
+                    compute_first=True)
+    assert first.comm_us > stratacl.estimate("all_gather", 32, 32 * 128 * MIB).time_us   # 8 cores left for comm
+
+
+def test_core_model_is_deterministic():
+    a = model_call(FabricModel("cm384", partition="naive"), "all_gather", "mesh", range(32), 8 * MIB, np.zeros(32))
+    b = model_call(FabricModel("cm384", partition="naive"), "all_gather", "mesh", range(32), 8 * MIB, np.zeros(32))
+    assert a.tobytes() == b.tobytes()
+
+
+# --- profiler -----------------------------------------------------------------------------------
+def test_profiler_markers_and_summary():
+    p = Profiler(3)
+    p.begin(0, "data", 1.0)
+    p.end(0, "data", 5.0)
+    p.record(1, "data", 0.0, 4.0)
+    p.record(1, "my-stage", 4.0, 6.0)
+    s = p.summary()
+    assert s["completion_us"] == {0: 5.0, 1: 4.0} and s["gap"] == pytest.approx(0.2)
+    assert p.timelines()[1][1] == ("my-stage", 4.0, 6.0)
+    with pytest.raises(ValueError, match="without a begin"):
+        p.end(2, "data", 1.0)
+
+
+@pytest.mark.parametrize("path", ["mte", "sdma"])
+def test_chrome_trace_is_valid_with_one_track_per_core(tmp_path, path):
+    m = FabricModel("cm384", path=path)
+    profs = profile_call(m, "all_gather", "mesh", range(8), 4 * MIB, ranks=[0, 5])
+    out = write_chrome_trace(str(tmp_path / "t.json"), profs)
+    doc = json.load(open(out))
+    ev = doc["traceEvents"]
+    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in ev if e["name"] == "thread_name"}
+    assert {pid for pid, _ in names} == {0, 5}
+    cores = {tid for (pid, tid), nm in names.items() if pid == 0 and nm.startswith("core ")}
+    assert cores == set(range(24))
+    stages = {e["name"] for e in ev if e["ph"] == "X"}
+    assert "sync" in stages and ({"data"} if path == "mte" else {"descriptor", "engine"}) <= stages
+    assert all(e["dur"] >= 0 for e in ev if e["ph"] == "X")
+    end = max(e["ts"] + e["dur"] for e in ev if e["ph"] == "X" and e["pid"] == 0)
+    t = model_call(m, "all_gather", "mesh", range(8), 4 * MIB, np.zeros(8))
+    assert end == pytest.approx(t[0])
+
+
+# --- bench --------------------------------------------------------------------------------------
+def test_bench_estimate_with_backend_flags(tmp_path, capsys):
+    js = tmp_path / "r.json"
+    rc = _cli.main(["all_gather", "-n", "8", "-b", "1M", "-e", "4M", "--estimate", "--cores", "48", "--comm-cores",
+                    "16", "--partition", "naive", "--path", "sdma", "--profile", str(tmp_path / "prof"), "-J", str(js)])
+    assert rc == 0
+    doc = json.load(open(js))
+    assert doc["header"]["partition"] == "naive" and doc["header"]["path"] == "sdma"
+    for r in doc["rows"]:
+        assert 0 <= r["core_gap"] <= 1 and r["core_busy_us"] > 0
+    assert len(list((tmp_path / "prof").glob("trace-*.json"))) == 2 * len(doc["rows"])   # trace + summary
+    assert "core gap" in capsys.readouterr().out
