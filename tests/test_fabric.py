@@ -194,7 +194,9 @@ def test_mesh_byte_totals_and_phases():
     assert [type(s) for s in ar] == [S.Barrier, S.Mesh, S.Barrier, S.Mesh, S.Barrier]
     assert ar[1].nbytes[ar[1].kind == S.LOAD_REDUCE].sum() + ar[3].nbytes.sum() == 2 * (n - 1) * m
     small = S.schedule("all_reduce", "mesh", n, 16 * KIB, itemsize=4)
-    assert [type(s) for s in small] == [S.Barrier, S.Mesh, S.Barrier, S.Local]      # no departure barrier
+    assert [type(s) for s in small] == [S.Local, S.Barrier, S.Mesh]      # eager: no departure barrier
+    tiny = S.schedule("all_gather", "mesh", n, 4 * KIB)
+    assert [type(s) for s in tiny] == [S.Local, S.Barrier, S.Mesh]
     ring = S.schedule("all_reduce", "ring", n, m, itemsize=4)
     assert [type(s) for s in ring] == [S.Barrier, S.Ring, S.Barrier, S.Ring, S.Barrier]
     moved = ring[1].nbytes.sum(axis=0) + ring[3].nbytes.sum(axis=0)
@@ -364,10 +366,10 @@ def test_fig3a_zero_copy_beats_staged_above_8_mib():
     assert min(_fig3a_gains("ring")) > 0.20 and min(_fig3a_gains("mesh")) > 0.15
 
 
-@pytest.mark.xfail(strict=True, reason="with local copies at HBM speed (1.6 TB/s, read + write) the modeled "
-                   "gain is 27-30% (ring), not the paper's > 30% above 8 MiB (Fig. 3a)")
 def test_fig3a_zero_copy_gains_30_percent():
-    assert min(_fig3a_gains("ring")) >= 0.30
+    # staging copies are issued by the communication cores (paper 2.2), so they run at the
+    # cores' issue rate (24 x 7.76 GB/s), not at the HBM's copy rate
+    assert min(_fig3a_gains("ring")) >= 0.30 and min(_fig3a_gains("mesh")) >= 0.30
 
 
 def test_fig13b_full_mesh_peak_gap_grows_sublinearly_and_stays_within_10_percent():

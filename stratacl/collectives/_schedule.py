@@ -20,12 +20,15 @@ A schedule is a list of steps in communicator-local indices (member i is global 
 
 Full mesh (``algo="mesh"``), one logical step per phase:
 
-    all_gather      Mesh: i loads x_j (M bytes) from every j != i; copies its own x_i locally
+    all_gather      Mesh: i loads x_j (M bytes) from every j != i; copies its own x_i locally.
+                    M <= 16 KiB (eager): Local copy into i's slot, Barrier, the Mesh from the
+                    slots, no departure barrier
     reduce_scatter  Mesh: i load-reduces chunk i (M bytes) from every j != i, own chunk locally
     all_reduce      > 16 KiB: Mesh reduce-scatter of chunk i (count*i//N .. count*(i+1)//N
                     elements), Barrier, Mesh gather: i loads chunk j from j
-                    <= 16 KiB: Mesh: i load-reduces the whole buffer from every j != i into
-                    scratch, Barrier, Local copy scratch -> buffer, and no departure barrier
+                    <= 16 KiB (eager): Local copy of the buffer into i's slot, Barrier, Mesh:
+                    i load-reduces the whole buffer from every j's slot straight into its
+                    buffer; no departure barrier (the slots stay valid until the next call)
     all_to_all      Mesh: i loads block i of x_j (M/N bytes) from every j, own block locally
     broadcast       Mesh: i != root loads the buffer from root; then RootWait instead of the
                     departure barrier (only the root's buffer was read)
@@ -71,7 +74,7 @@ LOAD, LOAD_REDUCE, LOCAL_COPY = 0, 1, 2    # transfer kinds (same codes as ub._f
 OPS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "broadcast", "barrier", "sendrecv")
 RING_OPS = ("all_gather", "reduce_scatter", "all_reduce")
 ALGOS = ("mesh", "ring")
-SMALL_ALL_REDUCE = 16 * 1024        # bytes up to which the mesh all_reduce reads the whole buffer once
+SMALL_ALL_REDUCE = 16 * 1024        # runtime/_buffers.EAGER_BYTES: small all_gather / all_reduce go eager
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,7 +165,10 @@ def schedule(op: str, algo: str, n: int, nbytes: int, root: int = 0, itemsize: i
         if ring:
             steps = np.full((n - 1, n), nbytes, dtype=np.int64)
             return [Barrier(), Ring(steps, np.full(n - 1, LOAD), np.full(n, nbytes)), Barrier()]
-        return [Barrier(), _mesh_all_pairs(n, lambda r, o: np.full(r.size, nbytes), LOAD, True), Barrier()]
+        gather = _mesh_all_pairs(n, lambda r, o: np.full(r.size, nbytes), LOAD, True)
+        if nbytes <= SMALL_ALL_REDUCE:      # eager, as all_reduce: no departure barrier
+            return [Local(np.full(n, nbytes)), Barrier(), gather]
+        return [Barrier(), gather, Barrier()]
     if op == "reduce_scatter":
         per = chunk_bytes(nbytes // itemsize, n, itemsize)
         if ring:
@@ -178,7 +184,12 @@ def schedule(op: str, algo: str, n: int, nbytes: int, root: int = 0, itemsize: i
             # may still read, so a barrier separates the two chains
             return [Barrier(), Ring(per[ring_reduce_scatter_chunk(i, s, n)], np.full(n - 1, LOAD_REDUCE)), Barrier(),
                     Ring(per[ring_all_gather_chunk(i, s, n)], np.full(n - 1, LOAD)), Barrier()]
-        if nbytes <= SMALL_ALL_REDUCE or nbytes // itemsize < n:
+        if nbytes <= SMALL_ALL_REDUCE:
+            # eager: copy into the call's slot, then every rank reduces the whole buffer from
+            # the peers' slots straight into its own; the slots outlive the call (runtime/_buffers.py)
+            whole = _mesh_all_pairs(n, lambda r, o: np.full(r.size, nbytes), LOAD_REDUCE, True)
+            return [Local(np.full(n, nbytes)), Barrier(), whole]
+        if nbytes // itemsize < n:
             whole = _mesh_all_pairs(n, lambda r, o: np.full(r.size, nbytes), LOAD_REDUCE, True)
             return [Barrier(), whole, Barrier(), Local(np.full(n, nbytes))]
         scatter = _mesh_all_pairs(n, lambda r, o: per[r], LOAD_REDUCE, True)

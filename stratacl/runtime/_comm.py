@@ -30,7 +30,7 @@ from .._errors import CollectiveMismatch
 from ..collectives import _fullmesh, _reduce, _ring
 from . import _native
 from ._args import _copy_back, _expect, _flat
-from ._buffers import Buffers, _Input
+from ._buffers import EAGER_BYTES, Buffers, _Input
 from ._control import (DESC_FIXED, F_ADDR, F_AUX0, F_AUX1, F_AUX2, F_CALL, F_COUNT, F_DTYPE, F_EPOCH, F_FLAGS,
                        F_NBYTES, F_OP, F_REDOP, F_ROOT, F_SEG_OFF, F_SEG_SIZE, F_SEG_VA, FLAG_REJECTED, Layout)
 from ._modeling import Modeled
@@ -48,7 +48,6 @@ OPS = {"barrier": 1, "all_gather": 2, "all_reduce": 3, "reduce_scatter": 4, "all
        "all_to_all_v": 6, "broadcast": 7, "split": 8}
 OP_NAMES = {v: k for k, v in OPS.items()}
 
-SMALL_ALL_REDUCE = 16 * 1024   # bytes up to which all_reduce reads everything once instead of two phases
 
 _COMPARED = ((F_DTYPE, "dtype"), (F_COUNT, "element count"), (F_ROOT, "root"), (F_REDOP, "reduce op"))
 
@@ -102,7 +101,6 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled):
         self._sent = [0] * self.size
         self._received = [0] * self.size
         self._staging = None
-        self._scratch = np.empty(SMALL_ALL_REDUCE, dtype=np.uint8)
         self.counters = _fullmesh.Counters()
         self._ready = np.full((self.size, 2), -1, dtype=np.int64)   # last (seg_va, epoch) checked per member
         self._ready_extra = np.full((self.size, 2), -1, dtype=np.int64)   # the same, for ring extra buffers
@@ -112,6 +110,7 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled):
         self._mapped = None        # jit under the modeled clock: (reader, owner) -> (seg_va, epoch) mapped
         self._always_stage = rt.config.registration == "staged"
         self._worker: Worker | None = None
+        self._eager = None
         self._init_p2p()
 
     def _start_worker(self) -> Worker:
@@ -305,8 +304,9 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled):
                     f"{self.size} x {x.size} = {self.size * x.size}")
             _expect(o.dtype == x.dtype, lambda: f"{op}: output dtype {o.dtype} differs from input dtype {x.dtype}",
                     TypeError)
-            inp = self._as_input(x, op)
             algo = self._algo_for(op, x.nbytes, x.itemsize)
+            eager = algo == "mesh" and x.nbytes <= EAGER_BYTES
+            inp = self._eager_input(_flat(x, op, "input")) if eager else self._as_input(x, op)
             target = self._output(o, hbm=algo == "ring")
         except Exception as e:
             self._begin(op, {}, error=e)
@@ -320,7 +320,7 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled):
             parity = self._enter(op, code, x.size, inp=inp)
             _fullmesh.all_gather(self.rank, self.size, target, inp.flat, self._peer_sources(op, parity, inp),
                                  self.counters)
-        self._finish(op)
+        self._finish(op, departure=not eager)
         self._output_done(out, target)
         self._tick(op, parity, x.nbytes, algo, itemsize=x.itemsize)
 
@@ -451,9 +451,9 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled):
     def all_reduce(self, x: np.ndarray, op: str = "sum") -> None:
         """In place: every rank's ``x`` becomes the element-wise reduction of all ranks' ``x``.
 
-        Collective. Mesh, up to SMALL_ALL_REDUCE bytes: every rank reduces the whole buffer from
-        all inputs (two barriers); above: reduce own chunk in place, then gather the others
-        (three); every element is reduced in rank order. Ring: ring reduce-scatter, a barrier,
+        Collective. Mesh, up to EAGER_BYTES: every rank reduces the whole buffer from all
+        ranks' eager copies (one barrier; runtime/_buffers.py); above: reduce own chunk in
+        place, then gather the others (three); every element is reduced in rank order. Ring: ring reduce-scatter, a barrier,
         ring all-gather; chunk c is reduced in the order c+1, ..., c (collectives._ring).
         """
         name = "all_reduce"
@@ -461,11 +461,23 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled):
             code = _reduce.dtype_code(x.dtype, name)
             rcode = _reduce.reduce_code(op, x.dtype, name)
             xf = _flat(x, name, "buffer", writable=True)
-            inp = self._as_input(x, name)
             algo = self._algo_for(name, x.nbytes, x.itemsize)
+            eager = algo == "mesh" and x.nbytes <= EAGER_BYTES
+            inp = self._eager_input(xf) if eager else self._as_input(x, name)
         except Exception as e:
             self._begin(name, {}, error=e)
         flat, n = inp.flat, self.size
+        if eager:
+            # every rank reduces the whole buffer from the peers' eager copies straight into x:
+            # nobody reads x, and the copies stay valid until the next call's arrival barrier
+            parity = self._enter(name, code, x.size, 0, rcode, inp)
+            target = self._output(xf)
+            _fullmesh.reduce_chunk(self.rank, n, 0, flat.size, _native.data_address(target), code, flat.itemsize,
+                                   rcode, self._peer_sources(name, parity, inp), self.counters)
+            self._finish(name, departure=False)
+            self._output_done(x, target)
+            self._tick(name, parity, x.nbytes, algo, itemsize=x.itemsize)
+            return
         if algo == "ring":
             part = self._ring_scratch(flat.nbytes)
             parity = self._enter(name, code, x.size, 0, rcode, inp, aux1=self._publish_extra(part))
@@ -478,10 +490,10 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled):
         else:
             parity = self._enter(name, code, x.size, 0, rcode, inp)
             src = self._peer_sources(name, parity, inp)
-            if flat.nbytes <= SMALL_ALL_REDUCE or flat.size < n:
-                # small: each rank reduces the whole buffer privately, then writes its own copy;
-                # after the second barrier nobody reads this rank's input any more
-                scratch = self._scratch[:flat.nbytes]
+            if flat.size < n:
+                # fewer elements than ranks, too big for the eager path: each rank reduces the whole
+                # buffer privately; after the second barrier nobody reads this rank's input any more
+                scratch = np.empty(flat.nbytes, np.uint8)
                 _fullmesh.all_reduce_whole(self.rank, n, scratch, flat.size, code, flat.itemsize, rcode, src,
                                            self.counters)
                 self._sync(name)

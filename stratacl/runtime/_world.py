@@ -69,7 +69,7 @@ class Runtime:
         self.reg.hbm = self.hbm
         self.allocator = CachingAllocator(rank, self.window, self.hbm, self.reg, pool_va)
         self.stats: dict[str, Any] = dict(calls={}, bytes_pulled=0, bytes_local=0, bytes_staged=0,
-                                          staged_calls=0, output_bytes_written=0)
+                                          staged_calls=0, bytes_eager=0, output_bytes_written=0)
         self._model = None
         self.clock = (RankClock(self.topology, config.registration, config.clock, config.dilation)
                       if config.clock != "off" else None)
