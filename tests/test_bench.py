@@ -21,7 +21,7 @@ N = 4
 SIZES = (4096, 16384)
 ITEM = 4   # float32
 KEYS = {"op", "size", "count", "type", "redop", "root", "time_us", "algbw", "busbw", "wrong"}
-MODEL_KEYS = {"model_time_us", "model_algbw", "model_busbw"}     # null without a modeled clock
+MODEL_KEYS = {"model_time_us", "model_algbw", "model_busbw", "core_gap", "core_busy_us"}     # null without a modeled clock
 # nccl-tests: per-rank counts, whole-buffer sizes and bus factors for N ranks
 PER_RANK = {"all_gather", "reduce_scatter", "all_to_all"}
 FACTOR = {"all_gather": (N - 1) / N, "reduce_scatter": (N - 1) / N, "all_to_all": (N - 1) / N,

@@ -403,7 +403,8 @@ def test_bench_estimate_rows_and_json(tmp_path, capsys):
     rows = doc["rows"]
     assert [r["size"] for r in rows] == [2 * MIB, 64 * MIB, 2 * GIB, 64 * GIB]
     for r in rows:
-        assert set(r) == set(_cli.COLUMNS) | {"op"} | set(_cli.MODEL_COLUMNS) | {"model_algo"}
+        assert set(r) == (set(_cli.COLUMNS) | {"op"} | set(_cli.MODEL_COLUMNS) | {"model_algo"}
+                          | set(_cli.CORE_COLUMNS) | {"policy_us"})
         assert r["time_us"] is None and r["algbw"] is None and r["busbw"] is None and r["wrong"] is None
         e = stratacl.estimate("all_gather", 64, r["size"], algo="auto")
         assert r["model_time_us"] == e.time_us and r["model_algo"] == e.algo

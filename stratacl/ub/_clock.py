@@ -318,7 +318,12 @@ def model_send_recv(model: FabricModel, sender: int, receiver: int, nbytes: int,
     clocks after the pair. ``sendrecv`` in ``model_call`` is the ring shift built from these."""
     f = model.fabric
     start = max(t_recv, t_send + float(f.flag_us(sender, receiver)))
-    done = start + float(f.phase([receiver], [sender], [nbytes], S.LOAD)[0])
+    pair = np.array([receiver, sender], dtype=np.int64)
+    nb = np.array([nbytes], dtype=np.int64)
+    fab = f.phase(pair[:1], pair[1:], nb, S.LOAD)
+    # the receiver's cores pull, as in every other call (member 0 = receiver, peer 1 = sender)
+    dur, _ = model._through_cores(pair, np.zeros(1, np.int64), np.ones(1, np.int64), nb, np.full(1, S.LOAD), fab)
+    done = start + float(dur[0])
     return max(t_send, done + float(f.flag_us(receiver, sender))), done
 
 
