@@ -42,6 +42,6 @@ def stats() -> dict[str, Any]:
     out["calls"] = dict(rt.stats["calls"])
     out["registration"] = rt.reg.stats()
     out["memory"] = rt.allocator.stats()
-    if rt.clock is not None:
+    if rt.config.clock != "off":
         out["clock"] = rt.clock.stats()
     return out

@@ -134,8 +134,8 @@ def test_bench_virtual_rows_equal_estimate_rows(tmp_path):
     assert [r["size"] for r in vr] == [r["size"] for r in er]
     for a, b in zip(vr, er):
         assert a["wrong"] == 0 and a["time_us"] > 0
-        for key in ("model_time_us", "model_algbw", "model_busbw"):
-            assert a[key] == pytest.approx(b[key], rel=1e-9)
+        for key in ("model_time_us", "model_algbw", "model_busbw", "core_gap", "core_busy_us"):
+            assert a[key] == pytest.approx(b[key], rel=1e-9, abs=1e-12)
 
 
 def test_a_user_topology_file_drives_the_model():
@@ -148,3 +148,33 @@ def test_a_user_topology_file_drives_the_model():
     mine = stratacl.estimate("all_gather", 72, 64 * MIB, topology=path)
     cm384 = stratacl.estimate("all_gather", 72, 64 * MIB, topology="cm384")
     assert mine.busbw > 4 * cm384.busbw                  # 900 GB/s NVLink against 150-210 GB/s UB tiers
+
+
+def profiled(comm):
+    x = stratacl.empty((256 * KIB,), np.float32)
+    out = stratacl.empty((comm.size * x.size,), np.float32)
+    with comm.probe("my_stage", core=3):
+        comm.all_gather(out, x)
+        comm.charge_compute(50.0, cores=8)
+    comm.all_reduce(x)
+    try:
+        comm.clock()
+        return "clock answered"
+    except stratacl.ConfigError:
+        return "clock off"
+
+
+def test_profile_dir_gets_a_perfetto_trace_per_rank(tmp_path):
+    results = stratacl.spawn(profiled, 4, profile=str(tmp_path), timeout=120)
+    assert results == ["clock off"] * 4                 # profiling models time without turning the clock on
+    for rank in range(4):
+        doc = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        events = doc["traceEvents"] if isinstance(doc, dict) else doc
+        slices = [e for e in events if e.get("ph") == "X"]
+        assert slices and all(e["pid"] == rank and e["dur"] >= 0 for e in slices)
+        names = {e["name"] for e in slices}
+        assert {"sync", "data", "compute", "my_stage"} <= names
+        cores = {e["tid"] for e in slices if e["name"] == "data"}
+        assert cores == set(range(24))                  # every communication core has a track
+        summary = json.loads((tmp_path / f"rank{rank}.json.summary.json").read_text())
+        assert summary[0]["rank"] == rank and 0 <= summary[0]["gap"] < 1

@@ -220,6 +220,9 @@ def sweep(backend: Backend, spec: Spec, progress=None) -> list[dict]:
             rows[-1].update(model_row(spec.op, n, sh.size, mt * 1e6))
         if late is not None:
             rows[-1]["late_calls"] = backend.total(l1 - l0)
+        cores = getattr(backend, "core_figures", None)     # a modeled clock: per-core figures of one call
+        if cores is not None and m0 is not None:
+            rows[-1].update(cores(spec.op, sh.n_in * dtype.itemsize, max(root, 0), dtype.itemsize))
         if progress is not None and me == 0:
             progress(rows[-1])
         del x, out

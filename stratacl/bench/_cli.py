@@ -71,6 +71,14 @@ class StrataBackend:
         if stratacl.config.clock == "throttled":
             self.late = lambda: stratacl.stats()["clock"]["late_calls"]
 
+    def core_figures(self, op: str, nbytes: int, root: int, itemsize: int) -> dict:
+        """core_gap and core_busy_us of one call as the ranks' model times it (the same
+        ub._profile.call_cores that estimate rows use)."""
+        from ..ub._profile import call_cores
+        c = self.comm
+        algo = c._algo_for(op, nbytes, itemsize)
+        return call_cores(c._rt.model, op, algo, c.members, nbytes, root, itemsize)
+
     def alloc(self, count, dtype):
         return self._alloc(count, dtype)
 

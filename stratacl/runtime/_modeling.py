@@ -13,11 +13,14 @@ the host's own mapping work does not enter modeled time.
 """
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 from .._errors import ConfigError
 from ..collectives import _schedule
 from ..ub._clock import choose_algo
+from ..ub._profile import profile_call
 from ..ub._rankclock import from_bits
 from ._control import F_AUX0, F_EPOCH, F_NBYTES, F_SEG_SIZE, F_SEG_VA
 
@@ -27,10 +30,39 @@ class Modeled:
 
     def clock(self) -> float:
         """This rank's modeled time in seconds (``--clock virtual`` or ``throttled``). Not collective."""
-        c = self._rt.clock
-        if c is None:
+        if self._rt.config.clock == "off":
             raise ConfigError("comm.clock(): the clock is off; launch with --clock virtual (or STRATACL_CLOCK)")
-        return c.now_us * 1e-6
+        return self._rt.clock.now_us * 1e-6
+
+    def charge_compute(self, duration_us: float, cores: int | None = None) -> None:
+        """Charge ``duration_us`` of modeled compute on ``cores`` of this rank's NPU cores (default:
+        all of them) to its modeled clock and, when profiling, to those cores' timelines. Not
+        collective; a no-op without a modeled clock. Overlap with an asynchronous collective is
+        not modeled here (see ub._compute.overlap for the model of it)."""
+        c, prof = self._rt.clock, self._rt.profiler
+        if c is None:
+            return
+        if duration_us < 0:
+            raise ValueError(f"charge_compute: duration_us must be >= 0, got {duration_us}")
+        t0 = c.entering()
+        c.set("compute", t0 + duration_us)
+        if prof is not None:
+            k = self._rt.model.cores if cores is None else int(cores)
+            prof.record_many(np.arange(k), "compute", t0, t0 + duration_us)
+
+    @contextlib.contextmanager
+    def probe(self, stage: str, core: int = 0):
+        """Developer marker: record ``stage`` on ``core`` from entry to exit of the block, in
+        modeled time, into this rank's profile (``--profile DIR``); a no-op otherwise."""
+        prof, c = self._rt.profiler, self._rt.clock
+        if prof is None:
+            yield
+            return
+        t0 = c.entering()
+        try:
+            yield
+        finally:
+            prof.record(core, stage, t0, c.entering())
 
     def _algo_for(self, op: str, nbytes: int, itemsize: int = 1) -> str:
         algo = self._rt.config.algo
@@ -48,6 +80,11 @@ class Modeled:
         entering = from_bits(descs[:, F_AUX0])
         extra = self._jit_extra(descs, op, algo, root) if self._rt.config.registration == "jit" else None
         c.advance(op, algo, self.members, nbytes, entering, extra, self.rank, root, itemsize)
+        prof = self._rt.profiler
+        if prof is not None:
+            clocks = entering if extra is None else entering + extra
+            prof.absorb(profile_call(c.model, op, algo, self.members, nbytes, root, itemsize, clocks_in=clocks,
+                                     ranks=[self.rank])[0])
 
     def _jit_extra(self, descs: np.ndarray, op: str, algo: str, root: int) -> np.ndarray | None:
         n = self.size

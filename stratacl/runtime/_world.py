@@ -21,6 +21,7 @@ from .._config import Config, check_environment
 from .._errors import BootstrapError, StrataError
 from ..ub import _topology
 from ..ub._clock import FabricModel
+from ..ub._profile import Profiler, write_chrome_trace
 from ..ub._rankclock import RankClock
 from ..ub._registration import RegistrationUnit
 from . import _native
@@ -71,8 +72,12 @@ class Runtime:
         self.stats: dict[str, Any] = dict(calls={}, bytes_pulled=0, bytes_local=0, bytes_staged=0,
                                           staged_calls=0, bytes_eager=0, output_bytes_written=0)
         self._model = None
-        self.clock = (RankClock(self.topology, config.registration, config.clock, config.dilation)
-                      if config.clock != "off" else None)
+        # the modeled clock: asked for (--clock), or needed by the profiler (its timelines are
+        # modeled time); comm.clock() answers only in the first case
+        modeled = config.clock if config.clock != "off" else "virtual"
+        self.clock = (RankClock(self.topology, config.registration, modeled, config.dilation)
+                      if config.clock != "off" or config.profile else None)
+        self.profiler = Profiler(rank) if config.profile else None
         self.workers: list = []          # asynchronous-operation threads of this rank's communicators
         self._next_slot = 1
         self._slot_lock = threading.Lock()
@@ -118,6 +123,9 @@ class Runtime:
     def close(self) -> None:
         for w in self.workers:
             w.stop(self.config.timeout)
+        if self.profiler is not None:
+            path = write_chrome_trace(os.path.join(self.config.profile, f"rank{self.rank}.json"), [self.profiler])
+            log.info("rank %d: profile written to %s", self.rank, path)
         self.reg.stop()
         self.ctl.set_state(self.rank, STATE_FINALIZED)
 

@@ -69,6 +69,14 @@ class Profiler:
         rows["begin"], rows["end"] = begin[keep], end[keep]
         self._n += k
 
+    def absorb(self, other: "Profiler") -> None:
+        """Append another profiler's rows (the automatic probes of one call) to this one."""
+        r = other.rows
+        for i, name in enumerate(other.stages):
+            sel = r["stage"] == i
+            if sel.any():
+                self.record_many(r["core"][sel], name, r["begin"][sel], r["end"][sel])
+
     def begin(self, core: int, stage: str, t_us: float) -> None:
         self._open[(core, stage)] = t_us
 
