@@ -44,4 +44,6 @@ def stats() -> dict[str, Any]:
     out["memory"] = rt.allocator.stats()
     if rt.config.clock != "off":
         out["clock"] = rt.clock.stats()
+    if rt.sdma is not None:
+        out["sdma"] = dict(rt.sdma.counters)
     return out

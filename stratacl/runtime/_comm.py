@@ -27,13 +27,14 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from .._errors import CollectiveMismatch
-from ..collectives import _fullmesh, _reduce, _ring
+from ..collectives import _fullmesh, _reduce, _ring, _slices
 from . import _native
 from ._args import _copy_back, _expect, _flat
 from ._buffers import EAGER_BYTES, Buffers, _Input
 from ._control import (DESC_FIXED, F_ADDR, F_AUX0, F_AUX1, F_AUX2, F_CALL, F_COUNT, F_DTYPE, F_EPOCH, F_FLAGS,
                        F_NBYTES, F_OP, F_REDOP, F_ROOT, F_SEG_OFF, F_SEG_SIZE, F_SEG_VA, FLAG_REJECTED, Layout)
 from ._modeling import Modeled
+from ._offload import Offload
 from ._p2p import PointToPoint
 from ._ringsteps import RingSteps
 from ._sync import SLICE, SPIN_POLLS, seq_reached, wait_until
@@ -63,7 +64,7 @@ def _value_name(field: int, v: int) -> str:
     return str(v)
 
 
-class Communicator(Buffers, PointToPoint, RingSteps, Modeled):
+class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Offload):
     """A group of ranks that run collectives together (MPI semantics for ``split``).
 
     Every collective method is a *collective operation*: all ranks of the communicator must
@@ -111,6 +112,7 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled):
         self._always_stage = rt.config.registration == "staged"
         self._worker: Worker | None = None
         self._eager = None
+        self._sdma = rt.config.path == "sdma"
         self._init_p2p()
 
     def _start_worker(self) -> Worker:
@@ -199,6 +201,15 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled):
             self._ready[i, 0], self._ready[i, 1] = d[F_SEG_VA], d[F_EPOCH]
             i = _native.sources(self._cx, parity, self._ready, src, own, only)
         return src
+
+    def _bases(self, src: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """Buffer base addresses for a slice map: every member's input (``src``) and, for this
+        rank, its output (the columns are collectives._slices' IN, OUT, SCRATCH)."""
+        bases = np.zeros((self.size, 3), dtype=np.int64)
+        bases[:, _slices.IN] = src
+        if out is not None:
+            bases[self.rank, _slices.OUT] = _native.data_address(out)
+        return bases
 
     def _begin(self, operation: str, fields: dict[int, int], error: BaseException | None = None,
                ext: np.ndarray | None = None) -> np.ndarray:
@@ -318,8 +329,11 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled):
                              self._left_extra_buffer(parity, op), self._ring_flags(op, self.size - 1), self.counters)
         else:
             parity = self._enter(op, code, x.size, inp=inp)
-            _fullmesh.all_gather(self.rank, self.size, target, inp.flat, self._peer_sources(op, parity, inp),
-                                 self.counters)
+            src = self._peer_sources(op, parity, inp)
+            if self._sdma:
+                self._offload(op, _slices.all_gather(self.rank, self.size, x.nbytes)[0], self._bases(src, out=target))
+            else:
+                _fullmesh.all_gather(self.rank, self.size, target, inp.flat, src, self.counters)
         self._finish(op, departure=not eager)
         self._output_done(out, target)
         self._tick(op, parity, x.nbytes, algo, itemsize=x.itemsize)
@@ -341,8 +355,11 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled):
         except Exception as e:
             self._begin(op, {}, error=e)
         parity = self._enter(op, code, x.size, inp=inp)
-        _fullmesh.all_to_all(self.rank, self.size, target, inp.flat, self._peer_sources(op, parity, inp),
-                             self.counters)
+        src = self._peer_sources(op, parity, inp)
+        if self._sdma:
+            self._offload(op, _slices.all_to_all(self.rank, self.size, x.nbytes)[0], self._bases(src, out=target))
+        else:
+            _fullmesh.all_to_all(self.rank, self.size, target, inp.flat, src, self.counters)
         self._finish(op)
         self._output_done(out, target)
         self._tick(op, parity, x.nbytes, itemsize=x.itemsize)
@@ -404,8 +421,13 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled):
         except Exception as e:
             self._begin(op, {}, error=e)
         parity = self._enter(op, code, x.size, root, inp=inp)
-        _fullmesh.broadcast(self.rank, self.size, root, target, self._peer_sources(op, parity, None, only=root),
-                            self.counters)
+        src = self._peer_sources(op, parity, None, only=root)
+        if self._sdma and self.rank != root:
+            bases = self._bases(src)
+            bases[self.rank, _slices.IN] = _native.data_address(target)    # pulled into this rank's own buffer
+            self._offload(op, _slices.broadcast(self.rank, self.size, x.nbytes, root)[0], bases)
+        else:
+            _fullmesh.broadcast(self.rank, self.size, root, target, src, self.counters)
         self._root_departure(op, root)
         self._finish(op, departure=False)
         self._output_done(x, target)
@@ -504,7 +526,11 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled):
                 # large: reduce-scatter in place, then all-gather the finished chunks
                 _fullmesh.all_reduce_scatter_phase(self.rank, n, flat, code, rcode, src, self.counters)
                 self._sync(name)
-                _fullmesh.all_reduce_gather_phase(self.rank, n, flat, src, self.counters)
+                if self._sdma:
+                    gather = _slices.all_reduce(self.rank, n, flat.size, flat.itemsize)[1]
+                    self._offload(name, gather, self._bases(src))
+                else:
+                    _fullmesh.all_reduce_gather_phase(self.rank, n, flat, src, self.counters)
                 self._finish(name)
         if inp.addr != _native.data_address(xf) or not xf.flags.c_contiguous:
             _copy_back(x, inp.flat)

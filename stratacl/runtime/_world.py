@@ -79,6 +79,7 @@ class Runtime:
                       if config.clock != "off" or config.profile else None)
         self.profiler = Profiler(rank) if config.profile else None
         self.workers: list = []          # asynchronous-operation threads of this rank's communicators
+        self.sdma = None                 # the SDMA engine (--path sdma), started on first use
         self._next_slot = 1
         self._slot_lock = threading.Lock()
         ctl.set_pid(rank, os.getpid())
@@ -123,6 +124,8 @@ class Runtime:
     def close(self) -> None:
         for w in self.workers:
             w.stop(self.config.timeout)
+        if self.sdma is not None:
+            self.sdma.stop(self.config.timeout)
         if self.profiler is not None:
             path = write_chrome_trace(os.path.join(self.config.profile, f"rank{self.rank}.json"), [self.profiler])
             log.info("rank %d: profile written to %s", self.rank, path)

@@ -113,6 +113,17 @@ class FabricModel:
                 f"comm_cores={self.comm_cores}/{self.cores}, partition={self.partition!r}, path={self.path!r})")
 
     # --- the backend: one member's transfers of one step through its cores ------------------
+    def policy(self, peers: np.ndarray, nbytes: np.ndarray, tiers: np.ndarray):
+        """Transfer units of one member's step and the partitioner's assignment of them to its
+        communication cores (cached by shape); the data path's SDMA queues use the same."""
+        peers, nbytes, tiers = (np.asarray(a, dtype=np.int64).reshape(-1) for a in (peers, nbytes, tiers))
+        # a unit's modeled cost on one core: alpha_t + s / beta_t, with beta_t no faster than a core issues
+        beta = np.minimum(self._beta, self.issue_rate) if self.issue_rate else self._beta
+        units = P.cut(peers, nbytes, tiers, self.unit_bytes, self.fabric.latency, beta, self.comm_cores)
+        pol = self.partitioner.policy(units, self.comm_cores, self.fan_out_cap,
+                                      key=(peers.tobytes(), nbytes.tobytes(), tiers.tobytes(), self.comm_cores))
+        return units, pol
+
     def core_run(self, peers: np.ndarray, nbytes: np.ndarray, tiers: np.ndarray, share: float, path: str | None = None):
         """Per-core run (``_cores.CoreRun`` or ``sdma.SdmaRun``) of one member's transfers of one
         step: ``peers`` (any ids: the cap counts cores per peer), ``nbytes``, ``tiers`` (tier
@@ -125,11 +136,7 @@ class FabricModel:
         if got is not None:
             return got
         f = self.fabric
-        # a unit's modeled cost on one core: alpha_t + s / beta_t, with beta_t no faster than a core issues
-        beta = np.minimum(self._beta, self.issue_rate) if self.issue_rate else self._beta
-        units = P.cut(peers, nbytes, tiers, self.unit_bytes, f.latency, beta, self.comm_cores)
-        pol = self.partitioner.policy(units, self.comm_cores, self.fan_out_cap,
-                                      key=(peers.tobytes(), nbytes.tobytes(), tiers.tobytes(), self.comm_cores))
+        units, pol = self.policy(peers, nbytes, tiers)
         alpha = f.latency[units.tier]
         if path == "mte":
             run = _cores.run_mte(units.nbytes, alpha, pol.core, pol.slot, self.comm_cores, share, self.issue_rate)
