@@ -46,7 +46,7 @@ def run_bench(op: str, n: int, lo: int, hi: int, iters: int, extra: list[str], w
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "r.json")
         cmd = ["stratacl-bench", op, "-n", str(n), "-b", str(lo), "-e", str(hi), "-f", "4", "-w", str(warmup),
-               "-i", str(iters), "-c", "1", "--vs", "mpi", "-J", out, *extra]
+               "--warmup-seconds", "1", "-i", str(iters), "-c", "1", "--vs", "mpi", "-J", out, *extra]
         print("+", " ".join(cmd), file=sys.stderr, flush=True)
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, timeout=3600)
         with open(out) as f:
@@ -122,7 +122,10 @@ def main() -> None:
             large = [s for s in sizes if s >= MiB]
             rows = []
             # small payloads take microseconds: many iterations, so that a call's time is not its
-            # first-iteration skew (nccl-tests runs 5 warm-up and 20 timed iterations by default)
+            # first-iteration skew (nccl-tests runs 5 warm-up and 20 timed iterations by default);
+            # every size also warms up for 1 s of wall time, both libraries alike: freshly started
+            # rank processes take about a second to settle (a 4 KiB all_reduce at N = 8 goes from
+            # 157 to 64 us per call over its first 1200 calls)
             for part, iters, warmup in ((small, a.small_iters, 10), (large, a.iters, 3)):
                 if part:
                     runs = [run_bench(op, n, bench_size(op, n, part[0]), bench_size(op, n, part[-1]), iters, [],

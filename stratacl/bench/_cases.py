@@ -170,6 +170,7 @@ class Spec:
     warmup: int = 2
     iters: int = 10
     check: int = 1
+    warmup_seconds: float = 0.0     # then keep warming up (10 calls at a time) until this much wall time passed
 
 
 def sweep(backend: Backend, spec: Spec, progress=None) -> list[dict]:
@@ -190,8 +191,17 @@ def sweep(backend: Backend, spec: Spec, progress=None) -> list[dict]:
         x = backend.alloc(sh.n_in, dtype)
         out = backend.alloc(sh.n_out, dtype) if sh.n_out else None
         fill_input(x, spec.op, me, n, sh, dtype, redop)
+        settle = getattr(backend, "settle", None)       # let the new buffers' registration finish
+        if settle is not None:
+            settle()
         for _ in range(spec.warmup):
             backend.run(spec.op, out, x, redop, root)
+        if spec.warmup_seconds > 0:
+            # the ranks agree on when to stop: the decision is a collective mean of elapsed time
+            w0 = time.perf_counter()
+            while backend.mean(time.perf_counter() - w0) < spec.warmup_seconds:
+                for _ in range(10):
+                    backend.run(spec.op, out, x, redop, root)
         backend.barrier()
         m0 = clock() if clock is not None else None
         l0 = late() if late is not None else 0

@@ -107,6 +107,14 @@ class StrataBackend:
     def barrier(self):
         self.comm.barrier()
 
+    def settle(self):
+        """Before timing a size: every rank's new buffers registered everywhere (the gap
+        between allocation and first use that roa relies on, section 5 of the paper)."""
+        import stratacl
+        self.comm.barrier()
+        stratacl.ub.wait_registered()
+        self.comm.barrier()
+
     def mean(self, value):
         self._scalar[0] = value
         self.comm.all_reduce(self._scalar, op="sum")
@@ -271,6 +279,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-f", "--stepfactor", type=float, default=2.0, help="multiply the size by this (default 2)")
     p.add_argument("-s", "--stepbytes", default="0", help="add this to the size instead of multiplying")
     p.add_argument("-w", "--warmup", type=int, default=2, help="warmup iterations per size (default 2)")
+    p.add_argument("--warmup-seconds", type=float, default=0.0,
+                   help="after -w, keep warming up until this much wall time has passed (default 0); the peers too")
     p.add_argument("-i", "--iters", type=int, default=10, help="timed iterations per size (default 10)")
     p.add_argument("-c", "--check", type=int, default=1, help="checked iterations per size (default 1; 0 = none)")
     p.add_argument("--dtype", default="float32")
@@ -312,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
         if a.vs:
             parser.error("--vs runs peers on the host: it needs a data-moving run, not --estimate")
         return _main_estimate(a, sizes, command)
-    spec = _cases.Spec(a.operator, sizes, a.dtype, a.op, a.root, a.warmup, a.iters, a.check)
+    spec = _cases.Spec(a.operator, sizes, a.dtype, a.op, a.root, a.warmup, a.iters, a.check, a.warmup_seconds)
     itemsize = np.dtype(a.dtype).itemsize
     need = max((footprint(a.operator, a.nranks, s, itemsize) // a.nranks for s in sizes), default=0)
     settings = {"hbm_size": a.hbm_size or max(parse_size("1G"), 1 << (3 * need).bit_length())}
@@ -329,6 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     header = dict(op=a.operator, ranks=a.nranks, dtype=a.dtype,
                   redop=a.op if a.operator in ("all_reduce", "reduce_scatter") else "none",
                   root=a.root if a.operator == "broadcast" else -1, warmup=a.warmup, iters=a.iters, check=a.check,
+                  warmup_seconds=a.warmup_seconds,
                   registration=config.registration, algo=config.algo, clock=config.clock,
                   **({"dilation": config.dilation} if config.clock == "throttled" else {}),
                   buffers=a.buffers, topology=config.topology, host=host_facts(),

@@ -8,7 +8,17 @@ from ._topology import Tier as Tier
 from ._topology import Topology as Topology
 from ._topology import load as load_topology
 
-__all__ = ["Tier", "Topology", "load_topology", "view"]
+__all__ = ["Tier", "Topology", "load_topology", "view", "wait_registered"]
+
+
+def wait_registered() -> None:
+    """Block until this rank has mapped every buffer its peers had registered when the call
+    started: the background registration work of recent allocations is done. Not collective;
+    after a barrier it covers everything allocated before that barrier. Operators never need
+    it (they check readiness themselves); it keeps that background work out of a timing, as the
+    gap between allocation and first use does in a real job."""
+    from ..runtime._world import runtime
+    runtime().reg.catch_up()
 
 
 def view(address: int, shape, dtype) -> np.ndarray:

@@ -242,6 +242,18 @@ class RegistrationUnit:
                     return True
         return False
 
+    def catch_up(self, operation: str = "wait_registered") -> None:
+        """Return once this rank has handled every registration message its peers had published
+        when the call started (so their buffers are mapped here, in roa mode)."""
+        if self.mode == "pool":
+            return
+        for owner in range(self.world):
+            if owner == self.rank or not self._peer_alive(owner):
+                continue
+            published = _native.load_u64(self.ctl.addr(self.ctl.layout.region(owner) + R_PUBLISHED))
+            self._wait(lambda: self._processed[owner] >= published, None, operation,
+                       f"metadata from rank {owner}")
+
     def stats(self) -> dict:
         out = dict(self.counters)
         out["mode"], out["metadata_path"] = self.mode, self.path
