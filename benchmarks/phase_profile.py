@@ -59,9 +59,7 @@ def profile(comm, per_rank: int, iters: int, barrier: bool):
         t0 = time.perf_counter()
         for _ in range(iters):
             c._syncs += 1
-            k = c._syncs
-            if not _native.arrive(c._counter_addr, c._gen_addr, c._arrival_addr, k & 0xFFFFFFFF, k * c.size):
-                _native.wait_counter(c._counter_addr, k * c.size, c._gen_addr, _sync.SPIN_POLLS, 10.0)
+            _native.sync(c._cx, c._syncs, _sync.SPIN_POLLS, 10.0)
         row["native_barrier"] = (time.perf_counter() - t0) / iters
         t0 = time.perf_counter()
         for _ in range(iters):

@@ -235,7 +235,7 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Offload):
         self._sync(operation)
         if error is not None:
             raise error
-        if _native.check_descriptors(self._desc_addrs[parity], F_FLAGS + 1) >= 0 or desc[F_FLAGS]:
+        if not _native.agree(self._cx, parity):
             self._validate(operation, i64[self._desc_idx[parity]])   # builds the message, raises
         return i64[self._desc_idx[parity]] if self._want_descs.get(operation, True) else None
 

@@ -5,7 +5,8 @@
  *   fetch-add that every rank sees in one total order);
  * - futex wait/wake on shared (non-private) words, with the GIL released, so a waiting rank
  *   costs nothing while it sleeps;
- * - a bounded spin that yields the CPU between polls (32 ranks share 2 host cores);
+ * - barriers and flag waits: a bounded spin that yields the CPU between polls (32 ranks share
+ *   2 host cores), then futex sleeps;
  * - mmap/munmap at fixed addresses, hole punching and the parent-death signal.
  *
  * Every function takes raw addresses as Python ints; callers own the validity of the address.
@@ -125,49 +126,6 @@ static PyObject *futex_wake(PyObject *self, PyObject *const *args, Py_ssize_t n)
     return PyLong_FromLong(rc);
 }
 
-/* spin_until_geq_u64(addr, target, polls) -> True once *addr >= target; False after `polls`
- * polls. Yields the CPU between polls: with more ranks than cores, a poll that does not yield
- * keeps the rank that would set the word from running. */
-static PyObject *spin_until_geq_u64(PyObject *self, PyObject *const *args, Py_ssize_t n) {
-    void *p;
-    if (n != 3) { PyErr_SetString(PyExc_TypeError, "spin_until_geq_u64(addr, target, polls)"); return NULL; }
-    if (parse_addr(args[0], &p) < 0) return NULL;
-    unsigned long long target = PyLong_AsUnsignedLongLong(args[1]);
-    if (target == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
-    long polls = PyLong_AsLong(args[2]);
-    if (polls == -1 && PyErr_Occurred()) return NULL;
-    int ok = 0;
-    Py_BEGIN_ALLOW_THREADS
-    for (long i = 0; i < polls; i++) {
-        if (__atomic_load_n((uint64_t *)p, __ATOMIC_ACQUIRE) >= target) { ok = 1; break; }
-        sched_yield();
-    }
-    Py_END_ALLOW_THREADS
-    if (ok) Py_RETURN_TRUE;
-    Py_RETURN_FALSE;
-}
-
-/* arrive(counter, gen, arrival, k, target) -> True if this caller completed the barrier.
- * Publishes the caller's arrival number (diagnostics), bumps the central counter; the last
- * arriver publishes generation k and wakes every sleeper. */
-static PyObject *arrive(PyObject *self, PyObject *const *args, Py_ssize_t n) {
-    void *counter, *gen, *arrival;
-    if (n != 5) { PyErr_SetString(PyExc_TypeError, "arrive(counter, gen, arrival, k, target)"); return NULL; }
-    if (parse_addr(args[0], &counter) < 0 || parse_addr(args[1], &gen) < 0 || parse_addr(args[2], &arrival) < 0)
-        return NULL;
-    unsigned long long k = PyLong_AsUnsignedLongLong(args[3]);
-    unsigned long long target = PyLong_AsUnsignedLongLong(args[4]);
-    if (PyErr_Occurred()) return NULL;
-    __atomic_store_n((uint32_t *)arrival, (uint32_t)k, __ATOMIC_SEQ_CST);
-    uint64_t old = __atomic_fetch_add((uint64_t *)counter, 1, __ATOMIC_SEQ_CST);
-    if (old + 1 == target) {
-        __atomic_store_n((uint32_t *)gen, (uint32_t)k, __ATOMIC_SEQ_CST);
-        syscall(SYS_futex, (uint32_t *)gen, FUTEX_WAKE, 0x7fffffff, NULL, NULL, 0);
-        Py_RETURN_TRUE;
-    }
-    Py_RETURN_FALSE;
-}
-
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -184,37 +142,6 @@ static int sleep_until(uint32_t *word, uint32_t seen, double end) {
     ts.tv_nsec = (long)((left - (double)ts.tv_sec) * 1e9);
     syscall(SYS_futex, word, FUTEX_WAIT, seen, &ts, NULL, 0);
     return 1;
-}
-
-/* wait_counter(counter, target, gen, polls, seconds) -> True once *counter >= target, False if
- * `seconds` passed first. Polls (yielding the CPU between polls) `polls` times, then sleeps on
- * the futex word `gen`, which the completer changes and wakes. The GIL is released throughout. */
-static PyObject *wait_counter(PyObject *self, PyObject *const *args, Py_ssize_t n) {
-    void *counter, *gen;
-    if (n != 5) { PyErr_SetString(PyExc_TypeError, "wait_counter(counter, target, gen, polls, seconds)"); return NULL; }
-    if (parse_addr(args[0], &counter) < 0) return NULL;
-    unsigned long long target = PyLong_AsUnsignedLongLong(args[1]);
-    if (parse_addr(args[2], &gen) < 0) return NULL;
-    long polls = PyLong_AsLong(args[3]);
-    double seconds = PyFloat_AsDouble(args[4]);
-    if (PyErr_Occurred()) return NULL;
-    int ok = 0;
-    Py_BEGIN_ALLOW_THREADS
-    for (long i = 0; i < polls; i++) {
-        if (__atomic_load_n((uint64_t *)counter, __ATOMIC_ACQUIRE) >= target) { ok = 1; break; }
-        sched_yield();
-    }
-    if (!ok) {
-        double end = now_s() + seconds;
-        for (;;) {
-            uint32_t g = __atomic_load_n((uint32_t *)gen, __ATOMIC_ACQUIRE);
-            if (__atomic_load_n((uint64_t *)counter, __ATOMIC_ACQUIRE) >= target) { ok = 1; break; }
-            if (!sleep_until((uint32_t *)gen, g, end)) break;
-        }
-    }
-    Py_END_ALLOW_THREADS
-    if (ok) Py_RETURN_TRUE;
-    Py_RETURN_FALSE;
 }
 
 /* wait_seq_u32(word, target, polls, seconds) -> True once the u32 sequence number at `word` has
@@ -449,28 +376,6 @@ static PyObject *data_address(PyObject *self, PyObject *arg) {
     return r;
 }
 
-/* check_descriptors(addrs, nfields) -> -1 if every member's descriptor agrees with member 0's
- * on the first `nfields` int64 fields, else the index of the first member that differs.
- * `addrs` is an int64 array of descriptor addresses in member order. */
-static PyObject *check_descriptors(PyObject *self, PyObject *const *args, Py_ssize_t n) {
-    if (n != 2) { PyErr_SetString(PyExc_TypeError, "check_descriptors(addrs, nfields)"); return NULL; }
-    Py_buffer view;
-    if (PyObject_GetBuffer(args[0], &view, PyBUF_C_CONTIGUOUS) < 0) return NULL;
-    long nfields = PyLong_AsLong(args[1]);
-    if (PyErr_Occurred()) { PyBuffer_Release(&view); return NULL; }
-    const int64_t *addrs = (const int64_t *)view.buf;
-    Py_ssize_t members = view.len / 8;
-    long bad = -1;
-    const int64_t *first = (const int64_t *)(uintptr_t)addrs[0];
-    for (Py_ssize_t i = 1; i < members && bad < 0; i++) {
-        const int64_t *d = (const int64_t *)(uintptr_t)addrs[i];
-        for (long f = 0; f < nfields; f++)
-            if (d[f] != first[f]) { bad = (long)i; break; }
-    }
-    PyBuffer_Release(&view);
-    return PyLong_FromLong(bad);
-}
-
 /* mmap_at(addr, length, prot, flags, fd, offset) -> addr; raises OSError on failure or if the
  * kernel placed the mapping elsewhere. */
 static PyObject *mmap_at(PyObject *self, PyObject *const *args, Py_ssize_t n) {
@@ -537,9 +442,6 @@ static PyMethodDef methods[] = {
     {"fence", fence, METH_NOARGS, "Full memory fence."},
     {"futex_wait", (PyCFunction)(void (*)(void))futex_wait, METH_FASTCALL, "Wait on a shared futex word."},
     {"futex_wake", (PyCFunction)(void (*)(void))futex_wake, METH_FASTCALL, "Wake waiters of a shared futex word."},
-    {"spin_until_geq_u64", (PyCFunction)(void (*)(void))spin_until_geq_u64, METH_FASTCALL, "Yielding spin until a u64 reaches a target."},
-    {"arrive", (PyCFunction)(void (*)(void))arrive, METH_FASTCALL, "Arrive at a counter barrier."},
-    {"wait_counter", (PyCFunction)(void (*)(void))wait_counter, METH_FASTCALL, "Wait for a counter barrier."},
     {"wait_seq_u32", (PyCFunction)(void (*)(void))wait_seq_u32, METH_FASTCALL, "Wait for a u32 sequence flag."},
     {"sync", (PyCFunction)(void (*)(void))sync_barrier, METH_FASTCALL, "Arrive at a communicator barrier and wait (bounded)."},
     {"enter", (PyCFunction)(void (*)(void))enter, METH_FASTCALL, "Publish a descriptor, arrive, wait (bounded), compare descriptors."},
@@ -548,8 +450,6 @@ static PyMethodDef methods[] = {
     {"post", (PyCFunction)(void (*)(void))post, METH_FASTCALL, "Publish a descriptor and its sequence number."},
     {"done", (PyCFunction)(void (*)(void))done, METH_FASTCALL, "Count one completion; wake at the target."},
     {"data_address", data_address, METH_O, "Address of a buffer's first byte."},
-    {"check_descriptors", (PyCFunction)(void (*)(void))check_descriptors, METH_FASTCALL,
-     "Index of the first member whose descriptor differs from member 0's, or -1."},
     {"mmap_at", (PyCFunction)(void (*)(void))mmap_at, METH_FASTCALL, "mmap at a fixed address."},
     {"munmap_at", (PyCFunction)(void (*)(void))munmap_at, METH_FASTCALL, "munmap a range."},
     {"punch_hole", (PyCFunction)(void (*)(void))punch_hole, METH_FASTCALL, "Release the pages of a file range."},
