@@ -74,7 +74,7 @@ LOAD, LOAD_REDUCE, LOCAL_COPY = 0, 1, 2    # transfer kinds (same codes as ub._f
 OPS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "broadcast", "barrier", "sendrecv")
 RING_OPS = ("all_gather", "reduce_scatter", "all_reduce")
 ALGOS = ("mesh", "ring")
-SMALL_ALL_REDUCE = 16 * 1024        # runtime/_buffers.EAGER_BYTES: small all_gather / all_reduce go eager
+EAGER_BYTES = 16 * 1024             # up to this, all_gather and all_reduce take the eager path (runtime/_buffers.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,7 +166,7 @@ def schedule(op: str, algo: str, n: int, nbytes: int, root: int = 0, itemsize: i
             steps = np.full((n - 1, n), nbytes, dtype=np.int64)
             return [Barrier(), Ring(steps, np.full(n - 1, LOAD), np.full(n, nbytes)), Barrier()]
         gather = _mesh_all_pairs(n, lambda r, o: np.full(r.size, nbytes), LOAD, True)
-        if nbytes <= SMALL_ALL_REDUCE:      # eager, as all_reduce: no departure barrier
+        if nbytes <= EAGER_BYTES:      # eager, as all_reduce: no departure barrier
             return [Local(np.full(n, nbytes)), Barrier(), gather]
         return [Barrier(), gather, Barrier()]
     if op == "reduce_scatter":
@@ -184,7 +184,7 @@ def schedule(op: str, algo: str, n: int, nbytes: int, root: int = 0, itemsize: i
             # may still read, so a barrier separates the two chains
             return [Barrier(), Ring(per[ring_reduce_scatter_chunk(i, s, n)], np.full(n - 1, LOAD_REDUCE)), Barrier(),
                     Ring(per[ring_all_gather_chunk(i, s, n)], np.full(n - 1, LOAD)), Barrier()]
-        if nbytes <= SMALL_ALL_REDUCE:
+        if nbytes <= EAGER_BYTES:
             # eager: copy into the call's slot, then every rank reduces the whole buffer from
             # the peers' slots straight into its own; the slots outlive the call (runtime/_buffers.py)
             whole = _mesh_all_pairs(n, lambda r, o: np.full(r.size, nbytes), LOAD_REDUCE, True)

@@ -36,6 +36,7 @@ import numpy as np
 
 from . import _kernels
 from ._reduce import dtype_code, reduce_code
+from ._schedule import EAGER_BYTES
 
 LOAD, STORE, LOAD_ACC = 0, 1, 2
 OPS = {"load": LOAD, "store": STORE, "load-accumulate": LOAD_ACC}
@@ -108,7 +109,7 @@ def reduce_scatter(me: int, n: int, count: int, itemsize: int) -> list[SliceMap]
     return [make(me, np.arange(n), IN, e[me], OUT, 0, e[me + 1] - e[me], LOAD_ACC)]
 
 
-def all_reduce(me: int, n: int, count: int, itemsize: int, small: int = 16 * 1024) -> list[SliceMap]:
+def all_reduce(me: int, n: int, count: int, itemsize: int, small: int = EAGER_BYTES) -> list[SliceMap]:
     """In place on IN. Large: phase 1 reduces chunk ``me`` of every x_p into place, phase 2
     pulls every other chunk from its owner. Small (<= ``small`` bytes or fewer elements than
     members): phase 1 reduces the whole buffer into SCRATCH, phase 2 copies it back locally."""

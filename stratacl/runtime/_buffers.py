@@ -24,12 +24,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..collectives._schedule import EAGER_BYTES
 from . import _native
 from ._allocator import _HbmArrayBase
 from ._args import _copy_back, _flat
 from ._control import F_ADDR, F_EPOCH, F_NBYTES, F_SEG_OFF, F_SEG_SIZE, F_SEG_VA
-
-EAGER_BYTES = 16 * 1024
 
 
 class _Input:
