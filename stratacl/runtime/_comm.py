@@ -169,7 +169,7 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Offload):
         parity = self._calls & 1
         op = OPS[operation]
         seg = inp.seg if inp is not None else None
-        clock = self._rt.clock.bits() if self._rt.clock is not None else 0
+        clock = self._entering_bits()
         if seg is not None:
             fields = array.array("q", (op, dtype, count, root, redop, 0, inp.addr, inp.flat.nbytes, seg.va,
                                        seg.size, seg.hbm_offset, seg.epoch, clock, aux1, 0, self._calls))
@@ -225,7 +225,7 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Offload):
             desc[f] = v
         desc[F_CALL] = self._calls
         if F_AUX0 not in fields and operation != "split" and self._rt.clock is not None:
-            desc[F_AUX0] = self._rt.clock.bits()
+            desc[F_AUX0] = self._entering_bits()
         if error is not None:
             desc[F_FLAGS] = FLAG_REJECTED
         if ext is not None:

@@ -64,6 +64,12 @@ class Modeled:
         finally:
             prof.record(core, stage, t0, c.entering())
 
+    def _entering_bits(self) -> int:
+        """The modeled clock this rank enters the current call with, as its descriptor carries it
+        (0 without a modeled clock)."""
+        c = self._rt.clock
+        return c.bits() if c is not None else 0
+
     def _algo_for(self, op: str, nbytes: int, itemsize: int = 1) -> str:
         algo = self._rt.config.algo
         if algo == "mesh" or self.size < 2 or op not in _schedule.RING_OPS:
