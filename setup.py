@@ -1,4 +1,4 @@
-"""Build hook for the one native module; everything else is declared in pyproject.toml."""
+"""Build hook for the native modules; everything else is declared in pyproject.toml."""
 from setuptools import Extension, setup
 
 setup(
@@ -13,6 +13,11 @@ setup(
             sources=["stratacl/collectives/_kernels.c"],
             # no fused multiply-add: every element must round exactly as numpy rounds it
             extra_compile_args=["-O3", "-ffp-contract=off"],
+        ),
+        Extension(
+            "stratacl.collectives._lpt",
+            sources=["stratacl/collectives/_lpt.c"],
+            extra_compile_args=["-O2"],
         ),
     ]
 )

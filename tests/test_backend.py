@@ -165,6 +165,120 @@ def test_policies_are_deterministic_and_cached():
     assert part.last_generation_us == 0.0
 
 
+def _balanced_reference(units, cores, caps):
+    # P.balanced as it was in pure Python, before its loop moved to C (_lpt.c): the oracle
+    import heapq
+    U = len(units)
+    npeers = max(np.unique(units.peer).size, 1)
+    cap = np.maximum(np.asarray(caps, dtype=np.int64)[units.tier], -(-cores // npeers))
+    # decreasing cost; equal costs interleave peers (each peer's first unit, then second, ...)
+    within = np.zeros(U, dtype=np.int64)
+    o = np.lexsort((units.offset, units.peer))
+    grp = units.peer[o]
+    starts = np.r_[0, np.nonzero(grp[1:] != grp[:-1])[0] + 1]
+    firsts = np.repeat(starts, np.diff(np.r_[starts, U]))
+    within[o] = np.arange(U) - firsts
+    order = np.lexsort((units.peer, within, -units.cost)).tolist()
+    cost, peer, capl = units.cost.tolist(), units.peer.tolist(), cap.tolist()
+    core = np.empty(U, dtype=np.int64)
+    slot = np.empty(U, dtype=np.int64)
+    stripe = np.empty(U, dtype=np.int64)
+    heap = [(0.0, c, 0, 0) for c in range(cores)]       # (load, core, next stripe, next slot)
+    fan: dict = {}                                       # (stripe, peer) -> cores targeting it
+    pending = order
+    while pending:
+        load, c, k, s = heapq.heappop(heap)
+        pick = -1
+        for i, u in enumerate(pending):
+            if fan.get((k, peer[u]), 0) < capl[u]:
+                pick = i
+                break
+            if i > 4 * cores:          # the next eligible unit is far: this stripe is full for c
+                break
+        if pick < 0:
+            heapq.heappush(heap, (load, c, k + 1, s))   # c issues nothing more in stripe k
+            continue
+        u = pending.pop(pick)
+        fan[(k, peer[u])] = fan.get((k, peer[u]), 0) + 1
+        core[u], slot[u], stripe[u] = c, s, k
+        heapq.heappush(heap, (load + cost[u], c, k + 1, s + 1))
+    return P.Policy("balanced", cores, core, slot, stripe, 0.0)
+
+
+def _random_units(rng):
+    U = int(rng.integers(0, 2000 if rng.random() < 0.1 else 400))
+    ids = rng.choice(np.arange(-3, 1000), int(rng.integers(1, 65)), replace=False)
+    peer = ids[rng.integers(0, ids.size, U)]
+    kind = rng.integers(0, 4)
+    if kind == 0:                              # few distinct costs: ties everywhere
+        cost = rng.choice([1.0, 2.0, 2.5, 7.0], U)
+    elif kind == 1:
+        cost = np.round(rng.uniform(1, 40, U), 1)
+    elif kind == 2:
+        cost = rng.uniform(0.1, 100, U)
+    else:                                      # one cost: the order is all tie-breaking
+        cost = np.full(U, 3.0)
+    if U and rng.random() < 0.05:              # non-finite costs follow the same comparisons
+        cost[rng.integers(0, U, 3)] = rng.choice([np.inf, -np.inf, np.nan], 3)
+    offset = rng.integers(0, 4, U) * 65536 if rng.random() < 0.3 else rng.permutation(U) * 65536
+    nbytes = rng.integers(1, 1 << 20, U)
+    return P.Units(np.zeros(U, dtype=np.int64), offset, nbytes, peer, rng.integers(0, 4, U), cost)
+
+
+def _same_policy(units, cores, caps):
+    got, want = P.balanced(units, cores, caps), _balanced_reference(units, cores, caps)
+    for name in ("core", "slot", "stripe"):
+        assert getattr(got, name).tolist() == getattr(want, name).tolist(), (name, len(units), cores, caps)
+
+
+def test_native_balanced_matches_the_python_reference():
+    rng = np.random.default_rng(20261129)
+    for _ in range(300):
+        units = _random_units(rng)
+        caps = rng.integers(0, 9, 4) if rng.random() < 0.8 else np.full(4, 1)
+        _same_policy(units, int(rng.integers(1, 49)), caps)
+    for n, me in ((2, 0), (3, 2), (8, 5), (32, 0), (32, 17)):
+        for per in (1 * MIB, 128 * MIB):
+            units, m = _units(n, per, me)
+            for cores in (1, 7, 24, 48):
+                for caps in (m.fan_out_cap, np.full(m.fan_out_cap.size, 1), np.full(m.fan_out_cap.size, 2)):
+                    _same_policy(units, cores, caps)
+
+
+def test_native_balanced_rejects_bad_input():
+    from stratacl.collectives import _lpt
+    units, m = _units(8)
+    with pytest.raises(ValueError, match="cores"):
+        P.balanced(units, 0, m.fan_out_cap)
+    U = 5
+    good = dict(order=np.arange(U), cost=np.ones(U), peer=np.zeros(U, dtype=np.int64),
+                cap=np.ones(U, dtype=np.int64), cores=2)
+
+    def call(**kw):
+        a = {**good, **kw}
+        out = [np.empty(U, dtype=np.int64) for _ in range(3)] if "out" not in kw else a.pop("out")
+        a.pop("out", None)
+        _lpt.lpt(a["order"], a["cost"], a["peer"], a["cap"], a["cores"], *out)
+        return out
+
+    core, slot, stripe = call()
+    assert sorted(zip(core.tolist(), slot.tolist())) == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1)]
+    bad = [dict(cores=0), dict(cores=-3), dict(cores=10**30), dict(order=np.arange(U - 1)), dict(cost=np.ones(U + 1)),
+           dict(order=np.array([0, 1, 2, 3, 3])), dict(order=np.array([0, 1, 2, 3, 5])),
+           dict(peer=np.array([0, 0, 0, 0, U])), dict(peer=np.array([0, -1, 0, 0, 0])),
+           dict(cap=np.zeros(U, dtype=np.int64)), dict(cost=np.ones(U, dtype=np.float32)),
+           dict(order=np.arange(U, dtype=np.int32)), dict(order=np.repeat(np.arange(U), 2)[::2]), dict(cost=[1.0] * U),
+           dict(out=[np.empty(U, dtype=np.int64), np.empty(U - 1, dtype=np.int64), np.empty(U, dtype=np.int64)])]
+    ro = np.empty(U, dtype=np.int64)
+    ro.flags.writeable = False
+    bad.append(dict(out=[ro, np.empty(U, dtype=np.int64), np.empty(U, dtype=np.int64)]))
+    for kw in bad:
+        with pytest.raises(ValueError):
+            call(**kw)
+    with pytest.raises(TypeError):
+        _lpt.lpt(np.arange(U))
+
+
 # --- the model: Fig. 16, Fig. 6b, SDMA, overlap ----------------------------------------------
 def test_naive_has_a_core_tail_balanced_does_not():
     t, gap = {}, {}
