@@ -3,7 +3,7 @@
     python benchmarks/phase_profile.py -n 8 --per-rank 64K
     python benchmarks/phase_profile.py -n 32 --per-rank 64K --barrier
 
-Inside every rank the native copy kernel and the communicator's barrier are wrapped with
+Inside every rank the backend's executor and the communicator's barrier are wrapped with
 timers; the rest of a call is Python (argument checks, descriptors, readiness cache).
 ``--barrier`` also times the bare native barrier (arrive + wait, no Python) against
 ``comm.barrier()``: the difference is the Python cost of a call, paid once per rank and
@@ -21,29 +21,27 @@ from stratacl._config import parse_size
 
 
 def profile(comm, per_rank: int, iters: int, barrier: bool):
-    from stratacl.collectives import _fullmesh
+    from stratacl.collectives import _backend
     from stratacl.runtime import _comm, _native, _sync
 
     x = stratacl.empty((per_rank,), np.uint8)
     out = stratacl.empty((per_rank * comm.size,), np.uint8)
     spent = {"copy": 0.0, "barrier": 0.0}
-    copy_blocks = _fullmesh._kernels.copy_blocks
+    run_mte = _backend.run_mte
     sync = _comm.Communicator._sync
 
-    class Timed:
-        @staticmethod
-        def copy_blocks(*args):
-            t0 = time.perf_counter()
-            r = copy_blocks(*args)
-            spent["copy"] += time.perf_counter() - t0
-            return r
+    def timed_run(*args):
+        t0 = time.perf_counter()
+        r = run_mte(*args)
+        spent["copy"] += time.perf_counter() - t0
+        return r
 
     def timed_sync(self, op):
         t0 = time.perf_counter()
         sync(self, op)
         spent["barrier"] += time.perf_counter() - t0
 
-    _fullmesh._kernels = Timed
+    _backend.run_mte = timed_run
     _comm.Communicator._sync = timed_sync
     for _ in range(3):
         comm.all_gather(out, x)
@@ -54,6 +52,7 @@ def profile(comm, per_rank: int, iters: int, barrier: bool):
     total = (time.perf_counter() - t0) / iters
     row = {"total": total, "copy": spent["copy"] / iters, "barrier": spent["barrier"] / iters}
     _comm.Communicator._sync = sync
+    _backend.run_mte = run_mte
     if barrier:
         c = comm
         t0 = time.perf_counter()

@@ -70,12 +70,12 @@ PATHS = ("direct", "relay")
 class _PullTimer:
     """Times the part of an all_gather between its two barriers: from the communicator resolving
     its sources (where every peer segment's readiness is checked, and jit / roa's fallback map
-    it) to the end of the full-mesh copy routine."""
+    it) to the end of the backend's execution of the copy phase."""
 
     def __init__(self):
-        from stratacl.collectives import _fullmesh
+        from stratacl.collectives import _backend
         from stratacl.runtime._comm import Communicator
-        sources, gather = Communicator._sources, _fullmesh.all_gather
+        sources, gather = Communicator._peer_sources, _backend.run_mte
         self.t0 = None
         self.last = 0
 
@@ -84,13 +84,14 @@ class _PullTimer:
             return sources(comm, *args, **kwargs)
 
         def timed_gather(*args):
-            gather(*args)
+            skipped = gather(*args)
             if self.t0 is None:
                 raise RuntimeError("pull timer: all_gather ran without resolving its sources first")
             self.last, self.t0 = time.perf_counter_ns() - self.t0, None
+            return skipped
 
-        Communicator._sources = timed_sources
-        _fullmesh.all_gather = timed_gather
+        Communicator._peer_sources = timed_sources
+        _backend.run_mte = timed_gather
 
 
 def _gap(gap: tuple[str, float, int], work: np.ndarray) -> None:

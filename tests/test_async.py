@@ -54,10 +54,28 @@ def mismatched(comm):
     return errors, work.is_completed()
 
 
-def test_async_error_is_raised_by_wait_on_every_rank_and_stops_the_queue():
+def test_async_mismatch_is_raised_by_wait_on_every_rank_and_the_queue_goes_on():
     for errors, done in stratacl.spawn(mismatched, 3, timeout=60):
-        assert errors == ["CollectiveMismatch", "CollectiveMismatch"]
+        assert errors == ["CollectiveMismatch", None]
         assert done
+
+
+def test_a_failure_the_ranks_do_not_share_stops_the_queue():
+    from stratacl.runtime._work import Worker, agreed
+    w = Worker("test")
+    try:
+        shared = w.submit("rejected", lambda: (_ for _ in ()).throw(agreed(ValueError("bad argument"))))
+        after = w.submit("next", lambda: 1)
+        with pytest.raises(ValueError, match="bad argument"):
+            shared.wait(10)
+        assert after.result() == 1
+        lost = w.submit("timed out", lambda: (_ for _ in ()).throw(TimeoutError("peer 3 never came")))
+        queued = w.submit("queued", lambda: 2)
+        for work in (lost, queued):
+            with pytest.raises(TimeoutError, match="peer 3 never came"):
+                work.wait(10)
+    finally:
+        w.stop(10)
 
 
 def test_work_wait_with_timeout_returns_false_while_pending():
@@ -73,3 +91,45 @@ def test_work_wait_with_timeout_returns_false_while_pending():
     finally:
         gate.set()
         w.stop(10)
+
+
+PER_RANK, JOB_US, JOB_CORES = 1 << 20, 30.0, 40
+
+
+def compute_during_all_gather(comm):
+    x = stratacl.empty((PER_RANK,), np.uint8)
+    x[:] = comm.rank
+    out = stratacl.empty((comm.size * PER_RANK,), np.uint8)
+    seen = {}
+    t0 = comm.clock()
+    comm.charge_compute(JOB_US, cores=JOB_CORES)                 # nothing in flight: exactly the job
+    seen["alone"] = (comm.clock() - t0) * 1e6
+    for path in ("mte", "sdma"):
+        comm.barrier()
+        t0 = comm.clock()
+        work = comm.all_gather(out, x, async_op=True, path=path)
+        issued = comm.clock()                                    # issuing does not move the program
+        comm.charge_compute(JOB_US, cores=JOB_CORES)
+        job_end = comm.clock()
+        work.wait()
+        seen[path] = ((issued - t0) * 1e6, (job_end - t0) * 1e6, (comm.clock() - t0) * 1e6,
+                      bool((out.reshape(comm.size, -1) == np.arange(comm.size)[:, None]).all()))
+    return seen
+
+
+def test_charged_compute_shares_the_cores_with_a_collective_in_flight():
+    from stratacl.ub._clock import FabricModel
+    from stratacl.ub._compute import ComputeJob, overlap
+    n = 4
+    for seen in stratacl.spawn(compute_during_all_gather, n, clock="virtual", timeout=120):
+        assert seen["alone"] == JOB_US
+        ends = {}
+        for path in ("mte", "sdma"):
+            issued, job_end, after_wait, exact = seen[path]
+            want = overlap(FabricModel("cm384", path=path), "all_gather", "mesh", range(n), PER_RANK,
+                           ComputeJob(JOB_CORES, JOB_US))
+            assert exact and issued == 0.0
+            assert abs(job_end - want.compute_end_us) <= 1e-9 * want.compute_end_us
+            assert abs(after_wait - max(job_end, want.comm_us)) <= 1e-9 * after_wait
+            ends[path] = job_end
+        assert ends["mte"] > ends["sdma"] >= JOB_US                # the engine leaves the cores to the job

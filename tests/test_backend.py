@@ -8,6 +8,7 @@ import pytest
 
 import stratacl
 from stratacl.bench import _cli
+from stratacl.collectives import _backend as B
 from stratacl.collectives import _partition as P
 from stratacl.collectives import _schedule as S
 from stratacl.collectives import _slices as SL
@@ -69,22 +70,22 @@ def test_all_to_all_v_slices_follow_the_counts():
         assert m.total == int(send[:, me].sum()) * 8
 
 
-# --- data executor: exact bytes in one process --------------------------------------------------
+# --- the backend's executor: exact bytes in one process --------------------------------------------------
 def test_data_executor_all_gather_and_all_to_all_are_exact():
     n, M = 5, 4096 + 8
     ins = [np.random.default_rng(p).integers(0, 255, M, dtype=np.uint8) for p in range(n)]
     outs = [np.zeros(n * M, dtype=np.uint8) for _ in range(n)]
-    bases = np.array([[_addr(ins[p]), _addr(outs[p]), 0] for p in range(n)])
+    bases = np.array([[_addr(ins[p]), _addr(outs[p]), 0] for p in range(n)]).T.copy()
     for me in range(n):
         for phase in SL.all_gather(me, n, M):
-            SL.execute(phase, bases)
+            B.execute(phase, bases)
         assert (outs[me] == np.concatenate(ins)).all()
     a2a = [np.zeros(M - 8 + 0, dtype=np.uint8) for _ in range(n)]
     ins2 = [np.random.default_rng(10 + p).integers(0, 255, 4095 + 5, dtype=np.uint8)[:4095 // n * n] for p in range(n)]
-    bases = np.array([[_addr(ins2[p]), _addr(a2a[p]), 0] for p in range(n)])
+    bases = np.array([[_addr(ins2[p]), _addr(a2a[p]), 0] for p in range(n)]).T.copy()
     b = ins2[0].size // n
     for me in range(n):
-        SL.execute(SL.all_to_all(me, n, ins2[0].size)[0], bases)
+        B.execute(SL.all_to_all(me, n, ins2[0].size)[0], bases)
         assert (a2a[me][:n * b] == np.concatenate([x[me * b:(me + 1) * b] for x in ins2])).all()
 
 
@@ -99,9 +100,9 @@ def test_data_executor_reductions_in_rank_order(op):
     if op == "avg":
         ref /= np.float32(n)
     outs = [np.zeros(count // n, dtype=np.float32) for _ in range(n)]
-    bases = np.array([[_addr(ins[p]), _addr(outs[p]), 0] for p in range(n)])
+    bases = np.array([[_addr(ins[p]), _addr(outs[p]), 0] for p in range(n)]).T.copy()
     for me in range(n):
-        SL.execute(SL.reduce_scatter(me, n, count, 4)[0], bases, np.float32, op)
+        B.execute(SL.reduce_scatter(me, n, count, 4)[0], bases, np.float32, op)
         assert outs[me].tobytes() == ref[me * (count // n):(me + 1) * (count // n)].tobytes()
 
 
@@ -109,11 +110,11 @@ def test_data_executor_in_place_all_reduce_two_phases():
     n, count = 4, 10_000
     bufs = [np.arange(count, dtype=np.int64) * (p + 1) for p in range(n)]
     scratch = [np.zeros(count, dtype=np.int64) for _ in range(n)]
-    bases = np.array([[_addr(bufs[p]), 0, _addr(scratch[p])] for p in range(n)])
+    bases = np.array([[_addr(bufs[p]), 0, _addr(scratch[p])] for p in range(n)]).T.copy()
     maps = [SL.all_reduce(me, n, count, 8) for me in range(n)]
     for phase in range(2):                     # a barrier between phases: every rank finishes phase 1 first
         for me in range(n):
-            SL.execute(maps[me][phase], bases, np.int64, "sum")
+            B.execute(maps[me][phase], bases, np.int64, "sum")
     for me in range(n):
         assert (bufs[me] == np.arange(count) * 10).all()
 

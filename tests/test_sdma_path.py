@@ -46,3 +46,46 @@ def test_engine_runs_each_queue_in_order_and_completes_by_flag_or_notify():
         assert eng.counters["flags"] == 1 and eng.counters["notifies"] == 2
     finally:
         eng.stop(10)
+
+
+def per_call_path(comm):
+    n, me = comm.size, comm.rank
+    x = stratacl.empty((50_000,), np.int32)
+    x[:] = np.arange(x.size) + me
+    out = stratacl.empty((n * x.size,), np.int32)
+    want = (np.arange(x.size)[None, :] + np.arange(n)[:, None]).reshape(-1)
+    seen = []
+    t0 = comm.clock()
+    comm.all_gather(out, x, path="sdma")
+    t_sdma = comm.clock() - t0
+    seen.append((out == want).all() and stratacl.stats()["sdma"]["bytes"] == n * x.nbytes)
+    out[:] = 0
+    t0 = comm.clock()
+    comm.all_gather(out, x)                                # the setting (mte): the engine stays idle
+    t_mte = comm.clock() - t0
+    seen.append((out == want).all() and stratacl.stats()["sdma"]["bytes"] == n * x.nbytes)
+    work = comm.all_gather(out, x, async_op=True, path="sdma")
+    work.wait()
+    seen.append((out == want).all() and stratacl.stats()["sdma"]["bytes"] == 2 * n * x.nbytes)
+    try:
+        comm.all_gather(out, x, path="dma" if me == 1 else "mte")
+        errors = None
+    except Exception as e:                                 # every rank hears of the bad argument
+        errors = (type(e).__name__, str(e))
+    comm.barrier()                                         # and the communicator is still usable
+    return seen, t_sdma, t_mte, errors
+
+
+def test_path_per_call_overrides_the_setting():
+    n = 4
+    for me, (seen, t_sdma, t_mte, errors) in enumerate(stratacl.spawn(per_call_path, n, clock="virtual", timeout=60)):
+        assert seen == [True, True, True]
+        sdma = stratacl.estimate("all_gather", n, 50_000 * 4 * n, path="sdma")
+        mte = stratacl.estimate("all_gather", n, 50_000 * 4 * n, path="mte")
+        assert abs(t_sdma * 1e6 - sdma.time_us) <= 1e-9 * sdma.time_us
+        assert abs(t_mte * 1e6 - mte.time_us) <= 1e-9 * mte.time_us
+        assert t_sdma != t_mte
+        if me == 1:
+            assert errors == ("ValueError", "all_gather: path must be one of mte, sdma, got 'dma'")
+        else:
+            assert errors[0] == "CollectiveMismatch" and "rank(s) [1] rejected" in errors[1]

@@ -1,15 +1,16 @@
 /*
  * Data-movement kernels of the collectives: what a rank's cores execute.
  *
- *   copy(dst, src, nbytes)                   one block
- *   copy_many(table)                         rows of (dst, src, nbytes): one memcpy each
- *   copy_chunks(dst, srcs, count, item, me)  every other member's chunk of a buffer
- *   reduce_into(dst, srcs, count, dtype, op, divisor)
- *                                            dst[i] = ((s0[i] op s1[i]) op s2[i]) ... in the
- *                                            order of `srcs`, in the element type, tile by tile
+ *   copy_many(table)                         rows of (dst, src, nbytes): one memcpy each (the
+ *                                            SDMA engine's descriptors)
+ *   run_plan(plan, bases, dtype, op, divisor)
+ *                                            one phase of compiled remote slices: copies and
+ *                                            reduction groups at (rank, buffer, offset)
  *
- * Both release the GIL. Reductions follow numpy's semantics exactly, so results are bitwise
- * equal to numpy applied in the same order: integers wrap, bool sum/max are logical or and
+ * A reduction group computes dst[i] = ((s0[i] op s1[i]) op s2[i]) ... in the order of its
+ * sources, in the element type, tile by tile. Both release the GIL when the work is large.
+ * Reductions follow numpy's semantics exactly, so results are bitwise equal to numpy applied
+ * in the same order: integers wrap, bool sum/max are logical or and
  * prod/min logical and, min/max propagate NaN like np.minimum/np.maximum, float16 arithmetic
  * is done in float32 and rounded back once per operation (as numpy's half loops do), and avg
  * divides the sum by `divisor` in the element type.
@@ -57,80 +58,6 @@ static PyObject *copy_many(PyObject *self, PyObject *arg) {
     if (ts != NULL) PyEval_RestoreThread(ts);
     PyBuffer_Release(&view);
     Py_RETURN_NONE;
-}
-
-/* copy(dst, src, nbytes): one block (point-to-point receive, broadcast). */
-static PyObject *copy_one(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3) { PyErr_SetString(PyExc_TypeError, "copy(dst, src, nbytes)"); return NULL; }
-    unsigned long long dst = PyLong_AsUnsignedLongLong(args[0]);
-    unsigned long long src = PyLong_AsUnsignedLongLong(args[1]);
-    long long nbytes = PyLong_AsLongLong(args[2]);
-    if (PyErr_Occurred()) return NULL;
-    if (nbytes <= 0) Py_RETURN_NONE;
-    PyThreadState *ts = nbytes >= RELEASE_GIL_BYTES ? PyEval_SaveThread() : NULL;
-    memcpy((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, (size_t)nbytes);
-    if (ts != NULL) PyEval_RestoreThread(ts);
-    Py_RETURN_NONE;
-}
-
-/* copy_blocks(dst_base, dst_stride, srcs, src_offset, nbytes, first): for every member p,
- * visiting p = first, first+1, ... (mod n), copy `nbytes` from srcs[p] + src_offset to
- * dst_base + p * dst_stride, skipping a block already in place. Returns the bytes copied. */
-static PyObject *copy_blocks(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 6) {
-        PyErr_SetString(PyExc_TypeError, "copy_blocks(dst_base, dst_stride, srcs, src_offset, nbytes, first)");
-        return NULL;
-    }
-    unsigned long long dst = PyLong_AsUnsignedLongLong(args[0]);
-    long long stride = PyLong_AsLongLong(args[1]);
-    long long src_off = PyLong_AsLongLong(args[3]);
-    long long nbytes = PyLong_AsLongLong(args[4]);
-    long long first = PyLong_AsLongLong(args[5]);
-    if (PyErr_Occurred()) return NULL;
-    Py_buffer view;
-    if (get_table(args[2], &view, 1) < 0) return NULL;
-    const int64_t *srcs = (const int64_t *)view.buf;
-    Py_ssize_t n = view.len / 8;
-    long long copied = 0;
-    PyThreadState *ts = nbytes * n >= RELEASE_GIL_BYTES ? PyEval_SaveThread() : NULL;
-    for (Py_ssize_t k = 0; k < n && nbytes > 0; k++) {
-        Py_ssize_t p = (Py_ssize_t)((first + k) % n);
-        char *d = (char *)(uintptr_t)dst + p * stride;
-        const char *s = (const char *)(uintptr_t)srcs[p] + src_off;
-        if (d != s) { memcpy(d, s, (size_t)nbytes); copied += nbytes; }
-    }
-    if (ts != NULL) PyEval_RestoreThread(ts);
-    PyBuffer_Release(&view);
-    return PyLong_FromLongLong(copied);
-}
-
-/* copy_chunks(dst, srcs, count, itemsize, me): the gather phase of all_reduce. Chunk p is
- * elements [count*p/n, count*(p+1)/n); for every member p != me (p = me+1, me+2, ... mod n)
- * copy chunk p from srcs[p] to dst, both at the chunk's byte offset. Returns the bytes copied. */
-static PyObject *copy_chunks(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 5) { PyErr_SetString(PyExc_TypeError, "copy_chunks(dst, srcs, count, itemsize, me)"); return NULL; }
-    unsigned long long dst = PyLong_AsUnsignedLongLong(args[0]);
-    long long count = PyLong_AsLongLong(args[2]);
-    long long item = PyLong_AsLongLong(args[3]);
-    long long me = PyLong_AsLongLong(args[4]);
-    if (PyErr_Occurred()) return NULL;
-    Py_buffer view;
-    if (get_table(args[1], &view, 1) < 0) return NULL;
-    const int64_t *srcs = (const int64_t *)view.buf;
-    long long n = (long long)(view.len / 8);
-    long long copied = 0;
-    PyThreadState *ts = count * item >= RELEASE_GIL_BYTES ? PyEval_SaveThread() : NULL;
-    for (long long k = 1; k < n; k++) {
-        long long p = (me + k) % n;
-        long long a = count * p / n, b = count * (p + 1) / n;
-        if (b > a) {
-            memcpy((char *)(uintptr_t)dst + a * item, (const char *)(uintptr_t)srcs[p] + a * item, (size_t)((b - a) * item));
-            copied += (b - a) * item;
-        }
-    }
-    if (ts != NULL) PyEval_RestoreThread(ts);
-    PyBuffer_Release(&view);
-    return PyLong_FromLongLong(copied);
 }
 
 /* one accumulation step acc[i] = acc[i] op s[i], for every type */
@@ -240,52 +167,115 @@ static void divide(int t, void *acc, size_t n, double divisor) {
     }
 }
 
-/* reduce_into(dst, srcs, count, dtype, op, divisor) */
-static PyObject *reduce_into(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 6) { PyErr_SetString(PyExc_TypeError, "reduce_into(dst, srcs, count, dtype, op, divisor)"); return NULL; }
-    unsigned long long dst = PyLong_AsUnsignedLongLong(args[0]);
-    if (PyErr_Occurred()) return NULL;
-    Py_buffer view;
-    if (get_table(args[1], &view, 1) < 0) return NULL;
-    long long count = PyLong_AsLongLong(args[2]);
-    int t = (int)PyLong_AsLong(args[3]);
-    int op = (int)PyLong_AsLong(args[4]);
-    double divisor = PyFloat_AsDouble(args[5]);
+/* dst = srcs[0] op srcs[1] op ... in that order, `count` elements, tile by tile through `acc`
+ * (TILE_BYTES): each tile is read from every source before it is written, so dst may alias one */
+static void reduce_tiles(char *dst, const char *const *srcs, Py_ssize_t nsrc, size_t count, int t, int op,
+                         double divisor, char *acc) {
     size_t item = type_size(t);
-    if (PyErr_Occurred() || item == 0 || op < OP_SUM || op > OP_AVG || count < 0) {
-        PyBuffer_Release(&view);
-        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "reduce_into: bad dtype, op or count");
+    size_t tile = TILE_BYTES / item;
+    for (size_t start = 0; start < count; start += tile) {
+        size_t m = count - start < tile ? count - start : tile;
+        size_t off = start * item;
+        memcpy(acc, srcs[0] + off, m * item);
+        for (Py_ssize_t j = 1; j < nsrc; j++)
+            step(t, acc, srcs[j] + off, m, op);
+        if (op == OP_AVG) divide(t, acc, m, divisor);
+        memcpy(dst + off, acc, m * item);
+    }
+}
+
+static int check_type_op(int t, int op) {
+    if (type_size(t) == 0 || op < OP_SUM || op > OP_AVG) {
+        PyErr_SetString(PyExc_ValueError, "bad dtype or reduce op code");
+        return -1;
+    }
+    return 0;
+}
+
+/* run_plan(plan, bases, dtype, op, divisor): execute one phase of compiled remote slices
+ * (collectives/_backend.py). `plan` rows are (kind, src_rank, src_buf, src_off, dst_rank,
+ * dst_buf, dst_off, nbytes); an address is bases[buf * n + rank] + offset, `bases` being the
+ * (3, n) table of every member's buffers. Kinds:
+ *   COPY   memcpy, skipped when source and destination are the same bytes (in place)
+ *   GROUP  a reduction into the destination of `nbytes`, over the next `src_rank` SRC rows,
+ *          in their order; `dtype` / `op` / `divisor` as reduce_into
+ * Returns the bytes the skipped copies would have moved. */
+enum { K_COPY = 0, K_GROUP = 1, K_SRC = 2 };
+#define MAX_GROUP 4096
+
+static PyObject *run_plan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5) { PyErr_SetString(PyExc_TypeError, "run_plan(plan, bases, dtype, op, divisor)"); return NULL; }
+    int t = (int)PyLong_AsLong(args[2]);
+    int op = (int)PyLong_AsLong(args[3]);
+    double divisor = PyFloat_AsDouble(args[4]);
+    if (PyErr_Occurred()) return NULL;
+    Py_buffer pv, bv;
+    if (get_table(args[0], &pv, 8) < 0) return NULL;
+    if (get_table(args[1], &bv, 3) < 0) { PyBuffer_Release(&pv); return NULL; }
+    const int64_t *p = (const int64_t *)pv.buf;
+    const int64_t *b = (const int64_t *)bv.buf;
+    Py_ssize_t rows = pv.len / 64, n = bv.len / 24;
+    int64_t total = 0, skipped = 0;
+    int reduces = 0;
+    const char *err = NULL;
+    /* validate every row before touching memory: a bad plan is a bug, never a crash */
+    for (Py_ssize_t r = 0; r < rows && err == NULL; r++) {
+        const int64_t *row = p + 8 * r;
+        if (row[0] == K_GROUP) {
+            reduces = 1;
+            if (row[1] < 1 || row[1] > MAX_GROUP || r + row[1] >= rows) err = "a reduction group's source count";
+            total += row[7] * (row[1] + 1);
+        } else if (row[0] == K_COPY || row[0] == K_SRC) {
+            if (row[1] < 0 || row[1] >= n || row[2] < 0 || row[2] > 2) err = "a source rank or buffer";
+            total += row[7];
+        } else {
+            err = "a row kind";
+        }
+        if (row[0] != K_SRC && (row[4] < 0 || row[4] >= n || row[5] < 0 || row[5] > 2 || row[7] < 0))
+            err = "a destination rank, buffer or size";
+    }
+    if (err == NULL && reduces && check_type_op(t, op) < 0) err = "";
+    if (err != NULL) {
+        PyBuffer_Release(&pv);
+        PyBuffer_Release(&bv);
+        if (!PyErr_Occurred()) PyErr_Format(PyExc_ValueError, "run_plan: bad plan: %s", err);
         return NULL;
     }
-    const int64_t *srcs = (const int64_t *)view.buf;
-    Py_ssize_t nsrc = view.len / 8;
-    size_t tile = TILE_BYTES / item;
-    char *acc = PyMem_RawMalloc(TILE_BYTES);
-    if (acc == NULL) { PyBuffer_Release(&view); return PyErr_NoMemory(); }
-    PyThreadState *ts = (int64_t)count * (int64_t)item * nsrc >= RELEASE_GIL_BYTES ? PyEval_SaveThread() : NULL;
-    for (size_t start = 0; start < (size_t)count; start += tile) {
-        size_t m = (size_t)count - start < tile ? (size_t)count - start : tile;
-        size_t off = start * item;
-        memcpy(acc, (const char *)(uintptr_t)srcs[0] + off, m * item);
-        for (Py_ssize_t j = 1; j < nsrc; j++)
-            step(t, acc, (const char *)(uintptr_t)srcs[j] + off, m, op);
-        if (op == OP_AVG) divide(t, acc, m, divisor);
-        memcpy((char *)(uintptr_t)dst + off, acc, m * item);
+    size_t item = reduces ? type_size(t) : 1;
+    char *acc = reduces ? PyMem_RawMalloc(TILE_BYTES + MAX_GROUP * sizeof(char *)) : NULL;
+    if (reduces && acc == NULL) { PyBuffer_Release(&pv); PyBuffer_Release(&bv); return PyErr_NoMemory(); }
+    const char **srcs = reduces ? (const char **)(acc + TILE_BYTES) : NULL;
+    PyThreadState *ts = total >= RELEASE_GIL_BYTES ? PyEval_SaveThread() : NULL;
+#define ADDR(rank, buf, off) ((char *)(uintptr_t)(b[(buf) * n + (rank)] + (off)))
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        const int64_t *row = p + 8 * r;
+        char *dst = ADDR(row[4], row[5], row[6]);
+        if (row[0] == K_COPY) {
+            const char *src = ADDR(row[1], row[2], row[3]);
+            if (dst == src) skipped += row[7];
+            else if (row[7] > 0) memcpy(dst, src, (size_t)row[7]);
+        } else if (row[0] == K_GROUP) {
+            Py_ssize_t m = (Py_ssize_t)row[1];
+            for (Py_ssize_t j = 0; j < m; j++) {
+                const int64_t *s = p + 8 * (r + 1 + j);
+                srcs[j] = ADDR(s[1], s[2], s[3]);
+            }
+            if (row[7] > 0) reduce_tiles(dst, srcs, m, (size_t)row[7] / item, t, op, divisor, acc);
+            r += m;
+        }
     }
+#undef ADDR
     if (ts != NULL) PyEval_RestoreThread(ts);
     PyMem_RawFree(acc);
-    PyBuffer_Release(&view);
-    Py_RETURN_NONE;
+    PyBuffer_Release(&pv);
+    PyBuffer_Release(&bv);
+    return PyLong_FromLongLong(skipped);
 }
 
 static PyMethodDef methods[] = {
-    {"copy", (PyCFunction)(void (*)(void))copy_one, METH_FASTCALL, "Copy one block of bytes."},
-    {"copy_chunks", (PyCFunction)(void (*)(void))copy_chunks, METH_FASTCALL, "The gather phase of all_reduce."},
     {"copy_many", copy_many, METH_O, "Execute rows of (dst, src, nbytes) copies."},
-    {"copy_blocks", (PyCFunction)(void (*)(void))copy_blocks, METH_FASTCALL,
-     "Copy one equal block from every member into a strided destination."},
-    {"reduce_into", (PyCFunction)(void (*)(void))reduce_into, METH_FASTCALL,
-     "dst = reduction of the sources in order, numpy semantics."},
+    {"run_plan", (PyCFunction)(void (*)(void))run_plan, METH_FASTCALL,
+     "Execute one phase of compiled remote slices (collectives/_backend.py)."},
     {NULL, NULL, 0, NULL},
 };
 

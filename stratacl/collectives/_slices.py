@@ -16,15 +16,15 @@ a ``SliceMap``: arrays, one entry per remote-slice transfer ``<peer, src, dst, b
         |                                   |
         |   partitioner (_partition.py) cuts slices into transfer units, assigns them to cores
         v                                   v
-    data executor: execute(...) here      modeled executor: ub/_cores.py, sdma/
-        real bytes through the native         exact per-core timelines of the same units
-        kernels, given base addresses
+    data path: _backend.py compiles       modeled executor: ub/_cores.py, sdma/
+        each phase once and executes it       exact per-core timelines of the same units
+        on the cores or the SDMA engine
 
 Reductions. All LOAD_ACC slices of a phase that write the same destination range form one
-reduction group; the data executor reduces a group in one pass in communicator-rank order of
-``peer`` (((x_0 op x_1) op x_2) ...: the documented order, ``collectives/_reduce.py``), tile by
-tile into the destination: the accumulate-on-write step. Cores working on different ranges of
-the destination never touch the same bytes, so they take no lock.
+reduction group, reduced in the order the frontend lists them (mesh: rank order,
+((x_0 op x_1) op x_2) ...; ring steps: the left neighbour's partial, then the own chunk), tile
+by tile into the destination: the accumulate-on-write step. Cores working on different ranges
+of the destination never touch the same bytes, so they take no lock.
 
 Adding an operator means writing one frontend: a function returning the phases' slice maps.
 """
@@ -34,16 +34,14 @@ import dataclasses
 
 import numpy as np
 
-from . import _kernels
-from ._reduce import dtype_code, reduce_code
 from ._schedule import EAGER_BYTES
 
 LOAD, STORE, LOAD_ACC = 0, 1, 2
 OPS = {"load": LOAD, "store": STORE, "load-accumulate": LOAD_ACC}
 IN, OUT, SCRATCH = 0, 1, 2
 BUFFERS = {"in": IN, "out": OUT, "scratch": SCRATCH}
-FRONTENDS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "all_to_all_v", "broadcast",
-             "sendrecv", "ring_all_gather_step", "ring_reduce_scatter_step")
+FRONTENDS = ("all_gather", "reduce_scatter", "all_reduce", "all_reduce_eager", "all_to_all", "all_to_all_v",
+             "broadcast", "sendrecv", "recv", "ring_all_gather_step", "ring_reduce_scatter_step", "ring_all_reduce_step")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,6 +122,12 @@ def all_reduce(me: int, n: int, count: int, itemsize: int, small: int = EAGER_BY
             make(me, p, IN, e[p], IN, e[p], e[p + 1] - e[p], LOAD)]
 
 
+def all_reduce_eager(me: int, n: int, nbytes: int) -> list[SliceMap]:
+    """Small all_reduce from eager copies (IN: every member's private copy of its input, taken
+    before the arrival barrier): every member reduces the whole buffer into its OUT."""
+    return [make(me, np.arange(n), IN, 0, OUT, 0, nbytes, LOAD_ACC)]
+
+
 def all_to_all(me: int, n: int, nbytes: int) -> list[SliceMap]:
     """Equal splits of an ``nbytes`` input: out block p = block ``me`` of x_p."""
     b = nbytes // n
@@ -155,6 +159,12 @@ def sendrecv(me: int, n: int, nbytes: int) -> list[SliceMap]:
     return [make(me, (me - 1) % n, IN, 0, OUT, 0, nbytes, LOAD, flag=0)]
 
 
+def recv(me: int, src: int, nbytes: int) -> list[SliceMap]:
+    """Point-to-point receive: pull ``nbytes`` of member ``src``'s send buffer (IN) into this
+    rank's receive buffer (OUT)."""
+    return [make(me, src, IN, 0, OUT, 0, nbytes, LOAD)]
+
+
 def ring_all_gather_step(me: int, n: int, nbytes: int, s: int) -> list[SliceMap]:
     """Ring all_gather step s: pull chunk (me - s - 1) mod n from member me-1 (step 0: its
     input; later: its output) and raise step flag s. Step 0 also copies the own block."""
@@ -166,17 +176,31 @@ def ring_all_gather_step(me: int, n: int, nbytes: int, s: int) -> list[SliceMap]
     return [pull]
 
 
+def _ring_reduce_step(me: int, n: int, e: np.ndarray, s: int, final_buf: int, final_off: int) -> SliceMap:
+    c = (me - s - 2) % n
+    left = (me - 1) % n
+    dst_buf, dst = (final_buf, final_off) if s == n - 2 else (SCRATCH, e[c])
+    a = make(me, left, IN if s == 0 else SCRATCH, e[c], dst_buf, dst, e[c + 1] - e[c], LOAD_ACC, s)
+    b = make(me, me, IN, e[c], dst_buf, dst, e[c + 1] - e[c], LOAD_ACC, s)
+    return concat(a, b)
+
+
 def ring_reduce_scatter_step(me: int, n: int, count: int, itemsize: int, s: int) -> list[SliceMap]:
     """Ring reduce_scatter step s: accumulate chunk (me - s - 2) mod n of member me-1 (step 0:
     its input; later: its partial in SCRATCH) with this rank's own input chunk, into SCRATCH
-    (the last step: into OUT)."""
+    (the last step: into OUT). Chunk c is thus folded over members c+1, c+2, ..., c."""
+    return [_ring_reduce_step(me, n, chunk_edges(count, n, itemsize), s, OUT, 0)]
+
+
+def ring_all_reduce_step(me: int, n: int, count: int, itemsize: int, s: int) -> list[SliceMap]:
+    """Ring all_reduce step s of 2(n-1), in place on IN: steps 0..n-2 are the reduce_scatter
+    steps (the last one writes chunk ``me`` of IN); steps n-1.. are the all_gather steps on the
+    finished chunks, pulling chunk (me - t - 1) mod n from member me-1's IN (t = s - n + 1)."""
     e = chunk_edges(count, n, itemsize)
-    c = (me - s - 2) % n
-    left = (me - 1) % n
-    dst_buf, dst = (OUT, 0) if s == n - 2 else (SCRATCH, e[c])
-    a = make(me, left, IN if s == 0 else SCRATCH, e[c], dst_buf, dst, e[c + 1] - e[c], LOAD_ACC, s)
-    b = make(me, me, IN, e[c], dst_buf, dst, e[c + 1] - e[c], LOAD_ACC, s)
-    return [concat(a, b)]
+    if s < n - 1:
+        return [_ring_reduce_step(me, n, e, s, IN, e[me])]
+    c = (me - (s - n + 1) - 1) % n
+    return [make(me, (me - 1) % n, IN, e[c], IN, e[c], e[c + 1] - e[c], LOAD, s)]
 
 
 def frontend(op: str, me: int, n: int, nbytes: int, itemsize: int = 1, root: int = 0) -> list[SliceMap]:
@@ -196,55 +220,3 @@ def frontend(op: str, me: int, n: int, nbytes: int, itemsize: int = 1, root: int
     if op == "sendrecv":
         return sendrecv(me, n, nbytes)
     raise ValueError(f"no slice frontend for {op!r} (known: {', '.join(FRONTENDS)})")
-
-
-# --- the data executor ------------------------------------------------------------------------
-def addresses(smap: SliceMap, bases) -> tuple[np.ndarray, np.ndarray]:
-    """Absolute (src, dst) addresses of every slice. ``bases[rank][buf]``: the base address of
-    buffer ``buf`` (IN, OUT, SCRATCH) of member ``rank``, e.g. an (n, 3) int64 array."""
-    b = np.asarray(bases, dtype=np.int64)
-    me = smap.me
-    store = smap.op == STORE
-    src_rank = np.where(store, me, smap.peer)
-    dst_rank = np.where(store, smap.peer, me)
-    return b[src_rank, smap.src_buf] + smap.src, b[dst_rank, smap.dst_buf] + smap.dst
-
-
-def execute(smap: SliceMap, bases, dtype=None, redop: str = "sum", n: int | None = None) -> int:
-    """Run one phase's slices on real memory with the native kernels; returns bytes moved.
-
-    Copies (LOAD, STORE) go to ``copy_many`` in one call. Each reduction group (LOAD_ACC
-    slices with the same destination range) goes to ``reduce_into`` with its sources in
-    ascending ``peer`` order; ``avg`` divides by ``n`` (default: the group's size). Reduction
-    groups must cover whole elements of ``dtype``. The caller guarantees every address is
-    mapped and that the phase's sources are ready (the arrival barrier) and stay so."""
-    if len(smap) == 0:
-        return 0
-    src, dst = addresses(smap, bases)
-    copy = smap.op != LOAD_ACC
-    moved = 0
-    if copy.any():
-        table = np.stack([dst[copy], src[copy], smap.nbytes[copy]], axis=1)
-        _kernels.copy_many(np.ascontiguousarray(table))
-        moved += int(smap.nbytes[copy].sum())
-    acc = ~copy
-    if acc.any():
-        if dtype is None:
-            raise ValueError("execute: load-accumulate slices need a dtype")
-        dt = np.dtype(dtype)
-        tcode, ocode = dtype_code(dt, "execute"), reduce_code(redop, dt, "execute")
-        idx = np.nonzero(acc)[0]
-        # group by destination range, members of a group in rank order
-        idx = idx[np.lexsort((smap.peer[idx], smap.nbytes[idx], dst[idx]))]
-        key_d, key_b = dst[idx], smap.nbytes[idx]
-        starts = np.nonzero(np.r_[True, (key_d[1:] != key_d[:-1]) | (key_b[1:] != key_b[:-1])])[0]
-        ends = np.r_[starts[1:], idx.size]
-        for a, b in zip(starts, ends):
-            g = idx[a:b]
-            nb = int(smap.nbytes[g[0]])
-            if nb % dt.itemsize:
-                raise ValueError(f"execute: a reduction slice of {nb} bytes is not whole {dt} elements")
-            _kernels.reduce_into(int(dst[g[0]]), np.ascontiguousarray(src[g]), nb // dt.itemsize, tcode, ocode,
-                                 float(n if n is not None else g.size))
-            moved += nb * g.size
-    return moved

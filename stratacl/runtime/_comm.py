@@ -10,7 +10,9 @@ One collective call, end to end:
           |
     arrival barrier  -> every rank reads every descriptor; any disagreement raises
           |              CollectiveMismatch on every rank, before any byte moves
-    full-mesh pull (collectives._fullmesh), peers' inputs read at their shared addresses
+    the operator's phases (collectives._slices frontend, compiled once per call shape by
+    collectives._backend) run on the cores or the SDMA engine (runtime/_execute.py); peers'
+          |  inputs are read at their shared addresses
           |
     departure barrier -> inputs may be reused once this returns
 
@@ -27,18 +29,19 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from .._errors import CollectiveMismatch
-from ..collectives import _fullmesh, _reduce, _ring, _slices
+from ..collectives import _reduce, _slices
+from ..collectives._slices import IN, OUT, SCRATCH
 from . import _native
 from ._args import _copy_back, _expect, _flat
 from ._buffers import EAGER_BYTES, Buffers, _Input
 from ._control import (DESC_FIXED, F_ADDR, F_AUX0, F_AUX1, F_AUX2, F_CALL, F_COUNT, F_DTYPE, F_EPOCH, F_FLAGS,
                        F_NBYTES, F_OP, F_REDOP, F_ROOT, F_SEG_OFF, F_SEG_SIZE, F_SEG_VA, FLAG_REJECTED, Layout)
 from ._modeling import Modeled
-from ._offload import Offload
+from ._execute import Execute
 from ._p2p import PointToPoint
 from ._ringsteps import RingSteps
 from ._sync import SLICE, SPIN_POLLS, seq_reached, wait_until
-from ._work import Worker, collective
+from ._work import Worker, agreed, collective
 
 if TYPE_CHECKING:
     from ._world import Runtime
@@ -64,7 +67,7 @@ def _value_name(field: int, v: int) -> str:
     return str(v)
 
 
-class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Offload):
+class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
     """A group of ranks that run collectives together (MPI semantics for ``split``).
 
     Every collective method is a *collective operation*: all ranks of the communicator must
@@ -95,14 +98,12 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Offload):
         # everything the native fast path needs, handed over as one int64 array (_native.c, "cx")
         self._cx = np.array([self._counter_addr, self._gen_addr, self._arrival_addr, self.size, self.rank,
                              *self._desc_addrs[0], *self._desc_addrs[1]], dtype=np.int64)
-        self._src = np.zeros(self.size, dtype=np.int64)
         self._root_calls = [0] * self.size      # rooted operations per root, for _root_departure
         self._syncs = 0
         self._calls = 0
         self._sent = [0] * self.size
         self._received = [0] * self.size
         self._staging = None
-        self.counters = _fullmesh.Counters()
         self._ready = np.full((self.size, 2), -1, dtype=np.int64)   # last (seg_va, epoch) checked per member
         self._ready_extra = np.full((self.size, 2), -1, dtype=np.int64)   # the same, for ring extra buffers
         self._ring_steps = 0
@@ -112,7 +113,8 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Offload):
         self._always_stage = rt.config.registration == "staged"
         self._worker: Worker | None = None
         self._eager = None
-        self._sdma = rt.config.path == "sdma"
+        self._init_execute()
+        self._init_modeling()
         self._init_p2p()
 
     def _start_worker(self) -> Worker:
@@ -202,15 +204,6 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Offload):
             i = _native.sources(self._cx, parity, self._ready, src, own, only)
         return src
 
-    def _bases(self, src: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-        """Buffer base addresses for a slice map: every member's input (``src``) and, for this
-        rank, its output (the columns are collectives._slices' IN, OUT, SCRATCH)."""
-        bases = np.zeros((self.size, 3), dtype=np.int64)
-        bases[:, _slices.IN] = src
-        if out is not None:
-            bases[self.rank, _slices.OUT] = _native.data_address(out)
-        return bases
-
     def _begin(self, operation: str, fields: dict[int, int], error: BaseException | None = None,
                ext: np.ndarray | None = None) -> np.ndarray:
         """Publish this rank's descriptor, arrive, and return every member's descriptor."""
@@ -234,7 +227,7 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Offload):
             log.debug("%s call %d: %s", operation, self._calls, desc.tolist())
         self._sync(operation)
         if error is not None:
-            raise error
+            raise agreed(error)
         if not _native.agree(self._cx, parity):
             self._validate(operation, i64[self._desc_idx[parity]])   # builds the message, raises
         return i64[self._desc_idx[parity]] if self._want_descs.get(operation, True) else None
@@ -289,11 +282,7 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Offload):
             self._sync(operation)
         s = self._rt.stats
         s["calls"][operation] = s["calls"].get(operation, 0) + 1
-        c = self.counters
-        s["bytes_pulled"] += c.pulled
-        s["bytes_local"] += c.local
-        s["output_bytes_written"] += c.written
-        c.pulled = c.local = c.written = 0
+        self._flush_counters()
 
     # --- collectives ------------------------------------------------------------------------
     @collective
@@ -317,23 +306,26 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Offload):
                     TypeError)
             algo = self._algo_for(op, x.nbytes, x.itemsize)
             eager = algo == "mesh" and x.nbytes <= EAGER_BYTES
+            self._check_path(op)
             inp = self._eager_input(_flat(x, op, "input")) if eager else self._as_input(x, op)
             target = self._output(o, hbm=algo == "ring")
         except Exception as e:
             self._begin(op, {}, error=e)
+        me, n, nb = self.rank, self.size, x.nbytes
+        self._bases[OUT, me] = _native.data_address(target)
         if algo == "ring":
             parity = self._enter(op, code, x.size, inp=inp, aux1=self._publish_extra(target))
-            left = (self.rank - 1) % self.size
-            src = self._peer_sources(op, parity, inp, only=left)
-            _ring.all_gather(self.rank, self.size, _native.data_address(target), inp.addr, x.nbytes, int(src[left]),
-                             self._left_extra_buffer(parity, op), self._ring_flags(op, self.size - 1), self.counters)
+            left = (me - 1) % n
+            self._peer_sources(op, parity, inp, only=left)
+            self._bases[OUT, left] = self._left_extra_buffer(parity, op)
+            steps = self._phases(("ring_all_gather", nb), lambda: [
+                m for s in range(n - 1) for m in _slices.ring_all_gather_step(me, n, nb, s)])
+            self._run_ring(op, steps, self._ring_flags(op, n - 1))
         else:
             parity = self._enter(op, code, x.size, inp=inp)
-            src = self._peer_sources(op, parity, inp)
-            if self._sdma:
-                self._offload(op, _slices.all_gather(self.rank, self.size, x.nbytes)[0], self._bases(src, out=target))
-            else:
-                _fullmesh.all_gather(self.rank, self.size, target, inp.flat, src, self.counters)
+            self._peer_sources(op, parity, inp)
+            for plan in self._phases(("all_gather", nb), lambda: _slices.all_gather(me, n, nb)):
+                self._run(op, plan)
         self._finish(op, departure=not eager)
         self._output_done(out, target)
         self._tick(op, parity, x.nbytes, algo, itemsize=x.itemsize)
@@ -350,16 +342,17 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Offload):
             _expect(o.size == x.size, lambda: f"{op}: output has {o.size} elements, expected {x.size}")
             _expect(o.dtype == x.dtype, lambda: f"{op}: output dtype {o.dtype} differs from input dtype {x.dtype}",
                     TypeError)
+            self._check_path(op)
             inp = self._as_input(x, op)
             target = self._output(o)
         except Exception as e:
             self._begin(op, {}, error=e)
         parity = self._enter(op, code, x.size, inp=inp)
-        src = self._peer_sources(op, parity, inp)
-        if self._sdma:
-            self._offload(op, _slices.all_to_all(self.rank, self.size, x.nbytes)[0], self._bases(src, out=target))
-        else:
-            _fullmesh.all_to_all(self.rank, self.size, target, inp.flat, src, self.counters)
+        self._peer_sources(op, parity, inp)
+        me, n, nb = self.rank, self.size, x.nbytes
+        self._bases[OUT, me] = _native.data_address(target)
+        for plan in self._phases(("all_to_all", nb), lambda: _slices.all_to_all(me, n, nb)):
+            self._run(op, plan)
         self._finish(op)
         self._output_done(out, target)
         self._tick(op, parity, x.nbytes, itemsize=x.itemsize)
@@ -387,6 +380,7 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Offload):
                     f"output has {o.size}")
             _expect(o.dtype == x.dtype, lambda: f"{op}: output dtype {o.dtype} differs from input dtype {x.dtype}",
                     TypeError)
+            self._check_path(op)
             inp = self._as_input(x, op)
             target = self._output(o)
         except Exception as e:
@@ -401,8 +395,12 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Offload):
             raise CollectiveMismatch(
                 f"{op}: rank {self.members[i]} expects {int(recv[i, j])} elements from rank {self.members[j]}, "
                 f"which sends it {int(send[j, i])}; no data was moved")
-        _fullmesh.all_to_all_v(self.rank, n, target, inp.flat, send, recv,
-                               self._sources(descs, op, inp, need=recv[self.rank] > 0), self.counters)
+        me, item = self.rank, x.itemsize
+        self._src[:] = self._sources(descs, op, inp, need=recv[me] > 0)
+        self._bases[OUT, me] = _native.data_address(target)
+        for plan in self._phases(("all_to_all_v", item, send.tobytes(), recv[me].tobytes()),
+                                 lambda: _slices.all_to_all_v(me, n, send, recv, item)):
+            self._run(op, plan)
         self._finish(op)
         self._output_done(out, target, int(recv[self.rank].sum()))
         self._tick("barrier", parity, 0)
@@ -415,19 +413,19 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Offload):
             code = _reduce.dtype_code(x.dtype, op)
             _expect(isinstance(root, (int, np.integer)) and 0 <= root < self.size,
                     lambda: f"{op}: root {root!r} is not a rank of this communicator (size {self.size})")
+            self._check_path(op)
             xf = _flat(x, op, "buffer", writable=True)
             inp = self._as_input(x, op) if self.rank == root else _Input(xf, None)
             target = self._output(xf) if self.rank != root else xf
         except Exception as e:
             self._begin(op, {}, error=e)
         parity = self._enter(op, code, x.size, root, inp=inp)
-        src = self._peer_sources(op, parity, None, only=root)
-        if self._sdma and self.rank != root:
-            bases = self._bases(src)
-            bases[self.rank, _slices.IN] = _native.data_address(target)    # pulled into this rank's own buffer
-            self._offload(op, _slices.broadcast(self.rank, self.size, x.nbytes, root)[0], bases)
-        else:
-            _fullmesh.broadcast(self.rank, self.size, root, target, src, self.counters)
+        self._peer_sources(op, parity, None, only=root)
+        me, n, nb = self.rank, self.size, x.nbytes
+        if me != root:
+            self._bases[IN, me] = _native.data_address(target)     # pulled into this rank's own buffer
+            for plan in self._phases(("broadcast", nb, root), lambda: _slices.broadcast(me, n, nb, root)):
+                self._run(op, plan)
         self._root_departure(op, root)
         self._finish(op, departure=False)
         self._output_done(x, target)
@@ -438,7 +436,7 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Offload):
         """``out`` receives chunk ``rank`` of the element-wise reduction of every rank's ``x``. Collective.
 
         Mesh: every output element is reduced in rank order. Ring: chunk c is reduced in the
-        order the ring visits the ranks, c+1, c+2, ..., c (collectives._ring)."""
+        order the ring visits the ranks, c+1, c+2, ..., c (runtime/_ringsteps.py)."""
         name = "reduce_scatter"
         try:
             code = _reduce.dtype_code(x.dtype, name)
@@ -448,23 +446,30 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Offload):
                     f"{self.size} x {o.size} = {self.size * o.size}")
             _expect(o.dtype == x.dtype, lambda: f"{name}: output dtype {o.dtype} differs from input dtype {x.dtype}",
                     TypeError)
+            self._check_path(name)
             inp = self._as_input(x, name)
             algo = self._algo_for(name, x.nbytes, x.itemsize)
             target = self._output(o)
         except Exception as e:
             self._begin(name, {}, error=e)
+        me, n, count, item = self.rank, self.size, x.size, x.itemsize
+        self._bases[OUT, me] = _native.data_address(target)
         if algo == "ring":
             part = self._ring_scratch(x.nbytes)
             parity = self._enter(name, code, o.size, 0, rcode, inp, aux1=self._publish_extra(part))
-            left = (self.rank - 1) % self.size
-            src = self._peer_sources(name, parity, inp, only=left)
-            _ring.reduce_scatter(self.rank, self.size, _native.data_address(target), inp.addr, o.size, x.itemsize,
-                                 int(src[left]), _native.data_address(part), self._left_extra_buffer(parity, name),
-                                 code, rcode, self._ring_flags(name, self.size - 1), self.counters)
+            left = (me - 1) % n
+            self._peer_sources(name, parity, inp, only=left)
+            self._bases[SCRATCH, me] = _native.data_address(part)
+            self._bases[SCRATCH, left] = self._left_extra_buffer(parity, name)
+            steps = self._phases(("ring_reduce_scatter", count, item), lambda: [
+                m for s in range(n - 1) for m in _slices.ring_reduce_scatter_step(me, n, count, item, s)], item)
+            self._run_ring(name, steps, self._ring_flags(name, n - 1), code, rcode)
         else:
             parity = self._enter(name, code, o.size, 0, rcode, inp)
-            _fullmesh.reduce_scatter(self.rank, self.size, target, code, rcode,
-                                     self._peer_sources(name, parity, inp), self.counters)
+            self._peer_sources(name, parity, inp)
+            for plan in self._phases(("reduce_scatter", count, item),
+                                     lambda: _slices.reduce_scatter(me, n, count, item), item):
+                self._run(name, plan, code, rcode, float(n))
         self._finish(name)
         self._output_done(out, target)
         self._tick(name, parity, x.nbytes, algo, itemsize=x.itemsize)
@@ -476,62 +481,62 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Offload):
         Collective. Mesh, up to EAGER_BYTES: every rank reduces the whole buffer from all
         ranks' eager copies (one barrier; runtime/_buffers.py); above: reduce own chunk in
         place, then gather the others (three); every element is reduced in rank order. Ring: ring reduce-scatter, a barrier,
-        ring all-gather; chunk c is reduced in the order c+1, ..., c (collectives._ring).
+        ring all-gather; chunk c is reduced in the order c+1, ..., c (runtime/_ringsteps.py).
         """
         name = "all_reduce"
         try:
             code = _reduce.dtype_code(x.dtype, name)
             rcode = _reduce.reduce_code(op, x.dtype, name)
             xf = _flat(x, name, "buffer", writable=True)
+            self._check_path(name)
             algo = self._algo_for(name, x.nbytes, x.itemsize)
             eager = algo == "mesh" and x.nbytes <= EAGER_BYTES
             inp = self._eager_input(xf) if eager else self._as_input(x, name)
         except Exception as e:
             self._begin(name, {}, error=e)
-        flat, n = inp.flat, self.size
+        flat, n, me = inp.flat, self.size, self.rank
+        count, item, nb = flat.size, flat.itemsize, flat.nbytes
+        bases = self._bases
         if eager:
             # every rank reduces the whole buffer from the peers' eager copies straight into x:
             # nobody reads x, and the copies stay valid until the next call's arrival barrier
             parity = self._enter(name, code, x.size, 0, rcode, inp)
             target = self._output(xf)
-            _fullmesh.reduce_chunk(self.rank, n, 0, flat.size, _native.data_address(target), code, flat.itemsize,
-                                   rcode, self._peer_sources(name, parity, inp), self.counters)
+            self._peer_sources(name, parity, inp)
+            bases[OUT, me] = _native.data_address(target)
+            for plan in self._phases(("all_reduce_eager", nb, item), lambda: _slices.all_reduce_eager(me, n, nb), item):
+                self._run(name, plan, code, rcode, float(n))
             self._finish(name, departure=False)
             self._output_done(x, target)
             self._tick(name, parity, x.nbytes, algo, itemsize=x.itemsize)
             return
         if algo == "ring":
-            part = self._ring_scratch(flat.nbytes)
+            part = self._ring_scratch(nb)
             parity = self._enter(name, code, x.size, 0, rcode, inp, aux1=self._publish_extra(part))
-            left = (self.rank - 1) % n
-            src = self._peer_sources(name, parity, inp, only=left)
-            _ring.all_reduce(self.rank, n, inp.addr, flat.size, flat.itemsize, int(src[left]),
-                             _native.data_address(part), self._left_extra_buffer(parity, name), code, rcode,
-                             self._ring_flags(name, 2 * (n - 1)), lambda: self._sync(name), self.counters)
+            left = (me - 1) % n
+            self._peer_sources(name, parity, inp, only=left)
+            bases[SCRATCH, me] = _native.data_address(part)
+            bases[SCRATCH, left] = self._left_extra_buffer(parity, name)
+            steps = self._phases(("ring_all_reduce", count, item), lambda: [
+                m for s in range(2 * (n - 1)) for m in _slices.ring_all_reduce_step(me, n, count, item, s)], item)
+            self._run_ring(name, steps, self._ring_flags(name, 2 * (n - 1)), code, rcode,
+                           barrier=lambda: self._sync(name))
             self._finish(name)
         else:
             parity = self._enter(name, code, x.size, 0, rcode, inp)
-            src = self._peer_sources(name, parity, inp)
-            if flat.size < n:
-                # fewer elements than ranks, too big for the eager path: each rank reduces the whole
-                # buffer privately; after the second barrier nobody reads this rank's input any more
-                scratch = np.empty(flat.nbytes, np.uint8)
-                _fullmesh.all_reduce_whole(self.rank, n, scratch, flat.size, code, flat.itemsize, rcode, src,
-                                           self.counters)
-                self._sync(name)
-                flat.view(np.uint8)[:] = scratch
-                self.counters.written += flat.nbytes
-                self._finish(name, departure=False)
-            else:
-                # large: reduce-scatter in place, then all-gather the finished chunks
-                _fullmesh.all_reduce_scatter_phase(self.rank, n, flat, code, rcode, src, self.counters)
-                self._sync(name)
-                if self._sdma:
-                    gather = _slices.all_reduce(self.rank, n, flat.size, flat.itemsize)[1]
-                    self._offload(name, gather, self._bases(src))
-                else:
-                    _fullmesh.all_reduce_gather_phase(self.rank, n, flat, src, self.counters)
-                self._finish(name)
+            self._peer_sources(name, parity, inp)
+            # large: reduce own chunk in place, barrier, gather the finished chunks; fewer
+            # elements than ranks: reduce the whole buffer privately, barrier (nobody reads this
+            # rank's input any more), copy it back
+            scratch = np.empty(nb, np.uint8) if count < n else None
+            if scratch is not None:
+                bases[SCRATCH, me] = _native.data_address(scratch)
+            first, second = self._phases(("all_reduce", count, item),
+                                         lambda: _slices.all_reduce(me, n, count, item, small=0), item)
+            self._run(name, first, code, rcode, float(n))
+            self._sync(name)
+            self._run(name, second)
+            self._finish(name, departure=scratch is None)
         if inp.addr != _native.data_address(xf) or not xf.flags.c_contiguous:
             _copy_back(x, inp.flat)
             self._rt.stats["bytes_staged"] += x.nbytes

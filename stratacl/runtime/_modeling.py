@@ -10,6 +10,19 @@ jit mappings are derived from the descriptors, the same way on every member: mem
 owner j's input segment in a call if i reads j in it (collectives._schedule.peers_read's
 pattern) and has not mapped that (segment, epoch) before. That is what jit registration does;
 the host's own mapping work does not enter modeled time.
+
+Asynchronous operations (runtime/_work.py) and compute:
+
+    program clock (RankClock.now_us)      communicator's clock (_comm_free_us)
+    op(async_op=True) issued at t  ---->  enters at max(t, end of its previous operation),
+    charge_compute(d, k): from t, k          ends at e (model_call), on its worker thread
+       cores for d us, minus the cores   <-  the operations in flight occupy cores (their
+       the operations in flight occupy       profiles: ub._profile.profile_call)
+    work.wait(): program = max(now, e)
+
+``charge_compute`` needs the modeled times of the operations in flight, so it waits until they
+have completed (never for operations issued after it). The collective holds its cores first,
+the compute job gets what is left (``ub._compute``: "comm first").
 """
 from __future__ import annotations
 
@@ -20,35 +33,50 @@ import numpy as np
 from .._errors import ConfigError
 from ..collectives import _schedule
 from ..ub._clock import choose_algo
+from ..ub._compute import ComputeJob, combine, run_job
 from ..ub._profile import profile_call
-from ..ub._rankclock import from_bits
+from ..ub._rankclock import from_bits, to_bits
 from ._control import F_AUX0, F_EPOCH, F_NBYTES, F_SEG_SIZE, F_SEG_VA
 
 
 class Modeled:
     """Mixin of ``Communicator``."""
 
+    def _init_modeling(self) -> None:
+        self._issued_us = 0.0         # the program's clock when the running operation was called
+        self._running = None          # the Work it runs for, or None (blocking, caller's thread)
+        self._comm_free_us = 0.0      # when this communicator's previous operation ended
+
     def clock(self) -> float:
-        """This rank's modeled time in seconds (``--clock virtual`` or ``throttled``). Not collective."""
+        """This rank's modeled time in seconds (``--clock virtual`` or ``throttled``): the program's
+        clock, which an asynchronous operation moves only when it is waited for. Not collective."""
         if self._rt.config.clock == "off":
             raise ConfigError("comm.clock(): the clock is off; launch with --clock virtual (or STRATACL_CLOCK)")
         return self._rt.clock.now_us * 1e-6
 
     def charge_compute(self, duration_us: float, cores: int | None = None) -> None:
-        """Charge ``duration_us`` of modeled compute on ``cores`` of this rank's NPU cores (default:
-        all of them) to its modeled clock and, when profiling, to those cores' timelines. Not
-        collective; a no-op without a modeled clock. Overlap with an asynchronous collective is
-        not modeled here (see ub._compute.overlap for the model of it)."""
+        """Charge a compute kernel to the modeled clock: ``duration_us`` when it has ``cores`` of
+        this rank's NPU cores (default: all of them) to itself. Operations in flight
+        (``async_op=True``, not yet waited for) keep the cores they occupy; the kernel runs on
+        what is left, so it takes longer where they overlap (MTE: the communication cores for
+        the whole call; SDMA: only descriptor posting and polling). Waits until those operations
+        have completed, since their modeled times are needed. When profiling, the kernel is
+        recorded on its cores. Not collective; a no-op without a modeled clock."""
         c, prof = self._rt.clock, self._rt.profiler
         if c is None:
             return
+        total = self._rt.model.cores
         if duration_us < 0:
             raise ValueError(f"charge_compute: duration_us must be >= 0, got {duration_us}")
+        k = total if cores is None else int(cores)
+        if not 1 <= k <= total:
+            raise ValueError(f"charge_compute: cores must be in 1..{total}, got {cores}")
         t0 = c.entering()
-        c.set("compute", t0 + duration_us)
+        times, busy = combine(self._rt.busy_cores(t0, "charge_compute"))
+        end = run_job(ComputeJob(k, duration_us, t0), total, times, busy)[0] if times.size else t0 + duration_us
+        c.set("compute", end)
         if prof is not None:
-            k = self._rt.model.cores if cores is None else int(cores)
-            prof.record_many(np.arange(k), "compute", t0, t0 + duration_us)
+            prof.record_many(np.arange(k), "compute", t0, end)
 
     @contextlib.contextmanager
     def probe(self, stage: str, core: int = 0):
@@ -64,11 +92,30 @@ class Modeled:
         finally:
             prof.record(core, stage, t0, c.entering())
 
+    def _entering_us(self) -> float:
+        """The modeled time this rank enters the running call at: when the program called it,
+        or when this communicator's previous operation ended, whichever is later."""
+        return max(self._issued_us, self._comm_free_us)
+
     def _entering_bits(self) -> int:
-        """The modeled clock this rank enters the current call with, as its descriptor carries it
-        (0 without a modeled clock)."""
-        c = self._rt.clock
-        return c.bits() if c is not None else 0
+        """``_entering_us`` as the running call's descriptor carries it (0 without a modeled clock)."""
+        return to_bits(self._entering_us()) if self._rt.clock is not None else 0
+
+    def _ended(self, op: str, start_us: float, end_us: float, occupancy=None) -> None:
+        """The running call ends at ``end_us``: the program's clock moves there if the call is
+        blocking; an asynchronous one records it on its Work (and what its cores did:
+        ``occupancy``, the arguments of ub._profile.profile_call) for wait() and charge_compute."""
+        self._comm_free_us = end_us
+        c, work = self._rt.clock, self._running
+        if work is None:
+            c.set(op, end_us)
+        else:
+            c.ended(op, start_us, end_us)
+            work.modeled = (start_us, end_us, occupancy)
+
+    def _join_work(self, work) -> None:
+        if work.modeled is not None:
+            self._rt.clock.join(work.modeled[1])
 
     def _algo_for(self, op: str, nbytes: int, itemsize: int = 1) -> str:
         algo = self._rt.config.algo
@@ -85,11 +132,14 @@ class Modeled:
         descs = self._rt.ctl.i64[self._desc_idx[parity]]
         entering = from_bits(descs[:, F_AUX0])
         extra = self._jit_extra(descs, op, algo, root) if self._rt.config.registration == "jit" else None
-        c.advance(op, algo, self.members, nbytes, entering, extra, self.rank, root, itemsize)
+        model = self._rt.model_for(self._path)
+        end = c.exit_time(op, algo, self.members, nbytes, entering, extra, self.rank, root, itemsize, model)
+        clocks = entering if extra is None else entering + extra
+        call = (model, op, algo, self.members, nbytes, root, itemsize, clocks, self.rank)
+        self._ended(op, float(entering[self.rank]), end, call)
         prof = self._rt.profiler
         if prof is not None:
-            clocks = entering if extra is None else entering + extra
-            prof.absorb(profile_call(c.model, op, algo, self.members, nbytes, root, itemsize, clocks_in=clocks,
+            prof.absorb(profile_call(model, op, algo, self.members, nbytes, root, itemsize, clocks_in=clocks,
                                      ranks=[self.rank])[0])
 
     def _jit_extra(self, descs: np.ndarray, op: str, algo: str, root: int) -> np.ndarray | None:

@@ -16,14 +16,15 @@ import array
 import numpy as np
 
 from .._errors import CollectiveMismatch
-from ..collectives import _kernels, _reduce
+from ..collectives import _reduce, _slices
+from ..collectives._slices import IN, OUT
 from ..ub._rankclock import to_bits, us_from_bits
 from . import _native
 from ._args import _expect, _flat
 from ._control import (F_ADDR, F_AUX0, F_AUX1, F_CALL, F_COUNT, F_DTYPE, F_EPOCH, F_FLAGS, F_NBYTES, F_OP,
                        F_SEG_OFF, F_SEG_SIZE, F_SEG_VA, FLAG_REJECTED, P2P_DESC, Layout)
 from ._sync import SLICE, SPIN_POLLS, WAKE_ALL, seq_reached, wait_until
-from ._work import collective
+from ._work import agreed, collective
 
 
 class PointToPoint:
@@ -52,9 +53,10 @@ class PointToPoint:
     @collective
     def send(self, x: np.ndarray, dst: int) -> None:
         """Blocking send: returns once rank ``dst`` has pulled ``x`` with a matching ``recv``."""
-        t = self._complete_send(self._post_send(x, dst))
+        posted = self._post_send(x, dst)
+        t = self._complete_send(posted)
         if t is not None:
-            self._rt.clock.set("send", t)
+            self._ended("send", posted[5], t)
 
     @collective
     def sendrecv(self, x: np.ndarray, dst: int, out: np.ndarray, src: int) -> None:
@@ -73,7 +75,7 @@ class PointToPoint:
             raise
         sent = self._complete_send(posted)
         if sent is not None:
-            self._rt.clock.set("sendrecv", max(sent, received))
+            self._ended("sendrecv", posted[5], max(sent, received))
 
     def _post_send(self, x: np.ndarray, dst: int) -> tuple:
         """Publish ``x`` for rank ``dst`` to pull; returns what ``_complete_send`` waits on."""
@@ -97,9 +99,8 @@ class PointToPoint:
                 seg.va, seg.size, seg.hbm_offset, seg.epoch)
         if error is not None:
             fields[F_FLAGS] = FLAG_REJECTED
-        clock = self._rt.clock
-        t_send = clock.entering() if clock is not None else None
-        if clock is not None:
+        t_send = self._entering_us() if self._rt.clock is not None else None
+        if t_send is not None:
             fields[F_AUX0] = to_bits(t_send)
         _native.post(self._rt.ctl.base + 8 * self._send_desc[dst], fields, self._send_flag[dst], seq)
         return dst, seq, error, inp, x, t_send
@@ -113,7 +114,7 @@ class PointToPoint:
                        self._rt.config.timeout, lambda: [self.members[dst]],
                        f"rank {self.members[dst]} to receive")
         if error is not None:
-            raise error
+            raise agreed(error)
         status = _native.load_u32(self._sent_status[dst])
         if status:
             raise CollectiveMismatch(f"send: rank {self.members[dst]} posted a recv that does not match this "
@@ -128,10 +129,10 @@ class PointToPoint:
     @collective
     def recv(self, x: np.ndarray, src: int) -> None:
         """Blocking receive into ``x`` from rank ``src``; sizes and dtypes must match the send."""
-        clock = self._rt.clock
-        t = self._recv(x, src, clock.entering() if clock is not None else None)
+        t_recv = self._entering_us() if self._rt.clock is not None else None
+        t = self._recv(x, src, t_recv)
         if t is not None:
-            clock.set("recv", t)
+            self._ended("recv", t_recv, t)
 
     def _recv(self, x: np.ndarray, src: int, t_recv: float | None) -> float | None:
         """The receive; under a modeled clock, returns when the pull completes (modeled), having
@@ -151,6 +152,7 @@ class PointToPoint:
         try:
             code = _reduce.dtype_code(x.dtype, "recv")
             xf = _flat(x, "recv", "buffer", writable=True)
+            self._check_path(op)
             if d[F_FLAGS] & FLAG_REJECTED:
                 error = CollectiveMismatch(f"recv: rank {self.members[src]} rejected its send arguments; "
                                            f"no data was moved")
@@ -167,11 +169,13 @@ class PointToPoint:
                                               d[F_EPOCH], op)
                     ready[0], ready[1] = d[F_SEG_VA], d[F_EPOCH]
                 target = self._output(xf)
-                _kernels.copy(_native.data_address(target), d[F_ADDR], x.nbytes)
+                me, nb = self.rank, x.nbytes
+                self._bases[IN, src] = d[F_ADDR]
+                self._bases[OUT, me] = _native.data_address(target)
+                for plan in self._phases(("recv", src, nb), lambda: _slices.recv(me, src, nb)):
+                    self._run(op, plan)
                 self._output_done(x, target)
-                s = self._rt.stats
-                s["bytes_pulled"] += x.nbytes
-                s["output_bytes_written"] += x.nbytes
+                self._flush_counters()
         except Exception as e:
             status, error = 1, e
         received = None
@@ -184,7 +188,7 @@ class PointToPoint:
         _native.store_u32(done, seq)
         _native.futex_wake(done, WAKE_ALL)
         if error is not None:
-            raise error
+            raise agreed(error)
         s = self._rt.stats
         s["calls"]["recv"] = s["calls"].get("recv", 0) + 1
         return received

@@ -1,4 +1,14 @@
-"""The communicator's side of the ring algorithms: step flags and the left neighbour's buffer.
+"""The communicator's side of the ring algorithms: step flags, the left neighbour's buffer, and
+the step driver.
+
+Ring algorithms (``--algo ring``) run N-1 steps per chain, each member pulling from its left
+neighbour i-1 only (the steps' slice maps: collectives._slices.ring_*_step; their timing:
+collectives._schedule). Step s waits until i-1 has finished its step s-1, runs its phase on the
+backend and tells i+1; all_reduce's two chains (reduce-scatter, then all-gather in place) are
+separated by a barrier. Reductions fold chunk c over members c+1, c+2, ..., c (mod N), the
+order the ring visits them, so floating-point results differ from the mesh's rank order in
+rounding (as any ring implementation's do); avg sums along the ring and divides by N once, in
+the last reduce step.
 
 Each member counts the ring steps it has finished on a communicator, ever, in a u32 of its
 communicator slot; step s of a call waits until the left neighbour's count reaches the call's
@@ -11,6 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..collectives._reduce import REDUCE_OPS
 from . import _native
 from ._control import DESC_FIXED, F_AUX1
 from ._sync import SLICE, SPIN_POLLS, WAKE_ALL, seq_reached, wait_until
@@ -40,8 +51,25 @@ class _Flags:
         _native.futex_wake(self.own_word, WAKE_ALL)
 
 
+_SUM, _AVG = REDUCE_OPS["sum"], REDUCE_OPS["avg"]
+
+
 class RingSteps:
     """Mixin of ``Communicator``: what its ring operations need besides the mesh machinery."""
+
+    def _run_ring(self, operation: str, steps, flags: _Flags, dtype_code: int = 0, redop_code: int = 0,
+                  barrier=None) -> None:
+        """Run a ring call's compiled steps in order (one phase each). A second chain starts
+        at step N-1, after ``barrier``, without waiting for the neighbour."""
+        n = self.size
+        fold = _SUM if redop_code == _AVG else redop_code
+        for s, plan in enumerate(steps):
+            if s == n - 1 and barrier is not None:
+                barrier()
+            elif s:
+                flags.wait(s)
+            self._run(operation, plan, dtype_code, redop_code if s == n - 2 else fold, float(n))
+            flags.post(s)
 
     def _ring_flags(self, operation: str, steps: int) -> _Flags:
         flags = _Flags(self, self._ring_steps, operation)

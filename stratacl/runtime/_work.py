@@ -9,8 +9,10 @@
 Once a communicator has a worker, its blocking calls go through the same queue (submit, then
 wait), so operations still run in the order the program issued them. Buffers passed to an
 asynchronous operation belong to it until ``wait()`` returns, as in torch.distributed. An
-operation's exception is raised by ``wait()``; the operations queued after a failed one are not
-run and fail with the same exception, since the ranks no longer agree on the call sequence.
+operation's exception is raised by ``wait()``. An error every rank of the call saw (rejected
+arguments, a mismatch: nothing was moved) leaves the communicator usable, as a blocking call
+does; after any other (a timeout, a dead peer) the ranks no longer agree on the call sequence,
+so the operations queued after it are not run and fail with the same exception.
 """
 from __future__ import annotations
 
@@ -19,17 +21,30 @@ import functools
 import threading
 from typing import Any, Callable
 
+from .._errors import CollectiveMismatch
+
+
+_AGREED = "_stratacl_seen_by_every_rank"
+
+
+def agreed(error: BaseException) -> BaseException:
+    """Mark ``error`` as one every rank of its call raised (the call sequence stays in step)."""
+    setattr(error, _AGREED, True)
+    return error
+
 
 class Work:
     """Handle of one asynchronous operation (torch.distributed's Work, MPI's Request)."""
 
-    __slots__ = ("operation", "_done", "_error", "_result")
+    __slots__ = ("operation", "_done", "_error", "_result", "modeled", "_join")
 
-    def __init__(self, operation: str):
+    def __init__(self, operation: str, join: Callable[["Work"], None] | None = None):
         self.operation = operation
         self._done = threading.Event()
         self._error: BaseException | None = None
         self._result: Any = None
+        self.modeled = None     # under a modeled clock: (start_us, end_us, what its cores did), see _modeling
+        self._join = join       # called once by the first successful wait(): the program joins the operation
 
     def is_completed(self) -> bool:
         """True once the operation has finished (successfully or not). Never blocks."""
@@ -42,6 +57,9 @@ class Work:
             return False
         if self._error is not None:
             raise self._error
+        join, self._join = self._join, None
+        if join is not None:
+            join(self)
         return True
 
     def exception(self) -> BaseException | None:
@@ -68,8 +86,8 @@ class Worker:
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
-    def submit(self, operation: str, fn: Callable[[], Any]) -> Work:
-        work = Work(operation)
+    def submit(self, operation: str, fn: Callable[[], Any], work: Work | None = None) -> Work:
+        work = work if work is not None else Work(operation)
         with self._cond:
             if self._stopping:
                 raise RuntimeError(f"{operation}: the communicator is shutting down")
@@ -91,7 +109,9 @@ class Worker:
                 try:
                     work._result = fn()
                 except BaseException as e:     # delivered by Work.wait()
-                    work._error = self._failed = e
+                    work._error = e
+                    if not (isinstance(e, CollectiveMismatch) or getattr(e, _AGREED, False)):
+                        self._failed = e
             work._done.set()
 
     def stop(self, timeout: float | None = None) -> None:
@@ -103,15 +123,29 @@ class Worker:
 
 
 def collective(fn: Callable) -> Callable:
-    """Give a communicator operation the ``async_op`` keyword."""
+    """Give a communicator operation the ``async_op`` and ``path`` keywords."""
     @functools.wraps(fn)
-    def call(self, *args, async_op: bool = False, **kwargs):
+    def call(self, *args, async_op: bool = False, path: str | None = None, **kwargs):
+        clock = self._rt.clock
+        issued = clock.entering() if clock is not None else 0.0     # the program's clock at the call
+
+        def run(work: Work | None = None):
+            # the call's data path (checked with the operation's other arguments), its issue
+            # time, and the Work it runs for (None: a blocking call on the caller's thread)
+            self._path = self._default_path if path is None else path
+            self._issued_us, self._running = issued, work
+            return fn(self, *args, **kwargs)
         worker = self._worker
         if worker is None:
             if not async_op:
-                return fn(self, *args, **kwargs)
+                return run()
             worker = self._start_worker()
-        work = worker.submit(fn.__name__, lambda: fn(self, *args, **kwargs))
+        work = Work(fn.__name__, self._join_work if clock is not None else None)
+        if async_op and clock is not None:
+            self._rt.track(work)
+        worker.submit(fn.__name__, lambda: run(work), work)
         return work if async_op else work.result()
-    call.__doc__ = (fn.__doc__ or "") + "\n\n        ``async_op=True``: return a ``Work`` at once; see runtime/_work.py."
+    call.__doc__ = (fn.__doc__ or "") + (
+        "\n\n        ``async_op=True``: return a ``Work`` at once; see runtime/_work.py. ``path='mte'|'sdma'``:"
+        "\n        the data path of this call's copies (default: the ``path`` setting); see runtime/_execute.py.")
     return call

@@ -13,15 +13,17 @@ import logging
 import os
 import secrets
 import threading
+import time
 from typing import Any
 
 import numpy as np
 
 from .._config import Config, check_environment
-from .._errors import BootstrapError, StrataError
+from .._errors import BootstrapError, CommTimeout, StrataError
 from ..ub import _topology
 from ..ub._clock import FabricModel
-from ..ub._profile import Profiler, write_chrome_trace
+from ..ub._compute import occupied
+from ..ub._profile import Profiler, profile_call, write_chrome_trace
 from ..ub._rankclock import RankClock
 from ..ub._registration import RegistrationUnit
 from . import _native
@@ -30,7 +32,7 @@ from ._comm import Communicator
 from ._control import (COMM_SLOTS, H_HBM_SIZE, H_MAGIC, H_SLICE, H_VA_BASE, MAGIC, STATE_FINALIZED,
                        STATE_RUNNING, Control)
 from ._hbm import Hbm
-from ._sync import JobHealth
+from ._sync import SLICE, JobHealth
 from ._window import PAGE, ShadowWindow, round_up
 
 log = logging.getLogger("stratacl")
@@ -72,6 +74,7 @@ class Runtime:
         self.stats: dict[str, Any] = dict(calls={}, bytes_pulled=0, bytes_local=0, bytes_staged=0,
                                           staged_calls=0, bytes_eager=0, output_bytes_written=0)
         self._model = None
+        self._path_models: dict = {}
         # the modeled clock: asked for (--clock), or needed by the profiler (its timelines are
         # modeled time); comm.clock() answers only in the first case
         modeled = config.clock if config.clock != "off" else "virtual"
@@ -79,6 +82,7 @@ class Runtime:
                       if config.clock != "off" or config.profile else None)
         self.profiler = Profiler(rank) if config.profile else None
         self.workers: list = []          # asynchronous-operation threads of this rank's communicators
+        self.in_flight: list = []        # asynchronous operations under a modeled clock, for charge_compute
         self.sdma = None                 # the SDMA engine (--path sdma), started on first use
         self._next_slot = 1
         self._slot_lock = threading.Lock()
@@ -95,6 +99,47 @@ class Runtime:
         if self._model is None:
             self._model = FabricModel(self.topology, self.config.registration)
         return self._model
+
+    def model_for(self, path: str) -> FabricModel:
+        """The fabric model of calls on ``path`` (mte | sdma): ``model``, or its sibling that
+        differs only in the path, for calls made with a ``path=`` other than the setting."""
+        m = self.model
+        if path == m.path:
+            return m
+        got = self._path_models.get(path)
+        if got is None:
+            got = self._path_models[path] = m.with_path(path)
+        return got
+
+    def track(self, work) -> None:
+        """Keep an asynchronous operation for ``busy_cores`` until it is waited for and over."""
+        now = self.clock.now_us
+        self.in_flight[:] = [w for w in self.in_flight if not (w.is_completed() and w._join is None and
+                                                               (w.modeled is None or w.modeled[1] <= now))]
+        self.in_flight.append(work)
+
+    def busy_cores(self, t0: float, operation: str) -> list:
+        """Busy-core step functions (ub._compute.occupied) of this rank's asynchronous operations
+        that end after modeled time ``t0``; waits until each has completed (its modeled times
+        are known then), within the timeout."""
+        steps, keep = [], []
+        deadline = time.monotonic() + self.config.timeout
+        for work in self.in_flight:
+            while not work._done.wait(SLICE):
+                self.health.check(operation, [])
+                if time.monotonic() > deadline:
+                    raise CommTimeout(f"{operation}: rank {self.rank}: {work!r} did not complete within "
+                                      f"{self.config.timeout:g} s")
+            if work.modeled is None or work.modeled[1] <= t0:
+                continue               # failed, or over before t0
+            keep.append(work)
+            call = work.modeled[2]
+            if call is not None:
+                model, op, algo, members, nbytes, root, itemsize, clocks, me = call
+                prof = profile_call(model, op, algo, members, nbytes, root, itemsize, clocks_in=clocks, ranks=[me])[0]
+                steps.append(occupied(prof, model.path))
+        self.in_flight[:] = keep
+        return steps
 
     def reserve_slot(self) -> int:
         with self._slot_lock:

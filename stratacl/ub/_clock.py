@@ -108,6 +108,11 @@ class FabricModel:
         c = Config()
         return cls(topology, registration, cores=c.cores, comm_cores=c.comm_cores, partition=c.partition, path=c.path)
 
+    def with_path(self, path: str) -> "FabricModel":
+        """The same model with another data path (mte | sdma)."""
+        return FabricModel(self.topology, self.registration, self.staged_buffer, self.cores, self.comm_cores,
+                           self.partition, path, self.completion)
+
     def __repr__(self) -> str:
         return (f"FabricModel({self.topology.name!r}, registration={self.registration!r}, "
                 f"comm_cores={self.comm_cores}/{self.cores}, partition={self.partition!r}, path={self.path!r})")

@@ -50,6 +50,16 @@ def occupied(profiler, path: str) -> tuple[np.ndarray, np.ndarray]:
     return t[o], np.cumsum(d[o])
 
 
+def combine(steps: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """The sum of several busy-core step functions (as ``occupied`` returns them)."""
+    if not steps:
+        return np.zeros(0), np.zeros(0)
+    t = np.concatenate([s[0] for s in steps])
+    d = np.concatenate([np.diff(np.r_[0, s[1]]) for s in steps])
+    o = np.lexsort((d, t))
+    return t[o], np.cumsum(d[o])
+
+
 def run_job(job: ComputeJob, total_cores: int, times: np.ndarray, busy: np.ndarray) -> tuple[float, int]:
     """End of ``job`` given the busy-core step function; also the fewest cores it had."""
     work = job.cores * job.duration_us

@@ -12,6 +12,13 @@
     compute) enters its clock as wall / dilation when it next enters a call, so compute and
     communication overlap as they would on the modeled fabric.
 
+Asynchronous operations (``async_op=True``). ``now_us`` is the program's clock: an operation
+enters at the program's clock when it was issued (or when the previous operation of its
+communicator ended, if later), and its exit does not move the program's clock until
+``Work.wait()`` (``join``): the program computes meanwhile, as a framework overlaps a kernel
+with a collective. ``comm.charge_compute`` during that time shares the rank's cores with the
+operations in flight (runtime/_modeling.py, ub/_compute.py).
+
 The modeled time depends only on the calls, their sizes, the topology and the registration
 mode, never on how long the host took: the same program gives the same modeled times on an
 idle or a loaded host, and ``stratacl.estimate`` gives the same numbers without moving bytes.
@@ -19,6 +26,7 @@ idle or a loaded host, and ``stratacl.estimate`` gives the same numbers without 
 from __future__ import annotations
 
 import struct
+import threading
 import time
 
 import numpy as np
@@ -56,6 +64,7 @@ class RankClock:
         self.max_lag_s = 0.0
         self._wall0 = time.monotonic()
         self._wall_exit: float | None = None
+        self._lock = threading.Lock()      # operations may end on communicators' worker threads
 
     def anchor(self) -> None:
         """Throttled: wall time follows modeled time from here (every rank anchors right after
@@ -76,12 +85,12 @@ class RankClock:
         """``entering()`` as the int64 a descriptor carries."""
         return to_bits(self.entering())
 
-    def advance(self, op: str, algo: str, members, nbytes: int, entering: np.ndarray, extra_us, me: int,
-                root: int = 0, itemsize: int = 1) -> None:
-        """Move to this member's exit time of one collective call (``entering``: every member's
-        entering clock, in us)."""
-        out = model_call(self.model, op, algo, members, nbytes, entering, extra_us, root, itemsize)
-        self._record(op, float(out[me]))
+    def exit_time(self, op: str, algo: str, members, nbytes: int, entering: np.ndarray, extra_us, me: int,
+                  root: int = 0, itemsize: int = 1, model: FabricModel | None = None) -> float:
+        """This member's exit time of one collective call (``entering``: every member's entering
+        clock, in us; ``model``: the call's, when its path differs from the setting)."""
+        out = model_call(model or self.model, op, algo, members, nbytes, entering, extra_us, root, itemsize)
+        return float(out[me])
 
     def received(self, sender: int, receiver: int, nbytes: int, t_send: float, t_recv: float) -> float:
         """Point-to-point, receiver's side (global ranks): when the pull of ``nbytes`` completes,
@@ -94,32 +103,51 @@ class RankClock:
         return max(t_send, t_received + float(self.model.fabric.flag_us(receiver, sender)))
 
     def set(self, op: str, t_us: float) -> None:
-        self._record(op, t_us)
-
-    def _record(self, op: str, t_us: float) -> None:
+        """The program's clock moves to ``t_us``, the end of a blocking ``op``."""
         dur = t_us - self.now_us
-        c = self.calls.get(op)
-        if c is None:
-            self.calls[op] = [1, dur, dur]
-        else:
-            c[0] += 1
-            c[1] += dur
-            c[2] = dur
+        self._count(op, dur)
         self.now_us = t_us
         if self.mode == "throttled":
-            self._follow(dur)
+            self._follow(t_us, dur)
+            self._wall_exit = time.monotonic()
 
-    def _follow(self, dur_us: float) -> None:
-        target = self._wall0 + self.now_us * 1e-6 * self.dilation
+    def ended(self, op: str, start_us: float, end_us: float) -> None:
+        """An operation run on a worker thread (asynchronous, or queued behind one) ended at
+        ``end_us``; the program's clock moves only when it joins it. Throttled: the worker
+        sleeps until its wall time catches up with ``end_us``."""
+        self._count(op, end_us - start_us)
+        if self.mode == "throttled":
+            self._follow(end_us, end_us - start_us)
+
+    def join(self, end_us: float) -> None:
+        """The program waits for an operation that ended at ``end_us`` (``Work.wait()``)."""
+        t = self.entering()
+        with self._lock:
+            self.now_us = max(t, end_us)
+        if self.mode == "throttled":
+            self._wall_exit = time.monotonic()
+
+    def _count(self, op: str, dur: float) -> None:
+        with self._lock:
+            c = self.calls.get(op)
+            if c is None:
+                self.calls[op] = [1, dur, dur]
+            else:
+                c[0] += 1
+                c[1] += dur
+                c[2] = dur
+
+    def _follow(self, t_us: float, dur_us: float) -> None:
+        target = self._wall0 + t_us * 1e-6 * self.dilation
         lag = time.monotonic() - target
         if lag < 0:
             time.sleep(-lag)
         else:
-            if lag > LATE_SHARE * dur_us * 1e-6 * self.dilation + LATE_SLACK:
-                self.late_calls += 1
-                self.max_lag_s = max(self.max_lag_s, lag)
-            self._wall0 += lag          # the next call is scheduled from where this one really ended
-        self._wall_exit = time.monotonic()
+            with self._lock:
+                if lag > LATE_SHARE * dur_us * 1e-6 * self.dilation + LATE_SLACK:
+                    self.late_calls += 1
+                    self.max_lag_s = max(self.max_lag_s, lag)
+                self._wall0 += lag          # the next call is scheduled from where this one really ended
 
     def stats(self) -> dict:
         out = {"mode": self.mode, "now_us": self.now_us,

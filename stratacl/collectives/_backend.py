@@ -1,0 +1,152 @@
+"""The backend every operator runs on: compiled phases of remote slices.
+
+    frontend (collectives._slices)      [SliceMap, ...]  one per phase, in this rank's terms
+        |  compile()                    once per call shape (Plans caches them per communicator)
+        v
+    Plan                                the phase as a native table (rank, buffer, offset) +
+        |                               its byte counts; no addresses yet
+        |  + bases (3, n)               every member's buffers of this call: IN, OUT, SCRATCH
+        v
+    MTE: run_mte()                      the cores move the bytes: one native call per phase
+    SDMA (runtime/_execute.py)          the copies go to the SDMA engine, reductions stay on
+                                        the cores (run_mte on the plan's reduction table)
+
+Table rows are ``(kind, src_rank, src_buf, src_off, dst_rank, dst_buf, dst_off, nbytes)``:
+COPY rows are one LOAD or STORE slice each; a reduction group (every LOAD_ACC slice of a phase
+writing the same destination range) is a GROUP row naming the destination and the number of
+sources, followed by one SRC row per source, in the order the frontend listed them: that is
+the reduction order (mesh frontends list members in rank order; ring steps: left, then own).
+The native executor validates a table before it touches memory.
+
+The modeled side (ub/_cores.py, sdma/_engine.py) times the same slice maps' transfer units
+per core; the host executes a phase on the calling thread in table order.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Sequence
+
+import numpy as np
+
+from . import _kernels
+from ._slices import LOAD_ACC, SCRATCH, STORE, SliceMap
+
+COPY, GROUP, SRC = 0, 1, 2
+PLAN_COLUMNS = 8
+CACHE_LIMIT = 256
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """One phase of one rank, compiled."""
+    smap: SliceMap
+    table: np.ndarray          # every row, for the cores
+    reductions: np.ndarray     # the GROUP/SRC rows alone (the SDMA path's share of the cores)
+    copies: SliceMap           # the copy slices alone (the SDMA path's share of the engine)
+    local: int                 # bytes read from this rank's own buffers
+    remote: int                # bytes read from (or written to) peers
+    written: int               # bytes written to IN or OUT (not to SCRATCH)
+
+    @property
+    def has_copies(self) -> bool:
+        return len(self.copies) > 0
+
+
+def _subset(smap: SliceMap, keep: np.ndarray) -> SliceMap:
+    f = [fld.name for fld in dataclasses.fields(SliceMap) if fld.name != "me"]
+    return SliceMap(smap.me, *(getattr(smap, k)[keep] for k in f))
+
+
+def compile(smap: SliceMap, itemsize: int = 1) -> Plan:
+    """The native table of one phase. Reduction groups must cover whole ``itemsize`` elements."""
+    me = smap.me
+    store = smap.op == STORE
+    src_rank = np.where(store, me, smap.peer)
+    dst_rank = np.where(store, smap.peer, me)
+    copy = smap.op != LOAD_ACC
+    rows = [np.stack([np.full(int(copy.sum()), COPY), src_rank[copy], smap.src_buf[copy], smap.src[copy],
+                      dst_rank[copy], smap.dst_buf[copy], smap.dst[copy], smap.nbytes[copy]], axis=1)]
+    groups: dict[tuple[int, int, int], list[int]] = {}
+    for i in np.nonzero(~copy)[0].tolist():
+        groups.setdefault((int(smap.dst_buf[i]), int(smap.dst[i]), int(smap.nbytes[i])), []).append(i)
+    red = []
+    written = int(smap.nbytes[copy & (smap.dst_buf != SCRATCH)].sum())
+    for (dbuf, dst, nb), members in groups.items():
+        if nb % itemsize:
+            raise ValueError(f"backend: a reduction slice of {nb} bytes is not whole {itemsize}-byte elements")
+        red.append([GROUP, len(members), 0, 0, me, dbuf, dst, nb])
+        red.extend([SRC, int(smap.peer[i]), int(smap.src_buf[i]), int(smap.src[i]), me, dbuf, dst, nb]
+                   for i in members)
+        written += nb if dbuf != SCRATCH else 0
+    reductions = np.array(red, dtype=np.int64).reshape(-1, PLAN_COLUMNS)
+    own = smap.peer == me
+    return Plan(smap, np.ascontiguousarray(np.concatenate(rows + [reductions]), dtype=np.int64), reductions,
+                _subset(smap, copy), int(smap.nbytes[own].sum()), int(smap.nbytes[~own].sum()), written)
+
+
+def run_mte(table: np.ndarray, bases: np.ndarray, dtype_code: int = 0, redop_code: int = 0,
+            divisor: float = 1.0) -> int:
+    """Execute a plan's table on the calling thread (the cores); returns the bytes of copies
+    skipped because source and destination were the same (an in-place block)."""
+    if table.shape[0] == 0:
+        return 0
+    return _kernels.run_plan(table, bases, dtype_code, redop_code, divisor)
+
+
+def addresses(smap: SliceMap, bases: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Absolute (src, dst) address of every slice; ``bases[buf, rank]`` as in run_mte."""
+    me = smap.me
+    store = smap.op == STORE
+    src_rank = np.where(store, me, smap.peer)
+    dst_rank = np.where(store, smap.peer, me)
+    return bases[smap.src_buf, src_rank] + smap.src, bases[smap.dst_buf, dst_rank] + smap.dst
+
+
+class Counters:
+    """Bytes moved by one rank, for stats(): pulled from peers, copied locally, written to output."""
+
+    __slots__ = ("pulled", "local", "written")
+
+    def __init__(self):
+        self.pulled = self.local = self.written = 0
+
+    def add(self, plan: Plan, skipped: int = 0) -> None:
+        self.local += plan.local - skipped
+        self.pulled += plan.remote
+        self.written += plan.written
+
+
+class Plans:
+    """A communicator's compiled phases, by call shape (``key``); bounded, cleared when full."""
+
+    def __init__(self, limit: int = CACHE_LIMIT):
+        self._cache: dict = {}
+        self._limit = limit
+
+    def get(self, key: tuple, build: Callable[[], Sequence[SliceMap]], itemsize: int = 1) -> tuple[Plan, ...]:
+        got = self._cache.get(key)
+        if got is None:
+            if len(self._cache) >= self._limit:
+                self._cache.clear()
+            got = self._cache[key] = tuple(compile(m, itemsize) for m in build())
+        return got
+
+
+def execute(smap: SliceMap, bases: np.ndarray, dtype=None, redop: str = "sum", divisor: float | None = None) -> int:
+    """Compile and run one phase on the cores (tests, experiments; communicators cache their
+    plans). ``bases[buf, rank]``: the (3, n) int64 base addresses of every member's IN, OUT and
+    SCRATCH; avg divides by ``divisor`` (default: each group's size). Returns the bytes moved.
+    The caller guarantees every address is mapped and the sources are ready."""
+    from ._reduce import dtype_code, reduce_code
+    dt = np.dtype(dtype) if dtype is not None else None
+    plan = compile(smap, dt.itemsize if dt is not None else 1)
+    if plan.reductions.size and dt is None:
+        raise ValueError("execute: load-accumulate slices need a dtype")
+    tcode = dtype_code(dt, "execute") if dt is not None else 0
+    ocode = reduce_code(redop, dt, "execute") if dt is not None else 0
+    groups = plan.reductions[plan.reductions[:, 0] == GROUP]
+    if divisor is None and groups.size and (groups[:, 1] != groups[0, 1]).any():
+        raise ValueError("execute: reduction groups of different sizes need an explicit divisor")
+    div = float(divisor if divisor is not None else (groups[0, 1] if groups.size else 1))
+    skipped = run_mte(plan.table, np.ascontiguousarray(bases, dtype=np.int64), tcode, ocode, div)
+    return plan.local + plan.remote - skipped
