@@ -40,6 +40,10 @@ def stats() -> dict[str, Any]:
     rt = _runtime()
     out = dict(rt.stats)
     out["calls"] = dict(rt.stats["calls"])
+    c = rt.byte_counters
+    out["bytes_pulled"] = sum(k.pulled for k in c)
+    out["bytes_local"] = sum(k.local for k in c)
+    out["output_bytes_written"] = sum(k.written for k in c)
     out["registration"] = rt.reg.stats()
     out["memory"] = rt.allocator.stats()
     if rt.config.clock != "off":

@@ -109,7 +109,8 @@ SETTINGS: tuple[Setting, ...] = (
             "Core partitioning of transfer units: `naive` (each peer pinned to a fixed core group) or `balanced` "
             "(LPT list scheduling under a per-tier fan-out cap)."),
     Setting("path", _choice("mte", "sdma"), "mte", "--path",
-            "Who moves the bytes in the model: the cores' MTEs, or the SDMA engine fed by descriptors the cores post."),
+            "Who moves each phase's copies, for real and in the model: the cores (`mte`), or the rank's SDMA engine "
+            "fed by descriptors the cores post (`sdma`; reductions stay on the cores). Per call: `path=`."),
     Setting("profile", str, "", "--profile",
             "Directory for per-core profiler traces (Chrome trace-event JSON, opens in Perfetto); empty: off."),
     Setting("metadata_path", _choice("direct", "relay"), "direct", "--metadata-path",

@@ -14,7 +14,7 @@ from stratacl.collectives import _schedule as S
 from stratacl.collectives import _slices as SL
 from stratacl.ub._clock import FabricModel, model_call
 from stratacl.ub._compute import ComputeJob, overlap
-from stratacl.ub._profile import Profiler, call_cores, chrome_trace, profile_call, write_chrome_trace
+from stratacl.ub._profile import Profiler, profile_call, write_chrome_trace
 
 MIB = 1 << 20
 

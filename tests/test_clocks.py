@@ -78,8 +78,8 @@ def _burn(seconds: float) -> None:
 def test_modeled_times_do_not_depend_on_host_load():
     cases = [("all_gather", MIB), ("all_reduce", 64 * KIB), ("broadcast", 256 * KIB), ("sendrecv", 64 * KIB)]
     quiet = stratacl.spawn(periods, 4, args=(cases,), clock="virtual", algo="auto", timeout=120)
-    burners = [subprocess.Popen([sys.executable, "-c", f"import time\nend = time.monotonic() + 120\n"
-                                 f"while time.monotonic() < end: pass"]) for _ in range(3)]
+    burners = [subprocess.Popen([sys.executable, "-c", "import time\nend = time.monotonic() + 120\n"
+                                 "while time.monotonic() < end: pass"]) for _ in range(3)]
     try:
         loaded = stratacl.spawn(periods, 4, args=(cases,), clock="virtual", algo="auto", timeout=120)
     finally:

@@ -165,7 +165,8 @@ def test_every_operator_dtype_and_size(n):
     dict(registration="jit"), dict(registration="pool", hbm_size="512M"), dict(registration="staged"),
     dict(metadata_path="relay"), dict(topology="flat"), dict(algo="ring"), dict(clock="virtual"),
     dict(algo="ring", clock="virtual", registration="jit"), dict(algo="auto", clock="throttled", dilation=1.0),
-    dict(path="sdma"), dict(path="sdma", partition="naive", clock="virtual")],
+    dict(path="sdma"), dict(path="sdma", partition="naive", clock="virtual"), dict(partition="naive", clock="virtual"),
+    dict(path="sdma", algo="ring")],
     ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()))
 @pytest.mark.parametrize("n", [3, 8])
 def test_matrix_under_every_mode_clock_and_algorithm(n, settings):

@@ -46,10 +46,7 @@ class Plan:
     local: int                 # bytes read from this rank's own buffers
     remote: int                # bytes read from (or written to) peers
     written: int               # bytes written to IN or OUT (not to SCRATCH)
-
-    @property
-    def has_copies(self) -> bool:
-        return len(self.copies) > 0
+    has_copies: bool
 
 
 def _subset(smap: SliceMap, keep: np.ndarray) -> SliceMap:
@@ -81,7 +78,8 @@ def compile(smap: SliceMap, itemsize: int = 1) -> Plan:
     reductions = np.array(red, dtype=np.int64).reshape(-1, PLAN_COLUMNS)
     own = smap.peer == me
     return Plan(smap, np.ascontiguousarray(np.concatenate(rows + [reductions]), dtype=np.int64), reductions,
-                _subset(smap, copy), int(smap.nbytes[own].sum()), int(smap.nbytes[~own].sum()), written)
+                _subset(smap, copy), int(smap.nbytes[own].sum()), int(smap.nbytes[~own].sum()), written,
+                bool(copy.any()))
 
 
 def run_mte(table: np.ndarray, bases: np.ndarray, dtype_code: int = 0, redop_code: int = 0,
@@ -109,11 +107,6 @@ class Counters:
 
     def __init__(self):
         self.pulled = self.local = self.written = 0
-
-    def add(self, plan: Plan, skipped: int = 0) -> None:
-        self.local += plan.local - skipped
-        self.pulled += plan.remote
-        self.written += plan.written
 
 
 class Plans:

@@ -118,13 +118,11 @@ def naive(units: Units, cores: int) -> Policy:
     pi = np.array([p_index[p] for p in units.peer.tolist()], dtype=np.int64)
     P = max(len(peers), 1)
     if P >= cores:
-        lo = pi % cores
         width = np.ones(P, dtype=np.int64)
         lo_p = np.arange(P) % cores
     else:
         lo_p = np.arange(P) * cores // P
         width = np.diff(np.r_[lo_p, cores])
-        lo = lo_p[pi]
     # position of each unit among its peer's units
     order = np.argsort(pi, kind="stable")
     first = np.searchsorted(pi[order], np.arange(P))

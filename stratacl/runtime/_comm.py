@@ -282,7 +282,6 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
             self._sync(operation)
         s = self._rt.stats
         s["calls"][operation] = s["calls"].get(operation, 0) + 1
-        self._flush_counters()
 
     # --- collectives ------------------------------------------------------------------------
     @collective
@@ -306,7 +305,8 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
                     TypeError)
             algo = self._algo_for(op, x.nbytes, x.itemsize)
             eager = algo == "mesh" and x.nbytes <= EAGER_BYTES
-            self._check_path(op)
+            if self._path is not self._default_path:
+                self._check_path(op)
             inp = self._eager_input(_flat(x, op, "input")) if eager else self._as_input(x, op)
             target = self._output(o, hbm=algo == "ring")
         except Exception as e:
@@ -342,7 +342,8 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
             _expect(o.size == x.size, lambda: f"{op}: output has {o.size} elements, expected {x.size}")
             _expect(o.dtype == x.dtype, lambda: f"{op}: output dtype {o.dtype} differs from input dtype {x.dtype}",
                     TypeError)
-            self._check_path(op)
+            if self._path is not self._default_path:
+                self._check_path(op)
             inp = self._as_input(x, op)
             target = self._output(o)
         except Exception as e:
@@ -380,7 +381,8 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
                     f"output has {o.size}")
             _expect(o.dtype == x.dtype, lambda: f"{op}: output dtype {o.dtype} differs from input dtype {x.dtype}",
                     TypeError)
-            self._check_path(op)
+            if self._path is not self._default_path:
+                self._check_path(op)
             inp = self._as_input(x, op)
             target = self._output(o)
         except Exception as e:
@@ -413,7 +415,8 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
             code = _reduce.dtype_code(x.dtype, op)
             _expect(isinstance(root, (int, np.integer)) and 0 <= root < self.size,
                     lambda: f"{op}: root {root!r} is not a rank of this communicator (size {self.size})")
-            self._check_path(op)
+            if self._path is not self._default_path:
+                self._check_path(op)
             xf = _flat(x, op, "buffer", writable=True)
             inp = self._as_input(x, op) if self.rank == root else _Input(xf, None)
             target = self._output(xf) if self.rank != root else xf
@@ -446,7 +449,8 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
                     f"{self.size} x {o.size} = {self.size * o.size}")
             _expect(o.dtype == x.dtype, lambda: f"{name}: output dtype {o.dtype} differs from input dtype {x.dtype}",
                     TypeError)
-            self._check_path(name)
+            if self._path is not self._default_path:
+                self._check_path(name)
             inp = self._as_input(x, name)
             algo = self._algo_for(name, x.nbytes, x.itemsize)
             target = self._output(o)
@@ -488,7 +492,8 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
             code = _reduce.dtype_code(x.dtype, name)
             rcode = _reduce.reduce_code(op, x.dtype, name)
             xf = _flat(x, name, "buffer", writable=True)
-            self._check_path(name)
+            if self._path is not self._default_path:
+                self._check_path(name)
             algo = self._algo_for(name, x.nbytes, x.itemsize)
             eager = algo == "mesh" and x.nbytes <= EAGER_BYTES
             inp = self._eager_input(xf) if eager else self._as_input(x, name)

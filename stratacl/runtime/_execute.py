@@ -23,10 +23,10 @@ import numpy as np
 
 from .._errors import CommTimeout
 from ..collectives import _backend
+from ..collectives._kernels import run_plan
 from ..collectives._slices import IN
 from ..sdma._engine import PATHS
 from ..sdma._queues import SdmaEngine
-from ._args import _expect
 from ._sync import SLICE
 
 
@@ -39,13 +39,14 @@ class Execute:
         self._plans = _backend.Plans()
         self._default_path = self._rt.config.path
         self._path = self._default_path
-        self.counters = _backend.Counters()
+        self.counters = _backend.Counters()      # summed over the rank's communicators by stats()
+        self._rt.byte_counters.append(self.counters)
 
     def _check_path(self, operation: str) -> None:
         """Argument check of the call's ``path=`` (raised inside the operation's checks, so every
         rank of the call learns that this one rejected its arguments)."""
-        _expect(self._path in PATHS, lambda: f"{operation}: path must be one of {', '.join(PATHS)}, "
-                f"got {self._path!r}")
+        if self._path not in PATHS:
+            raise ValueError(f"{operation}: path must be one of {', '.join(PATHS)}, got {self._path!r}")
 
     def _phases(self, key: tuple, build, itemsize: int = 1) -> tuple:
         return self._plans.get(key, build, itemsize)
@@ -58,16 +59,11 @@ class Execute:
             if plan.reductions.size:
                 _backend.run_mte(plan.reductions, self._bases, dtype_code, redop_code, divisor)
         else:
-            skipped = _backend.run_mte(plan.table, self._bases, dtype_code, redop_code, divisor)
-        self.counters.add(plan, skipped)
-
-    def _flush_counters(self) -> None:
-        """Add the bytes this call moved to ``stratacl.stats()``."""
-        s, c = self._rt.stats, self.counters
-        s["bytes_pulled"] += c.pulled
-        s["bytes_local"] += c.local
-        s["output_bytes_written"] += c.written
-        c.pulled = c.local = c.written = 0
+            skipped = run_plan(plan.table, self._bases, dtype_code, redop_code, divisor)
+        c = self.counters
+        c.local += plan.local - skipped
+        c.pulled += plan.remote
+        c.written += plan.written
 
     def _engine(self) -> SdmaEngine:
         rt = self._rt

@@ -46,6 +46,7 @@ class Modeled:
         self._issued_us = 0.0         # the program's clock when the running operation was called
         self._running = None          # the Work it runs for, or None (blocking, caller's thread)
         self._comm_free_us = 0.0      # when this communicator's previous operation ended
+        self._algo_setting = self._rt.config.algo
 
     def clock(self) -> float:
         """This rank's modeled time in seconds (``--clock virtual`` or ``throttled``): the program's
@@ -118,7 +119,7 @@ class Modeled:
             self._rt.clock.join(work.modeled[1])
 
     def _algo_for(self, op: str, nbytes: int, itemsize: int = 1) -> str:
-        algo = self._rt.config.algo
+        algo = self._algo_setting
         if algo == "mesh" or self.size < 2 or op not in _schedule.RING_OPS:
             return "mesh"
         if algo == "ring":

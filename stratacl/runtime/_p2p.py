@@ -152,7 +152,8 @@ class PointToPoint:
         try:
             code = _reduce.dtype_code(x.dtype, "recv")
             xf = _flat(x, "recv", "buffer", writable=True)
-            self._check_path(op)
+            if self._path is not self._default_path:
+                self._check_path(op)
             if d[F_FLAGS] & FLAG_REJECTED:
                 error = CollectiveMismatch(f"recv: rank {self.members[src]} rejected its send arguments; "
                                            f"no data was moved")
@@ -175,7 +176,6 @@ class PointToPoint:
                 for plan in self._phases(("recv", src, nb), lambda: _slices.recv(me, src, nb)):
                     self._run(op, plan)
                 self._output_done(x, target)
-                self._flush_counters()
         except Exception as e:
             status, error = 1, e
         received = None

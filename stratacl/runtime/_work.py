@@ -126,19 +126,22 @@ def collective(fn: Callable) -> Callable:
     """Give a communicator operation the ``async_op`` and ``path`` keywords."""
     @functools.wraps(fn)
     def call(self, *args, async_op: bool = False, path: str | None = None, **kwargs):
+        # the call's data path (checked with the operation's other arguments) and, under a
+        # modeled clock, the program's clock when it was called
         clock = self._rt.clock
-        issued = clock.entering() if clock is not None else 0.0     # the program's clock at the call
+        worker = self._worker
+        if worker is None and not async_op:          # the common case: blocking, no queue
+            self._path = self._default_path if path is None else path
+            if clock is not None:
+                self._issued_us = clock.entering()
+            return fn(self, *args, **kwargs)
+        issued = clock.entering() if clock is not None else 0.0
 
-        def run(work: Work | None = None):
-            # the call's data path (checked with the operation's other arguments), its issue
-            # time, and the Work it runs for (None: a blocking call on the caller's thread)
+        def run(work: Work):
             self._path = self._default_path if path is None else path
             self._issued_us, self._running = issued, work
             return fn(self, *args, **kwargs)
-        worker = self._worker
         if worker is None:
-            if not async_op:
-                return run()
             worker = self._start_worker()
         work = Work(fn.__name__, self._join_work if clock is not None else None)
         if async_op and clock is not None:

@@ -71,8 +71,8 @@ class Runtime:
         self.hbm = Hbm(rank, hbm_fds[rank], capacity)
         self.reg.hbm = self.hbm
         self.allocator = CachingAllocator(rank, self.window, self.hbm, self.reg, pool_va)
-        self.stats: dict[str, Any] = dict(calls={}, bytes_pulled=0, bytes_local=0, bytes_staged=0,
-                                          staged_calls=0, bytes_eager=0, output_bytes_written=0)
+        self.stats: dict[str, Any] = dict(calls={}, bytes_staged=0, staged_calls=0, bytes_eager=0)
+        self.byte_counters: list = []    # one collectives._backend.Counters per communicator
         self._model = None
         self._path_models: dict = {}
         # the modeled clock: asked for (--clock), or needed by the profiler (its timelines are
