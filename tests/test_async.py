@@ -132,4 +132,4 @@ def test_charged_compute_shares_the_cores_with_a_collective_in_flight():
             assert abs(job_end - want.compute_end_us) <= 1e-9 * want.compute_end_us
             assert abs(after_wait - max(job_end, want.comm_us)) <= 1e-9 * after_wait
             ends[path] = job_end
-        assert ends["mte"] > ends["sdma"] >= JOB_US                # the engine leaves the cores to the job
+        assert ends["mte"] > ends["sdma"] >= JOB_US - 1e-9         # the engine leaves the cores to the job

@@ -336,7 +336,8 @@ def test_profiler_markers_and_summary():
 @pytest.mark.parametrize("path", ["mte", "sdma"])
 def test_chrome_trace_is_valid_with_one_track_per_core(tmp_path, path):
     m = FabricModel("cm384", path=path)
-    profs = profile_call(m, "all_gather", "mesh", range(8), 4 * MIB, ranks=[0, 5])
+    per = 32 * MIB          # enough units for every core on both paths (a core with nothing to do has no track)
+    profs = profile_call(m, "all_gather", "mesh", range(8), per, ranks=[0, 5])
     out = write_chrome_trace(str(tmp_path / "t.json"), profs)
     doc = json.load(open(out))
     ev = doc["traceEvents"]
@@ -348,7 +349,7 @@ def test_chrome_trace_is_valid_with_one_track_per_core(tmp_path, path):
     assert "sync" in stages and ({"data"} if path == "mte" else {"descriptor", "engine"}) <= stages
     assert all(e["dur"] >= 0 for e in ev if e["ph"] == "X")
     end = max(e["ts"] + e["dur"] for e in ev if e["ph"] == "X" and e["pid"] == 0)
-    t = model_call(m, "all_gather", "mesh", range(8), 4 * MIB, np.zeros(8))
+    t = model_call(m, "all_gather", "mesh", range(8), per, np.zeros(8))
     assert end == pytest.approx(t[0])
 
 

@@ -93,12 +93,12 @@ def cut(peer: np.ndarray, nbytes: np.ndarray, tier: np.ndarray, unit_bytes: np.n
         beta: np.ndarray, cores: int = 1) -> Units:
     """Cut slices (peer, nbytes, tier of each) into units of at most ``unit_bytes[tier]``, and
     of at most total / (UNITS_PER_CORE x cores) bytes, so that a smaller phase still gives every
-    core units to balance, but never below MIN_UNIT. ``alpha``/``beta`` (us, bytes/us) per
-    tier give each unit's cost."""
+    core units to balance, but never below MIN_UNIT (``cores`` = 0: no such floor, for cores
+    that only post descriptors). ``alpha``/``beta`` (us, bytes/us) per tier give each unit's cost."""
     peer, nbytes, tier = (np.asarray(a, dtype=np.int64).reshape(-1) for a in (peer, nbytes, tier))
     alpha = np.asarray(alpha, dtype=np.float64)
-    fine = -(-int(nbytes.sum()) // (UNITS_PER_CORE * max(cores, 1)))
     total = int(nbytes.sum())
+    fine = -(-total // (UNITS_PER_CORE * cores)) if cores > 0 else max(total, 1)
     size = np.minimum(np.asarray(unit_bytes, dtype=np.int64), max(MIN_UNIT, fine))[tier]
     size = np.maximum(size, -(-total // MAX_UNITS))
     k = np.maximum(-(-nbytes // size), (nbytes > 0).astype(np.int64))

@@ -118,15 +118,20 @@ class FabricModel:
                 f"comm_cores={self.comm_cores}/{self.cores}, partition={self.partition!r}, path={self.path!r})")
 
     # --- the backend: one member's transfers of one step through its cores ------------------
-    def policy(self, peers: np.ndarray, nbytes: np.ndarray, tiers: np.ndarray):
+    def policy(self, peers: np.ndarray, nbytes: np.ndarray, tiers: np.ndarray, path: str | None = None):
         """Transfer units of one member's step and the partitioner's assignment of them to its
-        communication cores (cached by shape); the data path's SDMA queues use the same."""
+        communication cores (cached by shape); the data path's SDMA queues use the same. On the
+        SDMA path a unit becomes descriptors and a core only posts them, so small phases are not
+        cut finer for the cores' balance: that would only add descriptors, each paying its
+        access latency on the engine."""
+        path = path or self.path
         peers, nbytes, tiers = (np.asarray(a, dtype=np.int64).reshape(-1) for a in (peers, nbytes, tiers))
         # a unit's modeled cost on one core: alpha_t + s / beta_t, with beta_t no faster than a core issues
         beta = np.minimum(self._beta, self.issue_rate) if self.issue_rate else self._beta
-        units = P.cut(peers, nbytes, tiers, self.unit_bytes, self.fabric.latency, beta, self.comm_cores)
+        units = P.cut(peers, nbytes, tiers, self.unit_bytes, self.fabric.latency, beta,
+                      self.comm_cores if path == "mte" else 0)
         pol = self.partitioner.policy(units, self.comm_cores, self.fan_out_cap,
-                                      key=(peers.tobytes(), nbytes.tobytes(), tiers.tobytes(), self.comm_cores))
+                                      key=(path, peers.tobytes(), nbytes.tobytes(), tiers.tobytes(), self.comm_cores))
         return units, pol
 
     def core_run(self, peers: np.ndarray, nbytes: np.ndarray, tiers: np.ndarray, share: float, path: str | None = None):
@@ -141,7 +146,7 @@ class FabricModel:
         if got is not None:
             return got
         f = self.fabric
-        units, pol = self.policy(peers, nbytes, tiers)
+        units, pol = self.policy(peers, nbytes, tiers, path)
         alpha = f.latency[units.tier]
         if path == "mte":
             run = _cores.run_mte(units.nbytes, alpha, pol.core, pol.slot, self.comm_cores, share, self.issue_rate)
