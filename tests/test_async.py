@@ -133,3 +133,21 @@ def test_charged_compute_shares_the_cores_with_a_collective_in_flight():
             assert abs(after_wait - max(job_end, want.comm_us)) <= 1e-9 * after_wait
             ends[path] = job_end
         assert ends["mte"] > ends["sdma"] >= JOB_US - 1e-9         # the engine leaves the cores to the job
+
+
+def never_waited(comm):
+    from stratacl.runtime._world import IN_FLIGHT_LIMIT
+    works = []
+    for _ in range(IN_FLIGHT_LIMIT + 100):
+        works.append(comm.barrier(async_op=True))
+        works[-1]._done.wait(30)                 # completed, never waited for: the clock stays still
+    kept = len(comm._rt.in_flight)
+    t0 = comm.clock()
+    comm.charge_compute(10.0)                    # waits for the operations still kept, then runs
+    works[-1].wait()
+    return kept, IN_FLIGHT_LIMIT, comm.clock() >= t0 + 10e-6 * (1 - 1e-9)     # clock() is in seconds
+
+
+def test_operations_never_waited_for_are_not_kept_without_bound():
+    for kept, limit, moved in stratacl.spawn(never_waited, 2, clock="virtual", timeout=120):
+        assert kept <= limit and moved

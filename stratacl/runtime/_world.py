@@ -48,6 +48,9 @@ class _RankFilter(logging.Filter):
         return True
 
 
+IN_FLIGHT_LIMIT = 1024      # asynchronous operations kept for charge_compute's overlap (Runtime.track)
+
+
 class Runtime:
     def __init__(self, rank: int, world: int, job_id: str, config: Config, ctl: Control, hbm_fds: list[int]):
         self.rank, self.world, self.job_id, self.config, self.ctl = rank, world, job_id, config, ctl
@@ -112,11 +115,18 @@ class Runtime:
         return got
 
     def track(self, work) -> None:
-        """Keep an asynchronous operation for ``busy_cores`` until it is waited for and over."""
+        """Keep an asynchronous operation for ``busy_cores`` while it may still overlap compute:
+        until it has completed and ended before the program's clock. A program that never waits
+        nor charges compute keeps its clock still, so at most IN_FLIGHT_LIMIT are kept (the
+        oldest completed ones go first)."""
         now = self.clock.now_us
-        self.in_flight[:] = [w for w in self.in_flight if not (w.is_completed() and w._join is None and
-                                                               (w.modeled is None or w.modeled[1] <= now))]
-        self.in_flight.append(work)
+        keep = [w for w in self.in_flight if not (w.is_completed() and (w.modeled is None or w.modeled[1] <= now))]
+        if len(keep) >= IN_FLIGHT_LIMIT:
+            done = [w for w in keep if w.is_completed()]
+            drop = set(map(id, done[:len(keep) - IN_FLIGHT_LIMIT + 1]))
+            keep = [w for w in keep if id(w) not in drop]
+        keep.append(work)
+        self.in_flight[:] = keep
 
     def busy_cores(self, t0: float, operation: str) -> list:
         """Busy-core step functions (ub._compute.occupied) of this rank's asynchronous operations
