@@ -21,18 +21,17 @@ from stratacl._config import parse_size
 
 
 def profile(comm, per_rank: int, iters: int, barrier: bool):
-    from stratacl.collectives import _backend
-    from stratacl.runtime import _comm, _native, _sync
+    from stratacl.runtime import _comm, _execute, _native, _sync
 
     x = stratacl.empty((per_rank,), np.uint8)
     out = stratacl.empty((per_rank * comm.size,), np.uint8)
     spent = {"copy": 0.0, "barrier": 0.0}
-    run_mte = _backend.run_mte
+    run_plan = _execute.run_plan
     sync = _comm.Communicator._sync
 
     def timed_run(*args):
         t0 = time.perf_counter()
-        r = run_mte(*args)
+        r = run_plan(*args)
         spent["copy"] += time.perf_counter() - t0
         return r
 
@@ -41,7 +40,7 @@ def profile(comm, per_rank: int, iters: int, barrier: bool):
         sync(self, op)
         spent["barrier"] += time.perf_counter() - t0
 
-    _backend.run_mte = timed_run
+    _execute.run_plan = timed_run
     _comm.Communicator._sync = timed_sync
     for _ in range(3):
         comm.all_gather(out, x)
@@ -52,7 +51,7 @@ def profile(comm, per_rank: int, iters: int, barrier: bool):
     total = (time.perf_counter() - t0) / iters
     row = {"total": total, "copy": spent["copy"] / iters, "barrier": spent["barrier"] / iters}
     _comm.Communicator._sync = sync
-    _backend.run_mte = run_mte
+    _execute.run_plan = run_plan
     if barrier:
         c = comm
         t0 = time.perf_counter()

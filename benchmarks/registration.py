@@ -73,9 +73,9 @@ class _PullTimer:
     it) to the end of the backend's execution of the copy phase."""
 
     def __init__(self):
-        from stratacl.collectives import _backend
+        from stratacl.runtime import _execute
         from stratacl.runtime._comm import Communicator
-        sources, gather = Communicator._peer_sources, _backend.run_mte
+        sources, gather = Communicator._peer_sources, _execute.run_plan
         self.t0 = None
         self.last = 0
 
@@ -91,7 +91,7 @@ class _PullTimer:
             return skipped
 
         Communicator._peer_sources = timed_sources
-        _backend.run_mte = timed_gather
+        _execute.run_plan = timed_gather
 
 
 def _gap(gap: tuple[str, float, int], work: np.ndarray) -> None:

@@ -198,7 +198,7 @@ static int check_type_op(int t, int op) {
  * (3, n) table of every member's buffers. Kinds:
  *   COPY   memcpy, skipped when source and destination are the same bytes (in place)
  *   GROUP  a reduction into the destination of `nbytes`, over the next `src_rank` SRC rows,
- *          in their order; `dtype` / `op` / `divisor` as reduce_into
+ *          in their order, in `dtype`, with `op` (avg: the sum divided by `divisor`)
  * Returns the bytes the skipped copies would have moved. */
 enum { K_COPY = 0, K_GROUP = 1, K_SRC = 2 };
 #define MAX_GROUP 4096
