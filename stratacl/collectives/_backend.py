@@ -7,9 +7,9 @@
         |                               its byte counts; no addresses yet
         |  + bases (3, n)               every member's buffers of this call: IN, OUT, SCRATCH
         v
-    MTE: run_mte()                      the cores move the bytes: one native call per phase
+    MTE: _kernels.run_plan(table, bases, ...)   the cores move the bytes: one native call per phase
     SDMA (runtime/_execute.py)          the copies go to the SDMA engine, reductions stay on
-                                        the cores (run_mte on the plan's reduction table)
+                                        the cores (run_plan on the plan's reduction table)
 
 Table rows are ``(kind, src_rank, src_buf, src_off, dst_rank, dst_buf, dst_off, nbytes)``:
 COPY rows are one LOAD or STORE slice each; a reduction group (every LOAD_ACC slice of a phase
@@ -82,17 +82,8 @@ def compile(smap: SliceMap, itemsize: int = 1) -> Plan:
                 bool(copy.any()))
 
 
-def run_mte(table: np.ndarray, bases: np.ndarray, dtype_code: int = 0, redop_code: int = 0,
-            divisor: float = 1.0) -> int:
-    """Execute a plan's table on the calling thread (the cores); returns the bytes of copies
-    skipped because source and destination were the same (an in-place block)."""
-    if table.shape[0] == 0:
-        return 0
-    return _kernels.run_plan(table, bases, dtype_code, redop_code, divisor)
-
-
 def addresses(smap: SliceMap, bases: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Absolute (src, dst) address of every slice; ``bases[buf, rank]`` as in run_mte."""
+    """Absolute (src, dst) address of every slice; ``bases[buf, rank]`` as run_plan reads them."""
     me = smap.me
     store = smap.op == STORE
     src_rank = np.where(store, me, smap.peer)
@@ -141,5 +132,5 @@ def execute(smap: SliceMap, bases: np.ndarray, dtype=None, redop: str = "sum", d
     if divisor is None and groups.size and (groups[:, 1] != groups[0, 1]).any():
         raise ValueError("execute: reduction groups of different sizes need an explicit divisor")
     div = float(divisor if divisor is not None else (groups[0, 1] if groups.size else 1))
-    skipped = run_mte(plan.table, np.ascontiguousarray(bases, dtype=np.int64), tcode, ocode, div)
+    skipped = _kernels.run_plan(plan.table, np.ascontiguousarray(bases, dtype=np.int64), tcode, ocode, div)
     return plan.local + plan.remote - skipped

@@ -57,7 +57,7 @@ class Execute:
         if self._path == "sdma" and plan.has_copies:
             skipped = self._offload(operation, plan.copies)
             if plan.reductions.size:
-                _backend.run_mte(plan.reductions, self._bases, dtype_code, redop_code, divisor)
+                run_plan(plan.reductions, self._bases, dtype_code, redop_code, divisor)
         else:
             skipped = run_plan(plan.table, self._bases, dtype_code, redop_code, divisor)
         c = self.counters
