@@ -6,11 +6,13 @@ setup(
         Extension(
             "stratacl.runtime._native",
             sources=["stratacl/runtime/_native.c"],
+            depends=["stratacl/collectives/_kernels.h"],
             extra_compile_args=["-O2"],
         ),
         Extension(
             "stratacl.collectives._kernels",
             sources=["stratacl/collectives/_kernels.c"],
+            depends=["stratacl/collectives/_kernels.h"],
             # no fused multiply-add: every element must round exactly as numpy rounds it
             extra_compile_args=["-O3", "-ffp-contract=off"],
         ),

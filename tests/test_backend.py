@@ -11,6 +11,7 @@ from stratacl.bench import _cli
 from stratacl.collectives import _backend as B
 from stratacl.collectives import _partition as P
 from stratacl.collectives import _schedule as S
+from stratacl.collectives import _kernels
 from stratacl.collectives import _slices as SL
 from stratacl.ub._clock import FabricModel, model_call
 from stratacl.ub._compute import ComputeJob, overlap
@@ -71,7 +72,29 @@ def test_all_to_all_v_slices_follow_the_counts():
 
 
 # --- the backend's executor: exact bytes in one process --------------------------------------------------
-def test_data_executor_all_gather_and_all_to_all_are_exact():
+@pytest.fixture(params=["cached", "streaming"])
+def stores(request):
+    """Run an executor test with ordinary stores and again with every copy of 4 KiB or more
+    written by streaming stores (which phases use once their writes overflow the cache)."""
+    old = _kernels.stream_footprint(0 if request.param == "streaming" else 1 << 62)
+    yield request.param
+    _kernels.stream_footprint(old)
+
+
+def test_streaming_copies_are_exact_at_any_alignment():
+    rng = np.random.default_rng(3)
+    for n in (0, 1, 63, 64, 4095, 4096, 4097, 65536 + 13, 1 << 20):
+        for src_off, dst_off in ((0, 0), (3, 0), (0, 17), (5, 63)):
+            src = rng.integers(0, 255, n + 128, dtype=np.uint8)
+            dst = np.zeros(n + 128, np.uint8)
+            for stream in (0, 1):
+                dst[:] = 0
+                _kernels.copy_many(np.array([[_addr(dst) + dst_off, _addr(src) + src_off, n]], np.int64), stream)
+                assert dst[dst_off:dst_off + n].tobytes() == src[src_off:src_off + n].tobytes()
+                assert not dst[:dst_off].any() and not dst[dst_off + n:].any()
+
+
+def test_data_executor_all_gather_and_all_to_all_are_exact(stores):
     n, M = 5, 4096 + 8
     ins = [np.random.default_rng(p).integers(0, 255, M, dtype=np.uint8) for p in range(n)]
     outs = [np.zeros(n * M, dtype=np.uint8) for _ in range(n)]
@@ -90,8 +113,8 @@ def test_data_executor_all_gather_and_all_to_all_are_exact():
 
 
 @pytest.mark.parametrize("op", ["sum", "max", "avg"])
-def test_data_executor_reductions_in_rank_order(op):
-    n, count = 6, 1003 * 6
+def test_data_executor_reductions_in_rank_order(op, stores):
+    n, count = 6, 2003 * 6
     ins = [np.random.default_rng(p).standard_normal(count).astype(np.float32) for p in range(n)]
     ref = ins[0].copy()
     uf = {"sum": np.add, "max": np.maximum, "avg": np.add}[op]
@@ -106,7 +129,7 @@ def test_data_executor_reductions_in_rank_order(op):
         assert outs[me].tobytes() == ref[me * (count // n):(me + 1) * (count // n)].tobytes()
 
 
-def test_data_executor_in_place_all_reduce_two_phases():
+def test_data_executor_in_place_all_reduce_two_phases(stores):
     n, count = 4, 10_000
     bufs = [np.arange(count, dtype=np.int64) * (p + 1) for p in range(n)]
     scratch = [np.zeros(count, dtype=np.int64) for _ in range(n)]

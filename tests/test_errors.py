@@ -101,6 +101,46 @@ def test_send_recv_size_mismatch_raises_on_both_sides():
     assert got == [5] * 10
 
 
+def p2p_slow_paths(comm):
+    """The cases the single native point-to-point call hands back to Python."""
+    x = stratacl.empty((1000,), np.int64)
+    x[:] = np.arange(1000) + 1000 * comm.rank
+    got = stratacl.zeros((1000,), np.int64)
+    log = []
+    # a receive whose sender comes late: the native wait gives up, Python's health-checked wait goes on
+    if comm.rank == 0:
+        time.sleep(0.3)                   # longer than one native wait (SLICE, 50 ms)
+        comm.send(x, 1)
+    else:
+        comm.recv(got, 0)
+        log.append(got.tolist() == list(range(1000)))
+    # sendrecv with a bad source: the send half still reaches its receiver, the call raises
+    if comm.rank == 0:
+        log.append(_attempt(lambda: comm.sendrecv(x, 1, got, 0)))
+    else:
+        got[:] = 0
+        comm.recv(got, 0)
+        log.append(got.tolist() == list(range(1000)))
+    # a receive into a strided view (written through a communication buffer) and a new buffer
+    # of the sender's every call (its readiness is checked by Python first)
+    for _ in range(3):
+        y = stratacl.empty((500,), np.int64)
+        y[:] = comm.rank + 7
+        other = 1 - comm.rank
+        wide = np.zeros(1000, np.int64)
+        comm.sendrecv(y, other, wide[::2], other)
+        log.append(wide[::2].tolist() == [other + 7] * 500 and not wide[1::2].any())
+    return log
+
+
+def test_point_to_point_paths_the_native_call_hands_back():
+    r0, r1 = stratacl.spawn(p2p_slow_paths, 2, timeout=60)
+    kind, msg = r0[0]
+    assert kind == "ValueError" and "recv: source 0 is not another rank" in msg
+    assert r0[1:] == [True] * 3
+    assert r1 == [True] * 5
+
+
 def bad_arguments(comm):
     x = stratacl.empty((4,), np.float32)
     return [

@@ -3,7 +3,9 @@
 One worker process per host core copies its share of the footprint (half source, half
 destination) over and over; the aggregate copy bandwidth is the bytes all workers copied
 divided by the common wall time. The same footprint as the operator's means the same cache
-effects: a 64 KiB sweep point is measured in cache, a 16 MiB one in DRAM.
+effects: a 64 KiB sweep point is measured in cache, a 16 MiB one in DRAM. Each footprint is
+copied both ways the library's kernels can write (ordinary stores, as memcpy; streaming stores,
+collectives/_kernels.c) and the faster counts: the limit is the host's, not one method's.
 """
 from __future__ import annotations
 
@@ -13,6 +15,10 @@ import time
 
 import numpy as np
 
+from ..collectives import _kernels
+
+STREAMING = (0, 1)     # copy_many's stream argument: ordinary stores, streaming stores
+
 
 def _worker(footprints: list[int], seconds: float, start, results) -> None:
     out = []
@@ -20,16 +26,18 @@ def _worker(footprints: list[int], seconds: float, start, results) -> None:
         half = max(fp // 2, 4096)
         src = np.ones(half, np.uint8)
         dst = np.zeros(half, np.uint8)
-        np.copyto(dst, src)
-        start.wait()
-        copied, t0 = 0, time.perf_counter()
-        while True:
-            np.copyto(dst, src)
-            copied += half
-            if time.perf_counter() - t0 >= seconds:
-                break
-        out.append((copied, time.perf_counter() - t0))
-        start.wait()
+        table = np.array([[dst.__array_interface__["data"][0], src.__array_interface__["data"][0], half]], np.int64)
+        for stream in STREAMING:
+            _kernels.copy_many(table, stream)
+            start.wait()
+            copied, t0 = 0, time.perf_counter()
+            while True:
+                _kernels.copy_many(table, stream)
+                copied += half
+                if time.perf_counter() - t0 >= seconds:
+                    break
+            out.append((copied, time.perf_counter() - t0))
+            start.wait()
     results.put(out)
 
 
@@ -43,12 +51,14 @@ def copy_bandwidth(footprints: list[int], workers: int | None = None, seconds: f
     procs = [ctx.Process(target=_worker, args=(shares, seconds, start, results), daemon=True) for _ in range(workers)]
     for p in procs:
         p.start()
-    per_worker = [results.get(timeout=60 + 4 * seconds * len(footprints)) for _ in procs]
+    per_worker = [results.get(timeout=60 + 4 * seconds * len(footprints) * len(STREAMING)) for _ in procs]
     for p in procs:
         p.join(timeout=10)
     bw = []
     for i in range(len(footprints)):
-        copied = sum(w[i][0] for w in per_worker)
-        elapsed = max(w[i][1] for w in per_worker)
-        bw.append(copied / elapsed / 1e9)
+        ways = []
+        for k in range(len(STREAMING)):
+            j = i * len(STREAMING) + k
+            ways.append(sum(w[j][0] for w in per_worker) / max(w[j][1] for w in per_worker) / 1e9)
+        bw.append(max(ways))
     return bw

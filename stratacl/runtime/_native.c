@@ -25,6 +25,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../collectives/_kernels.h"
+
 #ifndef MAP_FIXED_NOREPLACE
 #define MAP_FIXED_NOREPLACE 0x100000
 #endif
@@ -367,6 +369,130 @@ static PyObject *done(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     Py_RETURN_TRUE;
 }
 
+/* ---- one point-to-point call in one native call ------------------------------------------
+ * A communicator hands its per-peer words over once, as an int64 array `px` of (n, PX_WORDS)
+ * addresses (runtime/_p2p.py). The protocol is the one _p2p.py describes; this is its common
+ * case, and it stops, returning the stage, wherever Python must take over: a wait that needs
+ * health checks, a descriptor that does not match or names a buffer not checked yet. */
+enum { PX_SEND_DESC, PX_SEND_FLAG, PX_RECV_FLAG, PX_RECV_DESC, PX_RECV_STATUS, PX_RECV_DONE, PX_SENT_DONE,
+       PX_SENT_STATUS, PX_WORDS };
+enum { P2P_DONE, P2P_RECV_WAIT, P2P_RECV_CHECK, P2P_SEND_WAIT };
+
+static const StrataKernelsApi *kernels;
+
+static int seq_reached(const uint32_t *word, uint32_t target) {
+    return (uint32_t)(__atomic_load_n(word, __ATOMIC_ACQUIRE) - target) < 0x80000000u;
+}
+
+/* Wait for the u32 sequence at `word` to reach `target`: `polls` yielding polls, then futex
+ * sleeps until `seconds` have passed. 1: reached; 0: not yet. */
+static int await_seq(uint32_t *word, uint32_t target, long polls, double seconds) {
+    for (long i = 0; i < polls; i++) {
+        if (seq_reached(word, target)) return 1;
+        sched_yield();
+    }
+    double end = now_s() + seconds;
+    for (;;) {
+        uint32_t v = __atomic_load_n(word, __ATOMIC_ACQUIRE);
+        if ((uint32_t)(v - target) < 0x80000000u) return 1;
+        if (!sleep_until(word, v, end)) return 0;
+    }
+}
+
+/* p2p(px, me, dst, send_seq, fields, src, recv_seq, dtype, count, itemsize, out_addr, plan,
+ *     bases, ready, polls, seconds) -> stage
+ * dst >= 0: publish `fields` (DESC_FIXED int64) as this rank's send to dst and announce it
+ * with send_seq. src >= 0: wait for src's send number recv_seq; if its descriptor carries
+ * `count` elements of `dtype`, is not flagged and names a buffer `ready` already holds (or no
+ * bytes), run the receive's `plan` (its IN base is the sender's address, OUT base `out_addr`)
+ * and tell src it is done. Then, for a send, wait until dst has received it without error.
+ * Returns P2P_DONE, or the stage where the caller continues: P2P_RECV_WAIT (nothing received
+ * yet), P2P_RECV_CHECK (arrived, not handled here), P2P_SEND_WAIT (received; the send is
+ * not confirmed within `seconds`, or dst reported an error). */
+static PyObject *p2p(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 16) {
+        PyErr_SetString(PyExc_TypeError, "p2p(px, me, dst, send_seq, fields, src, recv_seq, dtype, count, itemsize, "
+                                         "out_addr, plan, bases, ready, polls, seconds)");
+        return NULL;
+    }
+    if (kernels == NULL) {
+        kernels = (const StrataKernelsApi *)PyCapsule_Import(STRATA_KERNELS_CAPSULE, 0);
+        if (kernels == NULL) return NULL;
+    }
+    long me = PyLong_AsLong(args[1]), dst = PyLong_AsLong(args[2]), src = PyLong_AsLong(args[5]);
+    unsigned long send_seq = PyLong_AsUnsignedLong(args[3]), recv_seq = PyLong_AsUnsignedLong(args[6]);
+    int dtype = (int)PyLong_AsLong(args[7]);
+    long long count = PyLong_AsLongLong(args[8]), itemsize = PyLong_AsLongLong(args[9]);
+    unsigned long long out_addr = PyLong_AsUnsignedLongLong(args[10]);
+    long polls = PyLong_AsLong(args[14]);
+    double seconds = PyFloat_AsDouble(args[15]);
+    if (PyErr_Occurred()) return NULL;
+    Py_buffer px = {0}, fields = {0}, plan = {0}, bases = {0}, ready = {0};
+    int stage = -1;
+    if (get_i64_buffer(args[0], &px, 0, "p2p") < 0) goto done;
+    if (dst >= 0 && get_i64_buffer(args[4], &fields, 0, "p2p") < 0) goto done;
+    if (src >= 0 && args[11] != Py_None && get_i64_buffer(args[11], &plan, 0, "p2p") < 0) goto done;
+    if (get_i64_buffer(args[12], &bases, 1, "p2p") < 0) goto done;
+    if (get_i64_buffer(args[13], &ready, 0, "p2p") < 0) goto done;
+    Py_ssize_t n = px.len / (8 * PX_WORDS);
+    if (me < 0 || me >= n || dst >= n || src >= n || bases.len != 24 * n || ready.len != 16 * n ||
+        (dst >= 0 && fields.len != DESC_FIXED * 8) || (plan.buf != NULL && plan.len % 64)) {
+        PyErr_SetString(PyExc_ValueError, "p2p: inconsistent arguments");
+        goto done;
+    }
+    const int64_t *w = (const int64_t *)px.buf;
+    int64_t *b = (int64_t *)bases.buf;
+    const int64_t *rd = (const int64_t *)ready.buf;
+#define WORD(peer, which) ((uint32_t *)(uintptr_t)w[(peer) * PX_WORDS + (which)])
+    Py_BEGIN_ALLOW_THREADS
+    if (dst >= 0) {
+        memcpy((void *)(uintptr_t)w[dst * PX_WORDS + PX_SEND_DESC], fields.buf, DESC_FIXED * 8);
+        __atomic_store_n(WORD(dst, PX_SEND_FLAG), (uint32_t)send_seq, __ATOMIC_SEQ_CST);
+        syscall(SYS_futex, WORD(dst, PX_SEND_FLAG), FUTEX_WAKE, 0x7fffffff, NULL, NULL, 0);
+    }
+    stage = P2P_SEND_WAIT;
+    if (src >= 0) {
+        const int64_t *d = (const int64_t *)(uintptr_t)w[src * PX_WORDS + PX_RECV_DESC];
+        if (!await_seq(WORD(src, PX_RECV_FLAG), (uint32_t)recv_seq, polls, seconds)) {
+            stage = P2P_RECV_WAIT;
+        } else if (d[F_FLAGS] || d[F_DTYPE] != dtype || d[F_COUNT] != count ||
+                   (count * itemsize > 0 && (plan.buf == NULL || d[F_SEG_VA] != rd[2 * src] ||
+                                             d[F_EPOCH] != rd[2 * src + 1]))) {
+            stage = P2P_RECV_CHECK;
+        } else {
+            int64_t skipped = 0;
+            const char *err = NULL;
+            if (count * itemsize > 0) {
+                b[0 * n + src] = d[F_ADDR];      /* IN: the sender's buffer */
+                b[1 * n + me] = (int64_t)out_addr;     /* OUT: this rank's */
+                err = kernels->execute_plan((const int64_t *)plan.buf, plan.len / 64, b, n, dtype, 0, 1.0, &skipped);
+            }
+            if (err != NULL) {
+                stage = P2P_RECV_CHECK;   /* nothing was written; Python's path raises */
+            } else {
+                __atomic_store_n(WORD(src, PX_RECV_STATUS), 0u, __ATOMIC_SEQ_CST);
+                __atomic_store_n(WORD(src, PX_RECV_DONE), (uint32_t)recv_seq, __ATOMIC_SEQ_CST);
+                syscall(SYS_futex, WORD(src, PX_RECV_DONE), FUTEX_WAKE, 0x7fffffff, NULL, NULL, 0);
+            }
+        }
+    }
+    if (stage == P2P_SEND_WAIT) {
+        if (dst < 0 || (await_seq(WORD(dst, PX_SENT_DONE), (uint32_t)send_seq, polls, seconds) &&
+                        __atomic_load_n(WORD(dst, PX_SENT_STATUS), __ATOMIC_ACQUIRE) == 0))
+            stage = P2P_DONE;
+    }
+    Py_END_ALLOW_THREADS
+#undef WORD
+done:
+    if (px.buf) PyBuffer_Release(&px);
+    if (fields.buf) PyBuffer_Release(&fields);
+    if (plan.buf) PyBuffer_Release(&plan);
+    if (bases.buf) PyBuffer_Release(&bases);
+    if (ready.buf) PyBuffer_Release(&ready);
+    if (stage < 0) return NULL;
+    return PyLong_FromLong(stage);
+}
+
 /* data_address(array) -> the address of the first byte of any buffer-protocol object. */
 static PyObject *data_address(PyObject *self, PyObject *arg) {
     Py_buffer view;
@@ -448,6 +574,7 @@ static PyMethodDef methods[] = {
     {"agree", (PyCFunction)(void (*)(void))agree, METH_FASTCALL, "Do a slot's descriptors agree?"},
     {"sources", (PyCFunction)(void (*)(void))sources, METH_FASTCALL, "Members' input addresses; first one needing a readiness check."},
     {"post", (PyCFunction)(void (*)(void))post, METH_FASTCALL, "Publish a descriptor and its sequence number."},
+    {"p2p", (PyCFunction)(void (*)(void))p2p, METH_FASTCALL, "One point-to-point call's common case (see _p2p.py)."},
     {"done", (PyCFunction)(void (*)(void))done, METH_FASTCALL, "Count one completion; wake at the target."},
     {"data_address", data_address, METH_O, "Address of a buffer's first byte."},
     {"mmap_at", (PyCFunction)(void (*)(void))mmap_at, METH_FASTCALL, "mmap at a fixed address."},

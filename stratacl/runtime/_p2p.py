@@ -8,6 +8,10 @@
     (a mismatch is reported to both sides through the status word)
 
 ``sendrecv`` posts the send before pulling the receive, so a ring of them cannot deadlock.
+The common case of a call runs in one native call (``_native.p2p``), which hands the rest back
+to this module wherever a wait needs health checks or a descriptor needs checking; the receive's
+copy is its compiled plan (collectives/_backend.py), run by the same executor as every
+operator's phases.
 """
 from __future__ import annotations
 
@@ -25,6 +29,12 @@ from ._control import (F_ADDR, F_AUX0, F_AUX1, F_CALL, F_COUNT, F_DTYPE, F_EPOCH
                        F_SEG_OFF, F_SEG_SIZE, F_SEG_VA, FLAG_REJECTED, P2P_DESC, Layout)
 from ._sync import SLICE, SPIN_POLLS, WAKE_ALL, seq_reached, wait_until
 from ._work import agreed, collective
+
+
+P2P_DONE, P2P_RECV_WAIT, P2P_RECV_CHECK, P2P_SEND_WAIT = 0, 1, 2, 3   # _native.p2p's stages
+PX_WORDS = 8      # per peer, in _native.p2p's order: send desc, send flag, recv flag, recv desc,
+                  # recv status, recv done, sent done, sent status
+_NO_RECV = (0, 0, 0, 0, None)
 
 
 class PointToPoint:
@@ -49,14 +59,21 @@ class PointToPoint:
         self._recv_status = [self._p2p_addr(me, 2, p) for p in peers]
         self._send_desc = [self._p2p_desc_off(me, p) for p in peers]     # int64 index of my descriptor for p
         self._recv_desc = [self._p2p_desc_off(p, me) for p in peers]
+        base = self._rt.ctl.base
+        self._px = np.array([[base + 8 * self._send_desc[p], self._send_flag[p], self._recv_flag[p],
+                              base + 8 * self._recv_desc[p], self._recv_status[p], self._recv_done[p],
+                              self._sent_done[p], self._sent_status[p]] for p in peers], dtype=np.int64)
+        self._send_fields = array.array("q", bytes(8 * P2P_DESC))   # the descriptor being sent
 
     @collective
     def send(self, x: np.ndarray, dst: int) -> None:
         """Blocking send: returns once rank ``dst`` has pulled ``x`` with a matching ``recv``."""
-        posted = self._post_send(x, dst)
-        t = self._complete_send(posted)
-        if t is not None:
-            self._ended("send", posted[5], t)
+        self._p2p("send", x, dst, None, 0)
+
+    @collective
+    def recv(self, x: np.ndarray, src: int) -> None:
+        """Blocking receive into ``x`` from rank ``src``; sizes and dtypes must match the send."""
+        self._p2p("recv", None, 0, x, src)
 
     @collective
     def sendrecv(self, x: np.ndarray, dst: int, out: np.ndarray, src: int) -> None:
@@ -64,21 +81,61 @@ class PointToPoint:
 
         Both halves proceed at once, so a ring of sendrecv calls cannot deadlock.
         """
-        posted = self._post_send(x, dst)
-        try:
-            received = self._recv(out, src, posted[5])
-        except BaseException:
-            try:
-                self._complete_send(posted)
-            except Exception:   # the receive's error is the one to report
-                pass
-            raise
-        sent = self._complete_send(posted)
-        if sent is not None:
-            self._ended("sendrecv", posted[5], max(sent, received))
+        self._p2p("sendrecv", x, dst, out, src)
 
-    def _post_send(self, x: np.ndarray, dst: int) -> tuple:
-        """Publish ``x`` for rank ``dst`` to pull; returns what ``_complete_send`` waits on."""
+    def _p2p(self, op: str, x: np.ndarray | None, dst: int, out: np.ndarray | None, src: int) -> None:
+        """One call: post the send, pull the receive, wait for the send's receiver.
+
+        The common case (no modeled clock, the cores' path, valid arguments, a receive buffer
+        the rank writes directly, a sender's buffer already checked) is one native call,
+        ``_native.p2p``; it returns the stage at which the rest continues here: a wait that
+        needs health checks, or a descriptor to check (mismatch, new buffer)."""
+        t0 = self._entering_us() if self._rt.clock is not None else None
+        send = self._prepare_send(x, dst, t0) if x is not None else None
+        stage, recv = P2P_SEND_WAIT, None
+        if out is not None:
+            try:
+                recv = self._prepare_recv(out, src)
+            except BaseException:
+                if send is not None:
+                    self._abandon(send)
+                raise
+            stage = P2P_RECV_WAIT
+        fast = (self._rt.clock is None and self._path == "mte" and (send is None or send[2] is None)
+                and (recv is None or recv[2] is not None))
+        if fast:
+            r = recv[2] if recv is not None else _NO_RECV
+            stage = _native.p2p(self._px, self.rank, dst if send is not None else -1, send[1] if send else 0,
+                                self._send_fields, src if recv is not None else -1, recv[1] if recv else 0,
+                                *r, self._bases, self._ready, SPIN_POLLS, SLICE)
+        elif send is not None:
+            _native.post(self._rt.ctl.base + 8 * self._send_desc[dst], self._send_fields, self._send_flag[dst],
+                         send[1])
+        received = None
+        if recv is not None:
+            if stage == P2P_SEND_WAIT or stage == P2P_DONE:      # received in the native call
+                self._received_stats(recv[3])
+            else:
+                try:
+                    received = self._recv(out, src, recv[1], stage == P2P_RECV_CHECK, t0)
+                except BaseException:
+                    if send is not None:
+                        self._abandon(send)
+                    raise
+        sent = None
+        if send is not None:
+            if stage == P2P_DONE:
+                s = self._rt.stats
+                s["calls"]["send"] = s["calls"].get("send", 0) + 1
+            else:
+                sent = self._complete_send(send)
+        if t0 is not None:
+            self._ended(op, t0, max(t for t in (sent, received) if t is not None))
+
+    def _prepare_send(self, x: np.ndarray, dst: int, t_send: float | None) -> tuple:
+        """Check a send's arguments and fill ``self._send_fields`` with its descriptor (an
+        argument the rank rejects is flagged in it, so the receiver raises too); returns what
+        ``_complete_send`` waits on."""
         _expect(isinstance(dst, (int, np.integer)) and 0 <= dst < self.size and dst != self.rank,
                 lambda: f"send: destination {dst!r} is not another rank of this communicator (size {self.size})")
         error = None
@@ -90,20 +147,31 @@ class PointToPoint:
         self._sent[dst] += 1
         seq = self._sent[dst] & 0xFFFFFFFF
         seg = inp.seg if inp is not None else None
-        fields = array.array("q", bytes(8 * P2P_DESC))
+        fields = self._send_fields
         fields[F_OP], fields[F_DTYPE], fields[F_CALL] = 100, code, seq
         if inp is not None:
             fields[F_COUNT], fields[F_ADDR], fields[F_NBYTES] = x.size, inp.addr, inp.flat.nbytes
+        else:
+            fields[F_COUNT] = fields[F_ADDR] = fields[F_NBYTES] = 0
         if seg is not None:
             fields[F_SEG_VA], fields[F_SEG_SIZE], fields[F_SEG_OFF], fields[F_EPOCH] = (
                 seg.va, seg.size, seg.hbm_offset, seg.epoch)
-        if error is not None:
-            fields[F_FLAGS] = FLAG_REJECTED
-        t_send = self._entering_us() if self._rt.clock is not None else None
-        if t_send is not None:
-            fields[F_AUX0] = to_bits(t_send)
-        _native.post(self._rt.ctl.base + 8 * self._send_desc[dst], fields, self._send_flag[dst], seq)
+        else:
+            fields[F_SEG_VA] = fields[F_SEG_SIZE] = fields[F_SEG_OFF] = fields[F_EPOCH] = 0
+        fields[F_FLAGS] = FLAG_REJECTED if error is not None else 0
+        fields[F_AUX0] = to_bits(t_send) if t_send is not None else 0
         return dst, seq, error, inp, x, t_send
+
+    def _abandon(self, send: tuple) -> None:
+        """The receive half failed: still post the send (if not yet) and see it through, so the
+        peer is not left waiting; the receive's error is the one to report."""
+        dst, seq = send[0], send[1]
+        if not seq_reached(_native.load_u32(self._send_flag[dst]), seq):
+            _native.post(self._rt.ctl.base + 8 * self._send_desc[dst], self._send_fields, self._send_flag[dst], seq)
+        try:
+            self._complete_send(send)
+        except Exception:
+            pass
 
     def _complete_send(self, posted: tuple) -> float | None:
         """Wait for the receiver; under a modeled clock, return the sender's modeled exit time."""
@@ -126,24 +194,45 @@ class PointToPoint:
         received = us_from_bits(self._rt.ctl.i64[self._send_desc[dst] + F_AUX1])
         return self._rt.clock.sent(self.members[self.rank], self.members[dst], t_send, received)
 
-    @collective
-    def recv(self, x: np.ndarray, src: int) -> None:
-        """Blocking receive into ``x`` from rank ``src``; sizes and dtypes must match the send."""
-        t_recv = self._entering_us() if self._rt.clock is not None else None
-        t = self._recv(x, src, t_recv)
-        if t is not None:
-            self._ended("recv", t_recv, t)
-
-    def _recv(self, x: np.ndarray, src: int, t_recv: float | None) -> float | None:
-        """The receive; under a modeled clock, returns when the pull completes (modeled), having
-        told the sender in its descriptor (F_AUX1)."""
-        op = "recv"
+    def _prepare_recv(self, x: np.ndarray, src: int) -> tuple:
+        """Check the receive's source (a bad one raises at once) and take its sequence number;
+        returns (src, seq, the native call's receive arguments or None when the common case
+        does not apply, the receive's plan)."""
         _expect(isinstance(src, (int, np.integer)) and 0 <= src < self.size and src != self.rank,
                 lambda: f"recv: source {src!r} is not another rank of this communicator (size {self.size})")
         self._received[src] += 1
         seq = self._received[src] & 0xFFFFFFFF
+        try:
+            code = _reduce.dtype_code(x.dtype, "recv")
+            xf = _flat(x, "recv", "buffer", writable=True)
+        except Exception:
+            return src, seq, None, None     # _recv raises it after telling the sender
+        if self._output(xf) is not xf:
+            return src, seq, None, None
+        nb = x.nbytes
+        plan = None
+        if nb:
+            me = self.rank
+            plan = self._phases(("recv", src, nb), lambda: _slices.recv(me, src, nb))[0]
+        return src, seq, (code, x.size, x.itemsize, _native.data_address(xf) if nb else 0,
+                          plan.table if plan is not None else None), plan
+
+    def _received_stats(self, plan) -> None:
+        if plan is not None:
+            c = self.counters
+            c.local += plan.local
+            c.pulled += plan.remote
+            c.written += plan.written
+        s = self._rt.stats
+        s["calls"]["recv"] = s["calls"].get("recv", 0) + 1
+
+    def _recv(self, x: np.ndarray, src: int, seq: int, arrived: bool, t_recv: float | None) -> float | None:
+        """The receive from its wait (or, ``arrived``, from the descriptor's checks); under a
+        modeled clock, returns when the pull completes (modeled), having told the sender in
+        its descriptor (F_AUX1)."""
+        op = "recv"
         flag = self._recv_flag[src]
-        if not _native.wait_seq_u32(flag, seq, SPIN_POLLS, SLICE):
+        if not arrived and not _native.wait_seq_u32(flag, seq, SPIN_POLLS, SLICE):
             wait_until(lambda: seq_reached(_native.load_u32(flag), seq), flag, self._rt.health, f"recv from {src}",
                        self._rt.config.timeout, lambda: [self.members[src]], f"rank {self.members[src]} to send")
         off = self._recv_desc[src]
