@@ -20,6 +20,9 @@ _UFUNC = {1: np.add, 2: np.multiply, 3: np.minimum, 4: np.maximum, 5: np.add}
 
 
 def dtype_code(dtype: np.dtype, operation: str) -> int:
+    code = DTYPES.get(dtype) if isinstance(dtype, np.dtype) else None
+    if code is not None:
+        return code
     try:
         return DTYPES[np.dtype(dtype)]
     except KeyError:

@@ -15,6 +15,8 @@ def _flat(a: np.ndarray, operation: str, what: str, writable: bool = False) -> n
         raise TypeError(f"{operation}: the {what} must be a numpy array, got {type(a).__name__}")
     if writable and not a.flags.writeable:
         raise ValueError(f"{operation}: the {what} array is read-only")
+    if a.ndim == 1:          # the common case, without a new view
+        return a
     return a.reshape(-1) if a.flags.c_contiguous else a
 
 

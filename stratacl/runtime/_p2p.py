@@ -24,8 +24,8 @@ from ..collectives import _reduce, _slices
 from ..collectives._slices import IN, OUT
 from ..ub._rankclock import to_bits, us_from_bits
 from . import _native
-from ._args import _expect, _flat
-from ._control import (F_ADDR, F_AUX0, F_AUX1, F_CALL, F_COUNT, F_DTYPE, F_EPOCH, F_FLAGS, F_NBYTES, F_OP,
+from ._args import _flat
+from ._control import (F_ADDR, F_AUX0, F_AUX1, F_COUNT, F_DTYPE, F_EPOCH, F_FLAGS,
                        F_SEG_OFF, F_SEG_SIZE, F_SEG_VA, FLAG_REJECTED, P2P_DESC, Layout)
 from ._sync import SLICE, SPIN_POLLS, WAKE_ALL, seq_reached, wait_until
 from ._work import agreed, collective
@@ -136,8 +136,8 @@ class PointToPoint:
         """Check a send's arguments and fill ``self._send_fields`` with its descriptor (an
         argument the rank rejects is flagged in it, so the receiver raises too); returns what
         ``_complete_send`` waits on."""
-        _expect(isinstance(dst, (int, np.integer)) and 0 <= dst < self.size and dst != self.rank,
-                lambda: f"send: destination {dst!r} is not another rank of this communicator (size {self.size})")
+        if not (isinstance(dst, (int, np.integer)) and 0 <= dst < self.size and dst != self.rank):
+            raise ValueError(f"send: destination {dst!r} is not another rank of this communicator (size {self.size})")
         error = None
         try:
             code = _reduce.dtype_code(x.dtype, "send")
@@ -147,19 +147,17 @@ class PointToPoint:
         self._sent[dst] += 1
         seq = self._sent[dst] & 0xFFFFFFFF
         seg = inp.seg if inp is not None else None
-        fields = self._send_fields
-        fields[F_OP], fields[F_DTYPE], fields[F_CALL] = 100, code, seq
-        if inp is not None:
-            fields[F_COUNT], fields[F_ADDR], fields[F_NBYTES] = x.size, inp.addr, inp.flat.nbytes
-        else:
-            fields[F_COUNT] = fields[F_ADDR] = fields[F_NBYTES] = 0
+        aux0 = to_bits(t_send) if t_send is not None else 0
+        # the descriptor in F_* order (runtime/_control.py): op, dtype, count, root, redop, flags,
+        # addr, nbytes, seg va, seg size, seg offset, epoch, aux0, aux1, aux2, call
         if seg is not None:
-            fields[F_SEG_VA], fields[F_SEG_SIZE], fields[F_SEG_OFF], fields[F_EPOCH] = (
-                seg.va, seg.size, seg.hbm_offset, seg.epoch)
+            self._send_fields = array.array("q", (100, code, x.size, 0, 0, 0, inp.addr, inp.flat.nbytes, seg.va,
+                                                  seg.size, seg.hbm_offset, seg.epoch, aux0, 0, 0, seq))
         else:
-            fields[F_SEG_VA] = fields[F_SEG_SIZE] = fields[F_SEG_OFF] = fields[F_EPOCH] = 0
-        fields[F_FLAGS] = FLAG_REJECTED if error is not None else 0
-        fields[F_AUX0] = to_bits(t_send) if t_send is not None else 0
+            addr, nbytes = (inp.addr, inp.flat.nbytes) if inp is not None else (0, 0)
+            self._send_fields = array.array("q", (100, code, x.size if inp is not None else 0, 0, 0,
+                                                  FLAG_REJECTED if error is not None else 0, addr, nbytes,
+                                                  0, 0, 0, 0, aux0, 0, 0, seq))
         return dst, seq, error, inp, x, t_send
 
     def _abandon(self, send: tuple) -> None:
@@ -198,8 +196,8 @@ class PointToPoint:
         """Check the receive's source (a bad one raises at once) and take its sequence number;
         returns (src, seq, the native call's receive arguments or None when the common case
         does not apply, the receive's plan)."""
-        _expect(isinstance(src, (int, np.integer)) and 0 <= src < self.size and src != self.rank,
-                lambda: f"recv: source {src!r} is not another rank of this communicator (size {self.size})")
+        if not (isinstance(src, (int, np.integer)) and 0 <= src < self.size and src != self.rank):
+            raise ValueError(f"recv: source {src!r} is not another rank of this communicator (size {self.size})")
         self._received[src] += 1
         seq = self._received[src] & 0xFFFFFFFF
         try:
@@ -212,8 +210,12 @@ class PointToPoint:
         nb = x.nbytes
         plan = None
         if nb:
-            me = self.rank
-            plan = self._phases(("recv", src, nb), lambda: _slices.recv(me, src, nb))[0]
+            key = ("recv", src, nb)
+            plans = self._plans.cached(key)
+            if plans is None:
+                me = self.rank
+                plans = self._phases(key, lambda: _slices.recv(me, src, nb))
+            plan = plans[0]
         return src, seq, (code, x.size, x.itemsize, _native.data_address(xf) if nb else 0,
                           plan.table if plan is not None else None), plan
 
