@@ -22,7 +22,6 @@ k's descriptors.
 """
 from __future__ import annotations
 
-import array
 import logging
 from typing import TYPE_CHECKING, Sequence
 
@@ -173,14 +172,13 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
         seg = inp.seg if inp is not None else None
         clock = self._entering_bits()
         if seg is not None:
-            fields = array.array("q", (op, dtype, count, root, redop, 0, inp.addr, inp.flat.nbytes, seg.va,
-                                       seg.size, seg.hbm_offset, seg.epoch, clock, aux1, 0, self._calls))
+            fields = (op, dtype, count, root, redop, 0, inp.addr, inp.flat.nbytes, seg.va, seg.size, seg.hbm_offset,
+                      seg.epoch, clock, aux1, 0, self._calls)
         else:
             addr, nbytes = (inp.addr, inp.flat.nbytes) if inp is not None else (0, 0)
-            fields = array.array("q", (op, dtype, count, root, redop, 0, addr, nbytes, 0, 0, 0, 0, clock, aux1, 0,
-                                       self._calls))
+            fields = (op, dtype, count, root, redop, 0, addr, nbytes, 0, 0, 0, 0, clock, aux1, 0, self._calls)
         if log.isEnabledFor(logging.DEBUG):
-            log.debug("%s call %d: %s", operation, self._calls, fields.tolist())
+            log.debug("%s call %d: %s", operation, self._calls, list(fields))
         self._syncs += 1
         status = _native.enter(self._cx, parity, self._syncs, SPIN_POLLS, SLICE, fields)
         if status == 1:

@@ -195,6 +195,29 @@ static int get_i64_buffer(PyObject *o, Py_buffer *view, int writable, const char
     return 0;
 }
 
+/* A descriptor as DESC_FIXED int64 values, from a tuple of ints (what the hot paths build:
+ * no array to allocate) or any int64 buffer. 0 on success, -1 with an exception set. */
+static int read_fields(PyObject *o, int64_t out[DESC_FIXED], const char *what) {
+    if (PyTuple_Check(o)) {
+        if (PyTuple_GET_SIZE(o) != DESC_FIXED) {
+            PyErr_Format(PyExc_ValueError, "%s: a descriptor has %d fields", what, DESC_FIXED);
+            return -1;
+        }
+        for (int i = 0; i < DESC_FIXED; i++) {
+            out[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(o, i));
+            if (out[i] == -1 && PyErr_Occurred()) return -1;
+        }
+        return 0;
+    }
+    Py_buffer view;
+    if (get_i64_buffer(o, &view, 0, what) < 0) return -1;
+    int ok = view.len == DESC_FIXED * 8;
+    if (ok) memcpy(out, view.buf, DESC_FIXED * 8);
+    PyBuffer_Release(&view);
+    if (!ok) PyErr_Format(PyExc_ValueError, "%s: a descriptor has %d fields", what, DESC_FIXED);
+    return ok ? 0 : -1;
+}
+
 /* Arrive at barrier number k and wait at most `seconds` for the others (GIL released by the
  * caller). 1: complete; 0: not yet. */
 static int barrier(const int64_t *cx, uint64_t k, long polls, double seconds) {
@@ -250,36 +273,33 @@ static PyObject *sync_barrier(PyObject *self, PyObject *const *args, Py_ssize_t 
 }
 
 /* enter(cx, parity, k, polls, seconds, fields) -> 0 | 1 | 2
- * Publish this rank's descriptor (`fields`: DESC_FIXED int64 values) in slot `parity`, arrive
+ * Publish this rank's descriptor (`fields`: DESC_FIXED ints, see read_fields) in slot `parity`, arrive
  * at barrier k and wait at most `seconds`. 0: everyone arrived and all descriptors agree;
  * 1: still waiting (the caller continues with health checks); 2: they disagree or one is
  * flagged (the caller builds the message). */
 static PyObject *enter(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     if (n != 6) { PyErr_SetString(PyExc_TypeError, "enter(cx, parity, k, polls, seconds, fields)"); return NULL; }
-    Py_buffer cx, fields;
-    if (get_i64_buffer(args[0], &cx, 0, "enter") < 0) return NULL;
-    if (get_i64_buffer(args[5], &fields, 0, "enter") < 0) { PyBuffer_Release(&cx); return NULL; }
+    int64_t fields[DESC_FIXED];
     int parity = (int)PyLong_AsLong(args[1]);
     unsigned long long k = PyLong_AsUnsignedLongLong(args[2]);
     long polls = PyLong_AsLong(args[3]);
     double seconds = PyFloat_AsDouble(args[4]);
-    int rc = -1;
-    if (PyErr_Occurred()) goto done;
-    if (fields.len != DESC_FIXED * 8 || (parity != 0 && parity != 1)) {
-        PyErr_SetString(PyExc_ValueError, "enter: fields must hold DESC_FIXED int64 values, parity 0 or 1");
-        goto done;
+    if (PyErr_Occurred() || read_fields(args[5], fields, "enter") < 0) return NULL;
+    if (parity != 0 && parity != 1) {
+        PyErr_SetString(PyExc_ValueError, "enter: parity must be 0 or 1");
+        return NULL;
     }
+    Py_buffer cx;
+    if (get_i64_buffer(args[0], &cx, 0, "enter") < 0) return NULL;
     const int64_t *c = (const int64_t *)cx.buf;
     int64_t *mine = (int64_t *)(uintptr_t)c[CX_DESC + parity * c[CX_N] + c[CX_ME]];
-    memcpy(mine, fields.buf, DESC_FIXED * 8);
+    memcpy(mine, fields, DESC_FIXED * 8);
+    int rc;
     Py_BEGIN_ALLOW_THREADS
     if (!barrier(c, k, polls, seconds)) rc = 1;
     else rc = descriptors_agree(c, parity) ? 0 : 2;
     Py_END_ALLOW_THREADS
-done:
     PyBuffer_Release(&cx);
-    PyBuffer_Release(&fields);
-    if (rc < 0) return NULL;
     return PyLong_FromLong(rc);
 }
 
@@ -338,18 +358,16 @@ done:
     return PyLong_FromLong(found);
 }
 
-/* post(desc_addr, fields, flag_addr, seq): publish a point-to-point descriptor (`fields`, int64
- * values), then the sequence number that announces it, and wake whoever sleeps on it. */
+/* post(desc_addr, fields, flag_addr, seq): publish a point-to-point descriptor (`fields`, see
+ * read_fields), then the sequence number that announces it, and wake whoever sleeps on it. */
 static PyObject *post(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     if (n != 4) { PyErr_SetString(PyExc_TypeError, "post(desc_addr, fields, flag_addr, seq)"); return NULL; }
     void *desc, *flag;
-    Py_buffer fields;
+    int64_t fields[DESC_FIXED];
     if (parse_addr(args[0], &desc) < 0 || parse_addr(args[2], &flag) < 0) return NULL;
     unsigned long seq = PyLong_AsUnsignedLong(args[3]);
-    if (PyErr_Occurred()) return NULL;
-    if (get_i64_buffer(args[1], &fields, 0, "post") < 0) return NULL;
-    memcpy(desc, fields.buf, (size_t)fields.len);
-    PyBuffer_Release(&fields);
+    if (PyErr_Occurred() || read_fields(args[1], fields, "post") < 0) return NULL;
+    memcpy(desc, fields, DESC_FIXED * 8);
     __atomic_store_n((uint32_t *)flag, (uint32_t)seq, __ATOMIC_SEQ_CST);
     syscall(SYS_futex, (uint32_t *)flag, FUTEX_WAKE, 0x7fffffff, NULL, NULL, 0);
     Py_RETURN_NONE;
@@ -401,7 +419,7 @@ static int await_seq(uint32_t *word, uint32_t target, long polls, double seconds
 
 /* p2p(px, me, dst, send_seq, fields, src, recv_seq, dtype, count, itemsize, out_addr, plan,
  *     bases, ready, polls, seconds) -> stage
- * dst >= 0: publish `fields` (DESC_FIXED int64) as this rank's send to dst and announce it
+ * dst >= 0: publish `fields` (see read_fields) as this rank's send to dst and announce it
  * with send_seq. src >= 0: wait for src's send number recv_seq; if its descriptor carries
  * `count` elements of `dtype`, is not flagged and names a buffer `ready` already holds (or no
  * bytes), run the receive's `plan` (its IN base is the sender's address, OUT base `out_addr`)
@@ -427,16 +445,17 @@ static PyObject *p2p(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     long polls = PyLong_AsLong(args[14]);
     double seconds = PyFloat_AsDouble(args[15]);
     if (PyErr_Occurred()) return NULL;
-    Py_buffer px = {0}, fields = {0}, plan = {0}, bases = {0}, ready = {0};
+    int64_t fields[DESC_FIXED];
+    if (dst >= 0 && read_fields(args[4], fields, "p2p") < 0) return NULL;
+    Py_buffer px = {0}, plan = {0}, bases = {0}, ready = {0};
     int stage = -1;
     if (get_i64_buffer(args[0], &px, 0, "p2p") < 0) goto done;
-    if (dst >= 0 && get_i64_buffer(args[4], &fields, 0, "p2p") < 0) goto done;
     if (src >= 0 && args[11] != Py_None && get_i64_buffer(args[11], &plan, 0, "p2p") < 0) goto done;
     if (get_i64_buffer(args[12], &bases, 1, "p2p") < 0) goto done;
     if (get_i64_buffer(args[13], &ready, 0, "p2p") < 0) goto done;
     Py_ssize_t n = px.len / (8 * PX_WORDS);
     if (me < 0 || me >= n || dst >= n || src >= n || bases.len != 24 * n || ready.len != 16 * n ||
-        (dst >= 0 && fields.len != DESC_FIXED * 8) || (plan.buf != NULL && plan.len % 64)) {
+        (plan.buf != NULL && plan.len % 64)) {
         PyErr_SetString(PyExc_ValueError, "p2p: inconsistent arguments");
         goto done;
     }
@@ -446,7 +465,7 @@ static PyObject *p2p(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
 #define WORD(peer, which) ((uint32_t *)(uintptr_t)w[(peer) * PX_WORDS + (which)])
     Py_BEGIN_ALLOW_THREADS
     if (dst >= 0) {
-        memcpy((void *)(uintptr_t)w[dst * PX_WORDS + PX_SEND_DESC], fields.buf, DESC_FIXED * 8);
+        memcpy((void *)(uintptr_t)w[dst * PX_WORDS + PX_SEND_DESC], fields, DESC_FIXED * 8);
         __atomic_store_n(WORD(dst, PX_SEND_FLAG), (uint32_t)send_seq, __ATOMIC_SEQ_CST);
         syscall(SYS_futex, WORD(dst, PX_SEND_FLAG), FUTEX_WAKE, 0x7fffffff, NULL, NULL, 0);
     }
@@ -485,7 +504,6 @@ static PyObject *p2p(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
 #undef WORD
 done:
     if (px.buf) PyBuffer_Release(&px);
-    if (fields.buf) PyBuffer_Release(&fields);
     if (plan.buf) PyBuffer_Release(&plan);
     if (bases.buf) PyBuffer_Release(&bases);
     if (ready.buf) PyBuffer_Release(&ready);

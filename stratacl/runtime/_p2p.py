@@ -15,7 +15,6 @@ operator's phases.
 """
 from __future__ import annotations
 
-import array
 
 import numpy as np
 
@@ -63,7 +62,7 @@ class PointToPoint:
         self._px = np.array([[base + 8 * self._send_desc[p], self._send_flag[p], self._recv_flag[p],
                               base + 8 * self._recv_desc[p], self._recv_status[p], self._recv_done[p],
                               self._sent_done[p], self._sent_status[p]] for p in peers], dtype=np.int64)
-        self._send_fields = array.array("q", bytes(8 * P2P_DESC))   # the descriptor being sent
+        self._send_fields = (0,) * P2P_DESC     # the descriptor being sent (a tuple: _native.read_fields)
 
     @collective
     def send(self, x: np.ndarray, dst: int) -> None:
@@ -151,13 +150,12 @@ class PointToPoint:
         # the descriptor in F_* order (runtime/_control.py): op, dtype, count, root, redop, flags,
         # addr, nbytes, seg va, seg size, seg offset, epoch, aux0, aux1, aux2, call
         if seg is not None:
-            self._send_fields = array.array("q", (100, code, x.size, 0, 0, 0, inp.addr, inp.flat.nbytes, seg.va,
-                                                  seg.size, seg.hbm_offset, seg.epoch, aux0, 0, 0, seq))
+            self._send_fields = (100, code, x.size, 0, 0, 0, inp.addr, inp.flat.nbytes, seg.va, seg.size,
+                                 seg.hbm_offset, seg.epoch, aux0, 0, 0, seq)
         else:
             addr, nbytes = (inp.addr, inp.flat.nbytes) if inp is not None else (0, 0)
-            self._send_fields = array.array("q", (100, code, x.size if inp is not None else 0, 0, 0,
-                                                  FLAG_REJECTED if error is not None else 0, addr, nbytes,
-                                                  0, 0, 0, 0, aux0, 0, 0, seq))
+            self._send_fields = (100, code, x.size if inp is not None else 0, 0, 0,
+                                 FLAG_REJECTED if error is not None else 0, addr, nbytes, 0, 0, 0, 0, aux0, 0, 0, seq)
         return dst, seq, error, inp, x, t_send
 
     def _abandon(self, send: tuple) -> None:
