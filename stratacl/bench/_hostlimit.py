@@ -41,8 +41,10 @@ def _worker(footprints: list[int], seconds: float, start, results) -> None:
     results.put(out)
 
 
-def copy_bandwidth(footprints: list[int], workers: int | None = None, seconds: float = 0.25) -> list[float]:
-    """Aggregate copy bandwidth (GB/s, 1e9) of ``workers`` cores for each total footprint (bytes)."""
+def copy_bandwidth_by_stores(footprints: list[int], workers: int | None = None,
+                             seconds: float = 0.25) -> list[tuple[float, ...]]:
+    """Aggregate copy bandwidth (GB/s, 1e9) of ``workers`` cores for each total footprint
+    (bytes), once per way of storing (``STREAMING``: ordinary, streaming)."""
     workers = workers or os.cpu_count() or 1
     ctx = mp.get_context("spawn")
     start = ctx.Barrier(workers)
@@ -54,11 +56,11 @@ def copy_bandwidth(footprints: list[int], workers: int | None = None, seconds: f
     per_worker = [results.get(timeout=60 + 4 * seconds * len(footprints) * len(STREAMING)) for _ in procs]
     for p in procs:
         p.join(timeout=10)
-    bw = []
-    for i in range(len(footprints)):
-        ways = []
-        for k in range(len(STREAMING)):
-            j = i * len(STREAMING) + k
-            ways.append(sum(w[j][0] for w in per_worker) / max(w[j][1] for w in per_worker) / 1e9)
-        bw.append(max(ways))
-    return bw
+    ways = len(STREAMING)
+    return [tuple(sum(w[i * ways + k][0] for w in per_worker) / max(w[i * ways + k][1] for w in per_worker) / 1e9
+                  for k in range(ways)) for i in range(len(footprints))]
+
+
+def copy_bandwidth(footprints: list[int], workers: int | None = None, seconds: float = 0.25) -> list[float]:
+    """The host limit: for each footprint, the faster of the two ways of storing."""
+    return [max(ways) for ways in copy_bandwidth_by_stores(footprints, workers, seconds)]

@@ -15,7 +15,6 @@ operator's phases.
 """
 from __future__ import annotations
 
-
 import numpy as np
 
 from .._errors import CollectiveMismatch
@@ -31,8 +30,6 @@ from ._work import agreed, collective
 
 
 P2P_DONE, P2P_RECV_WAIT, P2P_RECV_CHECK, P2P_SEND_WAIT = 0, 1, 2, 3   # _native.p2p's stages
-PX_WORDS = 8      # per peer, in _native.p2p's order: send desc, send flag, recv flag, recv desc,
-                  # recv status, recv done, sent done, sent status
 _NO_RECV = (0, 0, 0, 0, None)
 
 
@@ -58,6 +55,8 @@ class PointToPoint:
         self._recv_status = [self._p2p_addr(me, 2, p) for p in peers]
         self._send_desc = [self._p2p_desc_off(me, p) for p in peers]     # int64 index of my descriptor for p
         self._recv_desc = [self._p2p_desc_off(p, me) for p in peers]
+        # what _native.p2p reads, per peer, in its PX_* order: send desc, send flag, recv flag,
+        # recv desc, recv status, recv done, sent done, sent status (addresses)
         base = self._rt.ctl.base
         self._px = np.array([[base + 8 * self._send_desc[p], self._send_flag[p], self._recv_flag[p],
                               base + 8 * self._recv_desc[p], self._recv_status[p], self._recv_done[p],
