@@ -48,6 +48,22 @@ def _raise_on_rank(comm, bad: int, outdir: str):
     return "completed"
 
 
+def _raise_in_a_sendrecv_ring(comm, bad: int, outdir: str):
+    x = stratacl.empty((4096,), np.float32)
+    x[:] = comm.rank
+    got = stratacl.empty((4096,), np.float32)
+    n, me = comm.size, comm.rank
+    comm.sendrecv(x, (me + 1) % n, got, (me - 1) % n)
+    if me == bad:
+        raise ValueError("boom")
+    try:
+        comm.sendrecv(x, (me + 1) % n, got, (me - 1) % n)
+    except stratacl.PeerFailure as e:
+        _record(outdir, comm.rank, e)
+        raise
+    return got.tolist() == [float((me - 1) % n)] * 4096
+
+
 def _sigkill_on_rank(comm, victim: int, outdir: str):
     x = stratacl.empty((1024,), np.float32)
     x[:] = comm.rank
@@ -134,6 +150,20 @@ def test_spawn_reraises_the_ranks_exception_and_peers_get_peer_failure(tmp_path)
         assert rec["type"] == "PeerFailure", rec
         assert rec["peer"] == bad and rec["operation"] == "all_gather", rec
         assert re.fullmatch(_peer_died_message("all_gather", rank, bad), rec["message"]), rec
+
+
+def test_a_dead_neighbour_fails_both_halves_of_sendrecv(tmp_path):
+    """The receive from the dead rank and the send to it each end in PeerFailure naming it (the
+    native point-to-point call hands its waits to Python's health-checked ones)."""
+    n, bad = 4, 2
+    with pytest.raises(ValueError):
+        stratacl.spawn(_raise_in_a_sendrecv_ring, n, args=(bad, str(tmp_path)), timeout=60)
+    seen = _rank_records(tmp_path)
+    assert sorted(seen) == [bad - 1, bad + 1]
+    for rank, rec in seen.items():
+        assert rec["type"] == "PeerFailure" and rec["peer"] == bad, rec
+    assert seen[bad - 1]["operation"] == f"send to {bad}"
+    assert seen[bad + 1]["operation"] == f"recv from {bad}"
 
 
 def test_cli_rank_raises_exit_1_with_root_cause_block():
