@@ -50,17 +50,37 @@ def mismatches(comm):
     v = stratacl.empty((n,), np.float32)
     o = stratacl.empty((n + 1,), np.float32)
     results["a2av"] = _attempt(lambda: comm.all_to_all_v(o, v, send, recv))
-    # the inputs were never touched and the communicator still works
+    # the inputs were never touched and the communicator still works, every operator's
+    # synchronisation still in step (barrier numbers, the roots' departure counts)
     x[:] = me
     comm.all_reduce(x)
     results["after"] = x.tolist()
+    later = []
+    for root in (0, 1):
+        b = stratacl.empty((8,), np.float32)
+        b[:] = me
+        comm.broadcast(b, root=root)
+        later.append(b.tolist() == [float(root)] * 8)
+    x[:] = me
+    comm.all_gather(out, x)
+    later.append(out.tolist() == [float(r) for r in range(n) for _ in range(8)])
+    a = stratacl.empty((2 * n,), np.float32)
+    a[:] = me
+    a2 = stratacl.empty((2 * n,), np.float32)
+    comm.all_to_all(a2, a)
+    later.append(a2.tolist() == [float(r) for r in range(n) for _ in range(2)])
+    comm.barrier()
+    results["later"] = later
+    results["in_step"] = (comm._syncs, list(comm._root_calls))   # the same on every rank
     return results
 
 
 @pytest.mark.parametrize("n", [2, 3, 8])
 def test_disagreeing_calls_raise_on_every_rank(n):
     total = float(sum(range(n)))
-    for rank, r in enumerate(stratacl.spawn(mismatches, n, timeout=30)):
+    results = stratacl.spawn(mismatches, n, timeout=30)
+    assert all(r["in_step"] == results[0]["in_step"] for r in results), [r["in_step"] for r in results]
+    for rank, r in enumerate(results):
         assert r["op"][0] == "CollectiveMismatch" and "operation" in r["op"][1]
         assert "rank(s) [1]: all_gather" in r["op"][1]
         assert r["dtype"][0] == "CollectiveMismatch" and "rank(s) [0]: float64" in r["dtype"][1]
@@ -73,6 +93,7 @@ def test_disagreeing_calls_raise_on_every_rank(n):
         else:
             assert r["outsize"][0] == "CollectiveMismatch" and "rank(s) [0] rejected" in r["outsize"][1]
         assert r["avg_int"][0] == "TypeError" and "avg" in r["avg_int"][1]
+        assert r["later"] == [True] * 4
         assert r["a2av"][0] == "CollectiveMismatch"
         assert f"rank 0 expects 2 elements from rank {n - 1}" in r["a2av"][1]
         assert r["after"] == [total] * 8

@@ -29,7 +29,7 @@ import numpy as np
 
 from .._errors import CollectiveMismatch
 from ..collectives import _reduce, _slices
-from ..collectives._slices import IN, OUT, SCRATCH
+from ..collectives._slices import OUT, SCRATCH
 from . import _native
 from ._args import _copy_back, _expect, _flat
 from ._buffers import EAGER_BYTES, Buffers, _Input
@@ -50,6 +50,10 @@ log = logging.getLogger("stratacl")
 OPS = {"barrier": 1, "all_gather": 2, "all_reduce": 3, "reduce_scatter": 4, "all_to_all": 5,
        "all_to_all_v": 6, "broadcast": 7, "split": 8}
 OP_NAMES = {v: k for k, v in OPS.items()}
+# _native.mesh: departures, and the stages it returns (the last two: where the Python path picks up)
+MESH_NO_DEPARTURE, MESH_BARRIER, MESH_ROOT_READER, MESH_ROOT = 0, 1, 2, 3
+MESH_DONE, MESH_ENTER_WAIT, MESH_DISAGREE, MESH_SOURCES, MESH_DEPART = 0, 1, 2, 3, 4
+MESH_SOURCES_FIRST, MESH_DEPART_FIRST = 5, 6
 
 
 _COMPARED = ((F_DTYPE, "dtype"), (F_COUNT, "element count"), (F_ROOT, "root"), (F_REDOP, "reduce op"))
@@ -136,13 +140,10 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
         if not _native.sync(self._cx, self._syncs, SPIN_POLLS, SLICE):
             self._wait_barrier(self._syncs, operation)
 
-    def _root_departure(self, operation: str, root: int) -> None:
-        """Departure when only the root's buffer was read: readers count themselves done on a
-        word in the root's slot and leave; the root waits for all of them."""
-        self._root_calls[root] += 1
-        target = (self._root_calls[root] * (self.size - 1)) & 0xFFFFFFFF
-        word = self._rt.ctl.base + self._slot_offs[root] + self._lay.slot_root_done()
-        if self.rank != root:
+    def _root_departure_from(self, operation: str, is_root: bool, word: int, target: int) -> None:
+        """Departure when only the root's buffer was read: readers count themselves done on
+        ``word`` in the root's slot and leave; the root waits for it to reach ``target``."""
+        if not is_root:
             _native.done(word, target)
         elif not _native.wait_seq_u32(word, target, SPIN_POLLS, SLICE):
             wait_until(lambda: seq_reached(_native.load_u32(word), target), word, self._rt.health, operation,
@@ -166,19 +167,7 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
                inp: "_Input | None" = None, aux1: int = 0) -> int:
         """The fast path of _begin for operations that need no descriptor but their peers' input
         addresses: publish, arrive, wait and compare in one native call. Returns the slot parity."""
-        self._calls += 1
-        parity = self._calls & 1
-        op = OPS[operation]
-        seg = inp.seg if inp is not None else None
-        clock = self._entering_bits()
-        if seg is not None:
-            fields = (op, dtype, count, root, redop, 0, inp.addr, inp.flat.nbytes, seg.va, seg.size, seg.hbm_offset,
-                      seg.epoch, clock, aux1, 0, self._calls)
-        else:
-            addr, nbytes = (inp.addr, inp.flat.nbytes) if inp is not None else (0, 0)
-            fields = (op, dtype, count, root, redop, 0, addr, nbytes, 0, 0, 0, 0, clock, aux1, 0, self._calls)
-        if log.isEnabledFor(logging.DEBUG):
-            log.debug("%s call %d: %s", operation, self._calls, list(fields))
+        parity, fields = self._descriptor(operation, dtype, count, root, redop, inp, aux1)
         self._syncs += 1
         status = _native.enter(self._cx, parity, self._syncs, SPIN_POLLS, SLICE, fields)
         if status == 1:
@@ -187,6 +176,91 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
         if status:
             self._validate(operation, self._rt.ctl.i64[self._desc_idx[parity]])   # raises
         return parity
+
+    def _descriptor(self, operation: str, dtype: int, count: int, root: int, redop: int, inp: "_Input | None",
+                    aux1: int = 0) -> tuple[int, tuple]:
+        """Number the next call; returns its slot parity and this rank's descriptor (F_* order)."""
+        self._calls += 1
+        seg = inp.seg if inp is not None else None
+        clock = self._entering_bits()
+        if seg is not None:
+            fields = (OPS[operation], dtype, count, root, redop, 0, inp.addr, inp.flat.nbytes, seg.va, seg.size,
+                      seg.hbm_offset, seg.epoch, clock, aux1, 0, self._calls)
+        else:
+            addr, nbytes = (inp.addr, inp.flat.nbytes) if inp is not None else (0, 0)
+            fields = (OPS[operation], dtype, count, root, redop, 0, addr, nbytes, 0, 0, 0, 0, clock, aux1, 0,
+                      self._calls)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("%s call %d: %s", operation, self._calls, list(fields))
+        return self._calls & 1, fields
+
+    def _mesh(self, operation: str, inp: "_Input | None", plan, departure: int, dtype: int = 0, count: int = 0,
+              root: int = 0, redop: int = 0, divisor: float = 1.0) -> int:
+        """A one-phase full-mesh call: enter, every member's input address (readiness checked),
+        the phase ``plan`` (None: nothing to pull), the departure (MESH_* of _native.mesh).
+        Returns the slot parity.
+
+        The common case (the cores' path, peers' buffers already checked, nobody late by more
+        than one wait slice) is one native call; it returns the stage from which the rest
+        continues here exactly as the step-by-step path would."""
+        parity, fields = self._descriptor(operation, dtype, count, root, redop, inp)
+        own = inp.addr if inp is not None else 0
+        # barrier k is the entry, k + 1 the departure; like the root's count of departures, a
+        # departure is counted only once this rank reaches it, as every rank does the same
+        # (a call that raises at its entry raises on every rank)
+        k = self._syncs = self._syncs + 1
+        word = target = 0
+        if departure >= MESH_ROOT_READER:
+            target = ((self._root_calls[root] + 1) * (self.size - 1)) & 0xFFFFFFFF
+            word = self._rt.ctl.base + self._slot_offs[root] + self._lay.slot_root_done()
+        if self._path != "mte" and plan is not None and plan.has_copies:
+            stage = MESH_SOURCES_FIRST           # the engine's path: nothing native past the entry
+            status = _native.enter(self._cx, parity, k, SPIN_POLLS, SLICE, fields)
+            if status:
+                stage = MESH_ENTER_WAIT if status == 1 else MESH_DISAGREE
+        else:
+            stage, skipped = _native.mesh(self._cx, parity, k, SPIN_POLLS, SLICE, fields, self._ready, self._bases,
+                                          own, root if departure >= MESH_ROOT_READER else -1,
+                                          plan.table if plan is not None else None, dtype, redop, divisor,
+                                          departure, word, target)
+            if stage == MESH_DONE or stage == MESH_DEPART:
+                self._departed(departure, k, root)
+                if plan is not None:
+                    c = self.counters
+                    c.local += plan.local - skipped
+                    c.pulled += plan.remote
+                    c.written += plan.written
+        if stage == MESH_ENTER_WAIT:
+            self._wait_barrier(k, operation)
+            stage = MESH_SOURCES_FIRST if _native.agree(self._cx, parity) else MESH_DISAGREE
+        if stage == MESH_DISAGREE:
+            self._validate(operation, self._rt.ctl.i64[self._desc_idx[parity]])   # raises
+        if stage == MESH_SOURCES or stage == MESH_SOURCES_FIRST:
+            self._peer_sources(operation, parity, inp, only=root if departure >= MESH_ROOT_READER else -1)
+            if plan is not None:
+                self._run(operation, plan, dtype, redop, divisor)
+            stage = MESH_DEPART_FIRST
+        if stage == MESH_DEPART_FIRST:
+            self._departed(departure, k, root)
+            if departure == MESH_BARRIER:
+                if not _native.sync(self._cx, k + 1, SPIN_POLLS, SLICE):
+                    self._wait_barrier(k + 1, operation)
+            elif departure >= MESH_ROOT_READER:
+                self._root_departure_from(operation, departure == MESH_ROOT, word, target)
+        elif stage == MESH_DEPART:            # arrived (or counted) natively: only the wait is left
+            if departure == MESH_BARRIER:
+                self._wait_barrier(k + 1, operation)
+            else:
+                self._root_departure_from(operation, True, word, target)
+        s = self._rt.stats
+        s["calls"][operation] = s["calls"].get(operation, 0) + 1
+        return parity
+
+    def _departed(self, departure: int, k: int, root: int) -> None:
+        if departure == MESH_BARRIER:
+            self._syncs = k + 1
+        elif departure >= MESH_ROOT_READER:
+            self._root_calls[root] += 1
 
     def _peer_sources(self, operation: str, parity: int, local: "_Input | None", only: int = -1) -> np.ndarray:
         """Every member's input address (``local`` for this rank), after the purely local
@@ -319,12 +393,10 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
             steps = self._phases(("ring_all_gather", nb), lambda: [
                 m for s in range(n - 1) for m in _slices.ring_all_gather_step(me, n, nb, s)])
             self._run_ring(op, steps, self._ring_flags(op, n - 1))
+            self._finish(op)
         else:
-            parity = self._enter(op, code, x.size, inp=inp)
-            self._peer_sources(op, parity, inp)
-            for plan in self._phases(("all_gather", nb), lambda: _slices.all_gather(me, n, nb)):
-                self._run(op, plan)
-        self._finish(op, departure=not eager)
+            plan = self._phase(("all_gather", nb), lambda: _slices.all_gather(me, n, nb))
+            parity = self._mesh(op, inp, plan, MESH_NO_DEPARTURE if eager else MESH_BARRIER, code, x.size)
         self._output_done(out, target)
         self._tick(op, parity, x.nbytes, algo, itemsize=x.itemsize)
 
@@ -346,13 +418,10 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
             target = self._output(o)
         except Exception as e:
             self._begin(op, {}, error=e)
-        parity = self._enter(op, code, x.size, inp=inp)
-        self._peer_sources(op, parity, inp)
         me, n, nb = self.rank, self.size, x.nbytes
         self._bases[OUT, me] = _native.data_address(target)
-        for plan in self._phases(("all_to_all", nb), lambda: _slices.all_to_all(me, n, nb)):
-            self._run(op, plan)
-        self._finish(op)
+        plan = self._phase(("all_to_all", nb), lambda: _slices.all_to_all(me, n, nb))
+        parity = self._mesh(op, inp, plan, MESH_BARRIER, code, x.size)
         self._output_done(out, target)
         self._tick(op, parity, x.nbytes, itemsize=x.itemsize)
 
@@ -420,15 +489,14 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
             target = self._output(xf) if self.rank != root else xf
         except Exception as e:
             self._begin(op, {}, error=e)
-        parity = self._enter(op, code, x.size, root, inp=inp)
-        self._peer_sources(op, parity, None, only=root)
         me, n, nb = self.rank, self.size, x.nbytes
         if me != root:
-            self._bases[IN, me] = _native.data_address(target)     # pulled into this rank's own buffer
-            for plan in self._phases(("broadcast", nb, root), lambda: _slices.broadcast(me, n, nb, root)):
-                self._run(op, plan)
-        self._root_departure(op, root)
-        self._finish(op, departure=False)
+            # pulled into this rank's own buffer, which it names as its input (bases[IN, me])
+            own = _Input(target, None, _native.data_address(target))
+            plan = self._phase(("broadcast", nb, root), lambda: _slices.broadcast(me, n, nb, root))
+            parity = self._mesh(op, own, plan, MESH_ROOT_READER, code, x.size, root)
+        else:
+            parity = self._mesh(op, inp, None, MESH_ROOT, code, x.size, root)
         self._output_done(x, target)
         self._tick(op, parity, x.nbytes, root=root, itemsize=x.itemsize)
 
@@ -466,13 +534,11 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
             steps = self._phases(("ring_reduce_scatter", count, item), lambda: [
                 m for s in range(n - 1) for m in _slices.ring_reduce_scatter_step(me, n, count, item, s)], item)
             self._run_ring(name, steps, self._ring_flags(name, n - 1), code, rcode)
+            self._finish(name)
         else:
-            parity = self._enter(name, code, o.size, 0, rcode, inp)
-            self._peer_sources(name, parity, inp)
-            for plan in self._phases(("reduce_scatter", count, item),
-                                     lambda: _slices.reduce_scatter(me, n, count, item), item):
-                self._run(name, plan, code, rcode, float(n))
-        self._finish(name)
+            plan = self._phase(("reduce_scatter", count, item), lambda: _slices.reduce_scatter(me, n, count, item),
+                               item)
+            parity = self._mesh(name, inp, plan, MESH_BARRIER, code, o.size, 0, rcode, float(n))
         self._output_done(out, target)
         self._tick(name, parity, x.nbytes, algo, itemsize=x.itemsize)
 
@@ -503,13 +569,10 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
         if eager:
             # every rank reduces the whole buffer from the peers' eager copies straight into x:
             # nobody reads x, and the copies stay valid until the next call's arrival barrier
-            parity = self._enter(name, code, x.size, 0, rcode, inp)
             target = self._output(xf)
-            self._peer_sources(name, parity, inp)
             bases[OUT, me] = _native.data_address(target)
-            for plan in self._phases(("all_reduce_eager", nb, item), lambda: _slices.all_reduce_eager(me, n, nb), item):
-                self._run(name, plan, code, rcode, float(n))
-            self._finish(name, departure=False)
+            plan = self._phase(("all_reduce_eager", nb, item), lambda: _slices.all_reduce_eager(me, n, nb), item)
+            parity = self._mesh(name, inp, plan, MESH_NO_DEPARTURE, code, x.size, 0, rcode, float(n))
             self._output_done(x, target)
             self._tick(name, parity, x.nbytes, algo, itemsize=x.itemsize)
             return

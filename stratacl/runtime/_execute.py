@@ -51,6 +51,14 @@ class Execute:
     def _phases(self, key: tuple, build, itemsize: int = 1) -> tuple:
         return self._plans.get(key, build, itemsize)
 
+    def _phase(self, key: tuple, build, itemsize: int = 1) -> _backend.Plan:
+        """The one phase of a one-phase operator (see _phases)."""
+        plans = self._plans.cached(key)
+        if plans is None:
+            plans = self._plans.get(key, build, itemsize)
+        assert len(plans) == 1, key
+        return plans[0]
+
     def _run(self, operation: str, plan: _backend.Plan, dtype_code: int = 0, redop_code: int = 0,
              divisor: float = 1.0) -> None:
         """Execute one phase with the buffers in ``self._bases``."""

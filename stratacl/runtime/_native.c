@@ -511,6 +511,113 @@ done:
     return PyLong_FromLong(stage);
 }
 
+/* ---- a one-phase full-mesh collective in one native call ----------------------------------
+ * mesh(cx, parity, k, polls, seconds, fields, ready, bases, own_addr, only, plan, dtype, redop,
+ *      divisor, departure, word, target) -> (stage, skipped)
+ * enter (publish `fields`, arrive at barrier k, compare every descriptor), fill bases' IN row
+ * with every member's input address (own_addr for this rank), run `plan` (None: nothing to
+ * pull) through the kernels' executor, then depart:
+ *   MESH_NO_DEPARTURE   nothing (nobody reads this rank's input after the call)
+ *   MESH_BARRIER        barrier k + 1
+ *   MESH_ROOT_READER    count this reader done on the root's `word` (wakes the root at `target`)
+ *   MESH_ROOT           wait for the root's `word` to reach `target` (every reader done)
+ * Returns MESH_DONE with the bytes of copies skipped in place, or the stage where the caller
+ * continues: MESH_ENTER_WAIT (arrived, the others not all within `seconds`), MESH_DISAGREE (the
+ * descriptors differ or one is flagged), MESH_SOURCES (a peer's buffer needs its readiness
+ * check; nothing moved; bases' IN row is filled), MESH_DEPART (moved; the departure is not
+ * complete within `seconds`). */
+enum { MESH_DONE, MESH_ENTER_WAIT, MESH_DISAGREE, MESH_SOURCES, MESH_DEPART };
+enum { MESH_NO_DEPARTURE, MESH_BARRIER, MESH_ROOT_READER, MESH_ROOT };
+
+static PyObject *mesh(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 17) {
+        PyErr_SetString(PyExc_TypeError, "mesh(cx, parity, k, polls, seconds, fields, ready, bases, own_addr, only, "
+                                         "plan, dtype, redop, divisor, departure, word, target)");
+        return NULL;
+    }
+    if (kernels == NULL) {
+        kernels = (const StrataKernelsApi *)PyCapsule_Import(STRATA_KERNELS_CAPSULE, 0);
+        if (kernels == NULL) return NULL;
+    }
+    int64_t fields[DESC_FIXED];
+    int parity = (int)PyLong_AsLong(args[1]);
+    unsigned long long k = PyLong_AsUnsignedLongLong(args[2]);
+    long polls = PyLong_AsLong(args[3]);
+    double seconds = PyFloat_AsDouble(args[4]);
+    unsigned long long own = PyLong_AsUnsignedLongLong(args[8]);
+    long only = PyLong_AsLong(args[9]);
+    int dtype = (int)PyLong_AsLong(args[11]), redop = (int)PyLong_AsLong(args[12]);
+    double divisor = PyFloat_AsDouble(args[13]);
+    int departure = (int)PyLong_AsLong(args[14]);
+    void *word;
+    if (parse_addr(args[15], &word) < 0) return NULL;
+    unsigned long target = PyLong_AsUnsignedLong(args[16]);
+    if (PyErr_Occurred() || read_fields(args[5], fields, "mesh") < 0) return NULL;
+    if ((parity != 0 && parity != 1) || departure < MESH_NO_DEPARTURE || departure > MESH_ROOT) {
+        PyErr_SetString(PyExc_ValueError, "mesh: parity must be 0 or 1, departure 0-3");
+        return NULL;
+    }
+    Py_buffer cx = {0}, ready = {0}, bases = {0}, plan = {0};
+    int stage = -1;
+    int64_t skipped = 0;
+    const char *err = NULL;
+    if (get_i64_buffer(args[0], &cx, 0, "mesh") < 0) goto done;
+    if (get_i64_buffer(args[6], &ready, 0, "mesh") < 0) goto done;
+    if (get_i64_buffer(args[7], &bases, 1, "mesh") < 0) goto done;
+    if (args[10] != Py_None && get_i64_buffer(args[10], &plan, 0, "mesh") < 0) goto done;
+    const int64_t *c = (const int64_t *)cx.buf;
+    int64_t n = c[CX_N], me = c[CX_ME];
+    if (ready.len != n * 16 || bases.len != n * 24 || (plan.buf != NULL && plan.len % 64)) {
+        PyErr_SetString(PyExc_ValueError, "mesh: ready must be (n, 2), bases (3, n) int64, plan rows of 8");
+        goto done;
+    }
+    int64_t *mine = (int64_t *)(uintptr_t)c[CX_DESC + parity * n + me];
+    memcpy(mine, fields, DESC_FIXED * 8);
+    const int64_t *const *d = (const int64_t *const *)&c[CX_DESC + parity * n];
+    const int64_t *rd = (const int64_t *)ready.buf;
+    int64_t *b = (int64_t *)bases.buf;
+    Py_BEGIN_ALLOW_THREADS
+    if (!barrier(c, k, polls, seconds)) {
+        stage = MESH_ENTER_WAIT;
+    } else if (!descriptors_agree(c, parity)) {
+        stage = MESH_DISAGREE;
+    } else {
+        stage = MESH_DONE;
+        for (int64_t i = 0; i < n; i++) {            /* bases[IN, i]: every member's input */
+            if (i == me) { b[i] = (int64_t)own; continue; }
+            b[i] = d[i][F_ADDR];
+            if ((only < 0 || i == only) && d[i][F_NBYTES] != 0 &&
+                (d[i][F_SEG_VA] != rd[2 * i] || d[i][F_EPOCH] != rd[2 * i + 1]))
+                stage = MESH_SOURCES;
+        }
+        if (stage == MESH_DONE && plan.buf != NULL)
+            err = kernels->execute_plan((const int64_t *)plan.buf, plan.len / 64, b, n, dtype, redop, divisor,
+                                        &skipped);
+        if (stage == MESH_DONE && err == NULL) {
+            if (departure == MESH_BARRIER) {
+                if (!barrier(c, k + 1, polls, seconds)) stage = MESH_DEPART;
+            } else if (departure == MESH_ROOT_READER) {
+                if (__atomic_add_fetch((uint32_t *)word, 1, __ATOMIC_SEQ_CST) == (uint32_t)target)
+                    syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE, 0x7fffffff, NULL, NULL, 0);
+            } else if (departure == MESH_ROOT) {
+                if (!await_seq((uint32_t *)word, (uint32_t)target, polls, seconds)) stage = MESH_DEPART;
+            }
+        }
+    }
+    Py_END_ALLOW_THREADS
+    if (err != NULL) {
+        PyErr_Format(PyExc_ValueError, "mesh: bad plan: %s", err);
+        stage = -1;
+    }
+done:
+    if (cx.buf) PyBuffer_Release(&cx);
+    if (ready.buf) PyBuffer_Release(&ready);
+    if (bases.buf) PyBuffer_Release(&bases);
+    if (plan.buf) PyBuffer_Release(&plan);
+    if (stage < 0) return NULL;
+    return Py_BuildValue("iL", stage, (long long)skipped);
+}
+
 /* data_address(array) -> the address of the first byte of any buffer-protocol object. */
 static PyObject *data_address(PyObject *self, PyObject *arg) {
     Py_buffer view;
@@ -592,6 +699,7 @@ static PyMethodDef methods[] = {
     {"agree", (PyCFunction)(void (*)(void))agree, METH_FASTCALL, "Do a slot's descriptors agree?"},
     {"sources", (PyCFunction)(void (*)(void))sources, METH_FASTCALL, "Members' input addresses; first one needing a readiness check."},
     {"post", (PyCFunction)(void (*)(void))post, METH_FASTCALL, "Publish a descriptor and its sequence number."},
+    {"mesh", (PyCFunction)(void (*)(void))mesh, METH_FASTCALL, "A one-phase full-mesh collective's common case (see _comm.py)."},
     {"p2p", (PyCFunction)(void (*)(void))p2p, METH_FASTCALL, "One point-to-point call's common case (see _p2p.py)."},
     {"done", (PyCFunction)(void (*)(void))done, METH_FASTCALL, "Count one completion; wake at the target."},
     {"data_address", data_address, METH_O, "Address of a buffer's first byte."},
