@@ -52,8 +52,8 @@ OPS = {"barrier": 1, "all_gather": 2, "all_reduce": 3, "reduce_scatter": 4, "all
 OP_NAMES = {v: k for k, v in OPS.items()}
 # _native.mesh: departures, and the stages it returns (the last two: where the Python path picks up)
 MESH_NO_DEPARTURE, MESH_BARRIER, MESH_ROOT_READER, MESH_ROOT = 0, 1, 2, 3
-MESH_DONE, MESH_ENTER_WAIT, MESH_DISAGREE, MESH_SOURCES, MESH_DEPART = 0, 1, 2, 3, 4
-MESH_SOURCES_FIRST, MESH_DEPART_FIRST = 5, 6
+MESH_DONE, MESH_ENTER_WAIT, MESH_DISAGREE, MESH_SOURCES, MESH_DEPART, MESH_MIDDLE = 0, 1, 2, 3, 4, 5
+MESH_SOURCES_FIRST, MESH_DEPART_FIRST = 6, 7
 
 
 _COMPARED = ((F_DTYPE, "dtype"), (F_COUNT, "element count"), (F_ROOT, "root"), (F_REDOP, "reduce op"))
@@ -195,25 +195,26 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
         return self._calls & 1, fields
 
     def _mesh(self, operation: str, inp: "_Input | None", plan, departure: int, dtype: int = 0, count: int = 0,
-              root: int = 0, redop: int = 0, divisor: float = 1.0) -> int:
-        """A one-phase full-mesh call: enter, every member's input address (readiness checked),
-        the phase ``plan`` (None: nothing to pull), the departure (MESH_* of _native.mesh).
-        Returns the slot parity.
+              root: int = 0, redop: int = 0, divisor: float = 1.0, plan2=None) -> int:
+        """A full-mesh call: enter, every member's input address (readiness checked), the phase
+        ``plan`` (None: nothing to pull), with ``plan2`` a barrier and that second phase, then
+        the departure (MESH_* of _native.mesh). Returns the slot parity.
 
         The common case (the cores' path, peers' buffers already checked, nobody late by more
         than one wait slice) is one native call; it returns the stage from which the rest
         continues here exactly as the step-by-step path would."""
         parity, fields = self._descriptor(operation, dtype, count, root, redop, inp)
         own = inp.addr if inp is not None else 0
-        # barrier k is the entry, k + 1 the departure; like the root's count of departures, a
-        # departure is counted only once this rank reaches it, as every rank does the same
-        # (a call that raises at its entry raises on every rank)
+        # barrier k is the entry, k + 1 the middle (two phases), then the departure; like the
+        # root's count of departures, a barrier is counted only once this rank reaches it, as
+        # every rank does the same (a call that raises at its entry raises on every rank)
         k = self._syncs = self._syncs + 1
+        last = k + 2 if plan2 is not None else k + 1       # the departure barrier's number
         word = target = 0
         if departure >= MESH_ROOT_READER:
             target = ((self._root_calls[root] + 1) * (self.size - 1)) & 0xFFFFFFFF
             word = self._rt.ctl.base + self._slot_offs[root] + self._lay.slot_root_done()
-        if self._path != "mte" and plan is not None and plan.has_copies:
+        if self._path != "mte" and any(p is not None and p.has_copies for p in (plan, plan2)):
             stage = MESH_SOURCES_FIRST           # the engine's path: nothing native past the entry
             status = _native.enter(self._cx, parity, k, SPIN_POLLS, SLICE, fields)
             if status:
@@ -222,14 +223,22 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
             stage, skipped = _native.mesh(self._cx, parity, k, SPIN_POLLS, SLICE, fields, self._ready, self._bases,
                                           own, root if departure >= MESH_ROOT_READER else -1,
                                           plan.table if plan is not None else None, dtype, redop, divisor,
-                                          departure, word, target)
+                                          departure, word, target, plan2.table if plan2 is not None else None)
+            ran = ()
             if stage == MESH_DONE or stage == MESH_DEPART:
-                self._departed(departure, k, root)
-                if plan is not None:
-                    c = self.counters
-                    c.local += plan.local - skipped
-                    c.pulled += plan.remote
-                    c.written += plan.written
+                ran = (plan, plan2)
+                self._syncs = k + (plan2 is not None)
+                self._departed(departure, last, root)
+            elif stage == MESH_MIDDLE:
+                ran = (plan,)
+                self._syncs = k + 1
+            c = self.counters
+            for p in ran:
+                if p is not None:
+                    c.local += p.local
+                    c.pulled += p.remote
+                    c.written += p.written
+            c.local -= skipped
         if stage == MESH_ENTER_WAIT:
             self._wait_barrier(k, operation)
             stage = MESH_SOURCES_FIRST if _native.agree(self._cx, parity) else MESH_DISAGREE
@@ -239,26 +248,35 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
             self._peer_sources(operation, parity, inp, only=root if departure >= MESH_ROOT_READER else -1)
             if plan is not None:
                 self._run(operation, plan, dtype, redop, divisor)
-            stage = MESH_DEPART_FIRST
-        if stage == MESH_DEPART_FIRST:
-            self._departed(departure, k, root)
-            if departure == MESH_BARRIER:
+            if plan2 is not None:
+                self._syncs = k + 1
                 if not _native.sync(self._cx, k + 1, SPIN_POLLS, SLICE):
                     self._wait_barrier(k + 1, operation)
+                self._run(operation, plan2, dtype, redop, divisor)
+            stage = MESH_DEPART_FIRST
+        elif stage == MESH_MIDDLE:           # arrived at the middle barrier natively: wait, second phase
+            self._wait_barrier(k + 1, operation)
+            self._run(operation, plan2, dtype, redop, divisor)
+            stage = MESH_DEPART_FIRST
+        if stage == MESH_DEPART_FIRST:
+            self._departed(departure, last, root)
+            if departure == MESH_BARRIER:
+                if not _native.sync(self._cx, last, SPIN_POLLS, SLICE):
+                    self._wait_barrier(last, operation)
             elif departure >= MESH_ROOT_READER:
                 self._root_departure_from(operation, departure == MESH_ROOT, word, target)
         elif stage == MESH_DEPART:            # arrived (or counted) natively: only the wait is left
             if departure == MESH_BARRIER:
-                self._wait_barrier(k + 1, operation)
+                self._wait_barrier(last, operation)
             else:
                 self._root_departure_from(operation, True, word, target)
         s = self._rt.stats
         s["calls"][operation] = s["calls"].get(operation, 0) + 1
         return parity
 
-    def _departed(self, departure: int, k: int, root: int) -> None:
+    def _departed(self, departure: int, barrier: int, root: int) -> None:
         if departure == MESH_BARRIER:
-            self._syncs = k + 1
+            self._syncs = barrier
         elif departure >= MESH_ROOT_READER:
             self._root_calls[root] += 1
 
@@ -589,8 +607,6 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
                            barrier=lambda: self._sync(name))
             self._finish(name)
         else:
-            parity = self._enter(name, code, x.size, 0, rcode, inp)
-            self._peer_sources(name, parity, inp)
             # large: reduce own chunk in place, barrier, gather the finished chunks; fewer
             # elements than ranks: reduce the whole buffer privately, barrier (nobody reads this
             # rank's input any more), copy it back
@@ -599,10 +615,8 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
                 bases[SCRATCH, me] = _native.data_address(scratch)
             first, second = self._phases(("all_reduce", count, item),
                                          lambda: _slices.all_reduce(me, n, count, item, small=0), item)
-            self._run(name, first, code, rcode, float(n))
-            self._sync(name)
-            self._run(name, second)
-            self._finish(name, departure=scratch is None)
+            parity = self._mesh(name, inp, first, MESH_BARRIER if scratch is None else MESH_NO_DEPARTURE, code,
+                                x.size, 0, rcode, float(n), second)
         if inp.addr != _native.data_address(xf) or not xf.flags.c_contiguous:
             _copy_back(x, inp.flat)
             self._rt.stats["bytes_staged"] += x.nbytes

@@ -511,28 +511,30 @@ done:
     return PyLong_FromLong(stage);
 }
 
-/* ---- a one-phase full-mesh collective in one native call ----------------------------------
+/* ---- a full-mesh collective in one native call --------------------------------------------
  * mesh(cx, parity, k, polls, seconds, fields, ready, bases, own_addr, only, plan, dtype, redop,
- *      divisor, departure, word, target) -> (stage, skipped)
+ *      divisor, departure, word, target, plan2) -> (stage, skipped)
  * enter (publish `fields`, arrive at barrier k, compare every descriptor), fill bases' IN row
  * with every member's input address (own_addr for this rank), run `plan` (None: nothing to
- * pull) through the kernels' executor, then depart:
+ * pull) through the kernels' executor; with a second phase `plan2` (not None), arrive at
+ * barrier k + 1 and run it; then depart:
  *   MESH_NO_DEPARTURE   nothing (nobody reads this rank's input after the call)
- *   MESH_BARRIER        barrier k + 1
+ *   MESH_BARRIER        the next barrier (k + 1, or k + 2 after a second phase)
  *   MESH_ROOT_READER    count this reader done on the root's `word` (wakes the root at `target`)
  *   MESH_ROOT           wait for the root's `word` to reach `target` (every reader done)
  * Returns MESH_DONE with the bytes of copies skipped in place, or the stage where the caller
  * continues: MESH_ENTER_WAIT (arrived, the others not all within `seconds`), MESH_DISAGREE (the
  * descriptors differ or one is flagged), MESH_SOURCES (a peer's buffer needs its readiness
- * check; nothing moved; bases' IN row is filled), MESH_DEPART (moved; the departure is not
- * complete within `seconds`). */
-enum { MESH_DONE, MESH_ENTER_WAIT, MESH_DISAGREE, MESH_SOURCES, MESH_DEPART };
+ * check; nothing moved; bases' IN row is filled), MESH_MIDDLE (the first phase done, arrived
+ * at barrier k + 1, the others not all within `seconds`), MESH_DEPART (moved; the departure is
+ * not complete within `seconds`). Skipped bytes count both phases. */
+enum { MESH_DONE, MESH_ENTER_WAIT, MESH_DISAGREE, MESH_SOURCES, MESH_DEPART, MESH_MIDDLE };
 enum { MESH_NO_DEPARTURE, MESH_BARRIER, MESH_ROOT_READER, MESH_ROOT };
 
 static PyObject *mesh(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 17) {
+    if (nargs != 18) {
         PyErr_SetString(PyExc_TypeError, "mesh(cx, parity, k, polls, seconds, fields, ready, bases, own_addr, only, "
-                                         "plan, dtype, redop, divisor, departure, word, target)");
+                                         "plan, dtype, redop, divisor, departure, word, target, plan2)");
         return NULL;
     }
     if (kernels == NULL) {
@@ -557,17 +559,19 @@ static PyObject *mesh(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         PyErr_SetString(PyExc_ValueError, "mesh: parity must be 0 or 1, departure 0-3");
         return NULL;
     }
-    Py_buffer cx = {0}, ready = {0}, bases = {0}, plan = {0};
+    Py_buffer cx = {0}, ready = {0}, bases = {0}, plan = {0}, plan2 = {0};
     int stage = -1;
-    int64_t skipped = 0;
+    int64_t skipped = 0, skipped2 = 0;
     const char *err = NULL;
     if (get_i64_buffer(args[0], &cx, 0, "mesh") < 0) goto done;
     if (get_i64_buffer(args[6], &ready, 0, "mesh") < 0) goto done;
     if (get_i64_buffer(args[7], &bases, 1, "mesh") < 0) goto done;
     if (args[10] != Py_None && get_i64_buffer(args[10], &plan, 0, "mesh") < 0) goto done;
+    if (args[17] != Py_None && get_i64_buffer(args[17], &plan2, 0, "mesh") < 0) goto done;
     const int64_t *c = (const int64_t *)cx.buf;
     int64_t n = c[CX_N], me = c[CX_ME];
-    if (ready.len != n * 16 || bases.len != n * 24 || (plan.buf != NULL && plan.len % 64)) {
+    if (ready.len != n * 16 || bases.len != n * 24 || (plan.buf != NULL && plan.len % 64) ||
+        (plan2.buf != NULL && plan2.len % 64)) {
         PyErr_SetString(PyExc_ValueError, "mesh: ready must be (n, 2), bases (3, n) int64, plan rows of 8");
         goto done;
     }
@@ -593,9 +597,19 @@ static PyObject *mesh(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         if (stage == MESH_DONE && plan.buf != NULL)
             err = kernels->execute_plan((const int64_t *)plan.buf, plan.len / 64, b, n, dtype, redop, divisor,
                                         &skipped);
+        uint64_t next = k + 1;
+        if (stage == MESH_DONE && err == NULL && plan2.buf != NULL) {
+            if (!barrier(c, next++, polls, seconds)) {
+                stage = MESH_MIDDLE;
+            } else {
+                err = kernels->execute_plan((const int64_t *)plan2.buf, plan2.len / 64, b, n, dtype, redop, divisor,
+                                            &skipped2);
+                skipped += skipped2;
+            }
+        }
         if (stage == MESH_DONE && err == NULL) {
             if (departure == MESH_BARRIER) {
-                if (!barrier(c, k + 1, polls, seconds)) stage = MESH_DEPART;
+                if (!barrier(c, next, polls, seconds)) stage = MESH_DEPART;
             } else if (departure == MESH_ROOT_READER) {
                 if (__atomic_add_fetch((uint32_t *)word, 1, __ATOMIC_SEQ_CST) == (uint32_t)target)
                     syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE, 0x7fffffff, NULL, NULL, 0);
@@ -614,6 +628,7 @@ done:
     if (ready.buf) PyBuffer_Release(&ready);
     if (bases.buf) PyBuffer_Release(&bases);
     if (plan.buf) PyBuffer_Release(&plan);
+    if (plan2.buf) PyBuffer_Release(&plan2);
     if (stage < 0) return NULL;
     return Py_BuildValue("iL", stage, (long long)skipped);
 }
@@ -699,7 +714,7 @@ static PyMethodDef methods[] = {
     {"agree", (PyCFunction)(void (*)(void))agree, METH_FASTCALL, "Do a slot's descriptors agree?"},
     {"sources", (PyCFunction)(void (*)(void))sources, METH_FASTCALL, "Members' input addresses; first one needing a readiness check."},
     {"post", (PyCFunction)(void (*)(void))post, METH_FASTCALL, "Publish a descriptor and its sequence number."},
-    {"mesh", (PyCFunction)(void (*)(void))mesh, METH_FASTCALL, "A one-phase full-mesh collective's common case (see _comm.py)."},
+    {"mesh", (PyCFunction)(void (*)(void))mesh, METH_FASTCALL, "A full-mesh collective's common case (see _comm.py)."},
     {"p2p", (PyCFunction)(void (*)(void))p2p, METH_FASTCALL, "One point-to-point call's common case (see _p2p.py)."},
     {"done", (PyCFunction)(void (*)(void))done, METH_FASTCALL, "Count one completion; wake at the target."},
     {"data_address", data_address, METH_O, "Address of a buffer's first byte."},
