@@ -19,6 +19,12 @@ One collective call, end to end:
 Descriptors are double-buffered by call parity: a rank can only overwrite the slot of call k
 after the arrival barrier of call k+1, which every peer reaches only once it has read call
 k's descriptors.
+
+On the cores' path the full-mesh operators make all of this after the argument checks one
+native call (``_mesh`` -> ``_native.mesh``: entry, addresses, one or two phases through the
+kernels' executor, departure); it returns early wherever Python must act (a late rank, a
+disagreement, a peer buffer to check for readiness), and ``_mesh`` goes on from there step by
+step. The ring algorithms and the SDMA path go step by step throughout.
 """
 from __future__ import annotations
 
