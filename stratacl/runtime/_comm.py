@@ -201,10 +201,11 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
         return self._calls & 1, fields
 
     def _mesh(self, operation: str, inp: "_Input | None", plan, departure: int, dtype: int = 0, count: int = 0,
-              root: int = 0, redop: int = 0, divisor: float = 1.0, plan2=None) -> int:
+              root: int = 0, redop: int = 0, divisor: float = 1.0, plan2=None, only: int = -1) -> int:
         """A full-mesh call: enter, every member's input address (readiness checked), the phase
         ``plan`` (None: nothing to pull), with ``plan2`` a barrier and that second phase, then
-        the departure (MESH_* of _native.mesh). Returns the slot parity.
+        the departure (MESH_* of _native.mesh); ``only`` >= 0: the one member whose input is
+        read (broadcast's root). Returns the slot parity.
 
         The common case (the cores' path, peers' buffers already checked, nobody late by more
         than one wait slice) is one native call; it returns the stage from which the rest
@@ -227,7 +228,7 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
                 stage = MESH_ENTER_WAIT if status == 1 else MESH_DISAGREE
         else:
             stage, skipped = _native.mesh(self._cx, parity, k, SPIN_POLLS, SLICE, fields, self._ready, self._bases,
-                                          own, root if departure >= MESH_ROOT_READER else -1,
+                                          own, only,
                                           plan.table if plan is not None else None, dtype, redop, divisor,
                                           departure, word, target, plan2.table if plan2 is not None else None)
             ran = ()
@@ -251,7 +252,7 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
         if stage == MESH_DISAGREE:
             self._validate(operation, self._rt.ctl.i64[self._desc_idx[parity]])   # raises
         if stage == MESH_SOURCES or stage == MESH_SOURCES_FIRST:
-            self._peer_sources(operation, parity, inp, only=root if departure >= MESH_ROOT_READER else -1)
+            self._peer_sources(operation, parity, inp, only=only)
             if plan is not None:
                 self._run(operation, plan, dtype, redop, divisor)
             if plan2 is not None:
@@ -518,9 +519,9 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
             # pulled into this rank's own buffer, which it names as its input (bases[IN, me])
             own = _Input(target, None, _native.data_address(target))
             plan = self._phase(("broadcast", nb, root), lambda: _slices.broadcast(me, n, nb, root))
-            parity = self._mesh(op, own, plan, MESH_ROOT_READER, code, x.size, root)
+            parity = self._mesh(op, own, plan, MESH_ROOT_READER, code, x.size, root, only=root)
         else:
-            parity = self._mesh(op, inp, None, MESH_ROOT, code, x.size, root)
+            parity = self._mesh(op, inp, None, MESH_ROOT, code, x.size, root, only=root)
         self._output_done(x, target)
         self._tick(op, parity, x.nbytes, root=root, itemsize=x.itemsize)
 
