@@ -53,9 +53,7 @@ class Execute:
 
     def _phase(self, key: tuple, build, itemsize: int = 1) -> _backend.Plan:
         """The one phase of a one-phase operator (see _phases)."""
-        plans = self._plans.cached(key)
-        if plans is None:
-            plans = self._plans.get(key, build, itemsize)
+        plans = self._plans.get(key, build, itemsize)
         assert len(plans) == 1, key
         return plans[0]
 

@@ -398,6 +398,13 @@ enum { P2P_DONE, P2P_RECV_WAIT, P2P_RECV_CHECK, P2P_SEND_WAIT };
 
 static const StrataKernelsApi *kernels;
 
+/* The kernels' executor, imported on first use. 0, or -1 with an exception set. */
+static int load_kernels(void) {
+    if (kernels == NULL)
+        kernels = (const StrataKernelsApi *)PyCapsule_Import(STRATA_KERNELS_CAPSULE, 0);
+    return kernels == NULL ? -1 : 0;
+}
+
 static int seq_reached(const uint32_t *word, uint32_t target) {
     return (uint32_t)(__atomic_load_n(word, __ATOMIC_ACQUIRE) - target) < 0x80000000u;
 }
@@ -433,10 +440,7 @@ static PyObject *p2p(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
                                          "out_addr, plan, bases, ready, polls, seconds)");
         return NULL;
     }
-    if (kernels == NULL) {
-        kernels = (const StrataKernelsApi *)PyCapsule_Import(STRATA_KERNELS_CAPSULE, 0);
-        if (kernels == NULL) return NULL;
-    }
+    if (load_kernels() < 0) return NULL;
     long me = PyLong_AsLong(args[1]), dst = PyLong_AsLong(args[2]), src = PyLong_AsLong(args[5]);
     unsigned long send_seq = PyLong_AsUnsignedLong(args[3]), recv_seq = PyLong_AsUnsignedLong(args[6]);
     int dtype = (int)PyLong_AsLong(args[7]);
@@ -537,10 +541,7 @@ static PyObject *mesh(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
                                          "plan, dtype, redop, divisor, departure, word, target, plan2)");
         return NULL;
     }
-    if (kernels == NULL) {
-        kernels = (const StrataKernelsApi *)PyCapsule_Import(STRATA_KERNELS_CAPSULE, 0);
-        if (kernels == NULL) return NULL;
-    }
+    if (load_kernels() < 0) return NULL;
     int64_t fields[DESC_FIXED];
     int parity = (int)PyLong_AsLong(args[1]);
     unsigned long long k = PyLong_AsUnsignedLongLong(args[2]);
