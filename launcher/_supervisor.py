@@ -9,8 +9,11 @@
                       -> after `grace` s SIGTERM the rest, after another `grace` s SIGKILL
       stop daemon, close everything, return a JobOutcome
 
-Ranks run in their own session so a terminal's Ctrl-C reaches only the launcher, which then
-shuts the job down in order.
+Each rank leads its own process group, so a terminal's Ctrl-C reaches only the launcher, which
+then shuts the job down in order; a terminal stdin is replaced by /dev/null, a pipe or file is
+inherited. Ranks stay in the launcher's session: with autogroup scheduling
+(/proc/sys/kernel/sched_autogroup_enabled) a session is one scheduling group, and a rank alone in
+its group could not hand its core to a peer with sched_yield (runtime/_sync.py).
 """
 from __future__ import annotations
 
@@ -186,12 +189,14 @@ class Job:
             os.close(pipe_r)
             pipe_r = -1
             tag = self.config.tag_output
+            # a rank outside the foreground group that read the terminal would be stopped (SIGTTIN)
+            stdin = subprocess.DEVNULL if _stdin_is_terminal() else None
             for rank in range(self.n):
                 mine, theirs = socket.socketpair()
                 boot = {"ctl": ctl_fd, "hbm": hbm_fds, "report": theirs.fileno()}
                 p = subprocess.Popen(self._argv(), env=self._rank_env(rank, boot),
-                                     pass_fds=(ctl_fd, *hbm_fds, theirs.fileno()), start_new_session=True,
-                                     stdout=subprocess.PIPE if tag else None,
+                                     pass_fds=(ctl_fd, *hbm_fds, theirs.fileno()), process_group=0,
+                                     stdin=stdin, stdout=subprocess.PIPE if tag else None,
                                      stderr=subprocess.PIPE if tag else None)
                 theirs.close()
                 procs.append(p)
@@ -315,6 +320,13 @@ class Job:
             if p.poll() is None:
                 e.killed_by_launcher = True
                 _kill(p, sig)
+
+
+def _stdin_is_terminal() -> bool:
+    try:
+        return os.isatty(0)
+    except OSError:
+        return False
 
 
 def _kill(p: subprocess.Popen, sig: int) -> None:

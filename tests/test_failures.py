@@ -259,12 +259,15 @@ def test_ranks_outside_collectives_are_ended_after_the_grace_period(mode, ender)
 
 # --- 3. the launcher SIGKILLed --------------------------------------------------------------
 
-def _start_blocking_job(n: int, tmp_path: Path) -> tuple[subprocess.Popen, list[int], str, Path]:
+def _start_blocking_job(n: int, tmp_path: Path, own_group: bool = False
+                        ) -> tuple[subprocess.Popen, list[int], str, Path]:
+    """``own_group``: the launcher leads a process group, as a terminal's foreground job does."""
     err = tmp_path / "launcher.stderr"
     with open(err, "wb") as ef:
         proc = subprocess.Popen(launcher_command() + ["-n", str(n), "--timeout", "600",
                                                       script("block_in_collectives.py")],
-                                stdout=subprocess.PIPE, stderr=ef, env=clean_env())
+                                stdout=subprocess.PIPE, stderr=ef, env=clean_env(),
+                                process_group=0 if own_group else None)
     try:
         lines = read_lines_until(proc, n, "ready ", timeout=120)
     except BaseException:
@@ -295,12 +298,19 @@ def test_launcher_sigkilled_takes_ranks_and_daemon_with_it(tmp_path):
 
 # --- 4. SIGINT / SIGTERM to the launcher ----------------------------------------------------
 
-@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
-def test_launcher_signal_orderly_shutdown(tmp_path, sig, code):
+@pytest.mark.parametrize("sig, code, to_group", [(signal.SIGINT, 130, False), (signal.SIGTERM, 143, False),
+                                                (signal.SIGINT, 130, True)],
+                         ids=["SIGINT", "SIGTERM", "ctrl-c"])
+def test_launcher_signal_orderly_shutdown(tmp_path, sig, code, to_group):
+    # to_group: a terminal's Ctrl-C signals the launcher's whole process group; the ranks, each in
+    # a group of its own, must hear of it only from the launcher
     n = 4
-    proc, pids, job, err = _start_blocking_job(n, tmp_path)
+    proc, pids, job, err = _start_blocking_job(n, tmp_path, own_group=to_group)
     t0 = time.monotonic()
-    os.kill(proc.pid, sig)
+    if to_group:
+        os.killpg(proc.pid, sig)
+    else:
+        os.kill(proc.pid, sig)
     proc.communicate(timeout=60)
     assert proc.returncode == code, err.read_text()
     # SIGTERM reaches ranks at once: no need to wait out the grace period before SIGKILL

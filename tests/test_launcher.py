@@ -5,11 +5,14 @@ one all_gather as an ``@@ {json}`` line; tests compare that with what was asked 
 """
 from __future__ import annotations
 
+import os
+import pty
 import re
+import subprocess
 
 import pytest
 
-from launch_helpers import SCRIPTS, clean_env, launch, script
+from launch_helpers import SCRIPTS, Run, clean_env, launch, launcher_command, script
 
 
 def _check_info(run, n: int, argv: list[str]) -> None:
@@ -25,6 +28,10 @@ def _check_info(run, n: int, argv: list[str]) -> None:
         assert rec["argv"] == argv, rec
         assert rec["gather_ok"], rec
     assert len({rec["pid"] for rec in info.values()}) == n
+    # ranks share the launcher's session (one scheduling group under autogroup, where a yielding
+    # wait hands the core to a peer) and each lead a process group (a terminal's Ctrl-C misses them)
+    assert {rec["session"] for rec in info.values()} == {os.getsid(0)}, info
+    assert all(rec["group"] == rec["pid"] for rec in info.values()), info
 
 
 def test_32_ranks_each_see_their_rank_and_world():
@@ -35,6 +42,21 @@ def test_32_ranks_each_see_their_rank_and_world():
     _check_info(run, n, ["alpha", "--beta", "3"])
     assert run.stderr.count("stderr line from rank") == n
     assert "failed" not in run.stderr
+
+
+def test_ranks_do_not_read_a_terminal_stdin():
+    # a rank outside the terminal's foreground group that read it would be stopped by SIGTTIN
+    parent, child = pty.openpty()
+    try:
+        p = subprocess.run(launcher_command() + ["-n", "2", script("rank_info.py")], stdin=child,
+                           capture_output=True, text=True, timeout=120, env=clean_env())
+    finally:
+        os.close(parent)
+        os.close(child)
+    run = Run(p.returncode, p.stdout, p.stderr, 0.0)
+    assert run.returncode == 0, run.explain()
+    info = run.by_rank("info")
+    assert sorted(info) == [0, 1] and not any(rec["stdin_is_terminal"] for rec in info.values()), info
 
 
 def test_tag_output_prefixes_every_line_with_its_rank():

@@ -21,10 +21,11 @@ from ._control import (FAILED_EXIT, FAILED_SHUTDOWN, FAILED_SIGNAL, STATE_DEAD, 
                        Control)
 
 # Yielding polls before sleeping on the futex. A poll that yields hands the core to another
-# rank without the cost of a futex sleep and wake-up: with up to 8 ranks per core this halves a
-# barrier (49 -> 18 us at N = 8 on 2 cores). With more, the ranks being waited for lose their
-# turn to pollers (64 KiB all_gather at N = 32: 2.4 -> 2.6 ms with 20 polls), so they sleep at once.
-SPIN_POLLS = 20 if int(os.environ.get("STRATACL_WORLD_SIZE", "1")) <= 8 * (os.cpu_count() or 1) else 0
+# rank without the cost of a futex sleep and a wake-up, which is most of a barrier's cost once
+# several ranks share a core: barrier at N = 8 on 2 cores 39 -> 17 us, at N = 32 229 -> 131 us,
+# 4 KiB all_reduce at N = 32 740 -> 580 us (3, 10, 30 or 100 polls: within noise). It works only
+# if the ranks share one scheduling group; the launcher keeps them in its session for that.
+SPIN_POLLS = 10
 SLICE = 0.05             # seconds between health checks while asleep
 WAKE_ALL = 0x7FFFFFFF
 

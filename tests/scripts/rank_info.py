@@ -20,7 +20,8 @@ expected = (np.arange(comm.size)[:, None] * 100 + np.arange(8)).reshape(-1)
 emit(kind="info", comm_rank=comm.rank, comm_size=comm.size,
      env={k: os.environ.get(k) for k in ("STRATACL_RANK", "STRATACL_WORLD_SIZE", "RANK", "WORLD_SIZE",
                                           "LOCAL_RANK", "STRATACL_JOB_ID")},
-     argv=sys.argv[1:], gather_ok=bool(np.array_equal(out, expected)))
+     argv=sys.argv[1:], gather_ok=bool(np.array_equal(out, expected)),
+     session=os.getsid(0), group=os.getpgid(0), stdin_is_terminal=os.isatty(0))
 # one write per line (print() writes the newline separately when output is unbuffered), so lines
 # of ranks sharing the launcher's stdout do not run into each other
 sys.stdout.write(f"stdout line from rank {comm.rank}\n")
