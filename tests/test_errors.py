@@ -26,6 +26,8 @@ def mismatches(comm):
     results = {}
     # operation: rank 1 calls all_gather, the others all_reduce
     results["op"] = _attempt(lambda: comm.all_gather(out, x) if me == 1 else comm.all_reduce(x))
+    # a barrier (its own native fast path) against a collective with a buffer
+    results["barrier"] = _attempt(lambda: comm.barrier() if me == n - 1 else comm.all_reduce(x))
     # dtype
     y = stratacl.empty((8,), np.float64 if me == 0 else np.float32)
     results["dtype"] = _attempt(lambda: comm.all_reduce(y))
@@ -83,6 +85,7 @@ def test_disagreeing_calls_raise_on_every_rank(n):
     for rank, r in enumerate(results):
         assert r["op"][0] == "CollectiveMismatch" and "operation" in r["op"][1]
         assert "rank(s) [1]: all_gather" in r["op"][1]
+        assert r["barrier"][0] == "CollectiveMismatch" and f"rank(s) [{n - 1}]: barrier" in r["barrier"][1]
         assert r["dtype"][0] == "CollectiveMismatch" and "rank(s) [0]: float64" in r["dtype"][1]
         assert r["count"][0] == "CollectiveMismatch" and "element count" in r["count"][1]
         assert r["root"][0] == "CollectiveMismatch" and "root" in r["root"][1]
