@@ -63,14 +63,20 @@ class Buffers:
 
     def _eager_input(self, flat: np.ndarray) -> _Input:
         """A copy of a small input in this rank's eager slot for the next call (see above)."""
-        if self._eager is None:
-            self._eager = self._rt.empty((2 * EAGER_BYTES,), np.uint8)
-        start = ((self._calls + 1) & 1) * EAGER_BYTES
-        slot = self._eager[start:start + flat.nbytes].view(flat.dtype)
-        np.copyto(slot, flat.reshape(-1))
+        key = ((self._calls + 1) & 1, flat.nbytes, flat.dtype)
+        inp = self._eager_slots.get(key)
+        if inp is None:
+            if self._eager is None:
+                self._eager = self._rt.empty((2 * EAGER_BYTES,), np.uint8)
+            if len(self._eager_slots) >= 64:        # a few shapes recur; do not grow without bound
+                self._eager_slots.clear()
+            start = key[0] * EAGER_BYTES
+            slot = self._eager[start:start + flat.nbytes].view(flat.dtype)
+            addr = _native.data_address(slot)
+            inp = self._eager_slots[key] = _Input(slot, self._hbm_segment(slot, addr) if flat.nbytes else None, addr)
+        np.copyto(inp.flat, flat if flat.ndim == 1 else flat.reshape(-1))
         self._rt.stats["bytes_eager"] += flat.nbytes
-        addr = _native.data_address(slot)
-        return _Input(slot, self._hbm_segment(slot, addr) if flat.nbytes else None, addr)
+        return inp
 
     def _hbm_segment(self, a: np.ndarray, addr: int):
         """The segment of this rank's HBM holding ``a``, or None. An array made by
@@ -114,7 +120,7 @@ class Buffers:
     def _output_done(self, out: np.ndarray, target: np.ndarray, count: int | None = None) -> None:
         """Copy the output (its first ``count`` elements, if given) out of the communication
         buffer, if ``_output`` chose one."""
-        if target.size and not np.may_share_memory(target, out):
+        if target is not out and target.size and not np.may_share_memory(target, out):
             if count is None:
                 _copy_back(out, target)
             else:

@@ -123,6 +123,7 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
         self._always_stage = rt.config.registration == "staged"
         self._worker: Worker | None = None
         self._eager = None
+        self._eager_slots: dict[tuple, _Input] = {}    # (parity, nbytes, dtype) -> slot
         self._init_execute()
         self._init_modeling()
         self._init_p2p()
