@@ -1,7 +1,8 @@
 """Host performance against Open MPI, in one run: the table of docs/performance.md.
 
     python benchmarks/host_performance.py                     # N = 8 and 32, every operator, 3 repetitions
-    python benchmarks/host_performance.py --ranks 8 --repeat 1 --ops all_gather,barrier   # a slice
+    python benchmarks/host_performance.py --ranks 8 --repeat 1 --ops all_gather,sendrecv  # a slice
+    python benchmarks/host_performance.py --ops none --no-memory                # latency rows only
 
 For every (N, operator) it runs ``stratacl-bench OP -n N ... --vs mpi -J`` ``--repeat`` times
 (each run measures StrataCL, then Open MPI, then the host copy limit, back to back) and prints
@@ -102,7 +103,9 @@ def uss_probe(comm, per_rank: int, iters: int):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ranks", default="8,32")
-    ap.add_argument("--ops", default=",".join(OPS))
+    ap.add_argument("--ops", default=",".join(OPS),
+                    help=f"bandwidth rows, comma separated, from {', '.join(OPS)}; 'none' for none "
+                         f"(barrier is a latency row)")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--iters", type=int, default=10, help="timed iterations for payloads >= 1 MiB")
     ap.add_argument("--small-iters", type=int, default=50, help="timed iterations below 1 MiB")
@@ -111,7 +114,10 @@ def main() -> None:
     ap.add_argument("--no-memory", action="store_true")
     a = ap.parse_args()
     ranks = [int(r) for r in a.ranks.split(",")]
-    ops = [o for o in a.ops.split(",") if o]
+    ops = [o for o in a.ops.split(",") if o and o != "none"]
+    unknown = [o for o in ops if o not in OPS]
+    if unknown:
+        ap.error(f"--ops: no bandwidth rows for {', '.join(unknown)} (choose from {', '.join(OPS)}, or none)")
     report: dict = {"bandwidth": {}, "latency": {}, "memory": {}}
     print("| N | operator | per-rank payload | StrataCL busbw (GB/s) | MPI busbw (GB/s) | ratio | % of host limit | #wrong |")
     print("|---|---|---|---|---|---|---|---|")

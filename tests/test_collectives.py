@@ -18,7 +18,7 @@ from helpers import DTYPES, rank_data
 
 REDUCE = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum, "avg": np.add}
 SIZES = {1: [0, 1, 7, 1000, 65537, 300001], 2: [0, 1, 7, 1000, 65537, 300001],
-         3: [0, 1, 7, 1000, 65537, 300001], 8: [0, 1, 7, 1000, 65537], 32: [0, 1, 7, 1000, 20001]}
+         3: [0, 1, 7, 1000, 65537, 300001], 8: [0, 1, 7, 1000, 3001, 65537], 32: [0, 1, 7, 1000, 20001]}
 
 
 def _place(a: np.ndarray, in_hbm: bool) -> np.ndarray:

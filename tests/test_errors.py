@@ -24,6 +24,7 @@ def mismatches(comm):
     x[:] = me
     out = stratacl.empty((8 * n,), np.float32)
     results = {}
+    barriers = stratacl.stats()["calls"].get("barrier", 0)
     # operation: rank 1 calls all_gather, the others all_reduce
     results["op"] = _attempt(lambda: comm.all_gather(out, x) if me == 1 else comm.all_reduce(x))
     # a barrier (its own native fast path) against a collective with a buffer
@@ -74,6 +75,7 @@ def mismatches(comm):
     comm.barrier()
     results["later"] = later
     results["in_step"] = (comm._syncs, list(comm._root_calls))   # the same on every rank
+    results["barriers"] = stratacl.stats()["calls"].get("barrier", 0) - barriers   # completed calls only
     return results
 
 
@@ -86,6 +88,7 @@ def test_disagreeing_calls_raise_on_every_rank(n):
         assert r["op"][0] == "CollectiveMismatch" and "operation" in r["op"][1]
         assert "rank(s) [1]: all_gather" in r["op"][1]
         assert r["barrier"][0] == "CollectiveMismatch" and f"rank(s) [{n - 1}]: barrier" in r["barrier"][1]
+        assert r["barriers"] == 1, r["barriers"]         # the failed barrier is not counted
         assert r["dtype"][0] == "CollectiveMismatch" and "rank(s) [0]: float64" in r["dtype"][1]
         assert r["count"][0] == "CollectiveMismatch" and "element count" in r["count"][1]
         assert r["root"][0] == "CollectiveMismatch" and "root" in r["root"][1]

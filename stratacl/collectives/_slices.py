@@ -40,7 +40,8 @@ LOAD, STORE, LOAD_ACC = 0, 1, 2
 OPS = {"load": LOAD, "store": STORE, "load-accumulate": LOAD_ACC}
 IN, OUT, SCRATCH = 0, 1, 2
 BUFFERS = {"in": IN, "out": OUT, "scratch": SCRATCH}
-FRONTENDS = ("all_gather", "reduce_scatter", "all_reduce", "all_reduce_eager", "all_to_all", "all_to_all_v",
+FRONTENDS = ("all_gather", "reduce_scatter", "all_reduce", "all_reduce_eager", "all_reduce_eager_chunks",
+             "all_to_all", "all_to_all_v",
              "broadcast", "sendrecv", "recv", "ring_all_gather_step", "ring_reduce_scatter_step", "ring_all_reduce_step")
 
 
@@ -126,6 +127,19 @@ def all_reduce_eager(me: int, n: int, nbytes: int) -> list[SliceMap]:
     """Small all_reduce from eager copies (IN: every member's private copy of its input, taken
     before the arrival barrier): every member reduces the whole buffer into its OUT."""
     return [make(me, np.arange(n), IN, 0, OUT, 0, nbytes, LOAD_ACC)]
+
+
+def all_reduce_eager_chunks(me: int, n: int, count: int, itemsize: int) -> list[SliceMap]:
+    """Small all_reduce from eager copies, each member reducing one chunk (IN: every member's
+    eager slot, its input copy in the first ``nb`` bytes, room for its reduced chunk in the
+    next ``nb``): phase 1 reduces chunk ``me`` of every copy into the own slot's second half,
+    phase 2 gathers every reduced chunk into OUT. Each member reads 2 x nb bytes instead of
+    n x nb, for one more barrier; chunks are reduced in rank order, as in all_reduce_eager."""
+    nb = count * itemsize
+    e = chunk_edges(count, n, itemsize)
+    p = _order(me, n)
+    return [make(me, np.arange(n), IN, e[me], IN, nb + e[me], e[me + 1] - e[me], LOAD_ACC),
+            make(me, p, IN, nb + e[p], OUT, e[p], e[p + 1] - e[p], LOAD)]
 
 
 def all_to_all(me: int, n: int, nbytes: int) -> list[SliceMap]:

@@ -18,7 +18,9 @@ instead: the input is copied into one of two slots of this rank (by call parity,
 descriptors) and peers read the slot. The slot of call k is next written at call k+2, after
 the arrival barrier of call k+1, which every peer reaches only once done reading it; so these
 calls need no departure barrier, which halves their synchronisation. The copies are counted
-in stats()["bytes_eager"].
+in stats()["bytes_eager"]. Each slot has room for as many bytes again after the copy: an
+all_reduce that reduces by chunks (EAGER_CHUNKS_READ) leaves its member's reduced chunk there
+for the others to gather after a middle barrier, under the same parity rule.
 """
 from __future__ import annotations
 
@@ -66,11 +68,11 @@ class Buffers:
         key = ((self._calls + 1) & 1, flat.nbytes, flat.dtype)
         inp = self._eager_slots.get(key)
         if inp is None:
-            if self._eager is None:
-                self._eager = self._rt.empty((2 * EAGER_BYTES,), np.uint8)
+            if self._eager is None:      # per parity: the input copy, then room for a reduced chunk
+                self._eager = self._rt.empty((4 * EAGER_BYTES,), np.uint8)
             if len(self._eager_slots) >= 64:        # a few shapes recur; do not grow without bound
                 self._eager_slots.clear()
-            start = key[0] * EAGER_BYTES
+            start = key[0] * 2 * EAGER_BYTES
             slot = self._eager[start:start + flat.nbytes].view(flat.dtype)
             addr = _native.data_address(slot)
             inp = self._eager_slots[key] = _Input(slot, self._hbm_segment(slot, addr) if flat.nbytes else None, addr)

@@ -35,6 +35,7 @@ import numpy as np
 
 from .._errors import CollectiveMismatch
 from ..collectives import _reduce, _slices
+from ..collectives._schedule import EAGER_CHUNKS_READ
 from ..collectives._slices import OUT, SCRATCH
 from . import _native
 from ._args import _copy_back, _expect, _flat
@@ -390,8 +391,6 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
     @collective
     def barrier(self) -> None:
         """Block until every rank of the communicator has called barrier. Collective."""
-        calls = self._rt.stats["calls"]
-        calls["barrier"] = calls.get("barrier", 0) + 1
         if self._rt.clock is None and not log.isEnabledFor(logging.DEBUG):
             # _enter's work without its generality: at N = 32 on two cores each microsecond of a
             # rank's time is about 16 of the barrier's (performance.md)
@@ -399,6 +398,8 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
             self._arrive("barrier", n & 1, (OP_BARRIER, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, n))
         else:
             self._tick("barrier", self._enter("barrier"), 0)
+        calls = self._rt.stats["calls"]          # completed calls, as for every operation
+        calls["barrier"] = calls.get("barrier", 0) + 1
 
     @collective
     def all_gather(self, out: np.ndarray, x: np.ndarray) -> None:
@@ -583,7 +584,9 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
         """In place: every rank's ``x`` becomes the element-wise reduction of all ranks' ``x``.
 
         Collective. Mesh, up to EAGER_BYTES: every rank reduces the whole buffer from all
-        ranks' eager copies (one barrier; runtime/_buffers.py); above: reduce own chunk in
+        ranks' eager copies (one barrier; runtime/_buffers.py), or, once that would read
+        EAGER_CHUNKS_READ bytes or more, its own chunk of them and gathers the others' reduced
+        chunks (two barriers); above: reduce own chunk in
         place, then gather the others (three); every element is reduced in rank order. Ring: ring reduce-scatter, a barrier,
         ring all-gather; chunk c is reduced in the order c+1, ..., c (runtime/_ringsteps.py).
         """
@@ -607,8 +610,13 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
             # nobody reads x, and the copies stay valid until the next call's arrival barrier
             target = self._output(xf)
             bases[OUT, me] = _native.data_address(target)
-            plan = self._phase(("all_reduce_eager", nb, item), lambda: _slices.all_reduce_eager(me, n, nb), item)
-            parity = self._mesh(name, inp, plan, MESH_NO_DEPARTURE, code, x.size, 0, rcode, float(n))
+            if count >= n and n * nb >= EAGER_CHUNKS_READ:
+                first, second = self._phases(("all_reduce_eager_chunks", count, item),
+                                             lambda: _slices.all_reduce_eager_chunks(me, n, count, item), item)
+                parity = self._mesh(name, inp, first, MESH_NO_DEPARTURE, code, x.size, 0, rcode, float(n), second)
+            else:
+                plan = self._phase(("all_reduce_eager", nb, item), lambda: _slices.all_reduce_eager(me, n, nb), item)
+                parity = self._mesh(name, inp, plan, MESH_NO_DEPARTURE, code, x.size, 0, rcode, float(n))
             self._output_done(x, target)
             self._tick(name, parity, x.nbytes, algo, itemsize=x.itemsize)
             return
