@@ -25,6 +25,10 @@ import types
 def _bind_to_launcher() -> None:
     from stratacl.runtime import _native
     _native.set_pdeathsig(signal.SIGKILL)
+    try:
+        os.setpgid(0, 0)     # a group of its own (done by the launcher on Python >= 3.11; see _supervisor)
+    except OSError:
+        pass
     if os.getppid() != int(os.environ.get("STRATACL_LAUNCHER_PID", "0")):
         os._exit(70)  # the launcher is already gone
 

@@ -36,6 +36,10 @@ from stratacl.runtime._control import (FAILED_EXIT, FAILED_SIGNAL, STATE_DEAD, S
 from . import _wire
 from ._resources import create_job_segments, sweep
 
+# each rank leads a process group: set before exec where Popen can (Python >= 3.11), and by
+# the rank itself first thing in _rankboot otherwise (preexec_fn is unsafe with threads)
+_OWN_GROUP = {"process_group": 0} if sys.version_info >= (3, 11) else {}
+
 
 @dataclasses.dataclass
 class RankEnd:
@@ -195,7 +199,7 @@ class Job:
                 mine, theirs = socket.socketpair()
                 boot = {"ctl": ctl_fd, "hbm": hbm_fds, "report": theirs.fileno()}
                 p = subprocess.Popen(self._argv(), env=self._rank_env(rank, boot),
-                                     pass_fds=(ctl_fd, *hbm_fds, theirs.fileno()), process_group=0,
+                                     pass_fds=(ctl_fd, *hbm_fds, theirs.fileno()), **_OWN_GROUP,
                                      stdin=stdin, stdout=subprocess.PIPE if tag else None,
                                      stderr=subprocess.PIPE if tag else None)
                 theirs.close()

@@ -261,13 +261,14 @@ def test_ranks_outside_collectives_are_ended_after_the_grace_period(mode, ender)
 
 def _start_blocking_job(n: int, tmp_path: Path, own_group: bool = False
                         ) -> tuple[subprocess.Popen, list[int], str, Path]:
-    """``own_group``: the launcher leads a process group, as a terminal's foreground job does."""
+    """``own_group``: the launcher leads a process group, as a terminal's foreground job does
+    (here in a session of its own, which keeps its ranks' groups in that session too)."""
     err = tmp_path / "launcher.stderr"
     with open(err, "wb") as ef:
         proc = subprocess.Popen(launcher_command() + ["-n", str(n), "--timeout", "600",
                                                       script("block_in_collectives.py")],
                                 stdout=subprocess.PIPE, stderr=ef, env=clean_env(),
-                                process_group=0 if own_group else None)
+                                start_new_session=own_group)
     try:
         lines = read_lines_until(proc, n, "ready ", timeout=120)
     except BaseException:
