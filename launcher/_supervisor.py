@@ -194,7 +194,7 @@ class Job:
             pipe_r = -1
             tag = self.config.tag_output
             # a rank outside the foreground group that read the terminal would be stopped (SIGTTIN)
-            stdin = subprocess.DEVNULL if _stdin_is_terminal() else None
+            stdin = subprocess.DEVNULL if os.isatty(0) else None
             for rank in range(self.n):
                 mine, theirs = socket.socketpair()
                 boot = {"ctl": ctl_fd, "hbm": hbm_fds, "report": theirs.fileno()}
@@ -324,13 +324,6 @@ class Job:
             if p.poll() is None:
                 e.killed_by_launcher = True
                 _kill(p, sig)
-
-
-def _stdin_is_terminal() -> bool:
-    try:
-        return os.isatty(0)
-    except OSError:
-        return False
 
 
 def _kill(p: subprocess.Popen, sig: int) -> None:
