@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import inspect
 import threading
 from typing import Any, Callable
 
@@ -123,32 +124,60 @@ class Worker:
 
 
 def collective(fn: Callable) -> Callable:
-    """Give a communicator operation the ``async_op`` and ``path`` keywords."""
-    @functools.wraps(fn)
-    def call(self, *args, async_op: bool = False, path: str | None = None, **kwargs):
-        # the call's data path (checked with the operation's other arguments) and, under a
-        # modeled clock, the program's clock when it was called
-        clock = self._rt.clock
-        worker = self._worker
-        if worker is None and not async_op:          # the common case: blocking, no queue
-            self._path = self._default_path if path is None else path
-            if clock is not None:
-                self._issued_us = clock.entering()
-            return fn(self, *args, **kwargs)
-        issued = clock.entering() if clock is not None else 0.0
+    """Give a communicator operation the ``async_op`` and ``path`` keywords.
 
-        def run(work: Work):
-            self._path = self._default_path if path is None else path
-            self._issued_us, self._running = issued, work
-            return fn(self, *args, **kwargs)
-        if worker is None:
-            worker = self._start_worker()
-        work = Work(fn.__name__, self._join_work if clock is not None else None)
-        if async_op and clock is not None:
-            self._rt.track(work)
-        worker.submit(fn.__name__, lambda: run(work), work)
-        return work if async_op else work.result()
+    The wrapper is generated with the operation's own parameters (as dataclasses generates
+    ``__init__``), so the common call, blocking with no worker and no modeled clock, costs one
+    plain Python call more than the operation itself: at N = 32 on two cores each microsecond
+    of a rank's Python is about 16 of the call's (docs/performance.md), and a ``*args,
+    **kwargs`` wrapper cost about 2 us of it."""
+    params = list(inspect.signature(fn).parameters.values())[1:]
+    if any(p.kind not in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) or p.name in ("async_op", "path")
+           for p in params):
+        raise TypeError(f"collective: {fn.__name__} needs plain named parameters")
+    namespace: dict[str, Any] = {"fn": fn, "deferred": _deferred}
+    declared, passed = [], []
+    for p in params:
+        if p.default is not p.empty:
+            namespace[f"default_{p.name}"] = p.default
+        star = "*, " if p.kind == p.KEYWORD_ONLY and not any("*" in d for d in declared) else ""
+        declared.append(star + p.name + (f"=default_{p.name}" if p.default is not p.empty else ""))
+        passed.append(p.name if p.kind == p.POSITIONAL_OR_KEYWORD else f"{p.name}={p.name}")
+    star = "" if any("*" in d for d in declared) else "*, "
+    args = ", ".join(passed)
+    source = (
+        f"def {fn.__name__}(self, {', '.join(declared + [star + 'async_op=False', 'path=None'])}):\n"
+        f"    if async_op or self._worker is not None or self._rt.clock is not None:\n"
+        f"        return deferred(self, fn, lambda: fn(self, {args}), async_op, path)\n"
+        f"    self._path = self._default_path if path is None else path\n"
+        f"    return fn(self, {args})\n")
+    exec(compile(source, f"<collective {fn.__name__}>", "exec"), namespace)
+    call = functools.wraps(fn)(namespace[fn.__name__])
     call.__doc__ = (fn.__doc__ or "") + (
         "\n\n        ``async_op=True``: return a ``Work`` at once; see runtime/_work.py. ``path='mte'|'sdma'``:"
         "\n        the data path of this call's copies (default: the ``path`` setting); see runtime/_execute.py.")
     return call
+
+
+def _deferred(self, fn: Callable, body: Callable[[], Any], async_op: bool, path: str | None) -> Any:
+    """A call other than the common one: under a modeled clock (the program's clock when it
+    was called), or through the communicator's worker (asynchronous, or queued behind one)."""
+    clock = self._rt.clock
+    worker = self._worker
+    if worker is None and not async_op:
+        self._path = self._default_path if path is None else path
+        self._issued_us = clock.entering()
+        return body()
+    issued = clock.entering() if clock is not None else 0.0
+
+    def run(work: Work):
+        self._path = self._default_path if path is None else path
+        self._issued_us, self._running = issued, work
+        return body()
+    if worker is None:
+        worker = self._start_worker()
+    work = Work(fn.__name__, self._join_work if clock is not None else None)
+    if async_op and clock is not None:
+        self._rt.track(work)
+    worker.submit(fn.__name__, lambda: run(work), work)
+    return work if async_op else work.result()
