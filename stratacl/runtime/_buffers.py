@@ -31,16 +31,30 @@ from . import _native
 from ._allocator import _HbmArrayBase
 from ._args import _copy_back, _flat
 from ._control import F_ADDR, F_EPOCH, F_NBYTES, F_SEG_OFF, F_SEG_SIZE, F_SEG_VA
+from ._prepared import holds_block
 
 
 class _Input:
-    """A contiguous byte range peers may read: the caller's HBM array or a staged copy."""
+    """A contiguous byte range peers may read: the caller's HBM array or a staged copy.
+    ``flat`` is None in a prepared call's copy (runtime/_prepared.py), which must not keep the
+    caller's array alive."""
 
-    __slots__ = ("flat", "addr", "seg")
+    __slots__ = ("flat", "addr", "seg", "nbytes")
 
-    def __init__(self, flat: np.ndarray, seg, addr: int | None = None):
+    def __init__(self, flat: np.ndarray | None, seg, addr: int | None = None, nbytes: int | None = None):
         self.flat, self.seg = flat, seg
-        self.addr = (_native.data_address(flat) if addr is None else addr) if flat.size else 0
+        if flat is None:
+            self.addr, self.nbytes = addr, nbytes
+        else:
+            self.addr = (_native.data_address(flat) if addr is None else addr) if flat.size else 0
+            self.nbytes = flat.nbytes
+
+    def in_place_of(self, x: np.ndarray) -> "_Input | None":
+        """This input without its array, if peers read ``x`` itself from a block ``x`` holds
+        (zero copy, and reusable while ``x`` lives: runtime/_prepared.py); else None."""
+        if self.seg is None or self.addr != _native.data_address(x) or not holds_block(x):
+            return None
+        return _Input(None, self.seg, self.addr, self.nbytes)
 
 
 class Buffers:
@@ -103,8 +117,8 @@ class Buffers:
     def _input_fields(self, inp: _Input) -> dict[int, int]:
         seg = inp.seg
         if seg is None:
-            return {F_ADDR: inp.addr, F_NBYTES: inp.flat.nbytes}
-        return {F_ADDR: inp.addr, F_NBYTES: inp.flat.nbytes, F_SEG_VA: seg.va, F_SEG_SIZE: seg.size,
+            return {F_ADDR: inp.addr, F_NBYTES: inp.nbytes}
+        return {F_ADDR: inp.addr, F_NBYTES: inp.nbytes, F_SEG_VA: seg.va, F_SEG_SIZE: seg.size,
                 F_SEG_OFF: seg.hbm_offset, F_EPOCH: seg.epoch}
 
     def _output(self, o: np.ndarray, hbm: bool = False) -> np.ndarray:

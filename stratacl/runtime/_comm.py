@@ -45,6 +45,7 @@ from ._control import (DESC_FIXED, F_ADDR, F_AUX0, F_AUX1, F_AUX2, F_CALL, F_COU
 from ._modeling import Modeled
 from ._execute import Execute
 from ._p2p import PointToPoint
+from ._prepared import PreparedCalls
 from ._ringsteps import RingSteps
 from ._sync import SLICE, SPIN_POLLS, seq_reached, wait_until
 from ._work import Worker, agreed, collective
@@ -125,6 +126,7 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
         self._worker: Worker | None = None
         self._eager = None
         self._eager_slots: dict[tuple, _Input] = {}    # (parity, nbytes, dtype) -> slot
+        self._prepared = PreparedCalls()       # checked arguments of repeated calls (_prepared.py)
         self._init_execute()
         self._init_modeling()
         self._init_p2p()
@@ -197,10 +199,10 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
         seg = inp.seg if inp is not None else None
         clock = self._entering_bits()
         if seg is not None:
-            fields = (OPS[operation], dtype, count, root, redop, 0, inp.addr, inp.flat.nbytes, seg.va, seg.size,
+            fields = (OPS[operation], dtype, count, root, redop, 0, inp.addr, inp.nbytes, seg.va, seg.size,
                       seg.hbm_offset, seg.epoch, clock, aux1, 0, self._calls)
         else:
-            addr, nbytes = (inp.addr, inp.flat.nbytes) if inp is not None else (0, 0)
+            addr, nbytes = (inp.addr, inp.nbytes) if inp is not None else (0, 0)
             fields = (OPS[operation], dtype, count, root, redop, 0, addr, nbytes, 0, 0, 0, 0, clock, aux1, 0,
                       self._calls)
         if log.isEnabledFor(logging.DEBUG):
@@ -405,6 +407,33 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
     def all_gather(self, out: np.ndarray, x: np.ndarray) -> None:
         """``out`` (size * x.size elements) receives every rank's ``x``, rank-major. Collective."""
         op = "all_gather"
+        key = (op, id(out), id(x)) if self._path is self._default_path else None
+        code, algo, eager, inp, plan, out_addr, target = self._prepared.get(key, (out, x), self._check_all_gather,
+                                                                            out, x)
+        me, n, nb = self.rank, self.size, x.nbytes
+        if eager:
+            inp = self._eager_input(_flat(x, op, "input"))
+        self._bases[OUT, me] = out_addr
+        if algo == "ring":
+            parity = self._enter(op, code, x.size, inp=inp, aux1=self._publish_extra(target))
+            left = (me - 1) % n
+            self._peer_sources(op, parity, inp, only=left)
+            self._bases[OUT, left] = self._left_extra_buffer(parity, op)
+            steps = self._phases(("ring_all_gather", nb), lambda: [
+                m for s in range(n - 1) for m in _slices.ring_all_gather_step(me, n, nb, s)])
+            self._run_ring(op, steps, self._ring_flags(op, n - 1))
+            self._finish(op)
+        else:
+            parity = self._mesh(op, inp, plan, MESH_NO_DEPARTURE if eager else MESH_BARRIER, code, x.size)
+        if target is not None:
+            self._output_done(out, target)
+        self._tick(op, parity, x.nbytes, algo, itemsize=x.itemsize)
+
+    def _check_all_gather(self, out: np.ndarray, x: np.ndarray) -> tuple[tuple, bool]:
+        """all_gather's argument checks (raising on every rank of the call), and what they decided
+        (see _prepared.py): dtype code, algorithm, eager, the input (None: the eager copy, made
+        per call), the mesh's plan, the output's address, where it is written (None: in place)."""
+        op = "all_gather"
         try:
             code = _reduce.dtype_code(x.dtype, op)
             o = _flat(out, op, "output", writable=True)
@@ -416,30 +445,34 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
             eager = algo == "mesh" and x.nbytes <= EAGER_BYTES
             if self._path is not self._default_path:
                 self._check_path(op)
-            inp = self._eager_input(_flat(x, op, "input")) if eager else self._as_input(x, op)
+            _flat(x, op, "input")
+            inp = None if eager else self._as_input(x, op)
             target = self._output(o, hbm=algo == "ring")
         except Exception as e:
             self._begin(op, {}, error=e)
         me, n, nb = self.rank, self.size, x.nbytes
-        self._bases[OUT, me] = _native.data_address(target)
-        if algo == "ring":
-            parity = self._enter(op, code, x.size, inp=inp, aux1=self._publish_extra(target))
-            left = (me - 1) % n
-            self._peer_sources(op, parity, inp, only=left)
-            self._bases[OUT, left] = self._left_extra_buffer(parity, op)
-            steps = self._phases(("ring_all_gather", nb), lambda: [
-                m for s in range(n - 1) for m in _slices.ring_all_gather_step(me, n, nb, s)])
-            self._run_ring(op, steps, self._ring_flags(op, n - 1))
-            self._finish(op)
-        else:
-            plan = self._phase(("all_gather", nb), lambda: _slices.all_gather(me, n, nb))
-            parity = self._mesh(op, inp, plan, MESH_NO_DEPARTURE if eager else MESH_BARRIER, code, x.size)
-        self._output_done(out, target)
-        self._tick(op, parity, x.nbytes, algo, itemsize=x.itemsize)
+        plan = self._phase(("all_gather", nb), lambda: _slices.all_gather(me, n, nb)) if algo == "mesh" else None
+        out_addr = _native.data_address(target)
+        if algo == "mesh" and target is o:
+            held = None if eager else inp.in_place_of(x)
+            if eager or held is not None:
+                return (code, algo, eager, held, plan, out_addr, None), True
+        return (code, algo, eager, inp, plan, out_addr, target), False
 
     @collective
     def all_to_all(self, out: np.ndarray, x: np.ndarray) -> None:
         """Equal splits: chunk j of rank i's ``x`` lands in chunk i of rank j's ``out``. Collective."""
+        op = "all_to_all"
+        key = (op, id(out), id(x)) if self._path is self._default_path else None
+        code, inp, plan, out_addr, target = self._prepared.get(key, (out, x), self._check_all_to_all, out, x)
+        self._bases[OUT, self.rank] = out_addr
+        parity = self._mesh(op, inp, plan, MESH_BARRIER, code, x.size)
+        if target is not None:
+            self._output_done(out, target)
+        self._tick(op, parity, x.nbytes, itemsize=x.itemsize)
+
+    def _check_all_to_all(self, out: np.ndarray, x: np.ndarray) -> tuple[tuple, bool]:
+        """all_to_all's checks and what they decided (as _check_all_gather)."""
         op = "all_to_all"
         try:
             code = _reduce.dtype_code(x.dtype, op)
@@ -456,11 +489,12 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
         except Exception as e:
             self._begin(op, {}, error=e)
         me, n, nb = self.rank, self.size, x.nbytes
-        self._bases[OUT, me] = _native.data_address(target)
         plan = self._phase(("all_to_all", nb), lambda: _slices.all_to_all(me, n, nb))
-        parity = self._mesh(op, inp, plan, MESH_BARRIER, code, x.size)
-        self._output_done(out, target)
-        self._tick(op, parity, x.nbytes, itemsize=x.itemsize)
+        out_addr = _native.data_address(target)
+        held = inp.in_place_of(x) if target is o else None
+        if held is not None:
+            return (code, held, plan, out_addr, None), True
+        return (code, inp, plan, out_addr, target), False
 
     @collective
     def all_to_all_v(self, out: np.ndarray, x: np.ndarray, send_counts: Sequence[int],
@@ -515,6 +549,20 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
     def broadcast(self, x: np.ndarray, root: int = 0) -> None:
         """Every rank's ``x`` receives the root's ``x``. Collective."""
         op = "broadcast"
+        key = (op, id(x), root) if type(root) is int and self._path is self._default_path else None
+        code, inp, plan, target = self._prepared.get(key, (x,), self._check_broadcast, x, root)
+        # a reader pulls into its own buffer, which it names as its input (bases[IN, me])
+        parity = self._mesh(op, inp, plan, MESH_ROOT if self.rank == root else MESH_ROOT_READER, code, x.size,
+                            root, only=root)
+        if target is not None:
+            self._output_done(x, target)
+        self._tick(op, parity, x.nbytes, root=root, itemsize=x.itemsize)
+
+    def _check_broadcast(self, x: np.ndarray, root: int) -> tuple[tuple, bool]:
+        """broadcast's checks and what they decided: dtype code, this rank's input (the root's
+        buffer, or where a reader pulls to), a reader's plan (None at the root), where a reader
+        writes (None: in place)."""
+        op = "broadcast"
         try:
             code = _reduce.dtype_code(x.dtype, op)
             _expect(isinstance(root, (int, np.integer)) and 0 <= root < self.size,
@@ -527,15 +575,14 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
         except Exception as e:
             self._begin(op, {}, error=e)
         me, n, nb = self.rank, self.size, x.nbytes
-        if me != root:
-            # pulled into this rank's own buffer, which it names as its input (bases[IN, me])
-            own = _Input(target, None, _native.data_address(target))
-            plan = self._phase(("broadcast", nb, root), lambda: _slices.broadcast(me, n, nb, root))
-            parity = self._mesh(op, own, plan, MESH_ROOT_READER, code, x.size, root, only=root)
-        else:
-            parity = self._mesh(op, inp, None, MESH_ROOT, code, x.size, root, only=root)
-        self._output_done(x, target)
-        self._tick(op, parity, x.nbytes, root=root, itemsize=x.itemsize)
+        if me == root:
+            held = inp.in_place_of(x)
+            return (code, inp if held is None else held, None, None), held is not None
+        own = _Input(target, None, _native.data_address(target))
+        plan = self._phase(("broadcast", nb, root), lambda: _slices.broadcast(me, n, nb, root))
+        if target is xf:
+            return (code, _Input(None, None, own.addr, own.nbytes), plan, None), True
+        return (code, own, plan, target), False
 
     @collective
     def reduce_scatter(self, out: np.ndarray, x: np.ndarray, op: str = "sum") -> None:
@@ -543,6 +590,31 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
 
         Mesh: every output element is reduced in rank order. Ring: chunk c is reduced in the
         order the ring visits the ranks, c+1, c+2, ..., c (runtime/_ringsteps.py)."""
+        name = "reduce_scatter"
+        key = (name, id(out), id(x), op) if type(op) is str and self._path is self._default_path else None
+        code, rcode, algo, inp, plan, out_addr, target = self._prepared.get(key, (out, x), self._check_reduce_scatter,
+                                                                            out, x, op)
+        me, n, count, item = self.rank, self.size, x.size, x.itemsize
+        self._bases[OUT, me] = out_addr
+        if algo == "ring":
+            part = self._ring_scratch(x.nbytes)
+            parity = self._enter(name, code, out.size, 0, rcode, inp, aux1=self._publish_extra(part))
+            left = (me - 1) % n
+            self._peer_sources(name, parity, inp, only=left)
+            self._bases[SCRATCH, me] = _native.data_address(part)
+            self._bases[SCRATCH, left] = self._left_extra_buffer(parity, name)
+            steps = self._phases(("ring_reduce_scatter", count, item), lambda: [
+                m for s in range(n - 1) for m in _slices.ring_reduce_scatter_step(me, n, count, item, s)], item)
+            self._run_ring(name, steps, self._ring_flags(name, n - 1), code, rcode)
+            self._finish(name)
+        else:
+            parity = self._mesh(name, inp, plan, MESH_BARRIER, code, out.size, 0, rcode, float(n))
+        if target is not None:
+            self._output_done(out, target)
+        self._tick(name, parity, x.nbytes, algo, itemsize=x.itemsize)
+
+    def _check_reduce_scatter(self, out: np.ndarray, x: np.ndarray, op: str) -> tuple[tuple, bool]:
+        """reduce_scatter's checks and what they decided (as _check_all_gather, with the reduce op)."""
         name = "reduce_scatter"
         try:
             code = _reduce.dtype_code(x.dtype, name)
@@ -560,24 +632,15 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
         except Exception as e:
             self._begin(name, {}, error=e)
         me, n, count, item = self.rank, self.size, x.size, x.itemsize
-        self._bases[OUT, me] = _native.data_address(target)
-        if algo == "ring":
-            part = self._ring_scratch(x.nbytes)
-            parity = self._enter(name, code, o.size, 0, rcode, inp, aux1=self._publish_extra(part))
-            left = (me - 1) % n
-            self._peer_sources(name, parity, inp, only=left)
-            self._bases[SCRATCH, me] = _native.data_address(part)
-            self._bases[SCRATCH, left] = self._left_extra_buffer(parity, name)
-            steps = self._phases(("ring_reduce_scatter", count, item), lambda: [
-                m for s in range(n - 1) for m in _slices.ring_reduce_scatter_step(me, n, count, item, s)], item)
-            self._run_ring(name, steps, self._ring_flags(name, n - 1), code, rcode)
-            self._finish(name)
-        else:
+        plan = None
+        if algo == "mesh":
             plan = self._phase(("reduce_scatter", count, item), lambda: _slices.reduce_scatter(me, n, count, item),
                                item)
-            parity = self._mesh(name, inp, plan, MESH_BARRIER, code, o.size, 0, rcode, float(n))
-        self._output_done(out, target)
-        self._tick(name, parity, x.nbytes, algo, itemsize=x.itemsize)
+        out_addr = _native.data_address(target)
+        held = inp.in_place_of(x) if algo == "mesh" and target is o else None
+        if held is not None:
+            return (code, rcode, algo, held, plan, out_addr, None), True
+        return (code, rcode, algo, inp, plan, out_addr, target), False
 
     @collective
     def all_reduce(self, x: np.ndarray, op: str = "sum") -> None:
@@ -591,38 +654,25 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
         ring all-gather; chunk c is reduced in the order c+1, ..., c (runtime/_ringsteps.py).
         """
         name = "all_reduce"
-        try:
-            code = _reduce.dtype_code(x.dtype, name)
-            rcode = _reduce.reduce_code(op, x.dtype, name)
-            xf = _flat(x, name, "buffer", writable=True)
-            if self._path is not self._default_path:
-                self._check_path(name)
-            algo = self._algo_for(name, x.nbytes, x.itemsize)
-            eager = algo == "mesh" and x.nbytes <= EAGER_BYTES
-            inp = self._eager_input(xf) if eager else self._as_input(x, name)
-        except Exception as e:
-            self._begin(name, {}, error=e)
-        flat, n, me = inp.flat, self.size, self.rank
-        count, item, nb = flat.size, flat.itemsize, flat.nbytes
+        key = (name, id(x), op) if type(op) is str and self._path is self._default_path else None
+        code, rcode, algo, eager, inp, first, second, out_addr, target = self._prepared.get(
+            key, (x,), self._check_all_reduce, x, op)
+        n, me, count, item = self.size, self.rank, x.size, x.itemsize
         bases = self._bases
         if eager:
-            # every rank reduces the whole buffer from the peers' eager copies straight into x:
-            # nobody reads x, and the copies stay valid until the next call's arrival barrier
-            target = self._output(xf)
-            bases[OUT, me] = _native.data_address(target)
-            if count >= n and n * nb >= EAGER_CHUNKS_READ:
-                first, second = self._phases(("all_reduce_eager_chunks", count, item),
-                                             lambda: _slices.all_reduce_eager_chunks(me, n, count, item), item)
-                parity = self._mesh(name, inp, first, MESH_NO_DEPARTURE, code, x.size, 0, rcode, float(n), second)
-            else:
-                plan = self._phase(("all_reduce_eager", nb, item), lambda: _slices.all_reduce_eager(me, n, nb), item)
-                parity = self._mesh(name, inp, plan, MESH_NO_DEPARTURE, code, x.size, 0, rcode, float(n))
-            self._output_done(x, target)
-            self._tick(name, parity, x.nbytes, algo, itemsize=x.itemsize)
+            # every rank reduces the whole buffer (or its chunk) from the peers' eager copies
+            # straight into x: nobody reads x, and the copies stay valid until the next call's
+            # arrival barrier
+            inp = self._eager_input(_flat(x, name, "buffer"))
+            bases[OUT, me] = out_addr
+            parity = self._mesh(name, inp, first, MESH_NO_DEPARTURE, code, count, 0, rcode, float(n), second)
+            if target is not None:
+                self._output_done(x, target)
+            self._tick(name, parity, x.nbytes, algo, itemsize=item)
             return
         if algo == "ring":
-            part = self._ring_scratch(nb)
-            parity = self._enter(name, code, x.size, 0, rcode, inp, aux1=self._publish_extra(part))
+            part = self._ring_scratch(x.nbytes)
+            parity = self._enter(name, code, count, 0, rcode, inp, aux1=self._publish_extra(part))
             left = (me - 1) % n
             self._peer_sources(name, parity, inp, only=left)
             bases[SCRATCH, me] = _native.data_address(part)
@@ -636,17 +686,54 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
             # large: reduce own chunk in place, barrier, gather the finished chunks; fewer
             # elements than ranks: reduce the whole buffer privately, barrier (nobody reads this
             # rank's input any more), copy it back
-            scratch = np.empty(nb, np.uint8) if count < n else None
+            scratch = np.empty(x.nbytes, np.uint8) if count < n else None
             if scratch is not None:
                 bases[SCRATCH, me] = _native.data_address(scratch)
+            parity = self._mesh(name, inp, first, MESH_BARRIER if scratch is None else MESH_NO_DEPARTURE, code,
+                                count, 0, rcode, float(n), second)
+        if target is not None:       # the input was staged: the result is in the staged copy
+            _copy_back(x, target)
+            self._rt.stats["bytes_staged"] += x.nbytes
+        self._tick(name, parity, x.nbytes, algo, itemsize=item)
+
+    def _check_all_reduce(self, x: np.ndarray, op: str) -> tuple[tuple, bool]:
+        """all_reduce's checks and what they decided: dtype and reduce codes, algorithm, eager,
+        the input (None: the eager copy, made per call), the mesh's phases, and where the
+        result is written: eager, the output's address and array (None: x in place); otherwise
+        the staged copy to copy back (None: x was reduced in place)."""
+        name = "all_reduce"
+        try:
+            code = _reduce.dtype_code(x.dtype, name)
+            rcode = _reduce.reduce_code(op, x.dtype, name)
+            xf = _flat(x, name, "buffer", writable=True)
+            if self._path is not self._default_path:
+                self._check_path(name)
+            algo = self._algo_for(name, x.nbytes, x.itemsize)
+            eager = algo == "mesh" and x.nbytes <= EAGER_BYTES
+            inp = None if eager else self._as_input(x, name)
+        except Exception as e:
+            self._begin(name, {}, error=e)
+        n, me, count, item, nb = self.size, self.rank, x.size, x.itemsize, x.nbytes
+        first = second = None
+        if eager:
+            target = self._output(xf)
+            if count >= n and n * nb >= EAGER_CHUNKS_READ:
+                first, second = self._phases(("all_reduce_eager_chunks", count, item),
+                                             lambda: _slices.all_reduce_eager_chunks(me, n, count, item), item)
+            else:
+                first = self._phase(("all_reduce_eager", nb, item), lambda: _slices.all_reduce_eager(me, n, nb), item)
+            out_addr = _native.data_address(target)
+            if target is xf:
+                return (code, rcode, algo, True, None, first, second, out_addr, None), True
+            return (code, rcode, algo, True, None, first, second, out_addr, target), False
+        if algo == "mesh":
             first, second = self._phases(("all_reduce", count, item),
                                          lambda: _slices.all_reduce(me, n, count, item, small=0), item)
-            parity = self._mesh(name, inp, first, MESH_BARRIER if scratch is None else MESH_NO_DEPARTURE, code,
-                                x.size, 0, rcode, float(n), second)
-        if inp.addr != _native.data_address(xf) or not xf.flags.c_contiguous:
-            _copy_back(x, inp.flat)
-            self._rt.stats["bytes_staged"] += x.nbytes
-        self._tick(name, parity, x.nbytes, algo, itemsize=x.itemsize)
+        staged = inp.flat if inp.addr != _native.data_address(xf) or not xf.flags.c_contiguous else None
+        held = inp.in_place_of(x) if algo == "mesh" and count >= n else None
+        if held is not None:
+            return (code, rcode, algo, False, held, first, second, 0, None), True
+        return (code, rcode, algo, False, inp, first, second, 0, staged), False
 
     # --- sub-communicators ------------------------------------------------------------------
     @collective

@@ -136,12 +136,8 @@ class PointToPoint:
         ``_complete_send`` waits on."""
         if not (isinstance(dst, (int, np.integer)) and 0 <= dst < self.size and dst != self.rank):
             raise ValueError(f"send: destination {dst!r} is not another rank of this communicator (size {self.size})")
-        error = None
-        try:
-            code = _reduce.dtype_code(x.dtype, "send")
-            inp = self._as_input(x, "send")
-        except Exception as e:
-            error, code, inp = e, 0, None
+        key = ("send", id(x)) if self._path is self._default_path else None
+        code, inp, error = self._prepared.get(key, (x,), self._check_send, x)
         self._sent[dst] += 1
         seq = self._sent[dst] & 0xFFFFFFFF
         seg = inp.seg if inp is not None else None
@@ -149,13 +145,24 @@ class PointToPoint:
         # the descriptor in F_* order (runtime/_control.py): op, dtype, count, root, redop, flags,
         # addr, nbytes, seg va, seg size, seg offset, epoch, aux0, aux1, aux2, call
         if seg is not None:
-            self._send_fields = (100, code, x.size, 0, 0, 0, inp.addr, inp.flat.nbytes, seg.va, seg.size,
+            self._send_fields = (100, code, x.size, 0, 0, 0, inp.addr, inp.nbytes, seg.va, seg.size,
                                  seg.hbm_offset, seg.epoch, aux0, 0, 0, seq)
         else:
-            addr, nbytes = (inp.addr, inp.flat.nbytes) if inp is not None else (0, 0)
+            addr, nbytes = (inp.addr, inp.nbytes) if inp is not None else (0, 0)
             self._send_fields = (100, code, x.size if inp is not None else 0, 0, 0,
                                  FLAG_REJECTED if error is not None else 0, addr, nbytes, 0, 0, 0, 0, aux0, 0, 0, seq)
-        return dst, seq, error, inp, x, t_send
+        return dst, seq, error, x, t_send
+
+    def _check_send(self, x: np.ndarray) -> tuple[tuple, bool]:
+        """A send's checks and what they decided (runtime/_prepared.py): dtype code, the input,
+        the error that rejects the send (reported to both sides after the handshake)."""
+        try:
+            code = _reduce.dtype_code(x.dtype, "send")
+            inp = self._as_input(x, "send")
+        except Exception as e:
+            return (0, None, e), False
+        held = inp.in_place_of(x)
+        return (code, inp if held is None else held, None), held is not None
 
     def _abandon(self, send: tuple) -> None:
         """The receive half failed: still post the send (if not yet) and see it through, so the
@@ -170,7 +177,7 @@ class PointToPoint:
 
     def _complete_send(self, posted: tuple) -> float | None:
         """Wait for the receiver; under a modeled clock, return the sender's modeled exit time."""
-        dst, seq, error, inp, x, t_send = posted
+        dst, seq, error, x, t_send = posted
         done = self._sent_done[dst]
         if not _native.wait_seq_u32(done, seq, SPIN_POLLS, SLICE):
             wait_until(lambda: seq_reached(_native.load_u32(done), seq), done, self._rt.health, f"send to {dst}",
@@ -197,24 +204,28 @@ class PointToPoint:
             raise ValueError(f"recv: source {src!r} is not another rank of this communicator (size {self.size})")
         self._received[src] += 1
         seq = self._received[src] & 0xFFFFFFFF
+        key = ("recv", id(x), src) if self._path is self._default_path else None
+        native, plan = self._prepared.get(key, (x,), self._check_recv, x, src)
+        return src, seq, native, plan
+
+    def _check_recv(self, x: np.ndarray, src: int) -> tuple[tuple, bool]:
+        """What a receive's checks decided (runtime/_prepared.py): the native call's receive
+        arguments and the plan, or (None, None) when the common case does not apply (a bad
+        argument, which _recv raises after telling the sender; an output not written in place)."""
         try:
             code = _reduce.dtype_code(x.dtype, "recv")
             xf = _flat(x, "recv", "buffer", writable=True)
         except Exception:
-            return src, seq, None, None     # _recv raises it after telling the sender
+            return (None, None), False
         if self._output(xf) is not xf:
-            return src, seq, None, None
+            return (None, None), False
         nb = x.nbytes
         plan = None
         if nb:
-            key = ("recv", src, nb)
-            plans = self._plans.cached(key)
-            if plans is None:
-                me = self.rank
-                plans = self._phases(key, lambda: _slices.recv(me, src, nb))
-            plan = plans[0]
-        return src, seq, (code, x.size, x.itemsize, _native.data_address(xf) if nb else 0,
-                          plan.table if plan is not None else None), plan
+            me = self.rank
+            plan = self._phase(("recv", src, nb), lambda: _slices.recv(me, src, nb))
+        return ((code, x.size, x.itemsize, _native.data_address(xf) if nb else 0,
+                 plan.table if plan is not None else None), plan), True
 
     def _received_stats(self, plan) -> None:
         if plan is not None:

@@ -1,0 +1,126 @@
+"""Prepared calls (runtime/_prepared.py): a call repeated on the same arrays reuses its checks,
+and only while those arrays are what the checks saw."""
+from __future__ import annotations
+
+import gc
+import weakref
+
+import numpy as np
+import pytest
+
+import stratacl
+
+BIG = 100_000          # float32 elements: past the eager size, so peers read the array itself
+
+
+def _values(rank: int, it: int, count: int, dtype) -> np.ndarray:
+    return ((np.arange(count) * 7 + rank * 13 + it * 5) % 97).astype(dtype)
+
+
+def repeated_calls(comm):
+    """Every operator three times on the same arrays with new contents, HBM and plain."""
+    n, me = comm.size, comm.rank
+    bad = []
+    for where in ("hbm", "plain"):
+        make = stratacl.empty if where == "hbm" else np.empty
+        for count in (1000, BIG):
+            x, y = make((count,), np.float32), make((count,), np.float32)
+            gathered = make((n * count,), np.float32)
+            a2a_in, a2a_out = make((n * count,), np.float32), make((n * count,), np.float32)
+            part = make((count,), np.float32)
+            for it in range(3):
+                x[:] = _values(me, it, count, np.float32)
+                comm.all_reduce(x)
+                want = sum(_values(r, it, count, np.float32) for r in range(n))
+                if x.tobytes() != want.astype(np.float32).tobytes():
+                    bad.append(f"all_reduce {where} {count} iteration {it}")
+                x[:] = _values(me, it, count, np.float32)
+                comm.all_gather(gathered, x)
+                want = np.concatenate([_values(r, it, count, np.float32) for r in range(n)])
+                if gathered.tobytes() != want.tobytes():
+                    bad.append(f"all_gather {where} {count} iteration {it}")
+                a2a_in[:] = _values(me, it, n * count, np.float32)
+                comm.all_to_all(a2a_out, a2a_in)
+                want = np.concatenate([_values(r, it, n * count, np.float32)[me * count:(me + 1) * count]
+                                       for r in range(n)])
+                if a2a_out.tobytes() != want.tobytes():
+                    bad.append(f"all_to_all {where} {count} iteration {it}")
+                comm.reduce_scatter(part, a2a_in)
+                want = sum(_values(r, it, n * count, np.float32)[me * count:(me + 1) * count] for r in range(n))
+                if part.tobytes() != want.astype(np.float32).tobytes():
+                    bad.append(f"reduce_scatter {where} {count} iteration {it}")
+                for root in (it % n, 0):
+                    x[:] = _values(me, it, count, np.float32)
+                    comm.broadcast(x, root=root)
+                    if x.tobytes() != _values(root, it, count, np.float32).tobytes():
+                        bad.append(f"broadcast {where} {count} root {root} iteration {it}")
+                if n > 1:
+                    x[:] = _values(me, it, count, np.float32)
+                    comm.sendrecv(x, (me + 1) % n, y, (me - 1) % n)
+                    if y.tobytes() != _values((me - 1) % n, it, count, np.float32).tobytes():
+                        bad.append(f"sendrecv {where} {count} iteration {it}")
+    return bad
+
+
+@pytest.mark.parametrize("n", [1, 3, 8])
+def test_repeated_calls_on_the_same_arrays_see_new_contents(n):
+    for rank, bad in enumerate(stratacl.spawn(repeated_calls, n, timeout=120)):
+        assert bad == [], f"rank {rank}: {bad}"
+
+
+def changed_in_place(comm):
+    """The same array objects, changed between calls where numpy allows it: dtype, shape,
+    writability; a dead array and its successor; no array kept alive."""
+    n, me = comm.size, comm.rank
+    log = []
+    for count in (1000, BIG):
+        x = stratacl.empty((count,), np.float32)
+        x[:] = me + 1
+        comm.all_reduce(x)
+        log.append(bool((x == n * (n + 1) / 2).all()))
+        # the same bytes read as int32: a remembered float32 check would sum floats
+        x.dtype = np.int32
+        x[:] = me + 1
+        comm.all_reduce(x)
+        log.append(x.dtype == np.int32 and bool((x == n * (n + 1) // 2).all()))
+        # a new shape on the same object: the element count seen by the peers is still right
+        x.shape = (10, count // 10)
+        x[...] = me
+        comm.broadcast(x, root=n - 1)
+        log.append(x.shape == (10, count // 10) and bool((x == n - 1).all()))
+        # an output made read-only after a call wrote it in place (a plain array: HBM arrays
+        # cannot be made writable again): rejected on this rank (ValueError) and on the
+        # others (CollectiveMismatch), then accepted again once writable
+        w = np.zeros(count, np.float32)
+        comm.broadcast(w, root=n - 1)
+        w.flags.writeable = me != 0
+        try:
+            comm.broadcast(w, root=n - 1)
+            log.append("no error")
+        except ValueError as e:
+            log.append(("ValueError", "read-only" in str(e)))
+        except stratacl.CollectiveMismatch as e:
+            log.append(("CollectiveMismatch", "rejected their arguments" in str(e)))
+        w.flags.writeable = True
+        w[...] = me
+        comm.broadcast(w, root=n - 1)
+        log.append(bool((w == n - 1).all()))
+        # the remembered call holds no reference: the array dies, its HBM goes back
+        ref = weakref.ref(x)
+        allocated = stratacl.memory_stats()["allocated_bytes"]
+        del x
+        gc.collect()
+        log.append(ref() is None and stratacl.memory_stats()["allocated_bytes"] < allocated)
+        # a new array, possibly at the dead one's id and address
+        z = stratacl.empty((count,), np.float32)
+        z[:] = me + 2
+        comm.all_reduce(z)
+        log.append(bool((z == n * (n + 3) / 2).all()))
+    return log
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_changes_to_an_array_between_calls_are_seen(n):
+    for rank, log in enumerate(stratacl.spawn(changed_in_place, n, timeout=60)):
+        rejected = ("ValueError", True) if rank == 0 else ("CollectiveMismatch", True)
+        assert log == [True, True, True, rejected, True, True, True] * 2, f"rank {rank}"
