@@ -62,9 +62,11 @@ class PreparedCall:
         self.args = args
 
     def holds(self, arrays: tuple) -> bool:
-        for ref, layout, a in zip(self._refs, self._layouts, arrays):
-            if ref() is not a or _layout(a) != layout:
+        i = 0
+        for a in arrays:        # _layout inlined: this runs on every call
+            if self._refs[i]() is not a or (a.shape, a.strides, a.dtype, a.flags.writeable) != self._layouts[i]:
                 return False
+            i += 1
         return True
 
 
