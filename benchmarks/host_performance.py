@@ -107,8 +107,9 @@ def main() -> None:
                     help=f"bandwidth rows, comma separated, from {', '.join(OPS)}; 'none' for none "
                          f"(barrier is a latency row)")
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--iters", type=int, default=10, help="timed iterations for payloads >= 1 MiB")
     ap.add_argument("--small-iters", type=int, default=50, help="timed iterations below 1 MiB")
+    ap.add_argument("--iters", type=int, default=30, help="timed iterations from 1 MiB to below 16 MiB")
+    ap.add_argument("--large-iters", type=int, default=10, help="timed iterations from 16 MiB")
     ap.add_argument("--json", default=None)
     ap.add_argument("--no-latency", action="store_true")
     ap.add_argument("--no-memory", action="store_true")
@@ -125,14 +126,19 @@ def main() -> None:
         for op in ops:
             sizes = per_rank_sizes(op, n)
             small = [s for s in sizes if s < MiB]
-            large = [s for s in sizes if s >= MiB]
+            mid = [s for s in sizes if MiB <= s < 16 * MiB]
+            large = [s for s in sizes if s >= 16 * MiB]
             rows = []
-            # small payloads take microseconds: many iterations, so that a call's time is not its
-            # first-iteration skew (nccl-tests runs 5 warm-up and 20 timed iterations by default);
-            # every size also warms up for 1 s of wall time, both libraries alike: freshly started
-            # rank processes take about a second to settle (a 4 KiB all_reduce at N = 8 goes from
+            # a timed loop's time includes how far the ranks drift apart by its end (a ring of
+            # 1 MiB sendrecv at N = 8: 125 us per call, but 200-300 us for the last one and now
+            # and then 1-8 ms), so short loops measure that skew, not the operator: 1 MiB
+            # sendrecv at N = 8 reads 699, 362 and 199 us per call over 10, 30 and 100
+            # iterations. Iterations fall with the payload to bound the run's length
+            # (nccl-tests runs 5 warm-up and 20 timed iterations by default); every size also
+            # warms up for 1 s of wall time, both libraries alike: freshly started rank
+            # processes take about a second to settle (a 4 KiB all_reduce at N = 8 goes from
             # 157 to 64 us per call over its first 1200 calls)
-            for part, iters, warmup in ((small, a.small_iters, 10), (large, a.iters, 3)):
+            for part, iters, warmup in ((small, a.small_iters, 10), (mid, a.iters, 3), (large, a.large_iters, 3)):
                 if part:
                     runs = [run_bench(op, n, bench_size(op, n, part[0]), bench_size(op, n, part[-1]), iters, [],
                                       warmup) for _ in range(a.repeat)]
