@@ -124,3 +124,4 @@ def test_changes_to_an_array_between_calls_are_seen(n):
     for rank, log in enumerate(stratacl.spawn(changed_in_place, n, timeout=60)):
         rejected = ("ValueError", True) if rank == 0 else ("CollectiveMismatch", True)
         assert log == [True, True, True, rejected, True, True, True] * 2, f"rank {rank}"
+

@@ -3,14 +3,15 @@
 The launcher creates one shared-memory segment per job and hands its descriptor to every
 process it starts. It holds, in fixed places computed by ``Layout``:
 
-    header            job facts and the first failure, written by the launcher
+    header            job facts and the first failure, written by the launcher; the count of
+                      ranks asleep on a communicator word (so that wakes can be skipped)
     region[r]         one per rank: pid and state, a doorbell, the inbound mailbox rings
                       (one single-producer ring per sender, the daemon's last), and the rank's
                       communicator slots
     daemon region     the daemon's doorbell and one inbound ring per rank (the relay path)
 
-Every word has exactly one writer except the central barrier counter (atomic fetch-add) and
-doorbells (any producer may ring them). Nothing here is a lock.
+Every word has exactly one writer except the central barrier counter and the sleepers' count
+(atomic read-modify-writes) and doorbells (any producer may ring them). Nothing here is a lock.
 """
 from __future__ import annotations
 
@@ -41,6 +42,7 @@ STATE_NAMES = {0: "starting", 1: "running", 2: "finalized", 3: "dead"}
 # header word offsets (bytes)
 H_MAGIC, H_WORLD, H_FAILED_RANK, H_FAILED_KIND, H_FAILED_VALUE, H_LAUNCHER_PID = 0, 8, 16, 24, 32, 40
 H_HBM_SIZE, H_VA_BASE, H_SLICE = 48, 56, 64
+H_SLEEPERS = 128                          # u32, own cache line: see set_sleepers in _native.c
 FAILED_NONE, FAILED_EXIT, FAILED_SIGNAL, FAILED_SHUTDOWN = 0, 1, 2, 3
 
 # rank region word offsets (bytes)
@@ -173,7 +175,13 @@ class Control:
         self.i64[H_FAILED_VALUE // 8] = signum
         _native.store_u64(self.base + H_FAILED_KIND, FAILED_SHUTDOWN)
 
+    def count_sleepers(self) -> None:
+        """This process's waits on communicator words count themselves in the header, and its
+        wakes of those words are skipped while nobody sleeps (_native.c, set_sleepers)."""
+        _native.set_sleepers(self.base + H_SLEEPERS)
+
     def close(self) -> None:
+        _native.set_sleepers(0)
         self.u8 = self.u32 = self.u64 = self.i64 = None  # type: ignore[assignment]
         try:
             self._mm.close()

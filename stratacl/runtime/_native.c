@@ -91,24 +91,57 @@ static PyObject *fence(PyObject *self, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
-/* futex_wait(addr, expected, timeout_s) -> True if woken or the word changed, False on timeout. */
+/* How many threads of the job sleep, or are about to, on a communicator's futex words (a u32
+ * in the control segment's header, set once per process by set_sleepers). A wake of those
+ * words is skipped while it is 0: in a busy loop waiters rarely sleep (they poll, yielding),
+ * and FUTEX_WAKE on a shared mapping costs a system call and a page lookup even with nobody
+ * to wake. Safe by the usual pairing: a waiter increments it (sequentially consistent), then
+ * the kernel compares the word; a waker stores the word (sequentially consistent), then reads
+ * it. Either the waker sees the sleeper, or the kernel sees the new value and does not sleep.
+ * A sleeper that dies leaves it above 0: wakes are then made again, which is only slower. */
+static uint32_t *sleepers;
+
+static void wake_sleepers(uint32_t *word) {
+    if (sleepers == NULL || __atomic_load_n(sleepers, __ATOMIC_SEQ_CST) != 0)
+        syscall(SYS_futex, word, FUTEX_WAKE, 0x7fffffff, NULL, NULL, 0);
+}
+
+/* set_sleepers(addr): the count's address in this process (0: none, every wake is made). */
+static PyObject *set_sleepers(PyObject *self, PyObject *arg) {
+    void *p;
+    if (parse_addr(arg, &p) < 0) return NULL;
+    sleepers = (uint32_t *)p;
+    Py_RETURN_NONE;
+}
+
+/* futex_wait(addr, expected, timeout_s[, counted]) -> True if woken or the word changed, False
+ * on timeout. ``counted``: the word is a communicator's, whose wakes are skipped when nobody
+ * is counted asleep (see sleepers). */
 static PyObject *futex_wait(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     void *p;
-    if (n != 3) { PyErr_SetString(PyExc_TypeError, "futex_wait(addr, expected, timeout_s)"); return NULL; }
+    if (n != 3 && n != 4) {
+        PyErr_SetString(PyExc_TypeError, "futex_wait(addr, expected, timeout_s[, counted])");
+        return NULL;
+    }
     if (parse_addr(args[0], &p) < 0) return NULL;
     unsigned long expected = PyLong_AsUnsignedLong(args[1]);
     if (expected == (unsigned long)-1 && PyErr_Occurred()) return NULL;
     double t = PyFloat_AsDouble(args[2]);
     if (t == -1.0 && PyErr_Occurred()) return NULL;
     if (t < 0) t = 0;
+    int counted = n == 4 ? PyObject_IsTrue(args[3]) : 0;
+    if (counted < 0) return NULL;
+    uint32_t *count = counted ? sleepers : NULL;
     struct timespec ts;
     ts.tv_sec = (time_t)t;
     ts.tv_nsec = (long)((t - (double)ts.tv_sec) * 1e9);
     long rc;
     int err;
     Py_BEGIN_ALLOW_THREADS
+    if (count != NULL) __atomic_fetch_add(count, 1, __ATOMIC_SEQ_CST);
     rc = syscall(SYS_futex, (uint32_t *)p, FUTEX_WAIT, (uint32_t)expected, &ts, NULL, 0);
     err = errno;
+    if (count != NULL) __atomic_fetch_sub(count, 1, __ATOMIC_SEQ_CST);
     Py_END_ALLOW_THREADS
     if (rc == 0) Py_RETURN_TRUE;
     if (err == EAGAIN || err == EINTR) Py_RETURN_TRUE;
@@ -142,7 +175,10 @@ static int sleep_until(uint32_t *word, uint32_t seen, double end) {
     struct timespec ts;
     ts.tv_sec = (time_t)left;
     ts.tv_nsec = (long)((left - (double)ts.tv_sec) * 1e9);
+    uint32_t *count = sleepers;
+    if (count != NULL) __atomic_fetch_add(count, 1, __ATOMIC_SEQ_CST);
     syscall(SYS_futex, word, FUTEX_WAIT, seen, &ts, NULL, 0);
+    if (count != NULL) __atomic_fetch_sub(count, 1, __ATOMIC_SEQ_CST);
     return 1;
 }
 
@@ -227,7 +263,7 @@ static int barrier(const int64_t *cx, uint64_t k, long polls, double seconds) {
     __atomic_store_n((uint32_t *)(uintptr_t)cx[CX_ARRIVAL], (uint32_t)k, __ATOMIC_SEQ_CST);
     if (__atomic_fetch_add(counter, 1, __ATOMIC_SEQ_CST) + 1 == target) {
         __atomic_store_n(gen, (uint32_t)k, __ATOMIC_SEQ_CST);
-        syscall(SYS_futex, gen, FUTEX_WAKE, 0x7fffffff, NULL, NULL, 0);
+        wake_sleepers(gen);
         return 1;
     }
     for (long i = 0; i < polls; i++) {
@@ -369,7 +405,7 @@ static PyObject *post(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     if (PyErr_Occurred() || read_fields(args[1], fields, "post") < 0) return NULL;
     memcpy(desc, fields, DESC_FIXED * 8);
     __atomic_store_n((uint32_t *)flag, (uint32_t)seq, __ATOMIC_SEQ_CST);
-    syscall(SYS_futex, (uint32_t *)flag, FUTEX_WAKE, 0x7fffffff, NULL, NULL, 0);
+    wake_sleepers((uint32_t *)flag);
     Py_RETURN_NONE;
 }
 
@@ -383,7 +419,7 @@ static PyObject *done(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     if (PyErr_Occurred()) return NULL;
     uint32_t now = __atomic_add_fetch((uint32_t *)word, 1, __ATOMIC_SEQ_CST);
     if (now != (uint32_t)target) Py_RETURN_FALSE;
-    syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE, 0x7fffffff, NULL, NULL, 0);
+    wake_sleepers((uint32_t *)word);
     Py_RETURN_TRUE;
 }
 
@@ -471,7 +507,7 @@ static PyObject *p2p(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (dst >= 0) {
         memcpy((void *)(uintptr_t)w[dst * PX_WORDS + PX_SEND_DESC], fields, DESC_FIXED * 8);
         __atomic_store_n(WORD(dst, PX_SEND_FLAG), (uint32_t)send_seq, __ATOMIC_SEQ_CST);
-        syscall(SYS_futex, WORD(dst, PX_SEND_FLAG), FUTEX_WAKE, 0x7fffffff, NULL, NULL, 0);
+        wake_sleepers(WORD(dst, PX_SEND_FLAG));
     }
     stage = P2P_SEND_WAIT;
     if (src >= 0) {
@@ -495,7 +531,7 @@ static PyObject *p2p(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
             } else {
                 __atomic_store_n(WORD(src, PX_RECV_STATUS), 0u, __ATOMIC_SEQ_CST);
                 __atomic_store_n(WORD(src, PX_RECV_DONE), (uint32_t)recv_seq, __ATOMIC_SEQ_CST);
-                syscall(SYS_futex, WORD(src, PX_RECV_DONE), FUTEX_WAKE, 0x7fffffff, NULL, NULL, 0);
+                wake_sleepers(WORD(src, PX_RECV_DONE));
             }
         }
     }
@@ -613,7 +649,7 @@ static PyObject *mesh(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
                 if (!barrier(c, next, polls, seconds)) stage = MESH_DEPART;
             } else if (departure == MESH_ROOT_READER) {
                 if (__atomic_add_fetch((uint32_t *)word, 1, __ATOMIC_SEQ_CST) == (uint32_t)target)
-                    syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE, 0x7fffffff, NULL, NULL, 0);
+                    wake_sleepers((uint32_t *)word);
             } else if (departure == MESH_ROOT) {
                 if (!await_seq((uint32_t *)word, (uint32_t)target, polls, seconds)) stage = MESH_DEPART;
             }
@@ -722,6 +758,7 @@ static PyMethodDef methods[] = {
     {"mmap_at", (PyCFunction)(void (*)(void))mmap_at, METH_FASTCALL, "mmap at a fixed address."},
     {"munmap_at", (PyCFunction)(void (*)(void))munmap_at, METH_FASTCALL, "munmap a range."},
     {"punch_hole", (PyCFunction)(void (*)(void))punch_hole, METH_FASTCALL, "Release the pages of a file range."},
+    {"set_sleepers", set_sleepers, METH_O, "Where this job counts the sleepers on communicator words."},
     {"set_pdeathsig", set_pdeathsig, METH_O, "Deliver a signal to this process when its parent dies."},
     {NULL, NULL, 0, NULL},
 };

@@ -95,7 +95,7 @@ def wait_until(ready: Callable[[], bool], futex_addr: int, health: JobHealth, op
             raise CommTimeout(f"{operation}: rank {health.rank} waited {timeout:g} s for {what}; "
                               f"still missing: {gone}. Raise --timeout (STRATACL_TIMEOUT) if they are "
                               f"only slow.")
-        _native.futex_wait(futex_addr, seen, min(SLICE, left))
+        _native.futex_wait(futex_addr, seen, min(SLICE, left), True)     # counted: see set_sleepers
         if not ready():
             health.check(operation, missing())
 

@@ -58,6 +58,7 @@ class Runtime:
             raise BootstrapError(f"rank {rank}: the control segment of job {job_id} is not initialised")
         self.topology = _topology.load(config.topology)
         self.health = JobHealth(ctl, rank)
+        ctl.count_sleepers()
         self.window = ShadowWindow(ctl.header(H_VA_BASE), world, ctl.header(H_SLICE))
         capacity = ctl.header(H_HBM_SIZE)
         # staged: communication buffers are ordinary allocations, registered on allocation
