@@ -211,6 +211,11 @@ def sweep(backend: Backend, spec: Spec, progress=None) -> list[dict]:
         elapsed = (time.perf_counter() - t0) / max(spec.iters, 1)
         m1 = clock() if clock is not None else None
         l1 = late() if late is not None else 0
+        # ranks that are done wait here: the data check and the next size are work that, on
+        # shared cores, would otherwise delay the ranks still in their last iterations (a
+        # 1 MiB sendrecv ring at N = 8 whose early ranks went on: a last call of 2.5-8 ms
+        # instead of about 0.2 ms)
+        backend.barrier()
         wrong = 0
         if spec.check and spec.op != "barrier":
             for _ in range(spec.check):
