@@ -129,15 +129,16 @@ def main() -> None:
             mid = [s for s in sizes if MiB <= s < 16 * MiB]
             large = [s for s in sizes if s >= 16 * MiB]
             rows = []
-            # a timed loop's time includes how far the ranks drift apart by its end (a ring of
-            # 1 MiB sendrecv at N = 8: 125 us per call, but 200-300 us for the last one and now
-            # and then 1-8 ms), so short loops measure that skew, not the operator: 1 MiB
-            # sendrecv at N = 8 reads 699, 362 and 199 us per call over 10, 30 and 100
-            # iterations. Iterations fall with the payload to bound the run's length
-            # (nccl-tests runs 5 warm-up and 20 timed iterations by default); every size also
-            # warms up for 1 s of wall time, both libraries alike: freshly started rank
-            # processes take about a second to settle (a 4 KiB all_reduce at N = 8 goes from
-            # 157 to 64 us per call over its first 1200 calls)
+            # more iterations from 1 MiB than before: a loop's last call also absorbs how far
+            # the ranks drifted apart (a ring of 1 MiB sendrecv at N = 8: about 0.1 ms). Until
+            # the sweep put a barrier after each timed loop, the ranks done first went on to
+            # the data check while others were still in their last calls, which cost those
+            # calls 2.5-8 ms; with 10 iterations the 1-4 MiB cells measured mostly that.
+            # Iterations fall with the payload to bound the run's length (nccl-tests runs 5
+            # warm-up and 20 timed iterations by default); every size also warms up for 1 s
+            # of wall time, both libraries alike: freshly started rank processes take about a
+            # second to settle (a 4 KiB all_reduce at N = 8 goes from 157 to 64 us per call
+            # over its first 1200 calls)
             for part, iters, warmup in ((small, a.small_iters, 10), (mid, a.iters, 3), (large, a.large_iters, 3)):
                 if part:
                     runs = [run_bench(op, n, bench_size(op, n, part[0]), bench_size(op, n, part[-1]), iters, [],
