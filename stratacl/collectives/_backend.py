@@ -109,10 +109,6 @@ class Plans:
         self._cache: dict = {}
         self._limit = limit
 
-    def cached(self, key: tuple) -> tuple[Plan, ...] | None:
-        """The phases compiled for ``key``, or None (no closure to build: the hot path's lookup)."""
-        return self._cache.get(key)
-
     def get(self, key: tuple, build: Callable[[], Sequence[SliceMap]], itemsize: int = 1) -> tuple[Plan, ...]:
         got = self._cache.get(key)
         if got is None:

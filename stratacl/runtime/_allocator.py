@@ -281,6 +281,15 @@ class _HbmArrayBase:
                                     "version": 3}
 
 
+def hbm_base(a: np.ndarray) -> _HbmArrayBase | None:
+    """The owner of the HBM block ``a`` (made by array_from_block, or a view of such an array)
+    keeps alive, or None."""
+    b = a.base
+    while isinstance(b, np.ndarray):
+        b = b.base
+    return b if type(b) is _HbmArrayBase else None
+
+
 def array_from_block(allocator: CachingAllocator, block: Block, shape: tuple[int, ...],
                      dtype: np.dtype) -> np.ndarray:
     base = _HbmArrayBase(block, shape, dtype)

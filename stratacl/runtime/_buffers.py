@@ -28,10 +28,9 @@ import numpy as np
 
 from ..collectives._schedule import EAGER_BYTES
 from . import _native
-from ._allocator import _HbmArrayBase
+from ._allocator import hbm_base
 from ._args import _copy_back, _flat
 from ._control import F_ADDR, F_EPOCH, F_NBYTES, F_SEG_OFF, F_SEG_SIZE, F_SEG_VA
-from ._prepared import holds_block
 
 
 class _Input:
@@ -52,7 +51,7 @@ class _Input:
     def in_place_of(self, x: np.ndarray) -> "_Input | None":
         """This input without its array, if peers read ``x`` itself from a block ``x`` holds
         (zero copy, and reusable while ``x`` lives: runtime/_prepared.py); else None."""
-        if self.seg is None or self.addr != _native.data_address(x) or not holds_block(x):
+        if self.seg is None or self.addr != _native.data_address(x) or hbm_base(x) is None:
             return None
         return _Input(None, self.seg, self.addr, self.nbytes)
 
@@ -98,10 +97,8 @@ class Buffers:
         """The segment of this rank's HBM holding ``a``, or None. An array made by
         stratacl.empty (or a view of one) keeps its block alive, so its segment is found
         without the allocator's lock; anything else is looked up."""
-        b = a.base
-        while isinstance(b, np.ndarray):
-            b = b.base
-        if type(b) is _HbmArrayBase:
+        b = hbm_base(a)
+        if b is not None:
             seg = b.block.seg
             if seg.va <= addr and addr + a.nbytes <= seg.va + seg.size:
                 return seg

@@ -449,7 +449,7 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
             eager = algo == "mesh" and x.nbytes <= EAGER_BYTES
             if self._path is not self._default_path:
                 self._check_path(op)
-            _flat(x, op, "input")
+            _flat(x, op, "input")          # an eager input is read per call, but checked here
             inp = None if eager else self._as_input(x, op)
             target = self._output(o, hbm=algo == "ring")
         except Exception as e:
@@ -582,11 +582,10 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
         if me == root:
             held = inp.in_place_of(x)
             return (code, inp if held is None else held, None, None), held is not None
-        own = _Input(target, None, _native.data_address(target))
         plan = self._phase(("broadcast", nb, root), lambda: _slices.broadcast(me, n, nb, root))
-        if target is xf:
-            return (code, _Input(None, None, own.addr, own.nbytes), plan, None), True
-        return (code, own, plan, target), False
+        if target is xf:         # in place: remember the address only, not the caller's array
+            return (code, _Input(None, None, _native.data_address(xf) if nb else 0, nb), plan, None), True
+        return (code, _Input(target, None), plan, target), False
 
     @collective
     def reduce_scatter(self, out: np.ndarray, x: np.ndarray, op: str = "sum") -> None:

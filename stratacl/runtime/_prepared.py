@@ -34,21 +34,11 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ._allocator import _HbmArrayBase
-
 CACHE_LIMIT = 64
 
 
 def _layout(a: np.ndarray) -> tuple:
     return a.shape, a.strides, a.dtype, a.flags.writeable
-
-
-def holds_block(a: np.ndarray) -> bool:
-    """True if ``a`` keeps its HBM block (and so its segment) alive: stratacl.empty or a view."""
-    b = a.base
-    while isinstance(b, np.ndarray):
-        b = b.base
-    return type(b) is _HbmArrayBase
 
 
 class PreparedCall:
@@ -90,6 +80,3 @@ class PreparedCalls:
                 self._entries.clear()
             self._entries[key] = PreparedCall(arrays, checked)
         return checked
-
-    def __len__(self) -> int:
-        return len(self._entries)

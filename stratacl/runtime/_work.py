@@ -132,21 +132,17 @@ def collective(fn: Callable) -> Callable:
     of a rank's Python is about 16 of the call's (docs/performance.md), and a ``*args,
     **kwargs`` wrapper cost about 2 us of it."""
     params = list(inspect.signature(fn).parameters.values())[1:]
-    if any(p.kind not in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) or p.name in ("async_op", "path")
-           for p in params):
+    if any(p.kind is not p.POSITIONAL_OR_KEYWORD or p.name in ("async_op", "path") for p in params):
         raise TypeError(f"collective: {fn.__name__} needs plain named parameters")
     namespace: dict[str, Any] = {"fn": fn, "deferred": _deferred}
-    declared, passed = [], []
+    declared = []
     for p in params:
         if p.default is not p.empty:
             namespace[f"default_{p.name}"] = p.default
-        star = "*, " if p.kind == p.KEYWORD_ONLY and not any("*" in d for d in declared) else ""
-        declared.append(star + p.name + (f"=default_{p.name}" if p.default is not p.empty else ""))
-        passed.append(p.name if p.kind == p.POSITIONAL_OR_KEYWORD else f"{p.name}={p.name}")
-    star = "" if any("*" in d for d in declared) else "*, "
-    args = ", ".join(passed)
+        declared.append(p.name if p.default is p.empty else f"{p.name}=default_{p.name}")
+    args = ", ".join(p.name for p in params)
     source = (
-        f"def {fn.__name__}(self, {', '.join(declared + [star + 'async_op=False', 'path=None'])}):\n"
+        f"def {fn.__name__}({', '.join(['self', *declared, '*', 'async_op=False', 'path=None'])}):\n"
         f"    if async_op or self._worker is not None or self._rt.clock is not None:\n"
         f"        return deferred(self, fn, lambda: fn(self, {args}), async_op, path)\n"
         f"    self._path = self._default_path if path is None else path\n"
