@@ -46,3 +46,53 @@ def test_sleeping_waiters_are_counted_and_woken_at_once():
     lags, asleep = results[0][0], results[0][1]
     assert min(asleep) >= 1, f"peers waiting for a late rank were not counted asleep: {asleep}"
     assert np.median(lags) < 0.005, f"waits ended {sorted(lags)} s after the last arrival"
+
+
+def barrier_forms(comm):
+    """Every way of calling barrier, each followed by a check that it waited for everyone: the
+    native common case, a keyword, debug logging (the Python path, which logs), asynchronous,
+    and blocking once a worker thread exists. Returns what this rank read from its right-hand
+    peer's word after each, the barrier records logged, and the barriers counted."""
+    import logging
+    me, n = comm.rank, comm.size
+    word = stratacl.zeros((1,), np.int64)
+    addrs = stratacl.zeros((n,), np.int64)
+    mine = stratacl.zeros((1,), np.int64)
+    mine[0] = word.ctypes.data
+    comm.all_gather(addrs, mine)
+    right = stratacl.ub.view(int(addrs[(me + 1) % n]), (1,), np.int64)
+    log = logging.getLogger("stratacl")
+    records: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda r: records.append(r.getMessage())
+
+    def logged():
+        log.addHandler(handler)
+        log.setLevel(logging.DEBUG)
+        try:
+            comm.barrier()
+        finally:
+            log.setLevel(logging.WARNING)
+            log.removeHandler(handler)
+
+    forms = [comm.barrier, lambda: comm.barrier(path="mte"), logged, comm.barrier,
+             lambda: comm.barrier(async_op=True).wait(), comm.barrier]
+    before = stratacl.stats()["calls"].get("barrier", 0)
+    seen = []
+    for i, form in enumerate(forms, 1):
+        if me == i % n:
+            time.sleep(0.02)          # late, so that a barrier that does not wait shows a stale word
+        word[0] = i
+        form()
+        seen.append(int(right[0]))
+        comm.barrier()                # nobody writes i + 1 before everyone has read i
+    counted = stratacl.stats()["calls"].get("barrier", 0) - before
+    return seen, [m for m in records if m.startswith("barrier call")], counted
+
+
+def test_every_form_of_barrier_waits_for_everyone():
+    for n in (1, 3):
+        for seen, logged, counted in stratacl.spawn(barrier_forms, n, timeout=60):
+            assert seen == [1, 2, 3, 4, 5, 6], seen
+            assert len(logged) == 1, logged
+            assert counted == 12, counted

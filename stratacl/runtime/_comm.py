@@ -58,7 +58,7 @@ log = logging.getLogger("stratacl")
 OPS = {"barrier": 1, "all_gather": 2, "all_reduce": 3, "reduce_scatter": 4, "all_to_all": 5,
        "all_to_all_v": 6, "broadcast": 7, "split": 8}
 OP_NAMES = {v: k for k, v in OPS.items()}
-OP_BARRIER = OPS["barrier"]
+_native.set_barrier(OPS["barrier"], SPIN_POLLS, SLICE, log.isEnabledFor, logging.DEBUG)
 # _native.mesh: departures, and the stages it returns (the last two: where the Python path picks up)
 MESH_NO_DEPARTURE, MESH_BARRIER, MESH_ROOT_READER, MESH_ROOT = 0, 1, 2, 3
 MESH_DONE, MESH_ENTER_WAIT, MESH_DISAGREE, MESH_SOURCES, MESH_DEPART, MESH_MIDDLE = 0, 1, 2, 3, 4, 5
@@ -127,6 +127,8 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
         self._eager = None
         self._eager_slots: dict[tuple, _Input] = {}    # (parity, nbytes, dtype) -> slot
         self._prepared = PreparedCalls()       # checked arguments of repeated calls (_prepared.py)
+        self._call_counts = rt.stats["calls"]
+        self._native_barrier = rt.clock is None     # see barrier
         self._init_execute()
         self._init_modeling()
         self._init_p2p()
@@ -186,6 +188,12 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
         """Publish ``fields`` in slot ``parity``, arrive at the next barrier, wait, compare."""
         k = self._syncs = self._syncs + 1
         status = _native.enter(self._cx, parity, k, SPIN_POLLS, SLICE, fields)
+        if status:
+            self._arrived(operation, parity, k, status)
+
+    def _arrived(self, operation: str, parity: int, k: int, status: int) -> None:
+        """After ``_native.enter``'s ``status`` 1 (still waiting) or 2 (a disagreement): wait
+        with health checks, compare; raises on a disagreement."""
         if status == 1:
             self._wait_barrier(k, operation)
             status = 0 if _native.agree(self._cx, parity) else 2
@@ -397,15 +405,15 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
     @collective
     def barrier(self) -> None:
         """Block until every rank of the communicator has called barrier. Collective."""
-        if self._rt.clock is None and not log.isEnabledFor(logging.DEBUG):
-            # _enter's work without its generality: at N = 32 on two cores each microsecond of a
-            # rank's time is about 16 of the barrier's (performance.md)
-            n = self._calls = self._calls + 1
-            self._arrive("barrier", n & 1, (OP_BARRIER, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, n))
-        else:
-            self._tick("barrier", self._enter("barrier"), 0)
-        calls = self._rt.stats["calls"]          # completed calls, as for every operation
+        self._tick("barrier", self._enter("barrier"), 0)
+        calls = self._call_counts          # completed calls, as for every operation
         calls["barrier"] = calls.get("barrier", 0) + 1
+
+    # The common case, a blocking call with no worker, no modeled clock and no debug logging,
+    # is native (_native.c, barrier_call): at N = 32 on two cores each microsecond of a rank's
+    # Python is about 16 of the barrier's (performance.md). It calls _barrier for anything else.
+    _barrier = barrier
+    barrier = _native.barrier_method
 
     @collective
     def all_gather(self, out: np.ndarray, x: np.ndarray) -> None:
