@@ -125,3 +125,84 @@ def test_changes_to_an_array_between_calls_are_seen(n):
         rejected = ("ValueError", True) if rank == 0 else ("CollectiveMismatch", True)
         assert log == [True, True, True, rejected, True, True, True] * 2, f"rank {rank}"
 
+
+
+def replayed_calls(comm):
+    """A prepared mesh call runs in one native call (_native.replay). For each such operator:
+    it gives the right bytes, counts the same bytes and calls as the Python path (taken under
+    debug logging, which also logs the call), and a disagreement met while replaying raises
+    CollectiveMismatch on every rank and leaves the communicator in step."""
+    import logging
+    n, me = comm.size, comm.rank
+    x, y = stratacl.empty((BIG,), np.float32), stratacl.empty((n * BIG,), np.float32)
+    part = stratacl.empty((BIG,), np.float32)
+    ops = {
+        "all_gather": (lambda: comm.all_gather(y, x), lambda it: y,
+                       lambda it: np.concatenate([_values(r, it, BIG, np.float32) for r in range(n)])),
+        "all_to_all": (lambda: comm.all_to_all(y, x2a), lambda it: y,
+                       lambda it: np.concatenate([_values(r, it, n * BIG, np.float32)[me * BIG:(me + 1) * BIG]
+                                                  for r in range(n)])),
+        "reduce_scatter": (lambda: comm.reduce_scatter(part, x2a), lambda it: part,
+                           lambda it: sum(_values(r, it, n * BIG, np.float32)[me * BIG:(me + 1) * BIG]
+                                          for r in range(n)).astype(np.float32)),
+        "all_reduce": (lambda: comm.all_reduce(x), lambda it: x,
+                       lambda it: sum(_values(r, it, BIG, np.float32) for r in range(n)).astype(np.float32)),
+        "broadcast": (lambda: comm.broadcast(x, root=n - 1), lambda it: x,
+                      lambda it: _values(n - 1, it, BIG, np.float32)),
+    }
+    x2a = stratacl.empty((n * BIG,), np.float32)
+    log = logging.getLogger("stratacl")
+    records: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda r: records.append(r.getMessage())
+    bad, it = [], 0
+
+    def fill():
+        x[:] = _values(me, it, BIG, np.float32)
+        x2a[:] = _values(me, it, n * BIG, np.float32)
+
+    def moved():
+        s = stratacl.stats()
+        return s["bytes_pulled"], s["bytes_local"], s["output_bytes_written"], dict(s["calls"])
+
+    for name, (call, result, want) in ops.items():
+        deltas = []
+        for logged in (False, False, True, False):
+            it += 1
+            fill()
+            before = moved()
+            if logged:
+                log.addHandler(handler)
+                log.setLevel(logging.DEBUG)
+            try:
+                call()
+            finally:
+                log.setLevel(logging.WARNING)
+                log.removeHandler(handler)
+            after = moved()
+            deltas.append((after[0] - before[0], after[1] - before[1], after[2] - before[2],
+                           after[3][name] - before[3].get(name, 0)))
+            if result(it).tobytes() != want(it).tobytes():
+                bad.append(f"{name} call {it} (logged: {logged}): wrong bytes")
+        if len(set(deltas[1:])) != 1 or deltas[1][3] != 1:
+            bad.append(f"{name}: bytes and calls counted per call differ: {deltas}")
+        if not any(m.startswith(f"{name} call") for m in records):
+            bad.append(f"{name}: nothing logged under debug logging")
+        try:                          # the last rank disagrees while the others replay
+            comm.barrier() if me == n - 1 else call()
+            bad.append(f"{name}: a disagreement was not raised")
+        except stratacl.CollectiveMismatch as e:
+            if "disagree on the operation" not in str(e):
+                bad.append(f"{name}: {e}")
+        it += 1
+        fill()
+        call()
+        if result(it).tobytes() != want(it).tobytes():
+            bad.append(f"{name} after the disagreement: wrong bytes")
+    return bad
+
+
+@pytest.mark.parametrize("n", [2, 5])
+def test_replayed_calls_move_count_log_and_fail_like_the_python_path(n):
+    for rank, bad in enumerate(stratacl.spawn(replayed_calls, n, timeout=120)):
+        assert bad == [], f"rank {rank}: {bad}"

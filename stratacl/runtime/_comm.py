@@ -24,7 +24,14 @@ On the cores' path the full-mesh operators make all of this after the argument c
 native call (``_mesh`` -> ``_native.mesh``: entry, addresses, one or two phases through the
 kernels' executor, departure); it returns early wherever Python must act (a late rank, a
 disagreement, a peer buffer to check for readiness), and ``_mesh`` goes on from there step by
-step. The ring algorithms and the SDMA path go step by step throughout.
+step (``_mesh_rest``). The ring algorithms and the SDMA path go step by step throughout.
+
+A prepared call (runtime/_prepared.py) goes further: its checks decided every argument of
+``_mesh`` once, so ``_replay_of`` fixes them in a ``Replay`` and each repetition is one
+``_native.replay``: the numbering of the call and its barriers, the descriptor, ``mesh``'s
+common case, the byte and call counts. At N = 32 that took a 64-byte broadcast from about 13
+to about 9 us of user CPU per rank (docs/performance.md). The barrier's common case is
+native too (``barrier``).
 """
 from __future__ import annotations
 
@@ -77,6 +84,17 @@ def _value_name(field: int, v: int) -> str:
     if field == F_REDOP:
         return _reduce.REDUCE_NAMES.get(v, "-")
     return str(v)
+
+
+class Replay:
+    """A prepared full-mesh call, fixed for ``_native.replay`` (Communicator._replay_of): its
+    native arguments ``call``, and ``mesh``, _mesh's, for the Python path from wherever the
+    native call stopped."""
+
+    __slots__ = ("call", "mesh", "out_addr", "word")
+
+    def __init__(self, call: tuple, mesh: tuple, out_addr: int, word: int):
+        self.call, self.mesh, self.out_addr, self.word = call, mesh, out_addr, word
 
 
 class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
@@ -204,18 +222,21 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
                     aux1: int = 0) -> tuple[int, tuple]:
         """Number the next call; returns its slot parity and this rank's descriptor (F_* order)."""
         self._calls += 1
-        seg = inp.seg if inp is not None else None
-        clock = self._entering_bits()
-        if seg is not None:
-            fields = (OPS[operation], dtype, count, root, redop, 0, inp.addr, inp.nbytes, seg.va, seg.size,
-                      seg.hbm_offset, seg.epoch, clock, aux1, 0, self._calls)
-        else:
-            addr, nbytes = (inp.addr, inp.nbytes) if inp is not None else (0, 0)
-            fields = (OPS[operation], dtype, count, root, redop, 0, addr, nbytes, 0, 0, 0, 0, clock, aux1, 0,
-                      self._calls)
+        fields = self._fields(operation, dtype, count, root, redop, inp, self._entering_bits(), aux1, self._calls)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("%s call %d: %s", operation, self._calls, list(fields))
         return self._calls & 1, fields
+
+    @staticmethod
+    def _fields(operation: str, dtype: int, count: int, root: int, redop: int, inp: "_Input | None", clock: int,
+                aux1: int, call: int) -> tuple:
+        """A descriptor's fields (F_* order)."""
+        seg = inp.seg if inp is not None else None
+        if seg is not None:
+            return (OPS[operation], dtype, count, root, redop, 0, inp.addr, inp.nbytes, seg.va, seg.size,
+                    seg.hbm_offset, seg.epoch, clock, aux1, 0, call)
+        addr, nbytes = (inp.addr, inp.nbytes) if inp is not None else (0, 0)
+        return (OPS[operation], dtype, count, root, redop, 0, addr, nbytes, 0, 0, 0, 0, clock, aux1, 0, call)
 
     def _mesh(self, operation: str, inp: "_Input | None", plan, departure: int, dtype: int = 0, count: int = 0,
               root: int = 0, redop: int = 0, divisor: float = 1.0, plan2=None, only: int = -1) -> int:
@@ -264,9 +285,19 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
                     c.written += p.written
             c.local -= skipped
             if stage == MESH_DONE:            # the common case, all native
-                calls = self._rt.stats["calls"]
+                calls = self._call_counts
                 calls[operation] = calls.get(operation, 0) + 1
                 return parity
+        self._mesh_rest(operation, stage, parity, k, inp, plan, plan2, departure, root, word, target, dtype, redop,
+                        divisor, only)
+        return parity
+
+    def _mesh_rest(self, operation: str, stage: int, parity: int, k: int, inp: "_Input | None", plan, plan2,
+                   departure: int, root: int, word: int, target: int, dtype: int, redop: int, divisor: float,
+                   only: int) -> None:
+        """A full-mesh call from ``stage``, where the native call (mesh, replay) stopped, to its
+        end: what is left of barrier ``k`` (the entry) and the rest, step by step."""
+        last = k + 2 if plan2 is not None else k + 1       # the departure barrier's number
         if stage == MESH_ENTER_WAIT:
             self._wait_barrier(k, operation)
             stage = MESH_SOURCES_FIRST if _native.agree(self._cx, parity) else MESH_DISAGREE
@@ -298,9 +329,41 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
                 self._wait_barrier(last, operation)
             else:
                 self._root_departure_from(operation, True, word, target)
-        s = self._rt.stats
-        s["calls"][operation] = s["calls"].get(operation, 0) + 1
-        return parity
+        calls = self._call_counts
+        calls[operation] = calls.get(operation, 0) + 1
+
+    def _replay_of(self, operation: str, inp: "_Input | None", plan, departure: int, dtype: int = 0,
+                   count: int = 0, root: int = 0, redop: int = 0, divisor: float = 1.0, plan2=None, only: int = -1,
+                   out_addr: int = -1) -> "Replay | None":
+        """A prepared call's _mesh, fixed for _native.replay (None where that cannot run it: a
+        modeled clock, the engine's path). ``out_addr`` >= 0: this rank's OUT base."""
+        if self._rt.clock is not None or (self._path != "mte" and any(
+                p is not None and p.has_copies for p in (plan, plan2))):
+            return None
+        fields = self._fields(operation, dtype, count, root, redop, inp, 0, 0, 0)
+        word = 0
+        if departure >= MESH_ROOT_READER:
+            word = self._rt.ctl.base + self._slot_offs[root] + self._lay.slot_root_done()
+        moved = [(p.local, p.remote, p.written) if p is not None else (0, 0, 0) for p in (plan, plan2)]
+        params = np.array([*fields, inp.addr if inp is not None else 0, only, dtype, redop, departure, root, word,
+                           out_addr, *moved[0], *moved[1]], dtype=np.int64)
+        call = (params, self._cx, self._ready, self._bases, plan.table if plan is not None else None,
+                plan2.table if plan2 is not None else None, float(divisor), self._root_calls, self.counters,
+                self._call_counts, operation)
+        return Replay(call, (operation, inp, plan, departure, dtype, count, root, redop, divisor, plan2, only),
+                      out_addr, word)
+
+    def _replayed(self, replay: "Replay", r: tuple) -> None:
+        """A prepared call on from wherever _native.replay stopped (``r``: what it returned)."""
+        stage, parity, k, target = r
+        operation, inp, plan, departure, dtype, count, root, redop, divisor, plan2, only = replay.mesh
+        if stage == _native.MESH_NOT_RUN:         # debug logging: the Python path, which logs
+            if replay.out_addr >= 0:
+                self._bases[OUT, self.rank] = replay.out_addr
+            self._mesh(*replay.mesh)
+            return
+        self._mesh_rest(operation, stage, parity, k, inp, plan, plan2, departure, root, replay.word, target, dtype,
+                        redop, divisor, only)
 
     def _departed(self, departure: int, barrier: int, root: int) -> None:
         if departure == MESH_BARRIER:
@@ -420,8 +483,13 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
         """``out`` (size * x.size elements) receives every rank's ``x``, rank-major. Collective."""
         op = "all_gather"
         key = (op, id(out), id(x)) if self._path is self._default_path else None
-        code, algo, eager, inp, plan, out_addr, target = self._prepared.get(key, (out, x), self._check_all_gather,
-                                                                            out, x)
+        code, algo, eager, inp, plan, out_addr, target, replay = self._prepared.get(
+            key, (out, x), self._check_all_gather, out, x)
+        if replay is not None:         # prepared: the whole call in one native call
+            r = _native.replay(self, replay.call)
+            if r is not None:
+                self._replayed(replay, r)
+            return
         me, n, nb = self.rank, self.size, x.nbytes
         if eager:
             inp = self._eager_input(_flat(x, op, "input"))
@@ -444,7 +512,8 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
     def _check_all_gather(self, out: np.ndarray, x: np.ndarray) -> tuple[tuple, bool]:
         """all_gather's argument checks (raising on every rank of the call), and what they decided
         (see _prepared.py): dtype code, algorithm, eager, the input (None: the eager copy, made
-        per call), the mesh's plan, the output's address, where it is written (None: in place)."""
+        per call), the mesh's plan, the output's address, where it is written (None: in place),
+        the call's Replay (None: not replayed natively)."""
         op = "all_gather"
         try:
             code = _reduce.dtype_code(x.dtype, op)
@@ -467,16 +536,24 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
         out_addr = _native.data_address(target)
         if algo == "mesh" and target is o:
             held = None if eager else inp.in_place_of(x)
-            if eager or held is not None:
-                return (code, algo, eager, held, plan, out_addr, None), True
-        return (code, algo, eager, inp, plan, out_addr, target), False
+            if eager:
+                return (code, algo, eager, None, plan, out_addr, None, None), True
+            if held is not None:
+                replay = self._replay_of(op, held, plan, MESH_BARRIER, code, x.size, out_addr=out_addr)
+                return (code, algo, eager, held, plan, out_addr, None, replay), True
+        return (code, algo, eager, inp, plan, out_addr, target, None), False
 
     @collective
     def all_to_all(self, out: np.ndarray, x: np.ndarray) -> None:
         """Equal splits: chunk j of rank i's ``x`` lands in chunk i of rank j's ``out``. Collective."""
         op = "all_to_all"
         key = (op, id(out), id(x)) if self._path is self._default_path else None
-        code, inp, plan, out_addr, target = self._prepared.get(key, (out, x), self._check_all_to_all, out, x)
+        code, inp, plan, out_addr, target, replay = self._prepared.get(key, (out, x), self._check_all_to_all, out, x)
+        if replay is not None:         # prepared: the whole call in one native call
+            r = _native.replay(self, replay.call)
+            if r is not None:
+                self._replayed(replay, r)
+            return
         self._bases[OUT, self.rank] = out_addr
         parity = self._mesh(op, inp, plan, MESH_BARRIER, code, x.size)
         if target is not None:
@@ -505,8 +582,9 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
         out_addr = _native.data_address(target)
         held = inp.in_place_of(x) if target is o else None
         if held is not None:
-            return (code, held, plan, out_addr, None), True
-        return (code, inp, plan, out_addr, target), False
+            replay = self._replay_of(op, held, plan, MESH_BARRIER, code, x.size, out_addr=out_addr)
+            return (code, held, plan, out_addr, None, replay), True
+        return (code, inp, plan, out_addr, target, None), False
 
     @collective
     def all_to_all_v(self, out: np.ndarray, x: np.ndarray, send_counts: Sequence[int],
@@ -562,7 +640,12 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
         """Every rank's ``x`` receives the root's ``x``. Collective."""
         op = "broadcast"
         key = (op, id(x), root) if type(root) is int and self._path is self._default_path else None
-        code, inp, plan, target = self._prepared.get(key, (x,), self._check_broadcast, x, root)
+        code, inp, plan, target, replay = self._prepared.get(key, (x,), self._check_broadcast, x, root)
+        if replay is not None:         # prepared: the whole call in one native call
+            r = _native.replay(self, replay.call)
+            if r is not None:
+                self._replayed(replay, r)
+            return
         # a reader pulls into its own buffer, which it names as its input (bases[IN, me])
         parity = self._mesh(op, inp, plan, MESH_ROOT if self.rank == root else MESH_ROOT_READER, code, x.size,
                             root, only=root)
@@ -573,7 +656,7 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
     def _check_broadcast(self, x: np.ndarray, root: int) -> tuple[tuple, bool]:
         """broadcast's checks and what they decided: dtype code, this rank's input (the root's
         buffer, or where a reader pulls to), a reader's plan (None at the root), where a reader
-        writes (None: in place)."""
+        writes (None: in place), the Replay (as _check_all_gather)."""
         op = "broadcast"
         try:
             code = _reduce.dtype_code(x.dtype, op)
@@ -589,11 +672,16 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
         me, n, nb = self.rank, self.size, x.nbytes
         if me == root:
             held = inp.in_place_of(x)
-            return (code, inp if held is None else held, None, None), held is not None
+            if held is None:
+                return (code, inp, None, None, None), False
+            return (code, held, None, None, self._replay_of(op, held, None, MESH_ROOT, code, x.size, root,
+                                                            only=root)), True
         plan = self._phase(("broadcast", nb, root), lambda: _slices.broadcast(me, n, nb, root))
         if target is xf:         # in place: remember the address only, not the caller's array
-            return (code, _Input(None, None, _native.data_address(xf) if nb else 0, nb), plan, None), True
-        return (code, _Input(target, None), plan, target), False
+            own = _Input(None, None, _native.data_address(xf) if nb else 0, nb)
+            return (code, own, plan, None, self._replay_of(op, own, plan, MESH_ROOT_READER, code, x.size, root,
+                                                           only=root)), True
+        return (code, _Input(target, None), plan, target, None), False
 
     @collective
     def reduce_scatter(self, out: np.ndarray, x: np.ndarray, op: str = "sum") -> None:
@@ -603,8 +691,13 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
         order the ring visits the ranks, c+1, c+2, ..., c (runtime/_ringsteps.py)."""
         name = "reduce_scatter"
         key = (name, id(out), id(x), op) if type(op) is str and self._path is self._default_path else None
-        code, rcode, algo, inp, plan, out_addr, target = self._prepared.get(key, (out, x), self._check_reduce_scatter,
-                                                                            out, x, op)
+        code, rcode, algo, inp, plan, out_addr, target, replay = self._prepared.get(
+            key, (out, x), self._check_reduce_scatter, out, x, op)
+        if replay is not None:         # prepared: the whole call in one native call
+            r = _native.replay(self, replay.call)
+            if r is not None:
+                self._replayed(replay, r)
+            return
         me, n, count, item = self.rank, self.size, x.size, x.itemsize
         self._bases[OUT, me] = out_addr
         if algo == "ring":
@@ -650,8 +743,10 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
         out_addr = _native.data_address(target)
         held = inp.in_place_of(x) if algo == "mesh" and target is o else None
         if held is not None:
-            return (code, rcode, algo, held, plan, out_addr, None), True
-        return (code, rcode, algo, inp, plan, out_addr, target), False
+            replay = self._replay_of(name, held, plan, MESH_BARRIER, code, o.size, 0, rcode, float(n),
+                                     out_addr=out_addr)
+            return (code, rcode, algo, held, plan, out_addr, None, replay), True
+        return (code, rcode, algo, inp, plan, out_addr, target, None), False
 
     @collective
     def all_reduce(self, x: np.ndarray, op: str = "sum") -> None:
@@ -666,8 +761,13 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
         """
         name = "all_reduce"
         key = (name, id(x), op) if type(op) is str and self._path is self._default_path else None
-        code, rcode, algo, eager, inp, first, second, out_addr, target = self._prepared.get(
+        code, rcode, algo, eager, inp, first, second, out_addr, target, replay = self._prepared.get(
             key, (x,), self._check_all_reduce, x, op)
+        if replay is not None:         # prepared: the whole call in one native call
+            r = _native.replay(self, replay.call)
+            if r is not None:
+                self._replayed(replay, r)
+            return
         n, me, count, item = self.size, self.rank, x.size, x.itemsize
         bases = self._bases
         if eager:
@@ -711,7 +811,8 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
         """all_reduce's checks and what they decided: dtype and reduce codes, algorithm, eager,
         the input (None: the eager copy, made per call), the mesh's phases, and where the
         result is written: eager, the output's address and array (None: x in place); otherwise
-        the staged copy to copy back (None: x was reduced in place)."""
+        the staged copy to copy back (None: x was reduced in place); the Replay (as
+        _check_all_gather)."""
         name = "all_reduce"
         try:
             code = _reduce.dtype_code(x.dtype, name)
@@ -735,16 +836,17 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
                 first = self._phase(("all_reduce_eager", nb, item), lambda: _slices.all_reduce_eager(me, n, nb), item)
             out_addr = _native.data_address(target)
             if target is xf:
-                return (code, rcode, algo, True, None, first, second, out_addr, None), True
-            return (code, rcode, algo, True, None, first, second, out_addr, target), False
+                return (code, rcode, algo, True, None, first, second, out_addr, None, None), True
+            return (code, rcode, algo, True, None, first, second, out_addr, target, None), False
         if algo == "mesh":
             first, second = self._phases(("all_reduce", count, item),
                                          lambda: _slices.all_reduce(me, n, count, item, small=0), item)
         staged = inp.flat if inp.addr != _native.data_address(xf) or not xf.flags.c_contiguous else None
         held = inp.in_place_of(x) if algo == "mesh" and count >= n else None
         if held is not None:
-            return (code, rcode, algo, False, held, first, second, 0, None), True
-        return (code, rcode, algo, False, inp, first, second, 0, staged), False
+            replay = self._replay_of(name, held, first, MESH_BARRIER, code, count, 0, rcode, float(n), second)
+            return (code, rcode, algo, False, held, first, second, 0, None, replay), True
+        return (code, rcode, algo, False, inp, first, second, 0, staged, None), False
 
     # --- sub-communicators ------------------------------------------------------------------
     @collective

@@ -347,7 +347,7 @@ static PyObject *enter(PyObject *self, PyObject *const *args, Py_ssize_t n) {
  * and `_syncs`), publish the descriptor {op, call}, arrive, wait one slice, compare, count the
  * call in `_call_counts`. Anything else calls `comm._barrier(...)`, the Python operation; a wait
  * past the slice or a disagreement calls `comm._arrived("barrier", parity, k, status)`. */
-static PyObject *debug_check, *debug_level;
+static PyObject *debug_check, *debug_level, *_one;
 static PyObject *s_worker, *s_fast, *s_calls, *s_syncs, *s_cx, *s_counts, *s_slow, *s_arrived, *s_barrier;
 
 /* set_barrier(op_code, polls, seconds, debug_check, debug_level): the barrier's operation code
@@ -687,6 +687,48 @@ done:
 enum { MESH_DONE, MESH_ENTER_WAIT, MESH_DISAGREE, MESH_SOURCES, MESH_DEPART, MESH_MIDDLE };
 enum { MESH_NO_DEPARTURE, MESH_BARRIER, MESH_ROOT_READER, MESH_ROOT };
 
+/* The body of mesh() on parsed arguments, with the GIL released: `plan`/`plan2` are tables of
+ * rows of 8 int64 (NULL: none), `b` the bases (3, n), `rd` the ready pairs (n, 2). Returns the
+ * stage; *skipped gets the bytes of copies skipped in place; *err a bad plan's message. */
+static int mesh_core(const int64_t *c, int parity, uint64_t k, long polls, double seconds, const int64_t *fields,
+                     const int64_t *rd, int64_t *b, uint64_t own, long only, const int64_t *plan, Py_ssize_t rows,
+                     const int64_t *plan2, Py_ssize_t rows2, int dtype, int redop, double divisor, int departure,
+                     uint32_t *word, uint32_t target, int64_t *skipped, const char **err) {
+    int64_t n = c[CX_N], me = c[CX_ME], skipped2 = 0;
+    memcpy((int64_t *)(uintptr_t)c[CX_DESC + parity * n + me], fields, DESC_FIXED * 8);
+    const int64_t *const *d = (const int64_t *const *)&c[CX_DESC + parity * n];
+    *skipped = 0;
+    *err = NULL;
+    if (!barrier(c, k, polls, seconds)) return MESH_ENTER_WAIT;
+    if (!descriptors_agree(c, parity)) return MESH_DISAGREE;
+    int stage = MESH_DONE;
+    for (int64_t i = 0; i < n; i++) {            /* bases[IN, i]: every member's input */
+        if (i == me) { b[i] = (int64_t)own; continue; }
+        b[i] = d[i][F_ADDR];
+        if ((only < 0 || i == only) && d[i][F_NBYTES] != 0 &&
+            (d[i][F_SEG_VA] != rd[2 * i] || d[i][F_EPOCH] != rd[2 * i + 1]))
+            stage = MESH_SOURCES;
+    }
+    if (stage != MESH_DONE) return stage;
+    if (plan != NULL && (*err = kernels->execute_plan(plan, rows, b, n, dtype, redop, divisor, skipped)) != NULL)
+        return MESH_DONE;
+    uint64_t next = k + 1;
+    if (plan2 != NULL) {
+        if (!barrier(c, next++, polls, seconds)) return MESH_MIDDLE;
+        *err = kernels->execute_plan(plan2, rows2, b, n, dtype, redop, divisor, &skipped2);
+        *skipped += skipped2;
+        if (*err != NULL) return MESH_DONE;
+    }
+    if (departure == MESH_BARRIER) {
+        if (!barrier(c, next, polls, seconds)) return MESH_DEPART;
+    } else if (departure == MESH_ROOT_READER) {
+        if (__atomic_add_fetch(word, 1, __ATOMIC_SEQ_CST) == target) wake_sleepers(word);
+    } else if (departure == MESH_ROOT) {
+        if (!await_seq(word, target, polls, seconds)) return MESH_DEPART;
+    }
+    return MESH_DONE;
+}
+
 static PyObject *mesh(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 18) {
         PyErr_SetString(PyExc_TypeError, "mesh(cx, parity, k, polls, seconds, fields, ready, bases, own_addr, only, "
@@ -714,7 +756,7 @@ static PyObject *mesh(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     }
     Py_buffer cx = {0}, ready = {0}, bases = {0}, plan = {0}, plan2 = {0};
     int stage = -1;
-    int64_t skipped = 0, skipped2 = 0;
+    int64_t skipped = 0;
     const char *err = NULL;
     if (get_i64_buffer(args[0], &cx, 0, "mesh") < 0) goto done;
     if (get_i64_buffer(args[6], &ready, 0, "mesh") < 0) goto done;
@@ -722,55 +764,16 @@ static PyObject *mesh(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (args[10] != Py_None && get_i64_buffer(args[10], &plan, 0, "mesh") < 0) goto done;
     if (args[17] != Py_None && get_i64_buffer(args[17], &plan2, 0, "mesh") < 0) goto done;
     const int64_t *c = (const int64_t *)cx.buf;
-    int64_t n = c[CX_N], me = c[CX_ME];
+    int64_t n = c[CX_N];
     if (ready.len != n * 16 || bases.len != n * 24 || (plan.buf != NULL && plan.len % 64) ||
         (plan2.buf != NULL && plan2.len % 64)) {
         PyErr_SetString(PyExc_ValueError, "mesh: ready must be (n, 2), bases (3, n) int64, plan rows of 8");
         goto done;
     }
-    int64_t *mine = (int64_t *)(uintptr_t)c[CX_DESC + parity * n + me];
-    memcpy(mine, fields, DESC_FIXED * 8);
-    const int64_t *const *d = (const int64_t *const *)&c[CX_DESC + parity * n];
-    const int64_t *rd = (const int64_t *)ready.buf;
-    int64_t *b = (int64_t *)bases.buf;
     Py_BEGIN_ALLOW_THREADS
-    if (!barrier(c, k, polls, seconds)) {
-        stage = MESH_ENTER_WAIT;
-    } else if (!descriptors_agree(c, parity)) {
-        stage = MESH_DISAGREE;
-    } else {
-        stage = MESH_DONE;
-        for (int64_t i = 0; i < n; i++) {            /* bases[IN, i]: every member's input */
-            if (i == me) { b[i] = (int64_t)own; continue; }
-            b[i] = d[i][F_ADDR];
-            if ((only < 0 || i == only) && d[i][F_NBYTES] != 0 &&
-                (d[i][F_SEG_VA] != rd[2 * i] || d[i][F_EPOCH] != rd[2 * i + 1]))
-                stage = MESH_SOURCES;
-        }
-        if (stage == MESH_DONE && plan.buf != NULL)
-            err = kernels->execute_plan((const int64_t *)plan.buf, plan.len / 64, b, n, dtype, redop, divisor,
-                                        &skipped);
-        uint64_t next = k + 1;
-        if (stage == MESH_DONE && err == NULL && plan2.buf != NULL) {
-            if (!barrier(c, next++, polls, seconds)) {
-                stage = MESH_MIDDLE;
-            } else {
-                err = kernels->execute_plan((const int64_t *)plan2.buf, plan2.len / 64, b, n, dtype, redop, divisor,
-                                            &skipped2);
-                skipped += skipped2;
-            }
-        }
-        if (stage == MESH_DONE && err == NULL) {
-            if (departure == MESH_BARRIER) {
-                if (!barrier(c, next, polls, seconds)) stage = MESH_DEPART;
-            } else if (departure == MESH_ROOT_READER) {
-                if (__atomic_add_fetch((uint32_t *)word, 1, __ATOMIC_SEQ_CST) == (uint32_t)target)
-                    wake_sleepers((uint32_t *)word);
-            } else if (departure == MESH_ROOT) {
-                if (!await_seq((uint32_t *)word, (uint32_t)target, polls, seconds)) stage = MESH_DEPART;
-            }
-        }
-    }
+    stage = mesh_core(c, parity, k, polls, seconds, fields, (const int64_t *)ready.buf, (int64_t *)bases.buf, own,
+                      only, (const int64_t *)plan.buf, plan.len / 64, (const int64_t *)plan2.buf, plan2.len / 64,
+                      dtype, redop, divisor, departure, (uint32_t *)word, (uint32_t)target, &skipped, &err);
     Py_END_ALLOW_THREADS
     if (err != NULL) {
         PyErr_Format(PyExc_ValueError, "mesh: bad plan: %s", err);
@@ -784,6 +787,153 @@ done:
     if (plan2.buf) PyBuffer_Release(&plan2);
     if (stage < 0) return NULL;
     return Py_BuildValue("iL", stage, (long long)skipped);
+}
+
+/* ---- a prepared full-mesh call, replayed -------------------------------------------------
+ * replay(comm, call) -> None once done, else (stage, parity, k, target)
+ * A call repeated on the same arrays (runtime/_prepared.py) has its mesh arguments fixed; the
+ * communicator builds `call` once (_comm.py, _replay_of) and this runs what _mesh would:
+ * number the call (comm._calls) and its barriers (comm._syncs), the root's departure count,
+ * the descriptor, mesh_core, the byte counters and the call count. A stage other than
+ * MESH_DONE is returned with what _mesh_rest needs to go on from it; MESH_NOT_RUN: nothing was
+ * done (debug logging is on, which only the Python path does).
+ *   call = (params, cx, ready, bases, plan, plan2, divisor, root_calls, counters, call_counts, op)
+ *   params (int64): the descriptor's DESC_FIXED fields (F_CALL set here), then RP_* */
+enum { RP_OWN = DESC_FIXED, RP_ONLY, RP_DTYPE, RP_REDOP, RP_DEPARTURE, RP_ROOT, RP_WORD, RP_OUT, RP_BYTES,
+       RP_LEN = RP_BYTES + 6 };      /* RP_OUT: this rank's OUT base, -1: leave it; RP_BYTES: local, pulled,
+                                        written of plan, then of plan2 */
+enum { R_PARAMS, R_CX, R_READY, R_BASES, R_PLAN, R_PLAN2, R_DIVISOR, R_ROOT_CALLS, R_COUNTERS, R_CALL_COUNTS, R_OP,
+       R_LEN };
+#define MESH_NOT_RUN (-1)
+static PyObject *s_local, *s_pulled, *s_written;
+
+/* Add `d` to the int attribute `name` of `o`. 0, or -1 with an exception set. */
+static int add_to_attr(PyObject *o, PyObject *name, long long d) {
+    PyObject *v = PyObject_GetAttr(o, name);
+    if (v == NULL) return -1;
+    long long x = PyLong_AsLongLong(v);
+    Py_DECREF(v);
+    if (x == -1 && PyErr_Occurred()) return -1;
+    v = PyLong_FromLongLong(x + d);
+    int rc = v == NULL ? -1 : PyObject_SetAttr(o, name, v);
+    Py_XDECREF(v);
+    return rc;
+}
+
+static int set_attr_u64(PyObject *o, PyObject *name, uint64_t x) {
+    PyObject *v = PyLong_FromUnsignedLongLong(x);
+    int rc = v == NULL ? -1 : PyObject_SetAttr(o, name, v);
+    Py_XDECREF(v);
+    return rc;
+}
+
+static PyObject *replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyTuple_Check(args[1]) || PyTuple_GET_SIZE(args[1]) != R_LEN) {
+        PyErr_SetString(PyExc_TypeError, "replay(comm, call): call is the tuple _comm._replay_of builds");
+        return NULL;
+    }
+    PyObject *comm = args[0], *call = args[1];
+    if (load_kernels() < 0) return NULL;
+    if (debug_check != NULL) {
+        PyObject *v = PyObject_CallOneArg(debug_check, debug_level);
+        int debug = v == NULL ? -1 : PyObject_IsTrue(v);
+        Py_XDECREF(v);
+        if (debug < 0) return NULL;
+        if (debug) return Py_BuildValue("(iiKk)", MESH_NOT_RUN, 0, 0ULL, 0UL);
+    }
+    PyObject *plano = PyTuple_GET_ITEM(call, R_PLAN), *plan2o = PyTuple_GET_ITEM(call, R_PLAN2);
+    PyObject *root_calls = PyTuple_GET_ITEM(call, R_ROOT_CALLS);
+    double divisor = PyFloat_AsDouble(PyTuple_GET_ITEM(call, R_DIVISOR));
+    if (divisor == -1.0 && PyErr_Occurred()) return NULL;
+    Py_buffer params = {0}, cx = {0}, ready = {0}, bases = {0}, plan = {0}, plan2 = {0};
+    PyObject *result = NULL;
+    if (get_i64_buffer(PyTuple_GET_ITEM(call, R_PARAMS), &params, 0, "replay") < 0 ||
+        get_i64_buffer(PyTuple_GET_ITEM(call, R_CX), &cx, 0, "replay") < 0 ||
+        get_i64_buffer(PyTuple_GET_ITEM(call, R_READY), &ready, 0, "replay") < 0 ||
+        get_i64_buffer(PyTuple_GET_ITEM(call, R_BASES), &bases, 1, "replay") < 0 ||
+        (plano != Py_None && get_i64_buffer(plano, &plan, 0, "replay") < 0) ||
+        (plan2o != Py_None && get_i64_buffer(plan2o, &plan2, 0, "replay") < 0))
+        goto done;
+    const int64_t *p = (const int64_t *)params.buf, *c = (const int64_t *)cx.buf;
+    int64_t n = c[CX_N], me = c[CX_ME];
+    int departure = (int)p[RP_DEPARTURE];
+    if (params.len != RP_LEN * 8 || ready.len != n * 16 || bases.len != n * 24 || plan.len % 64 || plan2.len % 64 ||
+        departure < MESH_NO_DEPARTURE || departure > MESH_ROOT || !PyList_Check(root_calls) ||
+        p[RP_ROOT] < 0 || p[RP_ROOT] >= PyList_GET_SIZE(root_calls)) {
+        PyErr_SetString(PyExc_ValueError, "replay: inconsistent call");
+        goto done;
+    }
+    uint64_t calls = bump(comm, s_calls, 1);
+    if (calls == (uint64_t)-1 && PyErr_Occurred()) goto done;
+    uint64_t k = bump(comm, s_syncs, 1);
+    if (k == (uint64_t)-1 && PyErr_Occurred()) goto done;
+    int64_t fields[DESC_FIXED];
+    memcpy(fields, p, sizeof fields);
+    fields[F_CALL] = (int64_t)calls;
+    int parity = (int)(calls & 1);
+    uint32_t target = 0;
+    PyObject *rooted = PyList_GET_ITEM(root_calls, p[RP_ROOT]);
+    if (departure >= MESH_ROOT_READER) {
+        long long before = PyLong_AsLongLong(rooted);
+        if (before == -1 && PyErr_Occurred()) goto done;
+        target = (uint32_t)((uint64_t)(before + 1) * (uint64_t)(n - 1));
+    }
+    int64_t *b = (int64_t *)bases.buf, skipped = 0;
+    if (p[RP_OUT] >= 0) b[1 * n + me] = p[RP_OUT];
+    const char *err = NULL;
+    int stage;
+    Py_BEGIN_ALLOW_THREADS
+    stage = mesh_core(c, parity, k, barrier_polls, barrier_seconds, fields, (const int64_t *)ready.buf, b,
+                      (uint64_t)p[RP_OWN], (long)p[RP_ONLY], (const int64_t *)plan.buf, plan.len / 64,
+                      (const int64_t *)plan2.buf, plan2.len / 64, (int)p[RP_DTYPE], (int)p[RP_REDOP], divisor,
+                      departure, (uint32_t *)(uintptr_t)p[RP_WORD], target, &skipped, &err);
+    Py_END_ALLOW_THREADS
+    if (err != NULL) {
+        PyErr_Format(PyExc_ValueError, "replay: bad plan: %s", err);
+        goto done;
+    }
+    /* what ran: both phases (and the departure's numbering) at MESH_DONE and MESH_DEPART, the
+     * first at MESH_MIDDLE, nothing before */
+    int phases = stage == MESH_DONE || stage == MESH_DEPART ? 2 : stage == MESH_MIDDLE ? 1 : 0;
+    if (phases == 2) {
+        uint64_t last = k + (plan2.buf != NULL) + (departure == MESH_BARRIER);
+        if (last != k && set_attr_u64(comm, s_syncs, last) < 0) goto done;
+        if (departure >= MESH_ROOT_READER) {
+            PyObject *v = PyNumber_Add(rooted, _one);
+            if (v == NULL || PyList_SetItem(root_calls, p[RP_ROOT], v) < 0) goto done;
+        }
+    } else if (phases == 1 && set_attr_u64(comm, s_syncs, k + 1) < 0) {
+        goto done;
+    }
+    long long local = -skipped, pulled = 0, written = 0;
+    for (int i = 0; i < phases; i++) {
+        local += p[RP_BYTES + 3 * i];
+        pulled += p[RP_BYTES + 3 * i + 1];
+        written += p[RP_BYTES + 3 * i + 2];
+    }
+    PyObject *counters = PyTuple_GET_ITEM(call, R_COUNTERS);
+    if ((local && add_to_attr(counters, s_local, local) < 0) || (pulled && add_to_attr(counters, s_pulled, pulled) < 0) ||
+        (written && add_to_attr(counters, s_written, written) < 0))
+        goto done;
+    if (stage != MESH_DONE) {
+        result = Py_BuildValue("(iiKk)", stage, parity, (unsigned long long)k, (unsigned long)target);
+        goto done;
+    }
+    PyObject *counts = PyTuple_GET_ITEM(call, R_CALL_COUNTS), *op = PyTuple_GET_ITEM(call, R_OP);
+    PyObject *old = PyDict_GetItemWithError(counts, op);
+    long long before = old == NULL ? 0 : PyLong_AsLongLong(old);
+    PyObject *now = PyErr_Occurred() ? NULL : PyLong_FromLongLong(before + 1);
+    if (now == NULL || PyDict_SetItem(counts, op, now) < 0) { Py_XDECREF(now); goto done; }
+    Py_DECREF(now);
+    result = Py_NewRef(Py_None);
+done:
+    if (params.buf) PyBuffer_Release(&params);
+    if (cx.buf) PyBuffer_Release(&cx);
+    if (ready.buf) PyBuffer_Release(&ready);
+    if (bases.buf) PyBuffer_Release(&bases);
+    if (plan.buf) PyBuffer_Release(&plan);
+    if (plan2.buf) PyBuffer_Release(&plan2);
+    return result;
 }
 
 /* data_address(array) -> the address of the first byte of any buffer-protocol object. */
@@ -869,6 +1019,7 @@ static PyMethodDef methods[] = {
     {"post", (PyCFunction)(void (*)(void))post, METH_FASTCALL, "Publish a descriptor and its sequence number."},
     {"mesh", (PyCFunction)(void (*)(void))mesh, METH_FASTCALL, "A full-mesh collective's common case (see _comm.py)."},
     {"p2p", (PyCFunction)(void (*)(void))p2p, METH_FASTCALL, "One point-to-point call's common case (see _p2p.py)."},
+    {"replay", (PyCFunction)(void (*)(void))replay, METH_FASTCALL, "A prepared full-mesh call (see _comm.py, _replay_of)."},
     {"done", (PyCFunction)(void (*)(void))done, METH_FASTCALL, "Count one completion; wake at the target."},
     {"data_address", data_address, METH_O, "Address of a buffer's first byte."},
     {"mmap_at", (PyCFunction)(void (*)(void))mmap_at, METH_FASTCALL, "mmap at a fixed address."},
@@ -893,7 +1044,9 @@ PyMODINIT_FUNC PyInit__native(void) {
     struct { PyObject **slot; const char *name; } names[] = {
         {&s_worker, "_worker"}, {&s_fast, "_native_barrier"}, {&s_calls, "_calls"}, {&s_syncs, "_syncs"},
         {&s_cx, "_cx"}, {&s_counts, "_call_counts"}, {&s_slow, "_barrier"}, {&s_arrived, "_arrived"},
-        {&s_barrier, "barrier"}};
+        {&s_barrier, "barrier"}, {&s_local, "local"}, {&s_pulled, "pulled"}, {&s_written, "written"}};
+    if ((_one = PyLong_FromLong(1)) == NULL) return NULL;
+    PyModule_AddIntConstant(m, "MESH_NOT_RUN", MESH_NOT_RUN);
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if ((*names[i].slot = PyUnicode_InternFromString(names[i].name)) == NULL) return NULL;
     PyObject *fn = PyCFunction_New(&barrier_def, NULL);
