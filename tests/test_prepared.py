@@ -3,6 +3,7 @@ and only while those arrays are what the checks saw."""
 from __future__ import annotations
 
 import gc
+import time
 import weakref
 
 import numpy as np
@@ -127,6 +128,11 @@ def test_changes_to_an_array_between_calls_are_seen(n):
 
 
 
+def _moved() -> tuple:
+    s = stratacl.stats()
+    return s["bytes_pulled"], s["bytes_local"], s["output_bytes_written"], dict(s["calls"])
+
+
 def replayed_calls(comm):
     """A prepared mesh call runs in one native call (_native.replay). For each such operator:
     it gives the right bytes, counts the same bytes and calls as the Python path (taken under
@@ -161,16 +167,12 @@ def replayed_calls(comm):
         x[:] = _values(me, it, BIG, np.float32)
         x2a[:] = _values(me, it, n * BIG, np.float32)
 
-    def moved():
-        s = stratacl.stats()
-        return s["bytes_pulled"], s["bytes_local"], s["output_bytes_written"], dict(s["calls"])
-
     for name, (call, result, want) in ops.items():
         deltas = []
         for logged in (False, False, True, False):
             it += 1
             fill()
-            before = moved()
+            before = _moved()
             if logged:
                 log.addHandler(handler)
                 log.setLevel(logging.DEBUG)
@@ -179,7 +181,7 @@ def replayed_calls(comm):
             finally:
                 log.setLevel(logging.WARNING)
                 log.removeHandler(handler)
-            after = moved()
+            after = _moved()
             deltas.append((after[0] - before[0], after[1] - before[1], after[2] - before[2],
                            after[3][name] - before[3].get(name, 0)))
             if result(it).tobytes() != want(it).tobytes():
@@ -205,4 +207,48 @@ def replayed_calls(comm):
 @pytest.mark.parametrize("n", [2, 5])
 def test_replayed_calls_move_count_log_and_fail_like_the_python_path(n):
     for rank, bad in enumerate(stratacl.spawn(replayed_calls, n, timeout=120)):
+        assert bad == [], f"rank {rank}: {bad}"
+
+
+def replayed_sendrecv(comm):
+    """A prepared sendrecv runs in one native call (_native.p2p_replay): right bytes, the same
+    counts as the Python path (path="sdma" takes it), a late sender, a mismatched send."""
+    n, me = comm.size, comm.rank
+    right, left = (me + 1) % n, (me - 1) % n
+    x, out, short = (stratacl.empty((c,), np.float32) for c in (BIG, BIG, BIG // 2))
+    bad, deltas = [], []
+    for it, path in enumerate((None, None, "sdma", None), 1):
+        x[:] = _values(me, it, BIG, np.float32)
+        before = _moved()
+        comm.sendrecv(x, right, out, left, path=path)
+        after = _moved()
+        deltas.append((after[0] - before[0], after[1] - before[1], after[2] - before[2],
+                       after[3]["send"] - before[3].get("send", 0), after[3]["recv"] - before[3].get("recv", 0)))
+        if out.tobytes() != _values(left, it, BIG, np.float32).tobytes():
+            bad.append(f"call {it} (path {path}): wrong bytes")
+    if len(set(deltas)) != 1 or deltas[0][3:] != (1, 1):
+        bad.append(f"bytes and calls counted per call differ: {deltas}")
+    x[:] = _values(me, 5, BIG, np.float32)
+    if me == 0:
+        time.sleep(0.2)               # past a wait slice: rank 1 goes on waiting in Python
+    comm.sendrecv(x, right, out, left)
+    if out.tobytes() != _values(left, 5, BIG, np.float32).tobytes():
+        bad.append("late sender: wrong bytes")
+    try:                              # rank 0 sends rank 1 half of what it expects
+        comm.sendrecv(short if me == 0 else x, right, out, left)
+        if me in (0, 1):
+            bad.append("a mismatched send was not raised")
+    except stratacl.CollectiveMismatch as e:
+        if me not in (0, 1) or "this rank expects" not in str(e) and "does not match" not in str(e):
+            bad.append(f"rank {me}: {e}")
+    x[:] = _values(me, 6, BIG, np.float32)
+    comm.sendrecv(x, right, out, left)
+    if out.tobytes() != _values(left, 6, BIG, np.float32).tobytes():
+        bad.append("after the mismatch: wrong bytes")
+    return bad
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_replayed_sendrecv_moves_counts_and_fails_like_the_python_path(n):
+    for rank, bad in enumerate(stratacl.spawn(replayed_sendrecv, n, timeout=120)):
         assert bad == [], f"rank {rank}: {bad}"

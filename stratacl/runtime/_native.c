@@ -348,7 +348,8 @@ static PyObject *enter(PyObject *self, PyObject *const *args, Py_ssize_t n) {
  * call in `_call_counts`. Anything else calls `comm._barrier(...)`, the Python operation; a wait
  * past the slice or a disagreement calls `comm._arrived("barrier", parity, k, status)`. */
 static PyObject *debug_check, *debug_level, *_one;
-static PyObject *s_worker, *s_fast, *s_calls, *s_syncs, *s_cx, *s_counts, *s_slow, *s_arrived, *s_barrier;
+static PyObject *s_worker, *s_fast, *s_calls, *s_syncs, *s_cx, *s_counts, *s_slow, *s_barrier;
+static PyObject *s_send, *s_recv, *s_local, *s_pulled, *s_written;
 
 /* set_barrier(op_code, polls, seconds, debug_check, debug_level): the barrier's operation code
  * (F_OP), its yielding polls and the wait before Python takes over, and the logging check
@@ -384,6 +385,46 @@ static uint64_t bump(PyObject *o, PyObject *name, uint64_t d) {
     if (v == NULL || PyObject_SetAttr(o, name, v) < 0) { Py_XDECREF(v); return (uint64_t)-1; }
     Py_DECREF(v);
     return x;
+}
+
+/* Add `d` to the int attribute `name` of `o`. 0, or -1 with an exception set. */
+static int add_to_attr(PyObject *o, PyObject *name, long long d) {
+    PyObject *v = PyObject_GetAttr(o, name);
+    if (v == NULL) return -1;
+    long long x = PyLong_AsLongLong(v);
+    Py_DECREF(v);
+    if (x == -1 && PyErr_Occurred()) return -1;
+    v = PyLong_FromLongLong(x + d);
+    int rc = v == NULL ? -1 : PyObject_SetAttr(o, name, v);
+    Py_XDECREF(v);
+    return rc;
+}
+
+static int set_attr_u64(PyObject *o, PyObject *name, uint64_t x) {
+    PyObject *v = PyLong_FromUnsignedLongLong(x);
+    int rc = v == NULL ? -1 : PyObject_SetAttr(o, name, v);
+    Py_XDECREF(v);
+    return rc;
+}
+
+/* list[i] += 1; the new value's low 32 bits, or -1 with an exception set. */
+static long long next_seq(PyObject *list, Py_ssize_t i) {
+    PyObject *v = PyNumber_Add(PyList_GET_ITEM(list, i), _one);
+    if (v == NULL) return -1;
+    long long x = (long long)(PyLong_AsUnsignedLongLongMask(v) & 0xFFFFFFFFu);
+    if (PyErr_Occurred()) { Py_DECREF(v); return -1; }
+    if (PyList_SetItem(list, i, v) < 0) return -1;     /* steals v */
+    return x;
+}
+
+/* counts[key] += 1. 0, or -1 with an exception set. */
+static int count_call(PyObject *counts, PyObject *key) {
+    PyObject *old = PyDict_GetItemWithError(counts, key);
+    long long before = old == NULL ? 0 : PyLong_AsLongLong(old);
+    PyObject *now = PyErr_Occurred() ? NULL : PyLong_FromLongLong(before + 1);
+    int rc = now == NULL ? -1 : PyDict_SetItem(counts, key, now);
+    Py_XDECREF(now);
+    return rc;
 }
 
 /* 1 if comm's barrier can take the native path, 0 if not, -1 with an exception set. */
@@ -445,11 +486,7 @@ static PyObject *barrier_call(PyObject *self, PyObject *const *args, Py_ssize_t 
     }
     PyObject *counts = PyObject_GetAttr(comm, s_counts);
     if (counts == NULL) return NULL;
-    PyObject *old = PyDict_GetItemWithError(counts, s_barrier);
-    long long before = old == NULL ? 0 : PyLong_AsLongLong(old);
-    PyObject *now = PyErr_Occurred() ? NULL : PyLong_FromLongLong(before + 1);
-    rc = now == NULL ? -1 : PyDict_SetItem(counts, s_barrier, now);
-    Py_XDECREF(now);
+    rc = count_call(counts, s_barrier);
     Py_DECREF(counts);
     if (rc < 0) return NULL;
     Py_RETURN_NONE;
@@ -586,6 +623,41 @@ static int await_seq(uint32_t *word, uint32_t target, long polls, double seconds
  * Returns P2P_DONE, or the stage where the caller continues: P2P_RECV_WAIT (nothing received
  * yet), P2P_RECV_CHECK (arrived, not handled here), P2P_SEND_WAIT (received; the send is
  * not confirmed within `seconds`, or dst reported an error). */
+/* The body of p2p() on parsed arguments, with the GIL released: `w` the (n, PX_WORDS) words,
+ * `plan` rows of 8 int64 (NULL: none), `b` the bases (3, n), `rd` the ready pairs (n, 2). */
+static int p2p_core(const int64_t *w, int64_t n, long me, long dst, uint32_t send_seq, const int64_t *fields, long src,
+                    uint32_t recv_seq, int dtype, long long count, long long itemsize, int64_t out_addr,
+                    const int64_t *plan, Py_ssize_t rows, int64_t *b, const int64_t *rd, long polls, double seconds) {
+#define WORD(peer, which) ((uint32_t *)(uintptr_t)w[(peer) * PX_WORDS + (which)])
+    if (dst >= 0) {
+        memcpy((void *)(uintptr_t)w[dst * PX_WORDS + PX_SEND_DESC], fields, DESC_FIXED * 8);
+        __atomic_store_n(WORD(dst, PX_SEND_FLAG), send_seq, __ATOMIC_SEQ_CST);
+        wake_sleepers(WORD(dst, PX_SEND_FLAG));
+    }
+    if (src >= 0) {
+        const int64_t *d = (const int64_t *)(uintptr_t)w[src * PX_WORDS + PX_RECV_DESC];
+        if (!await_seq(WORD(src, PX_RECV_FLAG), recv_seq, polls, seconds)) return P2P_RECV_WAIT;
+        if (d[F_FLAGS] || d[F_DTYPE] != dtype || d[F_COUNT] != count ||
+            (count * itemsize > 0 && (plan == NULL || d[F_SEG_VA] != rd[2 * src] || d[F_EPOCH] != rd[2 * src + 1])))
+            return P2P_RECV_CHECK;
+        if (count * itemsize > 0) {
+            int64_t skipped = 0;
+            b[0 * n + src] = d[F_ADDR];      /* IN: the sender's buffer */
+            b[1 * n + me] = out_addr;        /* OUT: this rank's */
+            if (kernels->execute_plan(plan, rows, b, n, dtype, 0, 1.0, &skipped) != NULL)
+                return P2P_RECV_CHECK;       /* nothing was written; Python's path raises */
+        }
+        __atomic_store_n(WORD(src, PX_RECV_STATUS), 0u, __ATOMIC_SEQ_CST);
+        __atomic_store_n(WORD(src, PX_RECV_DONE), recv_seq, __ATOMIC_SEQ_CST);
+        wake_sleepers(WORD(src, PX_RECV_DONE));
+    }
+    if (dst < 0 || (await_seq(WORD(dst, PX_SENT_DONE), send_seq, polls, seconds) &&
+                    __atomic_load_n(WORD(dst, PX_SENT_STATUS), __ATOMIC_ACQUIRE) == 0))
+        return P2P_DONE;
+    return P2P_SEND_WAIT;
+#undef WORD
+}
+
 static PyObject *p2p(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 16) {
         PyErr_SetString(PyExc_TypeError, "p2p(px, me, dst, send_seq, fields, src, recv_seq, dtype, count, itemsize, "
@@ -615,49 +687,11 @@ static PyObject *p2p(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         PyErr_SetString(PyExc_ValueError, "p2p: inconsistent arguments");
         goto done;
     }
-    const int64_t *w = (const int64_t *)px.buf;
-    int64_t *b = (int64_t *)bases.buf;
-    const int64_t *rd = (const int64_t *)ready.buf;
-#define WORD(peer, which) ((uint32_t *)(uintptr_t)w[(peer) * PX_WORDS + (which)])
     Py_BEGIN_ALLOW_THREADS
-    if (dst >= 0) {
-        memcpy((void *)(uintptr_t)w[dst * PX_WORDS + PX_SEND_DESC], fields, DESC_FIXED * 8);
-        __atomic_store_n(WORD(dst, PX_SEND_FLAG), (uint32_t)send_seq, __ATOMIC_SEQ_CST);
-        wake_sleepers(WORD(dst, PX_SEND_FLAG));
-    }
-    stage = P2P_SEND_WAIT;
-    if (src >= 0) {
-        const int64_t *d = (const int64_t *)(uintptr_t)w[src * PX_WORDS + PX_RECV_DESC];
-        if (!await_seq(WORD(src, PX_RECV_FLAG), (uint32_t)recv_seq, polls, seconds)) {
-            stage = P2P_RECV_WAIT;
-        } else if (d[F_FLAGS] || d[F_DTYPE] != dtype || d[F_COUNT] != count ||
-                   (count * itemsize > 0 && (plan.buf == NULL || d[F_SEG_VA] != rd[2 * src] ||
-                                             d[F_EPOCH] != rd[2 * src + 1]))) {
-            stage = P2P_RECV_CHECK;
-        } else {
-            int64_t skipped = 0;
-            const char *err = NULL;
-            if (count * itemsize > 0) {
-                b[0 * n + src] = d[F_ADDR];      /* IN: the sender's buffer */
-                b[1 * n + me] = (int64_t)out_addr;     /* OUT: this rank's */
-                err = kernels->execute_plan((const int64_t *)plan.buf, plan.len / 64, b, n, dtype, 0, 1.0, &skipped);
-            }
-            if (err != NULL) {
-                stage = P2P_RECV_CHECK;   /* nothing was written; Python's path raises */
-            } else {
-                __atomic_store_n(WORD(src, PX_RECV_STATUS), 0u, __ATOMIC_SEQ_CST);
-                __atomic_store_n(WORD(src, PX_RECV_DONE), (uint32_t)recv_seq, __ATOMIC_SEQ_CST);
-                wake_sleepers(WORD(src, PX_RECV_DONE));
-            }
-        }
-    }
-    if (stage == P2P_SEND_WAIT) {
-        if (dst < 0 || (await_seq(WORD(dst, PX_SENT_DONE), (uint32_t)send_seq, polls, seconds) &&
-                        __atomic_load_n(WORD(dst, PX_SENT_STATUS), __ATOMIC_ACQUIRE) == 0))
-            stage = P2P_DONE;
-    }
+    stage = p2p_core((const int64_t *)px.buf, n, me, dst, (uint32_t)send_seq, fields, src, (uint32_t)recv_seq, dtype,
+                     count, itemsize, (int64_t)out_addr, (const int64_t *)plan.buf, plan.len / 64,
+                     (int64_t *)bases.buf, (const int64_t *)ready.buf, polls, seconds);
     Py_END_ALLOW_THREADS
-#undef WORD
 done:
     if (px.buf) PyBuffer_Release(&px);
     if (plan.buf) PyBuffer_Release(&plan);
@@ -665,6 +699,78 @@ done:
     if (ready.buf) PyBuffer_Release(&ready);
     if (stage < 0) return NULL;
     return PyLong_FromLong(stage);
+}
+
+/* ---- a prepared sendrecv, replayed --------------------------------------------------------
+ * p2p_replay(comm, call) -> None once done, else (stage, send_seq, recv_seq)
+ * sendrecv repeated on the same arrays and peers (runtime/_p2p.py, _check_sendrecv): number
+ * the send and the receive (the lists `sent`, `received`), then p2p_core, the receive's byte
+ * counts and both halves' call counts. A stage other than P2P_DONE is returned with the
+ * sequence numbers, for the Python path to go on from.
+ *   call = (params, px, bases, ready, plan, sent, received, counters, call_counts)
+ *   params (int64): the send's DESC_FIXED fields (F_CALL: its sequence number, set here), then PP_* */
+enum { PP_ME = DESC_FIXED, PP_DST, PP_SRC, PP_DTYPE, PP_COUNT, PP_ITEMSIZE, PP_OUT, PP_BYTES, PP_LEN = PP_BYTES + 3 };
+enum { Q_PARAMS, Q_PX, Q_BASES, Q_READY, Q_PLAN, Q_SENT, Q_RECEIVED, Q_COUNTERS, Q_CALL_COUNTS, Q_LEN };
+
+static PyObject *p2p_replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyTuple_Check(args[1]) || PyTuple_GET_SIZE(args[1]) != Q_LEN) {
+        PyErr_SetString(PyExc_TypeError, "p2p_replay(comm, call): call is the tuple _p2p._check_sendrecv builds");
+        return NULL;
+    }
+    PyObject *call = args[1], *result = NULL;
+    if (load_kernels() < 0) return NULL;
+    PyObject *plano = PyTuple_GET_ITEM(call, Q_PLAN), *sent = PyTuple_GET_ITEM(call, Q_SENT);
+    PyObject *received = PyTuple_GET_ITEM(call, Q_RECEIVED);
+    Py_buffer params = {0}, px = {0}, bases = {0}, ready = {0}, plan = {0};
+    if (get_i64_buffer(PyTuple_GET_ITEM(call, Q_PARAMS), &params, 0, "p2p_replay") < 0 ||
+        get_i64_buffer(PyTuple_GET_ITEM(call, Q_PX), &px, 0, "p2p_replay") < 0 ||
+        get_i64_buffer(PyTuple_GET_ITEM(call, Q_BASES), &bases, 1, "p2p_replay") < 0 ||
+        get_i64_buffer(PyTuple_GET_ITEM(call, Q_READY), &ready, 0, "p2p_replay") < 0 ||
+        (plano != Py_None && get_i64_buffer(plano, &plan, 0, "p2p_replay") < 0))
+        goto done;
+    const int64_t *p = (const int64_t *)params.buf;
+    Py_ssize_t n = px.len / (8 * PX_WORDS);
+    if (params.len != PP_LEN * 8 || bases.len != 24 * n || ready.len != 16 * n || plan.len % 64 ||
+        !PyList_Check(sent) || !PyList_Check(received) || PyList_GET_SIZE(sent) != n ||
+        PyList_GET_SIZE(received) != n || p[PP_ME] < 0 || p[PP_ME] >= n || p[PP_DST] < 0 || p[PP_DST] >= n ||
+        p[PP_SRC] < 0 || p[PP_SRC] >= n) {
+        PyErr_SetString(PyExc_ValueError, "p2p_replay: inconsistent call");
+        goto done;
+    }
+    long long send_seq = next_seq(sent, p[PP_DST]);
+    if (send_seq < 0) goto done;
+    long long recv_seq = next_seq(received, p[PP_SRC]);
+    if (recv_seq < 0) goto done;
+    int64_t fields[DESC_FIXED];
+    memcpy(fields, p, sizeof fields);
+    fields[F_CALL] = send_seq;
+    int stage;
+    Py_BEGIN_ALLOW_THREADS
+    stage = p2p_core((const int64_t *)px.buf, n, (long)p[PP_ME], (long)p[PP_DST], (uint32_t)send_seq, fields,
+                     (long)p[PP_SRC], (uint32_t)recv_seq, (int)p[PP_DTYPE], p[PP_COUNT], p[PP_ITEMSIZE], p[PP_OUT],
+                     (const int64_t *)plan.buf, plan.len / 64, (int64_t *)bases.buf, (const int64_t *)ready.buf,
+                     barrier_polls, barrier_seconds);
+    Py_END_ALLOW_THREADS
+    PyObject *counts = PyTuple_GET_ITEM(call, Q_CALL_COUNTS), *counters = PyTuple_GET_ITEM(call, Q_COUNTERS);
+    if (stage == P2P_DONE || stage == P2P_SEND_WAIT) {        /* received */
+        if ((p[PP_BYTES] && add_to_attr(counters, s_local, p[PP_BYTES]) < 0) ||
+            (p[PP_BYTES + 1] && add_to_attr(counters, s_pulled, p[PP_BYTES + 1]) < 0) ||
+            (p[PP_BYTES + 2] && add_to_attr(counters, s_written, p[PP_BYTES + 2]) < 0) || count_call(counts, s_recv) < 0)
+            goto done;
+    }
+    if (stage != P2P_DONE) {
+        result = Py_BuildValue("(iLL)", stage, send_seq, recv_seq);
+        goto done;
+    }
+    if (count_call(counts, s_send) < 0) goto done;
+    result = Py_NewRef(Py_None);
+done:
+    if (params.buf) PyBuffer_Release(&params);
+    if (px.buf) PyBuffer_Release(&px);
+    if (bases.buf) PyBuffer_Release(&bases);
+    if (ready.buf) PyBuffer_Release(&ready);
+    if (plan.buf) PyBuffer_Release(&plan);
+    return result;
 }
 
 /* ---- a full-mesh collective in one native call --------------------------------------------
@@ -805,27 +911,6 @@ enum { RP_OWN = DESC_FIXED, RP_ONLY, RP_DTYPE, RP_REDOP, RP_DEPARTURE, RP_ROOT, 
 enum { R_PARAMS, R_CX, R_READY, R_BASES, R_PLAN, R_PLAN2, R_DIVISOR, R_ROOT_CALLS, R_COUNTERS, R_CALL_COUNTS, R_OP,
        R_LEN };
 #define MESH_NOT_RUN (-1)
-static PyObject *s_local, *s_pulled, *s_written;
-
-/* Add `d` to the int attribute `name` of `o`. 0, or -1 with an exception set. */
-static int add_to_attr(PyObject *o, PyObject *name, long long d) {
-    PyObject *v = PyObject_GetAttr(o, name);
-    if (v == NULL) return -1;
-    long long x = PyLong_AsLongLong(v);
-    Py_DECREF(v);
-    if (x == -1 && PyErr_Occurred()) return -1;
-    v = PyLong_FromLongLong(x + d);
-    int rc = v == NULL ? -1 : PyObject_SetAttr(o, name, v);
-    Py_XDECREF(v);
-    return rc;
-}
-
-static int set_attr_u64(PyObject *o, PyObject *name, uint64_t x) {
-    PyObject *v = PyLong_FromUnsignedLongLong(x);
-    int rc = v == NULL ? -1 : PyObject_SetAttr(o, name, v);
-    Py_XDECREF(v);
-    return rc;
-}
 
 static PyObject *replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 2 || !PyTuple_Check(args[1]) || PyTuple_GET_SIZE(args[1]) != R_LEN) {
@@ -919,12 +1004,7 @@ static PyObject *replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         result = Py_BuildValue("(iiKk)", stage, parity, (unsigned long long)k, (unsigned long)target);
         goto done;
     }
-    PyObject *counts = PyTuple_GET_ITEM(call, R_CALL_COUNTS), *op = PyTuple_GET_ITEM(call, R_OP);
-    PyObject *old = PyDict_GetItemWithError(counts, op);
-    long long before = old == NULL ? 0 : PyLong_AsLongLong(old);
-    PyObject *now = PyErr_Occurred() ? NULL : PyLong_FromLongLong(before + 1);
-    if (now == NULL || PyDict_SetItem(counts, op, now) < 0) { Py_XDECREF(now); goto done; }
-    Py_DECREF(now);
+    if (count_call(PyTuple_GET_ITEM(call, R_CALL_COUNTS), PyTuple_GET_ITEM(call, R_OP)) < 0) goto done;
     result = Py_NewRef(Py_None);
 done:
     if (params.buf) PyBuffer_Release(&params);
@@ -1020,6 +1100,7 @@ static PyMethodDef methods[] = {
     {"mesh", (PyCFunction)(void (*)(void))mesh, METH_FASTCALL, "A full-mesh collective's common case (see _comm.py)."},
     {"p2p", (PyCFunction)(void (*)(void))p2p, METH_FASTCALL, "One point-to-point call's common case (see _p2p.py)."},
     {"replay", (PyCFunction)(void (*)(void))replay, METH_FASTCALL, "A prepared full-mesh call (see _comm.py, _replay_of)."},
+    {"p2p_replay", (PyCFunction)(void (*)(void))p2p_replay, METH_FASTCALL, "A prepared sendrecv (see _p2p.py)."},
     {"done", (PyCFunction)(void (*)(void))done, METH_FASTCALL, "Count one completion; wake at the target."},
     {"data_address", data_address, METH_O, "Address of a buffer's first byte."},
     {"mmap_at", (PyCFunction)(void (*)(void))mmap_at, METH_FASTCALL, "mmap at a fixed address."},
@@ -1043,8 +1124,8 @@ PyMODINIT_FUNC PyInit__native(void) {
         "Block until every rank of the communicator has called barrier. Collective."};
     struct { PyObject **slot; const char *name; } names[] = {
         {&s_worker, "_worker"}, {&s_fast, "_native_barrier"}, {&s_calls, "_calls"}, {&s_syncs, "_syncs"},
-        {&s_cx, "_cx"}, {&s_counts, "_call_counts"}, {&s_slow, "_barrier"}, {&s_arrived, "_arrived"},
-        {&s_barrier, "barrier"}, {&s_local, "local"}, {&s_pulled, "pulled"}, {&s_written, "written"}};
+        {&s_cx, "_cx"}, {&s_counts, "_call_counts"}, {&s_slow, "_barrier"},
+        {&s_barrier, "barrier"}, {&s_send, "send"}, {&s_recv, "recv"}, {&s_local, "local"}, {&s_pulled, "pulled"}, {&s_written, "written"}};
     if ((_one = PyLong_FromLong(1)) == NULL) return NULL;
     PyModule_AddIntConstant(m, "MESH_NOT_RUN", MESH_NOT_RUN);
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)

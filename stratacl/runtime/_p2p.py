@@ -31,6 +31,20 @@ from ._work import agreed, collective
 
 P2P_DONE, P2P_RECV_WAIT, P2P_RECV_CHECK, P2P_SEND_WAIT = 0, 1, 2, 3   # _native.p2p's stages
 _NO_RECV = (0, 0, 0, 0, None)
+OP_SEND = 100                # a send descriptor's F_OP
+
+
+def _send_descriptor(code: int, count: int, inp, rejected: bool, aux0: int, seq: int) -> tuple:
+    """A send's descriptor in F_* order (runtime/_control.py): op, dtype, count, root, redop,
+    flags, addr, nbytes, seg va, seg size, seg offset, epoch, aux0, aux1, aux2, call (here
+    the send's sequence number). ``inp`` None: nothing is sent (a rejected send)."""
+    seg = inp.seg if inp is not None else None
+    if seg is not None:
+        return (OP_SEND, code, count, 0, 0, 0, inp.addr, inp.nbytes, seg.va, seg.size, seg.hbm_offset, seg.epoch,
+                aux0, 0, 0, seq)
+    addr, nbytes = (inp.addr, inp.nbytes) if inp is not None else (0, 0)
+    return (OP_SEND, code, count if inp is not None else 0, 0, 0, FLAG_REJECTED if rejected else 0, addr, nbytes,
+            0, 0, 0, 0, aux0, 0, 0, seq)
 
 
 class PointToPoint:
@@ -79,7 +93,45 @@ class PointToPoint:
 
         Both halves proceed at once, so a ring of sendrecv calls cannot deadlock.
         """
-        self._p2p("sendrecv", x, dst, out, src)
+        key = (("sendrecv", id(x), dst, id(out), src)
+               if type(dst) is int and type(src) is int and self._path is self._default_path else None)
+        replay = self._prepared.get(key, (x, out), self._check_sendrecv, x, dst, out, src)
+        if replay is None:
+            self._p2p("sendrecv", x, dst, out, src)
+            return
+        r = _native.p2p_replay(self, replay)       # prepared: the whole call in one native call
+        if r is None:
+            return
+        stage, send_seq, recv_seq = r               # on from where it stopped, as _p2p would
+        self._send_fields = (*replay[0][:P2P_DESC - 1].tolist(), send_seq)
+        send = (dst, send_seq, None, x, None)
+        if stage == P2P_RECV_WAIT or stage == P2P_RECV_CHECK:
+            try:
+                self._recv(out, src, recv_seq, stage == P2P_RECV_CHECK, None)
+            except BaseException:
+                self._abandon(send)
+                raise
+        self._complete_send(send)
+
+    def _check_sendrecv(self, x: np.ndarray, dst: int, out: np.ndarray, src: int) -> tuple[tuple | None, bool]:
+        """A sendrecv's checks, for _native.p2p_replay (runtime/_prepared.py): its arguments
+        as one tuple, or None where the common case does not apply (no modeled clock, the
+        cores' path, both halves' checks passed, zero copy from HBM, the output written in
+        place), which leaves the call to _p2p and its checks."""
+        peers = range(self.size)
+        if (self._rt.clock is not None or self._path != "mte" or dst not in peers or src not in peers
+                or dst == self.rank or src == self.rank):
+            return None, False
+        (code, inp, error), held = self._check_send(x)
+        (native, plan), in_place = self._check_recv(out, src)
+        if not (held and in_place) or error is not None:
+            return None, False
+        fields = _send_descriptor(code, x.size, inp, False, 0, 0)
+        dtype, count, itemsize, out_addr, table = native
+        moved = (plan.local, plan.remote, plan.written) if plan is not None else (0, 0, 0)
+        params = np.array([*fields, self.rank, dst, src, dtype, count, itemsize, out_addr, *moved], dtype=np.int64)
+        return (params, self._px, self._bases, self._ready, table, self._sent, self._received, self.counters,
+                self._call_counts), True
 
     def _p2p(self, op: str, x: np.ndarray | None, dst: int, out: np.ndarray | None, src: int) -> None:
         """One call: post the send, pull the receive, wait for the send's receiver.
@@ -140,17 +192,8 @@ class PointToPoint:
         code, inp, error = self._prepared.get(key, (x,), self._check_send, x)
         self._sent[dst] += 1
         seq = self._sent[dst] & 0xFFFFFFFF
-        seg = inp.seg if inp is not None else None
         aux0 = to_bits(t_send) if t_send is not None else 0
-        # the descriptor in F_* order (runtime/_control.py): op, dtype, count, root, redop, flags,
-        # addr, nbytes, seg va, seg size, seg offset, epoch, aux0, aux1, aux2, call
-        if seg is not None:
-            self._send_fields = (100, code, x.size, 0, 0, 0, inp.addr, inp.nbytes, seg.va, seg.size,
-                                 seg.hbm_offset, seg.epoch, aux0, 0, 0, seq)
-        else:
-            addr, nbytes = (inp.addr, inp.nbytes) if inp is not None else (0, 0)
-            self._send_fields = (100, code, x.size if inp is not None else 0, 0, 0,
-                                 FLAG_REJECTED if error is not None else 0, addr, nbytes, 0, 0, 0, 0, aux0, 0, 0, seq)
+        self._send_fields = _send_descriptor(code, x.size, inp, error is not None, aux0, seq)
         return dst, seq, error, x, t_send
 
     def _check_send(self, x: np.ndarray) -> tuple[tuple, bool]:
