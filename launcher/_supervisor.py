@@ -41,6 +41,10 @@ from ._resources import create_job_segments, sweep
 _OWN_GROUP = {"process_group": 0} if sys.version_info >= (3, 11) else {}
 
 
+# thread counts of numeric libraries a rank gets as "1" unless the user set them (_rank_env)
+RANK_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
+
 @dataclasses.dataclass
 class RankEnd:
     rank: int
@@ -155,6 +159,11 @@ class Job:
     # --- start ------------------------------------------------------------------------------
     def _rank_env(self, rank: int, boot: dict) -> dict[str, str]:
         env = dict(os.environ)
+        # numpy's BLAS and OpenMP start a thread per core in every rank, and those threads spin
+        # after each use: with many ranks per core that is CPU the ranks need. One thread each
+        # unless the user asked otherwise (torchrun does the same for OMP_NUM_THREADS).
+        for threads in RANK_THREAD_VARS:
+            env.setdefault(threads, "1")
         env.update(self.config.as_env())
         env.update(self.extra_env)
         env.update({

@@ -12,6 +12,9 @@ import subprocess
 
 import pytest
 
+import stratacl
+from stratacl_launcher._supervisor import RANK_THREAD_VARS
+
 from launch_helpers import SCRIPTS, Run, clean_env, launch, launcher_command, script
 
 
@@ -106,6 +109,18 @@ def test_nprocs_from_the_environment():
     run = launch(script("rank_info.py"), env=clean_env(STRATACL_NPROCS="3"), timeout=120)
     assert run.returncode == 0, run.explain()
     _check_info(run, 3, [])
+
+
+def _thread_settings(comm):
+    return [os.environ.get(v) for v in RANK_THREAD_VARS]
+
+
+def test_ranks_run_numeric_libraries_on_one_thread_unless_told_otherwise(monkeypatch):
+    for v in RANK_THREAD_VARS:
+        monkeypatch.delenv(v, raising=False)
+    monkeypatch.setenv(RANK_THREAD_VARS[0], "3")
+    expected = ["3"] + ["1"] * (len(RANK_THREAD_VARS) - 1)
+    assert stratacl.spawn(_thread_settings, 2, timeout=60) == [expected, expected]
 
 
 def test_unknown_stratacl_environment_variable_is_an_error():
