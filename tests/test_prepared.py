@@ -252,3 +252,71 @@ def replayed_sendrecv(comm):
 def test_replayed_sendrecv_moves_counts_and_fails_like_the_python_path(n):
     for rank, bad in enumerate(stratacl.spawn(replayed_sendrecv, n, timeout=120)):
         assert bad == [], f"rank {rank}: {bad}"
+
+
+def native_methods(comm):
+    """The prepared operations are native methods (_native.c, PreparedMethod): a repeated call
+    with positional or the operation's own keyword arguments does not reach the Python
+    operation; keywords like path= do, reset the path for the next call, and bad arguments get
+    Python's TypeError. Returns the Python operations reached per case, and the errors."""
+    from stratacl.runtime._comm import Communicator
+    n, me = comm.size, comm.rank
+    x, y, part = stratacl.empty((BIG,), np.float32), stratacl.empty((n * BIG,), np.float32), \
+        stratacl.empty((BIG,), np.float32)
+    z = stratacl.empty((BIG,), np.float32)
+    reached: list[str] = []
+    spies, originals = {}, {}
+    for name in ("all_gather", "all_to_all", "reduce_scatter", "all_reduce", "broadcast", "sendrecv"):
+        python_op = originals[name] = getattr(Communicator, f"_{name}")
+
+        def spy(self, *a, _op=python_op, _name=name, **k):
+            reached.append(_name)
+            return _op(self, *a, **k)
+        spies[name] = spy
+    calls = {
+        "positional": [lambda: comm.all_gather(y, x), lambda: comm.all_to_all(y, y2),
+                       lambda: comm.reduce_scatter(part, y2, "sum"), lambda: comm.all_reduce(x, "max"),
+                       lambda: comm.broadcast(x, n - 1), lambda: comm.sendrecv(x, (me + 1) % n, z, (me - 1) % n)],
+        "keywords": [lambda: comm.all_gather(x=x, out=y), lambda: comm.reduce_scatter(part, y2, op="sum"),
+                     lambda: comm.all_reduce(x, op="max"), lambda: comm.broadcast(x, root=n - 1),
+                     lambda: comm.sendrecv(x, (me + 1) % n, src=(me - 1) % n, out=z)],
+    }
+    y2 = stratacl.empty((n * BIG,), np.float32)
+    out = {}
+    for case, fns in calls.items():
+        for f in fns:
+            f()                      # prepares (the first call is Python's)
+        for name, spy in spies.items():
+            setattr(Communicator, f"_{name}", spy)
+        try:
+            for f in fns:
+                f()
+            out[case] = list(reached)
+            reached.clear()
+            comm.broadcast(x, np.int64(n - 1))     # a numpy root: not a key the native method builds
+            comm.all_gather(y, x, path="sdma")
+            out["numpy root, path="] = list(reached)
+            reached.clear()
+        finally:
+            for name, python_op in originals.items():
+                setattr(Communicator, f"_{name}", python_op)
+    sdma = stratacl.stats()["sdma"]["bytes"]
+    comm.all_gather(y, x)             # the default path again, natively
+    out["sdma bytes after path="] = stratacl.stats()["sdma"]["bytes"] - sdma
+    out["path reset"] = comm._path is comm._default_path
+    errors = []
+    for bad in (lambda: comm.broadcast(x, root=0, rot=1), lambda: comm.all_reduce(), lambda: comm.broadcast(x, 0, 1)):
+        try:
+            bad()
+        except TypeError as e:
+            errors.append(type(e).__name__)
+    out["errors"] = errors
+    return out
+
+
+def test_prepared_operations_are_native_methods():
+    for rank, out in enumerate(stratacl.spawn(native_methods, 3, timeout=120)):
+        assert out["positional"] == [] and out["keywords"] == [], (rank, out)
+        assert out["numpy root, path="] == ["broadcast", "all_gather"], (rank, out)
+        assert out["sdma bytes after path="] == 0 and out["path reset"], (rank, out)
+        assert out["errors"] == ["TypeError"] * 3, (rank, out)

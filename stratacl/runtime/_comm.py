@@ -86,6 +86,16 @@ def _value_name(field: int, v: int) -> str:
     return str(v)
 
 
+def _native_method(op, spec: str):
+    """``op``'s prepared common case as a native method (_native.c, PreparedMethod): a call
+    repeated on the same arrays with positional arguments runs without Python; anything else
+    calls the Python operation, kept as ``_<name>``. ``spec``: 'a' for each array parameter,
+    's' for each scalar, in order."""
+    names = op.__code__.co_varnames[1:len(spec) + 1]
+    return _native.prepared_method(op.__name__, names, spec, op.__defaults__ or (), f"_{op.__name__}",
+                                   _native.METHOD_MESH, op.__doc__)
+
+
 class Replay:
     """A prepared full-mesh call, fixed for ``_native.replay`` (Communicator._replay_of): its
     native arguments ``call``, and ``mesh``, _mesh's, for the Python path from wherever the
@@ -146,7 +156,7 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
         self._eager_slots: dict[tuple, _Input] = {}    # (parity, nbytes, dtype) -> slot
         self._prepared = PreparedCalls()       # checked arguments of repeated calls (_prepared.py)
         self._call_counts = rt.stats["calls"]
-        self._native_barrier = rt.clock is None     # see barrier
+        self._native_calls = rt.clock is None      # the native methods may run (barrier, _native_method)
         self._init_execute()
         self._init_modeling()
         self._init_p2p()
@@ -509,6 +519,9 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
             self._output_done(out, target)
         self._tick(op, parity, x.nbytes, algo, itemsize=x.itemsize)
 
+    _all_gather = all_gather
+    all_gather = _native_method(all_gather, "aa")
+
     def _check_all_gather(self, out: np.ndarray, x: np.ndarray) -> tuple[tuple, bool]:
         """all_gather's argument checks (raising on every rank of the call), and what they decided
         (see _prepared.py): dtype code, algorithm, eager, the input (None: the eager copy, made
@@ -559,6 +572,9 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
         if target is not None:
             self._output_done(out, target)
         self._tick(op, parity, x.nbytes, itemsize=x.itemsize)
+
+    _all_to_all = all_to_all
+    all_to_all = _native_method(all_to_all, "aa")
 
     def _check_all_to_all(self, out: np.ndarray, x: np.ndarray) -> tuple[tuple, bool]:
         """all_to_all's checks and what they decided (as _check_all_gather)."""
@@ -653,6 +669,9 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
             self._output_done(x, target)
         self._tick(op, parity, x.nbytes, root=root, itemsize=x.itemsize)
 
+    _broadcast = broadcast
+    broadcast = _native_method(broadcast, "as")
+
     def _check_broadcast(self, x: np.ndarray, root: int) -> tuple[tuple, bool]:
         """broadcast's checks and what they decided: dtype code, this rank's input (the root's
         buffer, or where a reader pulls to), a reader's plan (None at the root), where a reader
@@ -716,6 +735,9 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
         if target is not None:
             self._output_done(out, target)
         self._tick(name, parity, x.nbytes, algo, itemsize=x.itemsize)
+
+    _reduce_scatter = reduce_scatter
+    reduce_scatter = _native_method(reduce_scatter, "aas")
 
     def _check_reduce_scatter(self, out: np.ndarray, x: np.ndarray, op: str) -> tuple[tuple, bool]:
         """reduce_scatter's checks and what they decided (as _check_all_gather, with the reduce op)."""
@@ -806,6 +828,9 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
             _copy_back(x, target)
             self._rt.stats["bytes_staged"] += x.nbytes
         self._tick(name, parity, x.nbytes, algo, itemsize=item)
+
+    _all_reduce = all_reduce
+    all_reduce = _native_method(all_reduce, "as")
 
     def _check_all_reduce(self, x: np.ndarray, op: str) -> tuple[tuple, bool]:
         """all_reduce's checks and what they decided: dtype and reduce codes, algorithm, eager,

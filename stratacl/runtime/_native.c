@@ -17,6 +17,7 @@
 #include <fcntl.h>
 #include <linux/futex.h>
 #include <sched.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
@@ -712,12 +713,12 @@ done:
 enum { PP_ME = DESC_FIXED, PP_DST, PP_SRC, PP_DTYPE, PP_COUNT, PP_ITEMSIZE, PP_OUT, PP_BYTES, PP_LEN = PP_BYTES + 3 };
 enum { Q_PARAMS, Q_PX, Q_BASES, Q_READY, Q_PLAN, Q_SENT, Q_RECEIVED, Q_COUNTERS, Q_CALL_COUNTS, Q_LEN };
 
-static PyObject *p2p_replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 2 || !PyTuple_Check(args[1]) || PyTuple_GET_SIZE(args[1]) != Q_LEN) {
-        PyErr_SetString(PyExc_TypeError, "p2p_replay(comm, call): call is the tuple _p2p._check_sendrecv builds");
+static PyObject *p2p_replay_impl(PyObject *call) {
+    if (!PyTuple_Check(call) || PyTuple_GET_SIZE(call) != Q_LEN) {
+        PyErr_SetString(PyExc_TypeError, "p2p_replay: call is the tuple _p2p._check_sendrecv builds");
         return NULL;
     }
-    PyObject *call = args[1], *result = NULL;
+    PyObject *result = NULL;
     if (load_kernels() < 0) return NULL;
     PyObject *plano = PyTuple_GET_ITEM(call, Q_PLAN), *sent = PyTuple_GET_ITEM(call, Q_SENT);
     PyObject *received = PyTuple_GET_ITEM(call, Q_RECEIVED);
@@ -771,6 +772,11 @@ done:
     if (ready.buf) PyBuffer_Release(&ready);
     if (plan.buf) PyBuffer_Release(&plan);
     return result;
+}
+
+static PyObject *p2p_replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) { PyErr_SetString(PyExc_TypeError, "p2p_replay(comm, call)"); return NULL; }
+    return p2p_replay_impl(args[1]);
 }
 
 /* ---- a full-mesh collective in one native call --------------------------------------------
@@ -912,12 +918,11 @@ enum { R_PARAMS, R_CX, R_READY, R_BASES, R_PLAN, R_PLAN2, R_DIVISOR, R_ROOT_CALL
        R_LEN };
 #define MESH_NOT_RUN (-1)
 
-static PyObject *replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 2 || !PyTuple_Check(args[1]) || PyTuple_GET_SIZE(args[1]) != R_LEN) {
-        PyErr_SetString(PyExc_TypeError, "replay(comm, call): call is the tuple _comm._replay_of builds");
+static PyObject *replay_impl(PyObject *comm, PyObject *call) {
+    if (!PyTuple_Check(call) || PyTuple_GET_SIZE(call) != R_LEN) {
+        PyErr_SetString(PyExc_TypeError, "replay: call is the tuple _comm._replay_of builds");
         return NULL;
     }
-    PyObject *comm = args[0], *call = args[1];
     if (load_kernels() < 0) return NULL;
     if (debug_check != NULL) {
         PyObject *v = PyObject_CallOneArg(debug_check, debug_level);
@@ -1016,6 +1021,270 @@ done:
     return result;
 }
 
+static PyObject *replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) { PyErr_SetString(PyExc_TypeError, "replay(comm, call)"); return NULL; }
+    return replay_impl(args[0], args[1]);
+}
+
+/* ---- operations as methods ---------------------------------------------------------------
+ * A prepared call still paid for its Python around the replay: the collective wrapper, the
+ * operation's frame, the key, the lookup and the identity and layout test. Each is cheap alone
+ * (about 1 us together in a quiet process) but with 32 ranks on two cores every switch leaves
+ * the interpreter's working set cold, and they came to about 5 us of CPU per rank and call.
+ * A PreparedMethod is the operation's common case as the method itself (bound like a
+ * function, through an instancemethod): positional arguments only, no worker thread, no
+ * modeled clock. It builds the key the operation builds, finds the entry in comm._prepared,
+ * tests it as PreparedCall.holds does and runs its replay; anything else (keywords, a first
+ * call, a changed array, a call that cannot be replayed) calls the Python operation, and a
+ * replay that stops early goes on in Python (comm._replayed, comm._p2p_replayed).
+ *   spec: one letter per parameter, 'a' an array (keyed by identity, tested by layout), 's' a
+ *   scalar (keyed by value: int or str exactly, else the Python operation). */
+enum { METHOD_MESH, METHOD_SENDRECV };
+#define METHOD_MAX_PARAMS 4
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *name, *slow, *defaults, *doc, *params;
+    char spec[METHOD_MAX_PARAMS + 1];
+    int nparams, kind;
+} PreparedMethod;
+
+static PyObject *s_prepared, *s_entries, *s_refs, *s_layouts, *s_args, *s_call, *s_shape, *s_strides, *s_dtype;
+static PyObject *s_flags, *s_writeable, *s_path, *s_default_path, *s_replayed, *s_p2p_replayed;
+
+/* 1 if attribute `name` of `a` equals `want`, 0 if not, -1 with an exception set. */
+static int attr_equals(PyObject *a, PyObject *name, PyObject *want) {
+    PyObject *v = PyObject_GetAttr(a, name);
+    if (v == NULL) return -1;
+    int eq = v == want ? 1 : PyObject_RichCompareBool(v, want, Py_EQ);
+    Py_DECREF(v);
+    return eq;
+}
+
+/* PreparedCall.holds: every array is the entry's, with the same shape, strides, dtype, writability. */
+static int entry_holds(PyObject *entry, PyObject *const *arrays, int n) {
+    PyObject *refs = PyObject_GetAttr(entry, s_refs), *layouts = refs ? PyObject_GetAttr(entry, s_layouts) : NULL;
+    int ok = layouts != NULL && PyTuple_Check(refs) && PyTuple_Check(layouts) && PyTuple_GET_SIZE(refs) == n &&
+             PyTuple_GET_SIZE(layouts) == n ? 1 : (layouts == NULL ? -1 : 0);
+    for (int i = 0; ok == 1 && i < n; i++) {
+        PyObject *a = arrays[i], *layout = PyTuple_GET_ITEM(layouts, i);
+        if (PyWeakref_GetObject(PyTuple_GET_ITEM(refs, i)) != a || !PyTuple_Check(layout) ||
+            PyTuple_GET_SIZE(layout) != 4) { ok = 0; break; }
+        if ((ok = attr_equals(a, s_shape, PyTuple_GET_ITEM(layout, 0))) != 1) break;
+        if ((ok = attr_equals(a, s_strides, PyTuple_GET_ITEM(layout, 1))) != 1) break;
+        if ((ok = attr_equals(a, s_dtype, PyTuple_GET_ITEM(layout, 2))) != 1) break;
+        PyObject *flags = PyObject_GetAttr(a, s_flags);
+        ok = flags == NULL ? -1 : attr_equals(flags, s_writeable, PyTuple_GET_ITEM(layout, 3));
+        Py_XDECREF(flags);
+    }
+    Py_XDECREF(refs);
+    Py_XDECREF(layouts);
+    return ok;
+}
+
+/* The prepared entry of this call (a new reference), NULL without an exception when there is
+ * none to replay, NULL with one on an error. */
+static PyObject *prepared_entry(PreparedMethod *m, PyObject *comm, PyObject *const *params) {
+    PyObject *key = PyTuple_New(m->nparams + 1), *arrays[METHOD_MAX_PARAMS];
+    if (key == NULL) return NULL;
+    Py_INCREF(m->name);
+    PyTuple_SET_ITEM(key, 0, m->name);
+    int narrays = 0;
+    for (int i = 0; i < m->nparams; i++) {
+        PyObject *v = params[i];
+        if (m->spec[i] == 'a') {
+            arrays[narrays++] = v;
+            v = PyLong_FromVoidPtr(v);
+            if (v == NULL) { Py_DECREF(key); return NULL; }
+        } else if (PyLong_CheckExact(v) || PyUnicode_CheckExact(v)) {
+            Py_INCREF(v);
+        } else {
+            Py_DECREF(key);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(key, i + 1, v);
+    }
+    PyObject *prepared = PyObject_GetAttr(comm, s_prepared);
+    PyObject *entries = prepared == NULL ? NULL : PyObject_GetAttr(prepared, s_entries);
+    Py_XDECREF(prepared);
+    PyObject *entry = entries == NULL ? NULL : PyDict_GetItemWithError(entries, key);   /* borrowed */
+    Py_XINCREF(entry);
+    Py_XDECREF(entries);
+    Py_DECREF(key);
+    if (entry == NULL) return NULL;
+    int ok = entry_holds(entry, arrays, narrays);
+    if (ok != 1) { Py_DECREF(entry); return NULL; }
+    return entry;
+}
+
+/* 1 if comm may take a native path now (no modeled clock, no worker), 0 if not, -1 on error;
+ * the call's path is then the default one, as the Python wrapper would set it. */
+static int native_now(PyObject *comm) {
+    PyObject *v = PyObject_GetAttr(comm, s_fast);
+    if (v == NULL) return -1;
+    int fast = v == Py_True;
+    Py_DECREF(v);
+    if (!fast) return 0;
+    if ((v = PyObject_GetAttr(comm, s_worker)) == NULL) return -1;
+    Py_DECREF(v);
+    if (v != Py_None) return 0;
+    PyObject *path = PyObject_GetAttr(comm, s_path), *dflt = path ? PyObject_GetAttr(comm, s_default_path) : NULL;
+    int rc = dflt == NULL ? -1 : path == dflt ? 1 : PyObject_SetAttr(comm, s_path, dflt) < 0 ? -1 : 1;
+    Py_XDECREF(path);
+    Py_XDECREF(dflt);
+    return rc;
+}
+
+static PyObject *method_vectorcall(PreparedMethod *m, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    Py_ssize_t ndefaults = PyTuple_GET_SIZE(m->defaults);
+    PyObject *params[METHOD_MAX_PARAMS] = {NULL};
+    if (nargs < 1 || nargs - 1 > m->nparams) goto slow;
+    PyObject *comm = args[0];
+    for (int i = 0; i < nargs - 1; i++) params[i] = args[i + 1];
+    Py_ssize_t nkw = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
+    for (Py_ssize_t k = 0; k < nkw; k++) {        /* the operation's own parameters by name */
+        PyObject *kw = PyTuple_GET_ITEM(kwnames, k);
+        int i = 0;
+        while (i < m->nparams && PyTuple_GET_ITEM(m->params, i) != kw &&
+               PyUnicode_Compare(PyTuple_GET_ITEM(m->params, i), kw) != 0)
+            i++;
+        if (i == m->nparams || params[i] != NULL) goto slow;    /* async_op, path, a repeat: Python's */
+        params[i] = args[nargs + k];
+    }
+    for (int i = 0; i < m->nparams; i++) {
+        if (params[i] != NULL) continue;
+        if (i < m->nparams - ndefaults) goto slow;               /* missing: Python raises */
+        params[i] = PyTuple_GET_ITEM(m->defaults, i - (m->nparams - ndefaults));
+    }
+    int now = native_now(comm);
+    if (now < 0) return NULL;
+    if (!now) goto slow;
+    PyObject *entry = prepared_entry(m, comm, params);
+    if (entry == NULL) {
+        if (PyErr_Occurred()) return NULL;
+        goto slow;
+    }
+    PyObject *eargs = PyObject_GetAttr(entry, s_args);
+    Py_DECREF(entry);
+    if (eargs == NULL) return NULL;
+    PyObject *r = NULL;
+    if (m->kind == METHOD_SENDRECV) {
+        r = p2p_replay_impl(eargs);
+        if (r != NULL && r != Py_None) {
+            PyObject *cont = PyObject_CallMethodObjArgs(comm, s_p2p_replayed, eargs, r, params[0], params[1],
+                                                        params[2], params[3], NULL);
+            Py_DECREF(r);
+            r = cont;
+        }
+        Py_DECREF(eargs);
+        if (r == NULL) return NULL;
+        Py_DECREF(r);
+        Py_RETURN_NONE;
+    }
+    PyObject *rp = PyTuple_Check(eargs) && PyTuple_GET_SIZE(eargs) ? PyTuple_GET_ITEM(eargs, PyTuple_GET_SIZE(eargs) - 1)
+                                                                   : Py_None;
+    Py_INCREF(rp);
+    Py_DECREF(eargs);
+    if (rp == Py_None) { Py_DECREF(rp); goto slow; }
+    PyObject *call = PyObject_GetAttr(rp, s_call);
+    if (call != NULL) {
+        r = replay_impl(comm, call);
+        Py_DECREF(call);
+        if (r != NULL && r != Py_None) {
+            PyObject *cont = PyObject_CallMethodObjArgs(comm, s_replayed, rp, r, NULL);
+            Py_DECREF(r);
+            r = cont;
+        }
+    }
+    Py_DECREF(rp);
+    if (r == NULL) return NULL;
+    Py_DECREF(r);
+    Py_RETURN_NONE;
+slow:
+    if (nargs < 1) { PyErr_SetString(PyExc_TypeError, "needs the communicator"); return NULL; }
+    PyObject *f = PyObject_GetAttr(args[0], m->slow);
+    if (f == NULL) return NULL;
+    PyObject *res = PyObject_Vectorcall(f, args + 1, nargs - 1, kwnames);
+    Py_DECREF(f);
+    return res;
+}
+
+static void method_dealloc(PreparedMethod *m) {
+    Py_XDECREF(m->name);
+    Py_XDECREF(m->slow);
+    Py_XDECREF(m->defaults);
+    Py_XDECREF(m->doc);
+    Py_XDECREF(m->params);
+    Py_TYPE(m)->tp_free((PyObject *)m);
+}
+
+static PyObject *method_doc(PreparedMethod *m, void *closure) { return Py_NewRef(m->doc); }
+static PyObject *method_name(PreparedMethod *m, void *closure) { return Py_NewRef(m->name); }
+
+static PyGetSetDef method_getset[] = {
+    {"__doc__", (getter)method_doc, NULL, NULL, NULL},
+    {"__name__", (getter)method_name, NULL, NULL, NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject PreparedMethodType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "stratacl.runtime._native.PreparedMethod",
+    .tp_basicsize = sizeof(PreparedMethod),
+    .tp_dealloc = (destructor)method_dealloc,
+    .tp_vectorcall_offset = offsetof(PreparedMethod, vectorcall),
+    .tp_call = PyVectorcall_Call,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_getset = method_getset,
+    .tp_doc = "An operation's prepared common case as a method (see _native.c).",
+};
+
+/* prepared_method(name, params, spec, defaults, slow, kind, doc) -> an instancemethod for a
+ * class body: `name` the operation (the key's first item), `params` its parameters' names,
+ * `spec` their kinds (see above), `defaults` the trailing parameters' defaults, `slow` the
+ * attribute of the Python operation, `kind` METHOD_MESH or METHOD_SENDRECV, `doc` its docstring. */
+static PyObject *prepared_method(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 7 || !PyUnicode_Check(args[0]) || !PyTuple_Check(args[1]) || !PyUnicode_Check(args[2]) ||
+        !PyTuple_Check(args[3]) || !PyUnicode_Check(args[4])) {
+        PyErr_SetString(PyExc_TypeError, "prepared_method(name, params, spec, defaults, slow, kind, doc)");
+        return NULL;
+    }
+    PyObject *name = args[0], *names = args[1], *defaults = args[3], *slow = args[4], *doc = args[6];
+    const char *spec = PyUnicode_AsUTF8(args[2]);
+    int kind = (int)PyLong_AsLong(args[5]);
+    if (spec == NULL || (kind == -1 && PyErr_Occurred())) return NULL;
+    size_t np = strlen(spec);
+    if (np > METHOD_MAX_PARAMS || strspn(spec, "as") != np || PyTuple_GET_SIZE(defaults) > (Py_ssize_t)np ||
+        PyTuple_GET_SIZE(names) != (Py_ssize_t)np || (kind != METHOD_MESH && kind != METHOD_SENDRECV) ||
+        (kind == METHOD_SENDRECV && strcmp(spec, "asas"))) {
+        PyErr_SetString(PyExc_ValueError, "prepared_method: bad params, spec, defaults or kind");
+        return NULL;
+    }
+    PreparedMethod *m = PyObject_New(PreparedMethod, &PreparedMethodType);
+    if (m == NULL) return NULL;
+    m->vectorcall = (vectorcallfunc)method_vectorcall;
+    strcpy(m->spec, spec);
+    m->nparams = (int)np;
+    m->kind = kind;
+    m->name = Py_NewRef(name);
+    m->defaults = Py_NewRef(defaults);
+    m->doc = Py_NewRef(doc);
+    m->slow = Py_NewRef(slow);
+    PyUnicode_InternInPlace(&m->slow);
+    m->params = PyTuple_New((Py_ssize_t)np);
+    for (size_t i = 0; m->params != NULL && i < np; i++) {
+        PyObject *interned = Py_NewRef(PyTuple_GET_ITEM(names, i));
+        PyUnicode_InternInPlace(&interned);
+        PyTuple_SET_ITEM(m->params, i, interned);
+    }
+    if (m->params == NULL) { Py_DECREF(m); return NULL; }
+    PyObject *method = PyInstanceMethod_New((PyObject *)m);
+    Py_DECREF(m);
+    return method;
+}
+
 /* data_address(array) -> the address of the first byte of any buffer-protocol object. */
 static PyObject *data_address(PyObject *self, PyObject *arg) {
     Py_buffer view;
@@ -1099,6 +1368,7 @@ static PyMethodDef methods[] = {
     {"post", (PyCFunction)(void (*)(void))post, METH_FASTCALL, "Publish a descriptor and its sequence number."},
     {"mesh", (PyCFunction)(void (*)(void))mesh, METH_FASTCALL, "A full-mesh collective's common case (see _comm.py)."},
     {"p2p", (PyCFunction)(void (*)(void))p2p, METH_FASTCALL, "One point-to-point call's common case (see _p2p.py)."},
+    {"prepared_method", (PyCFunction)(void (*)(void))prepared_method, METH_FASTCALL, "An operation's prepared common case as a method."},
     {"replay", (PyCFunction)(void (*)(void))replay, METH_FASTCALL, "A prepared full-mesh call (see _comm.py, _replay_of)."},
     {"p2p_replay", (PyCFunction)(void (*)(void))p2p_replay, METH_FASTCALL, "A prepared sendrecv (see _p2p.py)."},
     {"done", (PyCFunction)(void (*)(void))done, METH_FASTCALL, "Count one completion; wake at the target."},
@@ -1123,11 +1393,18 @@ PyMODINIT_FUNC PyInit__native(void) {
         "barrier(*, async_op=False, path=None)\n--\n\n"
         "Block until every rank of the communicator has called barrier. Collective."};
     struct { PyObject **slot; const char *name; } names[] = {
-        {&s_worker, "_worker"}, {&s_fast, "_native_barrier"}, {&s_calls, "_calls"}, {&s_syncs, "_syncs"},
+        {&s_worker, "_worker"}, {&s_fast, "_native_calls"}, {&s_calls, "_calls"}, {&s_syncs, "_syncs"},
         {&s_cx, "_cx"}, {&s_counts, "_call_counts"}, {&s_slow, "_barrier"},
-        {&s_barrier, "barrier"}, {&s_send, "send"}, {&s_recv, "recv"}, {&s_local, "local"}, {&s_pulled, "pulled"}, {&s_written, "written"}};
+        {&s_barrier, "barrier"}, {&s_send, "send"}, {&s_recv, "recv"}, {&s_local, "local"}, {&s_pulled, "pulled"}, {&s_written, "written"},
+        {&s_prepared, "_prepared"}, {&s_entries, "_entries"}, {&s_refs, "_refs"}, {&s_layouts, "_layouts"},
+        {&s_args, "args"}, {&s_call, "call"}, {&s_shape, "shape"}, {&s_strides, "strides"}, {&s_dtype, "dtype"},
+        {&s_flags, "flags"}, {&s_writeable, "writeable"}, {&s_path, "_path"}, {&s_default_path, "_default_path"},
+        {&s_replayed, "_replayed"}, {&s_p2p_replayed, "_p2p_replayed"}};
     if ((_one = PyLong_FromLong(1)) == NULL) return NULL;
     PyModule_AddIntConstant(m, "MESH_NOT_RUN", MESH_NOT_RUN);
+    PyModule_AddIntConstant(m, "METHOD_MESH", METHOD_MESH);
+    PyModule_AddIntConstant(m, "METHOD_SENDRECV", METHOD_SENDRECV);
+    if (PyType_Ready(&PreparedMethodType) < 0) return NULL;
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if ((*names[i].slot = PyUnicode_InternFromString(names[i].name)) == NULL) return NULL;
     PyObject *fn = PyCFunction_New(&barrier_def, NULL);

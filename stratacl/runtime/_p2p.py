@@ -95,15 +95,24 @@ class PointToPoint:
         """
         key = (("sendrecv", id(x), dst, id(out), src)
                if type(dst) is int and type(src) is int and self._path is self._default_path else None)
-        replay = self._prepared.get(key, (x, out), self._check_sendrecv, x, dst, out, src)
-        if replay is None:
+        call = self._prepared.get(key, (x, out), self._check_sendrecv, x, dst, out, src)
+        if call is None:
             self._p2p("sendrecv", x, dst, out, src)
             return
-        r = _native.p2p_replay(self, replay)       # prepared: the whole call in one native call
-        if r is None:
-            return
-        stage, send_seq, recv_seq = r               # on from where it stopped, as _p2p would
-        self._send_fields = (*replay[0][:P2P_DESC - 1].tolist(), send_seq)
+        r = _native.p2p_replay(self, call)       # prepared: the whole call in one native call
+        if r is not None:
+            self._p2p_replayed(call, r, x, dst, out, src)
+
+    # The prepared common case is native (_native.c, PreparedMethod); it calls _sendrecv for
+    # anything else.
+    _sendrecv = sendrecv
+    sendrecv = _native.prepared_method("sendrecv", ("x", "dst", "out", "src"), "asas", (), "_sendrecv",
+                                       _native.METHOD_SENDRECV, sendrecv.__doc__)
+
+    def _p2p_replayed(self, call: tuple, r: tuple, x: np.ndarray, dst: int, out: np.ndarray, src: int) -> None:
+        """A prepared sendrecv on from where _native.p2p_replay stopped (``r``), as _p2p would."""
+        stage, send_seq, recv_seq = r
+        self._send_fields = (*call[0][:P2P_DESC - 1].tolist(), send_seq)
         send = (dst, send_seq, None, x, None)
         if stage == P2P_RECV_WAIT or stage == P2P_RECV_CHECK:
             try:
