@@ -60,15 +60,20 @@ def _mark_dead() -> None:
 def _load_main(main: tuple[str, str]) -> None:
     """Make a spawning script's functions importable here, as multiprocessing does: its
     ``__main__`` is imported again (by module name, or run by path) under another name."""
+    from stratacl import _spawn
     kind, where = main
-    if kind == "module":
-        import importlib
-        mod = importlib.import_module(where)
-    else:
-        mod = types.ModuleType("__mp_main__")
-        mod.__file__ = where
-        sys.modules["__mp_main__"] = mod
-        mod.__dict__.update(runpy.run_path(where, run_name="__mp_main__"))
+    _spawn.importing_main = True     # a spawn() at the script's top level must not start a job here
+    try:
+        if kind == "module":
+            import importlib
+            mod = importlib.import_module(where)
+        else:
+            mod = types.ModuleType("__mp_main__")
+            mod.__file__ = where
+            sys.modules["__mp_main__"] = mod
+            mod.__dict__.update(runpy.run_path(where, run_name="__mp_main__"))
+    finally:
+        _spawn.importing_main = False
     sys.modules["__main__"] = mod
 
 

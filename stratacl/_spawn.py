@@ -20,6 +20,9 @@ class RemoteTraceback(Exception):
         return "\n" + self.tb
 
 
+importing_main = False     # True in a rank while it imports the spawning script (_rankboot)
+
+
 def spawn(fn: Callable[..., Any], nranks: int, args: tuple = (), **settings: Any) -> list[Any]:
     """Run ``fn(comm, *args)`` in ``nranks`` fresh rank processes; return their results by rank.
 
@@ -30,6 +33,10 @@ def spawn(fn: Callable[..., Any], nranks: int, args: tuple = (), **settings: Any
     """
     from stratacl_launcher._supervisor import Job, format_failure
 
+    if importing_main:
+        raise RuntimeError(
+            "stratacl.spawn was called while a rank was importing the main module to find the function "
+            "it runs: start the job under `if __name__ == \"__main__\":`, as with multiprocessing's spawn")
     config = Config(**settings)
     main_path = None
     if getattr(fn, "__module__", None) == "__main__":

@@ -13,6 +13,7 @@ import re
 import signal
 import stat
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -150,6 +151,20 @@ def test_spawn_reraises_the_ranks_exception_and_peers_get_peer_failure(tmp_path)
         assert rec["type"] == "PeerFailure", rec
         assert rec["peer"] == bad and rec["operation"] == "all_gather", rec
         assert re.fullmatch(_peer_died_message("all_gather", rank, bad), rec["message"]), rec
+
+
+def test_spawn_at_a_scripts_top_level_says_to_guard_it(tmp_path):
+    """Without `if __name__ == "__main__":` every rank, importing the script to find ``fn``,
+    would reach the same spawn call: it raises there with the fix, and the caller gets it."""
+    unguarded = tmp_path / "unguarded.py"
+    unguarded.write_text("import stratacl\n\ndef work(comm):\n    return comm.rank\n\n"
+                         "print(stratacl.spawn(work, 2, timeout=60))\n")
+    run = subprocess.run([sys.executable, str(unguarded)], capture_output=True, text=True, timeout=120,
+                         env=clean_env())
+    assert run.returncode != 0, run.stdout
+    last = run.stderr.strip().splitlines()
+    assert "RuntimeError: stratacl.spawn was called while a rank was importing the main module" in run.stderr
+    assert 'if __name__ == "__main__":' in run.stderr and "ModuleNotFoundError" not in run.stderr, last[-5:]
 
 
 def test_a_dead_neighbour_fails_both_halves_of_sendrecv(tmp_path):

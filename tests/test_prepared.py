@@ -12,6 +12,7 @@ import pytest
 import stratacl
 
 BIG = 100_000          # float32 elements: past the eager size, so peers read the array itself
+SMALL = 1000           # float32 elements: copied into the eager slots
 
 
 def _values(rank: int, it: int, count: int, dtype) -> np.ndarray:
@@ -130,7 +131,7 @@ def test_changes_to_an_array_between_calls_are_seen(n):
 
 def _moved() -> tuple:
     s = stratacl.stats()
-    return s["bytes_pulled"], s["bytes_local"], s["output_bytes_written"], dict(s["calls"])
+    return s["bytes_pulled"], s["bytes_local"], s["output_bytes_written"], dict(s["calls"]), s["bytes_eager"]
 
 
 def replayed_calls(comm):
@@ -142,6 +143,7 @@ def replayed_calls(comm):
     n, me = comm.size, comm.rank
     x, y = stratacl.empty((BIG,), np.float32), stratacl.empty((n * BIG,), np.float32)
     part = stratacl.empty((BIG,), np.float32)
+    small, gathered = np.empty((SMALL,), np.float32), stratacl.empty((n * SMALL,), np.float32)
     ops = {
         "all_gather": (lambda: comm.all_gather(y, x), lambda it: y,
                        lambda it: np.concatenate([_values(r, it, BIG, np.float32) for r in range(n)])),
@@ -155,6 +157,10 @@ def replayed_calls(comm):
                        lambda it: sum(_values(r, it, BIG, np.float32) for r in range(n)).astype(np.float32)),
         "broadcast": (lambda: comm.broadcast(x, root=n - 1), lambda it: x,
                       lambda it: _values(n - 1, it, BIG, np.float32)),
+        "all_gather eager": (lambda: comm.all_gather(gathered, small), lambda it: gathered,
+                             lambda it: np.concatenate([_values(r, it, SMALL, np.float32) for r in range(n)])),
+        "all_reduce eager": (lambda: comm.all_reduce(small, "sum"), lambda it: small,
+                             lambda it: sum(_values(r, it, SMALL, np.float32) for r in range(n)).astype(np.float32)),
     }
     x2a = stratacl.empty((n * BIG,), np.float32)
     log = logging.getLogger("stratacl")
@@ -166,8 +172,10 @@ def replayed_calls(comm):
     def fill():
         x[:] = _values(me, it, BIG, np.float32)
         x2a[:] = _values(me, it, n * BIG, np.float32)
+        small[:] = _values(me, it, SMALL, np.float32)
 
-    for name, (call, result, want) in ops.items():
+    for case, (call, result, want) in ops.items():
+        name = case.split()[0]
         deltas = []
         for logged in (False, False, True, False):
             it += 1
@@ -183,24 +191,25 @@ def replayed_calls(comm):
                 log.removeHandler(handler)
             after = _moved()
             deltas.append((after[0] - before[0], after[1] - before[1], after[2] - before[2],
-                           after[3][name] - before[3].get(name, 0)))
+                           after[3][name] - before[3].get(name, 0), after[4] - before[4]))
             if result(it).tobytes() != want(it).tobytes():
-                bad.append(f"{name} call {it} (logged: {logged}): wrong bytes")
+                bad.append(f"{case} call {it} (logged: {logged}): wrong bytes")
         if len(set(deltas[1:])) != 1 or deltas[1][3] != 1:
-            bad.append(f"{name}: bytes and calls counted per call differ: {deltas}")
+            bad.append(f"{case}: bytes and calls counted per call differ: {deltas}")
         if not any(m.startswith(f"{name} call") for m in records):
-            bad.append(f"{name}: nothing logged under debug logging")
+            bad.append(f"{case}: nothing logged under debug logging")
+        records.clear()
         try:                          # the last rank disagrees while the others replay
             comm.barrier() if me == n - 1 else call()
-            bad.append(f"{name}: a disagreement was not raised")
+            bad.append(f"{case}: a disagreement was not raised")
         except stratacl.CollectiveMismatch as e:
             if "disagree on the operation" not in str(e):
-                bad.append(f"{name}: {e}")
+                bad.append(f"{case}: {e}")
         it += 1
         fill()
         call()
         if result(it).tobytes() != want(it).tobytes():
-            bad.append(f"{name} after the disagreement: wrong bytes")
+            bad.append(f"{case} after the disagreement: wrong bytes")
     return bad
 
 
@@ -264,6 +273,7 @@ def native_methods(comm):
     x, y, part = stratacl.empty((BIG,), np.float32), stratacl.empty((n * BIG,), np.float32), \
         stratacl.empty((BIG,), np.float32)
     z = stratacl.empty((BIG,), np.float32)
+    small, gathered = np.zeros((SMALL,), np.float32), np.zeros((n * SMALL,), np.float32)     # eager, plain arrays
     reached: list[str] = []
     spies, originals = {}, {}
     for name in ("all_gather", "all_to_all", "reduce_scatter", "all_reduce", "broadcast", "sendrecv"):
@@ -276,7 +286,8 @@ def native_methods(comm):
     calls = {
         "positional": [lambda: comm.all_gather(y, x), lambda: comm.all_to_all(y, y2),
                        lambda: comm.reduce_scatter(part, y2, "sum"), lambda: comm.all_reduce(x, "max"),
-                       lambda: comm.broadcast(x, n - 1), lambda: comm.sendrecv(x, (me + 1) % n, z, (me - 1) % n)],
+                       lambda: comm.broadcast(x, n - 1), lambda: comm.sendrecv(x, (me + 1) % n, z, (me - 1) % n),
+                       lambda: comm.all_reduce(small), lambda: comm.all_gather(gathered, small)],
         "keywords": [lambda: comm.all_gather(x=x, out=y), lambda: comm.reduce_scatter(part, y2, op="sum"),
                      lambda: comm.all_reduce(x, op="max"), lambda: comm.broadcast(x, root=n - 1),
                      lambda: comm.sendrecv(x, (me + 1) % n, src=(me - 1) % n, out=z)],

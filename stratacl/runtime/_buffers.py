@@ -78,19 +78,24 @@ class Buffers:
 
     def _eager_input(self, flat: np.ndarray) -> _Input:
         """A copy of a small input in this rank's eager slot for the next call (see above)."""
-        key = ((self._calls + 1) & 1, flat.nbytes, flat.dtype)
+        inp = self._eager_slot((self._calls + 1) & 1, flat.nbytes, flat.dtype)
+        np.copyto(inp.flat, flat if flat.ndim == 1 else flat.reshape(-1))
+        self._rt.stats["bytes_eager"] += flat.nbytes
+        return inp
+
+    def _eager_slot(self, parity: int, nbytes: int, dtype: np.dtype) -> _Input:
+        """The eager slot of call parity ``parity`` for ``nbytes`` of ``dtype``, as an input."""
+        key = (parity, nbytes, dtype)
         inp = self._eager_slots.get(key)
         if inp is None:
             if self._eager is None:      # per parity: the input copy, then room for a reduced chunk
                 self._eager = self._rt.empty((4 * EAGER_BYTES,), np.uint8)
             if len(self._eager_slots) >= 64:        # a few shapes recur; do not grow without bound
                 self._eager_slots.clear()
-            start = key[0] * 2 * EAGER_BYTES
-            slot = self._eager[start:start + flat.nbytes].view(flat.dtype)
+            start = parity * 2 * EAGER_BYTES
+            slot = self._eager[start:start + nbytes].view(dtype)
             addr = _native.data_address(slot)
-            inp = self._eager_slots[key] = _Input(slot, self._hbm_segment(slot, addr) if flat.nbytes else None, addr)
-        np.copyto(inp.flat, flat if flat.ndim == 1 else flat.reshape(-1))
-        self._rt.stats["bytes_eager"] += flat.nbytes
+            inp = self._eager_slots[key] = _Input(slot, self._hbm_segment(slot, addr) if nbytes else None, addr)
         return inp
 
     def _hbm_segment(self, a: np.ndarray, addr: int):

@@ -98,13 +98,13 @@ def _native_method(op, spec: str):
 
 class Replay:
     """A prepared full-mesh call, fixed for ``_native.replay`` (Communicator._replay_of): its
-    native arguments ``call``, and ``mesh``, _mesh's, for the Python path from wherever the
-    native call stopped."""
+    native arguments ``call``, and ``meshes``, _mesh's per call parity, for the Python path
+    from wherever the native call stopped; ``word``: the root's departure count's address."""
 
-    __slots__ = ("call", "mesh", "out_addr", "word")
+    __slots__ = ("call", "meshes", "word")
 
-    def __init__(self, call: tuple, mesh: tuple, out_addr: int, word: int):
-        self.call, self.mesh, self.out_addr, self.word = call, mesh, out_addr, word
+    def __init__(self, call: tuple, meshes: tuple, word: int):
+        self.call, self.meshes, self.word = call, meshes, word
 
 
 class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
@@ -344,34 +344,40 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
 
     def _replay_of(self, operation: str, inp: "_Input | None", plan, departure: int, dtype: int = 0,
                    count: int = 0, root: int = 0, redop: int = 0, divisor: float = 1.0, plan2=None, only: int = -1,
-                   out_addr: int = -1) -> "Replay | None":
+                   out_addr: int = -1, eager: np.ndarray | None = None) -> "Replay | None":
         """A prepared call's _mesh, fixed for _native.replay (None where that cannot run it: a
-        modeled clock, the engine's path). ``out_addr`` >= 0: this rank's OUT base."""
+        modeled clock, the engine's path, an eager input not contiguous). ``out_addr`` >= 0:
+        this rank's OUT base. ``eager``: the input to copy into the call parity's eager slot,
+        which is then the call's input (``inp`` is None)."""
         if self._rt.clock is not None or (self._path != "mte" and any(
                 p is not None and p.has_copies for p in (plan, plan2))):
             return None
-        fields = self._fields(operation, dtype, count, root, redop, inp, 0, 0, 0)
+        if eager is not None and not eager.flags.c_contiguous:
+            return None
         word = 0
         if departure >= MESH_ROOT_READER:
             word = self._rt.ctl.base + self._slot_offs[root] + self._lay.slot_root_done()
         moved = [(p.local, p.remote, p.written) if p is not None else (0, 0, 0) for p in (plan, plan2)]
-        params = np.array([*fields, inp.addr if inp is not None else 0, only, dtype, redop, departure, root, word,
-                           out_addr, *moved[0], *moved[1]], dtype=np.int64)
-        call = (params, self._cx, self._ready, self._bases, plan.table if plan is not None else None,
-                plan2.table if plan2 is not None else None, float(divisor), self._root_calls, self.counters,
-                self._call_counts, operation)
-        return Replay(call, (operation, inp, plan, departure, dtype, count, root, redop, divisor, plan2, only),
-                      out_addr, word)
+        rows, meshes = [], []
+        for parity in (0, 1):
+            src, nbytes = 0, 0
+            if eager is not None:
+                inp = self._eager_slot(parity, eager.nbytes, eager.dtype)
+                src, nbytes = _native.data_address(eager) if eager.nbytes else 0, eager.nbytes
+            rows.append([*self._fields(operation, dtype, count, root, redop, inp, 0, 0, 0),
+                         inp.addr if inp is not None else 0, only, dtype, redop, departure, root, word, out_addr, src,
+                         nbytes, *moved[0], *moved[1]])
+            meshes.append((operation, inp, plan, departure, dtype, count, root, redop, divisor, plan2, only))
+        call = (np.array(rows, dtype=np.int64), self._cx, self._ready, self._bases,
+                plan.table if plan is not None else None, plan2.table if plan2 is not None else None, float(divisor),
+                self._root_calls, self.counters, self._call_counts, operation, self._rt.stats)
+        return Replay(call, tuple(meshes), word)
 
     def _replayed(self, replay: "Replay", r: tuple) -> None:
-        """A prepared call on from wherever _native.replay stopped (``r``: what it returned)."""
+        """A prepared call on from wherever _native.replay stopped (``r``: what it returned,
+        not MESH_NOT_RUN)."""
         stage, parity, k, target = r
-        operation, inp, plan, departure, dtype, count, root, redop, divisor, plan2, only = replay.mesh
-        if stage == _native.MESH_NOT_RUN:         # debug logging: the Python path, which logs
-            if replay.out_addr >= 0:
-                self._bases[OUT, self.rank] = replay.out_addr
-            self._mesh(*replay.mesh)
-            return
+        operation, inp, plan, departure, dtype, count, root, redop, divisor, plan2, only = replay.meshes[parity]
         self._mesh_rest(operation, stage, parity, k, inp, plan, plan2, departure, root, replay.word, target, dtype,
                         redop, divisor, only)
 
@@ -497,9 +503,12 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
             key, (out, x), self._check_all_gather, out, x)
         if replay is not None:         # prepared: the whole call in one native call
             r = _native.replay(self, replay.call)
-            if r is not None:
+            if r is None:
+                return
+            if r[0] != _native.MESH_NOT_RUN:
                 self._replayed(replay, r)
-            return
+                return
+            # debug logging: the Python path below, which logs
         me, n, nb = self.rank, self.size, x.nbytes
         if eager:
             inp = self._eager_input(_flat(x, op, "input"))
@@ -550,7 +559,8 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
         if algo == "mesh" and target is o:
             held = None if eager else inp.in_place_of(x)
             if eager:
-                return (code, algo, eager, None, plan, out_addr, None, None), True
+                replay = self._replay_of(op, None, plan, MESH_NO_DEPARTURE, code, x.size, out_addr=out_addr, eager=x)
+                return (code, algo, eager, None, plan, out_addr, None, replay), True
             if held is not None:
                 replay = self._replay_of(op, held, plan, MESH_BARRIER, code, x.size, out_addr=out_addr)
                 return (code, algo, eager, held, plan, out_addr, None, replay), True
@@ -564,9 +574,12 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
         code, inp, plan, out_addr, target, replay = self._prepared.get(key, (out, x), self._check_all_to_all, out, x)
         if replay is not None:         # prepared: the whole call in one native call
             r = _native.replay(self, replay.call)
-            if r is not None:
+            if r is None:
+                return
+            if r[0] != _native.MESH_NOT_RUN:
                 self._replayed(replay, r)
-            return
+                return
+            # debug logging: the Python path below, which logs
         self._bases[OUT, self.rank] = out_addr
         parity = self._mesh(op, inp, plan, MESH_BARRIER, code, x.size)
         if target is not None:
@@ -659,9 +672,12 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
         code, inp, plan, target, replay = self._prepared.get(key, (x,), self._check_broadcast, x, root)
         if replay is not None:         # prepared: the whole call in one native call
             r = _native.replay(self, replay.call)
-            if r is not None:
+            if r is None:
+                return
+            if r[0] != _native.MESH_NOT_RUN:
                 self._replayed(replay, r)
-            return
+                return
+            # debug logging: the Python path below, which logs
         # a reader pulls into its own buffer, which it names as its input (bases[IN, me])
         parity = self._mesh(op, inp, plan, MESH_ROOT if self.rank == root else MESH_ROOT_READER, code, x.size,
                             root, only=root)
@@ -714,9 +730,12 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
             key, (out, x), self._check_reduce_scatter, out, x, op)
         if replay is not None:         # prepared: the whole call in one native call
             r = _native.replay(self, replay.call)
-            if r is not None:
+            if r is None:
+                return
+            if r[0] != _native.MESH_NOT_RUN:
                 self._replayed(replay, r)
-            return
+                return
+            # debug logging: the Python path below, which logs
         me, n, count, item = self.rank, self.size, x.size, x.itemsize
         self._bases[OUT, me] = out_addr
         if algo == "ring":
@@ -787,9 +806,12 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
             key, (x,), self._check_all_reduce, x, op)
         if replay is not None:         # prepared: the whole call in one native call
             r = _native.replay(self, replay.call)
-            if r is not None:
+            if r is None:
+                return
+            if r[0] != _native.MESH_NOT_RUN:
                 self._replayed(replay, r)
-            return
+                return
+            # debug logging: the Python path below, which logs
         n, me, count, item = self.size, self.rank, x.size, x.itemsize
         bases = self._bases
         if eager:
@@ -861,7 +883,9 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
                 first = self._phase(("all_reduce_eager", nb, item), lambda: _slices.all_reduce_eager(me, n, nb), item)
             out_addr = _native.data_address(target)
             if target is xf:
-                return (code, rcode, algo, True, None, first, second, out_addr, None, None), True
+                replay = self._replay_of(name, None, first, MESH_NO_DEPARTURE, code, count, 0, rcode, float(n), second,
+                                         out_addr=out_addr, eager=x)
+                return (code, rcode, algo, True, None, first, second, out_addr, None, replay), True
             return (code, rcode, algo, True, None, first, second, out_addr, target, None), False
         if algo == "mesh":
             first, second = self._phases(("all_reduce", count, item),

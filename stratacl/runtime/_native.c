@@ -350,7 +350,7 @@ static PyObject *enter(PyObject *self, PyObject *const *args, Py_ssize_t n) {
  * past the slice or a disagreement calls `comm._arrived("barrier", parity, k, status)`. */
 static PyObject *debug_check, *debug_level, *_one;
 static PyObject *s_worker, *s_fast, *s_calls, *s_syncs, *s_cx, *s_counts, *s_slow, *s_barrier;
-static PyObject *s_send, *s_recv, *s_local, *s_pulled, *s_written;
+static PyObject *s_send, *s_recv, *s_local, *s_pulled, *s_written, *s_bytes_eager;
 
 /* set_barrier(op_code, polls, seconds, debug_check, debug_level): the barrier's operation code
  * (F_OP), its yielding polls and the wait before Python takes over, and the logging check
@@ -418,11 +418,11 @@ static long long next_seq(PyObject *list, Py_ssize_t i) {
     return x;
 }
 
-/* counts[key] += 1. 0, or -1 with an exception set. */
-static int count_call(PyObject *counts, PyObject *key) {
+/* counts[key] += d (from 0). 0, or -1 with an exception set. */
+static int dict_add(PyObject *counts, PyObject *key, long long d) {
     PyObject *old = PyDict_GetItemWithError(counts, key);
     long long before = old == NULL ? 0 : PyLong_AsLongLong(old);
-    PyObject *now = PyErr_Occurred() ? NULL : PyLong_FromLongLong(before + 1);
+    PyObject *now = PyErr_Occurred() ? NULL : PyLong_FromLongLong(before + d);
     int rc = now == NULL ? -1 : PyDict_SetItem(counts, key, now);
     Py_XDECREF(now);
     return rc;
@@ -487,7 +487,7 @@ static PyObject *barrier_call(PyObject *self, PyObject *const *args, Py_ssize_t 
     }
     PyObject *counts = PyObject_GetAttr(comm, s_counts);
     if (counts == NULL) return NULL;
-    rc = count_call(counts, s_barrier);
+    rc = dict_add(counts, s_barrier, 1);
     Py_DECREF(counts);
     if (rc < 0) return NULL;
     Py_RETURN_NONE;
@@ -756,14 +756,14 @@ static PyObject *p2p_replay_impl(PyObject *call) {
     if (stage == P2P_DONE || stage == P2P_SEND_WAIT) {        /* received */
         if ((p[PP_BYTES] && add_to_attr(counters, s_local, p[PP_BYTES]) < 0) ||
             (p[PP_BYTES + 1] && add_to_attr(counters, s_pulled, p[PP_BYTES + 1]) < 0) ||
-            (p[PP_BYTES + 2] && add_to_attr(counters, s_written, p[PP_BYTES + 2]) < 0) || count_call(counts, s_recv) < 0)
+            (p[PP_BYTES + 2] && add_to_attr(counters, s_written, p[PP_BYTES + 2]) < 0) || dict_add(counts, s_recv, 1) < 0)
             goto done;
     }
     if (stage != P2P_DONE) {
         result = Py_BuildValue("(iLL)", stage, send_seq, recv_seq);
         goto done;
     }
-    if (count_call(counts, s_send) < 0) goto done;
+    if (dict_add(counts, s_send, 1) < 0) goto done;
     result = Py_NewRef(Py_None);
 done:
     if (params.buf) PyBuffer_Release(&params);
@@ -906,16 +906,20 @@ done:
  * A call repeated on the same arrays (runtime/_prepared.py) has its mesh arguments fixed; the
  * communicator builds `call` once (_comm.py, _replay_of) and this runs what _mesh would:
  * number the call (comm._calls) and its barriers (comm._syncs), the root's departure count,
- * the descriptor, mesh_core, the byte counters and the call count. A stage other than
- * MESH_DONE is returned with what _mesh_rest needs to go on from it; MESH_NOT_RUN: nothing was
- * done (debug logging is on, which only the Python path does).
- *   call = (params, cx, ready, bases, plan, plan2, divisor, root_calls, counters, call_counts, op)
- *   params (int64): the descriptor's DESC_FIXED fields (F_CALL set here), then RP_* */
-enum { RP_OWN = DESC_FIXED, RP_ONLY, RP_DTYPE, RP_REDOP, RP_DEPARTURE, RP_ROOT, RP_WORD, RP_OUT, RP_BYTES,
-       RP_LEN = RP_BYTES + 6 };      /* RP_OUT: this rank's OUT base, -1: leave it; RP_BYTES: local, pulled,
-                                        written of plan, then of plan2 */
+ * the copy of a small input into its eager slot, the descriptor, mesh_core, the byte counters
+ * and the call count. A stage other than MESH_DONE is returned with what _mesh_rest needs to
+ * go on from it; MESH_NOT_RUN: nothing was done (debug logging is on, which only the Python
+ * path does).
+ *   call = (params, cx, ready, bases, plan, plan2, divisor, root_calls, counters, call_counts, op, stats)
+ *   params (int64, one row per call parity): the descriptor's DESC_FIXED fields (F_CALL set
+ *   here), then RP_*; the rows differ only where an eager input has a slot per parity */
+enum { RP_OWN = DESC_FIXED, RP_ONLY, RP_DTYPE, RP_REDOP, RP_DEPARTURE, RP_ROOT, RP_WORD, RP_OUT, RP_EAGER_FROM,
+       RP_EAGER_BYTES, RP_BYTES, RP_LEN = RP_BYTES + 6 };
+/* RP_OUT: this rank's OUT base, -1: leave it; RP_EAGER_FROM: where RP_EAGER_BYTES bytes are
+ * copied from into RP_OWN (the eager slot) first; RP_BYTES: local, pulled, written of plan,
+ * then of plan2 */
 enum { R_PARAMS, R_CX, R_READY, R_BASES, R_PLAN, R_PLAN2, R_DIVISOR, R_ROOT_CALLS, R_COUNTERS, R_CALL_COUNTS, R_OP,
-       R_LEN };
+       R_STATS, R_LEN };
 #define MESH_NOT_RUN (-1)
 
 static PyObject *replay_impl(PyObject *comm, PyObject *call) {
@@ -947,7 +951,7 @@ static PyObject *replay_impl(PyObject *comm, PyObject *call) {
     const int64_t *p = (const int64_t *)params.buf, *c = (const int64_t *)cx.buf;
     int64_t n = c[CX_N], me = c[CX_ME];
     int departure = (int)p[RP_DEPARTURE];
-    if (params.len != RP_LEN * 8 || ready.len != n * 16 || bases.len != n * 24 || plan.len % 64 || plan2.len % 64 ||
+    if (params.len != 2 * RP_LEN * 8 || ready.len != n * 16 || bases.len != n * 24 || plan.len % 64 || plan2.len % 64 ||
         departure < MESH_NO_DEPARTURE || departure > MESH_ROOT || !PyList_Check(root_calls) ||
         p[RP_ROOT] < 0 || p[RP_ROOT] >= PyList_GET_SIZE(root_calls)) {
         PyErr_SetString(PyExc_ValueError, "replay: inconsistent call");
@@ -957,10 +961,15 @@ static PyObject *replay_impl(PyObject *comm, PyObject *call) {
     if (calls == (uint64_t)-1 && PyErr_Occurred()) goto done;
     uint64_t k = bump(comm, s_syncs, 1);
     if (k == (uint64_t)-1 && PyErr_Occurred()) goto done;
+    int parity = (int)(calls & 1);
+    p += parity * RP_LEN;
     int64_t fields[DESC_FIXED];
     memcpy(fields, p, sizeof fields);
     fields[F_CALL] = (int64_t)calls;
-    int parity = (int)(calls & 1);
+    if (p[RP_EAGER_BYTES] > 0) {
+        memcpy((void *)(uintptr_t)p[RP_OWN], (const void *)(uintptr_t)p[RP_EAGER_FROM], (size_t)p[RP_EAGER_BYTES]);
+        if (dict_add(PyTuple_GET_ITEM(call, R_STATS), s_bytes_eager, p[RP_EAGER_BYTES]) < 0) goto done;
+    }
     uint32_t target = 0;
     PyObject *rooted = PyList_GET_ITEM(root_calls, p[RP_ROOT]);
     if (departure >= MESH_ROOT_READER) {
@@ -1009,7 +1018,7 @@ static PyObject *replay_impl(PyObject *comm, PyObject *call) {
         result = Py_BuildValue("(iiKk)", stage, parity, (unsigned long long)k, (unsigned long)target);
         goto done;
     }
-    if (count_call(PyTuple_GET_ITEM(call, R_CALL_COUNTS), PyTuple_GET_ITEM(call, R_OP)) < 0) goto done;
+    if (dict_add(PyTuple_GET_ITEM(call, R_CALL_COUNTS), PyTuple_GET_ITEM(call, R_OP), 1) < 0) goto done;
     result = Py_NewRef(Py_None);
 done:
     if (params.buf) PyBuffer_Release(&params);
@@ -1192,6 +1201,11 @@ static PyObject *method_vectorcall(PreparedMethod *m, PyObject *const *args, siz
     if (call != NULL) {
         r = replay_impl(comm, call);
         Py_DECREF(call);
+        if (r != NULL && r != Py_None && PyLong_AsLong(PyTuple_GET_ITEM(r, 0)) == MESH_NOT_RUN) {
+            Py_DECREF(r);
+            Py_DECREF(rp);
+            goto slow;                    /* debug logging: the Python operation, which logs */
+        }
         if (r != NULL && r != Py_None) {
             PyObject *cont = PyObject_CallMethodObjArgs(comm, s_replayed, rp, r, NULL);
             Py_DECREF(r);
@@ -1395,7 +1409,7 @@ PyMODINIT_FUNC PyInit__native(void) {
     struct { PyObject **slot; const char *name; } names[] = {
         {&s_worker, "_worker"}, {&s_fast, "_native_calls"}, {&s_calls, "_calls"}, {&s_syncs, "_syncs"},
         {&s_cx, "_cx"}, {&s_counts, "_call_counts"}, {&s_slow, "_barrier"},
-        {&s_barrier, "barrier"}, {&s_send, "send"}, {&s_recv, "recv"}, {&s_local, "local"}, {&s_pulled, "pulled"}, {&s_written, "written"},
+        {&s_barrier, "barrier"}, {&s_send, "send"}, {&s_recv, "recv"}, {&s_local, "local"}, {&s_pulled, "pulled"}, {&s_written, "written"}, {&s_bytes_eager, "bytes_eager"},
         {&s_prepared, "_prepared"}, {&s_entries, "_entries"}, {&s_refs, "_refs"}, {&s_layouts, "_layouts"},
         {&s_args, "args"}, {&s_call, "call"}, {&s_shape, "shape"}, {&s_strides, "strides"}, {&s_dtype, "dtype"},
         {&s_flags, "flags"}, {&s_writeable, "writeable"}, {&s_path, "_path"}, {&s_default_path, "_default_path"},
