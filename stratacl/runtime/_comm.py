@@ -65,7 +65,7 @@ log = logging.getLogger("stratacl")
 OPS = {"barrier": 1, "all_gather": 2, "all_reduce": 3, "reduce_scatter": 4, "all_to_all": 5,
        "all_to_all_v": 6, "broadcast": 7, "split": 8}
 OP_NAMES = {v: k for k, v in OPS.items()}
-_native.set_barrier(OPS["barrier"], SPIN_POLLS, SLICE, log.isEnabledFor, logging.DEBUG)
+_native.set_barrier(OPS["barrier"], SPIN_POLLS, SLICE, log.isEnabledFor, logging.DEBUG, getattr(log, "_cache", None))
 # _native.mesh: departures, and the stages it returns (the last two: where the Python path picks up)
 MESH_NO_DEPARTURE, MESH_BARRIER, MESH_ROOT_READER, MESH_ROOT = 0, 1, 2, 3
 MESH_DONE, MESH_ENTER_WAIT, MESH_DISAGREE, MESH_SOURCES, MESH_DEPART, MESH_MIDDLE = 0, 1, 2, 3, 4, 5
@@ -358,6 +358,15 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
         if departure >= MESH_ROOT_READER:
             word = self._rt.ctl.base + self._slot_offs[root] + self._lay.slot_root_done()
         moved = [(p.local, p.remote, p.written) if p is not None else (0, 0, 0) for p in (plan, plan2)]
+        tables = [p.table if p is not None else None for p in (plan, plan2)]
+        for a in (self._cx, self._ready, self._bases, *tables):     # what _native.replay reads without asking
+            assert a is None or (a.dtype == np.int64 and a.flags.c_contiguous), a
+        assert self._ready.shape == (self.size, 2) and self._bases.shape == (3, self.size)
+        assert all(t is None or t.shape[1] == 8 for t in tables)
+        arrays = [_native.data_address(self._cx), _native.data_address(self._ready), _native.data_address(self._bases)]
+        for t in tables:               # a table with no rows still has an address: its phase's barrier counts
+            arrays += [_native.data_address(t), t.shape[0]] if t is not None else [0, 0]
+            assert t is None or arrays[-2] != 0
         rows, meshes = [], []
         for parity in (0, 1):
             src, nbytes = 0, 0
@@ -366,11 +375,12 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
                 src, nbytes = _native.data_address(eager) if eager.nbytes else 0, eager.nbytes
             rows.append([*self._fields(operation, dtype, count, root, redop, inp, 0, 0, 0),
                          inp.addr if inp is not None else 0, only, dtype, redop, departure, root, word, out_addr, src,
-                         nbytes, *moved[0], *moved[1]])
+                         nbytes, *arrays, *moved[0], *moved[1]])
             meshes.append((operation, inp, plan, departure, dtype, count, root, redop, divisor, plan2, only))
-        call = (np.array(rows, dtype=np.int64), self._cx, self._ready, self._bases,
-                plan.table if plan is not None else None, plan2.table if plan2 is not None else None, float(divisor),
-                self._root_calls, self.counters, self._call_counts, operation, self._rt.stats)
+        params = np.array(rows, dtype=np.int64)
+        # the call holds every array whose address it carries
+        call = (params, self._cx, self._ready, self._bases, tables[0], tables[1], float(divisor), self._root_calls,
+                self.counters, self._call_counts, operation, self._rt.stats, _native.data_address(params))
         return Replay(call, tuple(meshes), word)
 
     def _replayed(self, replay: "Replay", r: tuple) -> None:

@@ -348,20 +348,22 @@ static PyObject *enter(PyObject *self, PyObject *const *args, Py_ssize_t n) {
  * and `_syncs`), publish the descriptor {op, call}, arrive, wait one slice, compare, count the
  * call in `_call_counts`. Anything else calls `comm._barrier(...)`, the Python operation; a wait
  * past the slice or a disagreement calls `comm._arrived("barrier", parity, k, status)`. */
-static PyObject *debug_check, *debug_level, *_one;
+static PyObject *debug_check, *debug_level, *debug_cache, *_one;
 static PyObject *s_worker, *s_fast, *s_calls, *s_syncs, *s_cx, *s_counts, *s_slow, *s_barrier;
 static PyObject *s_send, *s_recv, *s_local, *s_pulled, *s_written, *s_bytes_eager;
 
-/* set_barrier(op_code, polls, seconds, debug_check, debug_level): the barrier's operation code
- * (F_OP), its yielding polls and the wait before Python takes over, and the logging check
- * (debug_check(debug_level) true: take the Python path, which logs). */
+/* set_barrier(op_code, polls, seconds, debug_check, debug_level, debug_cache): the barrier's
+ * operation code (F_OP), its yielding polls and the wait before Python takes over, and the
+ * logging check (debug_check(debug_level) true: take the Python path, which logs), with the
+ * dict in which the logger caches that answer (None: none), read first: calling the check is
+ * a Python call on every operation. */
 static int64_t barrier_code;
 static long barrier_polls;
 static double barrier_seconds;
 
 static PyObject *set_barrier(PyObject *self, PyObject *const *args, Py_ssize_t n) {
-    if (n != 5) {
-        PyErr_SetString(PyExc_TypeError, "set_barrier(op_code, polls, seconds, debug_check, debug_level)");
+    if (n != 6) {
+        PyErr_SetString(PyExc_TypeError, "set_barrier(op_code, polls, seconds, debug_check, debug_level, debug_cache)");
         return NULL;
     }
     barrier_code = PyLong_AsLongLong(args[0]);
@@ -371,7 +373,23 @@ static PyObject *set_barrier(PyObject *self, PyObject *const *args, Py_ssize_t n
     Py_INCREF(args[3]); Py_INCREF(args[4]);
     Py_XSETREF(debug_check, args[3]);
     Py_XSETREF(debug_level, args[4]);
+    Py_XSETREF(debug_cache, PyDict_Check(args[5]) ? Py_NewRef(args[5]) : NULL);
     Py_RETURN_NONE;
+}
+
+/* 1 if debug logging is on, 0 if not (or not set up), -1 with an exception set. */
+static int debugging(void) {
+    if (debug_check == NULL) return 0;
+    if (debug_cache != NULL) {
+        PyObject *known = PyDict_GetItemWithError(debug_cache, debug_level);     /* borrowed */
+        if (known == Py_True) return 1;
+        if (known == Py_False) return 0;
+        if (PyErr_Occurred()) return -1;
+    }
+    PyObject *v = PyObject_CallOneArg(debug_check, debug_level);
+    int debug = v == NULL ? -1 : PyObject_IsTrue(v);
+    Py_XDECREF(v);
+    return debug;
 }
 
 /* Add `d` to the int attribute `name` of `o`; the new value, or (uint64_t)-1 with an exception. */
@@ -440,10 +458,7 @@ static int barrier_is_native(PyObject *comm) {
     if (v == NULL) return -1;
     Py_DECREF(v);
     if (v != Py_None) return 0;
-    v = PyObject_CallOneArg(debug_check, debug_level);
-    if (v == NULL) return -1;
-    int debug = PyObject_IsTrue(v);
-    Py_DECREF(v);
+    int debug = debugging();
     return debug < 0 ? -1 : !debug;
 }
 
@@ -708,10 +723,13 @@ done:
  * the send and the receive (the lists `sent`, `received`), then p2p_core, the receive's byte
  * counts and both halves' call counts. A stage other than P2P_DONE is returned with the
  * sequence numbers, for the Python path to go on from.
- *   call = (params, px, bases, ready, plan, sent, received, counters, call_counts)
+ *   call = (params, px, bases, ready, plan, sent, received, counters, call_counts, params' address)
  *   params (int64): the send's DESC_FIXED fields (F_CALL: its sequence number, set here), then PP_* */
-enum { PP_ME = DESC_FIXED, PP_DST, PP_SRC, PP_DTYPE, PP_COUNT, PP_ITEMSIZE, PP_OUT, PP_BYTES, PP_LEN = PP_BYTES + 3 };
-enum { Q_PARAMS, Q_PX, Q_BASES, Q_READY, Q_PLAN, Q_SENT, Q_RECEIVED, Q_COUNTERS, Q_CALL_COUNTS, Q_LEN };
+enum { PP_ME = DESC_FIXED, PP_DST, PP_SRC, PP_DTYPE, PP_COUNT, PP_ITEMSIZE, PP_OUT, PP_N, PP_PX, PP_BASES, PP_READY,
+       PP_PLAN, PP_PLAN_ROWS, PP_BYTES, PP_LEN = PP_BYTES + 3 };
+/* PP_N: members; PP_PX .. PP_PLAN_ROWS: the addresses of the arrays `call` holds (px, bases,
+ * ready, the plan's table: 0 for none) and the table's rows, checked when the call was built */
+enum { Q_PARAMS, Q_PX, Q_BASES, Q_READY, Q_PLAN, Q_SENT, Q_RECEIVED, Q_COUNTERS, Q_CALL_COUNTS, Q_PARAMS_ADDR, Q_LEN };
 
 static PyObject *p2p_replay_impl(PyObject *call) {
     if (!PyTuple_Check(call) || PyTuple_GET_SIZE(call) != Q_LEN) {
@@ -720,19 +738,11 @@ static PyObject *p2p_replay_impl(PyObject *call) {
     }
     PyObject *result = NULL;
     if (load_kernels() < 0) return NULL;
-    PyObject *plano = PyTuple_GET_ITEM(call, Q_PLAN), *sent = PyTuple_GET_ITEM(call, Q_SENT);
-    PyObject *received = PyTuple_GET_ITEM(call, Q_RECEIVED);
-    Py_buffer params = {0}, px = {0}, bases = {0}, ready = {0}, plan = {0};
-    if (get_i64_buffer(PyTuple_GET_ITEM(call, Q_PARAMS), &params, 0, "p2p_replay") < 0 ||
-        get_i64_buffer(PyTuple_GET_ITEM(call, Q_PX), &px, 0, "p2p_replay") < 0 ||
-        get_i64_buffer(PyTuple_GET_ITEM(call, Q_BASES), &bases, 1, "p2p_replay") < 0 ||
-        get_i64_buffer(PyTuple_GET_ITEM(call, Q_READY), &ready, 0, "p2p_replay") < 0 ||
-        (plano != Py_None && get_i64_buffer(plano, &plan, 0, "p2p_replay") < 0))
-        goto done;
-    const int64_t *p = (const int64_t *)params.buf;
-    Py_ssize_t n = px.len / (8 * PX_WORDS);
-    if (params.len != PP_LEN * 8 || bases.len != 24 * n || ready.len != 16 * n || plan.len % 64 ||
-        !PyList_Check(sent) || !PyList_Check(received) || PyList_GET_SIZE(sent) != n ||
+    PyObject *sent = PyTuple_GET_ITEM(call, Q_SENT), *received = PyTuple_GET_ITEM(call, Q_RECEIVED);
+    const int64_t *p = (const int64_t *)PyLong_AsVoidPtr(PyTuple_GET_ITEM(call, Q_PARAMS_ADDR));
+    if (PyErr_Occurred()) return NULL;
+    Py_ssize_t n = (Py_ssize_t)p[PP_N];
+    if (!PyList_Check(sent) || !PyList_Check(received) || PyList_GET_SIZE(sent) != n ||
         PyList_GET_SIZE(received) != n || p[PP_ME] < 0 || p[PP_ME] >= n || p[PP_DST] < 0 || p[PP_DST] >= n ||
         p[PP_SRC] < 0 || p[PP_SRC] >= n) {
         PyErr_SetString(PyExc_ValueError, "p2p_replay: inconsistent call");
@@ -747,10 +757,11 @@ static PyObject *p2p_replay_impl(PyObject *call) {
     fields[F_CALL] = send_seq;
     int stage;
     Py_BEGIN_ALLOW_THREADS
-    stage = p2p_core((const int64_t *)px.buf, n, (long)p[PP_ME], (long)p[PP_DST], (uint32_t)send_seq, fields,
-                     (long)p[PP_SRC], (uint32_t)recv_seq, (int)p[PP_DTYPE], p[PP_COUNT], p[PP_ITEMSIZE], p[PP_OUT],
-                     (const int64_t *)plan.buf, plan.len / 64, (int64_t *)bases.buf, (const int64_t *)ready.buf,
-                     barrier_polls, barrier_seconds);
+    stage = p2p_core((const int64_t *)(uintptr_t)p[PP_PX], n, (long)p[PP_ME], (long)p[PP_DST], (uint32_t)send_seq,
+                     fields, (long)p[PP_SRC], (uint32_t)recv_seq, (int)p[PP_DTYPE], p[PP_COUNT], p[PP_ITEMSIZE],
+                     p[PP_OUT], (const int64_t *)(uintptr_t)p[PP_PLAN], p[PP_PLAN_ROWS],
+                     (int64_t *)(uintptr_t)p[PP_BASES], (const int64_t *)(uintptr_t)p[PP_READY], barrier_polls,
+                     barrier_seconds);
     Py_END_ALLOW_THREADS
     PyObject *counts = PyTuple_GET_ITEM(call, Q_CALL_COUNTS), *counters = PyTuple_GET_ITEM(call, Q_COUNTERS);
     if (stage == P2P_DONE || stage == P2P_SEND_WAIT) {        /* received */
@@ -766,11 +777,6 @@ static PyObject *p2p_replay_impl(PyObject *call) {
     if (dict_add(counts, s_send, 1) < 0) goto done;
     result = Py_NewRef(Py_None);
 done:
-    if (params.buf) PyBuffer_Release(&params);
-    if (px.buf) PyBuffer_Release(&px);
-    if (bases.buf) PyBuffer_Release(&bases);
-    if (ready.buf) PyBuffer_Release(&ready);
-    if (plan.buf) PyBuffer_Release(&plan);
     return result;
 }
 
@@ -910,16 +916,20 @@ done:
  * and the call count. A stage other than MESH_DONE is returned with what _mesh_rest needs to
  * go on from it; MESH_NOT_RUN: nothing was done (debug logging is on, which only the Python
  * path does).
- *   call = (params, cx, ready, bases, plan, plan2, divisor, root_calls, counters, call_counts, op, stats)
+ *   call = (params, cx, ready, bases, plan, plan2, divisor, root_calls, counters, call_counts, op, stats,
+ *           params' address)
  *   params (int64, one row per call parity): the descriptor's DESC_FIXED fields (F_CALL set
  *   here), then RP_*; the rows differ only where an eager input has a slot per parity */
 enum { RP_OWN = DESC_FIXED, RP_ONLY, RP_DTYPE, RP_REDOP, RP_DEPARTURE, RP_ROOT, RP_WORD, RP_OUT, RP_EAGER_FROM,
-       RP_EAGER_BYTES, RP_BYTES, RP_LEN = RP_BYTES + 6 };
+       RP_EAGER_BYTES, RP_CX, RP_READY, RP_BASES, RP_PLAN, RP_PLAN_ROWS, RP_PLAN2, RP_PLAN2_ROWS, RP_BYTES,
+       RP_LEN = RP_BYTES + 6 };
 /* RP_OUT: this rank's OUT base, -1: leave it; RP_EAGER_FROM: where RP_EAGER_BYTES bytes are
- * copied from into RP_OWN (the eager slot) first; RP_BYTES: local, pulled, written of plan,
- * then of plan2 */
+ * copied from into RP_OWN (the eager slot) first; RP_CX .. RP_PLAN2_ROWS: the addresses of the
+ * arrays `call` holds (cx, ready, bases, the plans' tables: 0 for none) and the tables' rows,
+ * checked when the call was built, so that no buffer is requested per call; RP_BYTES: local,
+ * pulled, written of plan, then of plan2 */
 enum { R_PARAMS, R_CX, R_READY, R_BASES, R_PLAN, R_PLAN2, R_DIVISOR, R_ROOT_CALLS, R_COUNTERS, R_CALL_COUNTS, R_OP,
-       R_STATS, R_LEN };
+       R_STATS, R_PARAMS_ADDR, R_LEN };
 #define MESH_NOT_RUN (-1)
 
 static PyObject *replay_impl(PyObject *comm, PyObject *call) {
@@ -928,34 +938,21 @@ static PyObject *replay_impl(PyObject *comm, PyObject *call) {
         return NULL;
     }
     if (load_kernels() < 0) return NULL;
-    if (debug_check != NULL) {
-        PyObject *v = PyObject_CallOneArg(debug_check, debug_level);
-        int debug = v == NULL ? -1 : PyObject_IsTrue(v);
-        Py_XDECREF(v);
-        if (debug < 0) return NULL;
-        if (debug) return Py_BuildValue("(iiKk)", MESH_NOT_RUN, 0, 0ULL, 0UL);
-    }
-    PyObject *plano = PyTuple_GET_ITEM(call, R_PLAN), *plan2o = PyTuple_GET_ITEM(call, R_PLAN2);
+    int debug = debugging();
+    if (debug < 0) return NULL;
+    if (debug) return Py_BuildValue("(iiKk)", MESH_NOT_RUN, 0, 0ULL, 0UL);
     PyObject *root_calls = PyTuple_GET_ITEM(call, R_ROOT_CALLS);
     double divisor = PyFloat_AsDouble(PyTuple_GET_ITEM(call, R_DIVISOR));
-    if (divisor == -1.0 && PyErr_Occurred()) return NULL;
-    Py_buffer params = {0}, cx = {0}, ready = {0}, bases = {0}, plan = {0}, plan2 = {0};
+    const int64_t *p = (const int64_t *)PyLong_AsVoidPtr(PyTuple_GET_ITEM(call, R_PARAMS_ADDR));
+    if (PyErr_Occurred()) return NULL;
     PyObject *result = NULL;
-    if (get_i64_buffer(PyTuple_GET_ITEM(call, R_PARAMS), &params, 0, "replay") < 0 ||
-        get_i64_buffer(PyTuple_GET_ITEM(call, R_CX), &cx, 0, "replay") < 0 ||
-        get_i64_buffer(PyTuple_GET_ITEM(call, R_READY), &ready, 0, "replay") < 0 ||
-        get_i64_buffer(PyTuple_GET_ITEM(call, R_BASES), &bases, 1, "replay") < 0 ||
-        (plano != Py_None && get_i64_buffer(plano, &plan, 0, "replay") < 0) ||
-        (plan2o != Py_None && get_i64_buffer(plan2o, &plan2, 0, "replay") < 0))
-        goto done;
-    const int64_t *p = (const int64_t *)params.buf, *c = (const int64_t *)cx.buf;
+    const int64_t *c = (const int64_t *)(uintptr_t)p[RP_CX];
     int64_t n = c[CX_N], me = c[CX_ME];
     int departure = (int)p[RP_DEPARTURE];
-    if (params.len != 2 * RP_LEN * 8 || ready.len != n * 16 || bases.len != n * 24 || plan.len % 64 || plan2.len % 64 ||
-        departure < MESH_NO_DEPARTURE || departure > MESH_ROOT || !PyList_Check(root_calls) ||
+    if (departure < MESH_NO_DEPARTURE || departure > MESH_ROOT || !PyList_Check(root_calls) ||
         p[RP_ROOT] < 0 || p[RP_ROOT] >= PyList_GET_SIZE(root_calls)) {
         PyErr_SetString(PyExc_ValueError, "replay: inconsistent call");
-        goto done;
+        return NULL;
     }
     uint64_t calls = bump(comm, s_calls, 1);
     if (calls == (uint64_t)-1 && PyErr_Occurred()) goto done;
@@ -977,15 +974,15 @@ static PyObject *replay_impl(PyObject *comm, PyObject *call) {
         if (before == -1 && PyErr_Occurred()) goto done;
         target = (uint32_t)((uint64_t)(before + 1) * (uint64_t)(n - 1));
     }
-    int64_t *b = (int64_t *)bases.buf, skipped = 0;
+    int64_t *b = (int64_t *)(uintptr_t)p[RP_BASES], skipped = 0;
     if (p[RP_OUT] >= 0) b[1 * n + me] = p[RP_OUT];
     const char *err = NULL;
     int stage;
     Py_BEGIN_ALLOW_THREADS
-    stage = mesh_core(c, parity, k, barrier_polls, barrier_seconds, fields, (const int64_t *)ready.buf, b,
-                      (uint64_t)p[RP_OWN], (long)p[RP_ONLY], (const int64_t *)plan.buf, plan.len / 64,
-                      (const int64_t *)plan2.buf, plan2.len / 64, (int)p[RP_DTYPE], (int)p[RP_REDOP], divisor,
-                      departure, (uint32_t *)(uintptr_t)p[RP_WORD], target, &skipped, &err);
+    stage = mesh_core(c, parity, k, barrier_polls, barrier_seconds, fields, (const int64_t *)(uintptr_t)p[RP_READY], b,
+                      (uint64_t)p[RP_OWN], (long)p[RP_ONLY], (const int64_t *)(uintptr_t)p[RP_PLAN], p[RP_PLAN_ROWS],
+                      (const int64_t *)(uintptr_t)p[RP_PLAN2], p[RP_PLAN2_ROWS], (int)p[RP_DTYPE], (int)p[RP_REDOP],
+                      divisor, departure, (uint32_t *)(uintptr_t)p[RP_WORD], target, &skipped, &err);
     Py_END_ALLOW_THREADS
     if (err != NULL) {
         PyErr_Format(PyExc_ValueError, "replay: bad plan: %s", err);
@@ -995,7 +992,7 @@ static PyObject *replay_impl(PyObject *comm, PyObject *call) {
      * first at MESH_MIDDLE, nothing before */
     int phases = stage == MESH_DONE || stage == MESH_DEPART ? 2 : stage == MESH_MIDDLE ? 1 : 0;
     if (phases == 2) {
-        uint64_t last = k + (plan2.buf != NULL) + (departure == MESH_BARRIER);
+        uint64_t last = k + (p[RP_PLAN2] != 0) + (departure == MESH_BARRIER);
         if (last != k && set_attr_u64(comm, s_syncs, last) < 0) goto done;
         if (departure >= MESH_ROOT_READER) {
             PyObject *v = PyNumber_Add(rooted, _one);
@@ -1021,12 +1018,6 @@ static PyObject *replay_impl(PyObject *comm, PyObject *call) {
     if (dict_add(PyTuple_GET_ITEM(call, R_CALL_COUNTS), PyTuple_GET_ITEM(call, R_OP), 1) < 0) goto done;
     result = Py_NewRef(Py_None);
 done:
-    if (params.buf) PyBuffer_Release(&params);
-    if (cx.buf) PyBuffer_Release(&cx);
-    if (ready.buf) PyBuffer_Release(&ready);
-    if (bases.buf) PyBuffer_Release(&bases);
-    if (plan.buf) PyBuffer_Release(&plan);
-    if (plan2.buf) PyBuffer_Release(&plan2);
     return result;
 }
 

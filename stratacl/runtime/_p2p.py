@@ -138,9 +138,17 @@ class PointToPoint:
         fields = _send_descriptor(code, x.size, inp, False, 0, 0)
         dtype, count, itemsize, out_addr, table = native
         moved = (plan.local, plan.remote, plan.written) if plan is not None else (0, 0, 0)
-        params = np.array([*fields, self.rank, dst, src, dtype, count, itemsize, out_addr, *moved], dtype=np.int64)
+        # _native.p2p_replay reads these arrays at their addresses, without asking for them
+        for a in (self._px, self._bases, self._ready, table):
+            assert a is None or (a.dtype == np.int64 and a.flags.c_contiguous and a.ndim == 2), a
+        assert self._px.shape[0] == self.size and self._bases.shape == (3, self.size)
+        assert self._ready.shape == (self.size, 2) and (table is None or table.shape[1] == 8)
+        arrays = [_native.data_address(a) for a in (self._px, self._bases, self._ready)]
+        arrays += [_native.data_address(table), table.shape[0]] if table is not None else [0, 0]
+        params = np.array([*fields, self.rank, dst, src, dtype, count, itemsize, out_addr, self.size, *arrays, *moved],
+                          dtype=np.int64)
         return (params, self._px, self._bases, self._ready, table, self._sent, self._received, self.counters,
-                self._call_counts), True
+                self._call_counts, _native.data_address(params)), True
 
     def _p2p(self, op: str, x: np.ndarray | None, dst: int, out: np.ndarray | None, src: int) -> None:
         """One call: post the send, pull the receive, wait for the send's receiver.
