@@ -95,3 +95,19 @@ def test_topology_file_errors_name_the_field(tmp_path):
         load_topology(str(p))
     with pytest.raises(stratacl.ConfigError, match="no such file"):
         load_topology(str(tmp_path / "missing.json"))
+
+
+def test_native_operations_keep_their_signatures_and_docs():
+    """barrier and the prepared operations are native methods (runtime/_native.c); help() and
+    inspect still show the operation's parameters and docstring."""
+    import inspect
+    from stratacl.runtime._comm import Communicator
+    expected = {"barrier": ["self", "async_op", "path"], "all_gather": ["self", "out", "x"],
+                "all_to_all": ["self", "out", "x"], "reduce_scatter": ["self", "out", "x", "op"],
+                "all_reduce": ["self", "x", "op"], "broadcast": ["self", "x", "root"],
+                "sendrecv": ["self", "x", "dst", "out", "src"]}
+    for name, params in expected.items():
+        op = getattr(Communicator, name)
+        assert list(inspect.signature(op).parameters) == params, name
+        python_op = getattr(Communicator, f"_{name}")
+        assert op.__doc__ and op.__doc__.splitlines()[0] == python_op.__doc__.splitlines()[0], name

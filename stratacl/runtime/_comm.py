@@ -93,7 +93,7 @@ def _native_method(op, spec: str):
     's' for each scalar, in order."""
     names = op.__code__.co_varnames[1:len(spec) + 1]
     return _native.prepared_method(op.__name__, names, spec, op.__defaults__ or (), f"_{op.__name__}",
-                                   _native.METHOD_MESH, op.__doc__)
+                                   _native.METHOD_MESH, op)
 
 
 class Replay:

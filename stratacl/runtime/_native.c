@@ -1045,7 +1045,7 @@ enum { METHOD_MESH, METHOD_SENDRECV };
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
-    PyObject *name, *slow, *defaults, *doc, *params;
+    PyObject *name, *slow, *defaults, *wrapped, *params;
     char spec[METHOD_MAX_PARAMS + 1];
     int nparams, kind;
 } PreparedMethod;
@@ -1220,17 +1220,19 @@ static void method_dealloc(PreparedMethod *m) {
     Py_XDECREF(m->name);
     Py_XDECREF(m->slow);
     Py_XDECREF(m->defaults);
-    Py_XDECREF(m->doc);
+    Py_XDECREF(m->wrapped);
     Py_XDECREF(m->params);
     Py_TYPE(m)->tp_free((PyObject *)m);
 }
 
-static PyObject *method_doc(PreparedMethod *m, void *closure) { return Py_NewRef(m->doc); }
+static PyObject *method_doc(PreparedMethod *m, void *closure) { return PyObject_GetAttrString(m->wrapped, "__doc__"); }
+static PyObject *method_wrapped(PreparedMethod *m, void *closure) { return Py_NewRef(m->wrapped); }
 static PyObject *method_name(PreparedMethod *m, void *closure) { return Py_NewRef(m->name); }
 
 static PyGetSetDef method_getset[] = {
     {"__doc__", (getter)method_doc, NULL, NULL, NULL},
     {"__name__", (getter)method_name, NULL, NULL, NULL},
+    {"__wrapped__", (getter)method_wrapped, NULL, NULL, NULL},     /* inspect.signature follows it */
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -1246,17 +1248,18 @@ static PyTypeObject PreparedMethodType = {
     .tp_doc = "An operation's prepared common case as a method (see _native.c).",
 };
 
-/* prepared_method(name, params, spec, defaults, slow, kind, doc) -> an instancemethod for a
+/* prepared_method(name, params, spec, defaults, slow, kind, op) -> an instancemethod for a
  * class body: `name` the operation (the key's first item), `params` its parameters' names,
  * `spec` their kinds (see above), `defaults` the trailing parameters' defaults, `slow` the
- * attribute of the Python operation, `kind` METHOD_MESH or METHOD_SENDRECV, `doc` its docstring. */
+ * attribute of the Python operation, `kind` METHOD_MESH or METHOD_SENDRECV, `op` the Python
+ * operation (its docstring and signature are the method's). */
 static PyObject *prepared_method(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 7 || !PyUnicode_Check(args[0]) || !PyTuple_Check(args[1]) || !PyUnicode_Check(args[2]) ||
         !PyTuple_Check(args[3]) || !PyUnicode_Check(args[4])) {
-        PyErr_SetString(PyExc_TypeError, "prepared_method(name, params, spec, defaults, slow, kind, doc)");
+        PyErr_SetString(PyExc_TypeError, "prepared_method(name, params, spec, defaults, slow, kind, op)");
         return NULL;
     }
-    PyObject *name = args[0], *names = args[1], *defaults = args[3], *slow = args[4], *doc = args[6];
+    PyObject *name = args[0], *names = args[1], *defaults = args[3], *slow = args[4], *op = args[6];
     const char *spec = PyUnicode_AsUTF8(args[2]);
     int kind = (int)PyLong_AsLong(args[5]);
     if (spec == NULL || (kind == -1 && PyErr_Occurred())) return NULL;
@@ -1275,7 +1278,7 @@ static PyObject *prepared_method(PyObject *self, PyObject *const *args, Py_ssize
     m->kind = kind;
     m->name = Py_NewRef(name);
     m->defaults = Py_NewRef(defaults);
-    m->doc = Py_NewRef(doc);
+    m->wrapped = Py_NewRef(op);
     m->slow = Py_NewRef(slow);
     PyUnicode_InternInPlace(&m->slow);
     m->params = PyTuple_New((Py_ssize_t)np);
@@ -1395,7 +1398,7 @@ PyMODINIT_FUNC PyInit__native(void) {
     PyModule_AddIntConstant(m, "MAP_FIXED_NOREPLACE", MAP_FIXED_NOREPLACE);
     static PyMethodDef barrier_def = {
         "barrier", (PyCFunction)(void (*)(void))barrier_call, METH_FASTCALL | METH_KEYWORDS,
-        "barrier(*, async_op=False, path=None)\n--\n\n"
+        "barrier($self, /, *, async_op=False, path=None)\n--\n\n"
         "Block until every rank of the communicator has called barrier. Collective."};
     struct { PyObject **slot; const char *name; } names[] = {
         {&s_worker, "_worker"}, {&s_fast, "_native_calls"}, {&s_calls, "_calls"}, {&s_syncs, "_syncs"},

@@ -107,7 +107,7 @@ class PointToPoint:
     # anything else.
     _sendrecv = sendrecv
     sendrecv = _native.prepared_method("sendrecv", ("x", "dst", "out", "src"), "asas", (), "_sendrecv",
-                                       _native.METHOD_SENDRECV, sendrecv.__doc__)
+                                       _native.METHOD_SENDRECV, sendrecv)
 
     def _p2p_replayed(self, call: tuple, r: tuple, x: np.ndarray, dst: int, out: np.ndarray, src: int) -> None:
         """A prepared sendrecv on from where _native.p2p_replay stopped (``r``), as _p2p would."""
