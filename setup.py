@@ -5,9 +5,10 @@ setup(
     ext_modules=[
         Extension(
             "stratacl.runtime._native",
-            sources=["stratacl/runtime/_native.c"],
-            depends=["stratacl/collectives/_kernels.h"],
-            extra_compile_args=["-O2"],
+            sources=["stratacl/runtime/_native.c", "stratacl/runtime/_replay.c"],
+            depends=["stratacl/runtime/_native.h", "stratacl/collectives/_kernels.h"],
+            # the functions the two sources share stay out of the module's exported symbols
+            extra_compile_args=["-O2", "-fvisibility=hidden"],
         ),
         Extension(
             "stratacl.collectives._kernels",

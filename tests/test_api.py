@@ -98,7 +98,7 @@ def test_topology_file_errors_name_the_field(tmp_path):
 
 
 def test_native_operations_keep_their_signatures_and_docs():
-    """barrier and the prepared operations are native methods (runtime/_native.c); help() and
+    """barrier and the prepared operations are native methods (runtime/_replay.c); help() and
     inspect still show the operation's parameters and docstring."""
     import inspect
     from stratacl.runtime._comm import Communicator

@@ -264,7 +264,7 @@ def test_replayed_sendrecv_moves_counts_and_fails_like_the_python_path(n):
 
 
 def native_methods(comm):
-    """The prepared operations are native methods (_native.c, PreparedMethod): a repeated call
+    """The prepared operations are native methods (_replay.c, PreparedMethod): a repeated call
     with positional or the operation's own keyword arguments does not reach the Python
     operation; keywords like path= do, reset the path for the next call, and bad arguments get
     Python's TypeError. Returns the Python operations reached per case, and the errors."""

@@ -87,7 +87,7 @@ def _value_name(field: int, v: int) -> str:
 
 
 def _native_method(op, spec: str):
-    """``op``'s prepared common case as a native method (_native.c, PreparedMethod): a call
+    """``op``'s prepared common case as a native method (_replay.c, PreparedMethod): a call
     repeated on the same arrays with positional arguments runs without Python; anything else
     calls the Python operation, kept as ``_<name>``. ``spec``: 'a' for each array parameter,
     's' for each scalar, in order."""
@@ -499,7 +499,7 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
         calls["barrier"] = calls.get("barrier", 0) + 1
 
     # The common case, a blocking call with no worker, no modeled clock and no debug logging,
-    # is native (_native.c, barrier_call): at N = 32 on two cores each microsecond of a rank's
+    # is native (_replay.c, barrier_call): at N = 32 on two cores each microsecond of a rank's
     # Python is about 16 of the barrier's (performance.md). It calls _barrier for anything else.
     _barrier = barrier
     barrier = _native.barrier_method

@@ -7,9 +7,12 @@
  *   costs nothing while it sleeps;
  * - barriers and flag waits: a bounded spin that yields the CPU between polls (32 ranks share
  *   2 host cores), then futex sleeps;
+ * - one point-to-point call and one full-mesh call in native code (p2p, mesh);
  * - mmap/munmap at fixed addresses, hole punching and the parent-death signal.
  *
  * Every function takes raw addresses as Python ints; callers own the validity of the address.
+ * The common case of a repeated call (replays, methods) is in _replay.c, part of this module;
+ * _native.h is what the two share.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -26,7 +29,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../collectives/_kernels.h"
+#include "_native.h"
 
 #ifndef MAP_FIXED_NOREPLACE
 #define MAP_FIXED_NOREPLACE 0x100000
@@ -218,11 +221,8 @@ static PyObject *wait_seq_u32(PyObject *self, PyObject *const *args, Py_ssize_t 
  *   [CX_COUNTER] barrier counter   [CX_GEN] futex word   [CX_ARRIVAL] this rank's arrival word
  *   [CX_N] members   [CX_ME] this rank's index   [CX_DESC + p*n + i] member i's descriptor, parity p
  * Descriptor fields are the F_* indices of runtime/_control.py. */
-enum { CX_COUNTER, CX_GEN, CX_ARRIVAL, CX_N, CX_ME, CX_DESC };
-enum { F_OP, F_DTYPE, F_COUNT, F_ROOT, F_REDOP, F_FLAGS, F_ADDR, F_NBYTES, F_SEG_VA, F_SEG_SIZE,
-       F_SEG_OFF, F_EPOCH, F_AUX0, F_AUX1, F_AUX2, F_CALL, DESC_FIXED };
 
-static int get_i64_buffer(PyObject *o, Py_buffer *view, int writable, const char *what) {
+int get_i64_buffer(PyObject *o, Py_buffer *view, int writable, const char *what) {
     if (PyObject_GetBuffer(o, view, PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0)) < 0) return -1;
     if (view->len % 8) {
         PyBuffer_Release(view);
@@ -257,7 +257,7 @@ static int read_fields(PyObject *o, int64_t out[DESC_FIXED], const char *what) {
 
 /* Arrive at barrier number k and wait at most `seconds` for the others (GIL released by the
  * caller). 1: complete; 0: not yet. */
-static int barrier(const int64_t *cx, uint64_t k, long polls, double seconds) {
+int barrier(const int64_t *cx, uint64_t k, long polls, double seconds) {
     uint64_t *counter = (uint64_t *)(uintptr_t)cx[CX_COUNTER];
     uint32_t *gen = (uint32_t *)(uintptr_t)cx[CX_GEN];
     uint64_t target = k * (uint64_t)cx[CX_N];
@@ -281,7 +281,7 @@ static int barrier(const int64_t *cx, uint64_t k, long polls, double seconds) {
 
 /* 1 if every member's descriptor of parity p agrees with member 0's on F_OP..F_FLAGS and none
  * is flagged, else 0. */
-static int descriptors_agree(const int64_t *cx, int parity) {
+int descriptors_agree(const int64_t *cx, int parity) {
     int64_t n = cx[CX_N];
     const int64_t *const *d = (const int64_t *const *)&cx[CX_DESC + parity * n];
     if (d[0][F_FLAGS]) return 0;
@@ -338,174 +338,6 @@ static PyObject *enter(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&cx);
     return PyLong_FromLong(rc);
-}
-
-/* ---- the barrier as a method ----------------------------------------------------------------
- * Communicator.barrier is `barrier_method`, bound like a Python function (an instancemethod).
- * At N = 32 on two cores every microsecond of a rank's Python costs about 16 of the barrier's,
- * so the common case, `comm.barrier()` with no keywords, no worker thread, no modeled clock and
- * no debug logging, is all here: number the call and the barrier (the communicator's `_calls`
- * and `_syncs`), publish the descriptor {op, call}, arrive, wait one slice, compare, count the
- * call in `_call_counts`. Anything else calls `comm._barrier(...)`, the Python operation; a wait
- * past the slice or a disagreement calls `comm._arrived("barrier", parity, k, status)`. */
-static PyObject *debug_check, *debug_level, *debug_cache, *_one;
-static PyObject *s_worker, *s_fast, *s_calls, *s_syncs, *s_cx, *s_counts, *s_slow, *s_barrier;
-static PyObject *s_send, *s_recv, *s_local, *s_pulled, *s_written, *s_bytes_eager;
-
-/* set_barrier(op_code, polls, seconds, debug_check, debug_level, debug_cache): the barrier's
- * operation code (F_OP), its yielding polls and the wait before Python takes over, and the
- * logging check (debug_check(debug_level) true: take the Python path, which logs), with the
- * dict in which the logger caches that answer (None: none), read first: calling the check is
- * a Python call on every operation. */
-static int64_t barrier_code;
-static long barrier_polls;
-static double barrier_seconds;
-
-static PyObject *set_barrier(PyObject *self, PyObject *const *args, Py_ssize_t n) {
-    if (n != 6) {
-        PyErr_SetString(PyExc_TypeError, "set_barrier(op_code, polls, seconds, debug_check, debug_level, debug_cache)");
-        return NULL;
-    }
-    barrier_code = PyLong_AsLongLong(args[0]);
-    barrier_polls = PyLong_AsLong(args[1]);
-    barrier_seconds = PyFloat_AsDouble(args[2]);
-    if (PyErr_Occurred()) return NULL;
-    Py_INCREF(args[3]); Py_INCREF(args[4]);
-    Py_XSETREF(debug_check, args[3]);
-    Py_XSETREF(debug_level, args[4]);
-    Py_XSETREF(debug_cache, PyDict_Check(args[5]) ? Py_NewRef(args[5]) : NULL);
-    Py_RETURN_NONE;
-}
-
-/* 1 if debug logging is on, 0 if not (or not set up), -1 with an exception set. */
-static int debugging(void) {
-    if (debug_check == NULL) return 0;
-    if (debug_cache != NULL) {
-        PyObject *known = PyDict_GetItemWithError(debug_cache, debug_level);     /* borrowed */
-        if (known == Py_True) return 1;
-        if (known == Py_False) return 0;
-        if (PyErr_Occurred()) return -1;
-    }
-    PyObject *v = PyObject_CallOneArg(debug_check, debug_level);
-    int debug = v == NULL ? -1 : PyObject_IsTrue(v);
-    Py_XDECREF(v);
-    return debug;
-}
-
-/* Add `d` to the int attribute `name` of `o`; the new value, or (uint64_t)-1 with an exception. */
-static uint64_t bump(PyObject *o, PyObject *name, uint64_t d) {
-    PyObject *v = PyObject_GetAttr(o, name);
-    if (v == NULL) return (uint64_t)-1;
-    uint64_t x = PyLong_AsUnsignedLongLong(v);
-    Py_DECREF(v);
-    if (x == (uint64_t)-1 && PyErr_Occurred()) return x;
-    x += d;
-    v = PyLong_FromUnsignedLongLong(x);
-    if (v == NULL || PyObject_SetAttr(o, name, v) < 0) { Py_XDECREF(v); return (uint64_t)-1; }
-    Py_DECREF(v);
-    return x;
-}
-
-/* Add `d` to the int attribute `name` of `o`. 0, or -1 with an exception set. */
-static int add_to_attr(PyObject *o, PyObject *name, long long d) {
-    PyObject *v = PyObject_GetAttr(o, name);
-    if (v == NULL) return -1;
-    long long x = PyLong_AsLongLong(v);
-    Py_DECREF(v);
-    if (x == -1 && PyErr_Occurred()) return -1;
-    v = PyLong_FromLongLong(x + d);
-    int rc = v == NULL ? -1 : PyObject_SetAttr(o, name, v);
-    Py_XDECREF(v);
-    return rc;
-}
-
-static int set_attr_u64(PyObject *o, PyObject *name, uint64_t x) {
-    PyObject *v = PyLong_FromUnsignedLongLong(x);
-    int rc = v == NULL ? -1 : PyObject_SetAttr(o, name, v);
-    Py_XDECREF(v);
-    return rc;
-}
-
-/* list[i] += 1; the new value's low 32 bits, or -1 with an exception set. */
-static long long next_seq(PyObject *list, Py_ssize_t i) {
-    PyObject *v = PyNumber_Add(PyList_GET_ITEM(list, i), _one);
-    if (v == NULL) return -1;
-    long long x = (long long)(PyLong_AsUnsignedLongLongMask(v) & 0xFFFFFFFFu);
-    if (PyErr_Occurred()) { Py_DECREF(v); return -1; }
-    if (PyList_SetItem(list, i, v) < 0) return -1;     /* steals v */
-    return x;
-}
-
-/* counts[key] += d (from 0). 0, or -1 with an exception set. */
-static int dict_add(PyObject *counts, PyObject *key, long long d) {
-    PyObject *old = PyDict_GetItemWithError(counts, key);
-    long long before = old == NULL ? 0 : PyLong_AsLongLong(old);
-    PyObject *now = PyErr_Occurred() ? NULL : PyLong_FromLongLong(before + d);
-    int rc = now == NULL ? -1 : PyDict_SetItem(counts, key, now);
-    Py_XDECREF(now);
-    return rc;
-}
-
-/* 1 if comm's barrier can take the native path, 0 if not, -1 with an exception set. */
-static int barrier_is_native(PyObject *comm) {
-    if (debug_check == NULL) return 0;
-    PyObject *v = PyObject_GetAttr(comm, s_fast);
-    if (v == NULL) return -1;
-    int fast = v == Py_True;
-    Py_DECREF(v);
-    if (!fast) return 0;
-    v = PyObject_GetAttr(comm, s_worker);
-    if (v == NULL) return -1;
-    Py_DECREF(v);
-    if (v != Py_None) return 0;
-    int debug = debugging();
-    return debug < 0 ? -1 : !debug;
-}
-
-static PyObject *barrier_call(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
-    if (nargs < 1) { PyErr_SetString(PyExc_TypeError, "barrier: needs the communicator"); return NULL; }
-    PyObject *comm = args[0];
-    int native = nargs == 1 && (kwnames == NULL || PyTuple_GET_SIZE(kwnames) == 0) ? barrier_is_native(comm) : 0;
-    if (native < 0) return NULL;
-    if (!native) {
-        PyObject *slow = PyObject_GetAttr(comm, s_slow);
-        if (slow == NULL) return NULL;
-        PyObject *r = PyObject_Vectorcall(slow, args + 1, nargs - 1, kwnames);
-        Py_DECREF(slow);
-        return r;
-    }
-    int64_t fields[DESC_FIXED] = {0};
-    fields[F_OP] = barrier_code;
-    uint64_t call = bump(comm, s_calls, 1);
-    if (call == (uint64_t)-1 && PyErr_Occurred()) return NULL;
-    uint64_t k = bump(comm, s_syncs, 1);
-    if (k == (uint64_t)-1 && PyErr_Occurred()) return NULL;
-    fields[F_CALL] = (int64_t)call;
-    int parity = (int)(call & 1);
-    PyObject *cxo = PyObject_GetAttr(comm, s_cx);
-    if (cxo == NULL) return NULL;
-    Py_buffer cx;
-    int rc = get_i64_buffer(cxo, &cx, 0, "barrier");
-    Py_DECREF(cxo);
-    if (rc < 0) return NULL;
-    const int64_t *c = (const int64_t *)cx.buf;
-    memcpy((int64_t *)(uintptr_t)c[CX_DESC + parity * c[CX_N] + c[CX_ME]], fields, DESC_FIXED * 8);
-    Py_BEGIN_ALLOW_THREADS
-    if (!barrier(c, k, barrier_polls, barrier_seconds)) rc = 1;
-    else rc = descriptors_agree(c, parity) ? 0 : 2;
-    Py_END_ALLOW_THREADS
-    PyBuffer_Release(&cx);
-    if (rc) {
-        PyObject *r = PyObject_CallMethod(comm, "_arrived", "OiKi", s_barrier, parity, (unsigned long long)k, rc);
-        if (r == NULL) return NULL;
-        Py_DECREF(r);
-    }
-    PyObject *counts = PyObject_GetAttr(comm, s_counts);
-    if (counts == NULL) return NULL;
-    rc = dict_add(counts, s_barrier, 1);
-    Py_DECREF(counts);
-    if (rc < 0) return NULL;
-    Py_RETURN_NONE;
 }
 
 /* agree(cx, parity) -> True if the descriptors of slot `parity` agree (see enter). */
@@ -597,14 +429,11 @@ static PyObject *done(PyObject *self, PyObject *const *args, Py_ssize_t n) {
  * addresses (runtime/_p2p.py). The protocol is the one _p2p.py describes; this is its common
  * case, and it stops, returning the stage, wherever Python must take over: a wait that needs
  * health checks, a descriptor that does not match or names a buffer not checked yet. */
-enum { PX_SEND_DESC, PX_SEND_FLAG, PX_RECV_FLAG, PX_RECV_DESC, PX_RECV_STATUS, PX_RECV_DONE, PX_SENT_DONE,
-       PX_SENT_STATUS, PX_WORDS };
-enum { P2P_DONE, P2P_RECV_WAIT, P2P_RECV_CHECK, P2P_SEND_WAIT };
 
-static const StrataKernelsApi *kernels;
+const StrataKernelsApi *kernels;
 
 /* The kernels' executor, imported on first use. 0, or -1 with an exception set. */
-static int load_kernels(void) {
+int load_kernels(void) {
     if (kernels == NULL)
         kernels = (const StrataKernelsApi *)PyCapsule_Import(STRATA_KERNELS_CAPSULE, 0);
     return kernels == NULL ? -1 : 0;
@@ -641,7 +470,7 @@ static int await_seq(uint32_t *word, uint32_t target, long polls, double seconds
  * not confirmed within `seconds`, or dst reported an error). */
 /* The body of p2p() on parsed arguments, with the GIL released: `w` the (n, PX_WORDS) words,
  * `plan` rows of 8 int64 (NULL: none), `b` the bases (3, n), `rd` the ready pairs (n, 2). */
-static int p2p_core(const int64_t *w, int64_t n, long me, long dst, uint32_t send_seq, const int64_t *fields, long src,
+int p2p_core(const int64_t *w, int64_t n, long me, long dst, uint32_t send_seq, const int64_t *fields, long src,
                     uint32_t recv_seq, int dtype, long long count, long long itemsize, int64_t out_addr,
                     const int64_t *plan, Py_ssize_t rows, int64_t *b, const int64_t *rd, long polls, double seconds) {
 #define WORD(peer, which) ((uint32_t *)(uintptr_t)w[(peer) * PX_WORDS + (which)])
@@ -717,74 +546,6 @@ done:
     return PyLong_FromLong(stage);
 }
 
-/* ---- a prepared sendrecv, replayed --------------------------------------------------------
- * p2p_replay(comm, call) -> None once done, else (stage, send_seq, recv_seq)
- * sendrecv repeated on the same arrays and peers (runtime/_p2p.py, _check_sendrecv): number
- * the send and the receive (the lists `sent`, `received`), then p2p_core, the receive's byte
- * counts and both halves' call counts. A stage other than P2P_DONE is returned with the
- * sequence numbers, for the Python path to go on from.
- *   call = (params, px, bases, ready, plan, sent, received, counters, call_counts, params' address)
- *   params (int64): the send's DESC_FIXED fields (F_CALL: its sequence number, set here), then PP_* */
-enum { PP_ME = DESC_FIXED, PP_DST, PP_SRC, PP_DTYPE, PP_COUNT, PP_ITEMSIZE, PP_OUT, PP_N, PP_PX, PP_BASES, PP_READY,
-       PP_PLAN, PP_PLAN_ROWS, PP_BYTES, PP_LEN = PP_BYTES + 3 };
-/* PP_N: members; PP_PX .. PP_PLAN_ROWS: the addresses of the arrays `call` holds (px, bases,
- * ready, the plan's table: 0 for none) and the table's rows, checked when the call was built */
-enum { Q_PARAMS, Q_PX, Q_BASES, Q_READY, Q_PLAN, Q_SENT, Q_RECEIVED, Q_COUNTERS, Q_CALL_COUNTS, Q_PARAMS_ADDR, Q_LEN };
-
-static PyObject *p2p_replay_impl(PyObject *call) {
-    if (!PyTuple_Check(call) || PyTuple_GET_SIZE(call) != Q_LEN) {
-        PyErr_SetString(PyExc_TypeError, "p2p_replay: call is the tuple _p2p._check_sendrecv builds");
-        return NULL;
-    }
-    PyObject *result = NULL;
-    if (load_kernels() < 0) return NULL;
-    PyObject *sent = PyTuple_GET_ITEM(call, Q_SENT), *received = PyTuple_GET_ITEM(call, Q_RECEIVED);
-    const int64_t *p = (const int64_t *)PyLong_AsVoidPtr(PyTuple_GET_ITEM(call, Q_PARAMS_ADDR));
-    if (PyErr_Occurred()) return NULL;
-    Py_ssize_t n = (Py_ssize_t)p[PP_N];
-    if (!PyList_Check(sent) || !PyList_Check(received) || PyList_GET_SIZE(sent) != n ||
-        PyList_GET_SIZE(received) != n || p[PP_ME] < 0 || p[PP_ME] >= n || p[PP_DST] < 0 || p[PP_DST] >= n ||
-        p[PP_SRC] < 0 || p[PP_SRC] >= n) {
-        PyErr_SetString(PyExc_ValueError, "p2p_replay: inconsistent call");
-        goto done;
-    }
-    long long send_seq = next_seq(sent, p[PP_DST]);
-    if (send_seq < 0) goto done;
-    long long recv_seq = next_seq(received, p[PP_SRC]);
-    if (recv_seq < 0) goto done;
-    int64_t fields[DESC_FIXED];
-    memcpy(fields, p, sizeof fields);
-    fields[F_CALL] = send_seq;
-    int stage;
-    Py_BEGIN_ALLOW_THREADS
-    stage = p2p_core((const int64_t *)(uintptr_t)p[PP_PX], n, (long)p[PP_ME], (long)p[PP_DST], (uint32_t)send_seq,
-                     fields, (long)p[PP_SRC], (uint32_t)recv_seq, (int)p[PP_DTYPE], p[PP_COUNT], p[PP_ITEMSIZE],
-                     p[PP_OUT], (const int64_t *)(uintptr_t)p[PP_PLAN], p[PP_PLAN_ROWS],
-                     (int64_t *)(uintptr_t)p[PP_BASES], (const int64_t *)(uintptr_t)p[PP_READY], barrier_polls,
-                     barrier_seconds);
-    Py_END_ALLOW_THREADS
-    PyObject *counts = PyTuple_GET_ITEM(call, Q_CALL_COUNTS), *counters = PyTuple_GET_ITEM(call, Q_COUNTERS);
-    if (stage == P2P_DONE || stage == P2P_SEND_WAIT) {        /* received */
-        if ((p[PP_BYTES] && add_to_attr(counters, s_local, p[PP_BYTES]) < 0) ||
-            (p[PP_BYTES + 1] && add_to_attr(counters, s_pulled, p[PP_BYTES + 1]) < 0) ||
-            (p[PP_BYTES + 2] && add_to_attr(counters, s_written, p[PP_BYTES + 2]) < 0) || dict_add(counts, s_recv, 1) < 0)
-            goto done;
-    }
-    if (stage != P2P_DONE) {
-        result = Py_BuildValue("(iLL)", stage, send_seq, recv_seq);
-        goto done;
-    }
-    if (dict_add(counts, s_send, 1) < 0) goto done;
-    result = Py_NewRef(Py_None);
-done:
-    return result;
-}
-
-static PyObject *p2p_replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 2) { PyErr_SetString(PyExc_TypeError, "p2p_replay(comm, call)"); return NULL; }
-    return p2p_replay_impl(args[1]);
-}
-
 /* ---- a full-mesh collective in one native call --------------------------------------------
  * mesh(cx, parity, k, polls, seconds, fields, ready, bases, own_addr, only, plan, dtype, redop,
  *      divisor, departure, word, target, plan2) -> (stage, skipped)
@@ -802,13 +563,11 @@ static PyObject *p2p_replay(PyObject *self, PyObject *const *args, Py_ssize_t na
  * check; nothing moved; bases' IN row is filled), MESH_MIDDLE (the first phase done, arrived
  * at barrier k + 1, the others not all within `seconds`), MESH_DEPART (moved; the departure is
  * not complete within `seconds`). Skipped bytes count both phases. */
-enum { MESH_DONE, MESH_ENTER_WAIT, MESH_DISAGREE, MESH_SOURCES, MESH_DEPART, MESH_MIDDLE };
-enum { MESH_NO_DEPARTURE, MESH_BARRIER, MESH_ROOT_READER, MESH_ROOT };
 
 /* The body of mesh() on parsed arguments, with the GIL released: `plan`/`plan2` are tables of
  * rows of 8 int64 (NULL: none), `b` the bases (3, n), `rd` the ready pairs (n, 2). Returns the
  * stage; *skipped gets the bytes of copies skipped in place; *err a bad plan's message. */
-static int mesh_core(const int64_t *c, int parity, uint64_t k, long polls, double seconds, const int64_t *fields,
+int mesh_core(const int64_t *c, int parity, uint64_t k, long polls, double seconds, const int64_t *fields,
                      const int64_t *rd, int64_t *b, uint64_t own, long only, const int64_t *plan, Py_ssize_t rows,
                      const int64_t *plan2, Py_ssize_t rows2, int dtype, int redop, double divisor, int departure,
                      uint32_t *word, uint32_t target, int64_t *skipped, const char **err) {
@@ -905,392 +664,6 @@ done:
     if (plan2.buf) PyBuffer_Release(&plan2);
     if (stage < 0) return NULL;
     return Py_BuildValue("iL", stage, (long long)skipped);
-}
-
-/* ---- a prepared full-mesh call, replayed -------------------------------------------------
- * replay(comm, call) -> None once done, else (stage, parity, k, target)
- * A call repeated on the same arrays (runtime/_prepared.py) has its mesh arguments fixed; the
- * communicator builds `call` once (_comm.py, _replay_of) and this runs what _mesh would:
- * number the call (comm._calls) and its barriers (comm._syncs), the root's departure count,
- * the copy of a small input into its eager slot, the descriptor, mesh_core, the byte counters
- * and the call count. A stage other than MESH_DONE is returned with what _mesh_rest needs to
- * go on from it; MESH_NOT_RUN: nothing was done (debug logging is on, which only the Python
- * path does).
- *   call = (params, cx, ready, bases, plan, plan2, divisor, root_calls, counters, call_counts, op, stats,
- *           params' address)
- *   params (int64, one row per call parity): the descriptor's DESC_FIXED fields (F_CALL set
- *   here), then RP_*; the rows differ only where an eager input has a slot per parity */
-enum { RP_OWN = DESC_FIXED, RP_ONLY, RP_DTYPE, RP_REDOP, RP_DEPARTURE, RP_ROOT, RP_WORD, RP_OUT, RP_EAGER_FROM,
-       RP_EAGER_BYTES, RP_CX, RP_READY, RP_BASES, RP_PLAN, RP_PLAN_ROWS, RP_PLAN2, RP_PLAN2_ROWS, RP_BYTES,
-       RP_LEN = RP_BYTES + 6 };
-/* RP_OUT: this rank's OUT base, -1: leave it; RP_EAGER_FROM: where RP_EAGER_BYTES bytes are
- * copied from into RP_OWN (the eager slot) first; RP_CX .. RP_PLAN2_ROWS: the addresses of the
- * arrays `call` holds (cx, ready, bases, the plans' tables: 0 for none) and the tables' rows,
- * checked when the call was built, so that no buffer is requested per call; RP_BYTES: local,
- * pulled, written of plan, then of plan2 */
-enum { R_PARAMS, R_CX, R_READY, R_BASES, R_PLAN, R_PLAN2, R_DIVISOR, R_ROOT_CALLS, R_COUNTERS, R_CALL_COUNTS, R_OP,
-       R_STATS, R_PARAMS_ADDR, R_LEN };
-#define MESH_NOT_RUN (-1)
-
-static PyObject *replay_impl(PyObject *comm, PyObject *call) {
-    if (!PyTuple_Check(call) || PyTuple_GET_SIZE(call) != R_LEN) {
-        PyErr_SetString(PyExc_TypeError, "replay: call is the tuple _comm._replay_of builds");
-        return NULL;
-    }
-    if (load_kernels() < 0) return NULL;
-    int debug = debugging();
-    if (debug < 0) return NULL;
-    if (debug) return Py_BuildValue("(iiKk)", MESH_NOT_RUN, 0, 0ULL, 0UL);
-    PyObject *root_calls = PyTuple_GET_ITEM(call, R_ROOT_CALLS);
-    double divisor = PyFloat_AsDouble(PyTuple_GET_ITEM(call, R_DIVISOR));
-    const int64_t *p = (const int64_t *)PyLong_AsVoidPtr(PyTuple_GET_ITEM(call, R_PARAMS_ADDR));
-    if (PyErr_Occurred()) return NULL;
-    PyObject *result = NULL;
-    const int64_t *c = (const int64_t *)(uintptr_t)p[RP_CX];
-    int64_t n = c[CX_N], me = c[CX_ME];
-    int departure = (int)p[RP_DEPARTURE];
-    if (departure < MESH_NO_DEPARTURE || departure > MESH_ROOT || !PyList_Check(root_calls) ||
-        p[RP_ROOT] < 0 || p[RP_ROOT] >= PyList_GET_SIZE(root_calls)) {
-        PyErr_SetString(PyExc_ValueError, "replay: inconsistent call");
-        return NULL;
-    }
-    uint64_t calls = bump(comm, s_calls, 1);
-    if (calls == (uint64_t)-1 && PyErr_Occurred()) goto done;
-    uint64_t k = bump(comm, s_syncs, 1);
-    if (k == (uint64_t)-1 && PyErr_Occurred()) goto done;
-    int parity = (int)(calls & 1);
-    p += parity * RP_LEN;
-    int64_t fields[DESC_FIXED];
-    memcpy(fields, p, sizeof fields);
-    fields[F_CALL] = (int64_t)calls;
-    if (p[RP_EAGER_BYTES] > 0) {
-        memcpy((void *)(uintptr_t)p[RP_OWN], (const void *)(uintptr_t)p[RP_EAGER_FROM], (size_t)p[RP_EAGER_BYTES]);
-        if (dict_add(PyTuple_GET_ITEM(call, R_STATS), s_bytes_eager, p[RP_EAGER_BYTES]) < 0) goto done;
-    }
-    uint32_t target = 0;
-    PyObject *rooted = PyList_GET_ITEM(root_calls, p[RP_ROOT]);
-    if (departure >= MESH_ROOT_READER) {
-        long long before = PyLong_AsLongLong(rooted);
-        if (before == -1 && PyErr_Occurred()) goto done;
-        target = (uint32_t)((uint64_t)(before + 1) * (uint64_t)(n - 1));
-    }
-    int64_t *b = (int64_t *)(uintptr_t)p[RP_BASES], skipped = 0;
-    if (p[RP_OUT] >= 0) b[1 * n + me] = p[RP_OUT];
-    const char *err = NULL;
-    int stage;
-    Py_BEGIN_ALLOW_THREADS
-    stage = mesh_core(c, parity, k, barrier_polls, barrier_seconds, fields, (const int64_t *)(uintptr_t)p[RP_READY], b,
-                      (uint64_t)p[RP_OWN], (long)p[RP_ONLY], (const int64_t *)(uintptr_t)p[RP_PLAN], p[RP_PLAN_ROWS],
-                      (const int64_t *)(uintptr_t)p[RP_PLAN2], p[RP_PLAN2_ROWS], (int)p[RP_DTYPE], (int)p[RP_REDOP],
-                      divisor, departure, (uint32_t *)(uintptr_t)p[RP_WORD], target, &skipped, &err);
-    Py_END_ALLOW_THREADS
-    if (err != NULL) {
-        PyErr_Format(PyExc_ValueError, "replay: bad plan: %s", err);
-        goto done;
-    }
-    /* what ran: both phases (and the departure's numbering) at MESH_DONE and MESH_DEPART, the
-     * first at MESH_MIDDLE, nothing before */
-    int phases = stage == MESH_DONE || stage == MESH_DEPART ? 2 : stage == MESH_MIDDLE ? 1 : 0;
-    if (phases == 2) {
-        uint64_t last = k + (p[RP_PLAN2] != 0) + (departure == MESH_BARRIER);
-        if (last != k && set_attr_u64(comm, s_syncs, last) < 0) goto done;
-        if (departure >= MESH_ROOT_READER) {
-            PyObject *v = PyNumber_Add(rooted, _one);
-            if (v == NULL || PyList_SetItem(root_calls, p[RP_ROOT], v) < 0) goto done;
-        }
-    } else if (phases == 1 && set_attr_u64(comm, s_syncs, k + 1) < 0) {
-        goto done;
-    }
-    long long local = -skipped, pulled = 0, written = 0;
-    for (int i = 0; i < phases; i++) {
-        local += p[RP_BYTES + 3 * i];
-        pulled += p[RP_BYTES + 3 * i + 1];
-        written += p[RP_BYTES + 3 * i + 2];
-    }
-    PyObject *counters = PyTuple_GET_ITEM(call, R_COUNTERS);
-    if ((local && add_to_attr(counters, s_local, local) < 0) || (pulled && add_to_attr(counters, s_pulled, pulled) < 0) ||
-        (written && add_to_attr(counters, s_written, written) < 0))
-        goto done;
-    if (stage != MESH_DONE) {
-        result = Py_BuildValue("(iiKk)", stage, parity, (unsigned long long)k, (unsigned long)target);
-        goto done;
-    }
-    if (dict_add(PyTuple_GET_ITEM(call, R_CALL_COUNTS), PyTuple_GET_ITEM(call, R_OP), 1) < 0) goto done;
-    result = Py_NewRef(Py_None);
-done:
-    return result;
-}
-
-static PyObject *replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 2) { PyErr_SetString(PyExc_TypeError, "replay(comm, call)"); return NULL; }
-    return replay_impl(args[0], args[1]);
-}
-
-/* ---- operations as methods ---------------------------------------------------------------
- * A prepared call still paid for its Python around the replay: the collective wrapper, the
- * operation's frame, the key, the lookup and the identity and layout test. Each is cheap alone
- * (about 1 us together in a quiet process) but with 32 ranks on two cores every switch leaves
- * the interpreter's working set cold, and they came to about 5 us of CPU per rank and call.
- * A PreparedMethod is the operation's common case as the method itself (bound like a
- * function, through an instancemethod): positional arguments only, no worker thread, no
- * modeled clock. It builds the key the operation builds, finds the entry in comm._prepared,
- * tests it as PreparedCall.holds does and runs its replay; anything else (keywords, a first
- * call, a changed array, a call that cannot be replayed) calls the Python operation, and a
- * replay that stops early goes on in Python (comm._replayed, comm._p2p_replayed).
- *   spec: one letter per parameter, 'a' an array (keyed by identity, tested by layout), 's' a
- *   scalar (keyed by value: int or str exactly, else the Python operation). */
-enum { METHOD_MESH, METHOD_SENDRECV };
-#define METHOD_MAX_PARAMS 4
-
-typedef struct {
-    PyObject_HEAD
-    vectorcallfunc vectorcall;
-    PyObject *name, *slow, *defaults, *wrapped, *params;
-    char spec[METHOD_MAX_PARAMS + 1];
-    int nparams, kind;
-} PreparedMethod;
-
-static PyObject *s_prepared, *s_entries, *s_refs, *s_layouts, *s_args, *s_call, *s_shape, *s_strides, *s_dtype;
-static PyObject *s_flags, *s_writeable, *s_path, *s_default_path, *s_replayed, *s_p2p_replayed;
-
-/* 1 if attribute `name` of `a` equals `want`, 0 if not, -1 with an exception set. */
-static int attr_equals(PyObject *a, PyObject *name, PyObject *want) {
-    PyObject *v = PyObject_GetAttr(a, name);
-    if (v == NULL) return -1;
-    int eq = v == want ? 1 : PyObject_RichCompareBool(v, want, Py_EQ);
-    Py_DECREF(v);
-    return eq;
-}
-
-/* PreparedCall.holds: every array is the entry's, with the same shape, strides, dtype, writability. */
-static int entry_holds(PyObject *entry, PyObject *const *arrays, int n) {
-    PyObject *refs = PyObject_GetAttr(entry, s_refs), *layouts = refs ? PyObject_GetAttr(entry, s_layouts) : NULL;
-    int ok = layouts != NULL && PyTuple_Check(refs) && PyTuple_Check(layouts) && PyTuple_GET_SIZE(refs) == n &&
-             PyTuple_GET_SIZE(layouts) == n ? 1 : (layouts == NULL ? -1 : 0);
-    for (int i = 0; ok == 1 && i < n; i++) {
-        PyObject *a = arrays[i], *layout = PyTuple_GET_ITEM(layouts, i);
-        if (PyWeakref_GetObject(PyTuple_GET_ITEM(refs, i)) != a || !PyTuple_Check(layout) ||
-            PyTuple_GET_SIZE(layout) != 4) { ok = 0; break; }
-        if ((ok = attr_equals(a, s_shape, PyTuple_GET_ITEM(layout, 0))) != 1) break;
-        if ((ok = attr_equals(a, s_strides, PyTuple_GET_ITEM(layout, 1))) != 1) break;
-        if ((ok = attr_equals(a, s_dtype, PyTuple_GET_ITEM(layout, 2))) != 1) break;
-        PyObject *flags = PyObject_GetAttr(a, s_flags);
-        ok = flags == NULL ? -1 : attr_equals(flags, s_writeable, PyTuple_GET_ITEM(layout, 3));
-        Py_XDECREF(flags);
-    }
-    Py_XDECREF(refs);
-    Py_XDECREF(layouts);
-    return ok;
-}
-
-/* The prepared entry of this call (a new reference), NULL without an exception when there is
- * none to replay, NULL with one on an error. */
-static PyObject *prepared_entry(PreparedMethod *m, PyObject *comm, PyObject *const *params) {
-    PyObject *key = PyTuple_New(m->nparams + 1), *arrays[METHOD_MAX_PARAMS];
-    if (key == NULL) return NULL;
-    Py_INCREF(m->name);
-    PyTuple_SET_ITEM(key, 0, m->name);
-    int narrays = 0;
-    for (int i = 0; i < m->nparams; i++) {
-        PyObject *v = params[i];
-        if (m->spec[i] == 'a') {
-            arrays[narrays++] = v;
-            v = PyLong_FromVoidPtr(v);
-            if (v == NULL) { Py_DECREF(key); return NULL; }
-        } else if (PyLong_CheckExact(v) || PyUnicode_CheckExact(v)) {
-            Py_INCREF(v);
-        } else {
-            Py_DECREF(key);
-            return NULL;
-        }
-        PyTuple_SET_ITEM(key, i + 1, v);
-    }
-    PyObject *prepared = PyObject_GetAttr(comm, s_prepared);
-    PyObject *entries = prepared == NULL ? NULL : PyObject_GetAttr(prepared, s_entries);
-    Py_XDECREF(prepared);
-    PyObject *entry = entries == NULL ? NULL : PyDict_GetItemWithError(entries, key);   /* borrowed */
-    Py_XINCREF(entry);
-    Py_XDECREF(entries);
-    Py_DECREF(key);
-    if (entry == NULL) return NULL;
-    int ok = entry_holds(entry, arrays, narrays);
-    if (ok != 1) { Py_DECREF(entry); return NULL; }
-    return entry;
-}
-
-/* 1 if comm may take a native path now (no modeled clock, no worker), 0 if not, -1 on error;
- * the call's path is then the default one, as the Python wrapper would set it. */
-static int native_now(PyObject *comm) {
-    PyObject *v = PyObject_GetAttr(comm, s_fast);
-    if (v == NULL) return -1;
-    int fast = v == Py_True;
-    Py_DECREF(v);
-    if (!fast) return 0;
-    if ((v = PyObject_GetAttr(comm, s_worker)) == NULL) return -1;
-    Py_DECREF(v);
-    if (v != Py_None) return 0;
-    PyObject *path = PyObject_GetAttr(comm, s_path), *dflt = path ? PyObject_GetAttr(comm, s_default_path) : NULL;
-    int rc = dflt == NULL ? -1 : path == dflt ? 1 : PyObject_SetAttr(comm, s_path, dflt) < 0 ? -1 : 1;
-    Py_XDECREF(path);
-    Py_XDECREF(dflt);
-    return rc;
-}
-
-static PyObject *method_vectorcall(PreparedMethod *m, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
-    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    Py_ssize_t ndefaults = PyTuple_GET_SIZE(m->defaults);
-    PyObject *params[METHOD_MAX_PARAMS] = {NULL};
-    if (nargs < 1 || nargs - 1 > m->nparams) goto slow;
-    PyObject *comm = args[0];
-    for (int i = 0; i < nargs - 1; i++) params[i] = args[i + 1];
-    Py_ssize_t nkw = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
-    for (Py_ssize_t k = 0; k < nkw; k++) {        /* the operation's own parameters by name */
-        PyObject *kw = PyTuple_GET_ITEM(kwnames, k);
-        int i = 0;
-        while (i < m->nparams && PyTuple_GET_ITEM(m->params, i) != kw &&
-               PyUnicode_Compare(PyTuple_GET_ITEM(m->params, i), kw) != 0)
-            i++;
-        if (i == m->nparams || params[i] != NULL) goto slow;    /* async_op, path, a repeat: Python's */
-        params[i] = args[nargs + k];
-    }
-    for (int i = 0; i < m->nparams; i++) {
-        if (params[i] != NULL) continue;
-        if (i < m->nparams - ndefaults) goto slow;               /* missing: Python raises */
-        params[i] = PyTuple_GET_ITEM(m->defaults, i - (m->nparams - ndefaults));
-    }
-    int now = native_now(comm);
-    if (now < 0) return NULL;
-    if (!now) goto slow;
-    PyObject *entry = prepared_entry(m, comm, params);
-    if (entry == NULL) {
-        if (PyErr_Occurred()) return NULL;
-        goto slow;
-    }
-    PyObject *eargs = PyObject_GetAttr(entry, s_args);
-    Py_DECREF(entry);
-    if (eargs == NULL) return NULL;
-    PyObject *r = NULL;
-    if (m->kind == METHOD_SENDRECV) {
-        r = p2p_replay_impl(eargs);
-        if (r != NULL && r != Py_None) {
-            PyObject *cont = PyObject_CallMethodObjArgs(comm, s_p2p_replayed, eargs, r, params[0], params[1],
-                                                        params[2], params[3], NULL);
-            Py_DECREF(r);
-            r = cont;
-        }
-        Py_DECREF(eargs);
-        if (r == NULL) return NULL;
-        Py_DECREF(r);
-        Py_RETURN_NONE;
-    }
-    PyObject *rp = PyTuple_Check(eargs) && PyTuple_GET_SIZE(eargs) ? PyTuple_GET_ITEM(eargs, PyTuple_GET_SIZE(eargs) - 1)
-                                                                   : Py_None;
-    Py_INCREF(rp);
-    Py_DECREF(eargs);
-    if (rp == Py_None) { Py_DECREF(rp); goto slow; }
-    PyObject *call = PyObject_GetAttr(rp, s_call);
-    if (call != NULL) {
-        r = replay_impl(comm, call);
-        Py_DECREF(call);
-        if (r != NULL && r != Py_None && PyLong_AsLong(PyTuple_GET_ITEM(r, 0)) == MESH_NOT_RUN) {
-            Py_DECREF(r);
-            Py_DECREF(rp);
-            goto slow;                    /* debug logging: the Python operation, which logs */
-        }
-        if (r != NULL && r != Py_None) {
-            PyObject *cont = PyObject_CallMethodObjArgs(comm, s_replayed, rp, r, NULL);
-            Py_DECREF(r);
-            r = cont;
-        }
-    }
-    Py_DECREF(rp);
-    if (r == NULL) return NULL;
-    Py_DECREF(r);
-    Py_RETURN_NONE;
-slow:
-    if (nargs < 1) { PyErr_SetString(PyExc_TypeError, "needs the communicator"); return NULL; }
-    PyObject *f = PyObject_GetAttr(args[0], m->slow);
-    if (f == NULL) return NULL;
-    PyObject *res = PyObject_Vectorcall(f, args + 1, nargs - 1, kwnames);
-    Py_DECREF(f);
-    return res;
-}
-
-static void method_dealloc(PreparedMethod *m) {
-    Py_XDECREF(m->name);
-    Py_XDECREF(m->slow);
-    Py_XDECREF(m->defaults);
-    Py_XDECREF(m->wrapped);
-    Py_XDECREF(m->params);
-    Py_TYPE(m)->tp_free((PyObject *)m);
-}
-
-static PyObject *method_doc(PreparedMethod *m, void *closure) { return PyObject_GetAttrString(m->wrapped, "__doc__"); }
-static PyObject *method_wrapped(PreparedMethod *m, void *closure) { return Py_NewRef(m->wrapped); }
-static PyObject *method_name(PreparedMethod *m, void *closure) { return Py_NewRef(m->name); }
-
-static PyGetSetDef method_getset[] = {
-    {"__doc__", (getter)method_doc, NULL, NULL, NULL},
-    {"__name__", (getter)method_name, NULL, NULL, NULL},
-    {"__wrapped__", (getter)method_wrapped, NULL, NULL, NULL},     /* inspect.signature follows it */
-    {NULL, NULL, NULL, NULL, NULL},
-};
-
-static PyTypeObject PreparedMethodType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "stratacl.runtime._native.PreparedMethod",
-    .tp_basicsize = sizeof(PreparedMethod),
-    .tp_dealloc = (destructor)method_dealloc,
-    .tp_vectorcall_offset = offsetof(PreparedMethod, vectorcall),
-    .tp_call = PyVectorcall_Call,
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL,
-    .tp_getset = method_getset,
-    .tp_doc = "An operation's prepared common case as a method (see _native.c).",
-};
-
-/* prepared_method(name, params, spec, defaults, slow, kind, op) -> an instancemethod for a
- * class body: `name` the operation (the key's first item), `params` its parameters' names,
- * `spec` their kinds (see above), `defaults` the trailing parameters' defaults, `slow` the
- * attribute of the Python operation, `kind` METHOD_MESH or METHOD_SENDRECV, `op` the Python
- * operation (its docstring and signature are the method's). */
-static PyObject *prepared_method(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 7 || !PyUnicode_Check(args[0]) || !PyTuple_Check(args[1]) || !PyUnicode_Check(args[2]) ||
-        !PyTuple_Check(args[3]) || !PyUnicode_Check(args[4])) {
-        PyErr_SetString(PyExc_TypeError, "prepared_method(name, params, spec, defaults, slow, kind, op)");
-        return NULL;
-    }
-    PyObject *name = args[0], *names = args[1], *defaults = args[3], *slow = args[4], *op = args[6];
-    const char *spec = PyUnicode_AsUTF8(args[2]);
-    int kind = (int)PyLong_AsLong(args[5]);
-    if (spec == NULL || (kind == -1 && PyErr_Occurred())) return NULL;
-    size_t np = strlen(spec);
-    if (np > METHOD_MAX_PARAMS || strspn(spec, "as") != np || PyTuple_GET_SIZE(defaults) > (Py_ssize_t)np ||
-        PyTuple_GET_SIZE(names) != (Py_ssize_t)np || (kind != METHOD_MESH && kind != METHOD_SENDRECV) ||
-        (kind == METHOD_SENDRECV && strcmp(spec, "asas"))) {
-        PyErr_SetString(PyExc_ValueError, "prepared_method: bad params, spec, defaults or kind");
-        return NULL;
-    }
-    PreparedMethod *m = PyObject_New(PreparedMethod, &PreparedMethodType);
-    if (m == NULL) return NULL;
-    m->vectorcall = (vectorcallfunc)method_vectorcall;
-    strcpy(m->spec, spec);
-    m->nparams = (int)np;
-    m->kind = kind;
-    m->name = Py_NewRef(name);
-    m->defaults = Py_NewRef(defaults);
-    m->wrapped = Py_NewRef(op);
-    m->slow = Py_NewRef(slow);
-    PyUnicode_InternInPlace(&m->slow);
-    m->params = PyTuple_New((Py_ssize_t)np);
-    for (size_t i = 0; m->params != NULL && i < np; i++) {
-        PyObject *interned = Py_NewRef(PyTuple_GET_ITEM(names, i));
-        PyUnicode_InternInPlace(&interned);
-        PyTuple_SET_ITEM(m->params, i, interned);
-    }
-    if (m->params == NULL) { Py_DECREF(m); return NULL; }
-    PyObject *method = PyInstanceMethod_New((PyObject *)m);
-    Py_DECREF(m);
-    return method;
 }
 
 /* data_address(array) -> the address of the first byte of any buffer-protocol object. */
@@ -1396,28 +769,6 @@ PyMODINIT_FUNC PyInit__native(void) {
     PyObject *m = PyModule_Create(&moduledef);
     if (m == NULL) return NULL;
     PyModule_AddIntConstant(m, "MAP_FIXED_NOREPLACE", MAP_FIXED_NOREPLACE);
-    static PyMethodDef barrier_def = {
-        "barrier", (PyCFunction)(void (*)(void))barrier_call, METH_FASTCALL | METH_KEYWORDS,
-        "barrier($self, /, *, async_op=False, path=None)\n--\n\n"
-        "Block until every rank of the communicator has called barrier. Collective."};
-    struct { PyObject **slot; const char *name; } names[] = {
-        {&s_worker, "_worker"}, {&s_fast, "_native_calls"}, {&s_calls, "_calls"}, {&s_syncs, "_syncs"},
-        {&s_cx, "_cx"}, {&s_counts, "_call_counts"}, {&s_slow, "_barrier"},
-        {&s_barrier, "barrier"}, {&s_send, "send"}, {&s_recv, "recv"}, {&s_local, "local"}, {&s_pulled, "pulled"}, {&s_written, "written"}, {&s_bytes_eager, "bytes_eager"},
-        {&s_prepared, "_prepared"}, {&s_entries, "_entries"}, {&s_refs, "_refs"}, {&s_layouts, "_layouts"},
-        {&s_args, "args"}, {&s_call, "call"}, {&s_shape, "shape"}, {&s_strides, "strides"}, {&s_dtype, "dtype"},
-        {&s_flags, "flags"}, {&s_writeable, "writeable"}, {&s_path, "_path"}, {&s_default_path, "_default_path"},
-        {&s_replayed, "_replayed"}, {&s_p2p_replayed, "_p2p_replayed"}};
-    if ((_one = PyLong_FromLong(1)) == NULL) return NULL;
-    PyModule_AddIntConstant(m, "MESH_NOT_RUN", MESH_NOT_RUN);
-    PyModule_AddIntConstant(m, "METHOD_MESH", METHOD_MESH);
-    PyModule_AddIntConstant(m, "METHOD_SENDRECV", METHOD_SENDRECV);
-    if (PyType_Ready(&PreparedMethodType) < 0) return NULL;
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
-        if ((*names[i].slot = PyUnicode_InternFromString(names[i].name)) == NULL) return NULL;
-    PyObject *fn = PyCFunction_New(&barrier_def, NULL);
-    PyObject *method = fn == NULL ? NULL : PyInstanceMethod_New(fn);
-    Py_XDECREF(fn);
-    if (method == NULL || PyModule_AddObject(m, "barrier_method", method) < 0) { Py_XDECREF(method); return NULL; }
+    if (replay_init(m) < 0) return NULL;
     return m;
 }

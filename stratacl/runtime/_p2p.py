@@ -103,7 +103,7 @@ class PointToPoint:
         if r is not None:
             self._p2p_replayed(call, r, x, dst, out, src)
 
-    # The prepared common case is native (_native.c, PreparedMethod); it calls _sendrecv for
+    # The prepared common case is native (_replay.c, PreparedMethod); it calls _sendrecv for
     # anything else.
     _sendrecv = sendrecv
     sendrecv = _native.prepared_method("sendrecv", ("x", "dst", "out", "src"), "asas", (), "_sendrecv",

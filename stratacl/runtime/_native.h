@@ -1,0 +1,58 @@
+/*
+ * What the two sources of stratacl.runtime._native share (internal; not installed).
+ *
+ *   _native.c   atomics, futexes, the communicators' barriers and descriptors, one
+ *               point-to-point call (p2p_core) and one full-mesh call (mesh_core) in native
+ *               code, mappings; the module and its method table
+ *   _replay.c   the common case of a repeated call with no Python: the barrier as a method,
+ *               prepared calls replayed (replay, p2p_replay) and operations as methods
+ *               (prepared_method)
+ */
+#ifndef STRATACL_NATIVE_H
+#define STRATACL_NATIVE_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+
+#include "../collectives/_kernels.h"
+
+/* A communicator hands its addresses over once, as an int64 array `cx`:
+ *   [CX_COUNTER] barrier counter   [CX_GEN] futex word   [CX_ARRIVAL] this rank's arrival word
+ *   [CX_N] members   [CX_ME] this rank's index   [CX_DESC + p*n + i] member i's descriptor, parity p
+ * Descriptor fields are the F_* indices of runtime/_control.py. */
+enum { CX_COUNTER, CX_GEN, CX_ARRIVAL, CX_N, CX_ME, CX_DESC };
+enum { F_OP, F_DTYPE, F_COUNT, F_ROOT, F_REDOP, F_FLAGS, F_ADDR, F_NBYTES, F_SEG_VA, F_SEG_SIZE,
+       F_SEG_OFF, F_EPOCH, F_AUX0, F_AUX1, F_AUX2, F_CALL, DESC_FIXED };
+
+/* A communicator's per-peer point-to-point words, (n, PX_WORDS) addresses (runtime/_p2p.py),
+ * and the stages where p2p_core stops. */
+enum { PX_SEND_DESC, PX_SEND_FLAG, PX_RECV_FLAG, PX_RECV_DESC, PX_RECV_STATUS, PX_RECV_DONE, PX_SENT_DONE,
+       PX_SENT_STATUS, PX_WORDS };
+enum { P2P_DONE, P2P_RECV_WAIT, P2P_RECV_CHECK, P2P_SEND_WAIT };
+
+/* The stages where mesh_core stops, and the departures of a full-mesh call (see mesh()). */
+enum { MESH_DONE, MESH_ENTER_WAIT, MESH_DISAGREE, MESH_SOURCES, MESH_DEPART, MESH_MIDDLE };
+enum { MESH_NO_DEPARTURE, MESH_BARRIER, MESH_ROOT_READER, MESH_ROOT };
+
+extern const StrataKernelsApi *kernels;
+int load_kernels(void);
+int get_i64_buffer(PyObject *o, Py_buffer *view, int writable, const char *what);
+int barrier(const int64_t *cx, uint64_t k, long polls, double seconds);
+int descriptors_agree(const int64_t *cx, int parity);
+int p2p_core(const int64_t *w, int64_t n, long me, long dst, uint32_t send_seq, const int64_t *fields, long src,
+             uint32_t recv_seq, int dtype, long long count, long long itemsize, int64_t out_addr,
+             const int64_t *plan, Py_ssize_t rows, int64_t *b, const int64_t *rd, long polls, double seconds);
+int mesh_core(const int64_t *c, int parity, uint64_t k, long polls, double seconds, const int64_t *fields,
+              const int64_t *rd, int64_t *b, uint64_t own, long only, const int64_t *plan, Py_ssize_t rows,
+              const int64_t *plan2, Py_ssize_t rows2, int dtype, int redop, double divisor, int departure,
+              uint32_t *word, uint32_t target, int64_t *skipped, const char **err);
+
+/* _replay.c */
+PyObject *set_barrier(PyObject *self, PyObject *const *args, Py_ssize_t n);
+PyObject *replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *p2p_replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *prepared_method(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+int replay_init(PyObject *module);     /* the barrier method, constants, interned names: 0 or -1 */
+
+#endif
