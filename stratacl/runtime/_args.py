@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import _native
+
 
 def _expect(cond: bool, message, kind: type = ValueError) -> None:
     """Raise ``kind(message)`` unless ``cond``; ``message`` may be a callable, built only on failure."""
@@ -22,3 +24,18 @@ def _flat(a: np.ndarray, operation: str, what: str, writable: bool = False) -> n
 
 def _copy_back(x: np.ndarray, flat: np.ndarray) -> None:
     x[...] = flat.reshape(x.shape)
+
+
+def _fixed_address(a: np.ndarray, shape: tuple[int | None, ...]) -> int:
+    """The address of an int64 array a native replay will read without asking for it (the
+    replay's call holds the array): C-contiguous, ``shape`` (None: any extent)."""
+    assert a.dtype == np.int64 and a.flags.c_contiguous and a.ndim == len(shape), a
+    assert all(want is None or got == want for got, want in zip(a.shape, shape)), (a.shape, shape)
+    addr = _native.data_address(a)
+    assert addr != 0          # even an empty table has one: its phase's barrier still counts
+    return addr
+
+
+def _fixed_table(t: np.ndarray | None) -> list[int]:
+    """A compiled plan's table for a native replay: [address, rows], [0, 0] for none."""
+    return [_fixed_address(t, (None, 8)), t.shape[0]] if t is not None else [0, 0]

@@ -46,7 +46,7 @@ from ..collectives import _reduce, _slices
 from ..collectives._schedule import EAGER_CHUNKS_READ
 from ..collectives._slices import OUT, SCRATCH
 from . import _native
-from ._args import _copy_back, _expect, _flat
+from ._args import _copy_back, _expect, _fixed_address, _fixed_table, _flat
 from ._buffers import EAGER_BYTES, Buffers, _Input
 from ._control import (DESC_FIXED, F_ADDR, F_AUX0, F_AUX1, F_AUX2, F_CALL, F_COUNT, F_DTYPE, F_EPOCH, F_FLAGS,
                        F_NBYTES, F_OP, F_REDOP, F_ROOT, F_SEG_OFF, F_SEG_SIZE, F_SEG_VA, FLAG_REJECTED, Layout)
@@ -360,14 +360,9 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
             word = self._rt.ctl.base + self._slot_offs[root] + self._lay.slot_root_done()
         moved = [(p.local, p.remote, p.written) if p is not None else (0, 0, 0) for p in (plan, plan2)]
         tables = [p.table if p is not None else None for p in (plan, plan2)]
-        for a in (self._cx, self._ready, self._bases, *tables):     # what _native.replay reads without asking
-            assert a is None or (a.dtype == np.int64 and a.flags.c_contiguous), a
-        assert self._ready.shape == (self.size, 2) and self._bases.shape == (3, self.size)
-        assert all(t is None or t.shape[1] == 8 for t in tables)
-        arrays = [_native.data_address(self._cx), _native.data_address(self._ready), _native.data_address(self._bases)]
-        for t in tables:               # a table with no rows still has an address: its phase's barrier counts
-            arrays += [_native.data_address(t), t.shape[0]] if t is not None else [0, 0]
-            assert t is None or arrays[-2] != 0
+        n = self.size
+        arrays = [_fixed_address(self._cx, (None,)), _fixed_address(self._ready, (n, 2)),
+                  _fixed_address(self._bases, (3, n)), *_fixed_table(tables[0]), *_fixed_table(tables[1])]
         rows, meshes = [], []
         for parity in (0, 1):
             src, nbytes = 0, 0
@@ -383,6 +378,17 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
         call = (params, self._cx, self._ready, self._bases, tables[0], tables[1], float(divisor), self._root_calls,
                 self.counters, self._call_counts, operation, self._rt.stats, _native.data_address(params))
         return Replay(call, tuple(meshes), word)
+
+    def _replay(self, replay: "Replay") -> bool:
+        """Run a prepared call in one native call, and on from wherever that stopped. False
+        when it did nothing (debug logging: the operation's Python path runs, and logs). The
+        native methods (``_native_method``) do the same without this frame."""
+        r = _native.replay(self, replay.call)
+        if r is not None:
+            if r[0] == _native.MESH_NOT_RUN:
+                return False
+            self._replayed(replay, r)
+        return True
 
     def _replayed(self, replay: "Replay", r: tuple) -> None:
         """A prepared call on from wherever _native.replay stopped (``r``: what it returned,
@@ -512,14 +518,8 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
         key = (op, id(out), id(x)) if self._path is self._default_path else None
         code, algo, eager, inp, plan, out_addr, target, replay = self._prepared.get(
             key, (out, x), self._check_all_gather, out, x)
-        if replay is not None:         # prepared: the whole call in one native call
-            r = _native.replay(self, replay.call)
-            if r is None:
-                return
-            if r[0] != _native.MESH_NOT_RUN:
-                self._replayed(replay, r)
-                return
-            # debug logging: the Python path below, which logs
+        if replay is not None and self._replay(replay):
+            return
         me, n, nb = self.rank, self.size, x.nbytes
         if eager:
             inp = self._eager_input(_flat(x, op, "input"))
@@ -583,14 +583,8 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
         op = "all_to_all"
         key = (op, id(out), id(x)) if self._path is self._default_path else None
         code, inp, plan, out_addr, target, replay = self._prepared.get(key, (out, x), self._check_all_to_all, out, x)
-        if replay is not None:         # prepared: the whole call in one native call
-            r = _native.replay(self, replay.call)
-            if r is None:
-                return
-            if r[0] != _native.MESH_NOT_RUN:
-                self._replayed(replay, r)
-                return
-            # debug logging: the Python path below, which logs
+        if replay is not None and self._replay(replay):
+            return
         self._bases[OUT, self.rank] = out_addr
         parity = self._mesh(op, inp, plan, MESH_BARRIER, code, x.size)
         if target is not None:
@@ -681,14 +675,8 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
         op = "broadcast"
         key = (op, id(x), root) if type(root) is int and self._path is self._default_path else None
         code, inp, plan, target, replay = self._prepared.get(key, (x,), self._check_broadcast, x, root)
-        if replay is not None:         # prepared: the whole call in one native call
-            r = _native.replay(self, replay.call)
-            if r is None:
-                return
-            if r[0] != _native.MESH_NOT_RUN:
-                self._replayed(replay, r)
-                return
-            # debug logging: the Python path below, which logs
+        if replay is not None and self._replay(replay):
+            return
         # a reader pulls into its own buffer, which it names as its input (bases[IN, me])
         parity = self._mesh(op, inp, plan, MESH_ROOT if self.rank == root else MESH_ROOT_READER, code, x.size,
                             root, only=root)
@@ -739,14 +727,8 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
         key = (name, id(out), id(x), op) if type(op) is str and self._path is self._default_path else None
         code, rcode, algo, inp, plan, out_addr, target, replay = self._prepared.get(
             key, (out, x), self._check_reduce_scatter, out, x, op)
-        if replay is not None:         # prepared: the whole call in one native call
-            r = _native.replay(self, replay.call)
-            if r is None:
-                return
-            if r[0] != _native.MESH_NOT_RUN:
-                self._replayed(replay, r)
-                return
-            # debug logging: the Python path below, which logs
+        if replay is not None and self._replay(replay):
+            return
         me, n, count, item = self.rank, self.size, x.size, x.itemsize
         self._bases[OUT, me] = out_addr
         if algo == "ring":
@@ -815,14 +797,8 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
         key = (name, id(x), op) if type(op) is str and self._path is self._default_path else None
         code, rcode, algo, eager, inp, first, second, out_addr, target, replay = self._prepared.get(
             key, (x,), self._check_all_reduce, x, op)
-        if replay is not None:         # prepared: the whole call in one native call
-            r = _native.replay(self, replay.call)
-            if r is None:
-                return
-            if r[0] != _native.MESH_NOT_RUN:
-                self._replayed(replay, r)
-                return
-            # debug logging: the Python path below, which logs
+        if replay is not None and self._replay(replay):
+            return
         n, me, count, item = self.size, self.rank, x.size, x.itemsize
         bases = self._bases
         if eager:

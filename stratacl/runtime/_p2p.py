@@ -22,7 +22,7 @@ from ..collectives import _reduce, _slices
 from ..collectives._slices import IN, OUT
 from ..ub._rankclock import to_bits, us_from_bits
 from . import _native
-from ._args import _flat
+from ._args import _fixed_address, _fixed_table, _flat
 from ._control import (F_ADDR, F_AUX0, F_AUX1, F_COUNT, F_DTYPE, F_EPOCH, F_FLAGS,
                        F_SEG_OFF, F_SEG_SIZE, F_SEG_VA, FLAG_REJECTED, P2P_DESC, Layout)
 from ._sync import SLICE, SPIN_POLLS, WAKE_ALL, seq_reached, wait_until
@@ -138,13 +138,9 @@ class PointToPoint:
         fields = _send_descriptor(code, x.size, inp, False, 0, 0)
         dtype, count, itemsize, out_addr, table = native
         moved = (plan.local, plan.remote, plan.written) if plan is not None else (0, 0, 0)
-        # _native.p2p_replay reads these arrays at their addresses, without asking for them
-        for a in (self._px, self._bases, self._ready, table):
-            assert a is None or (a.dtype == np.int64 and a.flags.c_contiguous and a.ndim == 2), a
-        assert self._px.shape[0] == self.size and self._bases.shape == (3, self.size)
-        assert self._ready.shape == (self.size, 2) and (table is None or table.shape[1] == 8)
-        arrays = [_native.data_address(a) for a in (self._px, self._bases, self._ready)]
-        arrays += [_native.data_address(table), table.shape[0]] if table is not None else [0, 0]
+        n = self.size
+        arrays = [_fixed_address(self._px, (n, None)), _fixed_address(self._bases, (3, n)),
+                  _fixed_address(self._ready, (n, 2)), *_fixed_table(table)]
         params = np.array([*fields, self.rank, dst, src, dtype, count, itemsize, out_addr, self.size, *arrays, *moved],
                           dtype=np.int64)
         return (params, self._px, self._bases, self._ready, table, self._sent, self._received, self.counters,
