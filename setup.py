@@ -1,4 +1,5 @@
 """Build hook for the native modules; everything else is declared in pyproject.toml."""
+import numpy
 from setuptools import Extension, setup
 
 setup(
@@ -7,6 +8,8 @@ setup(
             "stratacl.runtime._native",
             sources=["stratacl/runtime/_native.c", "stratacl/runtime/_replay.c"],
             depends=["stratacl/runtime/_native.h", "stratacl/collectives/_kernels.h"],
+            # _replay.c reads numpy's array struct (its header only: no numpy C API table)
+            include_dirs=[numpy.get_include()],
             # the functions the two sources share stay out of the module's exported symbols
             extra_compile_args=["-O2", "-fvisibility=hidden"],
         ),

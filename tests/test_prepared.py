@@ -331,3 +331,28 @@ def test_prepared_operations_are_native_methods():
         assert out["numpy root, path="] == ["broadcast", "all_gather"], (rank, out)
         assert out["sdma bytes after path="] == 0 and out["path reset"], (rank, out)
         assert out["errors"] == ["TypeError"] * 3, (rank, out)
+
+
+def same_call_on_two_communicators(comm):
+    """The native method remembers the last call it found (_replay.c, same_as_last): the same
+    array and root on the world and on a sub-communicator, alternating, must each replay their
+    own communicator's call; and a root equal in value but another object is the same call."""
+    n, me = comm.size, comm.rank
+    sub = comm.split(me % 2, me)
+    x = stratacl.empty((BIG,), np.float32)
+    bad = []
+    for it in range(4):
+        for c in (comm, sub, comm, sub):
+            x[:] = _values(me, it, BIG, np.float32)
+            root = int("1") if it % 2 else 1          # a new int object every other round
+            c.broadcast(x, root)
+            owner = root if c is comm else 2 * root + me % 2      # sub's rank 1, as a world rank
+            if x.tobytes() != _values(owner, it, BIG, np.float32).tobytes():
+                bad.append(f"{'world' if c is comm else 'sub'} round {it}: rank {owner}'s bytes expected")
+    sub.barrier()
+    return bad
+
+
+def test_the_last_call_remembered_is_per_communicator():
+    for rank, bad in enumerate(stratacl.spawn(same_call_on_two_communicators, 4, timeout=60)):
+        assert bad == [], f"rank {rank}: {bad}"

@@ -14,6 +14,12 @@
 #include <stddef.h>
 #include <string.h>
 
+/* numpy's array struct is read directly (shape, strides, dtype, flags): the attributes would
+ * build tuples and a flags object on every call. Only the struct's accessors are used, no
+ * numpy C API table, so no import_array. */
+#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#include <numpy/ndarraytypes.h>
+
 /* ---- the barrier as a method ----------------------------------------------------------------
  * Communicator.barrier is `barrier_method`, bound like a Python function (an instancemethod).
  * At N = 32 on two cores every microsecond of a rank's Python costs about 16 of the barrier's,
@@ -385,24 +391,48 @@ PyObject *replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
 enum { METHOD_MESH, METHOD_SENDRECV };
 #define METHOD_MAX_PARAMS 4
 
+/* The last entry found (`last`) is kept with a weak reference to its communicator and the
+ * call's parameters: a loop that repeats one call finds its entry without building the key or
+ * looking it up. The arrays are kept as plain pointers, compared by identity only (the entry's
+ * weak references then prove they are the entry's arrays); the scalars are kept as references,
+ * so that a pointer can never stand for a different value. */
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
     PyObject *name, *slow, *defaults, *wrapped, *params;
+    PyObject *last, *last_comm, *last_params[METHOD_MAX_PARAMS];
     char spec[METHOD_MAX_PARAMS + 1];
     int nparams, kind;
 } PreparedMethod;
 
-static PyObject *s_prepared, *s_entries, *s_refs, *s_layouts, *s_args, *s_call, *s_shape, *s_strides, *s_dtype;
-static PyObject *s_flags, *s_writeable, *s_path, *s_default_path, *s_replayed, *s_p2p_replayed;
+static PyObject *s_prepared, *s_entries, *s_refs, *s_layouts, *s_args, *s_call;
+static PyObject *s_path, *s_default_path, *s_replayed, *s_p2p_replayed;
 
-/* 1 if attribute `name` of `a` equals `want`, 0 if not, -1 with an exception set. */
-static int attr_equals(PyObject *a, PyObject *name, PyObject *want) {
-    PyObject *v = PyObject_GetAttr(a, name);
-    if (v == NULL) return -1;
-    int eq = v == want ? 1 : PyObject_RichCompareBool(v, want, Py_EQ);
-    Py_DECREF(v);
-    return eq;
+static PyTypeObject *ndarray_type;        /* numpy.ndarray, set by prepared_method */
+
+/* 1 if tuple `t` holds exactly the nd integers v, 0 if not, -1 with an exception set. */
+static int tuple_is(PyObject *t, const npy_intp *v, int nd) {
+    if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != nd) return 0;
+    for (int i = 0; i < nd; i++) {
+        Py_ssize_t x = PyLong_AsSsize_t(PyTuple_GET_ITEM(t, i));
+        if (x == -1 && PyErr_Occurred()) return -1;
+        if (x != v[i]) return 0;
+    }
+    return 1;
+}
+
+/* 1 if array `a` still has `layout` (_prepared._layout: shape, strides, dtype, writeable), 0 if
+ * not, -1 with an exception set. */
+static int layout_holds(PyObject *a, PyObject *layout) {
+    if (!PyObject_TypeCheck(a, ndarray_type) || !PyTuple_Check(layout) || PyTuple_GET_SIZE(layout) != 4) return 0;
+    PyArrayObject *arr = (PyArrayObject *)a;
+    int nd = PyArray_NDIM(arr), ok;
+    if ((ok = tuple_is(PyTuple_GET_ITEM(layout, 0), PyArray_DIMS(arr), nd)) != 1) return ok;
+    if ((ok = tuple_is(PyTuple_GET_ITEM(layout, 1), PyArray_STRIDES(arr), nd)) != 1) return ok;
+    PyObject *dtype = (PyObject *)PyArray_DESCR(arr), *want = PyTuple_GET_ITEM(layout, 2);
+    if (dtype != want && (ok = PyObject_RichCompareBool(dtype, want, Py_EQ)) != 1) return ok;
+    PyObject *writeable = PyArray_FLAGS(arr) & NPY_ARRAY_WRITEABLE ? Py_True : Py_False;
+    return PyTuple_GET_ITEM(layout, 3) == writeable;
 }
 
 /* PreparedCall.holds: every array is the entry's, with the same shape, strides, dtype, writability. */
@@ -411,33 +441,59 @@ static int entry_holds(PyObject *entry, PyObject *const *arrays, int n) {
     int ok = layouts != NULL && PyTuple_Check(refs) && PyTuple_Check(layouts) && PyTuple_GET_SIZE(refs) == n &&
              PyTuple_GET_SIZE(layouts) == n ? 1 : (layouts == NULL ? -1 : 0);
     for (int i = 0; ok == 1 && i < n; i++) {
-        PyObject *a = arrays[i], *layout = PyTuple_GET_ITEM(layouts, i);
-        if (PyWeakref_GetObject(PyTuple_GET_ITEM(refs, i)) != a || !PyTuple_Check(layout) ||
-            PyTuple_GET_SIZE(layout) != 4) { ok = 0; break; }
-        if ((ok = attr_equals(a, s_shape, PyTuple_GET_ITEM(layout, 0))) != 1) break;
-        if ((ok = attr_equals(a, s_strides, PyTuple_GET_ITEM(layout, 1))) != 1) break;
-        if ((ok = attr_equals(a, s_dtype, PyTuple_GET_ITEM(layout, 2))) != 1) break;
-        PyObject *flags = PyObject_GetAttr(a, s_flags);
-        ok = flags == NULL ? -1 : attr_equals(flags, s_writeable, PyTuple_GET_ITEM(layout, 3));
-        Py_XDECREF(flags);
+        if (PyWeakref_GetObject(PyTuple_GET_ITEM(refs, i)) != arrays[i]) ok = 0;
+        else ok = layout_holds(arrays[i], PyTuple_GET_ITEM(layouts, i));
     }
     Py_XDECREF(refs);
     Py_XDECREF(layouts);
     return ok;
 }
 
+/* 1 if this call has the parameters of the last entry found, on the same communicator. */
+static int same_as_last(PreparedMethod *m, PyObject *comm, PyObject *const *params) {
+    if (m->last == NULL || PyWeakref_GetObject(m->last_comm) != comm) return 0;
+    for (int i = 0; i < m->nparams; i++) {
+        if (params[i] == m->last_params[i]) continue;
+        if (m->spec[i] == 'a' || Py_TYPE(params[i]) != Py_TYPE(m->last_params[i]) ||
+            PyObject_RichCompareBool(params[i], m->last_params[i], Py_EQ) != 1) {
+            PyErr_Clear();
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* Remember `entry` as the last one found, for `comm` and `params`. */
+static void remember(PreparedMethod *m, PyObject *comm, PyObject *const *params, PyObject *entry) {
+    if (m->last_comm == NULL || PyWeakref_GetObject(m->last_comm) != comm) {
+        PyObject *ref = PyWeakref_NewRef(comm, NULL);
+        if (ref == NULL) { PyErr_Clear(); return; }          /* not weakly referenceable: no memory */
+        Py_XSETREF(m->last_comm, ref);
+    }
+    for (int i = 0; i < m->nparams; i++) {
+        if (m->spec[i] == 's') Py_XSETREF(m->last_params[i], Py_NewRef(params[i]));
+        else m->last_params[i] = params[i];
+    }
+    Py_XSETREF(m->last, Py_NewRef(entry));
+}
+
 /* The prepared entry of this call (a new reference), NULL without an exception when there is
  * none to replay, NULL with one on an error. */
 static PyObject *prepared_entry(PreparedMethod *m, PyObject *comm, PyObject *const *params) {
-    PyObject *key = PyTuple_New(m->nparams + 1), *arrays[METHOD_MAX_PARAMS];
+    PyObject *arrays[METHOD_MAX_PARAMS];
+    int narrays = 0, ok;
+    for (int i = 0; i < m->nparams; i++)
+        if (m->spec[i] == 'a') arrays[narrays++] = params[i];
+    if (same_as_last(m, comm, params)) {        /* else, or if it no longer holds: look it up */
+        if ((ok = entry_holds(m->last, arrays, narrays)) == 1) return Py_NewRef(m->last);
+        if (ok < 0) return NULL;
+    }
+    PyObject *key = PyTuple_New(m->nparams + 1);
     if (key == NULL) return NULL;
-    Py_INCREF(m->name);
-    PyTuple_SET_ITEM(key, 0, m->name);
-    int narrays = 0;
+    PyTuple_SET_ITEM(key, 0, Py_NewRef(m->name));
     for (int i = 0; i < m->nparams; i++) {
         PyObject *v = params[i];
         if (m->spec[i] == 'a') {
-            arrays[narrays++] = v;
             v = PyLong_FromVoidPtr(v);
             if (v == NULL) { Py_DECREF(key); return NULL; }
         } else if (PyLong_CheckExact(v) || PyUnicode_CheckExact(v)) {
@@ -456,8 +512,8 @@ static PyObject *prepared_entry(PreparedMethod *m, PyObject *comm, PyObject *con
     Py_XDECREF(entries);
     Py_DECREF(key);
     if (entry == NULL) return NULL;
-    int ok = entry_holds(entry, arrays, narrays);
-    if (ok != 1) { Py_DECREF(entry); return NULL; }
+    if ((ok = entry_holds(entry, arrays, narrays)) != 1) { Py_DECREF(entry); return NULL; }
+    remember(m, comm, params, entry);
     return entry;
 }
 
@@ -565,6 +621,10 @@ static void method_dealloc(PreparedMethod *m) {
     Py_XDECREF(m->defaults);
     Py_XDECREF(m->wrapped);
     Py_XDECREF(m->params);
+    Py_XDECREF(m->last);
+    Py_XDECREF(m->last_comm);
+    for (int i = 0; i < m->nparams; i++)
+        if (m->spec[i] == 's') Py_XDECREF(m->last_params[i]);
     Py_TYPE(m)->tp_free((PyObject *)m);
 }
 
@@ -603,6 +663,14 @@ PyObject *prepared_method(PyObject *self, PyObject *const *args, Py_ssize_t narg
         return NULL;
     }
     PyObject *name = args[0], *names = args[1], *defaults = args[3], *slow = args[4], *op = args[6];
+    if (ndarray_type == NULL) {
+        PyObject *numpy = PyImport_ImportModule("numpy");
+        PyObject *t = numpy == NULL ? NULL : PyObject_GetAttrString(numpy, "ndarray");
+        Py_XDECREF(numpy);
+        if (t == NULL) return NULL;
+        if (!PyType_Check(t)) { Py_DECREF(t); PyErr_SetString(PyExc_TypeError, "numpy.ndarray is not a type"); return NULL; }
+        ndarray_type = (PyTypeObject *)t;
+    }
     const char *spec = PyUnicode_AsUTF8(args[2]);
     int kind = (int)PyLong_AsLong(args[5]);
     if (spec == NULL || (kind == -1 && PyErr_Occurred())) return NULL;
@@ -616,6 +684,8 @@ PyObject *prepared_method(PyObject *self, PyObject *const *args, Py_ssize_t narg
     PreparedMethod *m = PyObject_New(PreparedMethod, &PreparedMethodType);
     if (m == NULL) return NULL;
     m->vectorcall = (vectorcallfunc)method_vectorcall;
+    m->last = m->last_comm = NULL;
+    memset(m->last_params, 0, sizeof m->last_params);
     strcpy(m->spec, spec);
     m->nparams = (int)np;
     m->kind = kind;
@@ -646,8 +716,7 @@ int replay_init(PyObject *m) {
         {&s_cx, "_cx"}, {&s_counts, "_call_counts"}, {&s_slow, "_barrier"},
         {&s_barrier, "barrier"}, {&s_send, "send"}, {&s_recv, "recv"}, {&s_local, "local"}, {&s_pulled, "pulled"}, {&s_written, "written"}, {&s_bytes_eager, "bytes_eager"},
         {&s_prepared, "_prepared"}, {&s_entries, "_entries"}, {&s_refs, "_refs"}, {&s_layouts, "_layouts"},
-        {&s_args, "args"}, {&s_call, "call"}, {&s_shape, "shape"}, {&s_strides, "strides"}, {&s_dtype, "dtype"},
-        {&s_flags, "flags"}, {&s_writeable, "writeable"}, {&s_path, "_path"}, {&s_default_path, "_default_path"},
+        {&s_args, "args"}, {&s_call, "call"}, {&s_path, "_path"}, {&s_default_path, "_default_path"},
         {&s_replayed, "_replayed"}, {&s_p2p_replayed, "_p2p_replayed"}};
     if ((_one = PyLong_FromLong(1)) == NULL) return -1;
     PyModule_AddIntConstant(m, "MESH_NOT_RUN", MESH_NOT_RUN);
