@@ -356,3 +356,31 @@ def same_call_on_two_communicators(comm):
 def test_the_last_call_remembered_is_per_communicator():
     for rank, bad in enumerate(stratacl.spawn(same_call_on_two_communicators, 4, timeout=60)):
         assert bad == [], f"rank {rank}: {bad}"
+
+
+def after_an_asynchronous_call(comm):
+    """Once a communicator has a worker thread (its first async_op call), every call goes
+    through it in order: a prepared broadcast right after an asynchronous all_gather must not
+    replay natively beside it."""
+    n, me = comm.size, comm.rank
+    x, y = stratacl.empty((BIG,), np.float32), stratacl.empty((n * BIG,), np.float32)
+    z = stratacl.empty((BIG,), np.float32)
+    bad = []
+    z[:] = me
+    comm.broadcast(z, 0)              # prepared before there is a worker
+    for it in range(4):
+        x[:] = _values(me, it, BIG, np.float32)
+        z[:] = _values(me, it + 1, BIG, np.float32)
+        work = comm.all_gather(y, x, async_op=True)
+        comm.broadcast(z, 0)
+        work.wait()
+        if y.tobytes() != np.concatenate([_values(r, it, BIG, np.float32) for r in range(n)]).tobytes():
+            bad.append(f"all_gather {it}")
+        if z.tobytes() != _values(0, it + 1, BIG, np.float32).tobytes():
+            bad.append(f"broadcast {it}")
+    return bad
+
+
+def test_no_native_call_beside_the_worker():
+    for rank, bad in enumerate(stratacl.spawn(after_an_asynchronous_call, 3, timeout=60)):
+        assert bad == [], f"rank {rank}: {bad}"

@@ -25,6 +25,7 @@ per core; the host executes a phase on the calling thread in table order.
 """
 from __future__ import annotations
 
+import array
 import dataclasses
 from typing import Callable, Sequence
 
@@ -94,12 +95,38 @@ def addresses(smap: SliceMap, bases: np.ndarray) -> tuple[np.ndarray, np.ndarray
 
 
 class Counters:
-    """Bytes moved by one rank, for stats(): pulled from peers, copied locally, written to output."""
+    """Bytes moved by one rank, for stats(): copied locally, pulled from peers, written to
+    output. Kept in three int64 words, ``words``, which the native replays add to in place
+    (runtime/_native.h, CTR_*)."""
 
-    __slots__ = ("pulled", "local", "written")
+    __slots__ = ("words",)
 
     def __init__(self):
-        self.pulled = self.local = self.written = 0
+        self.words = array.array("q", bytes(24))
+
+    @property
+    def local(self) -> int:
+        return self.words[0]
+
+    @local.setter
+    def local(self, value: int) -> None:
+        self.words[0] = value
+
+    @property
+    def pulled(self) -> int:
+        return self.words[1]
+
+    @pulled.setter
+    def pulled(self, value: int) -> None:
+        self.words[1] = value
+
+    @property
+    def written(self) -> int:
+        return self.words[2]
+
+    @written.setter
+    def written(self, value: int) -> None:
+        self.words[2] = value
 
 
 class Plans:

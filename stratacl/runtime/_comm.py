@@ -36,6 +36,7 @@ these took a 64-byte broadcast from about 13 to about 5 us of user CPU per rank
 """
 from __future__ import annotations
 
+import array
 import logging
 from typing import TYPE_CHECKING, Sequence
 
@@ -71,6 +72,8 @@ _native.set_barrier(OPS["barrier"], SPIN_POLLS, SLICE, log.isEnabledFor, logging
 MESH_NO_DEPARTURE, MESH_BARRIER, MESH_ROOT_READER, MESH_ROOT = 0, 1, 2, 3
 MESH_DONE, MESH_ENTER_WAIT, MESH_DISAGREE, MESH_SOURCES, MESH_DEPART, MESH_MIDDLE = 0, 1, 2, 3, 4, 5
 MESH_SOURCES_FIRST, MESH_DEPART_FIRST = 6, 7
+# the words of Communicator._tally (_native.h: T_*)
+T_CALLS, T_SYNCS, T_NATIVE = 0, 1, 2
 
 
 _COMPARED = ((F_DTYPE, "dtype"), (F_COUNT, "element count"), (F_ROOT, "root"), (F_REDOP, "reduce op"))
@@ -136,14 +139,14 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
                                    for o in self._slot_offs]) for p in (0, 1)]
         self._desc_addrs = [np.array([base + o + lay.slot_desc(p) for o in self._slot_offs], dtype=np.int64)
                             for p in (0, 1)]
-        # everything the native fast path needs, handed over as one int64 array (_native.c, "cx")
-        self._cx = np.array([self._counter_addr, self._gen_addr, self._arrival_addr, self.size, self.rank,
-                             *self._desc_addrs[0], *self._desc_addrs[1]], dtype=np.int64)
-        self._root_calls = [0] * self.size      # rooted operations per root, for _root_departure
-        self._syncs = 0
-        self._calls = 0
-        self._sent = [0] * self.size
-        self._received = [0] * self.size
+        # The counts native code updates in place, as int64 words (_replay.c): calls, barriers,
+        # whether the native methods may run; rooted operations per root (for _root_departure);
+        # point-to-point sequence numbers per peer. As attributes, each update was a lookup, a
+        # new int object and the old one's free, paid per call and rank.
+        self._tally = array.array("q", [0, 0, int(rt.clock is None)])     # T_CALLS, T_SYNCS, T_NATIVE
+        self._root_calls = array.array("q", bytes(8 * self.size))
+        self._sent = array.array("q", bytes(8 * self.size))
+        self._received = array.array("q", bytes(8 * self.size))
         self._staging = None
         self._ready = np.full((self.size, 2), -1, dtype=np.int64)   # last (seg_va, epoch) checked per member
         self._ready_extra = np.full((self.size, 2), -1, dtype=np.int64)   # the same, for ring extra buffers
@@ -157,16 +160,39 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
         self._eager_slots: dict[tuple, _Input] = {}    # (parity, nbytes, dtype) -> slot
         self._prepared = PreparedCalls()       # checked arguments of repeated calls (_prepared.py)
         self._call_counts = rt.stats["calls"]
-        self._native_calls = rt.clock is None      # the native methods may run (barrier, _native_method)
         self._init_execute()
         self._init_modeling()
         self._init_p2p()
+        # everything the native fast path needs, handed over as one int64 array (_native.h, "cx")
+        self._cx = np.array([self._counter_addr, self._gen_addr, self._arrival_addr, self.size, self.rank,
+                             *(_native.data_address(a) for a in (self._tally, self._root_calls, self._sent,
+                                                                 self._received, self.counters.words)),
+                             *self._desc_addrs[0], *self._desc_addrs[1]], dtype=np.int64)
 
     def _start_worker(self) -> Worker:
         """The thread that runs this communicator's operations once one is asynchronous."""
         self._worker = Worker(f"stratacl-comm-{self._rt.rank}-{self._slot_offs[0]:x}")
         self._rt.workers.append(self._worker)
+        self._tally[T_NATIVE] = 0       # calls now go through the worker, in order
         return self._worker
+
+    @property
+    def _calls(self) -> int:
+        """Operations called on this communicator; they number the descriptors."""
+        return self._tally[T_CALLS]
+
+    @_calls.setter
+    def _calls(self, value: int) -> None:
+        self._tally[T_CALLS] = value
+
+    @property
+    def _syncs(self) -> int:
+        """Barrier numbers taken (the counter's target is this times the size)."""
+        return self._tally[T_SYNCS]
+
+    @_syncs.setter
+    def _syncs(self, value: int) -> None:
+        self._tally[T_SYNCS] = value
 
     @property
     def topology(self):
@@ -375,8 +401,8 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
             meshes.append((operation, inp, plan, departure, dtype, count, root, redop, divisor, plan2, only))
         params = np.array(rows, dtype=np.int64)
         # the call holds every array whose address it carries
-        call = (params, self._cx, self._ready, self._bases, tables[0], tables[1], float(divisor), self._root_calls,
-                self.counters, self._call_counts, operation, self._rt.stats, _native.data_address(params))
+        call = (params, self._cx, self._ready, self._bases, tables[0], tables[1], float(divisor), self._call_counts,
+                operation, self._rt.stats, _native.data_address(params))
         return Replay(call, tuple(meshes), word)
 
     def _replay(self, replay: "Replay") -> bool:

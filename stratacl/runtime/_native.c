@@ -217,10 +217,7 @@ static PyObject *wait_seq_u32(PyObject *self, PyObject *const *args, Py_ssize_t 
 }
 
 /* ---- one collective call in few native calls --------------------------------------------
- * A communicator hands its addresses over once, as an int64 array `cx`:
- *   [CX_COUNTER] barrier counter   [CX_GEN] futex word   [CX_ARRIVAL] this rank's arrival word
- *   [CX_N] members   [CX_ME] this rank's index   [CX_DESC + p*n + i] member i's descriptor, parity p
- * Descriptor fields are the F_* indices of runtime/_control.py. */
+ * A communicator hands its addresses over once, as an int64 array `cx` (_native.h). */
 
 int get_i64_buffer(PyObject *o, Py_buffer *view, int writable, const char *what) {
     if (PyObject_GetBuffer(o, view, PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0)) < 0) return -1;

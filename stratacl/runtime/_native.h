@@ -19,9 +19,15 @@
 
 /* A communicator hands its addresses over once, as an int64 array `cx`:
  *   [CX_COUNTER] barrier counter   [CX_GEN] futex word   [CX_ARRIVAL] this rank's arrival word
- *   [CX_N] members   [CX_ME] this rank's index   [CX_DESC + p*n + i] member i's descriptor, parity p
+ *   [CX_N] members   [CX_ME] this rank's index
+ *   [CX_TALLY] its T_* words   [CX_ROOTS] rooted calls per root   [CX_SENT], [CX_RECEIVED]
+ *   point-to-point sequence numbers per peer   [CX_COUNTERS] its byte counters, CTR_*
+ *   (the int64 arrays of runtime/_comm.py, all n long but the tally and the counters)
+ *   [CX_DESC + p*n + i] member i's descriptor, parity p
  * Descriptor fields are the F_* indices of runtime/_control.py. */
-enum { CX_COUNTER, CX_GEN, CX_ARRIVAL, CX_N, CX_ME, CX_DESC };
+enum { CX_COUNTER, CX_GEN, CX_ARRIVAL, CX_N, CX_ME, CX_TALLY, CX_ROOTS, CX_SENT, CX_RECEIVED, CX_COUNTERS, CX_DESC };
+enum { T_CALLS, T_SYNCS, T_NATIVE };            /* calls, barrier numbers, native methods allowed */
+enum { CTR_LOCAL, CTR_PULLED, CTR_WRITTEN };   /* bytes copied locally, pulled, written to output */
 enum { F_OP, F_DTYPE, F_COUNT, F_ROOT, F_REDOP, F_FLAGS, F_ADDR, F_NBYTES, F_SEG_VA, F_SEG_SIZE,
        F_SEG_OFF, F_EPOCH, F_AUX0, F_AUX1, F_AUX2, F_CALL, DESC_FIXED };
 

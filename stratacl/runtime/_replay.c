@@ -23,14 +23,13 @@
 /* ---- the barrier as a method ----------------------------------------------------------------
  * Communicator.barrier is `barrier_method`, bound like a Python function (an instancemethod).
  * At N = 32 on two cores every microsecond of a rank's Python costs about 16 of the barrier's,
- * so the common case, `comm.barrier()` with no keywords, no worker thread, no modeled clock and
- * no debug logging, is all here: number the call and the barrier (the communicator's `_calls`
- * and `_syncs`), publish the descriptor {op, call}, arrive, wait one slice, compare, count the
- * call in `_call_counts`. Anything else calls `comm._barrier(...)`, the Python operation; a wait
+ * so the common case, `comm.barrier()` with no keywords, no worker thread, no modeled clock (the
+ * communicator's T_NATIVE word) and no debug logging, is all here: number the call and the
+ * barrier (its T_CALLS and T_SYNCS words), publish the descriptor {op, call}, arrive, wait one
+ * slice, compare, count the call in `_call_counts`. Anything else calls `comm._barrier(...)`, the Python operation; a wait
  * past the slice or a disagreement calls `comm._arrived("barrier", parity, k, status)`. */
 static PyObject *debug_check, *debug_level, *debug_cache, *_one;
-static PyObject *s_worker, *s_fast, *s_calls, *s_syncs, *s_cx, *s_counts, *s_slow, *s_barrier;
-static PyObject *s_send, *s_recv, *s_local, *s_pulled, *s_written, *s_bytes_eager;
+static PyObject *s_cx, *s_counts, *s_slow, *s_barrier, *s_send, *s_recv, *s_bytes_eager;
 
 /* set_barrier(op_code, polls, seconds, debug_check, debug_level, debug_cache): the barrier's
  * operation code (F_OP), its yielding polls and the wait before Python takes over, and the
@@ -72,50 +71,6 @@ static int debugging(void) {
     return debug;
 }
 
-/* Add `d` to the int attribute `name` of `o`; the new value, or (uint64_t)-1 with an exception. */
-static uint64_t bump(PyObject *o, PyObject *name, uint64_t d) {
-    PyObject *v = PyObject_GetAttr(o, name);
-    if (v == NULL) return (uint64_t)-1;
-    uint64_t x = PyLong_AsUnsignedLongLong(v);
-    Py_DECREF(v);
-    if (x == (uint64_t)-1 && PyErr_Occurred()) return x;
-    x += d;
-    v = PyLong_FromUnsignedLongLong(x);
-    if (v == NULL || PyObject_SetAttr(o, name, v) < 0) { Py_XDECREF(v); return (uint64_t)-1; }
-    Py_DECREF(v);
-    return x;
-}
-
-/* Add `d` to the int attribute `name` of `o`. 0, or -1 with an exception set. */
-static int add_to_attr(PyObject *o, PyObject *name, long long d) {
-    PyObject *v = PyObject_GetAttr(o, name);
-    if (v == NULL) return -1;
-    long long x = PyLong_AsLongLong(v);
-    Py_DECREF(v);
-    if (x == -1 && PyErr_Occurred()) return -1;
-    v = PyLong_FromLongLong(x + d);
-    int rc = v == NULL ? -1 : PyObject_SetAttr(o, name, v);
-    Py_XDECREF(v);
-    return rc;
-}
-
-static int set_attr_u64(PyObject *o, PyObject *name, uint64_t x) {
-    PyObject *v = PyLong_FromUnsignedLongLong(x);
-    int rc = v == NULL ? -1 : PyObject_SetAttr(o, name, v);
-    Py_XDECREF(v);
-    return rc;
-}
-
-/* list[i] += 1; the new value's low 32 bits, or -1 with an exception set. */
-static long long next_seq(PyObject *list, Py_ssize_t i) {
-    PyObject *v = PyNumber_Add(PyList_GET_ITEM(list, i), _one);
-    if (v == NULL) return -1;
-    long long x = (long long)(PyLong_AsUnsignedLongLongMask(v) & 0xFFFFFFFFu);
-    if (PyErr_Occurred()) { Py_DECREF(v); return -1; }
-    if (PyList_SetItem(list, i, v) < 0) return -1;     /* steals v */
-    return x;
-}
-
 /* counts[key] += d (from 0). 0, or -1 with an exception set. */
 static int dict_add(PyObject *counts, PyObject *key, long long d) {
     PyObject *old = PyDict_GetItemWithError(counts, key);
@@ -126,49 +81,38 @@ static int dict_add(PyObject *counts, PyObject *key, long long d) {
     return rc;
 }
 
-/* 1 if comm's barrier can take the native path, 0 if not, -1 with an exception set. */
-static int barrier_is_native(PyObject *comm) {
-    if (debug_check == NULL) return 0;
-    PyObject *v = PyObject_GetAttr(comm, s_fast);
-    if (v == NULL) return -1;
-    int fast = v == Py_True;
-    Py_DECREF(v);
-    if (!fast) return 0;
-    v = PyObject_GetAttr(comm, s_worker);
-    if (v == NULL) return -1;
-    Py_DECREF(v);
-    if (v != Py_None) return 0;
-    int debug = debugging();
-    return debug < 0 ? -1 : !debug;
-}
-
 static PyObject *barrier_call(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
     if (nargs < 1) { PyErr_SetString(PyExc_TypeError, "barrier: needs the communicator"); return NULL; }
     PyObject *comm = args[0];
-    int native = nargs == 1 && (kwnames == NULL || PyTuple_GET_SIZE(kwnames) == 0) ? barrier_is_native(comm) : 0;
-    if (native < 0) return NULL;
-    if (!native) {
+    Py_buffer cx;
+    const int64_t *c = NULL;
+    if (nargs == 1 && (kwnames == NULL || PyTuple_GET_SIZE(kwnames) == 0) && debug_check != NULL) {
+        PyObject *cxo = PyObject_GetAttr(comm, s_cx);
+        if (cxo == NULL) return NULL;
+        int rc = get_i64_buffer(cxo, &cx, 0, "barrier");
+        Py_DECREF(cxo);
+        if (rc < 0) return NULL;
+        c = (const int64_t *)cx.buf;
+        int debug = ((const int64_t *)(uintptr_t)c[CX_TALLY])[T_NATIVE] ? debugging() : 1;
+        if (debug) {
+            PyBuffer_Release(&cx);
+            if (debug < 0) return NULL;
+            c = NULL;
+        }
+    }
+    if (c == NULL) {
         PyObject *slow = PyObject_GetAttr(comm, s_slow);
         if (slow == NULL) return NULL;
         PyObject *r = PyObject_Vectorcall(slow, args + 1, nargs - 1, kwnames);
         Py_DECREF(slow);
         return r;
     }
+    int64_t *t = (int64_t *)(uintptr_t)c[CX_TALLY];
     int64_t fields[DESC_FIXED] = {0};
     fields[F_OP] = barrier_code;
-    uint64_t call = bump(comm, s_calls, 1);
-    if (call == (uint64_t)-1 && PyErr_Occurred()) return NULL;
-    uint64_t k = bump(comm, s_syncs, 1);
-    if (k == (uint64_t)-1 && PyErr_Occurred()) return NULL;
+    uint64_t call = (uint64_t)++t[T_CALLS], k = (uint64_t)++t[T_SYNCS];
     fields[F_CALL] = (int64_t)call;
-    int parity = (int)(call & 1);
-    PyObject *cxo = PyObject_GetAttr(comm, s_cx);
-    if (cxo == NULL) return NULL;
-    Py_buffer cx;
-    int rc = get_i64_buffer(cxo, &cx, 0, "barrier");
-    Py_DECREF(cxo);
-    if (rc < 0) return NULL;
-    const int64_t *c = (const int64_t *)cx.buf;
+    int parity = (int)(call & 1), rc;
     memcpy((int64_t *)(uintptr_t)c[CX_DESC + parity * c[CX_N] + c[CX_ME]], fields, DESC_FIXED * 8);
     Py_BEGIN_ALLOW_THREADS
     if (!barrier(c, k, barrier_polls, barrier_seconds)) rc = 1;
@@ -191,64 +135,62 @@ static PyObject *barrier_call(PyObject *self, PyObject *const *args, Py_ssize_t 
 /* ---- a prepared sendrecv, replayed --------------------------------------------------------
  * p2p_replay(comm, call) -> None once done, else (stage, send_seq, recv_seq)
  * sendrecv repeated on the same arrays and peers (runtime/_p2p.py, _check_sendrecv): number
- * the send and the receive (the lists `sent`, `received`), then p2p_core, the receive's byte
- * counts and both halves' call counts. A stage other than P2P_DONE is returned with the
- * sequence numbers, for the Python path to go on from.
- *   call = (params, px, bases, ready, plan, sent, received, counters, call_counts, params' address)
+ * the send and the receive (the communicator's words at CX_SENT and CX_RECEIVED), then
+ * p2p_core, the receive's byte counts and both halves' call counts. A stage other than
+ * P2P_DONE is returned with the sequence numbers, for the Python path to go on from.
+ *   call = (params, cx, px, bases, ready, plan, call_counts, params' address)
  *   params (int64): the send's DESC_FIXED fields (F_CALL: its sequence number, set here), then PP_* */
-enum { PP_ME = DESC_FIXED, PP_DST, PP_SRC, PP_DTYPE, PP_COUNT, PP_ITEMSIZE, PP_OUT, PP_N, PP_PX, PP_BASES, PP_READY,
-       PP_PLAN, PP_PLAN_ROWS, PP_BYTES, PP_LEN = PP_BYTES + 3 };
-/* PP_N: members; PP_PX .. PP_PLAN_ROWS: the addresses of the arrays `call` holds (px, bases,
+enum { PP_ME = DESC_FIXED, PP_DST, PP_SRC, PP_DTYPE, PP_COUNT, PP_ITEMSIZE, PP_OUT, PP_N, PP_CX, PP_PX, PP_BASES,
+       PP_READY, PP_PLAN, PP_PLAN_ROWS, PP_BYTES, PP_LEN = PP_BYTES + 3 };
+/* PP_N: members; PP_CX .. PP_PLAN_ROWS: the addresses of the arrays `call` holds (cx, px, bases,
  * ready, the plan's table: 0 for none) and the table's rows, checked when the call was built */
-enum { Q_PARAMS, Q_PX, Q_BASES, Q_READY, Q_PLAN, Q_SENT, Q_RECEIVED, Q_COUNTERS, Q_CALL_COUNTS, Q_PARAMS_ADDR, Q_LEN };
+enum { Q_PARAMS, Q_CX, Q_PX, Q_BASES, Q_READY, Q_PLAN, Q_CALL_COUNTS, Q_PARAMS_ADDR, Q_LEN };
 
-static PyObject *p2p_replay_impl(PyObject *call) {
-    if (!PyTuple_Check(call) || PyTuple_GET_SIZE(call) != Q_LEN) {
-        PyErr_SetString(PyExc_TypeError, "p2p_replay: call is the tuple _p2p._check_sendrecv builds");
+/* The parameters of a replay's call tuple (`at`: the index of their address), NULL with an
+ * exception set if it is not such a tuple. */
+static const int64_t *call_params(PyObject *call, Py_ssize_t len, Py_ssize_t at, const char *what) {
+    if (!PyTuple_Check(call) || PyTuple_GET_SIZE(call) != len) {
+        PyErr_Format(PyExc_TypeError, "%s: call is not the tuple the communicator builds", what);
         return NULL;
     }
-    PyObject *result = NULL;
+    const int64_t *p = (const int64_t *)PyLong_AsVoidPtr(PyTuple_GET_ITEM(call, at));
+    return p == NULL && !PyErr_Occurred() ? (PyErr_Format(PyExc_ValueError, "%s: no parameters", what), NULL) : p;
+}
+
+static PyObject *p2p_replay_impl(PyObject *call) {
     if (load_kernels() < 0) return NULL;
-    PyObject *sent = PyTuple_GET_ITEM(call, Q_SENT), *received = PyTuple_GET_ITEM(call, Q_RECEIVED);
-    const int64_t *p = (const int64_t *)PyLong_AsVoidPtr(PyTuple_GET_ITEM(call, Q_PARAMS_ADDR));
-    if (PyErr_Occurred()) return NULL;
+    const int64_t *p = call_params(call, Q_LEN, Q_PARAMS_ADDR, "p2p_replay");
+    if (p == NULL) return NULL;
     Py_ssize_t n = (Py_ssize_t)p[PP_N];
-    if (!PyList_Check(sent) || !PyList_Check(received) || PyList_GET_SIZE(sent) != n ||
-        PyList_GET_SIZE(received) != n || p[PP_ME] < 0 || p[PP_ME] >= n || p[PP_DST] < 0 || p[PP_DST] >= n ||
-        p[PP_SRC] < 0 || p[PP_SRC] >= n) {
+    const int64_t *c = (const int64_t *)(uintptr_t)p[PP_CX];
+    if (c[CX_N] != n || p[PP_ME] < 0 || p[PP_ME] >= n || p[PP_DST] < 0 || p[PP_DST] >= n || p[PP_SRC] < 0 ||
+        p[PP_SRC] >= n) {
         PyErr_SetString(PyExc_ValueError, "p2p_replay: inconsistent call");
-        goto done;
+        return NULL;
     }
-    long long send_seq = next_seq(sent, p[PP_DST]);
-    if (send_seq < 0) goto done;
-    long long recv_seq = next_seq(received, p[PP_SRC]);
-    if (recv_seq < 0) goto done;
+    int64_t *sent = (int64_t *)(uintptr_t)c[CX_SENT], *received = (int64_t *)(uintptr_t)c[CX_RECEIVED];
+    uint32_t send_seq = (uint32_t)++sent[p[PP_DST]], recv_seq = (uint32_t)++received[p[PP_SRC]];
     int64_t fields[DESC_FIXED];
     memcpy(fields, p, sizeof fields);
     fields[F_CALL] = send_seq;
     int stage;
     Py_BEGIN_ALLOW_THREADS
-    stage = p2p_core((const int64_t *)(uintptr_t)p[PP_PX], n, (long)p[PP_ME], (long)p[PP_DST], (uint32_t)send_seq,
-                     fields, (long)p[PP_SRC], (uint32_t)recv_seq, (int)p[PP_DTYPE], p[PP_COUNT], p[PP_ITEMSIZE],
-                     p[PP_OUT], (const int64_t *)(uintptr_t)p[PP_PLAN], p[PP_PLAN_ROWS],
-                     (int64_t *)(uintptr_t)p[PP_BASES], (const int64_t *)(uintptr_t)p[PP_READY], barrier_polls,
-                     barrier_seconds);
+    stage = p2p_core((const int64_t *)(uintptr_t)p[PP_PX], n, (long)p[PP_ME], (long)p[PP_DST], send_seq, fields,
+                     (long)p[PP_SRC], recv_seq, (int)p[PP_DTYPE], p[PP_COUNT], p[PP_ITEMSIZE], p[PP_OUT],
+                     (const int64_t *)(uintptr_t)p[PP_PLAN], p[PP_PLAN_ROWS], (int64_t *)(uintptr_t)p[PP_BASES],
+                     (const int64_t *)(uintptr_t)p[PP_READY], barrier_polls, barrier_seconds);
     Py_END_ALLOW_THREADS
-    PyObject *counts = PyTuple_GET_ITEM(call, Q_CALL_COUNTS), *counters = PyTuple_GET_ITEM(call, Q_COUNTERS);
+    PyObject *counts = PyTuple_GET_ITEM(call, Q_CALL_COUNTS);
     if (stage == P2P_DONE || stage == P2P_SEND_WAIT) {        /* received */
-        if ((p[PP_BYTES] && add_to_attr(counters, s_local, p[PP_BYTES]) < 0) ||
-            (p[PP_BYTES + 1] && add_to_attr(counters, s_pulled, p[PP_BYTES + 1]) < 0) ||
-            (p[PP_BYTES + 2] && add_to_attr(counters, s_written, p[PP_BYTES + 2]) < 0) || dict_add(counts, s_recv, 1) < 0)
-            goto done;
+        int64_t *ctr = (int64_t *)(uintptr_t)c[CX_COUNTERS];
+        ctr[CTR_LOCAL] += p[PP_BYTES];
+        ctr[CTR_PULLED] += p[PP_BYTES + 1];
+        ctr[CTR_WRITTEN] += p[PP_BYTES + 2];
+        if (dict_add(counts, s_recv, 1) < 0) return NULL;
     }
-    if (stage != P2P_DONE) {
-        result = Py_BuildValue("(iLL)", stage, send_seq, recv_seq);
-        goto done;
-    }
-    if (dict_add(counts, s_send, 1) < 0) goto done;
-    result = Py_NewRef(Py_None);
-done:
-    return result;
+    if (stage != P2P_DONE) return Py_BuildValue("(iLL)", stage, (long long)send_seq, (long long)recv_seq);
+    if (dict_add(counts, s_send, 1) < 0) return NULL;
+    Py_RETURN_NONE;
 }
 
 PyObject *p2p_replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -260,13 +202,12 @@ PyObject *p2p_replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
  * replay(comm, call) -> None once done, else (stage, parity, k, target)
  * A call repeated on the same arrays (runtime/_prepared.py) has its mesh arguments fixed; the
  * communicator builds `call` once (_comm.py, _replay_of) and this runs what _mesh would:
- * number the call (comm._calls) and its barriers (comm._syncs), the root's departure count,
- * the copy of a small input into its eager slot, the descriptor, mesh_core, the byte counters
- * and the call count. A stage other than MESH_DONE is returned with what _mesh_rest needs to
- * go on from it; MESH_NOT_RUN: nothing was done (debug logging is on, which only the Python
- * path does).
- *   call = (params, cx, ready, bases, plan, plan2, divisor, root_calls, counters, call_counts, op, stats,
- *           params' address)
+ * number the call and its barriers (the communicator's T_CALLS and T_SYNCS), the root's
+ * departure count (CX_ROOTS), the copy of a small input into its eager slot, the descriptor,
+ * mesh_core, the byte counters and the call count. A stage other than MESH_DONE is returned
+ * with what _mesh_rest needs to go on from it; MESH_NOT_RUN: nothing was done (debug logging
+ * is on, which only the Python path does).
+ *   call = (params, cx, ready, bases, plan, plan2, divisor, call_counts, op, stats, params' address)
  *   params (int64, one row per call parity): the descriptor's DESC_FIXED fields (F_CALL set
  *   here), then RP_*; the rows differ only where an eager input has a slot per parity */
 enum { RP_OWN = DESC_FIXED, RP_ONLY, RP_DTYPE, RP_REDOP, RP_DEPARTURE, RP_ROOT, RP_WORD, RP_OUT, RP_EAGER_FROM,
@@ -277,36 +218,28 @@ enum { RP_OWN = DESC_FIXED, RP_ONLY, RP_DTYPE, RP_REDOP, RP_DEPARTURE, RP_ROOT, 
  * arrays `call` holds (cx, ready, bases, the plans' tables: 0 for none) and the tables' rows,
  * checked when the call was built, so that no buffer is requested per call; RP_BYTES: local,
  * pulled, written of plan, then of plan2 */
-enum { R_PARAMS, R_CX, R_READY, R_BASES, R_PLAN, R_PLAN2, R_DIVISOR, R_ROOT_CALLS, R_COUNTERS, R_CALL_COUNTS, R_OP,
-       R_STATS, R_PARAMS_ADDR, R_LEN };
+enum { R_PARAMS, R_CX, R_READY, R_BASES, R_PLAN, R_PLAN2, R_DIVISOR, R_CALL_COUNTS, R_OP, R_STATS, R_PARAMS_ADDR,
+       R_LEN };
 #define MESH_NOT_RUN (-1)
 
 static PyObject *replay_impl(PyObject *comm, PyObject *call) {
-    if (!PyTuple_Check(call) || PyTuple_GET_SIZE(call) != R_LEN) {
-        PyErr_SetString(PyExc_TypeError, "replay: call is the tuple _comm._replay_of builds");
-        return NULL;
-    }
     if (load_kernels() < 0) return NULL;
+    const int64_t *p = call_params(call, R_LEN, R_PARAMS_ADDR, "replay");
+    if (p == NULL) return NULL;
     int debug = debugging();
     if (debug < 0) return NULL;
     if (debug) return Py_BuildValue("(iiKk)", MESH_NOT_RUN, 0, 0ULL, 0UL);
-    PyObject *root_calls = PyTuple_GET_ITEM(call, R_ROOT_CALLS);
     double divisor = PyFloat_AsDouble(PyTuple_GET_ITEM(call, R_DIVISOR));
-    const int64_t *p = (const int64_t *)PyLong_AsVoidPtr(PyTuple_GET_ITEM(call, R_PARAMS_ADDR));
-    if (PyErr_Occurred()) return NULL;
-    PyObject *result = NULL;
+    if (divisor == -1.0 && PyErr_Occurred()) return NULL;
     const int64_t *c = (const int64_t *)(uintptr_t)p[RP_CX];
     int64_t n = c[CX_N], me = c[CX_ME];
+    int64_t *t = (int64_t *)(uintptr_t)c[CX_TALLY], *roots = (int64_t *)(uintptr_t)c[CX_ROOTS];
     int departure = (int)p[RP_DEPARTURE];
-    if (departure < MESH_NO_DEPARTURE || departure > MESH_ROOT || !PyList_Check(root_calls) ||
-        p[RP_ROOT] < 0 || p[RP_ROOT] >= PyList_GET_SIZE(root_calls)) {
+    if (departure < MESH_NO_DEPARTURE || departure > MESH_ROOT || p[RP_ROOT] < 0 || p[RP_ROOT] >= n) {
         PyErr_SetString(PyExc_ValueError, "replay: inconsistent call");
         return NULL;
     }
-    uint64_t calls = bump(comm, s_calls, 1);
-    if (calls == (uint64_t)-1 && PyErr_Occurred()) goto done;
-    uint64_t k = bump(comm, s_syncs, 1);
-    if (k == (uint64_t)-1 && PyErr_Occurred()) goto done;
+    uint64_t calls = (uint64_t)++t[T_CALLS], k = (uint64_t)++t[T_SYNCS];
     int parity = (int)(calls & 1);
     p += parity * RP_LEN;
     int64_t fields[DESC_FIXED];
@@ -314,15 +247,10 @@ static PyObject *replay_impl(PyObject *comm, PyObject *call) {
     fields[F_CALL] = (int64_t)calls;
     if (p[RP_EAGER_BYTES] > 0) {
         memcpy((void *)(uintptr_t)p[RP_OWN], (const void *)(uintptr_t)p[RP_EAGER_FROM], (size_t)p[RP_EAGER_BYTES]);
-        if (dict_add(PyTuple_GET_ITEM(call, R_STATS), s_bytes_eager, p[RP_EAGER_BYTES]) < 0) goto done;
+        if (dict_add(PyTuple_GET_ITEM(call, R_STATS), s_bytes_eager, p[RP_EAGER_BYTES]) < 0) return NULL;
     }
     uint32_t target = 0;
-    PyObject *rooted = PyList_GET_ITEM(root_calls, p[RP_ROOT]);
-    if (departure >= MESH_ROOT_READER) {
-        long long before = PyLong_AsLongLong(rooted);
-        if (before == -1 && PyErr_Occurred()) goto done;
-        target = (uint32_t)((uint64_t)(before + 1) * (uint64_t)(n - 1));
-    }
+    if (departure >= MESH_ROOT_READER) target = (uint32_t)((uint64_t)(roots[p[RP_ROOT]] + 1) * (uint64_t)(n - 1));
     int64_t *b = (int64_t *)(uintptr_t)p[RP_BASES], skipped = 0;
     if (p[RP_OUT] >= 0) b[1 * n + me] = p[RP_OUT];
     const char *err = NULL;
@@ -335,39 +263,27 @@ static PyObject *replay_impl(PyObject *comm, PyObject *call) {
     Py_END_ALLOW_THREADS
     if (err != NULL) {
         PyErr_Format(PyExc_ValueError, "replay: bad plan: %s", err);
-        goto done;
+        return NULL;
     }
     /* what ran: both phases (and the departure's numbering) at MESH_DONE and MESH_DEPART, the
      * first at MESH_MIDDLE, nothing before */
     int phases = stage == MESH_DONE || stage == MESH_DEPART ? 2 : stage == MESH_MIDDLE ? 1 : 0;
     if (phases == 2) {
-        uint64_t last = k + (p[RP_PLAN2] != 0) + (departure == MESH_BARRIER);
-        if (last != k && set_attr_u64(comm, s_syncs, last) < 0) goto done;
-        if (departure >= MESH_ROOT_READER) {
-            PyObject *v = PyNumber_Add(rooted, _one);
-            if (v == NULL || PyList_SetItem(root_calls, p[RP_ROOT], v) < 0) goto done;
-        }
-    } else if (phases == 1 && set_attr_u64(comm, s_syncs, k + 1) < 0) {
-        goto done;
+        t[T_SYNCS] = (int64_t)(k + (p[RP_PLAN2] != 0) + (departure == MESH_BARRIER));
+        if (departure >= MESH_ROOT_READER) roots[p[RP_ROOT]]++;
+    } else if (phases == 1) {
+        t[T_SYNCS] = (int64_t)(k + 1);
     }
-    long long local = -skipped, pulled = 0, written = 0;
+    int64_t *ctr = (int64_t *)(uintptr_t)c[CX_COUNTERS];
+    ctr[CTR_LOCAL] -= skipped;
     for (int i = 0; i < phases; i++) {
-        local += p[RP_BYTES + 3 * i];
-        pulled += p[RP_BYTES + 3 * i + 1];
-        written += p[RP_BYTES + 3 * i + 2];
+        ctr[CTR_LOCAL] += p[RP_BYTES + 3 * i];
+        ctr[CTR_PULLED] += p[RP_BYTES + 3 * i + 1];
+        ctr[CTR_WRITTEN] += p[RP_BYTES + 3 * i + 2];
     }
-    PyObject *counters = PyTuple_GET_ITEM(call, R_COUNTERS);
-    if ((local && add_to_attr(counters, s_local, local) < 0) || (pulled && add_to_attr(counters, s_pulled, pulled) < 0) ||
-        (written && add_to_attr(counters, s_written, written) < 0))
-        goto done;
-    if (stage != MESH_DONE) {
-        result = Py_BuildValue("(iiKk)", stage, parity, (unsigned long long)k, (unsigned long)target);
-        goto done;
-    }
-    if (dict_add(PyTuple_GET_ITEM(call, R_CALL_COUNTS), PyTuple_GET_ITEM(call, R_OP), 1) < 0) goto done;
-    result = Py_NewRef(Py_None);
-done:
-    return result;
+    if (stage != MESH_DONE) return Py_BuildValue("(iiKk)", stage, parity, (unsigned long long)k, (unsigned long)target);
+    if (dict_add(PyTuple_GET_ITEM(call, R_CALL_COUNTS), PyTuple_GET_ITEM(call, R_OP), 1) < 0) return NULL;
+    Py_RETURN_NONE;
 }
 
 PyObject *replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -517,19 +433,11 @@ static PyObject *prepared_entry(PreparedMethod *m, PyObject *comm, PyObject *con
     return entry;
 }
 
-/* 1 if comm may take a native path now (no modeled clock, no worker), 0 if not, -1 on error;
- * the call's path is then the default one, as the Python wrapper would set it. */
-static int native_now(PyObject *comm) {
-    PyObject *v = PyObject_GetAttr(comm, s_fast);
-    if (v == NULL) return -1;
-    int fast = v == Py_True;
-    Py_DECREF(v);
-    if (!fast) return 0;
-    if ((v = PyObject_GetAttr(comm, s_worker)) == NULL) return -1;
-    Py_DECREF(v);
-    if (v != Py_None) return 0;
+/* Set the communicator's path to the default one, as the Python wrapper would for this call.
+ * 0, or -1 with an exception set. */
+static int reset_path(PyObject *comm) {
     PyObject *path = PyObject_GetAttr(comm, s_path), *dflt = path ? PyObject_GetAttr(comm, s_default_path) : NULL;
-    int rc = dflt == NULL ? -1 : path == dflt ? 1 : PyObject_SetAttr(comm, s_path, dflt) < 0 ? -1 : 1;
+    int rc = dflt == NULL ? -1 : path == dflt ? 0 : PyObject_SetAttr(comm, s_path, dflt);
     Py_XDECREF(path);
     Py_XDECREF(dflt);
     return rc;
@@ -557,9 +465,6 @@ static PyObject *method_vectorcall(PreparedMethod *m, PyObject *const *args, siz
         if (i < m->nparams - ndefaults) goto slow;               /* missing: Python raises */
         params[i] = PyTuple_GET_ITEM(m->defaults, i - (m->nparams - ndefaults));
     }
-    int now = native_now(comm);
-    if (now < 0) return NULL;
-    if (!now) goto slow;
     PyObject *entry = prepared_entry(m, comm, params);
     if (entry == NULL) {
         if (PyErr_Occurred()) return NULL;
@@ -568,41 +473,40 @@ static PyObject *method_vectorcall(PreparedMethod *m, PyObject *const *args, siz
     PyObject *eargs = PyObject_GetAttr(entry, s_args);
     Py_DECREF(entry);
     if (eargs == NULL) return NULL;
-    PyObject *r = NULL;
-    if (m->kind == METHOD_SENDRECV) {
-        r = p2p_replay_impl(eargs);
-        if (r != NULL && r != Py_None) {
-            PyObject *cont = PyObject_CallMethodObjArgs(comm, s_p2p_replayed, eargs, r, params[0], params[1],
-                                                        params[2], params[3], NULL);
-            Py_DECREF(r);
-            r = cont;
-        }
+    int p2p = m->kind == METHOD_SENDRECV;
+    PyObject *rp = NULL, *call;             /* rp: a mesh call's Replay, which holds its call */
+    if (p2p) {
+        call = eargs;
+    } else {
+        rp = PyTuple_Check(eargs) && PyTuple_GET_SIZE(eargs) ? PyTuple_GET_ITEM(eargs, PyTuple_GET_SIZE(eargs) - 1)
+                                                             : Py_None;
+        Py_INCREF(rp);
         Py_DECREF(eargs);
-        if (r == NULL) return NULL;
-        Py_DECREF(r);
-        Py_RETURN_NONE;
+        if (rp == Py_None) { Py_DECREF(rp); goto slow; }
+        if ((call = PyObject_GetAttr(rp, s_call)) == NULL) { Py_DECREF(rp); return NULL; }
     }
-    PyObject *rp = PyTuple_Check(eargs) && PyTuple_GET_SIZE(eargs) ? PyTuple_GET_ITEM(eargs, PyTuple_GET_SIZE(eargs) - 1)
-                                                                   : Py_None;
-    Py_INCREF(rp);
-    Py_DECREF(eargs);
-    if (rp == Py_None) { Py_DECREF(rp); goto slow; }
-    PyObject *call = PyObject_GetAttr(rp, s_call);
-    if (call != NULL) {
-        r = replay_impl(comm, call);
-        Py_DECREF(call);
-        if (r != NULL && r != Py_None && PyLong_AsLong(PyTuple_GET_ITEM(r, 0)) == MESH_NOT_RUN) {
-            Py_DECREF(r);
-            Py_DECREF(rp);
-            goto slow;                    /* debug logging: the Python operation, which logs */
-        }
-        if (r != NULL && r != Py_None) {
-            PyObject *cont = PyObject_CallMethodObjArgs(comm, s_replayed, rp, r, NULL);
+    /* no modeled clock, no worker thread: the communicator's T_NATIVE word, through the call's cx */
+    const int64_t *p = p2p ? call_params(call, Q_LEN, Q_PARAMS_ADDR, "p2p_replay")
+                           : call_params(call, R_LEN, R_PARAMS_ADDR, "replay");
+    int now = p == NULL ? -1 : ((const int64_t *)(uintptr_t)((const int64_t *)(uintptr_t)p[p2p ? PP_CX : RP_CX])[CX_TALLY])[T_NATIVE] != 0;
+    if (now == 1 && reset_path(comm) < 0) now = -1;
+    PyObject *r = NULL;
+    if (now == 1) {
+        r = p2p ? p2p_replay_impl(call) : replay_impl(comm, call);
+        if (!p2p && r != NULL && r != Py_None && PyLong_AsLong(PyTuple_GET_ITEM(r, 0)) == MESH_NOT_RUN) {
+            Py_CLEAR(r);
+            now = 0;                        /* debug logging: the Python operation, which logs */
+        } else if (r != NULL && r != Py_None) {
+            PyObject *cont = p2p ? PyObject_CallMethodObjArgs(comm, s_p2p_replayed, call, r, params[0], params[1],
+                                                              params[2], params[3], NULL)
+                                 : PyObject_CallMethodObjArgs(comm, s_replayed, rp, r, NULL);
             Py_DECREF(r);
             r = cont;
         }
     }
-    Py_DECREF(rp);
+    Py_DECREF(call);
+    Py_XDECREF(rp);
+    if (now == 0) goto slow;
     if (r == NULL) return NULL;
     Py_DECREF(r);
     Py_RETURN_NONE;
@@ -712,9 +616,8 @@ int replay_init(PyObject *m) {
         "barrier($self, /, *, async_op=False, path=None)\n--\n\n"
         "Block until every rank of the communicator has called barrier. Collective."};
     struct { PyObject **slot; const char *name; } names[] = {
-        {&s_worker, "_worker"}, {&s_fast, "_native_calls"}, {&s_calls, "_calls"}, {&s_syncs, "_syncs"},
         {&s_cx, "_cx"}, {&s_counts, "_call_counts"}, {&s_slow, "_barrier"},
-        {&s_barrier, "barrier"}, {&s_send, "send"}, {&s_recv, "recv"}, {&s_local, "local"}, {&s_pulled, "pulled"}, {&s_written, "written"}, {&s_bytes_eager, "bytes_eager"},
+        {&s_barrier, "barrier"}, {&s_send, "send"}, {&s_recv, "recv"}, {&s_bytes_eager, "bytes_eager"},
         {&s_prepared, "_prepared"}, {&s_entries, "_entries"}, {&s_refs, "_refs"}, {&s_layouts, "_layouts"},
         {&s_args, "args"}, {&s_call, "call"}, {&s_path, "_path"}, {&s_default_path, "_default_path"},
         {&s_replayed, "_replayed"}, {&s_p2p_replayed, "_p2p_replayed"}};
