@@ -337,7 +337,7 @@ def same_call_on_two_communicators(comm):
     """The native method remembers the last call it found (_replay.c, same_as_last): the same
     array and root on the world and on a sub-communicator, alternating, must each replay their
     own communicator's call; and a root equal in value but another object is the same call."""
-    n, me = comm.size, comm.rank
+    me = comm.rank
     sub = comm.split(me % 2, me)
     x = stratacl.empty((BIG,), np.float32)
     bad = []
