@@ -307,16 +307,18 @@ PyObject *replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
 enum { METHOD_MESH, METHOD_SENDRECV };
 #define METHOD_MAX_PARAMS 4
 
-/* The last entry found (`last`) is kept with a weak reference to its communicator and the
- * call's parameters: a loop that repeats one call finds its entry without building the key or
- * looking it up. The arrays are kept as plain pointers, compared by identity only (the entry's
- * weak references then prove they are the entry's arrays); the scalars are kept as references,
- * so that a pointer can never stand for a different value. */
+/* The last entry found is kept, as what the method reads of it (its weak references and
+ * layouts, the call to replay and, for a mesh call, its Replay; an entry's fields never change),
+ * with a weak reference to its communicator and the call's parameters: a loop that repeats one
+ * call finds it without building the key, looking it up or reading an attribute. The arrays
+ * are kept as plain pointers, compared by identity only (the entry's weak references then prove
+ * they are the entry's arrays); the scalars are kept as references, so that a pointer can never
+ * stand for a different value. */
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
     PyObject *name, *slow, *defaults, *wrapped, *params;
-    PyObject *last, *last_comm, *last_params[METHOD_MAX_PARAMS];
+    PyObject *last_refs, *last_layouts, *last_call, *last_rp, *last_comm, *last_params[METHOD_MAX_PARAMS];
     char spec[METHOD_MAX_PARAMS + 1];
     int nparams, kind;
 } PreparedMethod;
@@ -351,23 +353,22 @@ static int layout_holds(PyObject *a, PyObject *layout) {
     return PyTuple_GET_ITEM(layout, 3) == writeable;
 }
 
-/* PreparedCall.holds: every array is the entry's, with the same shape, strides, dtype, writability. */
-static int entry_holds(PyObject *entry, PyObject *const *arrays, int n) {
-    PyObject *refs = PyObject_GetAttr(entry, s_refs), *layouts = refs ? PyObject_GetAttr(entry, s_layouts) : NULL;
-    int ok = layouts != NULL && PyTuple_Check(refs) && PyTuple_Check(layouts) && PyTuple_GET_SIZE(refs) == n &&
-             PyTuple_GET_SIZE(layouts) == n ? 1 : (layouts == NULL ? -1 : 0);
+/* PreparedCall.holds, on an entry's weak references and layouts: every array is the entry's,
+ * with the same shape, strides, dtype and writability. */
+static int entry_holds(PyObject *refs, PyObject *layouts, PyObject *const *arrays, int n) {
+    if (!PyTuple_Check(refs) || !PyTuple_Check(layouts) || PyTuple_GET_SIZE(refs) != n || PyTuple_GET_SIZE(layouts) != n)
+        return 0;
+    int ok = 1;
     for (int i = 0; ok == 1 && i < n; i++) {
         if (PyWeakref_GetObject(PyTuple_GET_ITEM(refs, i)) != arrays[i]) ok = 0;
         else ok = layout_holds(arrays[i], PyTuple_GET_ITEM(layouts, i));
     }
-    Py_XDECREF(refs);
-    Py_XDECREF(layouts);
     return ok;
 }
 
 /* 1 if this call has the parameters of the last entry found, on the same communicator. */
 static int same_as_last(PreparedMethod *m, PyObject *comm, PyObject *const *params) {
-    if (m->last == NULL || PyWeakref_GetObject(m->last_comm) != comm) return 0;
+    if (m->last_refs == NULL || PyWeakref_GetObject(m->last_comm) != comm) return 0;
     for (int i = 0; i < m->nparams; i++) {
         if (params[i] == m->last_params[i]) continue;
         if (m->spec[i] == 'a' || Py_TYPE(params[i]) != Py_TYPE(m->last_params[i]) ||
@@ -379,44 +380,61 @@ static int same_as_last(PreparedMethod *m, PyObject *comm, PyObject *const *para
     return 1;
 }
 
-/* Remember `entry` as the last one found, for `comm` and `params`. */
-static void remember(PreparedMethod *m, PyObject *comm, PyObject *const *params, PyObject *entry) {
-    if (m->last_comm == NULL || PyWeakref_GetObject(m->last_comm) != comm) {
-        PyObject *ref = PyWeakref_NewRef(comm, NULL);
-        if (ref == NULL) { PyErr_Clear(); return; }          /* not weakly referenceable: no memory */
-        Py_XSETREF(m->last_comm, ref);
-    }
-    for (int i = 0; i < m->nparams; i++) {
-        if (m->spec[i] == 's') Py_XSETREF(m->last_params[i], Py_NewRef(params[i]));
-        else m->last_params[i] = params[i];
-    }
-    Py_XSETREF(m->last, Py_NewRef(entry));
+static void forget(PreparedMethod *m) {
+    Py_CLEAR(m->last_refs);
+    Py_CLEAR(m->last_layouts);
+    Py_CLEAR(m->last_call);
+    Py_CLEAR(m->last_rp);
+    Py_CLEAR(m->last_comm);
+    for (int i = 0; i < m->nparams; i++)
+        if (m->spec[i] == 's') Py_CLEAR(m->last_params[i]);
 }
 
-/* The prepared entry of this call (a new reference), NULL without an exception when there is
- * none to replay, NULL with one on an error. */
-static PyObject *prepared_entry(PreparedMethod *m, PyObject *comm, PyObject *const *params) {
+/* Remember an entry found for `comm` and `params` (new references are taken). */
+static void remember(PreparedMethod *m, PyObject *comm, PyObject *const *params, PyObject *refs, PyObject *layouts,
+                     PyObject *call, PyObject *rp) {
+    PyObject *ref = PyWeakref_NewRef(comm, NULL);
+    forget(m);
+    if (ref == NULL) { PyErr_Clear(); return; }          /* not weakly referenceable: no memory */
+    m->last_comm = ref;
+    for (int i = 0; i < m->nparams; i++)
+        m->last_params[i] = m->spec[i] == 's' ? Py_NewRef(params[i]) : params[i];
+    m->last_refs = Py_NewRef(refs);
+    m->last_layouts = Py_NewRef(layouts);
+    m->last_call = Py_XNewRef(call);
+    m->last_rp = Py_XNewRef(rp);
+}
+
+/* The prepared entry of this call, as what the method runs: 1 with new references in *call
+ * (the tuple the replay takes) and *rp (a mesh call's Replay, else NULL); 0 when there is none
+ * to replay; -1 with an exception set. */
+static int prepared_call(PreparedMethod *m, PyObject *comm, PyObject *const *params, PyObject **call, PyObject **rp) {
     PyObject *arrays[METHOD_MAX_PARAMS];
     int narrays = 0, ok;
     for (int i = 0; i < m->nparams; i++)
         if (m->spec[i] == 'a') arrays[narrays++] = params[i];
     if (same_as_last(m, comm, params)) {        /* else, or if it no longer holds: look it up */
-        if ((ok = entry_holds(m->last, arrays, narrays)) == 1) return Py_NewRef(m->last);
-        if (ok < 0) return NULL;
+        if ((ok = entry_holds(m->last_refs, m->last_layouts, arrays, narrays)) < 0) return -1;
+        if (ok) {
+            if (m->last_call == NULL) return 0;
+            *call = Py_NewRef(m->last_call);
+            *rp = Py_XNewRef(m->last_rp);
+            return 1;
+        }
     }
     PyObject *key = PyTuple_New(m->nparams + 1);
-    if (key == NULL) return NULL;
+    if (key == NULL) return -1;
     PyTuple_SET_ITEM(key, 0, Py_NewRef(m->name));
     for (int i = 0; i < m->nparams; i++) {
         PyObject *v = params[i];
         if (m->spec[i] == 'a') {
             v = PyLong_FromVoidPtr(v);
-            if (v == NULL) { Py_DECREF(key); return NULL; }
+            if (v == NULL) { Py_DECREF(key); return -1; }
         } else if (PyLong_CheckExact(v) || PyUnicode_CheckExact(v)) {
             Py_INCREF(v);
         } else {
             Py_DECREF(key);
-            return NULL;
+            return 0;
         }
         PyTuple_SET_ITEM(key, i + 1, v);
     }
@@ -427,10 +445,28 @@ static PyObject *prepared_entry(PreparedMethod *m, PyObject *comm, PyObject *con
     Py_XINCREF(entry);
     Py_XDECREF(entries);
     Py_DECREF(key);
-    if (entry == NULL) return NULL;
-    if ((ok = entry_holds(entry, arrays, narrays)) != 1) { Py_DECREF(entry); return NULL; }
-    remember(m, comm, params, entry);
-    return entry;
+    if (entry == NULL) return PyErr_Occurred() ? -1 : 0;
+    PyObject *refs = PyObject_GetAttr(entry, s_refs), *layouts = refs ? PyObject_GetAttr(entry, s_layouts) : NULL;
+    PyObject *eargs = layouts ? PyObject_GetAttr(entry, s_args) : NULL;
+    Py_DECREF(entry);
+    ok = eargs == NULL ? -1 : entry_holds(refs, layouts, arrays, narrays);
+    *call = *rp = NULL;
+    if (ok == 1 && m->kind == METHOD_SENDRECV) {
+        *call = Py_NewRef(eargs);
+    } else if (ok == 1) {
+        PyObject *last = PyTuple_Check(eargs) && PyTuple_GET_SIZE(eargs)
+                             ? PyTuple_GET_ITEM(eargs, PyTuple_GET_SIZE(eargs) - 1) : Py_None;
+        if (last != Py_None) {                 /* else the entry is not replayed: Python's */
+            *rp = Py_NewRef(last);
+            if ((*call = PyObject_GetAttr(last, s_call)) == NULL) { Py_CLEAR(*rp); ok = -1; }
+        }
+    }
+    if (ok == 1) remember(m, comm, params, refs, layouts, *call, *rp);
+    Py_XDECREF(refs);
+    Py_XDECREF(layouts);
+    Py_XDECREF(eargs);
+    if (ok == 1 && *call == NULL) return 0;
+    return ok;
 }
 
 /* Set the communicator's path to the default one, as the Python wrapper would for this call.
@@ -454,9 +490,9 @@ static PyObject *method_vectorcall(PreparedMethod *m, PyObject *const *args, siz
     for (Py_ssize_t k = 0; k < nkw; k++) {        /* the operation's own parameters by name */
         PyObject *kw = PyTuple_GET_ITEM(kwnames, k);
         int i = 0;
-        while (i < m->nparams && PyTuple_GET_ITEM(m->params, i) != kw &&
-               PyUnicode_Compare(PyTuple_GET_ITEM(m->params, i), kw) != 0)
-            i++;
+        while (i < m->nparams && PyTuple_GET_ITEM(m->params, i) != kw) i++;     /* both interned, as a rule */
+        if (i == m->nparams)
+            for (i = 0; i < m->nparams && PyUnicode_Compare(PyTuple_GET_ITEM(m->params, i), kw) != 0; i++) {}
         if (i == m->nparams || params[i] != NULL) goto slow;    /* async_op, path, a repeat: Python's */
         params[i] = args[nargs + k];
     }
@@ -465,26 +501,11 @@ static PyObject *method_vectorcall(PreparedMethod *m, PyObject *const *args, siz
         if (i < m->nparams - ndefaults) goto slow;               /* missing: Python raises */
         params[i] = PyTuple_GET_ITEM(m->defaults, i - (m->nparams - ndefaults));
     }
-    PyObject *entry = prepared_entry(m, comm, params);
-    if (entry == NULL) {
-        if (PyErr_Occurred()) return NULL;
-        goto slow;
-    }
-    PyObject *eargs = PyObject_GetAttr(entry, s_args);
-    Py_DECREF(entry);
-    if (eargs == NULL) return NULL;
     int p2p = m->kind == METHOD_SENDRECV;
-    PyObject *rp = NULL, *call;             /* rp: a mesh call's Replay, which holds its call */
-    if (p2p) {
-        call = eargs;
-    } else {
-        rp = PyTuple_Check(eargs) && PyTuple_GET_SIZE(eargs) ? PyTuple_GET_ITEM(eargs, PyTuple_GET_SIZE(eargs) - 1)
-                                                             : Py_None;
-        Py_INCREF(rp);
-        Py_DECREF(eargs);
-        if (rp == Py_None) { Py_DECREF(rp); goto slow; }
-        if ((call = PyObject_GetAttr(rp, s_call)) == NULL) { Py_DECREF(rp); return NULL; }
-    }
+    PyObject *rp, *call;                    /* rp: a mesh call's Replay, which holds its call */
+    int found = prepared_call(m, comm, params, &call, &rp);
+    if (found < 0) return NULL;
+    if (!found) goto slow;
     /* no modeled clock, no worker thread: the communicator's T_NATIVE word, through the call's cx */
     const int64_t *p = p2p ? call_params(call, Q_LEN, Q_PARAMS_ADDR, "p2p_replay")
                            : call_params(call, R_LEN, R_PARAMS_ADDR, "replay");
@@ -525,10 +546,7 @@ static void method_dealloc(PreparedMethod *m) {
     Py_XDECREF(m->defaults);
     Py_XDECREF(m->wrapped);
     Py_XDECREF(m->params);
-    Py_XDECREF(m->last);
-    Py_XDECREF(m->last_comm);
-    for (int i = 0; i < m->nparams; i++)
-        if (m->spec[i] == 's') Py_XDECREF(m->last_params[i]);
+    forget(m);
     Py_TYPE(m)->tp_free((PyObject *)m);
 }
 
@@ -588,7 +606,7 @@ PyObject *prepared_method(PyObject *self, PyObject *const *args, Py_ssize_t narg
     PreparedMethod *m = PyObject_New(PreparedMethod, &PreparedMethodType);
     if (m == NULL) return NULL;
     m->vectorcall = (vectorcallfunc)method_vectorcall;
-    m->last = m->last_comm = NULL;
+    m->last_refs = m->last_layouts = m->last_call = m->last_rp = m->last_comm = NULL;
     memset(m->last_params, 0, sizeof m->last_params);
     strcpy(m->spec, spec);
     m->nparams = (int)np;
