@@ -5,6 +5,7 @@ from typing import Any
 
 import numpy as np
 
+from .runtime._world import NATIVE_CALLS
 from .runtime._world import runtime as _runtime
 
 
@@ -39,7 +40,10 @@ def stats() -> dict[str, Any]:
     """Counters of this rank: calls per operation, bytes pulled/staged/written, registration."""
     rt = _runtime()
     out = dict(rt.stats)
-    out["calls"] = dict(rt.stats["calls"])
+    calls = out["calls"] = dict(rt.stats["calls"])
+    for name, count in zip(NATIVE_CALLS, rt.native_calls):
+        if count:
+            calls[name] = calls.get(name, 0) + count
     c = rt.byte_counters
     out["bytes_pulled"] = sum(k.pulled for k in c)
     out["bytes_local"] = sum(k.local for k in c)

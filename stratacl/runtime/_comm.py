@@ -167,6 +167,7 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
         self._cx = np.array([self._counter_addr, self._gen_addr, self._arrival_addr, self.size, self.rank,
                              *(_native.data_address(a) for a in (self._tally, self._root_calls, self._sent,
                                                                  self._received, self.counters.words)),
+                             rt.native_call_word("barrier"),
                              *self._desc_addrs[0], *self._desc_addrs[1]], dtype=np.int64)
 
     def _start_worker(self) -> Worker:
@@ -397,12 +398,12 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
                 src, nbytes = _native.data_address(eager) if eager.nbytes else 0, eager.nbytes
             rows.append([*self._fields(operation, dtype, count, root, redop, inp, 0, 0, 0),
                          inp.addr if inp is not None else 0, only, dtype, redop, departure, root, word, out_addr, src,
-                         nbytes, *arrays, *moved[0], *moved[1]])
+                         nbytes, self._rt.native_call_word(operation), *arrays, *moved[0], *moved[1]])
             meshes.append((operation, inp, plan, departure, dtype, count, root, redop, divisor, plan2, only))
         params = np.array(rows, dtype=np.int64)
         # the call holds every array whose address it carries
-        call = (params, self._cx, self._ready, self._bases, tables[0], tables[1], float(divisor), self._call_counts,
-                operation, self._rt.stats, _native.data_address(params))
+        call = (params, self._cx, self._ready, self._bases, tables[0], tables[1], float(divisor), self._rt.stats,
+                _native.data_address(params))
         return Replay(call, tuple(meshes), word)
 
     def _replay(self, replay: "Replay") -> bool:

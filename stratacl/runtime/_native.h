@@ -23,9 +23,11 @@
  *   [CX_TALLY] its T_* words   [CX_ROOTS] rooted calls per root   [CX_SENT], [CX_RECEIVED]
  *   point-to-point sequence numbers per peer   [CX_COUNTERS] its byte counters, CTR_*
  *   (the int64 arrays of runtime/_comm.py, all n long but the tally and the counters)
+ *   [CX_BARRIERS] the rank's count of barriers completed natively (Runtime.native_calls)
  *   [CX_DESC + p*n + i] member i's descriptor, parity p
  * Descriptor fields are the F_* indices of runtime/_control.py. */
-enum { CX_COUNTER, CX_GEN, CX_ARRIVAL, CX_N, CX_ME, CX_TALLY, CX_ROOTS, CX_SENT, CX_RECEIVED, CX_COUNTERS, CX_DESC };
+enum { CX_COUNTER, CX_GEN, CX_ARRIVAL, CX_N, CX_ME, CX_TALLY, CX_ROOTS, CX_SENT, CX_RECEIVED, CX_COUNTERS, CX_BARRIERS,
+       CX_DESC };
 enum { T_CALLS, T_SYNCS, T_NATIVE };            /* calls, barrier numbers, native methods allowed */
 enum { CTR_LOCAL, CTR_PULLED, CTR_WRITTEN };   /* bytes copied locally, pulled, written to output */
 enum { F_OP, F_DTYPE, F_COUNT, F_ROOT, F_REDOP, F_FLAGS, F_ADDR, F_NBYTES, F_SEG_VA, F_SEG_SIZE,

@@ -141,10 +141,10 @@ class PointToPoint:
         n = self.size
         arrays = [_fixed_address(self._cx, (None,)), _fixed_address(self._px, (n, None)),
                   _fixed_address(self._bases, (3, n)), _fixed_address(self._ready, (n, 2)), *_fixed_table(table)]
-        params = np.array([*fields, self.rank, dst, src, dtype, count, itemsize, out_addr, self.size, *arrays, *moved],
+        params = np.array([*fields, self.rank, dst, src, dtype, count, itemsize, out_addr, self.size,
+                           self._rt.native_call_word("send"), self._rt.native_call_word("recv"), *arrays, *moved],
                           dtype=np.int64)
-        return (params, self._cx, self._px, self._bases, self._ready, table, self._call_counts,
-                _native.data_address(params)), True
+        return (params, self._cx, self._px, self._bases, self._ready, table, _native.data_address(params)), True
 
     def _p2p(self, op: str, x: np.ndarray | None, dst: int, out: np.ndarray | None, src: int) -> None:
         """One call: post the send, pull the receive, wait for the send's receiver.

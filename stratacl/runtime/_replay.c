@@ -26,10 +26,10 @@
  * so the common case, `comm.barrier()` with no keywords, no worker thread, no modeled clock (the
  * communicator's T_NATIVE word) and no debug logging, is all here: number the call and the
  * barrier (its T_CALLS and T_SYNCS words), publish the descriptor {op, call}, arrive, wait one
- * slice, compare, count the call in `_call_counts`. Anything else calls `comm._barrier(...)`, the Python operation; a wait
+ * slice, compare, count the call (the rank's word at CX_BARRIERS). Anything else calls `comm._barrier(...)`, the Python operation; a wait
  * past the slice or a disagreement calls `comm._arrived("barrier", parity, k, status)`. */
 static PyObject *debug_check, *debug_level, *debug_cache, *_one;
-static PyObject *s_cx, *s_counts, *s_slow, *s_barrier, *s_send, *s_recv, *s_bytes_eager;
+static PyObject *s_cx, *s_slow, *s_barrier, *s_bytes_eager;
 
 /* set_barrier(op_code, polls, seconds, debug_check, debug_level, debug_cache): the barrier's
  * operation code (F_OP), its yielding polls and the wait before Python takes over, and the
@@ -118,17 +118,13 @@ static PyObject *barrier_call(PyObject *self, PyObject *const *args, Py_ssize_t 
     if (!barrier(c, k, barrier_polls, barrier_seconds)) rc = 1;
     else rc = descriptors_agree(c, parity) ? 0 : 2;
     Py_END_ALLOW_THREADS
-    PyBuffer_Release(&cx);
     if (rc) {
         PyObject *r = PyObject_CallMethod(comm, "_arrived", "OiKi", s_barrier, parity, (unsigned long long)k, rc);
-        if (r == NULL) return NULL;
+        if (r == NULL) { PyBuffer_Release(&cx); return NULL; }
         Py_DECREF(r);
     }
-    PyObject *counts = PyObject_GetAttr(comm, s_counts);
-    if (counts == NULL) return NULL;
-    rc = dict_add(counts, s_barrier, 1);
-    Py_DECREF(counts);
-    if (rc < 0) return NULL;
+    ++*(int64_t *)(uintptr_t)c[CX_BARRIERS];
+    PyBuffer_Release(&cx);
     Py_RETURN_NONE;
 }
 
@@ -138,13 +134,15 @@ static PyObject *barrier_call(PyObject *self, PyObject *const *args, Py_ssize_t 
  * the send and the receive (the communicator's words at CX_SENT and CX_RECEIVED), then
  * p2p_core, the receive's byte counts and both halves' call counts. A stage other than
  * P2P_DONE is returned with the sequence numbers, for the Python path to go on from.
- *   call = (params, cx, px, bases, ready, plan, call_counts, params' address)
+ *   call = (params, cx, px, bases, ready, plan, params' address)
  *   params (int64): the send's DESC_FIXED fields (F_CALL: its sequence number, set here), then PP_* */
-enum { PP_ME = DESC_FIXED, PP_DST, PP_SRC, PP_DTYPE, PP_COUNT, PP_ITEMSIZE, PP_OUT, PP_N, PP_CX, PP_PX, PP_BASES,
-       PP_READY, PP_PLAN, PP_PLAN_ROWS, PP_BYTES, PP_LEN = PP_BYTES + 3 };
-/* PP_N: members; PP_CX .. PP_PLAN_ROWS: the addresses of the arrays `call` holds (cx, px, bases,
- * ready, the plan's table: 0 for none) and the table's rows, checked when the call was built */
-enum { Q_PARAMS, Q_CX, Q_PX, Q_BASES, Q_READY, Q_PLAN, Q_CALL_COUNTS, Q_PARAMS_ADDR, Q_LEN };
+enum { PP_ME = DESC_FIXED, PP_DST, PP_SRC, PP_DTYPE, PP_COUNT, PP_ITEMSIZE, PP_OUT, PP_N, PP_SENDS, PP_RECVS, PP_CX,
+       PP_PX, PP_BASES, PP_READY, PP_PLAN, PP_PLAN_ROWS, PP_BYTES, PP_LEN = PP_BYTES + 3 };
+/* PP_N: members; PP_SENDS, PP_RECVS: the rank's words counting sends and receives completed
+ * natively (Runtime.native_calls); PP_CX .. PP_PLAN_ROWS: the addresses of the arrays `call`
+ * holds (cx, px, bases, ready, the plan's table: 0 for none) and the table's rows, checked when
+ * the call was built */
+enum { Q_PARAMS, Q_CX, Q_PX, Q_BASES, Q_READY, Q_PLAN, Q_PARAMS_ADDR, Q_LEN };
 
 /* The parameters of a replay's call tuple (`at`: the index of their address), NULL with an
  * exception set if it is not such a tuple. */
@@ -180,16 +178,15 @@ static PyObject *p2p_replay_impl(PyObject *call) {
                      (const int64_t *)(uintptr_t)p[PP_PLAN], p[PP_PLAN_ROWS], (int64_t *)(uintptr_t)p[PP_BASES],
                      (const int64_t *)(uintptr_t)p[PP_READY], barrier_polls, barrier_seconds);
     Py_END_ALLOW_THREADS
-    PyObject *counts = PyTuple_GET_ITEM(call, Q_CALL_COUNTS);
     if (stage == P2P_DONE || stage == P2P_SEND_WAIT) {        /* received */
         int64_t *ctr = (int64_t *)(uintptr_t)c[CX_COUNTERS];
         ctr[CTR_LOCAL] += p[PP_BYTES];
         ctr[CTR_PULLED] += p[PP_BYTES + 1];
         ctr[CTR_WRITTEN] += p[PP_BYTES + 2];
-        if (dict_add(counts, s_recv, 1) < 0) return NULL;
+        ++*(int64_t *)(uintptr_t)p[PP_RECVS];
     }
     if (stage != P2P_DONE) return Py_BuildValue("(iLL)", stage, (long long)send_seq, (long long)recv_seq);
-    if (dict_add(counts, s_send, 1) < 0) return NULL;
+    ++*(int64_t *)(uintptr_t)p[PP_SENDS];
     Py_RETURN_NONE;
 }
 
@@ -207,19 +204,19 @@ PyObject *p2p_replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
  * mesh_core, the byte counters and the call count. A stage other than MESH_DONE is returned
  * with what _mesh_rest needs to go on from it; MESH_NOT_RUN: nothing was done (debug logging
  * is on, which only the Python path does).
- *   call = (params, cx, ready, bases, plan, plan2, divisor, call_counts, op, stats, params' address)
+ *   call = (params, cx, ready, bases, plan, plan2, divisor, stats, params' address)
  *   params (int64, one row per call parity): the descriptor's DESC_FIXED fields (F_CALL set
  *   here), then RP_*; the rows differ only where an eager input has a slot per parity */
 enum { RP_OWN = DESC_FIXED, RP_ONLY, RP_DTYPE, RP_REDOP, RP_DEPARTURE, RP_ROOT, RP_WORD, RP_OUT, RP_EAGER_FROM,
-       RP_EAGER_BYTES, RP_CX, RP_READY, RP_BASES, RP_PLAN, RP_PLAN_ROWS, RP_PLAN2, RP_PLAN2_ROWS, RP_BYTES,
+       RP_EAGER_BYTES, RP_COUNTED, RP_CX, RP_READY, RP_BASES, RP_PLAN, RP_PLAN_ROWS, RP_PLAN2, RP_PLAN2_ROWS, RP_BYTES,
        RP_LEN = RP_BYTES + 6 };
 /* RP_OUT: this rank's OUT base, -1: leave it; RP_EAGER_FROM: where RP_EAGER_BYTES bytes are
- * copied from into RP_OWN (the eager slot) first; RP_CX .. RP_PLAN2_ROWS: the addresses of the
+ * copied from into RP_OWN (the eager slot) first; RP_COUNTED: the rank's word counting this
+ * operation's calls completed natively (Runtime.native_calls); RP_CX .. RP_PLAN2_ROWS: the addresses of the
  * arrays `call` holds (cx, ready, bases, the plans' tables: 0 for none) and the tables' rows,
  * checked when the call was built, so that no buffer is requested per call; RP_BYTES: local,
  * pulled, written of plan, then of plan2 */
-enum { R_PARAMS, R_CX, R_READY, R_BASES, R_PLAN, R_PLAN2, R_DIVISOR, R_CALL_COUNTS, R_OP, R_STATS, R_PARAMS_ADDR,
-       R_LEN };
+enum { R_PARAMS, R_CX, R_READY, R_BASES, R_PLAN, R_PLAN2, R_DIVISOR, R_STATS, R_PARAMS_ADDR, R_LEN };
 #define MESH_NOT_RUN (-1)
 
 static PyObject *replay_impl(PyObject *comm, PyObject *call) {
@@ -282,7 +279,7 @@ static PyObject *replay_impl(PyObject *comm, PyObject *call) {
         ctr[CTR_WRITTEN] += p[RP_BYTES + 3 * i + 2];
     }
     if (stage != MESH_DONE) return Py_BuildValue("(iiKk)", stage, parity, (unsigned long long)k, (unsigned long)target);
-    if (dict_add(PyTuple_GET_ITEM(call, R_CALL_COUNTS), PyTuple_GET_ITEM(call, R_OP), 1) < 0) return NULL;
+    ++*(int64_t *)(uintptr_t)p[RP_COUNTED];
     Py_RETURN_NONE;
 }
 
@@ -634,8 +631,7 @@ int replay_init(PyObject *m) {
         "barrier($self, /, *, async_op=False, path=None)\n--\n\n"
         "Block until every rank of the communicator has called barrier. Collective."};
     struct { PyObject **slot; const char *name; } names[] = {
-        {&s_cx, "_cx"}, {&s_counts, "_call_counts"}, {&s_slow, "_barrier"},
-        {&s_barrier, "barrier"}, {&s_send, "send"}, {&s_recv, "recv"}, {&s_bytes_eager, "bytes_eager"},
+        {&s_cx, "_cx"}, {&s_slow, "_barrier"}, {&s_barrier, "barrier"}, {&s_bytes_eager, "bytes_eager"},
         {&s_prepared, "_prepared"}, {&s_entries, "_entries"}, {&s_refs, "_refs"}, {&s_layouts, "_layouts"},
         {&s_args, "args"}, {&s_call, "call"}, {&s_path, "_path"}, {&s_default_path, "_default_path"},
         {&s_replayed, "_replayed"}, {&s_p2p_replayed, "_p2p_replayed"}};

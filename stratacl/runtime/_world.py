@@ -7,6 +7,7 @@ makes a one-rank job of its own. Nothing happens at import time.
 """
 from __future__ import annotations
 
+import array
 import atexit
 import json
 import logging
@@ -34,6 +35,9 @@ from ._control import (COMM_SLOTS, H_HBM_SIZE, H_MAGIC, H_SLICE, H_VA_BASE, MAGI
 from ._hbm import Hbm
 from ._sync import SLICE, JobHealth
 from ._window import PAGE, ShadowWindow, round_up
+
+# the operations whose completed calls the native methods count in Runtime.native_calls
+NATIVE_CALLS = ("barrier", "all_gather", "all_reduce", "reduce_scatter", "all_to_all", "broadcast", "send", "recv")
 
 log = logging.getLogger("stratacl")
 
@@ -76,6 +80,9 @@ class Runtime:
         self.reg.hbm = self.hbm
         self.allocator = CachingAllocator(rank, self.window, self.hbm, self.reg, pool_va)
         self.stats: dict[str, Any] = dict(calls={}, bytes_staged=0, staged_calls=0, bytes_eager=0)
+        # calls completed by the native methods, one int64 word per NATIVE_CALLS name, added to
+        # stats()["calls"]: a count in the dict is a new int object per call
+        self.native_calls = array.array("q", bytes(8 * len(NATIVE_CALLS)))
         self.byte_counters: list = []    # one collectives._backend.Counters per communicator
         self._model = None
         self._path_models: dict = {}
@@ -94,6 +101,10 @@ class Runtime:
         self.reg.start()
         ctl.set_state(rank, STATE_RUNNING)
         self.world_comm = Communicator(self, list(range(world)), [0] * world)
+
+    def native_call_word(self, operation: str) -> int:
+        """The address of ``operation``'s word in ``native_calls``."""
+        return _native.data_address(self.native_calls) + 8 * NATIVE_CALLS.index(operation)
 
     @property
     def model(self) -> FabricModel:
