@@ -203,3 +203,74 @@ def test_split_follows_mpi_semantics(n):
         assert hsize == len(members) and hrank == members.index(me)
         assert got_none == (me == 0)
         assert y == [float(n)] * 3
+
+
+def _vals(rank: int, it: int, count: int, offset: int = 0) -> np.ndarray:
+    return ((rank * 1009 + (np.arange(count) + offset) * 7 + it * 13) % 251).astype(np.float64)
+
+
+def overlapping(comm, block: int):
+    """Outputs that overlap the inputs, in HBM (zero copy), three calls each (the first checks,
+    the others reuse them): every rank's bytes must be exactly those of disjoint buffers."""
+    n, me = comm.size, comm.rank
+    buf = stratacl.empty((3 * n * block,), np.float64)
+    whole, bad = n * block, []
+
+    def check(case, got, want):
+        if got.tobytes() != want.tobytes():
+            bad.append(f"{case}: {int(np.sum(got != want))} of {want.size} elements wrong")
+
+    for it in range(3):
+        x = buf[:whole]                                       # all_to_all in place
+        x[:] = _vals(me, it, whole)
+        comm.all_to_all(x, x)
+        check("all_to_all in place", x, np.concatenate([_vals(p, it, whole)[me * block:(me + 1) * block]
+                                                         for p in range(n)]))
+        x, out = buf[block:block + whole], buf[:whole]        # all_to_all, output shifted a block
+        x[:] = _vals(me, it, whole)
+        comm.all_to_all(out, x)
+        check("all_to_all overlapping", out, np.concatenate([_vals(p, it, whole)[me * block:(me + 1) * block]
+                                                              for p in range(n)]))
+        x = buf[:whole]                                       # all_to_all_v in place, equal counts
+        x[:] = _vals(me, it, whole)
+        comm.all_to_all_v(x, x, [block] * n, [block] * n)
+        check("all_to_all_v in place", x, np.concatenate([_vals(p, it, whole)[me * block:(me + 1) * block]
+                                                           for p in range(n)]))
+        if n > 1:
+            x = buf[:block]                                   # sendrecv in place (MPI_Sendrecv_replace)
+            x[:] = _vals(me, it, block)
+            comm.sendrecv(x, (me + 1) % n, x, (me - 1) % n)
+            check("sendrecv in place", x, _vals((me - 1) % n, it, block))
+            x, out = buf[1:block + 1], buf[:block]            # sendrecv, output shifted an element
+            x[:] = _vals(me, it, block)
+            comm.sendrecv(x, (me + 1) % n, out, (me - 1) % n)
+            check("sendrecv overlapping", out, _vals((me - 1) % n, it, block))
+        x = buf[:whole]                                       # reduce_scatter into the own chunk
+        x[:] = _vals(me, it, whole)
+        out = x[me * block:(me + 1) * block]
+        comm.reduce_scatter(out, x)
+        check("reduce_scatter into its own chunk", out,
+              functools.reduce(np.add, [_vals(p, it, whole)[me * block:(me + 1) * block] for p in range(n)]))
+        x[:] = _vals(me, it, whole)                           # ... into the first chunk
+        out = x[:block]
+        comm.reduce_scatter(out, x)
+        check("reduce_scatter into chunk 0", out,
+              functools.reduce(np.add, [_vals(p, it, whole)[me * block:(me + 1) * block] for p in range(n)]))
+        out = buf[:whole]                                     # all_gather in place (MPI_IN_PLACE)
+        out[me * block:(me + 1) * block] = _vals(me, it, block)
+        comm.all_gather(out, out[me * block:(me + 1) * block])
+        check("all_gather in place", out, np.concatenate([_vals(p, it, block) for p in range(n)]))
+        out[:block] = _vals(me, it, block)                    # ... from chunk 0 on every rank
+        comm.all_gather(out, out[:block])
+        check("all_gather from chunk 0", out, np.concatenate([_vals(p, it, block) for p in range(n)]))
+    comm.barrier()
+    return bad
+
+
+@pytest.mark.parametrize("settings", [{}, dict(algo="ring"), dict(path="sdma")],
+                         ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()) or "default")
+@pytest.mark.parametrize("n", [1, 2, 3, 8])
+def test_outputs_overlapping_inputs_give_exact_bytes(n, settings):
+    for block in (100, 20000):                  # below and above the eager size (16 KiB)
+        for rank, bad in enumerate(stratacl.spawn(overlapping, n, args=(block,), timeout=120, **settings)):
+            assert bad == [], f"block {block}, rank {rank}: {bad}"

@@ -26,6 +26,23 @@ def _copy_back(x: np.ndarray, flat: np.ndarray) -> None:
     x[...] = flat.reshape(x.shape)
 
 
+def _aliased(out: np.ndarray, x: np.ndarray, in_place: tuple | None = None) -> bool:
+    """Whether an operation writing ``out`` could change bytes of ``x`` that peers read in
+    place (zero copy) during the call: they share memory, other than in the operator's
+    in-place form, the pair ``in_place`` being the same bytes (all_gather: ``x`` and the rank's
+    chunk of ``out``; reduce_scatter: ``out`` and the rank's chunk of ``x``). Such an input is
+    staged, copied before anyone reads it, as MPI_IN_PLACE would take it."""
+    if not np.may_share_memory(out, x):
+        return False
+    return in_place is None or not _exactly(*in_place)
+
+
+def _exactly(a: np.ndarray, b: np.ndarray) -> bool:
+    """``a`` is the same contiguous bytes as ``b``."""
+    return (a.flags.c_contiguous and b.flags.c_contiguous and a.nbytes == b.nbytes
+            and _native.data_address(a) == _native.data_address(b))
+
+
 def _fixed_address(a: np.ndarray, shape: tuple[int | None, ...]) -> int:
     """The address of an int64 array a native replay will read without asking for it (the
     replay's call holds the array): C-contiguous, ``shape`` (None: any extent)."""

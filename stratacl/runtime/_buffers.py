@@ -59,12 +59,13 @@ class _Input:
 class Buffers:
     """Mixin of ``Communicator``."""
 
-    def _as_input(self, x: np.ndarray, operation: str) -> _Input:
-        """Zero copy when ``x`` is contiguous and in this rank's HBM; otherwise stage it."""
+    def _as_input(self, x: np.ndarray, operation: str, stage: bool = False) -> _Input:
+        """Zero copy when ``x`` is contiguous and in this rank's HBM; otherwise, or if ``stage``
+        (the call's output overlaps it: _args._aliased), stage it."""
         flat = _flat(x, operation, "input")
         if flat.size == 0:
             return _Input(flat, None)
-        if flat.flags.c_contiguous and not self._always_stage:
+        if flat.flags.c_contiguous and not self._always_stage and not stage:
             addr = _native.data_address(flat)
             seg = self._hbm_segment(flat, addr)
             if seg is not None:

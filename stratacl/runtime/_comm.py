@@ -47,7 +47,7 @@ from ..collectives import _reduce, _slices
 from ..collectives._schedule import EAGER_CHUNKS_READ
 from ..collectives._slices import OUT, SCRATCH
 from . import _native
-from ._args import _copy_back, _expect, _fixed_address, _fixed_table, _flat
+from ._args import _aliased, _copy_back, _expect, _fixed_address, _fixed_table, _flat
 from ._buffers import EAGER_BYTES, Buffers, _Input
 from ._control import (DESC_FIXED, F_ADDR, F_AUX0, F_AUX1, F_AUX2, F_CALL, F_COUNT, F_DTYPE, F_EPOCH, F_FLAGS,
                        F_NBYTES, F_OP, F_REDOP, F_ROOT, F_SEG_OFF, F_SEG_SIZE, F_SEG_VA, FLAG_REJECTED, Layout)
@@ -540,7 +540,10 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
 
     @collective
     def all_gather(self, out: np.ndarray, x: np.ndarray) -> None:
-        """``out`` (size * x.size elements) receives every rank's ``x``, rank-major. Collective."""
+        """``out`` (size * x.size elements) receives every rank's ``x``, rank-major. Collective.
+
+        In place: ``x`` may be this rank's chunk of ``out`` (zero copy); an ``x`` overlapping
+        ``out`` otherwise is copied first."""
         op = "all_gather"
         key = (op, id(out), id(x)) if self._path is self._default_path else None
         code, algo, eager, inp, plan, out_addr, target, replay = self._prepared.get(
@@ -587,7 +590,8 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
             if self._path is not self._default_path:
                 self._check_path(op)
             _flat(x, op, "input")          # an eager input is read per call, but checked here
-            inp = None if eager else self._as_input(x, op)
+            own = o[self.rank * x.size:(self.rank + 1) * x.size]
+            inp = None if eager else self._as_input(x, op, _aliased(o, x, (x, own)))
             target = self._output(o, hbm=algo == "ring")
         except Exception as e:
             self._begin(op, {}, error=e)
@@ -606,7 +610,9 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
 
     @collective
     def all_to_all(self, out: np.ndarray, x: np.ndarray) -> None:
-        """Equal splits: chunk j of rank i's ``x`` lands in chunk i of rank j's ``out``. Collective."""
+        """Equal splits: chunk j of rank i's ``x`` lands in chunk i of rank j's ``out``. Collective.
+
+        ``out`` may be ``x`` or overlap it (in place): ``x`` is then copied first."""
         op = "all_to_all"
         key = (op, id(out), id(x)) if self._path is self._default_path else None
         code, inp, plan, out_addr, target, replay = self._prepared.get(key, (out, x), self._check_all_to_all, out, x)
@@ -634,7 +640,7 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
                     TypeError)
             if self._path is not self._default_path:
                 self._check_path(op)
-            inp = self._as_input(x, op)
+            inp = self._as_input(x, op, _aliased(o, x))
             target = self._output(o)
         except Exception as e:
             self._begin(op, {}, error=e)
@@ -651,7 +657,8 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
     def all_to_all_v(self, out: np.ndarray, x: np.ndarray, send_counts: Sequence[int],
                      recv_counts: Sequence[int]) -> None:
         """Variable splits, packed in rank order: ``send_counts[j]`` elements of ``x`` go to rank j,
-        ``recv_counts[j]`` elements from rank j land in ``out``. Collective.
+        ``recv_counts[j]`` elements from rank j land in ``out``. Collective. ``out`` may overlap
+        ``x`` (in place): ``x`` is then copied first.
 
         Under a modeled clock only its synchronisation is modeled, not its transfers."""
         op = "all_to_all_v"
@@ -672,7 +679,7 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
                     TypeError)
             if self._path is not self._default_path:
                 self._check_path(op)
-            inp = self._as_input(x, op)
+            inp = self._as_input(x, op, _aliased(o, x))
             target = self._output(o)
         except Exception as e:
             self._begin(op, {}, error=e)
@@ -748,6 +755,9 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
     def reduce_scatter(self, out: np.ndarray, x: np.ndarray, op: str = "sum") -> None:
         """``out`` receives chunk ``rank`` of the element-wise reduction of every rank's ``x``. Collective.
 
+        In place: ``out`` may be this rank's chunk of ``x`` (zero copy); an ``out`` overlapping
+        ``x`` otherwise has ``x`` copied first.
+
         Mesh: every output element is reduced in rank order. Ring: chunk c is reduced in the
         order the ring visits the ranks, c+1, c+2, ..., c (runtime/_ringsteps.py)."""
         name = "reduce_scatter"
@@ -791,7 +801,8 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
                     TypeError)
             if self._path is not self._default_path:
                 self._check_path(name)
-            inp = self._as_input(x, name)
+            own = _flat(x, name, "input")[self.rank * o.size:(self.rank + 1) * o.size]
+            inp = self._as_input(x, name, _aliased(o, x, (o, own)))
             algo = self._algo_for(name, x.nbytes, x.itemsize)
             target = self._output(o)
         except Exception as e:

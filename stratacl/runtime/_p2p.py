@@ -22,7 +22,7 @@ from ..collectives import _reduce, _slices
 from ..collectives._slices import IN, OUT
 from ..ub._rankclock import to_bits, us_from_bits
 from . import _native
-from ._args import _fixed_address, _fixed_table, _flat
+from ._args import _aliased, _fixed_address, _fixed_table, _flat
 from ._control import (F_ADDR, F_AUX0, F_AUX1, F_COUNT, F_DTYPE, F_EPOCH, F_FLAGS,
                        F_SEG_OFF, F_SEG_SIZE, F_SEG_VA, FLAG_REJECTED, P2P_DESC, Layout)
 from ._sync import SLICE, SPIN_POLLS, WAKE_ALL, seq_reached, wait_until
@@ -91,7 +91,8 @@ class PointToPoint:
     def sendrecv(self, x: np.ndarray, dst: int, out: np.ndarray, src: int) -> None:
         """Send ``x`` to ``dst`` while receiving into ``out`` from ``src`` (MPI_Sendrecv).
 
-        Both halves proceed at once, so a ring of sendrecv calls cannot deadlock.
+        Both halves proceed at once, so a ring of sendrecv calls cannot deadlock. ``out`` may be
+        ``x`` or overlap it (MPI_Sendrecv_replace): ``x`` is then copied first.
         """
         key = (("sendrecv", id(x), dst, id(out), src)
                if type(dst) is int and type(src) is int and self._path is self._default_path else None)
@@ -131,6 +132,8 @@ class PointToPoint:
         if (self._rt.clock is not None or self._path != "mte" or dst not in peers or src not in peers
                 or dst == self.rank or src == self.rank):
             return None, False
+        if _aliased(out, x):
+            return None, False              # the send is staged per call (_p2p)
         (code, inp, error), held = self._check_send(x)
         (native, plan), in_place = self._check_recv(out, src)
         if not (held and in_place) or error is not None:
@@ -154,7 +157,8 @@ class PointToPoint:
         ``_native.p2p``; it returns the stage at which the rest continues here: a wait that
         needs health checks, or a descriptor to check (mismatch, new buffer)."""
         t0 = self._entering_us() if self._rt.clock is not None else None
-        send = self._prepare_send(x, dst, t0) if x is not None else None
+        stage = x is not None and out is not None and _aliased(out, x)
+        send = self._prepare_send(x, dst, t0, stage) if x is not None else None
         stage, recv = P2P_SEND_WAIT, None
         if out is not None:
             try:
@@ -195,29 +199,33 @@ class PointToPoint:
         if t0 is not None:
             self._ended(op, t0, max(t for t in (sent, received) if t is not None))
 
-    def _prepare_send(self, x: np.ndarray, dst: int, t_send: float | None) -> tuple:
+    def _prepare_send(self, x: np.ndarray, dst: int, t_send: float | None, stage: bool = False) -> tuple:
         """Check a send's arguments and fill ``self._send_fields`` with its descriptor (an
         argument the rank rejects is flagged in it, so the receiver raises too); returns what
-        ``_complete_send`` waits on."""
+        ``_complete_send`` waits on. ``stage``: copy ``x`` first (the call's receive writes
+        over it)."""
         if not (isinstance(dst, (int, np.integer)) and 0 <= dst < self.size and dst != self.rank):
             raise ValueError(f"send: destination {dst!r} is not another rank of this communicator (size {self.size})")
-        key = ("send", id(x)) if self._path is self._default_path else None
-        code, inp, error = self._prepared.get(key, (x,), self._check_send, x)
+        if stage:
+            code, inp, error = self._check_send(x, True)[0]
+        else:
+            key = ("send", id(x)) if self._path is self._default_path else None
+            code, inp, error = self._prepared.get(key, (x,), self._check_send, x)
         self._sent[dst] += 1
         seq = self._sent[dst] & 0xFFFFFFFF
         aux0 = to_bits(t_send) if t_send is not None else 0
         self._send_fields = _send_descriptor(code, x.size, inp, error is not None, aux0, seq)
         return dst, seq, error, x, t_send
 
-    def _check_send(self, x: np.ndarray) -> tuple[tuple, bool]:
+    def _check_send(self, x: np.ndarray, stage: bool = False) -> tuple[tuple, bool]:
         """A send's checks and what they decided (runtime/_prepared.py): dtype code, the input,
         the error that rejects the send (reported to both sides after the handshake)."""
         try:
             code = _reduce.dtype_code(x.dtype, "send")
-            inp = self._as_input(x, "send")
+            inp = self._as_input(x, "send", stage)
         except Exception as e:
             return (0, None, e), False
-        held = inp.in_place_of(x)
+        held = None if stage else inp.in_place_of(x)
         return (code, inp if held is None else held, None), held is not None
 
     def _abandon(self, send: tuple) -> None:
