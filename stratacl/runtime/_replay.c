@@ -377,29 +377,24 @@ static int same_as_last(PreparedMethod *m, PyObject *comm, PyObject *const *para
     return 1;
 }
 
-static void forget(PreparedMethod *m) {
-    Py_CLEAR(m->last_refs);
-    Py_CLEAR(m->last_layouts);
-    Py_CLEAR(m->last_call);
-    Py_CLEAR(m->last_rp);
-    Py_CLEAR(m->last_comm);
-    for (int i = 0; i < m->nparams; i++)
-        if (m->spec[i] == 's') Py_CLEAR(m->last_params[i]);
-}
-
-/* Remember an entry found for `comm` and `params` (new references are taken). */
+/* Remember an entry found for `comm` and `params` (NULL comm: forget the last one). What was
+ * remembered before is released only once the method holds the new entry, since releasing
+ * an object can run Python code that calls the method again. */
 static void remember(PreparedMethod *m, PyObject *comm, PyObject *const *params, PyObject *refs, PyObject *layouts,
                      PyObject *call, PyObject *rp) {
-    PyObject *ref = PyWeakref_NewRef(comm, NULL);
-    forget(m);
-    if (ref == NULL) { PyErr_Clear(); return; }          /* not weakly referenceable: no memory */
+    PyObject *ref = comm == NULL ? NULL : PyWeakref_NewRef(comm, NULL);
+    if (comm != NULL && ref == NULL) PyErr_Clear();      /* not weakly referenceable: forget */
+    PyObject *old[5 + METHOD_MAX_PARAMS] = {m->last_comm, m->last_refs, m->last_layouts, m->last_call, m->last_rp};
+    for (int i = 0; i < m->nparams; i++) {
+        old[5 + i] = m->spec[i] == 's' ? m->last_params[i] : NULL;
+        m->last_params[i] = ref == NULL ? NULL : m->spec[i] == 's' ? Py_NewRef(params[i]) : params[i];
+    }
     m->last_comm = ref;
-    for (int i = 0; i < m->nparams; i++)
-        m->last_params[i] = m->spec[i] == 's' ? Py_NewRef(params[i]) : params[i];
-    m->last_refs = Py_NewRef(refs);
-    m->last_layouts = Py_NewRef(layouts);
-    m->last_call = Py_XNewRef(call);
-    m->last_rp = Py_XNewRef(rp);
+    m->last_refs = ref == NULL ? NULL : Py_NewRef(refs);
+    m->last_layouts = ref == NULL ? NULL : Py_NewRef(layouts);
+    m->last_call = ref == NULL ? NULL : Py_XNewRef(call);
+    m->last_rp = ref == NULL ? NULL : Py_XNewRef(rp);
+    for (size_t i = 0; i < sizeof old / sizeof old[0]; i++) Py_XDECREF(old[i]);
 }
 
 /* The prepared entry of this call, as what the method runs: 1 with new references in *call
@@ -542,8 +537,8 @@ static void method_dealloc(PreparedMethod *m) {
     Py_XDECREF(m->slow);
     Py_XDECREF(m->defaults);
     Py_XDECREF(m->wrapped);
+    remember(m, NULL, NULL, NULL, NULL, NULL, NULL);
     Py_XDECREF(m->params);
-    forget(m);
     Py_TYPE(m)->tp_free((PyObject *)m);
 }
 
