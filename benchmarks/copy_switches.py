@@ -1,5 +1,6 @@
-"""What a context switch between ranks costs the copies of an all_to_all. A benchmark, not a
-test: it prints a markdown table.
+"""What the copies of an all_to_all cost made once between switches, as in the operator,
+against made back to back, as the host limit's workers make them. A benchmark, not a test:
+it prints a markdown table.
 
     python benchmarks/copy_switches.py                          # N = 8, 256 KiB .. 4 MiB (~1 min)
     python benchmarks/copy_switches.py -n 32 --sizes 1M
@@ -14,8 +15,10 @@ read at its shared address, into its own output), in three ways:
 - ``operator``: ``comm.all_to_all`` itself (the copies, two barriers, the descriptors).
 
 A round is every rank's copies once: the columns are wall time per round and the bytes copied
-per round over that time, medians over ranks and then over ``--repeat`` runs. When ranks outnumber cores, the operator cannot copy faster than
-``yield``; the gap between ``free`` and ``yield`` is what the switches cost the copies.
+per round over that time, medians over ranks and then over ``--repeat`` runs. When ranks
+outnumber cores, the operator is close to ``yield``; the gap between ``free`` and ``yield``
+is what the copies lose when each is made once between switches (docs/performance.md,
+"Copies in a call against copies in a loop").
 """
 from __future__ import annotations
 
