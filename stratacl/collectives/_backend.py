@@ -94,6 +94,17 @@ def addresses(smap: SliceMap, bases: np.ndarray) -> tuple[np.ndarray, np.ndarray
     return bases[smap.src_buf, src_rank] + smap.src, bases[smap.dst_buf, dst_rank] + smap.dst
 
 
+def int64_word(buffer: str, index: int, doc: str) -> property:
+    """A property over word ``index`` of the ``array('q')`` attribute ``buffer``: a count that
+    native code updates in place, read and written by Python like an attribute."""
+    def get(self) -> int:
+        return getattr(self, buffer)[index]
+
+    def put(self, value: int) -> None:
+        getattr(self, buffer)[index] = value
+    return property(get, put, doc=doc)
+
+
 class Counters:
     """Bytes moved by one rank, for stats(): copied locally, pulled from peers, written to
     output. Kept in three int64 words, ``words``, which the native replays add to in place
@@ -104,29 +115,9 @@ class Counters:
     def __init__(self):
         self.words = array.array("q", bytes(24))
 
-    @property
-    def local(self) -> int:
-        return self.words[0]
-
-    @local.setter
-    def local(self, value: int) -> None:
-        self.words[0] = value
-
-    @property
-    def pulled(self) -> int:
-        return self.words[1]
-
-    @pulled.setter
-    def pulled(self, value: int) -> None:
-        self.words[1] = value
-
-    @property
-    def written(self) -> int:
-        return self.words[2]
-
-    @written.setter
-    def written(self, value: int) -> None:
-        self.words[2] = value
+    local = int64_word("words", 0, "Bytes copied from this rank's own buffers.")
+    pulled = int64_word("words", 1, "Bytes read from peers' buffers.")
+    written = int64_word("words", 2, "Bytes written to outputs.")
 
 
 class Plans:

@@ -44,6 +44,7 @@ import numpy as np
 
 from .._errors import CollectiveMismatch
 from ..collectives import _reduce, _slices
+from ..collectives._backend import int64_word
 from ..collectives._schedule import EAGER_CHUNKS_READ
 from ..collectives._slices import OUT, SCRATCH
 from . import _native
@@ -177,23 +178,8 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
         self._tally[T_NATIVE] = 0       # calls now go through the worker, in order
         return self._worker
 
-    @property
-    def _calls(self) -> int:
-        """Operations called on this communicator; they number the descriptors."""
-        return self._tally[T_CALLS]
-
-    @_calls.setter
-    def _calls(self, value: int) -> None:
-        self._tally[T_CALLS] = value
-
-    @property
-    def _syncs(self) -> int:
-        """Barrier numbers taken (the counter's target is this times the size)."""
-        return self._tally[T_SYNCS]
-
-    @_syncs.setter
-    def _syncs(self, value: int) -> None:
-        self._tally[T_SYNCS] = value
+    _calls = int64_word("_tally", T_CALLS, "Operations called on this communicator; they number the descriptors.")
+    _syncs = int64_word("_tally", T_SYNCS, "Barrier numbers taken (the counter's target is this times the size).")
 
     @property
     def topology(self):

@@ -501,7 +501,8 @@ static PyObject *method_vectorcall(PreparedMethod *m, PyObject *const *args, siz
     /* no modeled clock, no worker thread: the communicator's T_NATIVE word, through the call's cx */
     const int64_t *p = p2p ? call_params(call, Q_LEN, Q_PARAMS_ADDR, "p2p_replay")
                            : call_params(call, R_LEN, R_PARAMS_ADDR, "replay");
-    int now = p == NULL ? -1 : ((const int64_t *)(uintptr_t)((const int64_t *)(uintptr_t)p[p2p ? PP_CX : RP_CX])[CX_TALLY])[T_NATIVE] != 0;
+    const int64_t *cx = p == NULL ? NULL : (const int64_t *)(uintptr_t)p[p2p ? PP_CX : RP_CX];
+    int now = cx == NULL ? -1 : ((const int64_t *)(uintptr_t)cx[CX_TALLY])[T_NATIVE] != 0;
     if (now == 1 && reset_path(comm) < 0) now = -1;
     PyObject *r = NULL;
     if (now == 1) {
