@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -79,6 +80,25 @@ def stores(request):
     old = _kernels.stream_footprint(0 if request.param == "streaming" else 1 << 62)
     yield request.param
     _kernels.stream_footprint(old)
+
+
+def _cpus_in(path: str) -> int:
+    with open(path) as f:
+        parts = [p.split("-") for p in f.read().strip().split(",") if p]
+    return sum(int(p[-1]) - int(p[0]) + 1 for p in parts)
+
+
+def test_streaming_starts_at_the_cache_these_cores_may_use():
+    """Phases stream once their writes pass the last-level cache, counted at most 16 MiB per
+    CPU that shares it: a VM can be shown its host's whole L3 (480 MiB for 2 vCPUs)."""
+    index3 = "/sys/devices/system/cpu/cpu0/cache/index3"
+    if not os.path.exists(f"{index3}/size"):
+        pytest.skip("no last-level cache in sysfs on this host")
+    with open(f"{index3}/size") as f:
+        text = f.read().strip()
+    llc = int(text.rstrip("KMG")) << {"K": 10, "M": 20, "G": 30}.get(text[-1], 0)
+    expected = min(llc, _cpus_in(f"{index3}/shared_cpu_list") * (16 << 20))
+    assert _kernels.stream_footprint() == expected
 
 
 def test_streaming_copies_are_exact_at_any_alignment():

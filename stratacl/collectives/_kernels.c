@@ -21,8 +21,8 @@
  * How bytes are written: a phase whose writes, over all members of the communicator, add up to
  * more than the last-level cache cannot keep its destinations in cache, so it writes them with
  * streaming (non-temporal) stores, which skip reading each destination line before
- * overwriting it. On this project's 2-core EPYC host that copies out-of-cache working sets
- * 1.2-1.4x faster than memcpy; in cache memcpy is faster (docs/performance.md).
+ * overwriting it. On the 2-core hosts this project is measured on, that copies out-of-cache
+ * working sets 1.2-1.8x faster than memcpy; in cache memcpy is faster (docs/performance.md).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -71,10 +71,39 @@ static void stream_sse2(char *d, const char *s, size_t n) {
 }
 #endif
 
+/* How many CPUs a sysfs cpu list ("0-3,8-11") names; 0 when it cannot be read. */
+static long cpus_in_list(const char *path) {
+    FILE *f = fopen(path, "r");
+    if (f == NULL) return 0;
+    long count = 0, a, b;
+    int c;
+    while (fscanf(f, "%ld", &a) == 1) {
+        b = a;
+        c = fgetc(f);
+        if (c == '-') {
+            if (fscanf(f, "%ld", &b) != 1) break;
+            c = fgetc(f);
+        }
+        if (b >= a) count += b - a + 1;
+        if (c != ',') break;
+    }
+    fclose(f);
+    return count;
+}
+
+/* The most last-level cache a core is credited with. A virtual machine may be shown its host's
+ * whole L3 (480 MiB for 2 vCPUs on an Intel host seen here), most of which other tenants' cores
+ * use: there, copies beyond the private L2 already run at memory speed, and streaming stores
+ * make 16 MiB all_to_all and broadcast at N = 8 1.5-1.9x faster (docs/performance.md). No
+ * server part gives a core much more than 12 MiB of L3 (AMD's stacked-cache parts). */
+#define LLC_PER_CORE_MAX ((size_t)16 << 20)
+
 /* The last-level cache as the kernel describes it (sysfs, what lscpu prints), else glibc's
- * figure, else 0. Virtual machines can report the whole package's L3 through cpuid (glibc)
- * while sysfs has the slice this VM's cores share: sysfs first. */
+ * figure, else 0, at most LLC_PER_CORE_MAX per CPU that shares it. Virtual machines can
+ * report the whole package's L3 through cpuid (glibc) while sysfs has the slice this VM's
+ * cores share: sysfs first. */
 static size_t last_level_cache(void) {
+    size_t llc = 0;
     FILE *f = fopen("/sys/devices/system/cpu/cpu0/cache/index3/size", "r");
     if (f != NULL) {
         unsigned long v = 0;
@@ -82,13 +111,18 @@ static size_t last_level_cache(void) {
         int got = fscanf(f, "%lu%c", &v, &unit);
         fclose(f);
         if (got >= 1 && v > 0)
-            return (size_t)v << (unit == 'K' ? 10 : unit == 'M' ? 20 : unit == 'G' ? 30 : 0);
+            llc = (size_t)v << (unit == 'K' ? 10 : unit == 'M' ? 20 : unit == 'G' ? 30 : 0);
     }
 #ifdef _SC_LEVEL3_CACHE_SIZE
-    long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
-    if (l3 > 0) return (size_t)l3;
+    if (llc == 0) {
+        long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
+        if (l3 > 0) llc = (size_t)l3;
+    }
 #endif
-    return 0;
+    long sharing = cpus_in_list("/sys/devices/system/cpu/cpu0/cache/index3/shared_cpu_list");
+    if (sharing <= 0) sharing = sysconf(_SC_NPROCESSORS_ONLN);
+    if (sharing > 0 && llc > (size_t)sharing * LLC_PER_CORE_MAX) llc = (size_t)sharing * LLC_PER_CORE_MAX;
+    return llc;
 }
 
 /* Copy n bytes; `stream`: with non-temporal stores where the host has them. Streaming stores
