@@ -14,7 +14,8 @@
                                         the cores (run_plan on the plan's reduction table)
 
 Table rows are ``(kind, src_rank, src_buf, src_off, dst_rank, dst_buf, dst_off, nbytes)``:
-COPY rows are one LOAD or STORE slice each; a reduction group (every LOAD_ACC slice of a phase
+COPY rows are one LOAD or STORE slice each (COPY_SHARED when every member of the phase reads
+the same sources: broadcast, the mesh all_gather); a reduction group (every LOAD_ACC slice of a phase
 writing the same destination range) is a GROUP row naming the destination and the number of
 sources, followed by one SRC row per source, in the order the frontend listed them: that is
 the reduction order (mesh frontends list members in rank order; ring steps: left, then own).
@@ -34,7 +35,7 @@ import numpy as np
 from . import _kernels
 from ._slices import LOAD_ACC, SCRATCH, STORE, SliceMap
 
-COPY, GROUP, SRC = 0, 1, 2
+COPY, GROUP, SRC, COPY_SHARED = 0, 1, 2, 3
 PLAN_COLUMNS = 8
 CACHE_LIMIT = 256
 
@@ -57,14 +58,16 @@ def _subset(smap: SliceMap, keep: np.ndarray) -> SliceMap:
     return SliceMap(smap.me, *(getattr(smap, k)[keep] for k in f))
 
 
-def compile(smap: SliceMap, itemsize: int = 1) -> Plan:
-    """The native table of one phase. Reduction groups must cover whole ``itemsize`` elements."""
+def compile(smap: SliceMap, itemsize: int = 1, shared: bool = False) -> Plan:
+    """The native table of one phase. Reduction groups must cover whole ``itemsize`` elements.
+    ``shared``: every member reads the same sources (broadcast, all_gather), so their copies
+    are COPY_SHARED rows, for which the kernels keep the sources in cache (_kernels.c)."""
     me = smap.me
     store = smap.op == STORE
     src_rank = np.where(store, me, smap.peer)
     dst_rank = np.where(store, smap.peer, me)
     copy = smap.op != LOAD_ACC
-    rows = [np.stack([np.full(int(copy.sum()), COPY), src_rank[copy], smap.src_buf[copy], smap.src[copy],
+    rows = [np.stack([np.full(int(copy.sum()), COPY_SHARED if shared else COPY), src_rank[copy], smap.src_buf[copy], smap.src[copy],
                       dst_rank[copy], smap.dst_buf[copy], smap.dst[copy], smap.nbytes[copy]], axis=1)]
     groups: dict[tuple[int, int, int], list[int]] = {}
     for i in np.nonzero(~copy)[0].tolist():
@@ -127,23 +130,26 @@ class Plans:
         self._cache: dict = {}
         self._limit = limit
 
-    def get(self, key: tuple, build: Callable[[], Sequence[SliceMap]], itemsize: int = 1) -> tuple[Plan, ...]:
+    def get(self, key: tuple, build: Callable[[], Sequence[SliceMap]], itemsize: int = 1,
+            shared: bool = False) -> tuple[Plan, ...]:
         got = self._cache.get(key)
         if got is None:
             if len(self._cache) >= self._limit:
                 self._cache.clear()
-            got = self._cache[key] = tuple(compile(m, itemsize) for m in build())
+            got = self._cache[key] = tuple(compile(m, itemsize, shared) for m in build())
         return got
 
 
-def execute(smap: SliceMap, bases: np.ndarray, dtype=None, redop: str = "sum", divisor: float | None = None) -> int:
+def execute(smap: SliceMap, bases: np.ndarray, dtype=None, redop: str = "sum", divisor: float | None = None,
+            shared: bool = False) -> int:
     """Compile and run one phase on the cores (tests, experiments; communicators cache their
     plans). ``bases[buf, rank]``: the (3, n) int64 base addresses of every member's IN, OUT and
-    SCRATCH; avg divides by ``divisor`` (default: each group's size). Returns the bytes moved.
+    SCRATCH; avg divides by ``divisor`` (default: each group's size); ``shared`` as compile's.
+    Returns the bytes moved.
     The caller guarantees every address is mapped and the sources are ready."""
     from ._reduce import dtype_code, reduce_code
     dt = np.dtype(dtype) if dtype is not None else None
-    plan = compile(smap, dt.itemsize if dt is not None else 1)
+    plan = compile(smap, dt.itemsize if dt is not None else 1, shared)
     if plan.reductions.size and dt is None:
         raise ValueError("execute: load-accumulate slices need a dtype")
     tcode = dtype_code(dt, "execute") if dt is not None else 0

@@ -23,6 +23,10 @@
  * streaming (non-temporal) stores, which skip reading each destination line before
  * overwriting it. On the 2-core hosts this project is measured on, that copies out-of-cache
  * working sets 1.2-1.8x faster than memcpy; in cache memcpy is faster (docs/performance.md).
+ * A phase whose members all read the same sources (COPY_SHARED rows: broadcast, all_gather)
+ * has more to lose: ordinary stores evict the shared source from a core's cache before the
+ * next reader there gets to it. Where the last-level cache is not this VM's to count on, such
+ * a phase streams once its writes pass the cores' private caches.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -44,6 +48,10 @@
 /* ---- copies ---------------------------------------------------------------------------- */
 #define STREAM_MIN_BYTES 4096          /* below this a streaming copy does not pay its fence */
 static size_t stream_footprint = (size_t)32 << 20;   /* set from the cache size at import */
+/* The same for phases whose sources every member reads (COPY_SHARED rows): set at import to
+ * the cores' private caches where the last-level cache had to be capped (see below). */
+static size_t shared_stream_footprint = (size_t)32 << 20;
+static int llc_capped;
 static int have_avx2;
 
 #if defined(__x86_64__)
@@ -121,8 +129,24 @@ static size_t last_level_cache(void) {
 #endif
     long sharing = cpus_in_list("/sys/devices/system/cpu/cpu0/cache/index3/shared_cpu_list");
     if (sharing <= 0) sharing = sysconf(_SC_NPROCESSORS_ONLN);
-    if (sharing > 0 && llc > (size_t)sharing * LLC_PER_CORE_MAX) llc = (size_t)sharing * LLC_PER_CORE_MAX;
+    if (sharing > 0 && llc > (size_t)sharing * LLC_PER_CORE_MAX) {
+        llc = (size_t)sharing * LLC_PER_CORE_MAX;
+        llc_capped = 1;
+    }
     return llc;
+}
+
+/* The private (L2) caches of all online CPUs together, from sysfs; 0 when unknown. */
+static size_t private_caches(void) {
+    FILE *f = fopen("/sys/devices/system/cpu/cpu0/cache/index2/size", "r");
+    if (f == NULL) return 0;
+    unsigned long v = 0;
+    char unit = 0;
+    int got = fscanf(f, "%lu%c", &v, &unit);
+    fclose(f);
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    if (got < 1 || v == 0 || cpus <= 0) return 0;
+    return ((size_t)v << (unit == 'K' ? 10 : unit == 'M' ? 20 : 0)) * (size_t)cpus;
 }
 
 /* Copy n bytes; `stream`: with non-temporal stores where the host has them. Streaming stores
@@ -307,22 +331,23 @@ static void reduce_tiles(char *dst, const char *const *srcs, Py_ssize_t nsrc, si
     }
 }
 
-enum { K_COPY = 0, K_GROUP = 1, K_SRC = 2 };
+enum { K_COPY = 0, K_GROUP = 1, K_SRC = 2, K_COPY_SHARED = 3 };
 #define MAX_GROUP 4096
 
 /* Check a plan against `n` members, then execute it (see run_plan below). Needs no GIL: the
  * caller decides whether to hold it. Returns NULL on success, else what was wrong. */
 static const char *execute_plan(const int64_t *p, Py_ssize_t rows, const int64_t *b, Py_ssize_t n, int t, int op,
                                 double divisor, int64_t *skipped_out) {
-    int reduces = 0;
+    int reduces = 0, shared = 0;
     /* validate every row before touching memory: a bad plan is a bug, never a crash */
     for (Py_ssize_t r = 0; r < rows; r++) {
         const int64_t *row = p + 8 * r;
         if (row[0] == K_GROUP) {
             reduces = 1;
             if (row[1] < 1 || row[1] > MAX_GROUP || r + row[1] >= rows) return "a reduction group's source count";
-        } else if (row[0] == K_COPY || row[0] == K_SRC) {
+        } else if (row[0] == K_COPY || row[0] == K_SRC || row[0] == K_COPY_SHARED) {
             if (row[1] < 0 || row[1] >= n || row[2] < 0 || row[2] > 2) return "a source rank or buffer";
+            shared |= row[0] == K_COPY_SHARED;
         } else {
             return "a row kind";
         }
@@ -334,7 +359,7 @@ static const char *execute_plan(const int64_t *p, Py_ssize_t rows, const int64_t
     size_t written = 0;
     for (Py_ssize_t r = 0; r < rows; r++)
         if (p[8 * r] != K_SRC) written += (size_t)p[8 * r + 7];
-    int stream = written * (size_t)n >= stream_footprint;
+    int stream = written * (size_t)n >= (shared ? shared_stream_footprint : stream_footprint);
     size_t item = reduces ? type_size(t) : 1;
     char *acc = reduces ? malloc(TILE_BYTES + MAX_GROUP * sizeof(char *)) : NULL;
     if (reduces && acc == NULL) return "out of memory for the reduction tile";
@@ -344,7 +369,7 @@ static const char *execute_plan(const int64_t *p, Py_ssize_t rows, const int64_t
     for (Py_ssize_t r = 0; r < rows; r++) {
         const int64_t *row = p + 8 * r;
         char *dst = ADDR(row[4], row[5], row[6]);
-        if (row[0] == K_COPY) {
+        if (row[0] == K_COPY || row[0] == K_COPY_SHARED) {
             const char *src = ADDR(row[1], row[2], row[3]);
             if (dst == src) skipped += row[7];
             else if (row[7] > 0) copy_bytes(dst, src, (size_t)row[7], stream);
@@ -369,6 +394,8 @@ static const char *execute_plan(const int64_t *p, Py_ssize_t rows, const int64_t
  * dst_buf, dst_off, nbytes); an address is bases[buf * n + rank] + offset, `bases` being the
  * (3, n) table of every member's buffers. Kinds:
  *   COPY   memcpy, skipped when source and destination are the same bytes (in place)
+ *   COPY_SHARED  a COPY from a source every member of the phase reads (broadcast, all_gather):
+ *          such a phase streams its writes from `shared_stream_footprint`
  *   GROUP  a reduction into the destination of `nbytes`, over the next `src_rank` SRC rows,
  *          in their order, in `dtype`, with `op` (avg: the sum divided by `divisor`)
  * Returns the bytes the skipped copies would have moved. */
@@ -401,15 +428,25 @@ static PyObject *run_plan(PyObject *self, PyObject *const *args, Py_ssize_t narg
 
 static const StrataKernelsApi api = {execute_plan};
 
+/* Read, and with an argument >= 0 set, one of the footprints: returns the old value. */
+static PyObject *footprint_setting(size_t *which, const char *usage, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs > 1) { PyErr_SetString(PyExc_TypeError, usage); return NULL; }
+    long long v = nargs ? PyLong_AsLongLong(args[0]) : -1;
+    if (v == -1 && PyErr_Occurred()) return NULL;
+    size_t old = *which;
+    if (v >= 0) *which = (size_t)v;
+    return PyLong_FromSize_t(old);
+}
+
 /* stream_footprint(bytes=-1) -> the footprint from which phases write with streaming stores;
  * bytes >= 0 sets it (tests, experiments: 0 streams every copy of 4 KiB or more). */
 static PyObject *set_stream_footprint(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs > 1) { PyErr_SetString(PyExc_TypeError, "stream_footprint(bytes=-1)"); return NULL; }
-    long long v = nargs ? PyLong_AsLongLong(args[0]) : -1;
-    if (v == -1 && PyErr_Occurred()) return NULL;
-    size_t old = stream_footprint;
-    if (v >= 0) stream_footprint = (size_t)v;
-    return PyLong_FromSize_t(old);
+    return footprint_setting(&stream_footprint, "stream_footprint(bytes=-1)", args, nargs);
+}
+
+/* shared_stream_footprint(bytes=-1) -> the same for phases with COPY_SHARED rows. */
+static PyObject *set_shared_stream_footprint(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    return footprint_setting(&shared_stream_footprint, "shared_stream_footprint(bytes=-1)", args, nargs);
 }
 
 static PyMethodDef methods[] = {
@@ -417,6 +454,8 @@ static PyMethodDef methods[] = {
      "Execute rows of (dst, src, nbytes) copies (stream: 1 with streaming stores, 0 without, -1 by size)."},
     {"stream_footprint", (PyCFunction)(void (*)(void))set_stream_footprint, METH_FASTCALL,
      "The write footprint from which phases use streaming stores; an argument sets it, returns the old value."},
+    {"shared_stream_footprint", (PyCFunction)(void (*)(void))set_shared_stream_footprint, METH_FASTCALL,
+     "The same for phases whose sources every member reads; an argument sets it, returns the old value."},
     {"run_plan", (PyCFunction)(void (*)(void))run_plan, METH_FASTCALL,
      "Execute one phase of compiled remote slices (collectives/_backend.py)."},
     {NULL, NULL, 0, NULL},
@@ -433,6 +472,12 @@ PyMODINIT_FUNC PyInit__kernels(void) {
 #endif
     size_t l3 = last_level_cache();
     if (l3 > 0) stream_footprint = l3;
+    shared_stream_footprint = stream_footprint;
+    /* Where the reported L3 could not be believed, a source all readers share is safe only in
+     * the cores' private caches: ordinary stores there evict it before the next reader on the
+     * core gets to it, streaming stores leave it (docs/performance.md). */
+    size_t l2 = private_caches();
+    if (llc_capped && l2 > 0 && l2 < shared_stream_footprint) shared_stream_footprint = l2;
     /* the executor for other native modules (runtime/_native.c runs point-to-point plans) */
     PyObject *cap = PyCapsule_New((void *)&api, STRATA_KERNELS_CAPSULE, NULL);
     if (cap == NULL || PyModule_AddObject(m, "_C_API", cap) < 0) {

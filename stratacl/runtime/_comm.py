@@ -582,7 +582,7 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
         except Exception as e:
             self._begin(op, {}, error=e)
         me, n, nb = self.rank, self.size, x.nbytes
-        plan = self._phase(("all_gather", nb), lambda: _slices.all_gather(me, n, nb)) if algo == "mesh" else None
+        plan = self._phase(("all_gather", nb), lambda: _slices.all_gather(me, n, nb), shared=True) if algo == "mesh" else None
         out_addr = _native.data_address(target)
         if algo == "mesh" and target is o:
             held = None if eager else inp.in_place_of(x)
@@ -730,7 +730,7 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
                 return (code, inp, None, None, None), False
             return (code, held, None, None, self._replay_of(op, held, None, MESH_ROOT, code, x.size, root,
                                                             only=root)), True
-        plan = self._phase(("broadcast", nb, root), lambda: _slices.broadcast(me, n, nb, root))
+        plan = self._phase(("broadcast", nb, root), lambda: _slices.broadcast(me, n, nb, root), shared=True)
         if target is xf:         # in place: remember the address only, not the caller's array
             own = _Input(None, None, _native.data_address(xf) if nb else 0, nb)
             return (code, own, plan, None, self._replay_of(op, own, plan, MESH_ROOT_READER, code, x.size, root,

@@ -51,9 +51,10 @@ class Execute:
     def _phases(self, key: tuple, build, itemsize: int = 1) -> tuple:
         return self._plans.get(key, build, itemsize)
 
-    def _phase(self, key: tuple, build, itemsize: int = 1) -> _backend.Plan:
-        """The one phase of a one-phase operator (see _phases)."""
-        plans = self._plans.get(key, build, itemsize)
+    def _phase(self, key: tuple, build, itemsize: int = 1, shared: bool = False) -> _backend.Plan:
+        """The one phase of a one-phase operator (see _phases); ``shared``: every member reads
+        the same sources (_backend.compile)."""
+        plans = self._plans.get(key, build, itemsize, shared)
         assert len(plans) == 1, key
         return plans[0]
 
