@@ -91,23 +91,25 @@ def _cpus_in(path: str) -> int:
     return sum(int(p[-1]) - int(p[0]) + 1 for p in parts)
 
 
+def _size_in(path: str) -> int:
+    with open(path) as f:
+        text = f.read().strip()
+    return int(text.rstrip("KMG")) << {"K": 10, "M": 20, "G": 30}.get(text[-1], 0)
+
+
 def test_streaming_starts_at_the_cache_these_cores_may_use():
     """Phases stream once their writes pass the last-level cache, counted at most 16 MiB per
     CPU that shares it: a VM can be shown its host's whole L3 (480 MiB for 2 vCPUs)."""
     index3 = "/sys/devices/system/cpu/cpu0/cache/index3"
     if not os.path.exists(f"{index3}/size"):
         pytest.skip("no last-level cache in sysfs on this host")
-    with open(f"{index3}/size") as f:
-        text = f.read().strip()
-    llc = int(text.rstrip("KMG")) << {"K": 10, "M": 20, "G": 30}.get(text[-1], 0)
+    llc = _size_in(f"{index3}/size")
     expected = min(llc, _cpus_in(f"{index3}/shared_cpu_list") * (16 << 20))
     assert _kernels.stream_footprint() == expected
     # where the reported cache was not believed, shared sources are kept in the private caches
     index2 = "/sys/devices/system/cpu/cpu0/cache/index2/size"
     if expected < llc and os.path.exists(index2):
-        with open(index2) as f:
-            text = f.read().strip()
-        l2 = (int(text.rstrip("KM")) << {"K": 10, "M": 20}.get(text[-1], 0)) * os.cpu_count()
+        l2 = _size_in(index2) * os.cpu_count()
         assert _kernels.shared_stream_footprint() == min(l2, expected)
     else:
         assert _kernels.shared_stream_footprint() == expected

@@ -15,8 +15,8 @@
 
 Table rows are ``(kind, src_rank, src_buf, src_off, dst_rank, dst_buf, dst_off, nbytes)``:
 COPY rows are one LOAD or STORE slice each (COPY_SHARED when every member of the phase reads
-the same sources: broadcast, the mesh all_gather); a reduction group (every LOAD_ACC slice of a phase
-writing the same destination range) is a GROUP row naming the destination and the number of
+the same sources: broadcast, the mesh all_gather); a reduction group (every LOAD_ACC slice of
+a phase writing the same destination range) is a GROUP row naming the destination and the number of
 sources, followed by one SRC row per source, in the order the frontend listed them: that is
 the reduction order (mesh frontends list members in rank order; ring steps: left, then own).
 The native executor validates a table before it touches memory.
@@ -67,7 +67,8 @@ def compile(smap: SliceMap, itemsize: int = 1, shared: bool = False) -> Plan:
     src_rank = np.where(store, me, smap.peer)
     dst_rank = np.where(store, smap.peer, me)
     copy = smap.op != LOAD_ACC
-    rows = [np.stack([np.full(int(copy.sum()), COPY_SHARED if shared else COPY), src_rank[copy], smap.src_buf[copy], smap.src[copy],
+    kind = COPY_SHARED if shared else COPY
+    rows = [np.stack([np.full(int(copy.sum()), kind), src_rank[copy], smap.src_buf[copy], smap.src[copy],
                       dst_rank[copy], smap.dst_buf[copy], smap.dst[copy], smap.nbytes[copy]], axis=1)]
     groups: dict[tuple[int, int, int], list[int]] = {}
     for i in np.nonzero(~copy)[0].tolist():

@@ -51,7 +51,6 @@ static size_t stream_footprint = (size_t)32 << 20;   /* set from the cache size 
 /* The same for phases whose sources every member reads (COPY_SHARED rows): set at import to
  * the cores' private caches where the last-level cache had to be capped (see below). */
 static size_t shared_stream_footprint = (size_t)32 << 20;
-static int llc_capped;
 static int have_avx2;
 
 #if defined(__x86_64__)
@@ -106,47 +105,32 @@ static long cpus_in_list(const char *path) {
  * server part gives a core much more than 12 MiB of L3 (AMD's stacked-cache parts). */
 #define LLC_PER_CORE_MAX ((size_t)16 << 20)
 
+/* A cache size file of sysfs ("2048K", "480M"), in bytes; 0 when it cannot be read. */
+static size_t sysfs_cache_size(const char *path) {
+    FILE *f = fopen(path, "r");
+    if (f == NULL) return 0;
+    unsigned long v = 0;
+    char unit = 0;
+    int got = fscanf(f, "%lu%c", &v, &unit);
+    fclose(f);
+    if (got < 1) return 0;
+    return (size_t)v << (unit == 'K' ? 10 : unit == 'M' ? 20 : unit == 'G' ? 30 : 0);
+}
+
+#define CACHE_DIR "/sys/devices/system/cpu/cpu0/cache/"
+
 /* The last-level cache as the kernel describes it (sysfs, what lscpu prints), else glibc's
- * figure, else 0, at most LLC_PER_CORE_MAX per CPU that shares it. Virtual machines can
- * report the whole package's L3 through cpuid (glibc) while sysfs has the slice this VM's
- * cores share: sysfs first. */
+ * figure, else 0. Virtual machines can report the whole package's L3 through cpuid (glibc)
+ * while sysfs has the slice this VM's cores share: sysfs first. */
 static size_t last_level_cache(void) {
-    size_t llc = 0;
-    FILE *f = fopen("/sys/devices/system/cpu/cpu0/cache/index3/size", "r");
-    if (f != NULL) {
-        unsigned long v = 0;
-        char unit = 0;
-        int got = fscanf(f, "%lu%c", &v, &unit);
-        fclose(f);
-        if (got >= 1 && v > 0)
-            llc = (size_t)v << (unit == 'K' ? 10 : unit == 'M' ? 20 : unit == 'G' ? 30 : 0);
-    }
+    size_t llc = sysfs_cache_size(CACHE_DIR "index3/size");
 #ifdef _SC_LEVEL3_CACHE_SIZE
     if (llc == 0) {
         long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
         if (l3 > 0) llc = (size_t)l3;
     }
 #endif
-    long sharing = cpus_in_list("/sys/devices/system/cpu/cpu0/cache/index3/shared_cpu_list");
-    if (sharing <= 0) sharing = sysconf(_SC_NPROCESSORS_ONLN);
-    if (sharing > 0 && llc > (size_t)sharing * LLC_PER_CORE_MAX) {
-        llc = (size_t)sharing * LLC_PER_CORE_MAX;
-        llc_capped = 1;
-    }
     return llc;
-}
-
-/* The private (L2) caches of all online CPUs together, from sysfs; 0 when unknown. */
-static size_t private_caches(void) {
-    FILE *f = fopen("/sys/devices/system/cpu/cpu0/cache/index2/size", "r");
-    if (f == NULL) return 0;
-    unsigned long v = 0;
-    char unit = 0;
-    int got = fscanf(f, "%lu%c", &v, &unit);
-    fclose(f);
-    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    if (got < 1 || v == 0 || cpus <= 0) return 0;
-    return ((size_t)v << (unit == 'K' ? 10 : unit == 'M' ? 20 : 0)) * (size_t)cpus;
 }
 
 /* Copy n bytes; `stream`: with non-temporal stores where the host has them. Streaming stores
@@ -470,14 +454,19 @@ PyMODINIT_FUNC PyInit__kernels(void) {
     __builtin_cpu_init();
     have_avx2 = __builtin_cpu_supports("avx2");
 #endif
-    size_t l3 = last_level_cache();
-    if (l3 > 0) stream_footprint = l3;
+    size_t llc = last_level_cache();
+    long sharing = cpus_in_list(CACHE_DIR "index3/shared_cpu_list");
+    if (sharing <= 0) sharing = sysconf(_SC_NPROCESSORS_ONLN);
+    int capped = sharing > 0 && llc > (size_t)sharing * LLC_PER_CORE_MAX;
+    if (capped) llc = (size_t)sharing * LLC_PER_CORE_MAX;
+    if (llc > 0) stream_footprint = llc;
     shared_stream_footprint = stream_footprint;
     /* Where the reported L3 could not be believed, a source all readers share is safe only in
      * the cores' private caches: ordinary stores there evict it before the next reader on the
      * core gets to it, streaming stores leave it (docs/performance.md). */
-    size_t l2 = private_caches();
-    if (llc_capped && l2 > 0 && l2 < shared_stream_footprint) shared_stream_footprint = l2;
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    size_t l2 = sysfs_cache_size(CACHE_DIR "index2/size") * (size_t)(cpus > 0 ? cpus : 0);
+    if (capped && l2 > 0 && l2 < shared_stream_footprint) shared_stream_footprint = l2;
     /* the executor for other native modules (runtime/_native.c runs point-to-point plans) */
     PyObject *cap = PyCapsule_New((void *)&api, STRATA_KERNELS_CAPSULE, NULL);
     if (cap == NULL || PyModule_AddObject(m, "_C_API", cap) < 0) {

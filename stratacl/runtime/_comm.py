@@ -582,7 +582,8 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
         except Exception as e:
             self._begin(op, {}, error=e)
         me, n, nb = self.rank, self.size, x.nbytes
-        plan = self._phase(("all_gather", nb), lambda: _slices.all_gather(me, n, nb), shared=True) if algo == "mesh" else None
+        plan = (self._phase(("all_gather", nb), lambda: _slices.all_gather(me, n, nb), shared=True)
+                if algo == "mesh" else None)
         out_addr = _native.data_address(target)
         if algo == "mesh" and target is o:
             held = None if eager else inp.in_place_of(x)
