@@ -30,6 +30,7 @@ until the ranks report them.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -82,27 +83,25 @@ class StrataBackend:
     def alloc(self, count, dtype):
         return self._alloc(count, dtype)
 
-    def run(self, op, out, x, redop, root):
+    def call(self, op, out, x, redop, root):
         c, n = self.comm, self.size
         if op == "all_gather":
-            c.all_gather(out, x)
-        elif op == "all_reduce":
-            c.all_reduce(x, op=redop)
-        elif op == "reduce_scatter":
-            c.reduce_scatter(out, x, op=redop)
-        elif op == "all_to_all":
-            c.all_to_all(out, x)
-        elif op == "broadcast":
-            c.broadcast(x, root=root)
-        elif op == "sendrecv":
+            return functools.partial(c.all_gather, out, x)
+        if op == "all_reduce":
+            return functools.partial(c.all_reduce, x, op=redop)
+        if op == "reduce_scatter":
+            return functools.partial(c.reduce_scatter, out, x, op=redop)
+        if op == "all_to_all":
+            return functools.partial(c.all_to_all, out, x)
+        if op == "broadcast":
+            return functools.partial(c.broadcast, x, root=root)
+        if op == "sendrecv":
             if n == 1:
-                out[...] = x
-            else:
-                c.sendrecv(x, (self.rank + 1) % n, out, (self.rank - 1) % n)
-        elif op == "barrier":
-            c.barrier()
-        else:
-            raise ValueError(f"unknown operator {op!r}")
+                return functools.partial(np.copyto, out, x)
+            return functools.partial(c.sendrecv, x, (self.rank + 1) % n, out, (self.rank - 1) % n)
+        if op == "barrier":
+            return c.barrier
+        raise ValueError(f"unknown operator {op!r}")
 
     def barrier(self):
         self.comm.barrier()

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import datetime
+import functools
 import json
 import os
 import signal
@@ -89,24 +90,23 @@ class MpiBackend:
     def alloc(self, count, dtype):
         return np.empty(count, dtype)
 
-    def run(self, op, out, x, redop, root):
+    def call(self, op, out, x, redop, root):
         c, t, n = self.comm, self._type, self.size
         if op == "all_gather":
-            c.Allgather([x, t], [out, t])
-        elif op == "all_reduce":
-            c.Allreduce(self.MPI.IN_PLACE, [x, t], self._op)
-        elif op == "reduce_scatter":
-            c.Reduce_scatter_block([x, t], [out, t], self._op)
-        elif op == "all_to_all":
-            c.Alltoall([x, t], [out, t])
-        elif op == "broadcast":
-            c.Bcast([x, t], root)
-        elif op == "sendrecv":
-            c.Sendrecv([x, t], (self.rank + 1) % n, 0, [out, t], (self.rank - 1) % n, 0)
-        elif op == "barrier":
-            c.Barrier()
-        else:
-            raise ValueError(f"unknown operator {op!r}")
+            return functools.partial(c.Allgather, [x, t], [out, t])
+        if op == "all_reduce":
+            return functools.partial(c.Allreduce, self.MPI.IN_PLACE, [x, t], self._op)
+        if op == "reduce_scatter":
+            return functools.partial(c.Reduce_scatter_block, [x, t], [out, t], self._op)
+        if op == "all_to_all":
+            return functools.partial(c.Alltoall, [x, t], [out, t])
+        if op == "broadcast":
+            return functools.partial(c.Bcast, [x, t], root)
+        if op == "sendrecv":
+            return functools.partial(c.Sendrecv, [x, t], (self.rank + 1) % n, 0, [out, t], (self.rank - 1) % n, 0)
+        if op == "barrier":
+            return c.Barrier
+        raise ValueError(f"unknown operator {op!r}")
 
     def barrier(self):
         self.comm.Barrier()
@@ -204,7 +204,7 @@ class GlooBackend:
                     continue
                 self._impl[spec.op] = getattr(self, method)
             try:
-                self.run(spec.op, out, x, spec.redop, root)
+                self.call(spec.op, out, x, spec.redop, root)()
             except (RuntimeError, ValueError, TypeError, NotImplementedError) as e:
                 errors.append(f"{api}: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
                 continue
@@ -216,28 +216,30 @@ class GlooBackend:
     def alloc(self, count, dtype):
         return np.empty(count, dtype)
 
-    def run(self, op, out, x, redop, root):
+    def call(self, op, out, x, redop, root):
         dist, n = self.dist, self.size
         tx = self._t(x)
         if op == "all_reduce":
-            dist.all_reduce(tx, op=self._redop)
-        elif op in ("all_gather", "reduce_scatter"):
-            self._impl[op](self._t(out), tx)
-        elif op == "all_to_all":
-            dist.all_to_all_single(self._t(out), tx)
-        elif op == "broadcast":
-            dist.broadcast(tx, src=root)
-        elif op == "sendrecv":
+            return functools.partial(dist.all_reduce, tx, op=self._redop)
+        if op in ("all_gather", "reduce_scatter"):
+            return functools.partial(self._impl[op], self._t(out), tx)
+        if op == "all_to_all":
+            return functools.partial(dist.all_to_all_single, self._t(out), tx)
+        if op == "broadcast":
+            return functools.partial(dist.broadcast, tx, src=root)
+        if op == "sendrecv":
             if n == 1:
-                out[...] = x
-                return
-            ops = [dist.P2POp(dist.isend, tx, (self.rank + 1) % n), dist.P2POp(dist.irecv, self._t(out), (self.rank - 1) % n)]
-            for w in dist.batch_isend_irecv(ops):
-                w.wait()
-        elif op == "barrier":
-            dist.barrier()
-        else:
-            raise ValueError(f"unknown operator {op!r}")
+                return functools.partial(np.copyto, out, x)
+            return functools.partial(self._sendrecv, tx, self._t(out))
+        if op == "barrier":
+            return dist.barrier
+        raise ValueError(f"unknown operator {op!r}")
+
+    def _sendrecv(self, tx, tout):
+        dist, n = self.dist, self.size
+        ops = [dist.P2POp(dist.isend, tx, (self.rank + 1) % n), dist.P2POp(dist.irecv, tout, (self.rank - 1) % n)]
+        for w in dist.batch_isend_irecv(ops):
+            w.wait()
 
     def barrier(self):
         self.dist.barrier()
