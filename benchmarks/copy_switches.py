@@ -14,6 +14,10 @@ read at its shared address, into its own output), in three ways:
   the operator, every round of every rank follows a switch from another rank;
 - ``operator``: ``comm.all_to_all`` itself (the copies, two barriers, the descriptors).
 
+A fourth row, ``copies alone (yield)``, is the time the yield way spends inside its copies,
+timed in each rank and multiplied by the ranks per core: what a round would take if switching
+and the interpreter cost nothing.
+
 A round is every rank's copies once: the columns are wall time per round and the bytes copied
 per round over that time, medians over ranks and then over ``--repeat`` runs. When ranks
 outnumber cores, the operator is close to ``yield``; the gap between ``free`` and ``yield``
@@ -56,8 +60,13 @@ def rounds(comm, size: int, iters: int, pin: bool = False) -> dict:
     def free():
         _kernels.copy_many(table, stream)
 
+    copying = [0.0]                       # wall time inside the copies themselves, yield way
+    clock = time.perf_counter
+
     def yielding():
+        t = clock()
         _kernels.copy_many(table, stream)
+        copying[0] += clock() - t
         os.sched_yield()
 
     def operator():
@@ -68,11 +77,14 @@ def rounds(comm, size: int, iters: int, pin: bool = False) -> dict:
         for _ in range(max(iters // 10, 3)):
             f()
         comm.barrier()
+        copying[0] = 0.0
         t0 = time.perf_counter()
         for _ in range(iters):
             f()
         comm.barrier()                    # the last rank's copies are in the round too
         times[name] = (time.perf_counter() - t0) / iters
+        if name == "yield":
+            times["copying"] = copying[0] / iters
         want = np.repeat(np.arange(n, dtype=np.uint8), block)
         if not np.array_equal(out[:n * block], want):
             raise AssertionError(f"rank {me}: {name}: wrong bytes")
@@ -100,6 +112,9 @@ def main() -> None:
         for way in ("free", "yield", "operator"):
             t = median(way)
             print(f"| {size // 1024} KiB | {way} | {t * 1e6:.1f} | {copied / t / 1e9:.1f} | {t / free:.2f} |")
+        # the yield way's copies alone: a core's share of the ranks, each one's copy time
+        t = median("copying") * a.n / (os.cpu_count() or 1)
+        print(f"| {size // 1024} KiB | copies alone (yield) | {t * 1e6:.1f} | {copied / t / 1e9:.1f} | {t / free:.2f} |")
 
 
 if __name__ == "__main__":
