@@ -455,8 +455,9 @@ PyMODINIT_FUNC PyInit__kernels(void) {
     have_avx2 = __builtin_cpu_supports("avx2");
 #endif
     size_t llc = last_level_cache();
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     long sharing = cpus_in_list(CACHE_DIR "index3/shared_cpu_list");
-    if (sharing <= 0) sharing = sysconf(_SC_NPROCESSORS_ONLN);
+    if (sharing <= 0) sharing = cpus;
     int capped = sharing > 0 && llc > (size_t)sharing * LLC_PER_CORE_MAX;
     if (capped) llc = (size_t)sharing * LLC_PER_CORE_MAX;
     if (llc > 0) stream_footprint = llc;
@@ -464,7 +465,6 @@ PyMODINIT_FUNC PyInit__kernels(void) {
     /* Where the reported L3 could not be believed, a source all readers share is safe only in
      * the cores' private caches: ordinary stores there evict it before the next reader on the
      * core gets to it, streaming stores leave it (docs/performance.md). */
-    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     size_t l2 = sysfs_cache_size(CACHE_DIR "index2/size") * (size_t)(cpus > 0 ? cpus : 0);
     if (capped && l2 > 0 && l2 < shared_stream_footprint) shared_stream_footprint = l2;
     /* the executor for other native modules (runtime/_native.c runs point-to-point plans) */
