@@ -1,8 +1,20 @@
-"""Build hook for the native modules; everything else is declared in pyproject.toml."""
+"""Build hook: package discovery and the native modules; the rest is declared in pyproject.toml.
+
+Packages are found, not listed, so a new folder under ``stratacl/`` or ``launcher/`` ships without
+anyone remembering to add it (tests/test_packaging.py checks the wheel against the tree). The
+``launcher/`` folder installs as ``stratacl_launcher``, so the project squats no generic name.
+"""
 import numpy
-from setuptools import Extension, setup
+from setuptools import Extension, find_packages, setup
+
+LAUNCHER = "stratacl_launcher"
+
+packages = find_packages(include=["stratacl", "stratacl.*"])
+packages += [LAUNCHER + name[len("launcher"):] for name in find_packages(include=["launcher", "launcher.*"])]
 
 setup(
+    packages=packages,
+    package_dir={LAUNCHER: "launcher"},
     ext_modules=[
         Extension(
             "stratacl.runtime._native",
