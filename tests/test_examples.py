@@ -1,0 +1,32 @@
+"""The programs under ``examples/`` run and report what they promise (the README's first command)."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from launch_helpers import launch
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+@pytest.mark.parametrize("n, clock, source", [(4, "virtual", "virtual clock"), (3, "off", "estimate")])
+def test_allreduce_example_prints_the_job_and_both_calls(n, clock, source):
+    run = launch("-n", str(n), "--clock", clock, "--timeout", "60", str(EXAMPLES / "allreduce.py"), timeout=120)
+    assert run.returncode == 0, run.explain()
+    lines = run.stdout.splitlines()
+    assert lines[0] == (f"StrataCL-emu job: {n} ranks (one NPU die each) on topology cm384, "
+                        f"registration roa, algo mesh, path mte, clock {clock}"), run.explain()
+    rows = {}
+    for line in lines:
+        m = re.fullmatch(r"(all_\w+(?: sum)?)\s+(\d+) KiB\s+([\d.]+) ms\s+([\d.]+) us\s+([\d.]+) GB/s  (.*)", line)
+        if m:
+            rows[m.group(1)] = m.groups()[1:]
+    assert sorted(rows) == ["all_gather", "all_reduce sum"], run.explain()
+    for name, (kib, wall_ms, model_us, busbw, verdict) in rows.items():
+        assert verdict == "correct on every rank", line
+        assert int(kib) == (1024 if name == "all_reduce sum" else 64)
+        assert float(wall_ms) > 0 and float(model_us) > 0 and float(busbw) > 0, rows
+    assert f"modeled: {source};" in run.stdout
+    assert len(lines) <= 24, "one screen at most"
