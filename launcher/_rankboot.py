@@ -1,8 +1,12 @@
 """Entry point of every rank process: ties the rank to its launcher, then runs the user's code.
 
-    python -m stratacl_launcher._rankboot script PATH ARGS...
-    python -m stratacl_launcher._rankboot module NAME ARGS...
-    python -m stratacl_launcher._rankboot spawn          (function and arguments come over the socket)
+    python -P -m stratacl_launcher._rankboot script PATH ARGS...
+    python -P -m stratacl_launcher._rankboot module NAME ARGS...
+    python -P -m stratacl_launcher._rankboot spawn       (function and arguments come over the socket)
+
+``-P`` keeps the launcher's working directory off ``sys.path`` while the library loads; the
+target then gets the path Python itself would give it (the script's folder, or the working
+directory for a module).
 
 The rank dies with its launcher (PR_SET_PDEATHSIG), reports its traceback or its result over
 its socket, and exits 1 on an exception.

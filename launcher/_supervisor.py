@@ -178,7 +178,9 @@ class Job:
 
     def _argv(self) -> list[str]:
         kind = self.target[0]
-        base = [sys.executable, "-m", "stratacl_launcher._rankboot", kind]
+        # -P: the working directory stays off sys.path, so a source checkout there (with no built
+        # extensions) cannot shadow the installed library; _rankboot adds what the target needs
+        base = [sys.executable, "-P", "-m", "stratacl_launcher._rankboot", kind]
         if kind == "spawn":
             return base
         return base + list(self.target[2])   # target[2] is the rank's argv: [path or module, *args]
@@ -197,7 +199,7 @@ class Job:
                 for sig in (signal.SIGINT, signal.SIGTERM):
                     old_handlers[sig] = signal.signal(sig, self._on_signal)
             daemon = subprocess.Popen(
-                [sys.executable, "-m", "stratacl_launcher._daemon", self.job_id, str(self.n), str(ctl_fd),
+                [sys.executable, "-P", "-m", "stratacl_launcher._daemon", self.job_id, str(self.n), str(ctl_fd),
                  str(pipe_r)], pass_fds=(ctl_fd, pipe_r), start_new_session=True, stdin=subprocess.DEVNULL)
             os.close(pipe_r)
             pipe_r = -1

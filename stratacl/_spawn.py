@@ -58,11 +58,7 @@ def spawn(fn: Callable[..., Any], nranks: int, args: tuple = (), **settings: Any
         # SystemExit / KeyboardInterrupt in a rank end that rank; re-raised here they would end
         # the caller too, so they are reported as a RankFailure like a crash
         if isinstance(exc, Exception):
-            note = f"(raised on rank {root.rank} of {nranks}; job {outcome.job_id})"
-            if hasattr(exc, "add_note"):
-                exc.add_note(note)
-            else:          # Python 3.10: PEP 678's attribute, kept though tracebacks do not print it
-                exc.__notes__ = [*getattr(exc, "__notes__", []), note]
+            exc.add_note(f"(raised on rank {root.rank} of {nranks}; job {outcome.job_id})")
             raise exc from RemoteTraceback(root.error["traceback"])
     raise RankFailure(block, root.rank if root is not None else None,
                       (root.error or {}).get("traceback", "") if root is not None else "")

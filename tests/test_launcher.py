@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import pty
 import re
+import shutil
 import subprocess
 
 import pytest
@@ -103,6 +104,20 @@ def test_module_mode_runs_the_module_in_every_rank_with_its_args():
     run = launch("-n", str(n), "-m", "rank_info", "x", "-y", cwd=SCRIPTS, timeout=120)
     assert run.returncode == 0, run.explain()
     _check_info(run, n, ["x", "-y"])
+
+
+@pytest.mark.parametrize("mode", ["script", "module"])
+def test_a_stratacl_folder_in_the_working_directory_does_not_shadow_the_library(tmp_path, mode):
+    # like a source checkout without built extensions, where a user runs the README's command
+    (tmp_path / "stratacl").mkdir()
+    (tmp_path / "stratacl" / "__init__.py").write_text("raise ImportError('the shadow package was imported')\n")
+    for name in ("rank_info.py", "_report.py"):
+        shutil.copy(SCRIPTS / name, tmp_path / name)
+    target = ["-m", "rank_info"] if mode == "module" else [str(tmp_path / "rank_info.py")]
+    run = launch("-n", "2", *target, "z", cwd=tmp_path, timeout=120)
+    assert "shadow" not in run.stderr, run.explain()
+    assert run.returncode == 0, run.explain()
+    _check_info(run, 2, ["z"])
 
 
 def test_nprocs_from_the_environment():

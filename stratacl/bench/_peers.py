@@ -76,7 +76,8 @@ def run_peer(peer: str, nranks: int, spec: _cases.Spec, *, timeout: float = DEFA
         return why
     with tempfile.TemporaryDirectory(prefix="stratacl-peer-") as tmp:
         out = os.path.join(tmp, "rows.json")
-        rank = [sys.executable, "-m", "stratacl.bench._peer_rank", peer, json.dumps(dataclasses.asdict(spec)), out,
+        # -P: no working directory on sys.path; PYTHONPATH (_environment) names this library's home
+        rank = [sys.executable, "-P", "-m", "stratacl.bench._peer_rank", peer, json.dumps(dataclasses.asdict(spec)), out,
                 "--timeout", str(timeout)]
         if peer == "mpi":
             root = ("--allow-run-as-root",) if os.geteuid() == 0 else ()
