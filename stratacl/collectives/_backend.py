@@ -35,8 +35,9 @@ import numpy as np
 from . import _kernels
 from ._slices import LOAD_ACC, SCRATCH, STORE, SliceMap
 
-COPY, GROUP, SRC, COPY_SHARED = 0, 1, 2, 3
-PLAN_COLUMNS = 8
+# a compiled plan's row kinds and width, and the byte counters' words: _kernels.h defines them
+COPY, GROUP, SRC, COPY_SHARED = _kernels.K_COPY, _kernels.K_GROUP, _kernels.K_SRC, _kernels.K_COPY_SHARED
+PLAN_COLUMNS = _kernels.PLAN_COLUMNS
 CACHE_LIMIT = 256
 
 
@@ -112,16 +113,16 @@ def int64_word(buffer: str, index: int, doc: str) -> property:
 class Counters:
     """Bytes moved by one rank, for stats(): copied locally, pulled from peers, written to
     output. Kept in three int64 words, ``words``, which the native replays add to in place
-    (runtime/_native.h, CTR_*)."""
+    (collectives/_kernels.h, CTR_*)."""
 
     __slots__ = ("words",)
 
     def __init__(self):
-        self.words = array.array("q", bytes(24))
+        self.words = array.array("q", bytes(8 * _kernels.COUNTERS))
 
-    local = int64_word("words", 0, "Bytes copied from this rank's own buffers.")
-    pulled = int64_word("words", 1, "Bytes read from peers' buffers.")
-    written = int64_word("words", 2, "Bytes written to outputs.")
+    local = int64_word("words", _kernels.CTR_LOCAL, "Bytes copied from this rank's own buffers.")
+    pulled = int64_word("words", _kernels.CTR_PULLED, "Bytes read from peers' buffers.")
+    written = int64_word("words", _kernels.CTR_WRITTEN, "Bytes written to outputs.")
 
 
 class Plans:
@@ -155,9 +156,10 @@ def execute(smap: SliceMap, bases: np.ndarray, dtype=None, redop: str = "sum", d
         raise ValueError("execute: load-accumulate slices need a dtype")
     tcode = dtype_code(dt, "execute") if dt is not None else 0
     ocode = reduce_code(redop, dt, "execute") if dt is not None else 0
-    groups = plan.reductions[plan.reductions[:, 0] == GROUP]
-    if divisor is None and groups.size and (groups[:, 1] != groups[0, 1]).any():
+    kind, sources = _kernels.COL_KIND, _kernels.COL_SRC_RANK       # a GROUP row: its sources' count
+    groups = plan.reductions[plan.reductions[:, kind] == GROUP]
+    if divisor is None and groups.size and (groups[:, sources] != groups[0, sources]).any():
         raise ValueError("execute: reduction groups of different sizes need an explicit divisor")
-    div = float(divisor if divisor is not None else (groups[0, 1] if groups.size else 1))
+    div = float(divisor if divisor is not None else (groups[0, sources] if groups.size else 1))
     skipped = _kernels.run_plan(plan.table, np.ascontiguousarray(bases, dtype=np.int64), tcode, ocode, div)
     return plan.local + plan.remote - skipped

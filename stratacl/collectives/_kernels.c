@@ -151,10 +151,6 @@ static void copy_bytes(char *dst, const char *src, size_t n, int stream) {
     memcpy(dst, src, n);
 }
 
-/* dtype codes: as stratacl.collectives._reduce.DTYPES */
-enum { T_BOOL = 1, T_U8, T_I8, T_I16, T_I32, T_I64, T_F16, T_F32, T_F64, T_U16, T_U32, T_U64 };
-/* reduce op codes: as _reduce.REDUCE_OPS */
-enum { OP_SUM = 1, OP_PROD, OP_MIN, OP_MAX, OP_AVG };
 
 static int get_table(PyObject *obj, Py_buffer *view, Py_ssize_t cols) {
     if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return -1;
@@ -315,7 +311,6 @@ static void reduce_tiles(char *dst, const char *const *srcs, Py_ssize_t nsrc, si
     }
 }
 
-enum { K_COPY = 0, K_GROUP = 1, K_SRC = 2, K_COPY_SHARED = 3 };
 #define MAX_GROUP 4096
 
 /* Check a plan against `n` members, then execute it (see run_plan below). Needs no GIL: the
@@ -325,24 +320,27 @@ static const char *execute_plan(const int64_t *p, Py_ssize_t rows, const int64_t
     int reduces = 0, shared = 0;
     /* validate every row before touching memory: a bad plan is a bug, never a crash */
     for (Py_ssize_t r = 0; r < rows; r++) {
-        const int64_t *row = p + 8 * r;
-        if (row[0] == K_GROUP) {
+        const int64_t *row = p + PLAN_COLUMNS * r;
+        if (row[COL_KIND] == K_GROUP) {
             reduces = 1;
-            if (row[1] < 1 || row[1] > MAX_GROUP || r + row[1] >= rows) return "a reduction group's source count";
-        } else if (row[0] == K_COPY || row[0] == K_SRC || row[0] == K_COPY_SHARED) {
-            if (row[1] < 0 || row[1] >= n || row[2] < 0 || row[2] > 2) return "a source rank or buffer";
-            shared |= row[0] == K_COPY_SHARED;
+            if (row[COL_SRC_RANK] < 1 || row[COL_SRC_RANK] > MAX_GROUP || r + row[COL_SRC_RANK] >= rows)
+                return "a reduction group's source count";
+        } else if (row[COL_KIND] == K_COPY || row[COL_KIND] == K_SRC || row[COL_KIND] == K_COPY_SHARED) {
+            if (row[COL_SRC_RANK] < 0 || row[COL_SRC_RANK] >= n || row[COL_SRC_BUF] < 0 || row[COL_SRC_BUF] >= BUFFERS)
+                return "a source rank or buffer";
+            shared |= row[COL_KIND] == K_COPY_SHARED;
         } else {
             return "a row kind";
         }
-        if (row[0] != K_SRC && (row[4] < 0 || row[4] >= n || row[5] < 0 || row[5] > 2 || row[7] < 0))
+        if (row[COL_KIND] != K_SRC && (row[COL_DST_RANK] < 0 || row[COL_DST_RANK] >= n || row[COL_DST_BUF] < 0 ||
+                                       row[COL_DST_BUF] >= BUFFERS || row[COL_BYTES] < 0))
             return "a destination rank, buffer or size";
     }
     if (reduces && (type_size(t) == 0 || op < OP_SUM || op > OP_AVG)) return "bad dtype or reduce op code";
     /* every member writes about as much in a phase as this one: together, do they overflow the cache? */
     size_t written = 0;
     for (Py_ssize_t r = 0; r < rows; r++)
-        if (p[8 * r] != K_SRC) written += (size_t)p[8 * r + 7];
+        if (p[PLAN_COLUMNS * r + COL_KIND] != K_SRC) written += (size_t)p[PLAN_COLUMNS * r + COL_BYTES];
     int stream = written * (size_t)n >= (shared ? shared_stream_footprint : stream_footprint);
     size_t item = reduces ? type_size(t) : 1;
     char *acc = reduces ? malloc(TILE_BYTES + MAX_GROUP * sizeof(char *)) : NULL;
@@ -351,19 +349,20 @@ static const char *execute_plan(const int64_t *p, Py_ssize_t rows, const int64_t
     int64_t skipped = 0;
 #define ADDR(rank, buf, off) ((char *)(uintptr_t)(b[(buf) * n + (rank)] + (off)))
     for (Py_ssize_t r = 0; r < rows; r++) {
-        const int64_t *row = p + 8 * r;
-        char *dst = ADDR(row[4], row[5], row[6]);
-        if (row[0] == K_COPY || row[0] == K_COPY_SHARED) {
-            const char *src = ADDR(row[1], row[2], row[3]);
-            if (dst == src) skipped += row[7];
-            else if (row[7] > 0) copy_bytes(dst, src, (size_t)row[7], stream);
-        } else if (row[0] == K_GROUP) {
-            Py_ssize_t m = (Py_ssize_t)row[1];
+        const int64_t *row = p + PLAN_COLUMNS * r;
+        char *dst = ADDR(row[COL_DST_RANK], row[COL_DST_BUF], row[COL_DST_OFF]);
+        int64_t nbytes = row[COL_BYTES];
+        if (row[COL_KIND] == K_COPY || row[COL_KIND] == K_COPY_SHARED) {
+            const char *src = ADDR(row[COL_SRC_RANK], row[COL_SRC_BUF], row[COL_SRC_OFF]);
+            if (dst == src) skipped += nbytes;
+            else if (nbytes > 0) copy_bytes(dst, src, (size_t)nbytes, stream);
+        } else if (row[COL_KIND] == K_GROUP) {
+            Py_ssize_t m = (Py_ssize_t)row[COL_SRC_RANK];
             for (Py_ssize_t j = 0; j < m; j++) {
-                const int64_t *s = p + 8 * (r + 1 + j);
-                srcs[j] = ADDR(s[1], s[2], s[3]);
+                const int64_t *s = p + PLAN_COLUMNS * (r + 1 + j);
+                srcs[j] = ADDR(s[COL_SRC_RANK], s[COL_SRC_BUF], s[COL_SRC_OFF]);
             }
-            if (row[7] > 0) reduce_tiles(dst, srcs, m, (size_t)row[7] / item, t, op, divisor, acc, stream);
+            if (nbytes > 0) reduce_tiles(dst, srcs, m, (size_t)nbytes / item, t, op, divisor, acc, stream);
             r += m;
         }
     }
@@ -374,9 +373,9 @@ static const char *execute_plan(const int64_t *p, Py_ssize_t rows, const int64_t
 }
 
 /* run_plan(plan, bases, dtype, op, divisor): execute one phase of compiled remote slices
- * (collectives/_backend.py). `plan` rows are (kind, src_rank, src_buf, src_off, dst_rank,
- * dst_buf, dst_off, nbytes); an address is bases[buf * n + rank] + offset, `bases` being the
- * (3, n) table of every member's buffers. Kinds:
+ * (collectives/_backend.py). `plan` rows are PLAN_COLUMNS words (kind, src_rank, src_buf, src_off,
+ * dst_rank, dst_buf, dst_off, nbytes: COL_*); an address is bases[buf * n + rank] + offset,
+ * `bases` being the (BUFFERS, n) table of every member's buffers. Kinds:
  *   COPY   memcpy, skipped when source and destination are the same bytes (in place)
  *   COPY_SHARED  a COPY from a source every member of the phase reads (broadcast, all_gather):
  *          such a phase streams its writes from `shared_stream_footprint`
@@ -390,16 +389,18 @@ static PyObject *run_plan(PyObject *self, PyObject *const *args, Py_ssize_t narg
     double divisor = PyFloat_AsDouble(args[4]);
     if (PyErr_Occurred()) return NULL;
     Py_buffer pv, bv;
-    if (get_table(args[0], &pv, 8) < 0) return NULL;
-    if (get_table(args[1], &bv, 3) < 0) { PyBuffer_Release(&pv); return NULL; }
+    if (get_table(args[0], &pv, PLAN_COLUMNS) < 0) return NULL;
+    if (get_table(args[1], &bv, BUFFERS) < 0) { PyBuffer_Release(&pv); return NULL; }
     const int64_t *p = (const int64_t *)pv.buf;
-    Py_ssize_t rows = pv.len / 64;
+    Py_ssize_t rows = pv.len / (8 * PLAN_COLUMNS);
     int64_t total = 0, skipped = 0;
-    for (Py_ssize_t r = 0; r < rows; r++)
-        total += p[8 * r + 7] * (p[8 * r] == K_GROUP ? p[8 * r + 1] + 1 : 1);
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        const int64_t *row = p + PLAN_COLUMNS * r;
+        total += row[COL_BYTES] * (row[COL_KIND] == K_GROUP ? row[COL_SRC_RANK] + 1 : 1);
+    }
     const char *err;
     PyThreadState *ts = total >= RELEASE_GIL_BYTES ? PyEval_SaveThread() : NULL;
-    err = execute_plan(p, rows, (const int64_t *)bv.buf, bv.len / 24, t, op, divisor, &skipped);
+    err = execute_plan(p, rows, (const int64_t *)bv.buf, bv.len / (8 * BUFFERS), t, op, divisor, &skipped);
     if (ts != NULL) PyEval_RestoreThread(ts);
     PyBuffer_Release(&pv);
     PyBuffer_Release(&bv);
@@ -445,11 +446,27 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+/* Every enumerator of _kernels.h, exported under its own name: Python's one source for them. */
+#define CONSTANT(name) {#name, name}
+static const struct { const char *name; long value; } constants[] = {
+    CONSTANT(T_BOOL), CONSTANT(T_U8), CONSTANT(T_I8), CONSTANT(T_I16), CONSTANT(T_I32), CONSTANT(T_I64),
+    CONSTANT(T_F16), CONSTANT(T_F32), CONSTANT(T_F64), CONSTANT(T_U16), CONSTANT(T_U32), CONSTANT(T_U64),
+    CONSTANT(OP_SUM), CONSTANT(OP_PROD), CONSTANT(OP_MIN), CONSTANT(OP_MAX), CONSTANT(OP_AVG),
+    CONSTANT(K_COPY), CONSTANT(K_GROUP), CONSTANT(K_SRC), CONSTANT(K_COPY_SHARED),
+    CONSTANT(COL_KIND), CONSTANT(COL_SRC_RANK), CONSTANT(COL_SRC_BUF), CONSTANT(COL_SRC_OFF), CONSTANT(COL_DST_RANK),
+    CONSTANT(COL_DST_BUF), CONSTANT(COL_DST_OFF), CONSTANT(COL_BYTES), CONSTANT(PLAN_COLUMNS),
+    CONSTANT(BUF_IN), CONSTANT(BUF_OUT), CONSTANT(BUF_SCRATCH), CONSTANT(BUFFERS),
+    CONSTANT(CTR_LOCAL), CONSTANT(CTR_PULLED), CONSTANT(CTR_WRITTEN), CONSTANT(COUNTERS),
+};
+#undef CONSTANT
+
 static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "_kernels", NULL, -1, methods};
 
 PyMODINIT_FUNC PyInit__kernels(void) {
     PyObject *m = PyModule_Create(&moduledef);
     if (m == NULL) return NULL;
+    for (size_t i = 0; i < sizeof constants / sizeof constants[0]; i++)
+        if (PyModule_AddIntConstant(m, constants[i].name, constants[i].value) < 0) { Py_DECREF(m); return NULL; }
 #if defined(__x86_64__)
     __builtin_cpu_init();
     have_avx2 = __builtin_cpu_supports("avx2");

@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import numpy as np
 
-DTYPES = {np.dtype(t): code for code, t in enumerate(
-    (np.bool_, np.uint8, np.int8, np.int16, np.int32, np.int64, np.float16, np.float32, np.float64,
-     np.uint16, np.uint32, np.uint64), start=1)}
+from . import _kernels as K
+
+# the codes the kernels know them by (_kernels.h defines them)
+DTYPES = {np.dtype(np.bool_): K.T_BOOL, np.dtype(np.uint8): K.T_U8, np.dtype(np.int8): K.T_I8,
+          np.dtype(np.int16): K.T_I16, np.dtype(np.int32): K.T_I32, np.dtype(np.int64): K.T_I64,
+          np.dtype(np.float16): K.T_F16, np.dtype(np.float32): K.T_F32, np.dtype(np.float64): K.T_F64,
+          np.dtype(np.uint16): K.T_U16, np.dtype(np.uint32): K.T_U32, np.dtype(np.uint64): K.T_U64}
 DTYPE_BY_CODE = {code: dt for dt, code in DTYPES.items()}
 
-REDUCE_OPS = {"sum": 1, "prod": 2, "min": 3, "max": 4, "avg": 5}
+REDUCE_OPS = {"sum": K.OP_SUM, "prod": K.OP_PROD, "min": K.OP_MIN, "max": K.OP_MAX, "avg": K.OP_AVG}
 REDUCE_NAMES = {v: k for k, v in REDUCE_OPS.items()}
 _UFUNC = {1: np.add, 2: np.multiply, 3: np.minimum, 4: np.maximum, 5: np.add}
 
@@ -34,7 +38,7 @@ def reduce_code(op: str, dtype: np.dtype, operation: str) -> int:
     code = REDUCE_OPS.get(str(op).lower())
     if code is None:
         raise ValueError(f"{operation}: unknown reduce op {op!r} (expected one of {', '.join(REDUCE_OPS)})")
-    if code == 5 and np.dtype(dtype).kind != "f":
+    if code == K.OP_AVG and np.dtype(dtype).kind != "f":
         raise TypeError(f"{operation}: op 'avg' needs a floating dtype, got {np.dtype(dtype)}")
     return code
 

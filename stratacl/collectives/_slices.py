@@ -34,11 +34,12 @@ import dataclasses
 
 import numpy as np
 
+from ._kernels import BUF_IN, BUF_OUT, BUF_SCRATCH
 from ._schedule import EAGER_BYTES
 
 LOAD, STORE, LOAD_ACC = 0, 1, 2
 OPS = {"load": LOAD, "store": STORE, "load-accumulate": LOAD_ACC}
-IN, OUT, SCRATCH = 0, 1, 2
+IN, OUT, SCRATCH = BUF_IN, BUF_OUT, BUF_SCRATCH    # rows of the member buffer table (_kernels.h)
 BUFFERS = {"in": IN, "out": OUT, "scratch": SCRATCH}
 FRONTENDS = ("all_gather", "reduce_scatter", "all_reduce", "all_reduce_eager", "all_reduce_eager_chunks",
              "all_to_all", "all_to_all_v",

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..collectives._kernels import PLAN_COLUMNS
 from . import _native
 
 
@@ -55,4 +56,4 @@ def _fixed_address(a: np.ndarray, shape: tuple[int | None, ...]) -> int:
 
 def _fixed_table(t: np.ndarray | None) -> list[int]:
     """A compiled plan's table for a native replay: [address, rows], [0, 0] for none."""
-    return [_fixed_address(t, (None, 8)), t.shape[0]] if t is not None else [0, 0]
+    return [_fixed_address(t, (None, PLAN_COLUMNS)), t.shape[0]] if t is not None else [0, 0]

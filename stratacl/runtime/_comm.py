@@ -38,16 +38,22 @@ from __future__ import annotations
 
 import array
 import logging
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
 
 import numpy as np
 
 from .._errors import CollectiveMismatch
 from ..collectives import _reduce, _slices
 from ..collectives._backend import int64_word
+from ..collectives._kernels import BUFFERS
 from ..collectives._schedule import EAGER_CHUNKS_READ
 from ..collectives._slices import OUT, SCRATCH
 from . import _native
+# _native.mesh: departures, and the stages it returns (the last two: where the Python path picks
+# up); the words of Communicator._tally; all defined by _native.h
+from ._native import (MESH_BARRIER, MESH_DEPART, MESH_DEPART_FIRST, MESH_DISAGREE, MESH_DONE, MESH_ENTER_WAIT,
+                      MESH_MIDDLE, MESH_NO_DEPARTURE, MESH_ROOT, MESH_ROOT_READER, MESH_SOURCES, MESH_SOURCES_FIRST,
+                      T_CALLS, T_NATIVE, T_SYNCS)
 from ._args import _aliased, _copy_back, _expect, _fixed_address, _fixed_table, _flat
 from ._buffers import EAGER_BYTES, Buffers, _Input
 from ._control import (DESC_FIXED, F_ADDR, F_AUX0, F_AUX1, F_AUX2, F_CALL, F_COUNT, F_DTYPE, F_EPOCH, F_FLAGS,
@@ -69,12 +75,6 @@ OPS = {"barrier": 1, "all_gather": 2, "all_reduce": 3, "reduce_scatter": 4, "all
        "all_to_all_v": 6, "broadcast": 7, "split": 8}
 OP_NAMES = {v: k for k, v in OPS.items()}
 _native.set_barrier(OPS["barrier"], SPIN_POLLS, SLICE, log.isEnabledFor, logging.DEBUG, getattr(log, "_cache", None))
-# _native.mesh: departures, and the stages it returns (the last two: where the Python path picks up)
-MESH_NO_DEPARTURE, MESH_BARRIER, MESH_ROOT_READER, MESH_ROOT = 0, 1, 2, 3
-MESH_DONE, MESH_ENTER_WAIT, MESH_DISAGREE, MESH_SOURCES, MESH_DEPART, MESH_MIDDLE = 0, 1, 2, 3, 4, 5
-MESH_SOURCES_FIRST, MESH_DEPART_FIRST = 6, 7
-# the words of Communicator._tally (_native.h: T_*)
-T_CALLS, T_SYNCS, T_NATIVE = 0, 1, 2
 
 
 _COMPARED = ((F_DTYPE, "dtype"), (F_COUNT, "element count"), (F_ROOT, "root"), (F_REDOP, "reduce op"))
@@ -112,6 +112,61 @@ class Replay:
         self.call, self.meshes, self.word = call, meshes, word
 
 
+# What each operation's checks decided (its _check_*), remembered by _prepared.PreparedCalls. The
+# operation unpacks them in order; the native methods read only ``replay`` (_replay.c, NAMES_READ):
+# the call's Replay, or None where the call is not replayed natively.
+class AllGatherArgs(NamedTuple):
+    code: int
+    algo: str
+    eager: bool
+    inp: Any
+    plan: Any
+    out_addr: int
+    target: Any
+    replay: Replay | None
+
+
+class AllToAllArgs(NamedTuple):
+    code: int
+    inp: Any
+    plan: Any
+    out_addr: int
+    target: Any
+    replay: Replay | None
+
+
+class BroadcastArgs(NamedTuple):
+    code: int
+    inp: Any
+    plan: Any
+    target: Any
+    replay: Replay | None
+
+
+class ReduceScatterArgs(NamedTuple):
+    code: int
+    rcode: int
+    algo: str
+    inp: Any
+    plan: Any
+    out_addr: int
+    target: Any
+    replay: Replay | None
+
+
+class AllReduceArgs(NamedTuple):
+    code: int
+    rcode: int
+    algo: str
+    eager: bool
+    inp: Any
+    first: Any
+    second: Any
+    out_addr: int
+    target: Any
+    replay: Replay | None
+
+
 class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
     """A group of ranks that run collectives together (MPI semantics for ``split``).
 
@@ -144,7 +199,8 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
         # whether the native methods may run; rooted operations per root (for _root_departure);
         # point-to-point sequence numbers per peer. As attributes, each update was a lookup, a
         # new int object and the old one's free, paid per call and rank.
-        self._tally = array.array("q", [0, 0, int(rt.clock is None)])     # T_CALLS, T_SYNCS, T_NATIVE
+        self._tally = array.array("q", bytes(8 * _native.T_WORDS))
+        self._tally[T_NATIVE] = int(rt.clock is None)
         self._root_calls = array.array("q", bytes(8 * self.size))
         self._sent = array.array("q", bytes(8 * self.size))
         self._received = array.array("q", bytes(8 * self.size))
@@ -164,12 +220,18 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
         self._init_execute()
         self._init_modeling()
         self._init_p2p()
-        # everything the native fast path needs, handed over as one int64 array (_native.h, "cx")
-        self._cx = np.array([self._counter_addr, self._gen_addr, self._arrival_addr, self.size, self.rank,
-                             *(_native.data_address(a) for a in (self._tally, self._root_calls, self._sent,
-                                                                 self._received, self.counters.words)),
-                             rt.native_call_word("barrier"),
-                             *self._desc_addrs[0], *self._desc_addrs[1]], dtype=np.int64)
+        # everything the native fast path needs, handed over as one int64 array (_native.h, CX_*)
+        cx = self._cx = np.zeros(_native.CX_DESC + 2 * self.size, dtype=np.int64)
+        cx[_native.CX_COUNTER], cx[_native.CX_GEN], cx[_native.CX_ARRIVAL] = (
+            self._counter_addr, self._gen_addr, self._arrival_addr)
+        cx[_native.CX_N], cx[_native.CX_ME] = self.size, self.rank
+        cx[_native.CX_TALLY] = _native.data_address(self._tally)
+        cx[_native.CX_ROOTS] = _native.data_address(self._root_calls)
+        cx[_native.CX_SENT] = _native.data_address(self._sent)
+        cx[_native.CX_RECEIVED] = _native.data_address(self._received)
+        cx[_native.CX_COUNTERS] = _native.data_address(self.counters.words)
+        cx[_native.CX_BARRIERS] = rt.native_call_word("barrier")
+        cx[_native.CX_DESC:] = [*self._desc_addrs[0], *self._desc_addrs[1]]
 
     def _start_worker(self) -> Worker:
         """The thread that runs this communicator's operations once one is asynchronous."""
@@ -375,22 +437,28 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
         tables = [p.table if p is not None else None for p in (plan, plan2)]
         n = self.size
         arrays = [_fixed_address(self._cx, (None,)), _fixed_address(self._ready, (n, 2)),
-                  _fixed_address(self._bases, (3, n)), *_fixed_table(tables[0]), *_fixed_table(tables[1])]
-        rows, meshes = [], []
-        for parity in (0, 1):
+                  _fixed_address(self._bases, (BUFFERS, n)), *_fixed_table(tables[0]), *_fixed_table(tables[1])]
+        params = np.zeros((2, _native.RP_LEN), dtype=np.int64)     # a row per call parity, named by RP_*
+        meshes = []
+        for parity, row in enumerate(params):
             src, nbytes = 0, 0
             if eager is not None:
                 inp = self._eager_slot(parity, eager.nbytes, eager.dtype)
                 src, nbytes = _native.data_address(eager) if eager.nbytes else 0, eager.nbytes
-            rows.append([*self._fields(operation, dtype, count, root, redop, inp, 0, 0, 0),
-                         inp.addr if inp is not None else 0, only, dtype, redop, departure, root, word, out_addr, src,
-                         nbytes, self._rt.native_call_word(operation), *arrays, *moved[0], *moved[1]])
+            row[:DESC_FIXED] = self._fields(operation, dtype, count, root, redop, inp, 0, 0, 0)
+            row[_native.RP_OWN:_native.RP_CX] = (inp.addr if inp is not None else 0, only, dtype, redop, departure,
+                                                 root, word, out_addr, src, nbytes,
+                                                 self._rt.native_call_word(operation))
+            row[_native.RP_CX:_native.RP_BYTES] = arrays
+            row[_native.RP_BYTES:_native.RP_LEN] = (*moved[0], *moved[1])
             meshes.append((operation, inp, plan, departure, dtype, count, root, redop, divisor, plan2, only))
-        params = np.array(rows, dtype=np.int64)
         # the call holds every array whose address it carries
-        call = (params, self._cx, self._ready, self._bases, tables[0], tables[1], float(divisor), self._rt.stats,
-                _native.data_address(params))
-        return Replay(call, tuple(meshes), word)
+        call = [None] * _native.R_LEN
+        call[_native.R_PARAMS], call[_native.R_CX], call[_native.R_READY] = params, self._cx, self._ready
+        call[_native.R_BASES], call[_native.R_PLAN], call[_native.R_PLAN2] = self._bases, tables[0], tables[1]
+        call[_native.R_DIVISOR], call[_native.R_STATS] = float(divisor), self._rt.stats
+        call[_native.R_PARAMS_ADDR] = _native.data_address(params)
+        return Replay(tuple(call), tuple(meshes), word)
 
     def _replay(self, replay: "Replay") -> bool:
         """Run a prepared call in one native call, and on from wherever that stopped. False
@@ -589,11 +657,11 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
             held = None if eager else inp.in_place_of(x)
             if eager:
                 replay = self._replay_of(op, None, plan, MESH_NO_DEPARTURE, code, x.size, out_addr=out_addr, eager=x)
-                return (code, algo, eager, None, plan, out_addr, None, replay), True
+                return AllGatherArgs(code, algo, eager, None, plan, out_addr, None, replay), True
             if held is not None:
                 replay = self._replay_of(op, held, plan, MESH_BARRIER, code, x.size, out_addr=out_addr)
-                return (code, algo, eager, held, plan, out_addr, None, replay), True
-        return (code, algo, eager, inp, plan, out_addr, target, None), False
+                return AllGatherArgs(code, algo, eager, held, plan, out_addr, None, replay), True
+        return AllGatherArgs(code, algo, eager, inp, plan, out_addr, target, None), False
 
     @collective
     def all_to_all(self, out: np.ndarray, x: np.ndarray) -> None:
@@ -637,8 +705,8 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
         held = inp.in_place_of(x) if target is o else None
         if held is not None:
             replay = self._replay_of(op, held, plan, MESH_BARRIER, code, x.size, out_addr=out_addr)
-            return (code, held, plan, out_addr, None, replay), True
-        return (code, inp, plan, out_addr, target, None), False
+            return AllToAllArgs(code, held, plan, out_addr, None, replay), True
+        return AllToAllArgs(code, inp, plan, out_addr, target, None), False
 
     @collective
     def all_to_all_v(self, out: np.ndarray, x: np.ndarray, send_counts: Sequence[int],
@@ -728,15 +796,15 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
         if me == root:
             held = inp.in_place_of(x)
             if held is None:
-                return (code, inp, None, None, None), False
-            return (code, held, None, None, self._replay_of(op, held, None, MESH_ROOT, code, x.size, root,
+                return BroadcastArgs(code, inp, None, None, None), False
+            return BroadcastArgs(code, held, None, None, self._replay_of(op, held, None, MESH_ROOT, code, x.size, root,
                                                             only=root)), True
         plan = self._phase(("broadcast", nb, root), lambda: _slices.broadcast(me, n, nb, root), shared=True)
         if target is xf:         # in place: remember the address only, not the caller's array
             own = _Input(None, None, _native.data_address(xf) if nb else 0, nb)
-            return (code, own, plan, None, self._replay_of(op, own, plan, MESH_ROOT_READER, code, x.size, root,
+            return BroadcastArgs(code, own, plan, None, self._replay_of(op, own, plan, MESH_ROOT_READER, code, x.size, root,
                                                            only=root)), True
-        return (code, _Input(target, None), plan, target, None), False
+        return BroadcastArgs(code, _Input(target, None), plan, target, None), False
 
     @collective
     def reduce_scatter(self, out: np.ndarray, x: np.ndarray, op: str = "sum") -> None:
@@ -804,8 +872,8 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
         if held is not None:
             replay = self._replay_of(name, held, plan, MESH_BARRIER, code, o.size, 0, rcode, float(n),
                                      out_addr=out_addr)
-            return (code, rcode, algo, held, plan, out_addr, None, replay), True
-        return (code, rcode, algo, inp, plan, out_addr, target, None), False
+            return ReduceScatterArgs(code, rcode, algo, held, plan, out_addr, None, replay), True
+        return ReduceScatterArgs(code, rcode, algo, inp, plan, out_addr, target, None), False
 
     @collective
     def all_reduce(self, x: np.ndarray, op: str = "sum") -> None:
@@ -897,8 +965,8 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
             if target is xf:
                 replay = self._replay_of(name, None, first, MESH_NO_DEPARTURE, code, count, 0, rcode, float(n), second,
                                          out_addr=out_addr, eager=x)
-                return (code, rcode, algo, True, None, first, second, out_addr, None, replay), True
-            return (code, rcode, algo, True, None, first, second, out_addr, target, None), False
+                return AllReduceArgs(code, rcode, algo, True, None, first, second, out_addr, None, replay), True
+            return AllReduceArgs(code, rcode, algo, True, None, first, second, out_addr, target, None), False
         if algo == "mesh":
             first, second = self._phases(("all_reduce", count, item),
                                          lambda: _slices.all_reduce(me, n, count, item, small=0), item)
@@ -906,8 +974,8 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
         held = inp.in_place_of(x) if algo == "mesh" and count >= n else None
         if held is not None:
             replay = self._replay_of(name, held, first, MESH_BARRIER, code, count, 0, rcode, float(n), second)
-            return (code, rcode, algo, False, held, first, second, 0, None, replay), True
-        return (code, rcode, algo, False, inp, first, second, 0, staged, None), False
+            return AllReduceArgs(code, rcode, algo, False, held, first, second, 0, None, replay), True
+        return AllReduceArgs(code, rcode, algo, False, inp, first, second, 0, staged, None), False
 
     # --- sub-communicators ------------------------------------------------------------------
     @collective

@@ -20,6 +20,10 @@ import mmap
 import numpy as np
 
 from . import _native
+# an operation descriptor's DESC_FIXED int64 fields, F_* (collectives and point-to-point share
+# the layout): native code reads them, so _native.h defines them
+from ._native import (DESC_FIXED, F_ADDR, F_AUX0, F_AUX1, F_AUX2, F_CALL, F_COUNT, F_DTYPE, F_EPOCH, F_FLAGS,
+                      F_NBYTES, F_OP, F_REDOP, F_ROOT, F_SEG_OFF, F_SEG_SIZE, F_SEG_VA)
 
 MAGIC = 0x5354524154414C31  # "STRATAL1"
 HEADER_BYTES = 4096
@@ -27,12 +31,7 @@ RING_ENTRIES = 64
 RING_ENTRY_WORDS = 8                      # 8 x u64 = one 64-byte message
 RING_BYTES = 128 + RING_ENTRIES * RING_ENTRY_WORDS * 8
 COMM_SLOTS = 128
-DESC_FIXED = 16                           # fixed int64 fields of an operation descriptor
-P2P_DESC = 16
-
-# operation descriptor fields (int64 words; collectives and point-to-point share the layout)
-(F_OP, F_DTYPE, F_COUNT, F_ROOT, F_REDOP, F_FLAGS, F_ADDR, F_NBYTES, F_SEG_VA, F_SEG_SIZE, F_SEG_OFF,
- F_EPOCH, F_AUX0, F_AUX1, F_AUX2, F_CALL) = range(DESC_FIXED)
+P2P_DESC = DESC_FIXED                     # a point-to-point descriptor is an operation descriptor
 FLAG_REJECTED = 1                         # the rank rejected its own arguments; it raises, peers too
 
 # rank states

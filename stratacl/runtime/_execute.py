@@ -23,7 +23,7 @@ import numpy as np
 
 from .._errors import CommTimeout
 from ..collectives import _backend
-from ..collectives._kernels import run_plan
+from ..collectives._kernels import BUFFERS, run_plan
 from ..collectives._slices import IN
 from ..sdma._engine import PATHS
 from ..sdma._queues import SdmaEngine
@@ -34,7 +34,7 @@ class Execute:
     """Mixin of ``Communicator``."""
 
     def _init_execute(self) -> None:
-        self._bases = np.zeros((3, self.size), dtype=np.int64)
+        self._bases = np.zeros((BUFFERS, self.size), dtype=np.int64)
         self._src = self._bases[IN]            # filled by _peer_sources (a view: no copy per call)
         self._plans = _backend.Plans()
         self._default_path = self._rt.config.path

@@ -484,8 +484,8 @@ int p2p_core(const int64_t *w, int64_t n, long me, long dst, uint32_t send_seq, 
             return P2P_RECV_CHECK;
         if (count * itemsize > 0) {
             int64_t skipped = 0;
-            b[0 * n + src] = d[F_ADDR];      /* IN: the sender's buffer */
-            b[1 * n + me] = out_addr;        /* OUT: this rank's */
+            b[BUF_IN * n + src] = d[F_ADDR];   /* the sender's buffer */
+            b[BUF_OUT * n + me] = out_addr;    /* this rank's */
             if (kernels->execute_plan(plan, rows, b, n, dtype, 0, 1.0, &skipped) != NULL)
                 return P2P_RECV_CHECK;       /* nothing was written; Python's path raises */
         }
@@ -762,10 +762,46 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "_native", NULL, -1, methods};
 
+/* Every enumerator of _native.h, exported under its own name: Python's one source for them. */
+#define CONSTANT(name) {#name, name}
+static const struct { const char *name; long value; } constants[] = {
+    CONSTANT(CX_COUNTER), CONSTANT(CX_GEN), CONSTANT(CX_ARRIVAL), CONSTANT(CX_N), CONSTANT(CX_ME), CONSTANT(CX_TALLY),
+    CONSTANT(CX_ROOTS), CONSTANT(CX_SENT), CONSTANT(CX_RECEIVED), CONSTANT(CX_COUNTERS), CONSTANT(CX_BARRIERS),
+    CONSTANT(CX_DESC),
+    CONSTANT(T_CALLS), CONSTANT(T_SYNCS), CONSTANT(T_NATIVE), CONSTANT(T_WORDS),
+    CONSTANT(F_OP), CONSTANT(F_DTYPE), CONSTANT(F_COUNT), CONSTANT(F_ROOT), CONSTANT(F_REDOP), CONSTANT(F_FLAGS),
+    CONSTANT(F_ADDR), CONSTANT(F_NBYTES), CONSTANT(F_SEG_VA), CONSTANT(F_SEG_SIZE), CONSTANT(F_SEG_OFF),
+    CONSTANT(F_EPOCH), CONSTANT(F_AUX0), CONSTANT(F_AUX1), CONSTANT(F_AUX2), CONSTANT(F_CALL), CONSTANT(DESC_FIXED),
+    CONSTANT(PX_SEND_DESC), CONSTANT(PX_SEND_FLAG), CONSTANT(PX_RECV_FLAG), CONSTANT(PX_RECV_DESC),
+    CONSTANT(PX_RECV_STATUS), CONSTANT(PX_RECV_DONE), CONSTANT(PX_SENT_DONE), CONSTANT(PX_SENT_STATUS),
+    CONSTANT(PX_WORDS),
+    CONSTANT(P2P_DONE), CONSTANT(P2P_RECV_WAIT), CONSTANT(P2P_RECV_CHECK), CONSTANT(P2P_SEND_WAIT),
+    CONSTANT(MESH_DONE), CONSTANT(MESH_ENTER_WAIT), CONSTANT(MESH_DISAGREE), CONSTANT(MESH_SOURCES),
+    CONSTANT(MESH_DEPART), CONSTANT(MESH_MIDDLE), CONSTANT(MESH_SOURCES_FIRST), CONSTANT(MESH_DEPART_FIRST),
+    CONSTANT(MESH_NO_DEPARTURE), CONSTANT(MESH_BARRIER), CONSTANT(MESH_ROOT_READER), CONSTANT(MESH_ROOT),
+    CONSTANT(MESH_NOT_RUN),
+    CONSTANT(PP_ME), CONSTANT(PP_DST), CONSTANT(PP_SRC), CONSTANT(PP_DTYPE), CONSTANT(PP_COUNT), CONSTANT(PP_ITEMSIZE),
+    CONSTANT(PP_OUT), CONSTANT(PP_N), CONSTANT(PP_SENDS), CONSTANT(PP_RECVS), CONSTANT(PP_CX), CONSTANT(PP_PX),
+    CONSTANT(PP_BASES), CONSTANT(PP_READY), CONSTANT(PP_PLAN), CONSTANT(PP_PLAN_ROWS), CONSTANT(PP_BYTES),
+    CONSTANT(PP_LEN),
+    CONSTANT(Q_PARAMS), CONSTANT(Q_CX), CONSTANT(Q_PX), CONSTANT(Q_BASES), CONSTANT(Q_READY), CONSTANT(Q_PLAN),
+    CONSTANT(Q_PARAMS_ADDR), CONSTANT(Q_LEN),
+    CONSTANT(RP_OWN), CONSTANT(RP_ONLY), CONSTANT(RP_DTYPE), CONSTANT(RP_REDOP), CONSTANT(RP_DEPARTURE),
+    CONSTANT(RP_ROOT), CONSTANT(RP_WORD), CONSTANT(RP_OUT), CONSTANT(RP_EAGER_FROM), CONSTANT(RP_EAGER_BYTES),
+    CONSTANT(RP_COUNTED), CONSTANT(RP_CX), CONSTANT(RP_READY), CONSTANT(RP_BASES), CONSTANT(RP_PLAN),
+    CONSTANT(RP_PLAN_ROWS), CONSTANT(RP_PLAN2), CONSTANT(RP_PLAN2_ROWS), CONSTANT(RP_BYTES), CONSTANT(RP_LEN),
+    CONSTANT(R_PARAMS), CONSTANT(R_CX), CONSTANT(R_READY), CONSTANT(R_BASES), CONSTANT(R_PLAN), CONSTANT(R_PLAN2),
+    CONSTANT(R_DIVISOR), CONSTANT(R_STATS), CONSTANT(R_PARAMS_ADDR), CONSTANT(R_LEN),
+    CONSTANT(METHOD_MESH), CONSTANT(METHOD_SENDRECV),
+    CONSTANT(MAP_FIXED_NOREPLACE),
+};
+#undef CONSTANT
+
 PyMODINIT_FUNC PyInit__native(void) {
     PyObject *m = PyModule_Create(&moduledef);
     if (m == NULL) return NULL;
-    PyModule_AddIntConstant(m, "MAP_FIXED_NOREPLACE", MAP_FIXED_NOREPLACE);
-    if (replay_init(m) < 0) return NULL;
+    for (size_t i = 0; i < sizeof constants / sizeof constants[0]; i++)
+        if (PyModule_AddIntConstant(m, constants[i].name, constants[i].value) < 0) { Py_DECREF(m); return NULL; }
+    if (replay_init(m) < 0) { Py_DECREF(m); return NULL; }
     return m;
 }

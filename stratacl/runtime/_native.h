@@ -25,11 +25,14 @@
  *   (the int64 arrays of runtime/_comm.py, all n long but the tally and the counters)
  *   [CX_BARRIERS] the rank's count of barriers completed natively (Runtime.native_calls)
  *   [CX_DESC + p*n + i] member i's descriptor, parity p
- * Descriptor fields are the F_* indices of runtime/_control.py. */
+ * Descriptor fields are the F_* words of a descriptor in the control segment (runtime/_control.py).
+ *
+ * Every enumerator of this header is defined here only: _native exports each under its own name
+ * (export_constants in _native.c) and the Python side imports them from there (runtime/_control.py,
+ * _comm.py, _p2p.py); tests/test_constants.py checks that none is missing. */
 enum { CX_COUNTER, CX_GEN, CX_ARRIVAL, CX_N, CX_ME, CX_TALLY, CX_ROOTS, CX_SENT, CX_RECEIVED, CX_COUNTERS, CX_BARRIERS,
        CX_DESC };
-enum { T_CALLS, T_SYNCS, T_NATIVE };            /* calls, barrier numbers, native methods allowed */
-enum { CTR_LOCAL, CTR_PULLED, CTR_WRITTEN };   /* bytes copied locally, pulled, written to output */
+enum { T_CALLS, T_SYNCS, T_NATIVE, T_WORDS };   /* calls, barrier numbers, native methods allowed */
 enum { F_OP, F_DTYPE, F_COUNT, F_ROOT, F_REDOP, F_FLAGS, F_ADDR, F_NBYTES, F_SEG_VA, F_SEG_SIZE,
        F_SEG_OFF, F_EPOCH, F_AUX0, F_AUX1, F_AUX2, F_CALL, DESC_FIXED };
 
@@ -40,8 +43,24 @@ enum { PX_SEND_DESC, PX_SEND_FLAG, PX_RECV_FLAG, PX_RECV_DESC, PX_RECV_STATUS, P
 enum { P2P_DONE, P2P_RECV_WAIT, P2P_RECV_CHECK, P2P_SEND_WAIT };
 
 /* The stages where mesh_core stops, and the departures of a full-mesh call (see mesh()). */
-enum { MESH_DONE, MESH_ENTER_WAIT, MESH_DISAGREE, MESH_SOURCES, MESH_DEPART, MESH_MIDDLE };
+enum { MESH_DONE, MESH_ENTER_WAIT, MESH_DISAGREE, MESH_SOURCES, MESH_DEPART, MESH_MIDDLE,
+       MESH_SOURCES_FIRST, MESH_DEPART_FIRST };   /* the last two: where only the Python path starts */
 enum { MESH_NO_DEPARTURE, MESH_BARRIER, MESH_ROOT_READER, MESH_ROOT };
+enum { MESH_NOT_RUN = -1 };                        /* replay: nothing done (debug logging is on) */
+
+/* A prepared sendrecv's parameters (p2p_replay in _replay.c; built by runtime/_p2p.py,
+ * _check_sendrecv): the send's DESC_FIXED descriptor fields, then PP_*; and its call tuple, Q_*. */
+enum { PP_ME = DESC_FIXED, PP_DST, PP_SRC, PP_DTYPE, PP_COUNT, PP_ITEMSIZE, PP_OUT, PP_N, PP_SENDS, PP_RECVS, PP_CX,
+       PP_PX, PP_BASES, PP_READY, PP_PLAN, PP_PLAN_ROWS, PP_BYTES, PP_LEN = PP_BYTES + 3 };
+enum { Q_PARAMS, Q_CX, Q_PX, Q_BASES, Q_READY, Q_PLAN, Q_PARAMS_ADDR, Q_LEN };
+/* A prepared full-mesh call's parameters, one row per call parity (replay in _replay.c; built by
+ * runtime/_comm.py, _replay_of): the descriptor's DESC_FIXED fields, then RP_*; its call tuple, R_*. */
+enum { RP_OWN = DESC_FIXED, RP_ONLY, RP_DTYPE, RP_REDOP, RP_DEPARTURE, RP_ROOT, RP_WORD, RP_OUT, RP_EAGER_FROM,
+       RP_EAGER_BYTES, RP_COUNTED, RP_CX, RP_READY, RP_BASES, RP_PLAN, RP_PLAN_ROWS, RP_PLAN2, RP_PLAN2_ROWS, RP_BYTES,
+       RP_LEN = RP_BYTES + 6 };
+enum { R_PARAMS, R_CX, R_READY, R_BASES, R_PLAN, R_PLAN2, R_DIVISOR, R_STATS, R_PARAMS_ADDR, R_LEN };
+/* What a prepared method replays (prepared_method's kind). */
+enum { METHOD_MESH, METHOD_SENDRECV };
 
 extern const StrataKernelsApi *kernels;
 int load_kernels(void);

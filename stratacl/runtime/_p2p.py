@@ -19,17 +19,17 @@ import numpy as np
 
 from .._errors import CollectiveMismatch
 from ..collectives import _reduce, _slices
+from ..collectives._kernels import BUFFERS
 from ..collectives._slices import IN, OUT
 from ..ub._rankclock import to_bits, us_from_bits
 from . import _native
+from ._native import P2P_DONE, P2P_RECV_CHECK, P2P_RECV_WAIT, P2P_SEND_WAIT   # _native.p2p's stages
 from ._args import _aliased, _fixed_address, _fixed_table, _flat
-from ._control import (F_ADDR, F_AUX0, F_AUX1, F_COUNT, F_DTYPE, F_EPOCH, F_FLAGS,
+from ._control import (DESC_FIXED, F_ADDR, F_AUX0, F_AUX1, F_COUNT, F_DTYPE, F_EPOCH, F_FLAGS,
                        F_SEG_OFF, F_SEG_SIZE, F_SEG_VA, FLAG_REJECTED, P2P_DESC, Layout)
 from ._sync import SLICE, SPIN_POLLS, WAKE_ALL, seq_reached, wait_until
 from ._work import agreed, collective
 
-
-P2P_DONE, P2P_RECV_WAIT, P2P_RECV_CHECK, P2P_SEND_WAIT = 0, 1, 2, 3   # _native.p2p's stages
 _NO_RECV = (0, 0, 0, 0, None)
 OP_SEND = 100                # a send descriptor's F_OP
 
@@ -69,12 +69,17 @@ class PointToPoint:
         self._recv_status = [self._p2p_addr(me, 2, p) for p in peers]
         self._send_desc = [self._p2p_desc_off(me, p) for p in peers]     # int64 index of my descriptor for p
         self._recv_desc = [self._p2p_desc_off(p, me) for p in peers]
-        # what _native.p2p reads, per peer, in its PX_* order: send desc, send flag, recv flag,
-        # recv desc, recv status, recv done, sent done, sent status (addresses)
+        # what _native.p2p reads, per peer: the addresses of its words, named by _native.h's PX_*
         base = self._rt.ctl.base
-        self._px = np.array([[base + 8 * self._send_desc[p], self._send_flag[p], self._recv_flag[p],
-                              base + 8 * self._recv_desc[p], self._recv_status[p], self._recv_done[p],
-                              self._sent_done[p], self._sent_status[p]] for p in peers], dtype=np.int64)
+        px = self._px = np.zeros((self.size, _native.PX_WORDS), dtype=np.int64)
+        px[:, _native.PX_SEND_DESC] = [base + 8 * self._send_desc[p] for p in peers]
+        px[:, _native.PX_SEND_FLAG] = self._send_flag
+        px[:, _native.PX_RECV_FLAG] = self._recv_flag
+        px[:, _native.PX_RECV_DESC] = [base + 8 * self._recv_desc[p] for p in peers]
+        px[:, _native.PX_RECV_STATUS] = self._recv_status
+        px[:, _native.PX_RECV_DONE] = self._recv_done
+        px[:, _native.PX_SENT_DONE] = self._sent_done
+        px[:, _native.PX_SENT_STATUS] = self._sent_status
         self._send_fields = (0,) * P2P_DESC     # the descriptor being sent (a tuple: _native.read_fields)
 
     @collective
@@ -143,11 +148,18 @@ class PointToPoint:
         moved = (plan.local, plan.remote, plan.written) if plan is not None else (0, 0, 0)
         n = self.size
         arrays = [_fixed_address(self._cx, (None,)), _fixed_address(self._px, (n, None)),
-                  _fixed_address(self._bases, (3, n)), _fixed_address(self._ready, (n, 2)), *_fixed_table(table)]
-        params = np.array([*fields, self.rank, dst, src, dtype, count, itemsize, out_addr, self.size,
-                           self._rt.native_call_word("send"), self._rt.native_call_word("recv"), *arrays, *moved],
-                          dtype=np.int64)
-        return (params, self._cx, self._px, self._bases, self._ready, table, _native.data_address(params)), True
+                  _fixed_address(self._bases, (BUFFERS, n)), _fixed_address(self._ready, (n, 2)), *_fixed_table(table)]
+        params = np.zeros(_native.PP_LEN, dtype=np.int64)       # named by _native.h's PP_*
+        params[:DESC_FIXED] = fields
+        params[_native.PP_ME:_native.PP_CX] = (self.rank, dst, src, dtype, count, itemsize, out_addr, self.size,
+                                                self._rt.native_call_word("send"), self._rt.native_call_word("recv"))
+        params[_native.PP_CX:_native.PP_BYTES] = arrays
+        params[_native.PP_BYTES:_native.PP_LEN] = moved
+        call = [None] * _native.Q_LEN
+        call[_native.Q_PARAMS], call[_native.Q_CX], call[_native.Q_PX] = params, self._cx, self._px
+        call[_native.Q_BASES], call[_native.Q_READY], call[_native.Q_PLAN] = self._bases, self._ready, table
+        call[_native.Q_PARAMS_ADDR] = _native.data_address(params)
+        return tuple(call), True
 
     def _p2p(self, op: str, x: np.ndarray | None, dst: int, out: np.ndarray | None, src: int) -> None:
         """One call: post the send, pull the receive, wait for the send's receiver.

@@ -29,7 +29,7 @@
  * slice, compare, count the call (the rank's word at CX_BARRIERS). Anything else calls `comm._barrier(...)`, the Python operation; a wait
  * past the slice or a disagreement calls `comm._arrived("barrier", parity, k, status)`. */
 static PyObject *debug_check, *debug_level, *debug_cache, *_one;
-static PyObject *s_cx, *s_slow, *s_barrier, *s_bytes_eager;
+static PyObject *s_cx, *s_slow, *s_barrier, *s_bytes_eager, *s_arrived;
 
 /* set_barrier(op_code, polls, seconds, debug_check, debug_level, debug_cache): the barrier's
  * operation code (F_OP), its yielding polls and the wait before Python takes over, and the
@@ -119,7 +119,11 @@ static PyObject *barrier_call(PyObject *self, PyObject *const *args, Py_ssize_t 
     else rc = descriptors_agree(c, parity) ? 0 : 2;
     Py_END_ALLOW_THREADS
     if (rc) {
-        PyObject *r = PyObject_CallMethod(comm, "_arrived", "OiKi", s_barrier, parity, (unsigned long long)k, rc);
+        PyObject *a = Py_BuildValue("(OiKi)", s_barrier, parity, (unsigned long long)k, rc);
+        PyObject *arrived = a == NULL ? NULL : PyObject_GetAttr(comm, s_arrived);
+        PyObject *r = arrived == NULL ? NULL : PyObject_Call(arrived, a, NULL);
+        Py_XDECREF(a);
+        Py_XDECREF(arrived);
         if (r == NULL) { PyBuffer_Release(&cx); return NULL; }
         Py_DECREF(r);
     }
@@ -135,14 +139,12 @@ static PyObject *barrier_call(PyObject *self, PyObject *const *args, Py_ssize_t 
  * p2p_core, the receive's byte counts and both halves' call counts. A stage other than
  * P2P_DONE is returned with the sequence numbers, for the Python path to go on from.
  *   call = (params, cx, px, bases, ready, plan, params' address)
- *   params (int64): the send's DESC_FIXED fields (F_CALL: its sequence number, set here), then PP_* */
-enum { PP_ME = DESC_FIXED, PP_DST, PP_SRC, PP_DTYPE, PP_COUNT, PP_ITEMSIZE, PP_OUT, PP_N, PP_SENDS, PP_RECVS, PP_CX,
-       PP_PX, PP_BASES, PP_READY, PP_PLAN, PP_PLAN_ROWS, PP_BYTES, PP_LEN = PP_BYTES + 3 };
+ *   params (int64): the send's DESC_FIXED fields (F_CALL: its sequence number, set here), then PP_*
+ *   (_native.h) */
 /* PP_N: members; PP_SENDS, PP_RECVS: the rank's words counting sends and receives completed
  * natively (Runtime.native_calls); PP_CX .. PP_PLAN_ROWS: the addresses of the arrays `call`
  * holds (cx, px, bases, ready, the plan's table: 0 for none) and the table's rows, checked when
  * the call was built */
-enum { Q_PARAMS, Q_CX, Q_PX, Q_BASES, Q_READY, Q_PLAN, Q_PARAMS_ADDR, Q_LEN };
 
 /* The parameters of a replay's call tuple (`at`: the index of their address), NULL with an
  * exception set if it is not such a tuple. */
@@ -206,18 +208,13 @@ PyObject *p2p_replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
  * is on, which only the Python path does).
  *   call = (params, cx, ready, bases, plan, plan2, divisor, stats, params' address)
  *   params (int64, one row per call parity): the descriptor's DESC_FIXED fields (F_CALL set
- *   here), then RP_*; the rows differ only where an eager input has a slot per parity */
-enum { RP_OWN = DESC_FIXED, RP_ONLY, RP_DTYPE, RP_REDOP, RP_DEPARTURE, RP_ROOT, RP_WORD, RP_OUT, RP_EAGER_FROM,
-       RP_EAGER_BYTES, RP_COUNTED, RP_CX, RP_READY, RP_BASES, RP_PLAN, RP_PLAN_ROWS, RP_PLAN2, RP_PLAN2_ROWS, RP_BYTES,
-       RP_LEN = RP_BYTES + 6 };
+ *   here), then RP_* (_native.h); the rows differ only where an eager input has a slot per parity */
 /* RP_OUT: this rank's OUT base, -1: leave it; RP_EAGER_FROM: where RP_EAGER_BYTES bytes are
  * copied from into RP_OWN (the eager slot) first; RP_COUNTED: the rank's word counting this
  * operation's calls completed natively (Runtime.native_calls); RP_CX .. RP_PLAN2_ROWS: the addresses of the
  * arrays `call` holds (cx, ready, bases, the plans' tables: 0 for none) and the tables' rows,
  * checked when the call was built, so that no buffer is requested per call; RP_BYTES: local,
  * pulled, written of plan, then of plan2 */
-enum { R_PARAMS, R_CX, R_READY, R_BASES, R_PLAN, R_PLAN2, R_DIVISOR, R_STATS, R_PARAMS_ADDR, R_LEN };
-#define MESH_NOT_RUN (-1)
 
 static PyObject *replay_impl(PyObject *comm, PyObject *call) {
     if (load_kernels() < 0) return NULL;
@@ -249,7 +246,7 @@ static PyObject *replay_impl(PyObject *comm, PyObject *call) {
     uint32_t target = 0;
     if (departure >= MESH_ROOT_READER) target = (uint32_t)((uint64_t)(roots[p[RP_ROOT]] + 1) * (uint64_t)(n - 1));
     int64_t *b = (int64_t *)(uintptr_t)p[RP_BASES], skipped = 0;
-    if (p[RP_OUT] >= 0) b[1 * n + me] = p[RP_OUT];
+    if (p[RP_OUT] >= 0) b[BUF_OUT * n + me] = p[RP_OUT];
     const char *err = NULL;
     int stage;
     Py_BEGIN_ALLOW_THREADS
@@ -301,7 +298,6 @@ PyObject *replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
  * replay that stops early goes on in Python (comm._replayed, comm._p2p_replayed).
  *   spec: one letter per parameter, 'a' an array (keyed by identity, tested by layout), 's' a
  *   scalar (keyed by value: int or str exactly, else the Python operation). */
-enum { METHOD_MESH, METHOD_SENDRECV };
 #define METHOD_MAX_PARAMS 4
 
 /* The last entry found is kept, as what the method reads of it (its weak references and
@@ -320,7 +316,7 @@ typedef struct {
     int nparams, kind;
 } PreparedMethod;
 
-static PyObject *s_prepared, *s_entries, *s_refs, *s_layouts, *s_args, *s_call;
+static PyObject *s_prepared, *s_entries, *s_refs, *s_layouts, *s_args, *s_replay, *s_call;
 static PyObject *s_path, *s_default_path, *s_replayed, *s_p2p_replayed;
 
 static PyTypeObject *ndarray_type;        /* numpy.ndarray, set by prepared_method */
@@ -446,11 +442,14 @@ static int prepared_call(PreparedMethod *m, PyObject *comm, PyObject *const *par
     if (ok == 1 && m->kind == METHOD_SENDRECV) {
         *call = Py_NewRef(eargs);
     } else if (ok == 1) {
-        PyObject *last = PyTuple_Check(eargs) && PyTuple_GET_SIZE(eargs)
-                             ? PyTuple_GET_ITEM(eargs, PyTuple_GET_SIZE(eargs) - 1) : Py_None;
-        if (last != Py_None) {                 /* else the entry is not replayed: Python's */
-            *rp = Py_NewRef(last);
-            if ((*call = PyObject_GetAttr(last, s_call)) == NULL) { Py_CLEAR(*rp); ok = -1; }
+        PyObject *replay = PyObject_GetAttr(eargs, s_replay);
+        if (replay == NULL) {
+            ok = -1;
+        } else if (replay != Py_None) {        /* else the entry is not replayed: Python's */
+            *rp = replay;
+            if ((*call = PyObject_GetAttr(replay, s_call)) == NULL) { Py_CLEAR(*rp); ok = -1; }
+        } else {
+            Py_DECREF(replay);
         }
     }
     if (ok == 1) remember(m, comm, params, refs, layouts, *call, *rp);
@@ -626,18 +625,32 @@ int replay_init(PyObject *m) {
         "barrier", (PyCFunction)(void (*)(void))barrier_call, METH_FASTCALL | METH_KEYWORDS,
         "barrier($self, /, *, async_op=False, path=None)\n--\n\n"
         "Block until every rank of the communicator has called barrier. Collective."};
-    struct { PyObject **slot; const char *name; } names[] = {
-        {&s_cx, "_cx"}, {&s_slow, "_barrier"}, {&s_barrier, "barrier"}, {&s_bytes_eager, "bytes_eager"},
-        {&s_prepared, "_prepared"}, {&s_entries, "_entries"}, {&s_refs, "_refs"}, {&s_layouts, "_layouts"},
-        {&s_args, "args"}, {&s_call, "call"}, {&s_path, "_path"}, {&s_default_path, "_default_path"},
-        {&s_replayed, "_replayed"}, {&s_p2p_replayed, "_p2p_replayed"}};
+    /* Every Python name this file reads, and whose it is: the one list of them, exported as
+     * NAMES_READ, which tests/test_constants.py checks against the objects. */
+    struct { PyObject **slot; const char *name, *owner; } names[] = {
+        {&s_cx, "_cx", "Communicator"}, {&s_slow, "_barrier", "Communicator"},
+        {&s_arrived, "_arrived", "Communicator"}, {&s_prepared, "_prepared", "Communicator"},
+        {&s_path, "_path", "Communicator"}, {&s_default_path, "_default_path", "Communicator"},
+        {&s_replayed, "_replayed", "Communicator"}, {&s_p2p_replayed, "_p2p_replayed", "Communicator"},
+        {&s_entries, "_entries", "PreparedCalls"}, {&s_refs, "_refs", "PreparedCall"},
+        {&s_layouts, "_layouts", "PreparedCall"}, {&s_args, "args", "PreparedCall"},
+        {&s_replay, "replay", "checked arguments"}, {&s_call, "call", "Replay"},
+        {&s_barrier, "barrier", "operation"}, {&s_bytes_eager, "bytes_eager", "stats"}};
     if ((_one = PyLong_FromLong(1)) == NULL) return -1;
-    PyModule_AddIntConstant(m, "MESH_NOT_RUN", MESH_NOT_RUN);
-    PyModule_AddIntConstant(m, "METHOD_MESH", METHOD_MESH);
-    PyModule_AddIntConstant(m, "METHOD_SENDRECV", METHOD_SENDRECV);
     if (PyType_Ready(&PreparedMethodType) < 0) return -1;
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
-        if ((*names[i].slot = PyUnicode_InternFromString(names[i].name)) == NULL) return -1;
+    size_t count = sizeof names / sizeof names[0];
+    PyObject *read = PyTuple_New((Py_ssize_t)count);
+    if (read == NULL) return -1;
+    for (size_t i = 0; i < count; i++) {
+        PyObject *pair = NULL;
+        if ((*names[i].slot = PyUnicode_InternFromString(names[i].name)) == NULL ||
+            (pair = Py_BuildValue("(Os)", *names[i].slot, names[i].owner)) == NULL) {
+            Py_DECREF(read);
+            return -1;
+        }
+        PyTuple_SET_ITEM(read, (Py_ssize_t)i, pair);
+    }
+    if (PyModule_AddObject(m, "NAMES_READ", read) < 0) { Py_DECREF(read); return -1; }
     PyObject *fn = PyCFunction_New(&barrier_def, NULL);
     PyObject *method = fn == NULL ? NULL : PyInstanceMethod_New(fn);
     Py_XDECREF(fn);
