@@ -16,7 +16,6 @@ DTYPE_BY_CODE = {code: dt for dt, code in DTYPES.items()}
 
 REDUCE_OPS = {"sum": 1, "prod": 2, "min": 3, "max": 4, "avg": 5}
 REDUCE_NAMES = {v: k for k, v in REDUCE_OPS.items()}
-_UFUNC = {1: np.add, 2: np.multiply, 3: np.minimum, 4: np.maximum, 5: np.add}
 
 
 def dtype_code(dtype: np.dtype, operation: str) -> int:
@@ -37,13 +36,3 @@ def reduce_code(op: str, dtype: np.dtype, operation: str) -> int:
     if code == 5 and np.dtype(dtype).kind != "f":
         raise TypeError(f"{operation}: op 'avg' needs a floating dtype, got {np.dtype(dtype)}")
     return code
-
-
-def ufunc(code: int) -> np.ufunc:
-    return _UFUNC[code]
-
-
-def finish(code: int, acc: np.ndarray, n: int) -> None:
-    """Apply the step after accumulation (avg divides by N)."""
-    if code == 5:
-        np.divide(acc, acc.dtype.type(n), out=acc)

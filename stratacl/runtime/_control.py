@@ -37,16 +37,15 @@ FLAG_REJECTED = 1                         # the rank rejected its own arguments;
 
 # rank states
 STATE_STARTING, STATE_RUNNING, STATE_FINALIZED, STATE_DEAD = 0, 1, 2, 3
-STATE_NAMES = {0: "starting", 1: "running", 2: "finalized", 3: "dead"}
 
 # header word offsets (bytes)
 H_MAGIC, H_WORLD, H_FAILED_RANK, H_FAILED_KIND, H_FAILED_VALUE, H_LAUNCHER_PID = 0, 8, 16, 24, 32, 40
 H_HBM_SIZE, H_VA_BASE, H_SLICE = 48, 56, 64
 H_SLEEPERS = 128                          # u32, own cache line: see set_sleepers in _native.c
-FAILED_NONE, FAILED_EXIT, FAILED_SIGNAL, FAILED_SHUTDOWN = 0, 1, 2, 3
+FAILED_EXIT, FAILED_SIGNAL, FAILED_SHUTDOWN = 1, 2, 3    # 0: none
 
 # rank region word offsets (bytes)
-R_PID, R_STATE, R_DOORBELL, R_PUBLISHED, R_FINAL_ACKS = 0, 8, 16, 24, 32
+R_PID, R_STATE, R_DOORBELL, R_PUBLISHED = 0, 8, 16, 24
 R_RINGS = 128
 
 

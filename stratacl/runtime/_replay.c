@@ -28,7 +28,7 @@
  * barrier (its T_CALLS and T_SYNCS words), publish the descriptor {op, call}, arrive, wait one
  * slice, compare, count the call (the rank's word at CX_BARRIERS). Anything else calls `comm._barrier(...)`, the Python operation; a wait
  * past the slice or a disagreement calls `comm._arrived("barrier", parity, k, status)`. */
-static PyObject *debug_check, *debug_level, *debug_cache, *_one;
+static PyObject *debug_check, *debug_level, *debug_cache;
 static PyObject *s_cx, *s_slow, *s_barrier, *s_bytes_eager;
 
 /* set_barrier(op_code, polls, seconds, debug_check, debug_level, debug_cache): the barrier's
@@ -631,7 +631,6 @@ int replay_init(PyObject *m) {
         {&s_prepared, "_prepared"}, {&s_entries, "_entries"}, {&s_refs, "_refs"}, {&s_layouts, "_layouts"},
         {&s_args, "args"}, {&s_call, "call"}, {&s_path, "_path"}, {&s_default_path, "_default_path"},
         {&s_replayed, "_replayed"}, {&s_p2p_replayed, "_p2p_replayed"}};
-    if ((_one = PyLong_FromLong(1)) == NULL) return -1;
     PyModule_AddIntConstant(m, "MESH_NOT_RUN", MESH_NOT_RUN);
     PyModule_AddIntConstant(m, "METHOD_MESH", METHOD_MESH);
     PyModule_AddIntConstant(m, "METHOD_SENDRECV", METHOD_SENDRECV);
