@@ -29,7 +29,7 @@ def test_estimate_is_public_and_needs_no_ranks():
 
 def test_import_has_no_side_effects():
     assert not stratacl.is_initialized()
-    with pytest.raises(stratacl.StrataError, match="call stratacl.init"):
+    with pytest.raises(stratacl.NotInitialized, match="call stratacl.init"):
         stratacl.empty((1,))
 
 
@@ -38,7 +38,8 @@ def test_error_tree():
     assert issubclass(stratacl.OutOfMemory, MemoryError) and issubclass(stratacl.OutOfMemory, stratacl.StrataError)
     assert issubclass(stratacl.CommTimeout, TimeoutError)
     for e in (stratacl.BootstrapError, stratacl.RegistrationError, stratacl.CollectiveMismatch,
-              stratacl.PeerFailure, stratacl.ConfigError, stratacl.RankFailure):
+              stratacl.PeerFailure, stratacl.ConfigError, stratacl.RankFailure, stratacl.NotInitialized,
+              stratacl.TooManyCommunicators):
         assert issubclass(e, stratacl.StrataError)
 
 

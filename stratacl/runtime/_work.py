@@ -22,7 +22,7 @@ import inspect
 import threading
 from typing import Any, Callable
 
-from .._errors import CollectiveMismatch
+from .._errors import CollectiveMismatch, NotInitialized
 
 
 _AGREED = "_stratacl_seen_by_every_rank"
@@ -91,7 +91,8 @@ class Worker:
         work = work if work is not None else Work(operation)
         with self._cond:
             if self._stopping:
-                raise RuntimeError(f"{operation}: the communicator is shutting down")
+                raise NotInitialized(f"{operation}: the communicator is shut down (stratacl.finalize() was "
+                                     f"called); issue every operation before finalize()")
             self._queue.append((fn, work))
             self._cond.notify()
         return work
