@@ -922,7 +922,7 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
 
     # --- sub-communicators ------------------------------------------------------------------
     @collective
-    def split(self, color: int | None, key: int = 0) -> "Communicator | None":
+    def split(self, color: int | None, key: int = 0) -> Communicator | None:
         """MPI_Comm_split: ranks with the same ``color`` form a communicator, ordered by
         (``key``, rank here). ``color=None`` (or negative) takes part but gets None. Collective."""
         op = "split"

@@ -150,6 +150,13 @@ def collective(fn: Callable) -> Callable:
         f"    return fn(self, {args})\n")
     exec(compile(source, f"<collective {fn.__name__}>", "exec"), namespace)
     call = functools.wraps(fn)(namespace[fn.__name__])
+    # what inspect and help() show (they would follow __wrapped__ to ``fn``, which lacks the
+    # keywords); the native methods' __wrapped__ is this function, so they show it too
+    signature = inspect.signature(fn)
+    call.__signature__ = signature.replace(parameters=[
+        *signature.parameters.values(),
+        inspect.Parameter("async_op", inspect.Parameter.KEYWORD_ONLY, default=False, annotation="bool"),
+        inspect.Parameter("path", inspect.Parameter.KEYWORD_ONLY, default=None, annotation="str | None")])
     call.__doc__ = (fn.__doc__ or "") + (
         "\n\n        ``async_op=True``: return a ``Work`` at once; see runtime/_work.py. ``path='mte'|'sdma'``:"
         "\n        the data path of this call's copies (default: the ``path`` setting); see runtime/_execute.py.")
