@@ -1,6 +1,8 @@
 """The public surface: exports, settings, topology files. No ranks needed."""
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import json
 import pathlib
 
@@ -125,3 +127,49 @@ def test_operations_show_their_signatures_and_docs():
         if not inspect.isfunction(op):          # native: _replay.c
             python_op = getattr(Communicator, f"_{name}")
             assert op.__doc__ and op.__doc__.splitlines()[0] == python_op.__doc__.splitlines()[0], name
+
+
+def _documented(obj) -> bool:
+    if inspect.ismemberdescriptor(obj):          # a __slots__ entry: its doc is in a dict __slots__
+        doc = inspect.getdoc(obj)
+    else:
+        doc = getattr(obj, "__doc__", None)
+    if inspect.isclass(obj) and dataclasses.is_dataclass(obj) and doc and doc.startswith(f"{obj.__name__}("):
+        return False                              # the signature dataclasses writes when there is none
+    return bool(doc and doc.strip())
+
+
+def _public_members(cls, inherited: bool):
+    """Public methods, properties and slots of ``cls`` (``inherited``: from its bases too)."""
+    names = dir(cls) if inherited else list(vars(cls))
+    for name in names:
+        if name.startswith("_") or (inherited and name in dir(object)):
+            continue
+        obj = inspect.getattr_static(cls, name)
+        if isinstance(obj, (staticmethod, classmethod)):
+            obj = obj.__func__
+        if callable(obj) or isinstance(obj, property) or inspect.ismemberdescriptor(obj):
+            yield name, obj
+
+
+def test_every_public_name_has_a_docstring():
+    """trio's test_exports walks the exports; here each one, and each public method, property
+    or slot of the exported classes (Communicator and Work with their mixins' ones), must say
+    what it is."""
+    from stratacl.runtime._work import Work
+    missing = []
+    classes = []
+    for module in (stratacl, stratacl.ub):
+        assert _documented(module), module.__name__
+        for name in module.__all__:
+            obj = getattr(module, name)
+            if not (inspect.isclass(obj) or inspect.ismodule(obj) or callable(obj)):
+                continue                          # data (SETTINGS, config): documented in README's tables
+            if not _documented(obj):
+                missing.append(f"{module.__name__}.{name}")
+            if inspect.isclass(obj):
+                classes.append((f"{module.__name__}.{name}", obj, obj is stratacl.Communicator))
+    classes.append(("Work", Work, True))
+    for label, cls, inherited in classes:
+        missing += [f"{label}.{name}" for name, obj in _public_members(cls, inherited) if not _documented(obj)]
+    assert missing == []

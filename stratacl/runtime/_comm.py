@@ -117,6 +117,9 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
 
     Every collective method is a *collective operation*: all ranks of the communicator must
     call it in the same order with agreeing arguments, and it is host-blocking.
+
+    ``rank`` is this rank's index in the communicator, ``size`` the number of members and
+    ``members`` their world ranks, in communicator order.
     """
 
     def __init__(self, rt: "Runtime", members: Sequence[int], slots: Sequence[int]):
@@ -183,6 +186,8 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
 
     @property
     def topology(self):
+        """The job's topology (``ub.Topology``): the levels and tiers ranks talk over and the
+        fabric model's parameters; rank numbers are world ranks (``members``). Local."""
         return self._rt.topology
 
     def __repr__(self) -> str:

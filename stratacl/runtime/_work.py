@@ -37,14 +37,18 @@ def agreed(error: BaseException) -> BaseException:
 class Work:
     """Handle of one asynchronous operation (torch.distributed's Work, MPI's Request)."""
 
-    __slots__ = ("operation", "_done", "_error", "_result", "modeled", "_join")
+    __slots__ = {"operation": "The operation's name, e.g. 'all_gather'.",
+                 "_done": None, "_error": None, "_result": None,
+                 "modeled": "Under a modeled clock, once done: (start_us, end_us, what its cores did); "
+                            "else None.",
+                 "_join": None}
 
     def __init__(self, operation: str, join: Callable[["Work"], None] | None = None):
         self.operation = operation
         self._done = threading.Event()
         self._error: BaseException | None = None
         self._result: Any = None
-        self.modeled = None     # under a modeled clock: (start_us, end_us, what its cores did), see _modeling
+        self.modeled = None     # see __slots__ and runtime/_modeling.py
         self._join = join       # called once by the first successful wait(): the program joins the operation
 
     def is_completed(self) -> bool:
@@ -64,6 +68,8 @@ class Work:
         return True
 
     def exception(self) -> BaseException | None:
+        """The exception the operation raised, or None (still running, or it succeeded).
+        Never blocks."""
         return self._error if self._done.is_set() else None
 
     def result(self) -> Any:

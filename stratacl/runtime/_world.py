@@ -208,12 +208,15 @@ _LOCK = threading.Lock()
 
 
 def runtime() -> Runtime:
+    """This process's runtime (the rank's HBM, window, registration unit, settings); raises
+    NotInitialized before ``init()`` and after ``finalize()``."""
     if _RUNTIME is None:
         raise NotInitialized("stratacl is not initialised in this process: call stratacl.init() first")
     return _RUNTIME
 
 
 def is_initialized() -> bool:
+    """True between ``init()`` and ``finalize()`` in this process. Local, never blocks."""
     return _RUNTIME is not None
 
 
