@@ -2,7 +2,9 @@
 
 One collective call, end to end:
 
-    check arguments locally  --error-->  publish a descriptor flagged 'rejected', arrive, raise
+    check arguments locally  --error-->  write why in this rank's slot (Layout.slot_reason),
+          |                              publish a descriptor flagged 'rejected', arrive, raise;
+          |                              the peers raise CollectiveMismatch quoting the reason
           |
     input in own HBM? yes: zero copy        no: staged into a communication buffer (counted)
           |

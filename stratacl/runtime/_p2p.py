@@ -256,11 +256,12 @@ class PointToPoint:
         if error is not None:
             raise agreed(error)
         status = _native.load_u32(self._sent_status[dst])
-        if status == RECV_MISMATCH:
-            raise CollectiveMismatch(f"send: rank {self.members[dst]} posted a recv that does not match this "
-                                     f"send ({x.size} x {x.dtype}); no data was moved")
         if status:
-            reason = self._rt.ctl.reason(self._slot_offs[dst] + self._lay.slot_reason(2 + self._lay.world + self.rank))
+            if status == RECV_MISMATCH:
+                raise CollectiveMismatch(f"send: rank {self.members[dst]} posted a recv that does not match this "
+                                         f"send ({x.size} x {x.dtype}); no data was moved")
+            lay = self._lay
+            reason = self._rt.ctl.reason(self._slot_offs[dst] + lay.slot_reason(2 + lay.world + self.rank))
             if status == RECV_REJECTED:
                 raise CollectiveMismatch(f"send: rank {self.members[dst]} rejected its recv arguments: {reason}; "
                                          f"no data was moved")
