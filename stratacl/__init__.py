@@ -23,11 +23,13 @@ from ._errors import BootstrapError as BootstrapError
 from ._errors import CollectiveMismatch as CollectiveMismatch
 from ._errors import CommTimeout as CommTimeout
 from ._errors import ConfigError as ConfigError
+from ._errors import NotInitialized as NotInitialized
 from ._errors import OutOfMemory as OutOfMemory
 from ._errors import PeerFailure as PeerFailure
 from ._errors import RankFailure as RankFailure
 from ._errors import RegistrationError as RegistrationError
 from ._errors import StrataError as StrataError
+from ._errors import TooManyCommunicators as TooManyCommunicators
 from ._estimate import Estimate as Estimate
 from ._estimate import estimate as estimate
 from ._spawn import spawn as spawn
@@ -40,7 +42,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BootstrapError", "CollectiveMismatch", "CommTimeout", "Communicator", "Config", "ConfigError",
-    "Estimate", "OutOfMemory", "PeerFailure", "RankFailure", "RegistrationError", "SETTINGS", "StrataError",
+    "Estimate", "NotInitialized", "OutOfMemory", "PeerFailure", "RankFailure", "RegistrationError", "SETTINGS",
+    "StrataError", "TooManyCommunicators",
     "config", "empty", "empty_cache", "empty_like", "estimate", "finalize", "init", "is_initialized",
     "memory_stats", "spawn", "stats", "ub", "zeros",
 ]

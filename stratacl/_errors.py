@@ -15,7 +15,21 @@ class ConfigError(StrataError, ValueError):
 
 
 class BootstrapError(StrataError):
-    """A rank could not join its job (missing environment, address window taken, ...)."""
+    """A rank could not join its job (missing environment, address window taken, ``spawn``
+    called while a rank imports the main module, ...)."""
+
+
+class NotInitialized(StrataError):
+    """This process has no running StrataCL runtime: ``init()`` was not called yet, or
+    ``finalize()`` has shut it and its communicators down. Call ``stratacl.init()`` first, and
+    issue every operation before ``finalize()``."""
+
+
+class TooManyCommunicators(StrataError):
+    """A rank has no communicator slot left for a new communicator (``split``): each rank has
+    a fixed number of slots in the job's control segment (runtime/_control.py, COMM_SLOTS),
+    and a communicator keeps its slot for the rest of the job. Split once and reuse the
+    sub-communicators instead of splitting again per step."""
 
 
 class RegistrationError(StrataError):

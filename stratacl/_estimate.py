@@ -53,6 +53,7 @@ class Estimate:
     policy_us: float = 0.0    # host wall time of generating one rank's policy, mean (0: all cached)
 
     def as_dict(self) -> dict[str, Any]:
+        """The fields as a JSON-ready dict (``times_us`` as a list)."""
         d = dataclasses.asdict(self)
         d["times_us"] = self.times_us.tolist()
         return d

@@ -6,7 +6,7 @@ import sys
 from typing import Any, Callable
 
 from ._config import Config
-from ._errors import RankFailure
+from ._errors import BootstrapError, RankFailure
 
 
 class RemoteTraceback(Exception):
@@ -34,7 +34,7 @@ def spawn(fn: Callable[..., Any], nranks: int, args: tuple = (), **settings: Any
     from stratacl_launcher._supervisor import Job, format_failure
 
     if importing_main:
-        raise RuntimeError(
+        raise BootstrapError(
             "stratacl.spawn was called while a rank was importing the main module to find the function "
             "it runs: start the job under `if __name__ == \"__main__\":`, as with multiprocessing's spawn")
     config = Config(**settings)

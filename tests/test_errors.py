@@ -97,7 +97,9 @@ def test_disagreeing_calls_raise_on_every_rank(n):
             assert r["outsize"][0] == "ValueError"
             assert f"output has {8 * n - 1} elements, expected {n} x 8" in r["outsize"][1]
         else:
-            assert r["outsize"][0] == "CollectiveMismatch" and "rank(s) [0] rejected" in r["outsize"][1]
+            assert r["outsize"] == ("CollectiveMismatch", f"all_gather: rank 0 rejected its arguments: ValueError: "
+                                    f"all_gather: output has {8 * n - 1} elements, expected {n} x 8 = {8 * n}; "
+                                    f"no data was moved")
         assert r["avg_int"][0] == "TypeError" and "avg" in r["avg_int"][1]
         assert r["later"] == [True] * 4
         assert r["a2av"][0] == "CollectiveMismatch"
@@ -203,3 +205,118 @@ def test_a_missing_peer_is_a_timeout_naming_it():
     err, _ = stratacl.spawn(late_peer, 2, timeout=1.0)
     assert err[0] == "CommTimeout"
     assert "barrier: rank 0 waited 1 s" in err[1] and "still missing: [1]" in err[1]
+
+
+SUPPORTED = "bool, uint8, int8, int16, int32, int64, float16, float32, float64, uint16, uint32, uint64"
+
+
+def rejections(comm):
+    """Ranks that reject their own arguments raise their own error; each peer's
+    CollectiveMismatch quotes it (the reason travels through the control segment)."""
+    me, n = comm.rank, comm.size
+    x = stratacl.empty((4,), np.float32)
+    x[:] = me
+    got = {}
+    out = stratacl.empty((4 * n - (me == 1),), np.float32)
+    got["all_gather"] = _attempt(lambda: comm.all_gather(out, x))
+    # several ranks reject (the others quote every one), then a prepared call's native path
+    y = stratacl.empty((4,), np.float32 if me == 0 else np.complex64)
+    got["several"] = _attempt(lambda: comm.all_reduce(y, op="max" if me != 1 else "median"))
+    z = stratacl.empty((4,), np.float32)
+    for _ in range(3):
+        comm.all_reduce(z, "sum")               # prepared: the peers' next call is native
+    got["prepared"] = _attempt(lambda: comm.all_reduce(z, "median" if me == 1 else "sum"))
+    got["split"] = _attempt(lambda: comm.split("red" if me == 1 else 0))
+    # point to point between ranks 0 and 1: a rejected send, then a rejected receive
+    if me == 0:
+        got["send"] = _attempt(lambda: comm.recv(np.empty(4, np.float32), 1))
+        ro = np.empty(4, np.float32)
+        ro.flags.writeable = False
+        got["recv"] = _attempt(lambda: comm.recv(ro, 1))
+    elif me == 1:
+        got["send"] = _attempt(lambda: comm.send(np.empty(4, np.complex64), 0))
+        got["recv"] = _attempt(lambda: comm.send(x, 0))
+    # every rank still in step
+    x[:] = me
+    comm.all_reduce(x)
+    got["after"] = x.tolist()
+    return got
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_a_rejection_s_reason_reaches_the_peers(n):
+    results = stratacl.spawn(rejections, n, timeout=60)
+    gather = (f"all_gather: output has {4 * n - 1} elements, expected {n} x 4 = {4 * n}")
+    complex_ = f"all_reduce: dtype complex64 is not supported (supported: {SUPPORTED})"
+    median = "all_reduce: unknown reduce op 'median' (expected one of sum, prod, min, max, avg)"
+    for rank, r in enumerate(results):
+        assert r["after"] == [float(sum(range(n)))] * 4, rank
+        if rank == 1:
+            assert r["all_gather"] == ("ValueError", gather)
+            assert r["several"] == ("TypeError", complex_)
+            assert r["prepared"] == ("ValueError", median)
+            assert r["split"] == ("ValueError", "split: color must be an int or None")
+            assert r["send"] == ("TypeError", f"send: dtype complex64 is not supported (supported: {SUPPORTED})")
+            assert r["recv"] == ("CollectiveMismatch", "send: rank 0 rejected its recv arguments: ValueError: "
+                                 "recv: the buffer array is read-only; no data was moved")
+            continue
+        assert r["all_gather"] == (
+            "CollectiveMismatch", f"all_gather: rank 1 rejected its arguments: ValueError: {gather}; no data was moved")
+        if rank == 0:
+            want = (f"all_reduce: rank 1 rejected its arguments: TypeError: {complex_}; no data was moved"
+                    if n == 2 else
+                    f"all_reduce: ranks [1, 2] rejected their arguments (rank 1: TypeError: {complex_}; "
+                    f"rank 2: TypeError: {complex_}); no data was moved")
+            assert r["several"] == ("CollectiveMismatch", want)
+        else:
+            assert r["several"] == ("TypeError", complex_)
+        assert r["prepared"] == (
+            "CollectiveMismatch", f"all_reduce: rank 1 rejected its arguments: ValueError: {median}; no data was moved")
+        assert r["split"] == ("CollectiveMismatch", "split: rank 1 rejected its arguments: ValueError: split: color "
+                                                    "must be an int or None; no data was moved")
+        if rank == 0:
+            assert r["send"] == ("CollectiveMismatch", "recv: rank 1 rejected its send arguments: TypeError: send: "
+                                 f"dtype complex64 is not supported (supported: {SUPPORTED}); no data was moved")
+            assert r["recv"] == ("ValueError", "recv: the buffer array is read-only")
+
+
+def out_of_slots(comm):
+    """Rank 1 takes a communicator slot at every split, rank 0 none: rank 1 runs out first."""
+    for i in range(200):
+        try:
+            comm.split(0 if comm.rank == 1 else None)
+        except Exception as e:  # noqa: BLE001 - the test inspects whatever was raised
+            return i, type(e).__name__, str(e)
+    return None
+
+
+def test_running_out_of_communicator_slots_is_named_on_every_rank():
+    from stratacl.runtime._control import COMM_SLOTS
+    r0, r1 = stratacl.spawn(out_of_slots, 2, timeout=60)
+    own = (f"split: rank 1 has used all {COMM_SLOTS} of its communicator slots (a communicator keeps its "
+           f"slot until the job ends); split once and reuse the sub-communicators rather than splitting again")
+    assert r1 == (COMM_SLOTS - 1, "TooManyCommunicators", own)
+    assert r0 == (COMM_SLOTS - 1, "CollectiveMismatch",
+                  f"split: rank 1 rejected its arguments: TooManyCommunicators: {own}; no data was moved")
+
+
+def test_a_long_reason_is_cut_with_a_marker():
+    import os
+
+    from stratacl.runtime._control import REASON_BYTES, REASON_CUT, Control
+    fd = os.memfd_create("reason")
+    try:
+        os.ftruncate(fd, Control.size_for(2))
+        ctl = Control(fd, 2)
+        off = ctl.layout.slot(1, 3) + ctl.layout.slot_reason(1)
+        ctl.put_reason(off, ValueError("short"))
+        assert ctl.reason(off) == "ValueError: short"
+        ctl.put_reason(off, TypeError("é" * 400))        # two bytes each: the cut keeps whole characters
+        text = ctl.reason(off)
+        assert text.startswith("TypeError: éé") and text.endswith(REASON_CUT.decode())
+        assert len(text.encode()) < REASON_BYTES and "\ufffd" not in text
+        ctl.put_reason(off, KeyError("k"))
+        assert ctl.reason(off) == "KeyError: 'k'"
+        ctl.close()
+    finally:
+        os.close(fd)

@@ -163,7 +163,7 @@ def test_spawn_at_a_scripts_top_level_says_to_guard_it(tmp_path):
                          env=clean_env())
     assert run.returncode != 0, run.stdout
     last = run.stderr.strip().splitlines()
-    assert "RuntimeError: stratacl.spawn was called while a rank was importing the main module" in run.stderr
+    assert "BootstrapError: stratacl.spawn was called while a rank was importing the main module" in run.stderr
     assert 'if __name__ == "__main__":' in run.stderr and "ModuleNotFoundError" not in run.stderr, last[-5:]
 
 

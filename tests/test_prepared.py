@@ -102,7 +102,8 @@ def changed_in_place(comm):
         except ValueError as e:
             log.append(("ValueError", "read-only" in str(e)))
         except stratacl.CollectiveMismatch as e:
-            log.append(("CollectiveMismatch", "rejected their arguments" in str(e)))
+            log.append(("CollectiveMismatch", "rank 0 rejected its arguments: ValueError: " in str(e)
+                        and "read-only" in str(e)))
         w.flags.writeable = True
         w[...] = me
         comm.broadcast(w, root=n - 1)

@@ -20,7 +20,6 @@ DTYPE_BY_CODE = {code: dt for dt, code in DTYPES.items()}
 
 REDUCE_OPS = {"sum": K.OP_SUM, "prod": K.OP_PROD, "min": K.OP_MIN, "max": K.OP_MAX, "avg": K.OP_AVG}
 REDUCE_NAMES = {v: k for k, v in REDUCE_OPS.items()}
-_UFUNC = {1: np.add, 2: np.multiply, 3: np.minimum, 4: np.maximum, 5: np.add}
 
 
 def dtype_code(dtype: np.dtype, operation: str) -> int:
@@ -41,13 +40,3 @@ def reduce_code(op: str, dtype: np.dtype, operation: str) -> int:
     if code == K.OP_AVG and np.dtype(dtype).kind != "f":
         raise TypeError(f"{operation}: op 'avg' needs a floating dtype, got {np.dtype(dtype)}")
     return code
-
-
-def ufunc(code: int) -> np.ufunc:
-    return _UFUNC[code]
-
-
-def finish(code: int, acc: np.ndarray, n: int) -> None:
-    """Apply the step after accumulation (avg divides by N)."""
-    if code == 5:
-        np.divide(acc, acc.dtype.type(n), out=acc)

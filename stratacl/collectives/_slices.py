@@ -38,12 +38,7 @@ from ._kernels import BUF_IN, BUF_OUT, BUF_SCRATCH
 from ._schedule import EAGER_BYTES
 
 LOAD, STORE, LOAD_ACC = 0, 1, 2
-OPS = {"load": LOAD, "store": STORE, "load-accumulate": LOAD_ACC}
 IN, OUT, SCRATCH = BUF_IN, BUF_OUT, BUF_SCRATCH    # rows of the member buffer table (_kernels.h)
-BUFFERS = {"in": IN, "out": OUT, "scratch": SCRATCH}
-FRONTENDS = ("all_gather", "reduce_scatter", "all_reduce", "all_reduce_eager", "all_reduce_eager_chunks",
-             "all_to_all", "all_to_all_v",
-             "broadcast", "sendrecv", "recv", "ring_all_gather_step", "ring_reduce_scatter_step", "ring_all_reduce_step")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,12 +163,6 @@ def broadcast(me: int, n: int, nbytes: int, root: int = 0) -> list[SliceMap]:
     return [make(me, root, IN, 0, IN, 0, nbytes, LOAD)]
 
 
-def sendrecv(me: int, n: int, nbytes: int) -> list[SliceMap]:
-    """Ring shift: pull ``nbytes`` of member me-1's input into this rank's output, then raise
-    the done flag (id 0) that member me-1 waits for."""
-    return [make(me, (me - 1) % n, IN, 0, OUT, 0, nbytes, LOAD, flag=0)]
-
-
 def recv(me: int, src: int, nbytes: int) -> list[SliceMap]:
     """Point-to-point receive: pull ``nbytes`` of member ``src``'s send buffer (IN) into this
     rank's receive buffer (OUT)."""
@@ -217,21 +206,3 @@ def ring_all_reduce_step(me: int, n: int, count: int, itemsize: int, s: int) -> 
     c = (me - (s - n + 1) - 1) % n
     return [make(me, (me - 1) % n, IN, e[c], IN, e[c], e[c + 1] - e[c], LOAD, s)]
 
-
-def frontend(op: str, me: int, n: int, nbytes: int, itemsize: int = 1, root: int = 0) -> list[SliceMap]:
-    """The phases of ``op`` on member ``me`` of ``n``, for ``nbytes`` of input per member (the
-    model's conventions, ``_schedule.schedule``); all_to_all_v needs its own frontend call."""
-    count = nbytes // max(itemsize, 1)
-    if op == "all_gather":
-        return all_gather(me, n, nbytes)
-    if op == "reduce_scatter":
-        return reduce_scatter(me, n, count // n * n, itemsize) if n > 1 else reduce_scatter(me, n, count, itemsize)
-    if op == "all_reduce":
-        return all_reduce(me, n, count, itemsize)
-    if op == "all_to_all":
-        return all_to_all(me, n, nbytes)
-    if op == "broadcast":
-        return broadcast(me, n, nbytes, root)
-    if op == "sendrecv":
-        return sendrecv(me, n, nbytes)
-    raise ValueError(f"no slice frontend for {op!r} (known: {', '.join(FRONTENDS)})")

@@ -56,6 +56,12 @@ class _Input:
         return _Input(None, self.seg, self.addr, self.nbytes)
 
 
+def buffer_size(nbytes: int) -> int:
+    """The size a communication buffer of at least ``nbytes`` is allocated with: a power of two,
+    at least 4 KiB, so a buffer that grows does so a few times, not at every new size."""
+    return 1 << max(12, (max(nbytes, 1) - 1).bit_length())
+
+
 class Buffers:
     """Mixin of ``Communicator``."""
 
@@ -113,8 +119,7 @@ class Buffers:
     def _staging_buffer(self, nbytes: int) -> np.ndarray:
         if self._staging is None or self._staging.nbytes < nbytes:
             self._staging = None
-            size = 1 << max(12, (nbytes - 1).bit_length())
-            self._staging = self._rt.empty((size,), np.uint8)
+            self._staging = self._rt.empty((buffer_size(nbytes),), np.uint8)
         return self._staging
 
     def _input_fields(self, inp: _Input) -> dict[int, int]:
@@ -133,7 +138,7 @@ class Buffers:
                 return o
         if self._staging_out is None or self._staging_out.nbytes < o.nbytes:
             self._staging_out = None
-            self._staging_out = self._rt.empty((1 << max(12, (max(o.nbytes, 1) - 1).bit_length()),), np.uint8)
+            self._staging_out = self._rt.empty((buffer_size(o.nbytes),), np.uint8)
         return self._staging_out[:o.nbytes].view(o.dtype)
 
     def _output_done(self, out: np.ndarray, target: np.ndarray, count: int | None = None) -> None:

@@ -2,7 +2,9 @@
 
 One collective call, end to end:
 
-    check arguments locally  --error-->  publish a descriptor flagged 'rejected', arrive, raise
+    check arguments locally  --error-->  write why in this rank's slot (Layout.slot_reason),
+          |                              publish a descriptor flagged 'rejected', arrive, raise;
+          |                              the peers raise CollectiveMismatch quoting the reason
           |
     input in own HBM? yes: zero copy        no: staged into a communication buffer (counted)
           |
@@ -42,7 +44,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
 
 import numpy as np
 
-from .._errors import CollectiveMismatch
+from .._errors import CollectiveMismatch, TooManyCommunicators
 from ..collectives import _reduce, _slices
 from ..collectives._backend import int64_word
 from ..collectives._kernels import BUFFERS
@@ -172,6 +174,9 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
 
     Every collective method is a *collective operation*: all ranks of the communicator must
     call it in the same order with agreeing arguments, and it is host-blocking.
+
+    ``rank`` is this rank's index in the communicator, ``size`` the number of members and
+    ``members`` their world ranks, in communicator order.
     """
 
     def __init__(self, rt: "Runtime", members: Sequence[int], slots: Sequence[int]):
@@ -245,6 +250,8 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
 
     @property
     def topology(self):
+        """The job's topology (``ub.Topology``): the levels and tiers ranks talk over and the
+        fabric model's parameters; rank numbers are world ranks (``members``). Local."""
         return self._rt.topology
 
     def __repr__(self) -> str:
@@ -302,7 +309,7 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
             self._wait_barrier(k, operation)
             status = 0 if _native.agree(self._cx, parity) else 2
         if status:
-            self._validate(operation, self._rt.ctl.i64[self._desc_idx[parity]])   # raises
+            self._validate(operation, self._rt.ctl.i64[self._desc_idx[parity]], parity)   # raises
 
     def _descriptor(self, operation: str, dtype: int, count: int, root: int, redop: int, inp: "_Input | None",
                     aux1: int = 0) -> tuple[int, tuple]:
@@ -388,7 +395,7 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
             self._wait_barrier(k, operation)
             stage = MESH_SOURCES_FIRST if _native.agree(self._cx, parity) else MESH_DISAGREE
         if stage == MESH_DISAGREE:
-            self._validate(operation, self._rt.ctl.i64[self._desc_idx[parity]])   # raises
+            self._validate(operation, self._rt.ctl.i64[self._desc_idx[parity]], parity)   # raises
         if stage == MESH_SOURCES or stage == MESH_SOURCES_FIRST:
             self._peer_sources(operation, parity, inp, only=only)
             if plan is not None:
@@ -516,6 +523,7 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
             desc[F_AUX0] = self._entering_bits()
         if error is not None:
             desc[F_FLAGS] = FLAG_REJECTED
+            self._rt.ctl.put_reason(self._slot_offs[self.rank] + self._lay.slot_reason(parity), error)
         if ext is not None:
             i64[off + DESC_FIXED:off + DESC_FIXED + ext.size] = ext
         if log.isEnabledFor(logging.DEBUG):
@@ -524,19 +532,16 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
         if error is not None:
             raise agreed(error)
         if not _native.agree(self._cx, parity):
-            self._validate(operation, i64[self._desc_idx[parity]])   # builds the message, raises
+            self._validate(operation, i64[self._desc_idx[parity]], parity)   # builds the message, raises
         return i64[self._desc_idx[parity]] if self._want_descs.get(operation, True) else None
 
-    def _validate(self, operation: str, descs: np.ndarray) -> None:
+    def _validate(self, operation: str, descs: np.ndarray, parity: int) -> None:
         # one vectorised comparison on the fast path; the message is built only on a mismatch
         if not (descs[:, F_OP:F_FLAGS + 1] != descs[0, F_OP:F_FLAGS + 1]).any() and not descs[0, F_FLAGS]:
             return
-        rejected = np.nonzero(descs[:, F_FLAGS] & FLAG_REJECTED)[0]
-        if rejected.size:
-            who = [self.members[i] for i in rejected]
-            raise CollectiveMismatch(
-                f"{operation}: rank(s) {who} rejected their arguments (see the error raised there); "
-                f"no data was moved")
+        rejected = np.nonzero(descs[:, F_FLAGS] & FLAG_REJECTED)[0].tolist()
+        if rejected:
+            raise CollectiveMismatch(self._rejection(operation, rejected, parity))
         for field, label in ((F_OP, "operation"), *_COMPARED):
             col = descs[:, field]
             if (col != col[0]).any():
@@ -547,6 +552,19 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
                 raise CollectiveMismatch(
                     f"{operation}: ranks disagree on the {label} of call #{self._calls} on this "
                     f"communicator ({seen}); no data was moved")
+
+    def _rejection(self, operation: str, rejected: list[int], parity: int) -> str:
+        """The peers' message for members ``rejected`` (indices) having rejected their arguments
+        in the call of ``parity``: each one's own error, as it wrote it (Layout.slot_reason)."""
+        ctl, lay = self._rt.ctl, self._lay
+        why = [(self.members[i], ctl.reason(self._slot_offs[i] + lay.slot_reason(parity))
+                or "(see the error raised there)") for i in rejected]
+        if len(why) == 1:
+            return f"{operation}: rank {why[0][0]} rejected its arguments: {why[0][1]}; no data was moved"
+        shown = "; ".join(f"rank {r}: {text}" for r, text in why[:4])
+        more = f"; and {len(why) - 4} more" if len(why) > 4 else ""
+        return (f"{operation}: ranks {[r for r, _ in why]} rejected their arguments ({shown}{more}); "
+                f"no data was moved")
 
     _want_descs = {"barrier": False}
 
@@ -979,7 +997,7 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
 
     # --- sub-communicators ------------------------------------------------------------------
     @collective
-    def split(self, color: int | None, key: int = 0) -> "Communicator | None":
+    def split(self, color: int | None, key: int = 0) -> Communicator | None:
         """MPI_Comm_split: ranks with the same ``color`` form a communicator, ordered by
         (``key``, rank here). ``color=None`` (or negative) takes part but gets None. Collective."""
         op = "split"
@@ -989,7 +1007,10 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
         except Exception as e:
             self._begin(op, {}, error=e)
         color = -1 if color is None or color < 0 else int(color)
-        slot = self._rt.reserve_slot() if color >= 0 else -1
+        try:
+            slot = self._rt.reserve_slot() if color >= 0 else -1
+        except TooManyCommunicators as e:        # the peers are told, as for a rejected argument
+            self._begin(op, {}, error=e)
         descs = self._begin(op, {F_AUX0: color, F_AUX1: int(key), F_AUX2: slot})
         s = self._rt.stats
         s["calls"]["split"] = s["calls"].get("split", 0) + 1

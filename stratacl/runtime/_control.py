@@ -7,7 +7,8 @@ process it starts. It holds, in fixed places computed by ``Layout``:
                       ranks asleep on a communicator word (so that wakes can be skipped)
     region[r]         one per rank: pid and state, a doorbell, the inbound mailbox rings
                       (one single-producer ring per sender, the daemon's last), and the rank's
-                      communicator slots
+                      communicator slots (barrier words, descriptors, and the text of why the
+                      rank rejected its arguments, written only then: Layout.slot_reason)
     daemon region     the daemon's doorbell and one inbound ring per rank (the relay path)
 
 Every word has exactly one writer except the central barrier counter and the sleepers' count
@@ -36,17 +37,20 @@ FLAG_REJECTED = 1                         # the rank rejected its own arguments;
 
 # rank states
 STATE_STARTING, STATE_RUNNING, STATE_FINALIZED, STATE_DEAD = 0, 1, 2, 3
-STATE_NAMES = {0: "starting", 1: "running", 2: "finalized", 3: "dead"}
 
 # header word offsets (bytes)
 H_MAGIC, H_WORLD, H_FAILED_RANK, H_FAILED_KIND, H_FAILED_VALUE, H_LAUNCHER_PID = 0, 8, 16, 24, 32, 40
 H_HBM_SIZE, H_VA_BASE, H_SLICE = 48, 56, 64
 H_SLEEPERS = 128                          # u32, own cache line: see set_sleepers in _native.c
-FAILED_NONE, FAILED_EXIT, FAILED_SIGNAL, FAILED_SHUTDOWN = 0, 1, 2, 3
+FAILED_EXIT, FAILED_SIGNAL, FAILED_SHUTDOWN = 1, 2, 3    # 0: none
 
 # rank region word offsets (bytes)
-R_PID, R_STATE, R_DOORBELL, R_PUBLISHED, R_FINAL_ACKS = 0, 8, 16, 24, 32
+R_PID, R_STATE, R_DOORBELL, R_PUBLISHED = 0, 8, 16, 24
 R_RINGS = 128
+
+# a rejection's reason: "Type: message" as UTF-8, NUL-terminated, cut to fit with the marker
+REASON_BYTES = 256
+REASON_CUT = b" [...]"
 
 
 def _align(n: int, a: int = 64) -> int:
@@ -59,8 +63,7 @@ class Layout:
     def __init__(self, world: int):
         self.world = world
         self.desc_words = DESC_FIXED + 2 * world
-        self.slot_bytes = _align(
-            16 + 12 * world + 128 + world * P2P_DESC * 8 + 2 * self.desc_words * 8, 4096)
+        self.slot_bytes = _align(self.slot_reason(2 + 2 * world), 4096)
         self.rings_bytes = (world + 1) * RING_BYTES
         self.slots_offset = _align(R_RINGS + self.rings_bytes, 4096)
         self.region_bytes = self.slots_offset + COMM_SLOTS * self.slot_bytes
@@ -103,6 +106,15 @@ class Layout:
 
     def slot_desc(self, parity: int) -> int:
         return self.slot_p2p_desc() + self.world * P2P_DESC * 8 + parity * self.desc_words * 8
+
+    def slot_reason(self, which: int) -> int:
+        """REASON_BYTES of text (Control.put_reason) saying why this member rejected its
+        arguments, read by the peers it flagged the rejection to: ``which`` 0 and 1, in the
+        collective call of that parity (read after its arrival barrier, rewritten at call k+2,
+        as the descriptors); 2 + p, in its send to member p (read before p confirms the
+        receive); 2 + world + p, in its receive from member p (read by p once confirmed; the
+        next receive from p comes after p's next send)."""
+        return _align(self.slot_desc(2)) + which * REASON_BYTES
 
 
 class Control:
@@ -173,6 +185,21 @@ class Control:
     def record_shutdown(self, signum: int) -> None:
         self.i64[H_FAILED_VALUE // 8] = signum
         _native.store_u64(self.base + H_FAILED_KIND, FAILED_SHUTDOWN)
+
+    # --- a rejection's reason (Layout.slot_reason) ------------------------------------------
+    def put_reason(self, offset: int, error: BaseException) -> None:
+        """Write ``error`` as "Type: message" at ``offset``, cut to REASON_BYTES with the
+        REASON_CUT marker. The writer publishes it afterwards (a descriptor flag and the
+        barrier or sequence word its peers wait on), so a reader never sees it half written."""
+        text = f"{type(error).__name__}: {error}".encode(errors="replace")
+        if len(text) >= REASON_BYTES:
+            text = text[:REASON_BYTES - 1 - len(REASON_CUT)].decode(errors="ignore").encode() + REASON_CUT
+        self.u8[offset:offset + len(text)] = np.frombuffer(text, dtype=np.uint8)
+        self.u8[offset + len(text)] = 0
+
+    def reason(self, offset: int) -> str:
+        """The text ``put_reason`` wrote at ``offset``."""
+        return self.u8[offset:offset + REASON_BYTES].tobytes().split(b"\0", 1)[0].decode(errors="replace")
 
     def count_sleepers(self) -> None:
         """This process's waits on communicator words count themselves in the header, and its

@@ -12,7 +12,6 @@ would otherwise deadlock).
 from __future__ import annotations
 
 import collections
-import time
 
 import numpy as np
 
@@ -52,9 +51,6 @@ class Mailbox:
     def post(self, dst: int, words: tuple[int, ...]) -> None:
         """Queue a message for endpoint ``dst``; ``flush`` moves it into the ring."""
         self._out[dst].append(words)
-
-    def pending(self) -> int:
-        return sum(len(q) for q in self._out.values())
 
     def flush(self, alive=None) -> int:
         """Move queued messages into their rings while there is room; returns how many remain.
@@ -122,7 +118,3 @@ def _ring(bell: int) -> None:
     (it is the low half of a u64 whose upper half is unused), then the sleeper is woken."""
     _native.fetch_add_u64(bell, 1)
     _native.futex_wake(bell, 1)
-
-
-def now_ns() -> int:
-    return time.monotonic_ns()

@@ -5,7 +5,9 @@
     bump send_seq[receiver] (futex word) -------> wait for send_seq >= expected
                                                    check dtype/count, readiness, pull the bytes
     wait for recv_done[sender] <------------------ write status, bump recv_done[sender]
-    (a mismatch is reported to both sides through the status word)
+    (a mismatch is reported to both sides through the status word; a side that rejects its
+    own arguments flags it and writes why in its slot, Layout.slot_reason, which the other
+    side quotes in its CollectiveMismatch)
 
 ``sendrecv`` posts the send before pulling the receive, so a ring of them cannot deadlock.
 The common case of a call runs in one native call (``_native.p2p``), which hands the rest back
@@ -32,6 +34,8 @@ from ._work import agreed, collective
 
 _NO_RECV = (0, 0, 0, 0, None)
 OP_SEND = 100                # a send descriptor's F_OP
+# a receive's status word, read by its sender (native code only tests for 0)
+RECV_OK, RECV_MISMATCH, RECV_REJECTED, RECV_FAILED = 0, 1, 2, 3
 
 
 def _send_descriptor(code: int, count: int, inp, rejected: bool, aux0: int, seq: int) -> tuple:
@@ -225,6 +229,8 @@ class PointToPoint:
             code, inp, error = self._prepared.get(key, (x,), self._check_send, x)
         self._sent[dst] += 1
         seq = self._sent[dst] & 0xFFFFFFFF
+        if error is not None:        # the receiver quotes it (posted below, with the flag)
+            self._rt.ctl.put_reason(self._slot_offs[self.rank] + self._lay.slot_reason(2 + dst), error)
         aux0 = to_bits(t_send) if t_send is not None else 0
         self._send_fields = _send_descriptor(code, x.size, inp, error is not None, aux0, seq)
         return dst, seq, error, x, t_send
@@ -263,8 +269,15 @@ class PointToPoint:
             raise agreed(error)
         status = _native.load_u32(self._sent_status[dst])
         if status:
-            raise CollectiveMismatch(f"send: rank {self.members[dst]} posted a recv that does not match this "
-                                     f"send ({x.size} x {x.dtype}); no data was moved")
+            if status == RECV_MISMATCH:
+                raise CollectiveMismatch(f"send: rank {self.members[dst]} posted a recv that does not match this "
+                                         f"send ({x.size} x {x.dtype}); no data was moved")
+            lay = self._lay
+            reason = self._rt.ctl.reason(self._slot_offs[dst] + lay.slot_reason(2 + lay.world + self.rank))
+            if status == RECV_REJECTED:
+                raise CollectiveMismatch(f"send: rank {self.members[dst]} rejected its recv arguments: {reason}; "
+                                         f"no data was moved")
+            raise CollectiveMismatch(f"send: rank {self.members[dst]} failed its recv of this send: {reason}")
         s = self._rt.stats
         s["calls"]["send"] = s["calls"].get("send", 0) + 1
         if t_send is None:
@@ -330,10 +343,11 @@ class PointToPoint:
             if self._path is not self._default_path:
                 self._check_path(op)
             if d[F_FLAGS] & FLAG_REJECTED:
-                error = CollectiveMismatch(f"recv: rank {self.members[src]} rejected its send arguments; "
+                reason = self._rt.ctl.reason(self._slot_offs[src] + self._lay.slot_reason(2 + self.rank))
+                error = CollectiveMismatch(f"recv: rank {self.members[src]} rejected its send arguments: {reason}; "
                                            f"no data was moved")
             elif d[F_DTYPE] != code or d[F_COUNT] != x.size:
-                status = 1
+                status = RECV_MISMATCH
                 error = CollectiveMismatch(
                     f"recv: rank {self.members[src]} sends {d[F_COUNT]} x "
                     f"{_reduce.DTYPE_BY_CODE.get(d[F_DTYPE], '?')}, this rank expects {x.size} x {x.dtype}; "
@@ -352,7 +366,9 @@ class PointToPoint:
                     self._run(op, plan)
                 self._output_done(x, target)
         except Exception as e:
-            status, error = 1, e
+            # the sender quotes it (published below, with the status and the done word)
+            status, error = RECV_REJECTED if isinstance(e, (ValueError, TypeError)) else RECV_FAILED, e
+            self._rt.ctl.put_reason(self._slot_offs[self.rank] + self._lay.slot_reason(2 + self._lay.world + src), e)
         received = None
         if t_recv is not None:
             received = self._rt.clock.received(self.members[src], self.members[self.rank], x.nbytes,

@@ -28,7 +28,7 @@
  * barrier (its T_CALLS and T_SYNCS words), publish the descriptor {op, call}, arrive, wait one
  * slice, compare, count the call (the rank's word at CX_BARRIERS). Anything else calls `comm._barrier(...)`, the Python operation; a wait
  * past the slice or a disagreement calls `comm._arrived("barrier", parity, k, status)`. */
-static PyObject *debug_check, *debug_level, *debug_cache, *_one;
+static PyObject *debug_check, *debug_level, *debug_cache;
 static PyObject *s_cx, *s_slow, *s_barrier, *s_bytes_eager, *s_arrived;
 
 /* set_barrier(op_code, polls, seconds, debug_check, debug_level, debug_cache): the barrier's
@@ -636,7 +636,6 @@ int replay_init(PyObject *m) {
         {&s_layouts, "_layouts", "PreparedCall"}, {&s_args, "args", "PreparedCall"},
         {&s_replay, "replay", "checked arguments"}, {&s_call, "call", "Replay"},
         {&s_barrier, "barrier", "operation"}, {&s_bytes_eager, "bytes_eager", "stats"}};
-    if ((_one = PyLong_FromLong(1)) == NULL) return -1;
     if (PyType_Ready(&PreparedMethodType) < 0) return -1;
     size_t count = sizeof names / sizeof names[0];
     PyObject *read = PyTuple_New((Py_ssize_t)count);

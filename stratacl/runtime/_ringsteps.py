@@ -23,6 +23,7 @@ import numpy as np
 
 from ..collectives._reduce import REDUCE_OPS
 from . import _native
+from ._buffers import buffer_size
 from ._control import DESC_FIXED, F_AUX1
 from ._sync import SLICE, SPIN_POLLS, WAKE_ALL, seq_reached, wait_until
 
@@ -101,5 +102,5 @@ class RingSteps:
         """A communicator-owned HBM buffer of at least ``nbytes`` (partials, forwarded chunks)."""
         if self._scratch_ring is None or self._scratch_ring.nbytes < nbytes:
             self._scratch_ring = None
-            self._scratch_ring = self._rt.empty((1 << max(12, (max(nbytes, 1) - 1).bit_length()),), np.uint8)
+            self._scratch_ring = self._rt.empty((buffer_size(nbytes),), np.uint8)
         return self._scratch_ring

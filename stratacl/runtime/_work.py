@@ -22,7 +22,7 @@ import inspect
 import threading
 from typing import Any, Callable
 
-from .._errors import CollectiveMismatch
+from .._errors import CollectiveMismatch, NotInitialized
 
 
 _AGREED = "_stratacl_seen_by_every_rank"
@@ -37,14 +37,18 @@ def agreed(error: BaseException) -> BaseException:
 class Work:
     """Handle of one asynchronous operation (torch.distributed's Work, MPI's Request)."""
 
-    __slots__ = ("operation", "_done", "_error", "_result", "modeled", "_join")
+    __slots__ = {"operation": "The operation's name, e.g. 'all_gather'.",
+                 "_done": None, "_error": None, "_result": None,
+                 "modeled": "Under a modeled clock, once done: (start_us, end_us, what its cores did); "
+                            "else None.",
+                 "_join": None}
 
     def __init__(self, operation: str, join: Callable[["Work"], None] | None = None):
         self.operation = operation
         self._done = threading.Event()
         self._error: BaseException | None = None
         self._result: Any = None
-        self.modeled = None     # under a modeled clock: (start_us, end_us, what its cores did), see _modeling
+        self.modeled = None     # see __slots__ and runtime/_modeling.py
         self._join = join       # called once by the first successful wait(): the program joins the operation
 
     def is_completed(self) -> bool:
@@ -64,6 +68,8 @@ class Work:
         return True
 
     def exception(self) -> BaseException | None:
+        """The exception the operation raised, or None (still running, or it succeeded).
+        Never blocks."""
         return self._error if self._done.is_set() else None
 
     def result(self) -> Any:
@@ -91,7 +97,8 @@ class Worker:
         work = work if work is not None else Work(operation)
         with self._cond:
             if self._stopping:
-                raise RuntimeError(f"{operation}: the communicator is shutting down")
+                raise NotInitialized(f"{operation}: the communicator is shut down (stratacl.finalize() was "
+                                     f"called); issue every operation before finalize()")
             self._queue.append((fn, work))
             self._cond.notify()
         return work
@@ -149,6 +156,13 @@ def collective(fn: Callable) -> Callable:
         f"    return fn(self, {args})\n")
     exec(compile(source, f"<collective {fn.__name__}>", "exec"), namespace)
     call = functools.wraps(fn)(namespace[fn.__name__])
+    # what inspect and help() show (they would follow __wrapped__ to ``fn``, which lacks the
+    # keywords); the native methods' __wrapped__ is this function, so they show it too
+    signature = inspect.signature(fn)
+    call.__signature__ = signature.replace(parameters=[
+        *signature.parameters.values(),
+        inspect.Parameter("async_op", inspect.Parameter.KEYWORD_ONLY, default=False, annotation="bool"),
+        inspect.Parameter("path", inspect.Parameter.KEYWORD_ONLY, default=None, annotation="str | None")])
     call.__doc__ = (fn.__doc__ or "") + (
         "\n\n        ``async_op=True``: return a ``Work`` at once; see runtime/_work.py. ``path='mte'|'sdma'``:"
         "\n        the data path of this call's copies (default: the ``path`` setting); see runtime/_execute.py.")

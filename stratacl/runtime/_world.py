@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from .._config import Config, check_environment
-from .._errors import BootstrapError, CommTimeout, StrataError
+from .._errors import BootstrapError, CommTimeout, NotInitialized, TooManyCommunicators
 from ..ub import _topology
 from ..ub._clock import FabricModel
 from ..ub._compute import occupied
@@ -166,7 +166,10 @@ class Runtime:
     def reserve_slot(self) -> int:
         with self._slot_lock:
             if self._next_slot >= COMM_SLOTS:
-                raise StrataError(f"rank {self.rank}: no communicator slots left ({COMM_SLOTS} per rank)")
+                raise TooManyCommunicators(
+                    f"split: rank {self.rank} has used all {COMM_SLOTS} of its communicator slots (a "
+                    f"communicator keeps its slot until the job ends); split once and reuse the "
+                    f"sub-communicators rather than splitting again")
             self._next_slot += 1
             return self._next_slot - 1
 
@@ -205,12 +208,15 @@ _LOCK = threading.Lock()
 
 
 def runtime() -> Runtime:
+    """This process's runtime (the rank's HBM, window, registration unit, settings); raises
+    NotInitialized before ``init()`` and after ``finalize()``."""
     if _RUNTIME is None:
-        raise StrataError("stratacl is not initialised in this process: call stratacl.init() first")
+        raise NotInitialized("stratacl is not initialised in this process: call stratacl.init() first")
     return _RUNTIME
 
 
 def is_initialized() -> bool:
+    """True between ``init()`` and ``finalize()`` in this process. Local, never blocks."""
     return _RUNTIME is not None
 
 

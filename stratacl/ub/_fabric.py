@@ -46,7 +46,6 @@ import numpy as np
 from ._topology import Topology
 
 LOAD, LOAD_REDUCE, LOCAL_COPY = 0, 1, 2
-KINDS = {"load": LOAD, "load-reduce": LOAD_REDUCE, "local-copy": LOCAL_COPY}
 
 _GBPS = 1e3          # 1 GB/s in bytes per microsecond
 _SAME = 1e-9         # relative tolerance: transfers finishing this close together finish together

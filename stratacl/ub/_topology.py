@@ -72,6 +72,8 @@ UNIT_US = 20.0           # default S_t: the bytes a tier moves in this long (see
 
 @dataclasses.dataclass(frozen=True)
 class Tier:
+    """One tier of the fabric: the latency and bandwidth of a transfer between two ranks whose
+    innermost shared level uses it (and the partitioner's unit size S_t and fan-out cap H_t)."""
     name: str
     latency_us: float
     bandwidth_gbps: float
@@ -118,6 +120,10 @@ class Sdma:
 
 
 class Topology:
+    """A supernode as data: nested ``levels`` (innermost first; rank r is die r, packed in that
+    order), the ``tiers`` they talk over (``beyond``: between ranks sharing no level), and the
+    cost model's contention, cores and SDMA parameters. Made by ``ub.load_topology``."""
+
     def __init__(self, name: str, levels: list[Level], tiers: dict[str, Tier], beyond: str,
                  contention: Contention | None = None, cores: Cores | None = None, sdma: Sdma | None = None):
         self.name, self.levels, self.tiers, self.beyond = name, levels, tiers, beyond
@@ -147,6 +153,8 @@ class Topology:
         return list(self._span)
 
     def describe(self, world: int | None = None) -> str:
+        """A readable summary: per level its span and tier, then ports, sync, registration,
+        cores and SDMA costs (``world``: the job's rank count, added as a last line)."""
         lines = [f"topology {self.name}:"]
         for lv, span in zip(self.levels, self._span):
             t = self.tiers[lv.tier]
