@@ -34,7 +34,7 @@ from ._control import (COMM_SLOTS, H_HBM_SIZE, H_MAGIC, H_SLICE, H_VA_BASE, MAGI
                        STATE_RUNNING, Control)
 from ._hbm import Hbm
 from ._sync import SLICE, JobHealth
-from ._window import PAGE, ShadowWindow, round_up
+from ._window import ShadowWindow, round_up
 
 # the operations whose completed calls the native methods count in Runtime.native_calls
 NATIVE_CALLS = ("barrier", "all_gather", "all_reduce", "reduce_scatter", "all_to_all", "broadcast", "send", "recv")
@@ -246,7 +246,8 @@ def init(**settings: Any) -> Communicator:
 
 def _standalone(job_id: str, config: Config) -> tuple[Control, list[int]]:
     """A one-rank job without the launcher: same segments, unlinked as soon as they exist."""
-    from stratacl_launcher._resources import create_job_segments
+    # imported here: a rank of a launched job inherits its segments and never needs posix_ipc
+    from ._segments import create_job_segments
     ctl_fd, hbm_fds = create_job_segments(job_id, 1, config)
     return Control(ctl_fd, 1), hbm_fds
 
@@ -272,7 +273,3 @@ def finalize() -> None:
     if rt is not None:
         rt.close()
 
-
-def slice_bytes_for(hbm_size: int) -> int:
-    """Address space per rank: twice the HBM, so freed addresses can be reused independently."""
-    return 2 * round_up(hbm_size, PAGE)
