@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from .bench._cases import OPS as _BENCH_OPS
-from .bench._cases import bus_factor, shape
+from ._sizes import OPS as SIZED_OPS
+from ._sizes import bus_factor, shape
 from .collectives import _schedule
 from .ub._clock import FabricModel, choose_algo, model_call
 from .ub._profile import call_cores, profile_call, write_chrome_trace
@@ -78,8 +78,8 @@ def estimate(op: str, nranks: int, nbytes: int, algo: str = "mesh", topology: st
     sdma (cores post descriptors, the engine moves them). ``profile``: a directory to write the
     call's per-core Chrome trace to (``trace-<op>-<size>.json``). Pure computation: no ranks,
     no shared memory; allocates nothing of the payload's size."""
-    if op not in _BENCH_OPS:
-        raise ValueError(f"estimate: unknown operator {op!r} (known: {', '.join(_BENCH_OPS)})")
+    if op not in SIZED_OPS:
+        raise ValueError(f"estimate: unknown operator {op!r} (known: {', '.join(SIZED_OPS)})")
     if algo not in ALGOS:
         raise ValueError(f"estimate: algo must be one of {', '.join(ALGOS)}, got {algo!r}")
     if nranks < 1:
