@@ -14,6 +14,8 @@
         descriptors is one ``copy_many`` call (which releases the GIL for large copies)
 
 Only copies run on the engine: reductions load-accumulate on the cores (MTE), as on the NPU.
+The engine sits below the runtime: the runtime hands it the two primitives a tail flag needs
+(an atomic u32 store and a futex wake, ``runtime._native``) when it builds the engine.
 The modeled timelines of the same descriptors are ``sdma._engine.run_sdma``.
 """
 from __future__ import annotations
@@ -23,8 +25,9 @@ import threading
 
 import numpy as np
 
+from typing import Callable
+
 from ..collectives import _kernels
-from ..runtime import _native
 
 WAKE_ALL = 0x7FFFFFFF
 
@@ -52,10 +55,17 @@ class Notify:
 
 
 class SdmaEngine:
-    def __init__(self, queues: int, max_bytes: int, name: str = "stratacl-sdma"):
+    """``queues`` descriptor queues (one per communication core) and the engine thread.
+
+    ``store_u32(addr, value)`` and ``futex_wake(addr, count)`` write a tail flag: the store
+    must be atomic and ordered after the copies, the wake must reach waiters in any process."""
+
+    def __init__(self, queues: int, max_bytes: int, *, store_u32: Callable[[int, int], None],
+                 futex_wake: Callable[[int, int], object], name: str = "stratacl-sdma"):
         if queues < 1 or max_bytes < 1:
             raise ValueError(f"SdmaEngine: need queues >= 1 and max_bytes >= 1, got {queues}, {max_bytes}")
         self.max_bytes = int(max_bytes)
+        self._store_u32, self._futex_wake = store_u32, futex_wake
         self._queues = [collections.deque() for _ in range(queues)]
         self._bell = threading.Condition()
         self._rung = False
@@ -139,8 +149,8 @@ class SdmaEngine:
             c["descriptors"] += table.shape[0]
             c["bytes"] += int(table[:, 2].sum())
         elif kind == "flag":
-            _native.store_u32(record[1], record[2])
-            _native.futex_wake(record[1], WAKE_ALL)
+            self._store_u32(record[1], record[2])
+            self._futex_wake(record[1], WAKE_ALL)
             c["flags"] += 1
         else:
             c["notifies"] += 1
