@@ -5,7 +5,7 @@ import numpy as np
 
 import stratacl
 from stratacl.runtime import _native
-from stratacl.sdma._queues import SdmaEngine
+from stratacl.sdma._engine import SdmaEngine
 
 
 def offloaded(comm):

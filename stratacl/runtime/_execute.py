@@ -25,8 +25,8 @@ from .._errors import CommTimeout
 from ..collectives import _backend
 from ..collectives._kernels import run_plan
 from ..collectives._slices import IN
-from ..sdma._engine import PATHS
-from ..sdma._queues import SdmaEngine
+from ..sdma._engine import SdmaEngine
+from ..sdma._model import PATHS
 from . import _native
 from ._sync import SLICE
 

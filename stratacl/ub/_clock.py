@@ -53,7 +53,7 @@ import numpy as np
 
 from ..collectives import _partition as P
 from ..collectives import _schedule as S
-from ..sdma import _engine as sdma_engine
+from ..sdma import _model as sdma_model
 from . import _cores
 from ._fabric import Fabric
 from ._topology import UNIT_US, Topology, load
@@ -72,10 +72,10 @@ class FabricModel:
                  completion: str = "flag"):
         if registration not in REGISTRATIONS:
             raise ValueError(f"registration must be one of {', '.join(REGISTRATIONS)}, got {registration!r}")
-        if path not in sdma_engine.PATHS:
-            raise ValueError(f"path must be one of {', '.join(sdma_engine.PATHS)}, got {path!r}")
-        if completion not in sdma_engine.COMPLETIONS:
-            raise ValueError(f"completion must be one of {', '.join(sdma_engine.COMPLETIONS)}, got {completion!r}")
+        if path not in sdma_model.PATHS:
+            raise ValueError(f"path must be one of {', '.join(sdma_model.PATHS)}, got {path!r}")
+        if completion not in sdma_model.COMPLETIONS:
+            raise ValueError(f"completion must be one of {', '.join(sdma_model.COMPLETIONS)}, got {completion!r}")
         self.topology = load(topology) if isinstance(topology, str) else topology
         self.fabric = Fabric(self.topology)
         self.registration = registration
@@ -151,7 +151,7 @@ class FabricModel:
         if path == "mte":
             run = _cores.run_mte(units.nbytes, alpha, pol.core, pol.slot, self.comm_cores, share, self.issue_rate)
         else:
-            run = sdma_engine.run_sdma(units.nbytes, alpha, pol.core, pol.slot, self.comm_cores, share,
+            run = sdma_model.run_sdma(units.nbytes, alpha, pol.core, pol.slot, self.comm_cores, share,
                                        self.topology.sdma, self.completion)
         run = (run, pol, units)
         if len(self._runs) >= 4 * _CACHE_LIMIT:
