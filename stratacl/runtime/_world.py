@@ -26,6 +26,7 @@ from ..ub._clock import FabricModel
 from ..ub._compute import occupied
 from ..ub._profile import Profiler, profile_call, write_chrome_trace
 from ..ub._rankclock import RankClock
+from ..ub import _registration
 from ..ub._registration import RegistrationUnit
 from . import _native
 from ._allocator import CachingAllocator, array_from_block
@@ -33,6 +34,7 @@ from ._comm import Communicator
 from ._control import (COMM_SLOTS, H_HBM_SIZE, H_MAGIC, H_SLICE, H_VA_BASE, MAGIC, STATE_FINALIZED,
                        STATE_RUNNING, Control)
 from ._hbm import Hbm
+from ._mailbox import Mailbox
 from ._sync import SLICE, JobHealth
 from ._window import ShadowWindow, round_up
 
@@ -67,8 +69,9 @@ class Runtime:
         capacity = ctl.header(H_HBM_SIZE)
         # staged: communication buffers are ordinary allocations, registered on allocation
         mode = "roa" if config.registration == "staged" else config.registration
-        self.reg = RegistrationUnit(rank, world, ctl, self.window, hbm_fds, mode,
-                                    config.metadata_path, self.health.check, config.timeout)
+        self.reg = RegistrationUnit(rank, world, ctl, Mailbox(ctl, rank), self.window, hbm_fds, mode,
+                                    config.metadata_path, self.health.check, config.timeout,
+                                    self.own_segment)
         pool_va = None
         if config.registration == "pool":
             pool = round_up(config.pool_size or capacity)
@@ -235,6 +238,7 @@ def init(**settings: Any) -> Communicator:
         _setup_logging(rank, config.debug)
         rt = Runtime(rank, world, job_id, config, ctl, hbm_fds)
         _RUNTIME = rt
+        _registration.activate(rt.reg)
         atexit.register(finalize)
     log.info("rank %d of %d joined job %s (registration=%s, metadata=%s)", rank, world, job_id,
              config.registration, config.metadata_path)
@@ -270,6 +274,7 @@ def finalize() -> None:
     global _RUNTIME
     with _LOCK:
         rt, _RUNTIME = _RUNTIME, None
+        _registration.activate(None)
     if rt is not None:
         rt.close()
 
