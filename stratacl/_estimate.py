@@ -5,8 +5,9 @@
                                --> Estimate: per-rank modeled times, the call's time (the last
                                    rank to finish), algbw = size / time, busbw = algbw x factor
 
-It runs the same schedules and cost model as the data path's virtual clock, so where both fit
-they report the same modeled time; no bytes are allocated, so 1 GiB per rank on 256 ranks is
+It runs the same schedules and cost model as the data path's virtual clock (with the
+runtime's eager threshold, runtime/_buffers.py), so where both fit they report the same
+modeled time; no bytes are allocated, so 1 GiB per rank on 256 ranks is
 as cheap as 1 KiB. ``registration="jit"`` assumes every buffer is fresh, so each rank pays the
 mappings of every peer buffer it reads (the paper's dynamic-shape case, section 3.1).
 """
@@ -22,6 +23,7 @@ import numpy as np
 from ._sizes import OPS as SIZED_OPS
 from ._sizes import bus_factor, shape
 from .collectives import _schedule
+from .runtime._buffers import EAGER_BYTES
 from .ub._clock import FabricModel, choose_algo, model_call
 from .ub._profile import call_cores, profile_call, write_chrome_trace
 from .ub._topology import Topology
@@ -60,7 +62,8 @@ class Estimate:
 
 @functools.lru_cache(maxsize=16)
 def _model(topology: str, registration: str, cores, comm_cores, partition: str, path: str) -> FabricModel:
-    return FabricModel(topology, registration, cores=cores, comm_cores=comm_cores, partition=partition, path=path)
+    return FabricModel(topology, registration, cores=cores, comm_cores=comm_cores, partition=partition, path=path,
+                       eager_bytes=EAGER_BYTES)
 
 
 def estimate(op: str, nranks: int, nbytes: int, algo: str = "mesh", topology: str | Topology = "cm384",
@@ -90,7 +93,8 @@ def estimate(op: str, nranks: int, nbytes: int, algo: str = "mesh", topology: st
     if isinstance(topology, str):
         model = _model(topology, registration, cores, comm_cores, partition, path)
     else:
-        model = FabricModel(topology, registration, cores=cores, comm_cores=comm_cores, partition=partition, path=path)
+        model = FabricModel(topology, registration, cores=cores, comm_cores=comm_cores, partition=partition, path=path,
+                            eager_bytes=EAGER_BYTES)
     sh = shape(op, nranks, int(nbytes), itemsize)
     per_rank = sh.n_in * itemsize
     members = np.arange(nranks)

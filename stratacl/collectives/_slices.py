@@ -34,8 +34,6 @@ import dataclasses
 
 import numpy as np
 
-from ._schedule import EAGER_BYTES
-
 LOAD, STORE, LOAD_ACC = 0, 1, 2
 OPS = {"load": LOAD, "store": STORE, "load-accumulate": LOAD_ACC}
 IN, OUT, SCRATCH = 0, 1, 2
@@ -108,10 +106,11 @@ def reduce_scatter(me: int, n: int, count: int, itemsize: int) -> list[SliceMap]
     return [make(me, np.arange(n), IN, e[me], OUT, 0, e[me + 1] - e[me], LOAD_ACC)]
 
 
-def all_reduce(me: int, n: int, count: int, itemsize: int, small: int = EAGER_BYTES) -> list[SliceMap]:
+def all_reduce(me: int, n: int, count: int, itemsize: int, small: int = 0) -> list[SliceMap]:
     """In place on IN. Large: phase 1 reduces chunk ``me`` of every x_p into place, phase 2
     pulls every other chunk from its owner. Small (<= ``small`` bytes or fewer elements than
-    members): phase 1 reduces the whole buffer into SCRATCH, phase 2 copies it back locally."""
+    members): phase 1 reduces the whole buffer into SCRATCH, phase 2 copies it back locally.
+    The runtime's small calls take its eager frontends instead, so it passes ``small=0``."""
     nb = count * itemsize
     if nb <= small or count < n:
         return [make(me, np.arange(n), IN, 0, SCRATCH, 0, nb, LOAD_ACC),
@@ -217,16 +216,18 @@ def ring_all_reduce_step(me: int, n: int, count: int, itemsize: int, s: int) -> 
     return [make(me, (me - 1) % n, IN, e[c], IN, e[c], e[c + 1] - e[c], LOAD, s)]
 
 
-def frontend(op: str, me: int, n: int, nbytes: int, itemsize: int = 1, root: int = 0) -> list[SliceMap]:
+def frontend(op: str, me: int, n: int, nbytes: int, itemsize: int = 1, root: int = 0, *,
+             eager_bytes: int) -> list[SliceMap]:
     """The phases of ``op`` on member ``me`` of ``n``, for ``nbytes`` of input per member (the
-    model's conventions, ``_schedule.schedule``); all_to_all_v needs its own frontend call."""
+    model's conventions, ``_schedule.schedule``, with the same ``eager_bytes``); all_to_all_v
+    needs its own frontend call."""
     count = nbytes // max(itemsize, 1)
     if op == "all_gather":
         return all_gather(me, n, nbytes)
     if op == "reduce_scatter":
         return reduce_scatter(me, n, count // n * n, itemsize) if n > 1 else reduce_scatter(me, n, count, itemsize)
     if op == "all_reduce":
-        return all_reduce(me, n, count, itemsize)
+        return all_reduce(me, n, count, itemsize, small=eager_bytes)
     if op == "all_to_all":
         return all_to_all(me, n, nbytes)
     if op == "broadcast":

@@ -45,11 +45,10 @@ import numpy as np
 from .._errors import CollectiveMismatch
 from ..collectives import _reduce, _slices
 from ..collectives._backend import int64_word
-from ..collectives._schedule import EAGER_CHUNKS_READ
 from ..collectives._slices import OUT, SCRATCH
 from . import _native
 from ._args import _aliased, _copy_back, _expect, _fixed_address, _fixed_table, _flat
-from ._buffers import EAGER_BYTES, Buffers, _Input
+from ._buffers import EAGER_BYTES, EAGER_CHUNKS_READ, Buffers, _Input
 from ._control import (DESC_FIXED, F_ADDR, F_AUX0, F_AUX1, F_AUX2, F_CALL, F_COUNT, F_DTYPE, F_EPOCH, F_FLAGS,
                        F_NBYTES, F_OP, F_REDOP, F_ROOT, F_SEG_OFF, F_SEG_SIZE, F_SEG_VA, FLAG_REJECTED, Layout)
 from ._modeling import Modeled

@@ -30,6 +30,7 @@ from ..ub import _registration
 from ..ub._registration import RegistrationUnit
 from . import _native
 from ._allocator import CachingAllocator, array_from_block
+from ._buffers import EAGER_BYTES
 from ._comm import Communicator
 from ._control import (COMM_SLOTS, H_HBM_SIZE, H_MAGIC, H_SLICE, H_VA_BASE, MAGIC, STATE_FINALIZED,
                        STATE_RUNNING, Control)
@@ -92,7 +93,7 @@ class Runtime:
         # the modeled clock: asked for (--clock), or needed by the profiler (its timelines are
         # modeled time); comm.clock() answers only in the first case
         modeled = config.clock if config.clock != "off" else "virtual"
-        self.clock = (RankClock(self.topology, config.registration, modeled, config.dilation)
+        self.clock = (RankClock(self.topology, config.registration, modeled, config.dilation, EAGER_BYTES)
                       if config.clock != "off" or config.profile else None)
         self.profiler = Profiler(rank) if config.profile else None
         self.workers: list = []          # asynchronous-operation threads of this rank's communicators
@@ -115,7 +116,7 @@ class Runtime:
         if self.clock is not None:
             return self.clock.model
         if self._model is None:
-            self._model = FabricModel(self.topology, self.config.registration)
+            self._model = FabricModel(self.topology, self.config.registration, eager_bytes=EAGER_BYTES)
         return self._model
 
     def model_for(self, path: str) -> FabricModel:
