@@ -23,6 +23,7 @@ import numpy as np
 
 import stratacl
 from stratacl.collectives import _partition as P
+from stratacl.runtime._buffers import EAGER_BYTES
 from stratacl.ub._clock import FabricModel, model_call
 from stratacl.ub._compute import ComputeJob, overlap
 from stratacl.ub._profile import profile_call, write_chrome_trace
@@ -43,7 +44,7 @@ def _main_phase_run(model: FabricModel, rank: int = 0):
 def fig16(out):
     res = {}
     for part in P.PARTITIONS:
-        m = FabricModel("cm384", partition=part)
+        m = FabricModel("cm384", partition=part, eager_bytes=EAGER_BYTES)
         t = float(model_call(m, "all_gather", "mesh", range(N), PER, np.zeros(N)).max())
         run = _main_phase_run(m)[0]
         res[part] = (t, run.core_end, run.gap())
@@ -94,7 +95,7 @@ def fig6b(out):
 def sdma(out):
     res = {}
     for path in ("mte", "sdma"):
-        m = FabricModel("cm384", path=path)
+        m = FabricModel("cm384", path=path, eager_bytes=EAGER_BYTES)
         t = float(model_call(m, "all_gather", "mesh", range(N), PER, np.zeros(N)).max())
         s = profile_call(m, "all_gather", "mesh", range(N), PER, ranks=[0])[0].summary()
         res[path] = (t, s)
@@ -115,7 +116,7 @@ def overlap_section(out):
     rows = []
     for cores, dur in ((24, 30000.0), (40, 30000.0), (48, 30000.0)):
         job = ComputeJob(cores, dur)
-        r = {p: overlap(FabricModel("cm384", path=p), "all_gather", "mesh", range(N), PER, job) for p in ("mte", "sdma")}
+        r = {p: overlap(FabricModel("cm384", path=p, eager_bytes=EAGER_BYTES), "all_gather", "mesh", range(N), PER, job) for p in ("mte", "sdma")}
         rows.append([cores, f"{dur:.0f}", f"{r['mte'].comm_us:.0f}", f"+{100 * r['mte'].slowdown:.1f}%",
                      f"{r['sdma'].comm_us:.0f}", f"+{100 * r['sdma'].slowdown:.1f}%"])
     return "\n".join(["### Overlap: a compute job started with the all_gather on the same rank (48 cores)",
@@ -126,7 +127,7 @@ def overlap_section(out):
 
 
 def policy(out):
-    m = FabricModel("cm384")
+    m = FabricModel("cm384", eager_bytes=EAGER_BYTES)
     f = m.fabric
     peers = np.arange(1, N)
     nbytes = np.full(peers.size, PER)
@@ -161,7 +162,7 @@ def main(argv=None) -> int:
         print(funcs[name](out))
         print()
     if a.trace:
-        profs = profile_call(FabricModel("cm384"), "all_gather", "mesh", range(N), PER, ranks=[0, 1, 16])
+        profs = profile_call(FabricModel("cm384", eager_bytes=EAGER_BYTES), "all_gather", "mesh", range(N), PER, ranks=[0, 1, 16])
         print("wrote", write_chrome_trace(os.path.join(a.trace, "all_gather-32x128M.json"), profs))
     return 0
 

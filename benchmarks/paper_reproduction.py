@@ -24,6 +24,7 @@ import sys
 import numpy as np
 
 import stratacl
+from stratacl.runtime._buffers import EAGER_BYTES
 from stratacl.ub import _topology
 
 KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
@@ -103,7 +104,7 @@ def ring_wait_share(n: int, per_rank: int) -> float:
     """Share of a ring all_gather each rank spends not moving data (barriers, waiting for its
     neighbour's flag), averaged over ranks: what a per-core profiler would call synchronisation."""
     from stratacl.ub._clock import FabricModel, _run
-    plan = FabricModel("cm384").plan("all_gather", "ring", tuple(range(n)), per_rank)
+    plan = FabricModel("cm384", eager_bytes=EAGER_BYTES).plan("all_gather", "ring", tuple(range(n)), per_rank)
     total = _run(plan, np.zeros(n))
     busy = sum(step[1].sum(axis=0) for step in plan if step[0] == "ring")
     return float(((total - busy) / total).mean())
@@ -206,7 +207,7 @@ def fig13b(out: str | None) -> str:
 
 def fig5a(out: str | None) -> str:
     ranks = [2, 4, 8, 16, 32, 64, 128, 256]
-    model = stratacl.ub._clock.FabricModel("cm384", "jit")
+    model = stratacl.ub._clock.FabricModel("cm384", "jit", eager_bytes=EAGER_BYTES)
     bufs = (2 * MIB, 128 * MIB, GIB)
     cost = {b: [float(model.registration_us(n - 1, b)) / 1e3 for n in ranks] for b in bufs}
     rows = []

@@ -32,9 +32,10 @@ import time
 
 from stratacl._config import Config
 from stratacl.runtime._control import (FAILED_EXIT, FAILED_SIGNAL, STATE_DEAD, STATE_FINALIZED, Control)
+from stratacl.runtime._segments import create_job_segments
 
 from . import _wire
-from ._resources import create_job_segments, sweep
+from ._resources import sweep
 
 # each rank leads a process group: set before exec where Popen can (Python >= 3.11), and by
 # the rank itself first thing in _rankboot otherwise (preexec_fn is unsafe with threads)

@@ -5,8 +5,9 @@
                                --> Estimate: per-rank modeled times, the call's time (the last
                                    rank to finish), algbw = size / time, busbw = algbw x factor
 
-It runs the same schedules and cost model as the data path's virtual clock, so where both fit
-they report the same modeled time; no bytes are allocated, so 1 GiB per rank on 256 ranks is
+It runs the same schedules and cost model as the data path's virtual clock (with the
+runtime's eager threshold, runtime/_buffers.py), so where both fit they report the same
+modeled time; no bytes are allocated, so 1 GiB per rank on 256 ranks is
 as cheap as 1 KiB. ``registration="jit"`` assumes every buffer is fresh, so each rank pays the
 mappings of every peer buffer it reads (the paper's dynamic-shape case, section 3.1).
 """
@@ -19,9 +20,10 @@ from typing import Any
 
 import numpy as np
 
-from .bench._cases import OPS as _BENCH_OPS
-from .bench._cases import bus_factor, shape
+from ._sizes import OPS as SIZED_OPS
+from ._sizes import bus_factor, shape
 from .collectives import _schedule
+from .runtime._buffers import EAGER_BYTES
 from .ub._clock import FabricModel, choose_algo, model_call
 from .ub._profile import call_cores, profile_call, write_chrome_trace
 from .ub._topology import Topology
@@ -61,7 +63,8 @@ class Estimate:
 
 @functools.lru_cache(maxsize=16)
 def _model(topology: str, registration: str, cores, comm_cores, partition: str, path: str) -> FabricModel:
-    return FabricModel(topology, registration, cores=cores, comm_cores=comm_cores, partition=partition, path=path)
+    return FabricModel(topology, registration, cores=cores, comm_cores=comm_cores, partition=partition, path=path,
+                       eager_bytes=EAGER_BYTES)
 
 
 def estimate(op: str, nranks: int, nbytes: int, algo: str = "mesh", topology: str | Topology = "cm384",
@@ -79,8 +82,8 @@ def estimate(op: str, nranks: int, nbytes: int, algo: str = "mesh", topology: st
     sdma (cores post descriptors, the engine moves them). ``profile``: a directory to write the
     call's per-core Chrome trace to (``trace-<op>-<size>.json``). Pure computation: no ranks,
     no shared memory; allocates nothing of the payload's size."""
-    if op not in _BENCH_OPS:
-        raise ValueError(f"estimate: unknown operator {op!r} (known: {', '.join(_BENCH_OPS)})")
+    if op not in SIZED_OPS:
+        raise ValueError(f"estimate: unknown operator {op!r} (known: {', '.join(SIZED_OPS)})")
     if algo not in ALGOS:
         raise ValueError(f"estimate: algo must be one of {', '.join(ALGOS)}, got {algo!r}")
     if nranks < 1:
@@ -91,7 +94,8 @@ def estimate(op: str, nranks: int, nbytes: int, algo: str = "mesh", topology: st
     if isinstance(topology, str):
         model = _model(topology, registration, cores, comm_cores, partition, path)
     else:
-        model = FabricModel(topology, registration, cores=cores, comm_cores=comm_cores, partition=partition, path=path)
+        model = FabricModel(topology, registration, cores=cores, comm_cores=comm_cores, partition=partition, path=path,
+                            eager_bytes=EAGER_BYTES)
     sh = shape(op, nranks, int(nbytes), itemsize)
     per_rank = sh.n_in * itemsize
     members = np.arange(nranks)

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import stratacl
+from stratacl.runtime._buffers import EAGER_BYTES
 
 
 def overlap(comm):
@@ -126,7 +127,7 @@ def test_charged_compute_shares_the_cores_with_a_collective_in_flight():
         ends = {}
         for path in ("mte", "sdma"):
             issued, job_end, after_wait, exact = seen[path]
-            want = overlap(FabricModel("cm384", path=path), "all_gather", "mesh", range(n), PER_RANK,
+            want = overlap(FabricModel("cm384", path=path, eager_bytes=EAGER_BYTES), "all_gather", "mesh", range(n), PER_RANK,
                            ComputeJob(JOB_CORES, JOB_US))
             assert exact and issued == 0.0
             assert abs(job_end - want.compute_end_us) <= 1e-9 * want.compute_end_us

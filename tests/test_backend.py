@@ -14,6 +14,7 @@ from stratacl.collectives import _partition as P
 from stratacl.collectives import _schedule as S
 from stratacl.collectives import _kernels
 from stratacl.collectives import _slices as SL
+from stratacl.runtime._buffers import EAGER_BYTES
 from stratacl.ub._clock import FabricModel, model_call
 from stratacl.ub._compute import ComputeJob, overlap
 from stratacl.ub._profile import Profiler, profile_call, write_chrome_trace
@@ -56,7 +57,7 @@ def test_slice_maps_cover_every_output_byte_once(n):
 
 def test_slice_maps_match_the_models_mesh_flows():
     n, M = 8, 3 * MIB
-    step = [s for s in S.schedule("all_gather", "mesh", n, M) if isinstance(s, S.Mesh)][0]
+    step = [s for s in S.schedule("all_gather", "mesh", n, M, eager_bytes=EAGER_BYTES) if isinstance(s, S.Mesh)][0]
     for me in range(n):
         sm = SL.all_gather(me, n, M)[0]
         mine = np.bincount(step.owner[step.reader == me], step.nbytes[step.reader == me], minlength=n)
@@ -189,7 +190,7 @@ def test_data_executor_in_place_all_reduce_two_phases(stores):
 
 # --- partitioners ------------------------------------------------------------------------------
 def _units(n=32, per=128 * MIB, me=0):
-    m = FabricModel("cm384")
+    m = FabricModel("cm384", eager_bytes=EAGER_BYTES)
     f = m.fabric
     peers = np.array([p for p in range(n) if p != me])
     tiers = f.tier_of(np.full(peers.size, me), peers)
@@ -373,17 +374,17 @@ def test_sdma_is_a_little_slower_and_frees_the_cores():
 
 def test_compute_overlap_slows_less_with_sdma():
     job = ComputeJob(cores=40, duration_us=30_000.0)
-    slow = {p: overlap(FabricModel("cm384", path=p), "all_gather", "mesh", range(32), 128 * MIB, job).slowdown
+    slow = {p: overlap(FabricModel("cm384", path=p, eager_bytes=EAGER_BYTES), "all_gather", "mesh", range(32), 128 * MIB, job).slowdown
             for p in ("mte", "sdma")}
     assert slow["mte"] > 0.2 and slow["sdma"] < 0.05
-    first = overlap(FabricModel("cm384"), "all_gather", "mesh", range(32), 128 * MIB, ComputeJob(40, 1000.0),
+    first = overlap(FabricModel("cm384", eager_bytes=EAGER_BYTES), "all_gather", "mesh", range(32), 128 * MIB, ComputeJob(40, 1000.0),
                     compute_first=True)
     assert first.comm_us > stratacl.estimate("all_gather", 32, 32 * 128 * MIB).time_us   # 8 cores left for comm
 
 
 def test_core_model_is_deterministic():
-    a = model_call(FabricModel("cm384", partition="naive"), "all_gather", "mesh", range(32), 8 * MIB, np.zeros(32))
-    b = model_call(FabricModel("cm384", partition="naive"), "all_gather", "mesh", range(32), 8 * MIB, np.zeros(32))
+    a = model_call(FabricModel("cm384", partition="naive", eager_bytes=EAGER_BYTES), "all_gather", "mesh", range(32), 8 * MIB, np.zeros(32))
+    b = model_call(FabricModel("cm384", partition="naive", eager_bytes=EAGER_BYTES), "all_gather", "mesh", range(32), 8 * MIB, np.zeros(32))
     assert a.tobytes() == b.tobytes()
 
 
@@ -403,7 +404,7 @@ def test_profiler_markers_and_summary():
 
 @pytest.mark.parametrize("path", ["mte", "sdma"])
 def test_chrome_trace_is_valid_with_one_track_per_core(tmp_path, path):
-    m = FabricModel("cm384", path=path)
+    m = FabricModel("cm384", path=path, eager_bytes=EAGER_BYTES)
     per = 32 * MIB          # enough units for every core on both paths (a core with nothing to do has no track)
     profs = profile_call(m, "all_gather", "mesh", range(8), per, ranks=[0, 5])
     out = write_chrome_trace(str(tmp_path / "t.json"), profs)

@@ -17,6 +17,7 @@ import pytest
 import stratacl
 from stratacl.bench import _cases, _cli
 from stratacl.collectives import _schedule as S
+from stratacl.runtime._buffers import EAGER_BYTES
 from stratacl.ub import _topology
 from stratacl.ub._clock import FabricModel, choose_algo, model_call, model_send_recv
 from stratacl.ub._fabric import LOAD, LOCAL_COPY, Fabric
@@ -151,7 +152,7 @@ def _timed(fn) -> float:
 @pytest.mark.parametrize("n", [2, 3, 8, 32])
 def test_ring_all_gather_steps_and_bytes(n):
     m = 3 * MIB
-    steps = S.schedule("all_gather", "ring", n, m)
+    steps = S.schedule("all_gather", "ring", n, m, eager_bytes=EAGER_BYTES)
     ring = [s for s in steps if isinstance(s, S.Ring)][0]
     assert isinstance(steps[0], S.Barrier) and isinstance(steps[-1], S.Barrier)
     assert ring.nbytes.shape == (n - 1, n)
@@ -179,29 +180,29 @@ def test_ring_reduce_scatter_ends_with_each_members_chunk_fully_reduced(n):
         for i, c, who in new:
             partial[i][c] = who
     assert all(partial[i][i] == set(range(n)) for i in range(n))
-    steps = S.schedule("reduce_scatter", "ring", n, n * 4096, itemsize=4)
+    steps = S.schedule("reduce_scatter", "ring", n, n * 4096, itemsize=4, eager_bytes=EAGER_BYTES)
     ring = steps[1]
     assert ring.nbytes.shape == (n - 1, n) and (ring.kind == S.LOAD_REDUCE).all()
 
 
 def test_mesh_byte_totals_and_phases():
     n, m = 8, 4 * MIB
-    ag = S.schedule("all_gather", "mesh", n, m)
+    ag = S.schedule("all_gather", "mesh", n, m, eager_bytes=EAGER_BYTES)
     mesh = ag[1]
     pulled = np.bincount(mesh.reader[mesh.kind == LOAD], mesh.nbytes[mesh.kind == LOAD], n)
     assert [type(s) for s in ag] == [S.Barrier, S.Mesh, S.Barrier] and (pulled == (n - 1) * m).all()
-    ar = S.schedule("all_reduce", "mesh", n, m, itemsize=4)
+    ar = S.schedule("all_reduce", "mesh", n, m, itemsize=4, eager_bytes=EAGER_BYTES)
     assert [type(s) for s in ar] == [S.Barrier, S.Mesh, S.Barrier, S.Mesh, S.Barrier]
     assert ar[1].nbytes[ar[1].kind == S.LOAD_REDUCE].sum() + ar[3].nbytes.sum() == 2 * (n - 1) * m
-    small = S.schedule("all_reduce", "mesh", n, 16 * KIB, itemsize=4)
+    small = S.schedule("all_reduce", "mesh", n, 16 * KIB, itemsize=4, eager_bytes=EAGER_BYTES)
     assert [type(s) for s in small] == [S.Local, S.Barrier, S.Mesh]      # eager: no departure barrier
-    tiny = S.schedule("all_gather", "mesh", n, 4 * KIB)
+    tiny = S.schedule("all_gather", "mesh", n, 4 * KIB, eager_bytes=EAGER_BYTES)
     assert [type(s) for s in tiny] == [S.Local, S.Barrier, S.Mesh]
-    ring = S.schedule("all_reduce", "ring", n, m, itemsize=4)
+    ring = S.schedule("all_reduce", "ring", n, m, itemsize=4, eager_bytes=EAGER_BYTES)
     assert [type(s) for s in ring] == [S.Barrier, S.Ring, S.Barrier, S.Ring, S.Barrier]
     moved = ring[1].nbytes.sum(axis=0) + ring[3].nbytes.sum(axis=0)
     assert ring[1].nbytes.shape == (n - 1, n) and (moved == 2 * (n - 1) * m // n).all()
-    bc = S.schedule("broadcast", "ring", n, m, root=3)
+    bc = S.schedule("broadcast", "ring", n, m, root=3, eager_bytes=EAGER_BYTES)
     assert bc[1].owner.tolist() == [3] * (n - 1) and bc[2] == S.RootWait(3)   # readers leave, root waits
 
 
@@ -216,14 +217,14 @@ def test_staged_rounds_fit_the_communication_buffer():
 # --- clocks -------------------------------------------------------------------------------------
 def test_model_call_is_deterministic_bit_for_bit():
     clocks = np.linspace(0.0, 5.0, 32)
-    got = [model_call(FabricModel("cm384"), op, algo, range(32), 3 * MIB + 4, clocks, np.full(32, 0.25))
+    got = [model_call(FabricModel("cm384", eager_bytes=EAGER_BYTES), op, algo, range(32), 3 * MIB + 4, clocks, np.full(32, 0.25))
            for op, algo in [("all_reduce", "ring"), ("all_reduce", "ring"), ("all_gather", "mesh"),
                             ("all_gather", "mesh")]]
     assert got[0].tobytes() == got[1].tobytes() and got[2].tobytes() == got[3].tobytes()
 
 
 def test_barrier_waits_for_the_latest_member_plus_latency():
-    model = FabricModel(_topo())
+    model = FabricModel(_topo(), eager_bytes=EAGER_BYTES)
     out = model_call(model, "barrier", "mesh", [0, 1, 2, 3], 0, [0.0, 0.0, 10.0, 0.0])
     # rank 2 arrives at 10 and leaves then (every other flag is already there); its flag reaches
     # its node peer 3 after 1 us and ranks 0, 1 (the other node) after 3 us
@@ -233,7 +234,7 @@ def test_barrier_waits_for_the_latest_member_plus_latency():
 
 
 def test_broadcast_readers_leave_and_the_root_waits_for_their_done_flags():
-    model = FabricModel(_topo())
+    model = FabricModel(_topo(), eager_bytes=EAGER_BYTES)
     m = MIB
     out = model_call(model, "broadcast", "mesh", [0, 1, 2, 3], m, np.zeros(4), root=0)
     # barrier: everyone leaves at 3 (the far flags); rank 1 pulls over near, ranks 2, 3 over far;
@@ -244,7 +245,7 @@ def test_broadcast_readers_leave_and_the_root_waits_for_their_done_flags():
 
 
 def test_ring_clock_follows_the_neighbour_flags():
-    model = FabricModel(_topo())
+    model = FabricModel(_topo(), eager_bytes=EAGER_BYTES)
     m = MIB
     out = model_call(model, "all_gather", "ring", [0, 1], m, [0.0, 0.0])
     # barrier (1 us); one step: each pulls m over "near" (1 us + m/100) beside its own copy; barrier
@@ -256,7 +257,7 @@ def test_ring_clock_follows_the_neighbour_flags():
 
 
 def test_send_recv_pair_and_the_sendrecv_ring_shift():
-    model = FabricModel(_topo())
+    model = FabricModel(_topo(), eager_bytes=EAGER_BYTES)
     m = MIB
     t_send, t_recv = model_send_recv(model, 0, 2, m, 5.0, 1.0)
     # flag 0 -> 2 (far, 3 us) at 8; pull over far (3 us + m/50); flag back (3 us)
@@ -267,7 +268,7 @@ def test_send_recv_pair_and_the_sendrecv_ring_shift():
 
 
 def test_sub_communicators_use_global_placement():
-    model = FabricModel("cm384")
+    model = FabricModel("cm384", eager_bytes=EAGER_BYTES)
     a = model_call(model, "all_gather", "mesh", range(8), 4 * MIB, np.zeros(8))
     b = model_call(model, "all_gather", "mesh", range(16, 24), 4 * MIB, np.zeros(8))
     assert a.tobytes() == b.tobytes()
@@ -277,7 +278,7 @@ def test_sub_communicators_use_global_placement():
 
 
 def test_jit_mappings_cost_per_peer_and_staged_copies_cost_time():
-    model = FabricModel("cm384", "jit")
+    model = FabricModel("cm384", "jit", eager_bytes=EAGER_BYTES)
     c = model.topology.contention
     assert model.registration_us(31, GIB) == pytest.approx(31 * (c.map_us + c.map_us_per_gib))
     assert S.peers_read("all_gather", "ring", 32).tolist() == [1] * 32
@@ -381,7 +382,7 @@ def test_fig13b_full_mesh_peak_gap_grows_sublinearly_and_stays_within_10_percent
 @pytest.mark.parametrize("op", ["all_gather", "all_reduce"])
 @pytest.mark.parametrize("n", [8, 32])
 def test_auto_is_within_5_percent_of_the_better_algorithm(op, n):
-    model = FabricModel("cm384")
+    model = FabricModel("cm384", eager_bytes=EAGER_BYTES)
     picks = []
     for s in PER_RANK:
         t = {a: model_call(model, op, a, range(n), s, np.zeros(n), itemsize=4).max() for a in ("mesh", "ring", "auto")}

@@ -5,7 +5,7 @@ import numpy as np
 
 import stratacl
 from stratacl.runtime import _native
-from stratacl.sdma._queues import SdmaEngine
+from stratacl.sdma._engine import SdmaEngine
 
 
 def offloaded(comm):
@@ -28,7 +28,7 @@ def test_sdma_path_moves_the_bytes_through_the_engine():
 
 
 def test_engine_runs_each_queue_in_order_and_completes_by_flag_or_notify():
-    eng = SdmaEngine(queues=3, max_bytes=1000)
+    eng = SdmaEngine(queues=3, max_bytes=1000, store_u32=_native.store_u32, futex_wake=_native.futex_wake)
     try:
         src = np.arange(10_000, dtype=np.uint8)
         dst = np.zeros_like(src)

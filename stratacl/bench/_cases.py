@@ -1,19 +1,9 @@
 """What one benchmark rank does, whatever library it drives (StrataCL, mpi4py, gloo).
 
 A ``Backend`` moves the bytes; everything else (sizes, data, timing, checking) is here, so the
-three libraries run the identical sweep. Conventions are nccl-tests':
-
-    op              size (B) means                count column      bus bandwidth factor
-    all_gather      whole output, N x per-rank    per-rank elements (N-1)/N
-    reduce_scatter  whole input, N x per-rank     per-rank elements (N-1)/N
-    all_to_all      whole buffer, N x per-peer    per-peer elements (N-1)/N
-    all_reduce      the buffer                    elements          2(N-1)/N
-    broadcast       the buffer                    elements          1
-    sendrecv        the message                   elements          1
-    barrier         -                             0                 -
-
-algbw = size / time, busbw = algbw x factor, GB = 1e9. Time is the per-iteration average of
-each rank, averaged over ranks (nccl-tests' default).
+three libraries run the identical sweep. Conventions are nccl-tests' (sizes, counts and bus
+bandwidth: ``stratacl._sizes``, which estimate-only mode shares). Time is the per-iteration
+average of each rank, averaged over ranks (nccl-tests' default).
 
 A backend with a modeled clock (``clock()``: this rank's modeled time in seconds, ``maximum``:
 the largest value over ranks) also gets ``model_time_us``: the modeled time per iteration,
@@ -29,18 +19,12 @@ from typing import Callable, Protocol
 
 import numpy as np
 
-OPS = ("all_gather", "all_reduce", "reduce_scatter", "all_to_all", "broadcast", "sendrecv", "barrier")
+from .._sizes import OPS as OPS
+from .._sizes import Shape as Shape
+from .._sizes import bus_factor as bus_factor
+from .._sizes import shape as shape
+
 REDUCE = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum}
-
-
-def bus_factor(op: str, n: int) -> float:
-    if op == "all_reduce":
-        return 2 * (n - 1) / n if n > 1 else 0.0
-    if op in ("all_gather", "reduce_scatter", "all_to_all"):
-        return (n - 1) / n if n > 1 else 0.0
-    if op in ("broadcast", "sendrecv"):
-        return 1.0
-    return 0.0
 
 
 def copy_volume(op: str, n: int, size: int) -> float:
@@ -54,32 +38,6 @@ def copy_volume(op: str, n: int, size: int) -> float:
     if op == "sendrecv":
         return n * size
     return 0.0
-
-
-@dataclasses.dataclass(frozen=True)
-class Shape:
-    """Element counts of one sweep point for one rank."""
-    size: int        # bytes, nccl-tests meaning (see module docstring)
-    count: int       # the count column
-    n_in: int        # elements of the input buffer
-    n_out: int       # elements of the output buffer (0: in place)
-
-
-def shape(op: str, n: int, size: int, itemsize: int) -> Shape:
-    if op == "barrier":
-        return Shape(0, 0, 0, 0)
-    if op in ("all_gather", "reduce_scatter", "all_to_all"):
-        per = max(size // (n * itemsize), 0)
-        total = per * n
-        if op == "all_gather":
-            return Shape(total * itemsize, per, per, total)
-        if op == "reduce_scatter":
-            return Shape(total * itemsize, per, total, per)
-        return Shape(total * itemsize, per, total, total)
-    count = size // itemsize
-    if op == "sendrecv":
-        return Shape(count * itemsize, count, count, count)
-    return Shape(count * itemsize, count, count, 0)
 
 
 def input_data(op: str, rank: int, n: int, sh: Shape, dtype: np.dtype, redop: str,

@@ -21,12 +21,12 @@ A schedule is a list of steps in communicator-local indices (member i is global 
 Full mesh (``algo="mesh"``), one logical step per phase:
 
     all_gather      Mesh: i loads x_j (M bytes) from every j != i; copies its own x_i locally.
-                    M <= 16 KiB (eager): Local copy into i's slot, Barrier, the Mesh from the
-                    slots, no departure barrier
+                    M <= eager_bytes (the eager path): Local copy into i's slot, Barrier, the
+                    Mesh from the slots, no departure barrier
     reduce_scatter  Mesh: i load-reduces chunk i (M bytes) from every j != i, own chunk locally
-    all_reduce      > 16 KiB: Mesh reduce-scatter of chunk i (count*i//N .. count*(i+1)//N
+    all_reduce      > eager_bytes: Mesh reduce-scatter of chunk i (count*i//N .. count*(i+1)//N
                     elements), Barrier, Mesh gather: i loads chunk j from j
-                    <= 16 KiB (eager): Local copy of the buffer into i's slot, Barrier, Mesh:
+                    <= eager_bytes: Local copy of the buffer into i's slot, Barrier, Mesh:
                     i load-reduces the whole buffer from every j's slot straight into its
                     buffer; no departure barrier (the slots stay valid until the next call)
     all_to_all      Mesh: i loads block i of x_j (M/N bytes) from every j, own block locally
@@ -62,6 +62,9 @@ into the registered communication buffer (Local), runs the algorithm between com
 buffers, and copies the output out (Local). The buffer holds at most ``buffer_bytes`` of a
 round's input or output, so large payloads run as several rounds, each with its own barriers,
 as HCCL does with its HCCL_BUFFSIZE communication buffer (default 200 MB).
+
+``eager_bytes`` is the runtime's buffer policy (runtime/_buffers.py, 16 KiB), not this
+module's: whoever times a schedule passes the threshold of the runtime it models.
 """
 from __future__ import annotations
 
@@ -74,12 +77,6 @@ LOAD, LOAD_REDUCE, LOCAL_COPY = 0, 1, 2    # transfer kinds (same codes as ub._f
 OPS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "broadcast", "barrier", "sendrecv")
 RING_OPS = ("all_gather", "reduce_scatter", "all_reduce")
 ALGOS = ("mesh", "ring")
-EAGER_BYTES = 16 * 1024             # up to this, all_gather and all_reduce take the eager path (runtime/_buffers.py)
-# an eager all_reduce whose members would each read this many bytes of copies (N x the
-# input) or more reduces one chunk per member instead, for one more barrier: 16 KiB at N = 32
-# 750-920 -> 530-570 us, 4 KiB at N = 32 530-550 -> 480-550 us; 4 KiB at N = 8 (32 KiB read)
-# measured 52-60 us whole and 60-65 us by chunks
-EAGER_CHUNKS_READ = 64 * 1024
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,10 +149,12 @@ def _mesh_all_pairs(n: int, nbytes_of, kind: int, own_copy: bool) -> Mesh:
     return Mesh(reader[keep], owner[keep], nb[keep].astype(np.int64), kinds[keep])
 
 
-def schedule(op: str, algo: str, n: int, nbytes: int, root: int = 0, itemsize: int = 1) -> list:
+def schedule(op: str, algo: str, n: int, nbytes: int, root: int = 0, itemsize: int = 1, *,
+             eager_bytes: int) -> list:
     """The steps of one call on ``n`` members, ``nbytes`` = bytes of each member's input buffer
     (all_gather: x; reduce_scatter: the N-chunk input; all_reduce, broadcast, sendrecv: the
-    buffer; all_to_all: the N-block input). ``itemsize`` sets where chunks split."""
+    buffer; all_to_all: the N-block input). ``itemsize`` sets where chunks split; inputs up to
+    ``eager_bytes`` take the eager path (mesh all_gather and all_reduce)."""
     if op not in OPS:
         raise ValueError(f"unknown operator {op!r} (known: {', '.join(OPS)})")
     if algo not in ALGOS:
@@ -171,7 +170,7 @@ def schedule(op: str, algo: str, n: int, nbytes: int, root: int = 0, itemsize: i
             steps = np.full((n - 1, n), nbytes, dtype=np.int64)
             return [Barrier(), Ring(steps, np.full(n - 1, LOAD), np.full(n, nbytes)), Barrier()]
         gather = _mesh_all_pairs(n, lambda r, o: np.full(r.size, nbytes), LOAD, True)
-        if nbytes <= EAGER_BYTES:      # eager, as all_reduce: no departure barrier
+        if nbytes <= eager_bytes:      # eager, as all_reduce: no departure barrier
             return [Local(np.full(n, nbytes)), Barrier(), gather]
         return [Barrier(), gather, Barrier()]
     if op == "reduce_scatter":
@@ -189,7 +188,7 @@ def schedule(op: str, algo: str, n: int, nbytes: int, root: int = 0, itemsize: i
             # may still read, so a barrier separates the two chains
             return [Barrier(), Ring(per[ring_reduce_scatter_chunk(i, s, n)], np.full(n - 1, LOAD_REDUCE)), Barrier(),
                     Ring(per[ring_all_gather_chunk(i, s, n)], np.full(n - 1, LOAD)), Barrier()]
-        if nbytes <= EAGER_BYTES:
+        if nbytes <= eager_bytes:
             # eager: copy into the call's slot, then every rank reduces the whole buffer from
             # the peers' slots straight into its own; the slots outlive the call (runtime/_buffers.py)
             whole = _mesh_all_pairs(n, lambda r, o: np.full(r.size, nbytes), LOAD_REDUCE, True)

@@ -35,7 +35,6 @@ import dataclasses
 import numpy as np
 
 from ._kernels import BUF_IN, BUF_OUT, BUF_SCRATCH
-from ._schedule import EAGER_BYTES
 
 LOAD, STORE, LOAD_ACC = 0, 1, 2
 IN, OUT, SCRATCH = BUF_IN, BUF_OUT, BUF_SCRATCH    # rows of the member buffer table (_kernels.h)
@@ -104,10 +103,11 @@ def reduce_scatter(me: int, n: int, count: int, itemsize: int) -> list[SliceMap]
     return [make(me, np.arange(n), IN, e[me], OUT, 0, e[me + 1] - e[me], LOAD_ACC)]
 
 
-def all_reduce(me: int, n: int, count: int, itemsize: int, small: int = EAGER_BYTES) -> list[SliceMap]:
+def all_reduce(me: int, n: int, count: int, itemsize: int, small: int = 0) -> list[SliceMap]:
     """In place on IN. Large: phase 1 reduces chunk ``me`` of every x_p into place, phase 2
     pulls every other chunk from its owner. Small (<= ``small`` bytes or fewer elements than
-    members): phase 1 reduces the whole buffer into SCRATCH, phase 2 copies it back locally."""
+    members): phase 1 reduces the whole buffer into SCRATCH, phase 2 copies it back locally.
+    The runtime's small calls take its eager frontends instead, so it passes ``small=0``."""
     nb = count * itemsize
     if nb <= small or count < n:
         return [make(me, np.arange(n), IN, 0, SCRATCH, 0, nb, LOAD_ACC),

@@ -21,16 +21,26 @@ calls need no departure barrier, which halves their synchronisation. The copies 
 in stats()["bytes_eager"]. Each slot has room for as many bytes again after the copy: an
 all_reduce that reduces by chunks (EAGER_CHUNKS_READ) leaves its member's reduced chunk there
 for the others to gather after a middle barrier, under the same parity rule.
+
+Both thresholds are this module's policy. The fabric model times the same eager schedule, so
+the runtime hands EAGER_BYTES to the models it builds (and estimate-only mode to its own):
+collectives._schedule and ub._clock take it as a parameter and hold no copy of it.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from ..collectives._schedule import EAGER_BYTES
 from . import _native
 from ._allocator import hbm_base
 from ._args import _copy_back, _flat
 from ._control import F_ADDR, F_EPOCH, F_NBYTES, F_SEG_OFF, F_SEG_SIZE, F_SEG_VA
+
+EAGER_BYTES = 16 * 1024             # up to this, full-mesh all_gather and all_reduce take the eager path
+# an eager all_reduce whose members would each read this many bytes of copies (N x the
+# input) or more reduces one chunk per member instead, for one more barrier: 16 KiB at N = 32
+# 750-920 -> 530-570 us, 4 KiB at N = 32 530-550 -> 480-550 us; 4 KiB at N = 8 (32 KiB read)
+# measured 52-60 us whole and 60-65 us by chunks
+EAGER_CHUNKS_READ = 64 * 1024
 
 
 class _Input:

@@ -48,7 +48,6 @@ from .._errors import CollectiveMismatch, TooManyCommunicators
 from ..collectives import _reduce, _slices
 from ..collectives._backend import int64_word
 from ..collectives._kernels import BUFFERS
-from ..collectives._schedule import EAGER_CHUNKS_READ
 from ..collectives._slices import OUT, SCRATCH
 from . import _native
 # _native.mesh: departures, and the stages it returns (the last two: where the Python path picks
@@ -57,7 +56,7 @@ from ._native import (MESH_BARRIER, MESH_DEPART, MESH_DEPART_FIRST, MESH_DISAGRE
                       MESH_MIDDLE, MESH_NO_DEPARTURE, MESH_ROOT, MESH_ROOT_READER, MESH_SOURCES, MESH_SOURCES_FIRST,
                       T_CALLS, T_NATIVE, T_SYNCS)
 from ._args import _aliased, _copy_back, _expect, _fixed_address, _fixed_table, _flat
-from ._buffers import EAGER_BYTES, Buffers, _Input
+from ._buffers import EAGER_BYTES, EAGER_CHUNKS_READ, Buffers, _Input
 from ._control import (DESC_FIXED, F_ADDR, F_AUX0, F_AUX1, F_AUX2, F_CALL, F_COUNT, F_DTYPE, F_EPOCH, F_FLAGS,
                        F_NBYTES, F_OP, F_REDOP, F_ROOT, F_SEG_OFF, F_SEG_SIZE, F_SEG_VA, FLAG_REJECTED, Layout)
 from ._modeling import Modeled

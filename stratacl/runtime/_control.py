@@ -164,6 +164,17 @@ class Control:
     def pid(self, rank: int) -> int:
         return int(self.i64[(self.layout.region(rank) + R_PID) // 8])
 
+    def alive(self, rank: int) -> bool:
+        """Starting or running: neither finalized nor dead."""
+        return self.state(rank) in (STATE_STARTING, STATE_RUNNING)
+
+    # --- registration metadata a rank has published (written by its registration unit) -----
+    def set_published(self, rank: int, count: int) -> None:
+        _native.store_u64(self.base + self.layout.region(rank) + R_PUBLISHED, count)
+
+    def published(self, rank: int) -> int:
+        return _native.load_u64(self.base + self.layout.region(rank) + R_PUBLISHED)
+
     # --- first failure, as recorded by the launcher ----------------------------------------
     def record_failure(self, rank: int, kind: int, value: int) -> bool:
         """Record the job's first failure; later calls keep the first. Returns True if recorded."""

@@ -25,8 +25,9 @@ from .._errors import CommTimeout
 from ..collectives import _backend
 from ..collectives._kernels import BUFFERS, run_plan
 from ..collectives._slices import IN
-from ..sdma._engine import PATHS
-from ..sdma._queues import SdmaEngine
+from ..sdma._engine import SdmaEngine
+from ..sdma._model import PATHS
+from . import _native
 from ._sync import SLICE
 
 
@@ -76,6 +77,7 @@ class Execute:
         rt = self._rt
         if rt.sdma is None:
             rt.sdma = SdmaEngine(rt.model.comm_cores, rt.topology.sdma.max_descriptor_bytes,
+                                 store_u32=_native.store_u32, futex_wake=_native.futex_wake,
                                  name=f"stratacl-sdma-{rt.rank}")
         return rt.sdma
 

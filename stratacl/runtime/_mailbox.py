@@ -8,6 +8,10 @@ A ring carries fixed 64-byte messages. ``Mailbox`` is one endpoint's view: it dr
 inbound ring and keeps a per-destination outbound queue, so a full ring never blocks the
 thread that must also drain its own inbound rings (two threads filling each other's rings
 would otherwise deadlock).
+
+The first word of a message is its header (kind, sender, destination or BROADCAST): the
+mailbox's addressing, which the daemon reads to relay. What the kinds mean belongs to the
+protocol that sends them (the registration unit, ub._registration); the rings only carry them.
 """
 from __future__ import annotations
 
@@ -18,9 +22,7 @@ import numpy as np
 from . import _native
 from ._control import RING_ENTRIES, RING_ENTRY_WORDS, R_DOORBELL, Control
 
-# message types
-MSG_REGISTER, MSG_RELEASE, MSG_ACK = 1, 2, 3
-BROADCAST = -1
+BROADCAST = -1                 # destination of a message for every rank but its sender
 
 
 def pack_header(kind: int, src: int, dst: int) -> int:
@@ -33,6 +35,11 @@ def unpack_header(word: int) -> tuple[int, int, int]:
 
 class Mailbox:
     """Endpoint ``me`` (a rank, or ``world`` for the daemon) of the job's mailbox rings."""
+
+    # the header format, for a protocol handed an endpoint rather than this module
+    BROADCAST = BROADCAST
+    pack_header = staticmethod(pack_header)
+    unpack_header = staticmethod(unpack_header)
 
     def __init__(self, ctl: Control, me: int):
         self.ctl = ctl

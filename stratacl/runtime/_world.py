@@ -26,15 +26,18 @@ from ..ub._clock import FabricModel
 from ..ub._compute import occupied
 from ..ub._profile import Profiler, profile_call, write_chrome_trace
 from ..ub._rankclock import RankClock
+from ..ub import _registration
 from ..ub._registration import RegistrationUnit
 from . import _native
 from ._allocator import CachingAllocator, array_from_block
+from ._buffers import EAGER_BYTES
 from ._comm import Communicator
 from ._control import (COMM_SLOTS, H_HBM_SIZE, H_MAGIC, H_SLICE, H_VA_BASE, MAGIC, STATE_FINALIZED,
                        STATE_RUNNING, Control)
 from ._hbm import Hbm
+from ._mailbox import Mailbox
 from ._sync import SLICE, JobHealth
-from ._window import PAGE, ShadowWindow, round_up
+from ._window import ShadowWindow, round_up
 
 # the operations whose completed calls the native methods count in Runtime.native_calls
 NATIVE_CALLS = ("barrier", "all_gather", "all_reduce", "reduce_scatter", "all_to_all", "broadcast", "send", "recv")
@@ -67,8 +70,9 @@ class Runtime:
         capacity = ctl.header(H_HBM_SIZE)
         # staged: communication buffers are ordinary allocations, registered on allocation
         mode = "roa" if config.registration == "staged" else config.registration
-        self.reg = RegistrationUnit(rank, world, ctl, self.window, hbm_fds, mode,
-                                    config.metadata_path, self.health.check, config.timeout)
+        self.reg = RegistrationUnit(rank, world, ctl, Mailbox(ctl, rank), self.window, hbm_fds, mode,
+                                    config.metadata_path, self.health.check, config.timeout,
+                                    self.own_segment)
         pool_va = None
         if config.registration == "pool":
             pool = round_up(config.pool_size or capacity)
@@ -89,7 +93,7 @@ class Runtime:
         # the modeled clock: asked for (--clock), or needed by the profiler (its timelines are
         # modeled time); comm.clock() answers only in the first case
         modeled = config.clock if config.clock != "off" else "virtual"
-        self.clock = (RankClock(self.topology, config.registration, modeled, config.dilation)
+        self.clock = (RankClock(self.topology, config.registration, modeled, config.dilation, EAGER_BYTES)
                       if config.clock != "off" or config.profile else None)
         self.profiler = Profiler(rank) if config.profile else None
         self.workers: list = []          # asynchronous-operation threads of this rank's communicators
@@ -112,7 +116,7 @@ class Runtime:
         if self.clock is not None:
             return self.clock.model
         if self._model is None:
-            self._model = FabricModel(self.topology, self.config.registration)
+            self._model = FabricModel(self.topology, self.config.registration, eager_bytes=EAGER_BYTES)
         return self._model
 
     def model_for(self, path: str) -> FabricModel:
@@ -241,6 +245,7 @@ def init(**settings: Any) -> Communicator:
         _setup_logging(rank, config.debug)
         rt = Runtime(rank, world, job_id, config, ctl, hbm_fds)
         _RUNTIME = rt
+        _registration.activate(rt.reg)
         atexit.register(finalize)
     log.info("rank %d of %d joined job %s (registration=%s, metadata=%s)", rank, world, job_id,
              config.registration, config.metadata_path)
@@ -252,7 +257,8 @@ def init(**settings: Any) -> Communicator:
 
 def _standalone(job_id: str, config: Config) -> tuple[Control, list[int]]:
     """A one-rank job without the launcher: same segments, unlinked as soon as they exist."""
-    from stratacl_launcher._resources import create_job_segments
+    # imported here: a rank of a launched job inherits its segments and never needs posix_ipc
+    from ._segments import create_job_segments
     ctl_fd, hbm_fds = create_job_segments(job_id, 1, config)
     return Control(ctl_fd, 1), hbm_fds
 
@@ -275,10 +281,7 @@ def finalize() -> None:
     global _RUNTIME
     with _LOCK:
         rt, _RUNTIME = _RUNTIME, None
+        _registration.activate(None)
     if rt is not None:
         rt.close()
 
-
-def slice_bytes_for(hbm_size: int) -> int:
-    """Address space per rank: twice the HBM, so freed addresses can be reused independently."""
-    return 2 * round_up(hbm_size, PAGE)

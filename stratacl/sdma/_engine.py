@@ -1,109 +1,164 @@
-"""Device-driven SDMA offload in the model (paper 6.3, 9.5): descriptors, queues, engine, completion.
+"""A rank's SDMA engine, for real: per-core descriptor queues, a doorbell, an engine thread.
 
-    units of a phase + the policy (which core owns which unit, in what order)
-        |  descriptors(): each unit -> descriptors of at most ``sdma.max_descriptor_bytes``
-        v
-    core c, for its units in order: build + post each descriptor into queue c
-        (``sdma.descriptor_us`` each), then ring the doorbell once (``sdma.doorbell_us``);
-        the core is then released (cross-kernel ``notify``) or, in in-kernel ``flag`` mode, one
-        of ``sdma.poll_cores`` cores polls the tail flag until it flips
-        |
-        v
-    engine: descriptors of the rung queues, round-robin over queues in post order; ``channels``
-        in flight; a descriptor of tier t waits for a free channel, pays alpha_t (the access
-        latency of its first request) and streams its bytes at S / channels (S: the rank's
-        fabric share, as the MTE path gets). After a queue's last data descriptor its tail
-        descriptor writes the completion flag (flag mode) or a notify record (notify mode).
-        |
-        v
-    completion: flag: the polling core sees the last tail flag; notify: ``sdma.notify_us`` later
-        the waiting operation is released
+    the calling thread stands for the rank's communication cores (``--path sdma``):
+        a phase's copy slices --partitioner (units -> each core's ordered task list)-->
+        every core appends to its own queue, in task order:
+            descriptors (dst, src, nbytes), at most ``max_bytes`` each
+            then one completion record:
+                notify     cross-kernel: the operation waits on a countdown event that the last
+                           core's record sets (the AI CPU waiting for an SDMA notify)
+                tail flag  in-kernel: a u32 stored at an address, then a futex wake, so cores
+                           (here: any process) polling that flag see the data before it
+        doorbell: one notify of the engine's condition variable; the cores are then free
+    engine thread: takes the queues' records in order, round-robin over the queues; a run of
+        descriptors is one ``copy_many`` call (which releases the GIL for large copies)
 
-What the model does NOT write in: the latency penalty against the MTE path comes from the
-descriptors' build time before the doorbell and from each descriptor's exposed access latency
-beyond what ``channels`` overlap; the cores' occupation falls because they spend
-``descriptor_us`` per descriptor instead of the whole transfer. Both follow from the
-parameters in the topology's ``sdma`` section (their sources are noted there).
+Only copies run on the engine: reductions load-accumulate on the cores (MTE), as on the NPU.
+The engine sits below the runtime: the runtime hands it the two primitives a tail flag needs
+(an atomic u32 store and a futex wake, ``runtime._native``) when it builds the engine.
+The modeled timelines of the same descriptors are ``sdma._model.run_sdma``.
 """
 from __future__ import annotations
 
-import dataclasses
-import heapq
+import collections
+import threading
 
 import numpy as np
 
-PATHS = ("mte", "sdma")
-COMPLETIONS = ("flag", "notify")
+from typing import Callable
+
+from ..collectives import _kernels
+
+WAKE_ALL = 0x7FFFFFFF
 
 
-@dataclasses.dataclass(frozen=True)
-class SdmaRun:
-    """One phase on the SDMA path, us from the phase's start."""
-    build_end: np.ndarray       # per core: when it finished building + posting (nan: no work)
-    doorbell_end: np.ndarray    # per core: after its doorbell
-    poll_end: np.ndarray        # per core: end of polling (nan: not a polling core)
-    desc_start: np.ndarray      # per descriptor, engine side
-    desc_end: np.ndarray
-    desc_core: np.ndarray
-    end: float                  # when the phase's data is complete and seen (flag or notify)
-    busy: np.ndarray            # per core occupation (build + doorbell + poll)
+class Notify:
+    """Countdown over the completion records of one submission."""
 
-    def gap(self) -> float:
-        e = self.doorbell_end[~np.isnan(self.doorbell_end)]
-        return float((e.max() - e.min()) / e.max()) if e.size and e.max() > 0 else 0.0
+    __slots__ = ("_left", "_lock", "event")
 
+    def __init__(self, records: int):
+        self._left = records
+        self._lock = threading.Lock()
+        self.event = threading.Event()
+        if records == 0:
+            self.event.set()
 
-def descriptors(nbytes: np.ndarray, max_bytes: int) -> tuple[np.ndarray, np.ndarray]:
-    """(unit index, bytes) of every descriptor when units are split at ``max_bytes``."""
-    k = np.maximum(-(-nbytes // max_bytes), 1)
-    u = np.repeat(np.arange(nbytes.size), k)
-    first = np.repeat(np.cumsum(k) - k, k)
-    off = (np.arange(u.size) - first) * max_bytes
-    return u, np.minimum(max_bytes, nbytes[u] - off)
+    def _one(self) -> None:
+        with self._lock:
+            self._left -= 1
+            if self._left == 0:
+                self.event.set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self.event.wait(timeout)
 
 
-def run_sdma(nbytes: np.ndarray, alpha: np.ndarray, core: np.ndarray, slot: np.ndarray, cores: int,
-             share: float, sdma, completion: str = "flag") -> SdmaRun:
-    """Timelines of one phase offloaded to the engine (``sdma``: a topology ``Sdma``)."""
-    if completion not in COMPLETIONS:
-        raise ValueError(f"completion must be one of {', '.join(COMPLETIONS)}, got {completion!r}")
-    nan = np.full(cores, np.nan)
-    if nbytes.size == 0:
-        return SdmaRun(nan, nan.copy(), nan.copy(), np.zeros(0), np.zeros(0), np.zeros(0, np.int64), 0.0,
-                       np.zeros(cores))
-    order = np.lexsort((slot, core))
-    du, db = descriptors(nbytes[order], int(sdma.max_descriptor_bytes))
-    dcore = core[order][du]
-    dalpha = alpha[order][du]
-    # core side: descriptor j of core c is posted at (its index in c's queue + 1) x descriptor_us
-    start = np.searchsorted(dcore, np.arange(cores))
-    idx = np.arange(du.size) - start[dcore]
-    count = np.bincount(dcore, minlength=cores)
-    has = count > 0
-    build_end = np.where(has, count * sdma.descriptor_us, np.nan)
-    bell = np.where(has, build_end + sdma.doorbell_us, np.nan)
-    # engine side: round-robin over queues (index in queue, then core), available at the doorbell
-    eorder = np.lexsort((dcore, idx))
-    avail = bell[dcore][eorder]
-    dur = (dalpha + db / (share / sdma.channels))[eorder] if share > 0 else dalpha[eorder]
-    ends = np.empty(eorder.size)
-    chans = [0.0] * int(sdma.channels)
-    for i, (a, d) in enumerate(zip(avail.tolist(), dur.tolist())):
-        free = heapq.heappop(chans)
-        e = max(free, a) + d
-        ends[i] = e
-        heapq.heappush(chans, e)
-    desc_end = np.empty(du.size)
-    desc_end[eorder] = ends
-    desc_start = desc_end - (dalpha + db / (share / sdma.channels) if share > 0 else dalpha)
-    data_end = float(ends.max())
-    poll = nan.copy()
-    busy = np.where(has, bell, 0.0)
-    if completion == "flag":
-        end = data_end                          # the tail flag is written locally (pull mode)
-        pollers = np.nonzero(has)[0][:int(sdma.poll_cores)]
-        poll[pollers] = end
-        busy[pollers] = end                     # a polling core stays occupied until the flag flips
-    else:
-        end = data_end + sdma.notify_us
-    return SdmaRun(build_end, bell, poll, desc_start, desc_end, dcore, end, busy)
+class SdmaEngine:
+    """``queues`` descriptor queues (one per communication core) and the engine thread.
+
+    ``store_u32(addr, value)`` and ``futex_wake(addr, count)`` write a tail flag: the store
+    must be atomic and ordered after the copies, the wake must reach waiters in any process."""
+
+    def __init__(self, queues: int, max_bytes: int, *, store_u32: Callable[[int, int], None],
+                 futex_wake: Callable[[int, int], object], name: str = "stratacl-sdma"):
+        if queues < 1 or max_bytes < 1:
+            raise ValueError(f"SdmaEngine: need queues >= 1 and max_bytes >= 1, got {queues}, {max_bytes}")
+        self.max_bytes = int(max_bytes)
+        self._store_u32, self._futex_wake = store_u32, futex_wake
+        self._queues = [collections.deque() for _ in range(queues)]
+        self._bell = threading.Condition()
+        self._rung = False
+        self._stopping = False
+        self.error: BaseException | None = None
+        self.counters = dict(descriptors=0, bytes=0, notifies=0, flags=0, doorbells=0)
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    @property
+    def queues(self) -> int:
+        return len(self._queues)
+
+    # --- what cores do ------------------------------------------------------------------------
+    def post(self, core: int, dst: np.ndarray, src: np.ndarray, nbytes: np.ndarray) -> int:
+        """Append copies to core ``core``'s queue, cut into descriptors of at most ``max_bytes``.
+        Returns the number of descriptors."""
+        dst, src, nbytes = (np.asarray(a, dtype=np.int64).reshape(-1) for a in (dst, src, nbytes))
+        keep = nbytes > 0
+        dst, src, nbytes = dst[keep], src[keep], nbytes[keep]
+        if nbytes.size == 0:
+            return 0
+        k = -(-nbytes // self.max_bytes)
+        row = np.repeat(np.arange(nbytes.size), k)
+        off = (np.arange(row.size) - np.repeat(np.cumsum(k) - k, k)) * self.max_bytes
+        table = np.empty((row.size, 3), dtype=np.int64)
+        table[:, 0] = dst[row] + off
+        table[:, 1] = src[row] + off
+        table[:, 2] = np.minimum(self.max_bytes, nbytes[row] - off)
+        self._queues[core].append(("copy", table))
+        return row.size
+
+    def post_flag(self, core: int, addr: int, value: int) -> None:
+        """Tail descriptor: after this core's earlier descriptors, store ``value`` (u32) at ``addr``."""
+        self._queues[core].append(("flag", int(addr), int(value) & 0xFFFFFFFF))
+
+    def post_notify(self, cores) -> Notify:
+        """A notify record at the end of each listed core's queue; the Notify fires when all ran."""
+        cores = list(cores)
+        note = Notify(len(cores))
+        for c in cores:
+            self._queues[c].append(("notify", note))
+        return note
+
+    def doorbell(self) -> None:
+        with self._bell:
+            self._rung = True
+            self.counters["doorbells"] += 1
+            self._bell.notify()
+
+    # --- what the engine does -------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            with self._bell:
+                while not self._rung and not self._stopping:
+                    self._bell.wait()
+                if self._stopping and not any(self._queues):
+                    return
+                self._rung = False
+            progressed = True
+            while progressed:
+                progressed = False
+                for q in self._queues:
+                    if not q:
+                        continue
+                    progressed = True
+                    record = q.popleft()
+                    try:
+                        self._execute(record)
+                    except BaseException as e:        # reported by whoever waits on the engine
+                        self.error = e
+                        if record[0] == "notify":
+                            record[1]._one()
+
+    def _execute(self, record) -> None:
+        kind = record[0]
+        c = self.counters
+        if kind == "copy":
+            table = record[1]
+            _kernels.copy_many(table)
+            c["descriptors"] += table.shape[0]
+            c["bytes"] += int(table[:, 2].sum())
+        elif kind == "flag":
+            self._store_u32(record[1], record[2])
+            self._futex_wake(record[1], WAKE_ALL)
+            c["flags"] += 1
+        else:
+            c["notifies"] += 1
+            record[1]._one()
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Let the queued records run, then end the engine thread."""
+        with self._bell:
+            self._stopping = True
+            self._bell.notify()
+        self._thread.join(timeout)

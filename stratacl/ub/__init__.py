@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._errors import RegistrationError
+from ._registration import active as _active_unit
 from ._topology import Tier as Tier
 from ._topology import Topology as Topology
 from ._topology import load as load_topology
@@ -17,8 +17,7 @@ def wait_registered() -> None:
     after a barrier it covers everything allocated before that barrier. Operators never need
     it (they check readiness themselves); it keeps that background work out of a timing, as the
     gap between allocation and first use does in a real job."""
-    from ..runtime._world import runtime
-    runtime().reg.catch_up()
+    _active_unit().catch_up()
 
 
 def view(address: int, shape, dtype) -> np.ndarray:
@@ -29,21 +28,4 @@ def view(address: int, shape, dtype) -> np.ndarray:
     part of a registered range (never allocated, released, or in ``jit`` mode not yet used).
     In ``pool`` mode the owner's whole pre-registered region is registered, allocated or not.
     """
-    from ..runtime._world import runtime
-    rt = runtime()
-    dtype = np.dtype(dtype)
-    shape = (int(shape),) if np.isscalar(shape) else tuple(int(s) for s in shape)
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    owner = rt.window.owner(address)
-    if owner < 0 or rt.window.owner(address + max(nbytes, 1) - 1) != owner:
-        raise RegistrationError(f"ub.view: {address:#x}+{nbytes} is not inside one rank's slice of the "
-                                f"shared address window")
-    if owner == rt.rank and rt.reg.mode != "pool":
-        ok = rt.own_segment(address, nbytes) is not None
-    else:
-        ok = rt.reg.lookup(owner, address, nbytes)
-    if not ok:
-        raise RegistrationError(
-            f"ub.view: rank {rt.rank} has no registration of rank {owner}'s range {address:#x}+{nbytes} "
-            f"(never allocated, already released, or in jit mode not yet used by an operator)")
-    return rt.window.view(address, nbytes).view(dtype).reshape(shape)
+    return _active_unit().view(address, shape, dtype)

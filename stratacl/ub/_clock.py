@@ -53,7 +53,7 @@ import numpy as np
 
 from ..collectives import _partition as P
 from ..collectives import _schedule as S
-from ..sdma import _engine as sdma_engine
+from ..sdma import _model as sdma_model
 from . import _cores
 from ._fabric import Fabric
 from ._topology import UNIT_US, Topology, load
@@ -69,17 +69,18 @@ class FabricModel:
     def __init__(self, topology: Topology | str = "cm384", registration: str = "roa",
                  staged_buffer: int | None = STAGED_BUFFER, cores: int | None = None,
                  comm_cores: int | None = None, partition: str = "balanced", path: str = "mte",
-                 completion: str = "flag"):
+                 completion: str = "flag", *, eager_bytes: int):
         if registration not in REGISTRATIONS:
             raise ValueError(f"registration must be one of {', '.join(REGISTRATIONS)}, got {registration!r}")
-        if path not in sdma_engine.PATHS:
-            raise ValueError(f"path must be one of {', '.join(sdma_engine.PATHS)}, got {path!r}")
-        if completion not in sdma_engine.COMPLETIONS:
-            raise ValueError(f"completion must be one of {', '.join(sdma_engine.COMPLETIONS)}, got {completion!r}")
+        if path not in sdma_model.PATHS:
+            raise ValueError(f"path must be one of {', '.join(sdma_model.PATHS)}, got {path!r}")
+        if completion not in sdma_model.COMPLETIONS:
+            raise ValueError(f"completion must be one of {', '.join(sdma_model.COMPLETIONS)}, got {completion!r}")
         self.topology = load(topology) if isinstance(topology, str) else topology
         self.fabric = Fabric(self.topology)
         self.registration = registration
         self.staged_buffer = staged_buffer
+        self.eager_bytes = int(eager_bytes)  # the modeled runtime's eager threshold (its policy, given)
         tc = self.topology.cores
         self.cores = int(cores if cores else tc.count)
         self.comm_cores = int(comm_cores if comm_cores else min(tc.comm, self.cores))
@@ -101,17 +102,18 @@ class FabricModel:
         self._runs: dict = {}
 
     @classmethod
-    def from_settings(cls, topology: Topology | str, registration: str) -> "FabricModel":
+    def from_settings(cls, topology: Topology | str, registration: str, eager_bytes: int) -> "FabricModel":
         """The model a rank's virtual clock uses: the backend settings (cores, comm_cores,
         partition, path) from ``stratacl.config`` (``STRATACL_*``)."""
         from .._config import Config
         c = Config()
-        return cls(topology, registration, cores=c.cores, comm_cores=c.comm_cores, partition=c.partition, path=c.path)
+        return cls(topology, registration, cores=c.cores, comm_cores=c.comm_cores, partition=c.partition, path=c.path,
+                   eager_bytes=eager_bytes)
 
     def with_path(self, path: str) -> "FabricModel":
         """The same model with another data path (mte | sdma)."""
         return FabricModel(self.topology, self.registration, self.staged_buffer, self.cores, self.comm_cores,
-                           self.partition, path, self.completion)
+                           self.partition, path, self.completion, eager_bytes=self.eager_bytes)
 
     def __repr__(self) -> str:
         return (f"FabricModel({self.topology.name!r}, registration={self.registration!r}, "
@@ -151,7 +153,7 @@ class FabricModel:
         if path == "mte":
             run = _cores.run_mte(units.nbytes, alpha, pol.core, pol.slot, self.comm_cores, share, self.issue_rate)
         else:
-            run = sdma_engine.run_sdma(units.nbytes, alpha, pol.core, pol.slot, self.comm_cores, share,
+            run = sdma_model.run_sdma(units.nbytes, alpha, pol.core, pol.slot, self.comm_cores, share,
                                        self.topology.sdma, self.completion)
         run = (run, pol, units)
         if len(self._runs) >= 4 * _CACHE_LIMIT:
@@ -231,7 +233,7 @@ class FabricModel:
     def _timed(self, op, algo, m, nbytes, root, itemsize) -> list:
         f, n = self.fabric, m.size
         out = []
-        for step in S.schedule(op, algo, n, nbytes, root, itemsize):
+        for step in S.schedule(op, algo, n, nbytes, root, itemsize, eager_bytes=self.eager_bytes):
             if isinstance(step, S.Barrier):
                 if n > 1:
                     out.append(("barrier", self._barrier(m)))

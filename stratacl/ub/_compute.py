@@ -85,7 +85,7 @@ def overlap(model, op: str, algo: str, members, nbytes: int, job: ComputeJob, ra
     if compute_first:
         free = max(1, min(model.comm_cores, model.cores - job.cores))
         m = FabricModel(model.topology, model.registration, model.staged_buffer, model.cores, free,
-                        model.partition, model.path, model.completion)
+                        model.partition, model.path, model.completion, eager_bytes=model.eager_bytes)
     n = len(tuple(members))
     comm = float(model_call(m, op, algo, members, nbytes, np.zeros(n), root=root, itemsize=itemsize).max())
     if compute_first:

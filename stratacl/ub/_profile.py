@@ -196,7 +196,7 @@ def profile_call(model, op: str, algo: str, members, nbytes: int, root: int = 0,
 
 
 def _record_run(prof: Profiler, run, t0: float) -> None:
-    from ..sdma._engine import SdmaRun
+    from ..sdma._model import SdmaRun
     if isinstance(run, SdmaRun):
         c = np.arange(run.build_end.size)
         prof.record_many(c, "descriptor", t0, t0 + run.doorbell_end)

@@ -53,10 +53,10 @@ def from_bits(bits: np.ndarray) -> np.ndarray:
 
 
 class RankClock:
-    def __init__(self, topology: Topology, registration: str, mode: str, dilation: float):
+    def __init__(self, topology: Topology, registration: str, mode: str, dilation: float, eager_bytes: int):
         if mode not in ("virtual", "throttled"):
             raise ValueError(f"RankClock: mode must be virtual or throttled, got {mode!r}")
-        self.model = FabricModel.from_settings(topology, registration)
+        self.model = FabricModel.from_settings(topology, registration, eager_bytes)
         self.mode, self.dilation = mode, float(dilation)
         self.now_us = 0.0
         self.calls: dict[str, list] = {}          # op -> [count, total modeled us, last modeled us]

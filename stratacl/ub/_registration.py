@@ -18,40 +18,84 @@ background and ACKs; the physical range is reused only after every ACK (see ``Hb
 
 ``jit`` maps a peer buffer on first use inside the operator (synchronous, on the critical path,
 cached afterwards). ``pool`` maps one pre-registered region of every peer at start-up.
+
+The unit is the fabric's and reads no runtime internals: the runtime builds it with what it
+needs (the control segment, a mailbox endpoint, the shadow address window, the peers' HBM
+descriptors; the protocols below say which methods are used) and activates it while the
+process is in a job, which is how ``ub.view`` finds it. The message kinds are this protocol's;
+the mailbox only carries them.
 """
 from __future__ import annotations
 
 import collections
 import threading
 import time
-from typing import Callable
+from typing import Callable, Protocol
 
 import numpy as np
 
-from .._errors import RegistrationError
-from ..runtime import _native
-from ..runtime._control import R_PUBLISHED, STATE_RUNNING, STATE_STARTING, Control
-from ..runtime._mailbox import (BROADCAST, MSG_ACK, MSG_REGISTER, MSG_RELEASE, Mailbox, pack_header,
-                                unpack_header)
-from ..runtime._window import ShadowWindow
+from .._errors import RegistrationError, StrataError
+
+# message kinds of the registration protocol, in the kind byte of a mailbox header
+MSG_REGISTER, MSG_RELEASE, MSG_ACK = 1, 2, 3
+
+
+class ControlSegment(Protocol):
+    """What the unit reads and writes in the job's control segment (runtime._control.Control)."""
+
+    def alive(self, rank: int) -> bool: ...
+    def published(self, rank: int) -> int: ...
+    def set_published(self, rank: int, count: int) -> None: ...
+
+
+class MailboxEndpoint(Protocol):
+    """This rank's endpoint of the mailbox rings (runtime._mailbox.Mailbox); endpoint ``world``
+    is the daemon (the relay path)."""
+
+    BROADCAST: int
+
+    @staticmethod
+    def pack_header(kind: int, src: int, dst: int) -> int: ...
+    @staticmethod
+    def unpack_header(word: int) -> tuple[int, int, int]: ...
+    def post(self, dst: int, words: tuple[int, ...]) -> None: ...
+    def flush(self, alive=None) -> int: ...
+    def drain(self) -> np.ndarray: ...
+    def doorbell_value(self) -> int: ...
+    def wait(self, seen_doorbell: int, timeout: float) -> None: ...
+    def ring_own_doorbell(self) -> None: ...
+
+
+class AddressWindow(Protocol):
+    """The shadow virtual-address window (runtime._window.ShadowWindow)."""
+
+    def slice_start(self, rank: int) -> int: ...
+    def owner(self, va: int) -> int: ...
+    def map(self, va: int, size: int, fd: int, offset: int, writable: bool = True) -> None: ...
+    def unmap(self, va: int, size: int) -> None: ...
+    def view(self, va: int, nbytes: int) -> np.ndarray: ...
 
 
 class RegistrationUnit:
-    """This rank's registration unit; also the allocator's interception layer."""
+    """This rank's registration unit; also the allocator's interception layer.
 
-    def __init__(self, rank: int, world: int, ctl: Control, window: ShadowWindow, hbm_fds: list[int],
-                 mode: str, path: str, check_job: Callable[[str, list[int]], None], timeout: float):
+    ``own_segment(addr, nbytes)``: this rank's allocated segment holding the range, or None
+    (the allocator's answer, for ``view`` of an own address)."""
+
+    def __init__(self, rank: int, world: int, ctl: ControlSegment, mailbox: MailboxEndpoint,
+                 window: AddressWindow, hbm_fds: list[int], mode: str, path: str,
+                 check_job: Callable[[str, list[int]], None], timeout: float,
+                 own_segment: Callable[[int, int], object]):
         self.rank, self.world, self.ctl, self.window = rank, world, ctl, window
         self.hbm_fds, self.mode, self.path = hbm_fds, mode, path
-        self.check_job, self.timeout = check_job, timeout
+        self.check_job, self.timeout, self.own_segment = check_job, timeout, own_segment
         self.hbm = None                      # set by the runtime once HBM exists
         self.pool_bytes = 0
-        self.mailbox = Mailbox(ctl, rank)
+        self.mailbox = mailbox
         self.cond = threading.Condition()
         self._mapped: list[dict[int, tuple[int, int]]] = [dict() for _ in range(world)]  # owner -> va -> (epoch, size)
         self._processed = [0] * world      # metadata messages handled per owner
         self._requests: collections.deque = collections.deque()
-        self._published_addr = ctl.addr(ctl.layout.region(rank) + R_PUBLISHED)
         self._stop = False
         self._thread: threading.Thread | None = None
         self.thread_error: BaseException | None = None
@@ -94,12 +138,12 @@ class RegistrationUnit:
 
     def _publish(self, kind: int, seg) -> None:
         self.counters["published"] += 1
-        _native.store_u64(self._published_addr, self.counters["published"])
+        self.ctl.set_published(self.rank, self.counters["published"])
         self._requests.append((kind, seg.va, seg.size, seg.hbm_offset, seg.epoch, time.monotonic_ns()))
         self.mailbox.ring_own_doorbell()
 
     def _peer_alive(self, p: int) -> bool:
-        return self.ctl.state(p) in (STATE_STARTING, STATE_RUNNING)
+        return self.ctl.alive(p)
 
     # --- background thread ------------------------------------------------------------------
     def _run(self) -> None:
@@ -128,14 +172,15 @@ class RegistrationUnit:
 
     def _send_requests(self) -> bool:
         did = False
+        pack_header, broadcast = self.mailbox.pack_header, self.mailbox.BROADCAST
         while self._requests:
             kind, va, size, off, epoch, t = self._requests.popleft()
             did = True
             if self.path == "relay":
-                self.mailbox.post(self.world, (pack_header(kind, self.rank, BROADCAST), self.rank, epoch, va,
+                self.mailbox.post(self.world, (pack_header(kind, self.rank, broadcast), self.rank, epoch, va,
                                                size, off, t, 0))
             else:
-                words = (pack_header(kind, self.rank, BROADCAST), self.rank, epoch, va, size, off, t, 0)
+                words = (pack_header(kind, self.rank, broadcast), self.rank, epoch, va, size, off, t, 0)
                 for p in range(self.world):
                     if p != self.rank:
                         self.mailbox.post(p, words)
@@ -143,6 +188,7 @@ class RegistrationUnit:
 
     def _handle(self, msgs: np.ndarray) -> None:
         now = time.monotonic_ns()
+        pack_header, unpack_header = self.mailbox.pack_header, self.mailbox.unpack_header
         for row in msgs.tolist():
             kind, src, _ = unpack_header(row[0])
             owner, epoch, va, size, off, t_sent = row[1], row[2], row[3], row[4], row[5], row[6]
@@ -226,13 +272,33 @@ class RegistrationUnit:
                 self.cond.wait(min(left, 0.05))
 
     # --- ub.view ----------------------------------------------------------------------------
+    def view(self, address: int, shape, dtype) -> np.ndarray:
+        """``ub.view`` on this rank (see there)."""
+        dtype = np.dtype(dtype)
+        shape = (int(shape),) if np.isscalar(shape) else tuple(int(s) for s in shape)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        window = self.window
+        owner = window.owner(address)
+        if owner < 0 or window.owner(address + max(nbytes, 1) - 1) != owner:
+            raise RegistrationError(f"ub.view: {address:#x}+{nbytes} is not inside one rank's slice of the "
+                                    f"shared address window")
+        if owner == self.rank and self.mode != "pool":
+            ok = self.own_segment(address, nbytes) is not None
+        else:
+            ok = self.lookup(owner, address, nbytes)
+        if not ok:
+            raise RegistrationError(
+                f"ub.view: rank {self.rank} has no registration of rank {owner}'s range {address:#x}+{nbytes} "
+                f"(never allocated, already released, or in jit mode not yet used by an operator)")
+        return window.view(address, nbytes).view(dtype).reshape(shape)
+
     def lookup(self, owner: int, addr: int, nbytes: int, operation: str = "ub.view") -> bool:
         """True if [addr, addr + nbytes) of ``owner`` is mapped here, after catching up with every
         metadata message the owner had published when the call started."""
         if self.mode == "pool":
             start = self.window.slice_start(owner)
             return start <= addr and addr + nbytes <= start + self.pool_bytes
-        published = _native.load_u64(self.ctl.addr(self.ctl.layout.region(owner) + R_PUBLISHED))
+        published = self.ctl.published(owner)
         # messages already published are in our rings: no need for the owner to be alive
         self._wait(lambda: self._processed[owner] >= published, None, operation,
                    f"metadata from rank {owner}")
@@ -250,7 +316,7 @@ class RegistrationUnit:
         for owner in range(self.world):
             if owner == self.rank or not self._peer_alive(owner):
                 continue
-            published = _native.load_u64(self.ctl.addr(self.ctl.layout.region(owner) + R_PUBLISHED))
+            published = self.ctl.published(owner)
             self._wait(lambda: self._processed[owner] >= published, None, operation,
                        f"metadata from rank {owner}")
 
@@ -259,3 +325,21 @@ class RegistrationUnit:
         out["mode"], out["metadata_path"] = self.mode, self.path
         out["peer_segments_mapped"] = sum(len(t) for t in self._mapped)
         return out
+
+
+# This process's unit while it is in a job: the runtime activates it in init() and clears it
+# in finalize(), as it sets and clears its own runtime, so the public ub.view and
+# ub.wait_registered reach the unit without ub importing the runtime.
+_active: RegistrationUnit | None = None
+
+
+def activate(unit: RegistrationUnit | None) -> None:
+    global _active
+    _active = unit
+
+
+def active() -> RegistrationUnit:
+    unit = _active
+    if unit is None:
+        raise StrataError("stratacl is not initialised in this process: call stratacl.init() first")
+    return unit

@@ -1,0 +1,158 @@
+"""Packages depend one way (DESIGN.md, "Ownership"; STYLE.md, "The picture").
+
+Every module under ``stratacl/`` and ``launcher/`` (installed as ``stratacl_launcher``) is parsed
+with ``ast``, nothing is imported; every import counts, at the top of a module or inside a
+function, relative ones resolved. The floors, from the bottom:
+
+    stratacl          the base: _config, _errors, _sizes (the library's top-level modules)
+    collectives, sdma slices, schedules, partitioner, kernels; the SDMA engine and its model
+    ub                the fabric and its model; registration
+    runtime           inside a rank
+    public face       stratacl/__init__.py and the modules that compose the floors below it
+                      for users: _arrays, _estimate (the runtime's model), _spawn
+    stratacl.bench, stratacl_launcher   tools on top of the library
+"""
+from __future__ import annotations
+
+import ast
+import collections
+import pathlib
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+TREES = {"stratacl": ROOT / "stratacl", "stratacl_launcher": ROOT / "launcher"}
+SUBPACKAGES = ("runtime", "ub", "collectives", "sdma", "bench")
+PUBLIC_FACE = ("_arrays", "_estimate", "_spawn")
+PUBLIC = "stratacl (public face)"
+
+# Imports known to break a rule, each with why it is still there. Keep this short: an entry is
+# a debt, not a permission.
+KNOWN = {
+    ("stratacl._spawn", "stratacl_launcher._supervisor"):
+        "stratacl.spawn(fn, n) runs the launcher's supervisor (Job) in the caller's process; "
+        "removing it means moving spawn to the launcher or the supervisor into the library",
+}
+
+
+def _modules() -> dict[str, pathlib.Path]:
+    mods = {}
+    for top, base in TREES.items():
+        for path in base.rglob("*"):
+            if path.suffix not in (".py", ".c") or "build" in path.relative_to(base).parts:
+                continue
+            rel = path.relative_to(base).with_suffix("").parts
+            if rel[-1] == "__init__":
+                rel = rel[:-1]
+            mods[".".join((top, *rel))] = path
+    return mods
+
+
+MODULES = _modules()
+
+
+def _imports(name: str, path: pathlib.Path) -> set[str]:
+    """The stratacl / stratacl_launcher modules that module ``name`` imports."""
+    is_package = path.name == "__init__.py"
+    package = name if is_package else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[:len(parts) - node.level + 1])
+                mod = f"{base}.{node.module}" if node.module else base
+            else:
+                mod = node.module or ""
+            # "from X import y" imports X, and X.y too when y is a module
+            targets = [mod] + [f"{mod}.{a.name}" for a in node.names if f"{mod}.{a.name}" in MODULES]
+        else:
+            continue
+        found.update(t for t in targets if t.split(".")[0] in TREES)
+    found.discard(name)
+    return found
+
+
+GRAPH = {name: _imports(name, path) for name, path in MODULES.items() if path.suffix == ".py"}
+
+
+def package_of(module: str) -> str:
+    parts = module.split(".")
+    if parts[0] == "stratacl_launcher":
+        return "stratacl_launcher"
+    if len(parts) > 1 and parts[1] in SUBPACKAGES:
+        return f"stratacl.{parts[1]}"
+    if len(parts) == 1 or parts[1] in PUBLIC_FACE:
+        return PUBLIC
+    return "stratacl"
+
+
+def _edges():
+    for src, targets in GRAPH.items():
+        for dst in sorted(targets):
+            if (src, dst) not in KNOWN:
+                yield src, dst
+
+
+def _violations(rule) -> list[str]:
+    return [f"{src} imports {dst}" for src, dst in _edges() if rule(package_of(src), package_of(dst), dst)]
+
+
+def test_the_graph_was_read():
+    assert {"stratacl.runtime._world", "stratacl.ub._registration", "stratacl_launcher._supervisor"} <= set(GRAPH)
+    assert "stratacl.ub._clock" in GRAPH["stratacl.runtime._world"]
+    assert "stratacl.runtime._native" in GRAPH["stratacl.runtime._world"]     # a C extension, by name
+
+
+def test_known_exceptions_still_exist():
+    # a debt paid off must leave the list, so the rule it excused applies again
+    for src, dst in KNOWN:
+        assert dst in GRAPH.get(src, ()), f"{src} no longer imports {dst}: remove it from KNOWN"
+
+
+def test_the_library_never_imports_the_launcher():
+    assert _violations(lambda s, d, _: s != "stratacl_launcher" and d == "stratacl_launcher") == []
+
+
+def test_nothing_in_the_library_imports_its_benchmark_tool():
+    assert _violations(lambda s, d, _: s != "stratacl.bench" and d == "stratacl.bench") == []
+
+
+def test_the_fabric_reads_no_runtime_internals():
+    assert _violations(lambda s, d, _: s == "stratacl.ub" and d == "stratacl.runtime") == []
+
+
+def test_collectives_and_sdma_sit_below_the_runtime_and_the_fabric():
+    below = ("stratacl.collectives", "stratacl.sdma")
+    above = ("stratacl.runtime", "stratacl.ub")
+    assert _violations(lambda s, d, _: s in below and d in above) == []
+
+
+def test_the_base_imports_nothing_above_it():
+    assert _violations(lambda s, d, _: s == "stratacl" and d != "stratacl") == []
+
+
+def test_no_cycle_between_packages():
+    deps: dict[str, set[str]] = collections.defaultdict(set)
+    why: dict[tuple[str, str], str] = {}
+    for src, dst in _edges():
+        a, b = package_of(src), package_of(dst)
+        if a != b:
+            deps[a].add(b)
+            why.setdefault((a, b), f"{src} -> {dst}")
+    cycles = []
+
+    def walk(node, path):
+        for nxt in sorted(deps[node]):
+            if nxt in path:
+                loop = path[path.index(nxt):] + [nxt]
+                cycles.append(" -> ".join(loop) + "  (" + "; ".join(
+                    why[(x, y)] for x, y in zip(loop, loop[1:])) + ")")
+            elif nxt not in seen:
+                seen.add(nxt)
+                walk(nxt, path + [nxt])
+
+    for start in sorted(deps):
+        seen = {start}
+        walk(start, [start])
+    assert cycles == []
