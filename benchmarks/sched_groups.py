@@ -41,13 +41,14 @@ def _rank(shared: mmap.mmap, me: int, n: int, polls: int, iters: int, own_sessio
     if own_session:
         os.setsid()
     base = _native.data_address(shared)
-    cx = np.array([base + COUNTER, base + GEN, base + ARRIVALS + 4 * me, n, me], dtype=np.int64)
-    k = 0
+    tally = np.zeros(_native.T_WORDS, dtype=np.int64)      # the barrier numbers native code takes
+    cx = np.zeros(_native.CX_DESC, dtype=np.int64)
+    cx[_native.CX_COUNTER], cx[_native.CX_GEN], cx[_native.CX_ARRIVAL] = base + COUNTER, base + GEN, base + ARRIVALS + 4 * me
+    cx[_native.CX_N], cx[_native.CX_ME], cx[_native.CX_TALLY] = n, me, _native.data_address(tally)
     for timed in (False, True):
         t0 = time.perf_counter()
         for _ in range(iters if timed else max(iters // 10, 50)):
-            k += 1
-            if not _native.sync(cx, k, polls, SLICE):
+            if _native.sync(cx, polls, SLICE) < 0:
                 return 1
     struct.pack_into("d", shared, RESULTS + 8 * me, (time.perf_counter() - t0) / iters * 1e6)
     return 0

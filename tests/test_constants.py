@@ -16,7 +16,7 @@ import pytest
 
 import stratacl
 from stratacl.collectives import _backend, _kernels, _reduce, _slices
-from stratacl.runtime import _comm, _control, _native, _p2p, _prepared
+from stratacl.runtime import _comm, _control, _mesh, _native, _p2p, _prepared, _protocol
 from stratacl.runtime._world import NATIVE_CALLS
 
 ROOT = Path(__file__).resolve().parents[1] / "stratacl"
@@ -72,11 +72,11 @@ def test_descriptors_are_built_in_field_order():
     class Inp:
         seg, addr, nbytes = Seg(), 1005, 1006
 
-    f = _comm.Communicator._fields("all_reduce", 11, 12, 13, 14, Inp(), 15, 16, 17)
+    f = _protocol.descriptor("all_reduce", 11, 12, 13, 14, Inp(), 15, 16)
     assert len(f) == NATIVE["DESC_FIXED"]
-    want = {"F_OP": _comm.OPS["all_reduce"], "F_DTYPE": 11, "F_COUNT": 12, "F_ROOT": 13, "F_REDOP": 14, "F_FLAGS": 0,
-            "F_ADDR": 1005, "F_NBYTES": 1006, "F_SEG_VA": 1001, "F_SEG_SIZE": 1002, "F_SEG_OFF": 1003,
-            "F_EPOCH": 1004, "F_AUX0": 15, "F_AUX1": 16, "F_AUX2": 0, "F_CALL": 17}
+    want = {"F_OP": _protocol.OPS["all_reduce"], "F_DTYPE": 11, "F_COUNT": 12, "F_ROOT": 13, "F_REDOP": 14,
+            "F_FLAGS": 0, "F_ADDR": 1005, "F_NBYTES": 1006, "F_SEG_VA": 1001, "F_SEG_SIZE": 1002, "F_SEG_OFF": 1003,
+            "F_EPOCH": 1004, "F_AUX0": 15, "F_AUX1": 16, "F_AUX2": 0, "F_CALL": 0}      # native code numbers
     assert {k: f[NATIVE[k]] for k in want} == want
     s = _p2p._send_descriptor(21, 22, Inp(), False, 23, 24)
     assert len(s) == NATIVE["DESC_FIXED"]
@@ -89,11 +89,11 @@ def test_descriptors_are_built_in_field_order():
 
 def test_stages_and_words_come_from_native():
     # each Python name that stands for a native enumerator has its value (a copy would drift)
-    for module in (_comm, _p2p, _control):
+    for module in (_comm, _mesh, _protocol, _p2p, _control):
         shared = [name for name in NATIVE if hasattr(module, name)]
         assert {name: getattr(module, name) for name in shared} == {name: NATIVE[name] for name in shared}
-    used = {name for name in NATIVE if hasattr(_comm, name)}
-    assert {"MESH_DONE", "MESH_DEPART_FIRST", "MESH_ROOT", "T_CALLS", "T_NATIVE"} <= used
+    used = {name for name in NATIVE for module in (_comm, _mesh, _protocol) if hasattr(module, name)}
+    assert {"MESH_SOURCES", "MESH_DEPART_WAIT", "MESH_ROOT", "T_CALLS", "T_NATIVE"} <= used
     assert {n for n in NATIVE if n.startswith("P2P_")} <= {name for name in NATIVE if hasattr(_p2p, name)}
 
 
@@ -134,10 +134,10 @@ def test_a_compiled_row_is_in_column_order():
 def _names_read_missing(comm):
     x = stratacl.empty((4,), np.float32)
     comm.all_reduce(x)
-    comm.all_reduce(x)       # prepared: an entry with a Replay
+    comm.all_reduce(x)       # prepared: an entry with a MeshCall
     entry = next(iter(comm._prepared._entries.values()))
     objects = {"Communicator": comm, "PreparedCalls": comm._prepared, "PreparedCall": entry,
-               "checked arguments": entry.args, "Replay": entry.args.replay}
+               "checked arguments": entry.args, "MeshCall": entry.args.replay}
     missing = [(name, owner) for name, owner in _native.NAMES_READ
                if owner in objects and not hasattr(objects[owner], name)]
     return missing, sorted(stratacl.stats()), type(entry).__name__
@@ -145,7 +145,7 @@ def _names_read_missing(comm):
 
 def test_names_native_code_reads_exist_where_it_reads_them():
     owners = {owner for _, owner in _native.NAMES_READ}
-    assert owners == {"Communicator", "PreparedCalls", "PreparedCall", "Replay", "checked arguments",
+    assert owners == {"Communicator", "PreparedCalls", "PreparedCall", "MeshCall", "checked arguments",
                       "operation", "stats"}, owners
     for missing, stats_keys, entry_type in stratacl.spawn(_names_read_missing, 2, timeout=60):
         assert missing == [] and entry_type == _prepared.PreparedCall.__name__

@@ -8,8 +8,8 @@
         |  + bases (3, n)               every member's buffers of this call: IN, OUT, SCRATCH
         v
     MTE: _kernels.run_plan(table, bases, ...)   the cores move the bytes: one native call per phase
-                                        (or inside the call's single native call, _native.mesh
-                                        or _native.p2p, through the same executor)
+                                        (or inside the mesh machine or a point-to-point call,
+                                        runtime/_native.c, through the same executor)
     SDMA (runtime/_execute.py)          the copies go to the SDMA engine, reductions stay on
                                         the cores (run_plan on the plan's reduction table)
 

@@ -1,44 +1,30 @@
-"""Communicator: argument checks, descriptors, synchronisation, and the call into collectives.
+"""Communicator: the public operations, their argument checks, and what each decides.
 
-One collective call, end to end:
+One collective call, end to end (the data path):
 
-    check arguments locally  --error-->  write why in this rank's slot (Layout.slot_reason),
-          |                              publish a descriptor flagged 'rejected', arrive, raise;
-          |                              the peers raise CollectiveMismatch quoting the reason
-          |
-    input in own HBM? yes: zero copy        no: staged into a communication buffer (counted)
-          |
-    publish descriptor {op, dtype, count, root, reduce op, input address and segment, epoch}
-          |
-    arrival barrier  -> every rank reads every descriptor; any disagreement raises
-          |              CollectiveMismatch on every rank, before any byte moves
-    the operator's phases (collectives._slices frontend, compiled once per call shape by
-    collectives._backend) run on the cores or the SDMA engine (runtime/_execute.py); peers'
-          |  inputs are read at their shared addresses
-          |
-    departure barrier -> inputs may be reused once this returns
+    comm.op(arrays, scalars)   the operation as a native method: a repeated call on the same
+        |                      arrays replays its record with no Python (runtime/_prepared.py)
+    _check_<op>                argument checks, raised on every rank of the call (a rank that
+        |                      rejects its own arguments tells its peers why: _protocol.py);
+        |                      input in own HBM? zero copy; else staged (runtime/_buffers.py)
+    plan                       the operator's remote-slice phases (collectives._slices),
+        |                      compiled once per call shape (collectives._backend)
+    full mesh: _mesh           the call's record, run by native code's mesh machine: entry
+        |                      barrier and agreement, readiness of peers' buffers, phases on
+        |                      the cores (kernels) or the SDMA engine, departure
+        |                      (runtime/_mesh.py, _native.c)
+    ring / variable splits     the same protocol step by step (_protocol.py, _ringsteps.py)
+        |
+    completion                 bytes and calls counted natively; the modeled clock ticks
+                               (runtime/_modeling.py); an output that was staged is copied out
 
-Descriptors are double-buffered by call parity: a rank can only overwrite the slot of call k
-after the arrival barrier of call k+1, which every peer reaches only once it has read call
-k's descriptors.
-
-On the cores' path the full-mesh operators make all of this after the argument checks one
-native call (``_mesh`` -> ``_native.mesh``: entry, addresses, one or two phases through the
-kernels' executor, departure); it returns early wherever Python must act (a late rank, a
-disagreement, a peer buffer to check for readiness), and ``_mesh`` goes on from there step by
-step (``_mesh_rest``). The ring algorithms and the SDMA path go step by step throughout.
-
-A prepared call (runtime/_prepared.py) goes further: its checks decided every argument of
-``_mesh`` once, so ``_replay_of`` fixes them in a ``Replay`` and each repetition is one
-``_native.replay``: the numbering of the call and its barriers, the descriptor, ``mesh``'s
-common case, the byte and call counts. The operations themselves are native methods
-(``_native_method``) that find and replay the prepared call without entering Python. At N = 32
-these took a 64-byte broadcast from about 13 to about 5 us of user CPU per rank
-(docs/performance.md). The barrier's common case is native too (``barrier``).
+The operations' common case, a repeated blocking call with positional arguments, no modeled
+clock and no debug logging, runs in native code from the method call on (``_native_method``);
+at N = 32 on two cores every microsecond of a rank's Python costs about 16 of the call
+(docs/performance.md).
 """
 from __future__ import annotations
 
-import array
 import logging
 from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
 
@@ -46,51 +32,28 @@ import numpy as np
 
 from .._errors import CollectiveMismatch, TooManyCommunicators
 from ..collectives import _reduce, _slices
-from ..collectives._backend import int64_word
-from ..collectives._kernels import BUFFERS
 from ..collectives._slices import OUT, SCRATCH
 from . import _native
-# _native.mesh: departures, and the stages it returns (the last two: where the Python path picks
-# up); the words of Communicator._tally; all defined by _native.h
-from ._native import (MESH_BARRIER, MESH_DEPART, MESH_DEPART_FIRST, MESH_DISAGREE, MESH_DONE, MESH_ENTER_WAIT,
-                      MESH_MIDDLE, MESH_NO_DEPARTURE, MESH_ROOT, MESH_ROOT_READER, MESH_SOURCES, MESH_SOURCES_FIRST,
-                      T_CALLS, T_NATIVE, T_SYNCS)
-from ._args import _aliased, _copy_back, _expect, _fixed_address, _fixed_table, _flat
+from ._native import MESH_BARRIER, MESH_NO_DEPARTURE, MESH_ROOT, MESH_ROOT_READER, T_NATIVE
+from ._args import _aliased, _copy_back, _expect, _flat
 from ._buffers import EAGER_BYTES, EAGER_CHUNKS_READ, Buffers, _Input
-from ._control import (DESC_FIXED, F_ADDR, F_AUX0, F_AUX1, F_AUX2, F_CALL, F_COUNT, F_DTYPE, F_EPOCH, F_FLAGS,
-                       F_NBYTES, F_OP, F_REDOP, F_ROOT, F_SEG_OFF, F_SEG_SIZE, F_SEG_VA, FLAG_REJECTED, Layout)
-from ._modeling import Modeled
+from ._control import F_AUX0, F_AUX1, F_AUX2, F_DTYPE
 from ._execute import Execute
+from ._mesh import Mesh, MeshCall
+from ._modeling import Modeled
 from ._p2p import PointToPoint
 from ._prepared import PreparedCalls
+from ._protocol import OPS, Protocol
 from ._ringsteps import RingSteps
-from ._sync import SLICE, SPIN_POLLS, seq_reached, wait_until
-from ._work import Worker, agreed, collective
+from ._sync import SLICE, SPIN_POLLS
+from ._work import Worker, collective
 
 if TYPE_CHECKING:
     from ._world import Runtime
 
 log = logging.getLogger("stratacl")
 
-OPS = {"barrier": 1, "all_gather": 2, "all_reduce": 3, "reduce_scatter": 4, "all_to_all": 5,
-       "all_to_all_v": 6, "broadcast": 7, "split": 8}
-OP_NAMES = {v: k for k, v in OPS.items()}
 _native.set_barrier(OPS["barrier"], SPIN_POLLS, SLICE, log.isEnabledFor, logging.DEBUG, getattr(log, "_cache", None))
-
-
-_COMPARED = ((F_DTYPE, "dtype"), (F_COUNT, "element count"), (F_ROOT, "root"), (F_REDOP, "reduce op"))
-
-
-def _value_name(field: int, v: int) -> str:
-    if field == F_OP:
-        return OP_NAMES.get(v, f"op#{v}")
-    if field == F_DTYPE:
-        dt = _reduce.DTYPE_BY_CODE.get(v)
-        return str(dt) if dt is not None else "-"
-    if field == F_REDOP:
-        return _reduce.REDUCE_NAMES.get(v, "-")
-    return str(v)
-
 
 def _native_method(op, spec: str):
     """``op``'s prepared common case as a native method (_replay.c, PreparedMethod): a call
@@ -102,20 +65,9 @@ def _native_method(op, spec: str):
                                    _native.METHOD_MESH, op)
 
 
-class Replay:
-    """A prepared full-mesh call, fixed for ``_native.replay`` (Communicator._replay_of): its
-    native arguments ``call``, and ``meshes``, _mesh's per call parity, for the Python path
-    from wherever the native call stopped; ``word``: the root's departure count's address."""
-
-    __slots__ = ("call", "meshes", "word")
-
-    def __init__(self, call: tuple, meshes: tuple, word: int):
-        self.call, self.meshes, self.word = call, meshes, word
-
-
 # What each operation's checks decided (its _check_*), remembered by _prepared.PreparedCalls. The
 # operation unpacks them in order; the native methods read only ``replay`` (_replay.c, NAMES_READ):
-# the call's Replay, or None where the call is not replayed natively.
+# the call's MeshCall, or None where the call is not replayed natively.
 class AllGatherArgs(NamedTuple):
     code: int
     algo: str
@@ -124,7 +76,7 @@ class AllGatherArgs(NamedTuple):
     plan: Any
     out_addr: int
     target: Any
-    replay: Replay | None
+    replay: MeshCall | None
 
 
 class AllToAllArgs(NamedTuple):
@@ -133,7 +85,7 @@ class AllToAllArgs(NamedTuple):
     plan: Any
     out_addr: int
     target: Any
-    replay: Replay | None
+    replay: MeshCall | None
 
 
 class BroadcastArgs(NamedTuple):
@@ -141,7 +93,7 @@ class BroadcastArgs(NamedTuple):
     inp: Any
     plan: Any
     target: Any
-    replay: Replay | None
+    replay: MeshCall | None
 
 
 class ReduceScatterArgs(NamedTuple):
@@ -152,7 +104,7 @@ class ReduceScatterArgs(NamedTuple):
     plan: Any
     out_addr: int
     target: Any
-    replay: Replay | None
+    replay: MeshCall | None
 
 
 class AllReduceArgs(NamedTuple):
@@ -165,10 +117,11 @@ class AllReduceArgs(NamedTuple):
     second: Any
     out_addr: int
     target: Any
-    replay: Replay | None
+    replay: MeshCall | None
 
 
-class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
+
+class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute, Protocol, Mesh):
     """A group of ranks that run collectives together (MPI semantics for ``split``).
 
     Every collective method is a *collective operation*: all ranks of the communicator must
@@ -183,31 +136,6 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
         self.members = list(members)
         self.size = len(self.members)
         self.rank = self.members.index(rt.rank)
-        lay: Layout = rt.ctl.layout
-        self._lay = lay
-        base = rt.ctl.base
-        self._slot_offs = [lay.slot(m, s) for m, s in zip(self.members, slots)]
-        me = self._slot_offs[self.rank]
-        self._counter_addr = base + self._slot_offs[0] + Layout.SLOT_COUNTER
-        self._gen_addr = base + self._slot_offs[0] + Layout.SLOT_GEN
-        self._arrival_addr = base + me + Layout.SLOT_ARRIVAL
-        self._arrival_idx = np.array([(o + Layout.SLOT_ARRIVAL) // 4 for o in self._slot_offs])
-        self._desc_off = [me + lay.slot_desc(p) for p in (0, 1)]
-        self._desc_idx = [np.array([[(o + lay.slot_desc(p)) // 8 + f for f in range(DESC_FIXED)]
-                                    for o in self._slot_offs]) for p in (0, 1)]
-        self._ext_idx = [np.array([[(o + lay.slot_desc(p)) // 8 + DESC_FIXED + f for f in range(2 * self.size)]
-                                   for o in self._slot_offs]) for p in (0, 1)]
-        self._desc_addrs = [np.array([base + o + lay.slot_desc(p) for o in self._slot_offs], dtype=np.int64)
-                            for p in (0, 1)]
-        # The counts native code updates in place, as int64 words (_replay.c): calls, barriers,
-        # whether the native methods may run; rooted operations per root (for _root_departure);
-        # point-to-point sequence numbers per peer. As attributes, each update was a lookup, a
-        # new int object and the old one's free, paid per call and rank.
-        self._tally = array.array("q", bytes(8 * _native.T_WORDS))
-        self._tally[T_NATIVE] = int(rt.clock is None)
-        self._root_calls = array.array("q", bytes(8 * self.size))
-        self._sent = array.array("q", bytes(8 * self.size))
-        self._received = array.array("q", bytes(8 * self.size))
         self._staging = None
         self._ready = np.full((self.size, 2), -1, dtype=np.int64)   # last (seg_va, epoch) checked per member
         self._ready_extra = np.full((self.size, 2), -1, dtype=np.int64)   # the same, for ring extra buffers
@@ -223,19 +151,8 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
         self._call_counts = rt.stats["calls"]
         self._init_execute()
         self._init_modeling()
+        self._init_protocol(slots)
         self._init_p2p()
-        # everything the native fast path needs, handed over as one int64 array (_native.h, CX_*)
-        cx = self._cx = np.zeros(_native.CX_DESC + 2 * self.size, dtype=np.int64)
-        cx[_native.CX_COUNTER], cx[_native.CX_GEN], cx[_native.CX_ARRIVAL] = (
-            self._counter_addr, self._gen_addr, self._arrival_addr)
-        cx[_native.CX_N], cx[_native.CX_ME] = self.size, self.rank
-        cx[_native.CX_TALLY] = _native.data_address(self._tally)
-        cx[_native.CX_ROOTS] = _native.data_address(self._root_calls)
-        cx[_native.CX_SENT] = _native.data_address(self._sent)
-        cx[_native.CX_RECEIVED] = _native.data_address(self._received)
-        cx[_native.CX_COUNTERS] = _native.data_address(self.counters.words)
-        cx[_native.CX_BARRIERS] = rt.native_call_word("barrier")
-        cx[_native.CX_DESC:] = [*self._desc_addrs[0], *self._desc_addrs[1]]
 
     def _start_worker(self) -> Worker:
         """The thread that runs this communicator's operations once one is asynchronous."""
@@ -243,9 +160,6 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
         self._rt.workers.append(self._worker)
         self._tally[T_NATIVE] = 0       # calls now go through the worker, in order
         return self._worker
-
-    _calls = int64_word("_tally", T_CALLS, "Operations called on this communicator; they number the descriptors.")
-    _syncs = int64_word("_tally", T_SYNCS, "Barrier numbers taken (the counter's target is this times the size).")
 
     @property
     def topology(self):
@@ -255,345 +169,6 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
 
     def __repr__(self) -> str:
         return f"Communicator(rank={self.rank}, size={self.size}, members={self.members})"
-
-    # --- synchronisation --------------------------------------------------------------------
-    def _sync(self, operation: str) -> None:
-        """Counter barrier: arrive, then a yielding spin and futex sleeps, all in native code."""
-        self._syncs += 1
-        if not _native.sync(self._cx, self._syncs, SPIN_POLLS, SLICE):
-            self._wait_barrier(self._syncs, operation)
-
-    def _root_departure_from(self, operation: str, is_root: bool, word: int, target: int) -> None:
-        """Departure when only the root's buffer was read: readers count themselves done on
-        ``word`` in the root's slot and leave; the root waits for it to reach ``target``."""
-        if not is_root:
-            _native.done(word, target)
-        elif not _native.wait_seq_u32(word, target, SPIN_POLLS, SLICE):
-            wait_until(lambda: seq_reached(_native.load_u32(word), target), word, self._rt.health, operation,
-                       self._rt.config.timeout, list,    # who is late is not recorded; the health check names a dead rank
-                       f"the other {self.size - 1} ranks to finish reading this root's buffer")
-
-    def _wait_barrier(self, k: int, operation: str) -> None:
-        """Barrier k, already arrived at: keep waiting, checking the job's health between sleeps."""
-        target = k * self.size
-        u32 = self._rt.ctl.u32
-
-        def missing():
-            arr = u32[self._arrival_idx]
-            return [self.members[i] for i in range(self.size) if not seq_reached(int(arr[i]), k)]
-
-        counter = self._counter_addr
-        wait_until(lambda: _native.load_u64(counter) >= target, self._gen_addr, self._rt.health, operation,
-                   self._rt.config.timeout, missing, f"{self.size} ranks to arrive")
-
-    def _enter(self, operation: str, dtype: int = 0, count: int = 0, root: int = 0, redop: int = 0,
-               inp: "_Input | None" = None, aux1: int = 0) -> int:
-        """The fast path of _begin for operations that need no descriptor but their peers' input
-        addresses: publish, arrive, wait and compare in one native call. Returns the slot parity."""
-        parity, fields = self._descriptor(operation, dtype, count, root, redop, inp, aux1)
-        self._arrive(operation, parity, fields)
-        return parity
-
-    def _arrive(self, operation: str, parity: int, fields: tuple) -> None:
-        """Publish ``fields`` in slot ``parity``, arrive at the next barrier, wait, compare."""
-        k = self._syncs = self._syncs + 1
-        status = _native.enter(self._cx, parity, k, SPIN_POLLS, SLICE, fields)
-        if status:
-            self._arrived(operation, parity, k, status)
-
-    def _arrived(self, operation: str, parity: int, k: int, status: int) -> None:
-        """After ``_native.enter``'s ``status`` 1 (still waiting) or 2 (a disagreement): wait
-        with health checks, compare; raises on a disagreement."""
-        if status == 1:
-            self._wait_barrier(k, operation)
-            status = 0 if _native.agree(self._cx, parity) else 2
-        if status:
-            self._validate(operation, self._rt.ctl.i64[self._desc_idx[parity]], parity)   # raises
-
-    def _descriptor(self, operation: str, dtype: int, count: int, root: int, redop: int, inp: "_Input | None",
-                    aux1: int = 0) -> tuple[int, tuple]:
-        """Number the next call; returns its slot parity and this rank's descriptor (F_* order)."""
-        self._calls += 1
-        fields = self._fields(operation, dtype, count, root, redop, inp, self._entering_bits(), aux1, self._calls)
-        if log.isEnabledFor(logging.DEBUG):
-            log.debug("%s call %d: %s", operation, self._calls, list(fields))
-        return self._calls & 1, fields
-
-    @staticmethod
-    def _fields(operation: str, dtype: int, count: int, root: int, redop: int, inp: "_Input | None", clock: int,
-                aux1: int, call: int) -> tuple:
-        """A descriptor's fields (F_* order)."""
-        seg = inp.seg if inp is not None else None
-        if seg is not None:
-            return (OPS[operation], dtype, count, root, redop, 0, inp.addr, inp.nbytes, seg.va, seg.size,
-                    seg.hbm_offset, seg.epoch, clock, aux1, 0, call)
-        addr, nbytes = (inp.addr, inp.nbytes) if inp is not None else (0, 0)
-        return (OPS[operation], dtype, count, root, redop, 0, addr, nbytes, 0, 0, 0, 0, clock, aux1, 0, call)
-
-    def _mesh(self, operation: str, inp: "_Input | None", plan, departure: int, dtype: int = 0, count: int = 0,
-              root: int = 0, redop: int = 0, divisor: float = 1.0, plan2=None, only: int = -1) -> int:
-        """A full-mesh call: enter, every member's input address (readiness checked), the phase
-        ``plan`` (None: nothing to pull), with ``plan2`` a barrier and that second phase, then
-        the departure (MESH_* of _native.mesh); ``only`` >= 0: the one member whose input is
-        read (broadcast's root). Returns the slot parity.
-
-        The common case (the cores' path, peers' buffers already checked, nobody late by more
-        than one wait slice) is one native call; it returns the stage from which the rest
-        continues here exactly as the step-by-step path would."""
-        parity, fields = self._descriptor(operation, dtype, count, root, redop, inp)
-        own = inp.addr if inp is not None else 0
-        # barrier k is the entry, k + 1 the middle (two phases), then the departure; like the
-        # root's count of departures, a barrier is counted only once this rank reaches it, as
-        # every rank does the same (a call that raises at its entry raises on every rank)
-        k = self._syncs = self._syncs + 1
-        last = k + 2 if plan2 is not None else k + 1       # the departure barrier's number
-        word = target = 0
-        if departure >= MESH_ROOT_READER:
-            target = ((self._root_calls[root] + 1) * (self.size - 1)) & 0xFFFFFFFF
-            word = self._rt.ctl.base + self._slot_offs[root] + self._lay.slot_root_done()
-        if self._path != "mte" and any(p is not None and p.has_copies for p in (plan, plan2)):
-            stage = MESH_SOURCES_FIRST           # the engine's path: nothing native past the entry
-            status = _native.enter(self._cx, parity, k, SPIN_POLLS, SLICE, fields)
-            if status:
-                stage = MESH_ENTER_WAIT if status == 1 else MESH_DISAGREE
-        else:
-            stage, skipped = _native.mesh(self._cx, parity, k, SPIN_POLLS, SLICE, fields, self._ready, self._bases,
-                                          own, only,
-                                          plan.table if plan is not None else None, dtype, redop, divisor,
-                                          departure, word, target, plan2.table if plan2 is not None else None)
-            ran = ()
-            if stage == MESH_DONE or stage == MESH_DEPART:
-                ran = (plan, plan2)
-                self._syncs = k + (plan2 is not None)
-                self._departed(departure, last, root)
-            elif stage == MESH_MIDDLE:
-                ran = (plan,)
-                self._syncs = k + 1
-            c = self.counters
-            for p in ran:
-                if p is not None:
-                    c.local += p.local
-                    c.pulled += p.remote
-                    c.written += p.written
-            c.local -= skipped
-            if stage == MESH_DONE:            # the common case, all native
-                calls = self._call_counts
-                calls[operation] = calls.get(operation, 0) + 1
-                return parity
-        self._mesh_rest(operation, stage, parity, k, inp, plan, plan2, departure, root, word, target, dtype, redop,
-                        divisor, only)
-        return parity
-
-    def _mesh_rest(self, operation: str, stage: int, parity: int, k: int, inp: "_Input | None", plan, plan2,
-                   departure: int, root: int, word: int, target: int, dtype: int, redop: int, divisor: float,
-                   only: int) -> None:
-        """A full-mesh call from ``stage``, where the native call (mesh, replay) stopped, to its
-        end: what is left of barrier ``k`` (the entry) and the rest, step by step."""
-        last = k + 2 if plan2 is not None else k + 1       # the departure barrier's number
-        if stage == MESH_ENTER_WAIT:
-            self._wait_barrier(k, operation)
-            stage = MESH_SOURCES_FIRST if _native.agree(self._cx, parity) else MESH_DISAGREE
-        if stage == MESH_DISAGREE:
-            self._validate(operation, self._rt.ctl.i64[self._desc_idx[parity]], parity)   # raises
-        if stage == MESH_SOURCES or stage == MESH_SOURCES_FIRST:
-            self._peer_sources(operation, parity, inp, only=only)
-            if plan is not None:
-                self._run(operation, plan, dtype, redop, divisor)
-            if plan2 is not None:
-                self._syncs = k + 1
-                if not _native.sync(self._cx, k + 1, SPIN_POLLS, SLICE):
-                    self._wait_barrier(k + 1, operation)
-                self._run(operation, plan2, dtype, redop, divisor)
-            stage = MESH_DEPART_FIRST
-        elif stage == MESH_MIDDLE:           # arrived at the middle barrier natively: wait, second phase
-            self._wait_barrier(k + 1, operation)
-            self._run(operation, plan2, dtype, redop, divisor)
-            stage = MESH_DEPART_FIRST
-        if stage == MESH_DEPART_FIRST:
-            self._departed(departure, last, root)
-            if departure == MESH_BARRIER:
-                if not _native.sync(self._cx, last, SPIN_POLLS, SLICE):
-                    self._wait_barrier(last, operation)
-            elif departure >= MESH_ROOT_READER:
-                self._root_departure_from(operation, departure == MESH_ROOT, word, target)
-        elif stage == MESH_DEPART:            # arrived (or counted) natively: only the wait is left
-            if departure == MESH_BARRIER:
-                self._wait_barrier(last, operation)
-            else:
-                self._root_departure_from(operation, True, word, target)
-        calls = self._call_counts
-        calls[operation] = calls.get(operation, 0) + 1
-
-    def _replay_of(self, operation: str, inp: "_Input | None", plan, departure: int, dtype: int = 0,
-                   count: int = 0, root: int = 0, redop: int = 0, divisor: float = 1.0, plan2=None, only: int = -1,
-                   out_addr: int = -1, eager: np.ndarray | None = None) -> "Replay | None":
-        """A prepared call's _mesh, fixed for _native.replay (None where that cannot run it: a
-        modeled clock, the engine's path, an eager input not contiguous). ``out_addr`` >= 0:
-        this rank's OUT base. ``eager``: the input to copy into the call parity's eager slot,
-        which is then the call's input (``inp`` is None)."""
-        if self._rt.clock is not None or (self._path != "mte" and any(
-                p is not None and p.has_copies for p in (plan, plan2))):
-            return None
-        if eager is not None and not eager.flags.c_contiguous:
-            return None
-        word = 0
-        if departure >= MESH_ROOT_READER:
-            word = self._rt.ctl.base + self._slot_offs[root] + self._lay.slot_root_done()
-        moved = [(p.local, p.remote, p.written) if p is not None else (0, 0, 0) for p in (plan, plan2)]
-        tables = [p.table if p is not None else None for p in (plan, plan2)]
-        n = self.size
-        arrays = [_fixed_address(self._cx, (None,)), _fixed_address(self._ready, (n, 2)),
-                  _fixed_address(self._bases, (BUFFERS, n)), *_fixed_table(tables[0]), *_fixed_table(tables[1])]
-        params = np.zeros((2, _native.RP_LEN), dtype=np.int64)     # a row per call parity, named by RP_*
-        meshes = []
-        for parity, row in enumerate(params):
-            src, nbytes = 0, 0
-            if eager is not None:
-                inp = self._eager_slot(parity, eager.nbytes, eager.dtype)
-                src, nbytes = _native.data_address(eager) if eager.nbytes else 0, eager.nbytes
-            row[:DESC_FIXED] = self._fields(operation, dtype, count, root, redop, inp, 0, 0, 0)
-            row[_native.RP_OWN:_native.RP_CX] = (inp.addr if inp is not None else 0, only, dtype, redop, departure,
-                                                 root, word, out_addr, src, nbytes,
-                                                 self._rt.native_call_word(operation))
-            row[_native.RP_CX:_native.RP_BYTES] = arrays
-            row[_native.RP_BYTES:_native.RP_LEN] = (*moved[0], *moved[1])
-            meshes.append((operation, inp, plan, departure, dtype, count, root, redop, divisor, plan2, only))
-        # the call holds every array whose address it carries
-        call = [None] * _native.R_LEN
-        call[_native.R_PARAMS], call[_native.R_CX], call[_native.R_READY] = params, self._cx, self._ready
-        call[_native.R_BASES], call[_native.R_PLAN], call[_native.R_PLAN2] = self._bases, tables[0], tables[1]
-        call[_native.R_DIVISOR], call[_native.R_STATS] = float(divisor), self._rt.stats
-        call[_native.R_PARAMS_ADDR] = _native.data_address(params)
-        return Replay(tuple(call), tuple(meshes), word)
-
-    def _replay(self, replay: "Replay") -> bool:
-        """Run a prepared call in one native call, and on from wherever that stopped. False
-        when it did nothing (debug logging: the operation's Python path runs, and logs). The
-        native methods (``_native_method``) do the same without this frame."""
-        r = _native.replay(self, replay.call)
-        if r is not None:
-            if r[0] == _native.MESH_NOT_RUN:
-                return False
-            self._replayed(replay, r)
-        return True
-
-    def _replayed(self, replay: "Replay", r: tuple) -> None:
-        """A prepared call on from wherever _native.replay stopped (``r``: what it returned,
-        not MESH_NOT_RUN)."""
-        stage, parity, k, target = r
-        operation, inp, plan, departure, dtype, count, root, redop, divisor, plan2, only = replay.meshes[parity]
-        self._mesh_rest(operation, stage, parity, k, inp, plan, plan2, departure, root, replay.word, target, dtype,
-                        redop, divisor, only)
-
-    def _departed(self, departure: int, barrier: int, root: int) -> None:
-        if departure == MESH_BARRIER:
-            self._syncs = barrier
-        elif departure >= MESH_ROOT_READER:
-            self._root_calls[root] += 1
-
-    def _peer_sources(self, operation: str, parity: int, local: "_Input | None", only: int = -1) -> np.ndarray:
-        """Every member's input address (``local`` for this rank), after the purely local
-        readiness check of each peer buffer this rank reads (``only``: just that member)."""
-        src = self._src
-        own = local.addr if local is not None else 0
-        i = _native.sources(self._cx, parity, self._ready, src, own, only)
-        while i >= 0:
-            d = self._rt.ctl.i64[self._desc_idx[parity][i]]
-            self._rt.reg.ensure_ready(self.members[i], int(d[F_SEG_VA]), int(d[F_SEG_SIZE]), int(d[F_SEG_OFF]),
-                                      int(d[F_EPOCH]), operation)
-            self._ready[i, 0], self._ready[i, 1] = d[F_SEG_VA], d[F_EPOCH]
-            i = _native.sources(self._cx, parity, self._ready, src, own, only)
-        return src
-
-    def _begin(self, operation: str, fields: dict[int, int], error: BaseException | None = None,
-               ext: np.ndarray | None = None) -> np.ndarray:
-        """Publish this rank's descriptor, arrive, and return every member's descriptor."""
-        self._calls += 1
-        parity = self._calls & 1
-        i64 = self._rt.ctl.i64
-        off = self._desc_off[parity] // 8
-        desc = i64[off:off + DESC_FIXED]
-        desc[:] = 0
-        desc[F_OP] = OPS[operation]
-        for f, v in fields.items():
-            desc[f] = v
-        desc[F_CALL] = self._calls
-        if F_AUX0 not in fields and operation != "split" and self._rt.clock is not None:
-            desc[F_AUX0] = self._entering_bits()
-        if error is not None:
-            desc[F_FLAGS] = FLAG_REJECTED
-            self._rt.ctl.put_reason(self._slot_offs[self.rank] + self._lay.slot_reason(parity), error)
-        if ext is not None:
-            i64[off + DESC_FIXED:off + DESC_FIXED + ext.size] = ext
-        if log.isEnabledFor(logging.DEBUG):
-            log.debug("%s call %d: %s", operation, self._calls, desc.tolist())
-        self._sync(operation)
-        if error is not None:
-            raise agreed(error)
-        if not _native.agree(self._cx, parity):
-            self._validate(operation, i64[self._desc_idx[parity]], parity)   # builds the message, raises
-        return i64[self._desc_idx[parity]] if self._want_descs.get(operation, True) else None
-
-    def _validate(self, operation: str, descs: np.ndarray, parity: int) -> None:
-        # one vectorised comparison on the fast path; the message is built only on a mismatch
-        if not (descs[:, F_OP:F_FLAGS + 1] != descs[0, F_OP:F_FLAGS + 1]).any() and not descs[0, F_FLAGS]:
-            return
-        rejected = np.nonzero(descs[:, F_FLAGS] & FLAG_REJECTED)[0].tolist()
-        if rejected:
-            raise CollectiveMismatch(self._rejection(operation, rejected, parity))
-        for field, label in ((F_OP, "operation"), *_COMPARED):
-            col = descs[:, field]
-            if (col != col[0]).any():
-                groups: dict[int, list[int]] = {}
-                for i, v in enumerate(col.tolist()):
-                    groups.setdefault(v, []).append(self.members[i])
-                seen = "; ".join(f"rank(s) {rs}: {_value_name(field, v)}" for v, rs in groups.items())
-                raise CollectiveMismatch(
-                    f"{operation}: ranks disagree on the {label} of call #{self._calls} on this "
-                    f"communicator ({seen}); no data was moved")
-
-    def _rejection(self, operation: str, rejected: list[int], parity: int) -> str:
-        """The peers' message for members ``rejected`` (indices) having rejected their arguments
-        in the call of ``parity``: each one's own error, as it wrote it (Layout.slot_reason)."""
-        ctl, lay = self._rt.ctl, self._lay
-        why = [(self.members[i], ctl.reason(self._slot_offs[i] + lay.slot_reason(parity))
-                or "(see the error raised there)") for i in rejected]
-        if len(why) == 1:
-            return f"{operation}: rank {why[0][0]} rejected its arguments: {why[0][1]}; no data was moved"
-        shown = "; ".join(f"rank {r}: {text}" for r, text in why[:4])
-        more = f"; and {len(why) - 4} more" if len(why) > 4 else ""
-        return (f"{operation}: ranks {[r for r, _ in why]} rejected their arguments ({shown}{more}); "
-                f"no data was moved")
-
-    _want_descs = {"barrier": False}
-
-    def _sources(self, descs: np.ndarray, operation: str, local: _Input, need=None) -> np.ndarray:
-        """Every member's input address (this rank's own: ``local``), after the purely local
-        readiness check of each peer buffer this rank will read (``need[i]``; default: all)."""
-        src = descs[:, F_ADDR].copy()
-        src[self.rank] = local.addr if local is not None else 0
-        # a (segment, epoch) checked once stays valid: a released segment cannot appear in a
-        # descriptor again, and a new one has a new epoch
-        check = (descs[:, F_EPOCH] != self._ready[:, 1]) | (descs[:, F_SEG_VA] != self._ready[:, 0])
-        check &= descs[:, F_NBYTES] != 0
-        check[self.rank] = False
-        if need is not None:
-            check &= need
-        if check.any():
-            reg, members = self._rt.reg, self.members
-            for i in np.nonzero(check)[0].tolist():
-                d = descs[i]
-                reg.ensure_ready(members[i], int(d[F_SEG_VA]), int(d[F_SEG_SIZE]), int(d[F_SEG_OFF]),
-                                 int(d[F_EPOCH]), operation)
-                self._ready[i, 0], self._ready[i, 1] = d[F_SEG_VA], d[F_EPOCH]
-        return src
-
-    def _finish(self, operation: str, departure: bool = True) -> None:
-        """Departure barrier (unless nobody can still be reading this rank's input), then stats."""
-        if departure:
-            self._sync(operation)
-        s = self._rt.stats
-        s["calls"][operation] = s["calls"].get(operation, 0) + 1
 
     # --- collectives ------------------------------------------------------------------------
     @collective
@@ -628,7 +203,7 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
         if algo == "ring":
             parity = self._enter(op, code, x.size, inp=inp, aux1=self._publish_extra(target))
             left = (me - 1) % n
-            self._peer_sources(op, parity, inp, only=left)
+            self._peer_sources(op, parity, inp.addr if inp is not None else 0, only=left)
             self._bases[OUT, left] = self._left_extra_buffer(parity, op)
             steps = self._phases(("ring_all_gather", nb), lambda: [
                 m for s in range(n - 1) for m in _slices.ring_all_gather_step(me, n, nb, s)])
@@ -647,7 +222,7 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
         """all_gather's argument checks (raising on every rank of the call), and what they decided
         (see _prepared.py): dtype code, algorithm, eager, the input (None: the eager copy, made
         per call), the mesh's plan, the output's address, where it is written (None: in place),
-        the call's Replay (None: not replayed natively)."""
+        the call's MeshCall (None: not replayed natively)."""
         op = "all_gather"
         try:
             code = _reduce.dtype_code(x.dtype, op)
@@ -755,7 +330,7 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
             target = self._output(o)
         except Exception as e:
             self._begin(op, {}, error=e)
-        descs = self._begin(op, {F_DTYPE: code, **self._input_fields(inp)}, ext=np.concatenate([sc, rc]))
+        self._begin(op, {F_DTYPE: code, **self._input_fields(inp)}, ext=np.concatenate([sc, rc]))
         parity = self._calls & 1
         ext = self._rt.ctl.i64[self._ext_idx[parity]]
         send, recv = ext[:, :n], ext[:, n:]
@@ -766,7 +341,7 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
                 f"{op}: rank {self.members[i]} expects {int(recv[i, j])} elements from rank {self.members[j]}, "
                 f"which sends it {int(send[j, i])}; no data was moved")
         me, item = self.rank, x.itemsize
-        self._src[:] = self._sources(descs, op, inp, need=recv[me] > 0)
+        self._peer_sources(op, parity, inp.addr, need=(recv[me] > 0).astype(np.int64))
         self._bases[OUT, me] = _native.data_address(target)
         for plan in self._phases(("all_to_all_v", item, send.tobytes(), recv[me].tobytes()),
                                  lambda: _slices.all_to_all_v(me, n, send, recv, item)):
@@ -796,7 +371,7 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
     def _check_broadcast(self, x: np.ndarray, root: int) -> tuple[tuple, bool]:
         """broadcast's checks and what they decided: dtype code, this rank's input (the root's
         buffer, or where a reader pulls to), a reader's plan (None at the root), where a reader
-        writes (None: in place), the Replay (as _check_all_gather)."""
+        writes (None: in place), the MeshCall (as _check_all_gather)."""
         op = "broadcast"
         try:
             code = _reduce.dtype_code(x.dtype, op)
@@ -844,7 +419,7 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
             part = self._ring_scratch(x.nbytes)
             parity = self._enter(name, code, out.size, 0, rcode, inp, aux1=self._publish_extra(part))
             left = (me - 1) % n
-            self._peer_sources(name, parity, inp, only=left)
+            self._peer_sources(name, parity, inp.addr if inp is not None else 0, only=left)
             self._bases[SCRATCH, me] = _native.data_address(part)
             self._bases[SCRATCH, left] = self._left_extra_buffer(parity, name)
             steps = self._phases(("ring_reduce_scatter", count, item), lambda: [
@@ -926,7 +501,7 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
             part = self._ring_scratch(x.nbytes)
             parity = self._enter(name, code, count, 0, rcode, inp, aux1=self._publish_extra(part))
             left = (me - 1) % n
-            self._peer_sources(name, parity, inp, only=left)
+            self._peer_sources(name, parity, inp.addr if inp is not None else 0, only=left)
             bases[SCRATCH, me] = _native.data_address(part)
             bases[SCRATCH, left] = self._left_extra_buffer(parity, name)
             steps = self._phases(("ring_all_reduce", count, item), lambda: [
@@ -955,7 +530,7 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute):
         """all_reduce's checks and what they decided: dtype and reduce codes, algorithm, eager,
         the input (None: the eager copy, made per call), the mesh's phases, and where the
         result is written: eager, the output's address and array (None: x in place); otherwise
-        the staged copy to copy back (None: x was reduced in place); the Replay (as
+        the staged copy to copy back (None: x was reduced in place); the MeshCall (as
         _check_all_gather)."""
         name = "all_reduce"
         try:

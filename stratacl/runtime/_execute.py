@@ -28,6 +28,7 @@ from ..collectives._slices import IN
 from ..sdma._engine import SdmaEngine
 from ..sdma._model import PATHS
 from . import _native
+from . import _native
 from ._sync import SLICE
 
 
@@ -59,19 +60,24 @@ class Execute:
         assert len(plans) == 1, key
         return plans[0]
 
-    def _run(self, operation: str, plan: _backend.Plan, dtype_code: int = 0, redop_code: int = 0,
-             divisor: float = 1.0) -> None:
-        """Execute one phase with the buffers in ``self._bases``."""
+    def _execute(self, operation: str, plan: _backend.Plan, dtype_code: int = 0, redop_code: int = 0,
+                 divisor: float = 1.0) -> int:
+        """Execute one phase with the buffers in ``self._bases``, on the call's path; returns
+        the bytes of copies found in place (skipped). Counts nothing: the mesh machine counts
+        its phases, ``_run`` the others."""
         if self._path == "sdma" and plan.has_copies:
             skipped = self._offload(operation, plan.copies)
             if plan.reductions.size:
                 run_plan(plan.reductions, self._bases, dtype_code, redop_code, divisor)
-        else:
-            skipped = run_plan(plan.table, self._bases, dtype_code, redop_code, divisor)
-        c = self.counters
-        c.local += plan.local - skipped
-        c.pulled += plan.remote
-        c.written += plan.written
+            return skipped
+        return run_plan(plan.table, self._bases, dtype_code, redop_code, divisor)
+
+    def _run(self, operation: str, plan: _backend.Plan, dtype_code: int = 0, redop_code: int = 0,
+             divisor: float = 1.0) -> None:
+        """Execute one phase outside the mesh machine (a ring step, all_to_all_v) and count its
+        bytes (natively, as the machine does)."""
+        skipped = self._execute(operation, plan, dtype_code, redop_code, divisor)
+        _native.count(self._cx, plan.local, plan.remote, plan.written, skipped)
 
     def _engine(self) -> SdmaEngine:
         rt = self._rt

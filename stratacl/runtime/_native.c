@@ -7,12 +7,14 @@
  *   costs nothing while it sleeps;
  * - barriers and flag waits: a bounded spin that yields the CPU between polls (32 ranks share
  *   2 host cores), then futex sleeps;
- * - one point-to-point call and one full-mesh call in native code (p2p, mesh);
+ * - the communicator's protocols, owned here: barrier and call numbering (sync, enter), the
+ *   readiness scan of peers' buffers, byte counting, one point-to-point call (p2p_core) and
+ *   the full-mesh call's state machine (mesh_start, mesh_advance), which Python resumes;
  * - mmap/munmap at fixed addresses, hole punching and the parent-death signal.
  *
  * Every function takes raw addresses as Python ints; callers own the validity of the address.
- * The common case of a repeated call (replays, methods) is in _replay.c, part of this module;
- * _native.h is what the two share.
+ * The Python entries of calls described by records (mesh calls, replays, methods) are in
+ * _replay.c, part of this module; _native.h is what the two share.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -186,6 +188,33 @@ static int sleep_until(uint32_t *word, uint32_t seen, double end) {
     return 1;
 }
 
+/* The one definition of a sequence number having reached `target`: u32 numbers that wrap
+ * around, compared within half their range. Python asks it too (seq_reached below). */
+static inline int seq_after(uint32_t value, uint32_t target) { return (uint32_t)(value - target) < 0x80000000u; }
+
+/* Wait for the u32 sequence at `word` to reach `target`: `polls` yielding polls, then futex
+ * sleeps on `word` until `seconds` have passed. 1: reached; 0: not yet. */
+static int await_seq(uint32_t *word, uint32_t target, long polls, double seconds) {
+    for (long i = 0; i < polls; i++) {
+        if (seq_after(__atomic_load_n(word, __ATOMIC_ACQUIRE), target)) return 1;
+        sched_yield();
+    }
+    double end = now_s() + seconds;
+    for (;;) {
+        uint32_t v = __atomic_load_n(word, __ATOMIC_ACQUIRE);
+        if (seq_after(v, target)) return 1;
+        if (!sleep_until(word, v, end)) return 0;
+    }
+}
+
+/* seq_reached(value, target) -> True if the u32 sequence number `value` has reached `target`. */
+static PyObject *seq_reached(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    if (n != 2) { PyErr_SetString(PyExc_TypeError, "seq_reached(value, target)"); return NULL; }
+    unsigned long long v = PyLong_AsUnsignedLongLong(args[0]), t = PyLong_AsUnsignedLongLong(args[1]);
+    if (PyErr_Occurred()) return NULL;
+    return PyBool_FromLong(seq_after((uint32_t)v, (uint32_t)t));
+}
+
 /* wait_seq_u32(word, target, polls, seconds) -> True once the u32 sequence number at `word` has
  * reached `target` (wrap-around safe), False if `seconds` passed first. Sleeps on `word` itself. */
 static PyObject *wait_seq_u32(PyObject *self, PyObject *const *args, Py_ssize_t n) {
@@ -196,21 +225,9 @@ static PyObject *wait_seq_u32(PyObject *self, PyObject *const *args, Py_ssize_t 
     long polls = PyLong_AsLong(args[2]);
     double seconds = PyFloat_AsDouble(args[3]);
     if (PyErr_Occurred()) return NULL;
-    int ok = 0;
+    int ok;
     Py_BEGIN_ALLOW_THREADS
-    for (long i = 0; i < polls; i++) {
-        uint32_t v = __atomic_load_n((uint32_t *)word, __ATOMIC_ACQUIRE);
-        if ((uint32_t)(v - (uint32_t)target) < 0x80000000u) { ok = 1; break; }
-        sched_yield();
-    }
-    if (!ok) {
-        double end = now_s() + seconds;
-        for (;;) {
-            uint32_t v = __atomic_load_n((uint32_t *)word, __ATOMIC_ACQUIRE);
-            if ((uint32_t)(v - (uint32_t)target) < 0x80000000u) { ok = 1; break; }
-            if (!sleep_until((uint32_t *)word, v, end)) break;
-        }
-    }
+    ok = await_seq((uint32_t *)word, (uint32_t)target, polls, seconds);
     Py_END_ALLOW_THREADS
     if (ok) Py_RETURN_TRUE;
     Py_RETURN_FALSE;
@@ -288,53 +305,79 @@ int descriptors_agree(const int64_t *cx, int parity) {
     return 1;
 }
 
-/* sync(cx, k, polls, seconds) -> True once barrier k is complete, False if `seconds` passed. */
-static PyObject *sync_barrier(PyObject *self, PyObject *const *args, Py_ssize_t n) {
-    if (n != 4) { PyErr_SetString(PyExc_TypeError, "sync(cx, k, polls, seconds)"); return NULL; }
-    Py_buffer cx;
-    if (get_i64_buffer(args[0], &cx, 0, "sync") < 0) return NULL;
-    unsigned long long k = PyLong_AsUnsignedLongLong(args[1]);
-    long polls = PyLong_AsLong(args[2]);
-    double seconds = PyFloat_AsDouble(args[3]);
-    if (PyErr_Occurred()) { PyBuffer_Release(&cx); return NULL; }
-    int ok;
-    Py_BEGIN_ALLOW_THREADS
-    ok = barrier((const int64_t *)cx.buf, k, polls, seconds);
-    Py_END_ALLOW_THREADS
-    PyBuffer_Release(&cx);
-    if (ok) Py_RETURN_TRUE;
-    Py_RETURN_FALSE;
+/* Fill `in` (bases' IN row) with every member's input address (`own` for this rank) from the
+ * descriptors of slot `parity`; return the first member whose buffer this rank reads (`only`
+ * >= 0: that member alone; `need` not NULL: where need[i]) and whose (segment, epoch) is not the
+ * one `rd` records as checked ready, or -1. The one readiness scan: mesh calls and Python's
+ * paths (sources below) use it. */
+static long scan_sources(const int64_t *c, int parity, const int64_t *rd, int64_t *in, uint64_t own, long only,
+                         const int64_t *need) {
+    int64_t n = c[CX_N], me = c[CX_ME];
+    const int64_t *const *d = (const int64_t *const *)&c[CX_DESC + parity * n];
+    long found = -1;
+    for (int64_t i = 0; i < n; i++) {
+        if (i == me) { in[i] = (int64_t)own; continue; }
+        in[i] = d[i][F_ADDR];
+        if (found >= 0 || (only >= 0 && i != only) || (need != NULL && !need[i]) || d[i][F_NBYTES] == 0) continue;
+        if (d[i][F_SEG_VA] != rd[2 * i] || d[i][F_EPOCH] != rd[2 * i + 1]) found = (long)i;
+    }
+    return found;
 }
 
-/* enter(cx, parity, k, polls, seconds, fields) -> 0 | 1 | 2
- * Publish this rank's descriptor (`fields`: DESC_FIXED ints, see read_fields) in slot `parity`, arrive
- * at barrier k and wait at most `seconds`. 0: everyone arrived and all descriptors agree;
- * 1: still waiting (the caller continues with health checks); 2: they disagree or one is
- * flagged (the caller builds the message). */
+/* A phase's bytes into the counters (CTR_*): `moved` its local, pulled and written bytes, less
+ * `skipped` bytes of copies found in place. The one place bytes are counted. */
+void count_moved(const int64_t *c, const int64_t moved[3], int64_t skipped) {
+    int64_t *ctr = (int64_t *)(uintptr_t)c[CX_COUNTERS];
+    ctr[CTR_LOCAL] += moved[0] - skipped;
+    ctr[CTR_PULLED] += moved[1];
+    ctr[CTR_WRITTEN] += moved[2];
+}
+
+/* sync(cx, polls, seconds) -> k if barrier k, the communicator's next, is complete, or -k if
+ * `seconds` passed first (the caller waits on with health checks). Numbers the barrier. */
+static PyObject *sync_barrier(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    if (n != 3) { PyErr_SetString(PyExc_TypeError, "sync(cx, polls, seconds)"); return NULL; }
+    Py_buffer cx;
+    if (get_i64_buffer(args[0], &cx, 0, "sync") < 0) return NULL;
+    long polls = PyLong_AsLong(args[1]);
+    double seconds = PyFloat_AsDouble(args[2]);
+    if (PyErr_Occurred()) { PyBuffer_Release(&cx); return NULL; }
+    const int64_t *c = (const int64_t *)cx.buf;
+    int64_t k = ++((int64_t *)(uintptr_t)c[CX_TALLY])[T_SYNCS];
+    int ok;
+    Py_BEGIN_ALLOW_THREADS
+    ok = barrier(c, (uint64_t)k, polls, seconds);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&cx);
+    return PyLong_FromLongLong(ok ? k : -k);
+}
+
+/* enter(cx, polls, seconds, fields) -> (status, parity, k)
+ * Number the communicator's next call and barrier, publish this rank's descriptor (`fields`:
+ * DESC_FIXED ints, see read_fields; F_CALL is set here) in the call's slot, arrive at barrier
+ * k and wait at most `seconds`. status 0: everyone arrived and all descriptors agree; 1: still
+ * waiting (the caller continues with health checks); 2: they disagree or one is flagged (the
+ * caller builds the message). */
 static PyObject *enter(PyObject *self, PyObject *const *args, Py_ssize_t n) {
-    if (n != 6) { PyErr_SetString(PyExc_TypeError, "enter(cx, parity, k, polls, seconds, fields)"); return NULL; }
+    if (n != 4) { PyErr_SetString(PyExc_TypeError, "enter(cx, polls, seconds, fields)"); return NULL; }
     int64_t fields[DESC_FIXED];
-    int parity = (int)PyLong_AsLong(args[1]);
-    unsigned long long k = PyLong_AsUnsignedLongLong(args[2]);
-    long polls = PyLong_AsLong(args[3]);
-    double seconds = PyFloat_AsDouble(args[4]);
-    if (PyErr_Occurred() || read_fields(args[5], fields, "enter") < 0) return NULL;
-    if (parity != 0 && parity != 1) {
-        PyErr_SetString(PyExc_ValueError, "enter: parity must be 0 or 1");
-        return NULL;
-    }
+    long polls = PyLong_AsLong(args[1]);
+    double seconds = PyFloat_AsDouble(args[2]);
+    if (PyErr_Occurred() || read_fields(args[3], fields, "enter") < 0) return NULL;
     Py_buffer cx;
     if (get_i64_buffer(args[0], &cx, 0, "enter") < 0) return NULL;
     const int64_t *c = (const int64_t *)cx.buf;
-    int64_t *mine = (int64_t *)(uintptr_t)c[CX_DESC + parity * c[CX_N] + c[CX_ME]];
-    memcpy(mine, fields, DESC_FIXED * 8);
-    int rc;
+    int64_t *t = (int64_t *)(uintptr_t)c[CX_TALLY];
+    int64_t calls = ++t[T_CALLS], k = ++t[T_SYNCS];
+    int parity = (int)(calls & 1), rc;
+    fields[F_CALL] = calls;
+    memcpy((int64_t *)(uintptr_t)c[CX_DESC + parity * c[CX_N] + c[CX_ME]], fields, DESC_FIXED * 8);
     Py_BEGIN_ALLOW_THREADS
-    if (!barrier(c, k, polls, seconds)) rc = 1;
+    if (!barrier(c, (uint64_t)k, polls, seconds)) rc = 1;
     else rc = descriptors_agree(c, parity) ? 0 : 2;
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&cx);
-    return PyLong_FromLong(rc);
+    return Py_BuildValue("(iiL)", rc, parity, (long long)k);
 }
 
 /* agree(cx, parity) -> True if the descriptors of slot `parity` agree (see enter). */
@@ -349,47 +392,71 @@ static PyObject *agree(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     return PyBool_FromLong(ok);
 }
 
-/* sources(cx, parity, ready, src, own_addr, only) -> -1, or the first member whose buffer
- * needs the registration readiness check.
- * Fills src[i] with member i's input address (own_addr for this rank). ready[i] holds the last
- * (segment va, epoch) found ready for member i; a member whose descriptor names another one,
- * with bytes to read, is returned (the caller checks it, records it in ready, and calls again).
- * only >= 0 restricts the check to that member (broadcast reads the root only). */
+/* sources(cx, parity, ready, src, own_addr, only, need) -> -1, or the first member whose
+ * buffer needs the registration readiness check (scan_sources): fills src[i] with member i's
+ * input address (own_addr for this rank); `ready` is the (n, 2) record of (segment va, epoch)
+ * found ready per member; `need`: None, or an (n,) int64 array of the members read. The caller
+ * checks the one returned, records it in ready, and calls again. */
 static PyObject *sources(PyObject *self, PyObject *const *args, Py_ssize_t n) {
-    if (n != 6) { PyErr_SetString(PyExc_TypeError, "sources(cx, parity, ready, src, own_addr, only)"); return NULL; }
-    Py_buffer cx, ready, src;
-    if (get_i64_buffer(args[0], &cx, 0, "sources") < 0) return NULL;
-    if (get_i64_buffer(args[2], &ready, 0, "sources") < 0) { PyBuffer_Release(&cx); return NULL; }
-    if (get_i64_buffer(args[3], &src, 1, "sources") < 0) {
-        PyBuffer_Release(&cx); PyBuffer_Release(&ready); return NULL;
-    }
+    if (n != 7) { PyErr_SetString(PyExc_TypeError, "sources(cx, parity, ready, src, own_addr, only, need)"); return NULL; }
+    Py_buffer cx = {0}, ready = {0}, src = {0}, need = {0};
+    long found = -2;
     int parity = (int)PyLong_AsLong(args[1]);
     unsigned long long own = PyLong_AsUnsignedLongLong(args[4]);
     long only = PyLong_AsLong(args[5]);
-    long found = -2;
-    if (PyErr_Occurred()) goto done;
+    if (PyErr_Occurred()) return NULL;
+    if (get_i64_buffer(args[0], &cx, 0, "sources") < 0) goto done;
+    if (get_i64_buffer(args[2], &ready, 0, "sources") < 0) goto done;
+    if (get_i64_buffer(args[3], &src, 1, "sources") < 0) goto done;
+    if (args[6] != Py_None && get_i64_buffer(args[6], &need, 0, "sources") < 0) goto done;
     const int64_t *c = (const int64_t *)cx.buf;
-    int64_t members = c[CX_N], me = c[CX_ME];
-    if (ready.len != members * 16 || src.len != members * 8) {
-        PyErr_SetString(PyExc_ValueError, "sources: ready must be (n, 2) and src (n,) int64");
+    int64_t members = c[CX_N];
+    if (ready.len != members * 16 || src.len != members * 8 || (need.buf != NULL && need.len != members * 8)) {
+        PyErr_SetString(PyExc_ValueError, "sources: ready must be (n, 2), src and need (n,) int64");
         goto done;
     }
-    const int64_t *const *d = (const int64_t *const *)&c[CX_DESC + (parity & 1) * members];
-    const int64_t *rd = (const int64_t *)ready.buf;
-    int64_t *out = (int64_t *)src.buf;
-    found = -1;
-    for (int64_t i = 0; i < members; i++) {
-        if (i == me) { out[i] = (int64_t)own; continue; }
-        out[i] = d[i][F_ADDR];
-        if (found >= 0 || (only >= 0 && i != only) || d[i][F_NBYTES] == 0) continue;
-        if (d[i][F_SEG_VA] != rd[2 * i] || d[i][F_EPOCH] != rd[2 * i + 1]) found = (long)i;
-    }
+    found = scan_sources(c, parity & 1, (const int64_t *)ready.buf, (int64_t *)src.buf, own, only,
+                         (const int64_t *)need.buf);
 done:
-    PyBuffer_Release(&cx);
-    PyBuffer_Release(&ready);
-    PyBuffer_Release(&src);
+    if (cx.buf) PyBuffer_Release(&cx);
+    if (ready.buf) PyBuffer_Release(&ready);
+    if (src.buf) PyBuffer_Release(&src);
+    if (need.buf) PyBuffer_Release(&need);
     if (found == -2) return NULL;
     return PyLong_FromLong(found);
+}
+
+/* next_seq(cx, which, peer) -> the next point-to-point sequence number with member `peer`:
+ * `which` CX_SENT (a send to it) or CX_RECEIVED (a receive from it). */
+static PyObject *next_seq_py(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    if (n != 3) { PyErr_SetString(PyExc_TypeError, "next_seq(cx, which, peer)"); return NULL; }
+    long which = PyLong_AsLong(args[1]);
+    long long peer = PyLong_AsLongLong(args[2]);
+    if (PyErr_Occurred()) return NULL;
+    Py_buffer cx;
+    if (get_i64_buffer(args[0], &cx, 0, "next_seq") < 0) return NULL;
+    const int64_t *c = (const int64_t *)cx.buf;
+    PyObject *r = NULL;
+    if ((which != CX_SENT && which != CX_RECEIVED) || peer < 0 || peer >= c[CX_N])
+        PyErr_SetString(PyExc_ValueError, "next_seq: which must be CX_SENT or CX_RECEIVED, peer a member");
+    else
+        r = PyLong_FromUnsignedLong(next_seq(c, (int)which, peer));
+    PyBuffer_Release(&cx);
+    return r;
+}
+
+/* count(cx, local, pulled, written, skipped): a phase run outside the mesh machine (a ring
+ * step, all_to_all_v, a point-to-point receive) into the byte counters (count_moved). */
+static PyObject *count(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    if (n != 5) { PyErr_SetString(PyExc_TypeError, "count(cx, local, pulled, written, skipped)"); return NULL; }
+    int64_t moved[3] = {PyLong_AsLongLong(args[1]), PyLong_AsLongLong(args[2]), PyLong_AsLongLong(args[3])};
+    long long skipped = PyLong_AsLongLong(args[4]);
+    if (PyErr_Occurred()) return NULL;
+    Py_buffer cx;
+    if (get_i64_buffer(args[0], &cx, 0, "count") < 0) return NULL;
+    count_moved((const int64_t *)cx.buf, moved, skipped);
+    PyBuffer_Release(&cx);
+    Py_RETURN_NONE;
 }
 
 /* post(desc_addr, fields, flag_addr, seq): publish a point-to-point descriptor (`fields`, see
@@ -434,25 +501,6 @@ int load_kernels(void) {
     if (kernels == NULL)
         kernels = (const StrataKernelsApi *)PyCapsule_Import(STRATA_KERNELS_CAPSULE, 0);
     return kernels == NULL ? -1 : 0;
-}
-
-static int seq_reached(const uint32_t *word, uint32_t target) {
-    return (uint32_t)(__atomic_load_n(word, __ATOMIC_ACQUIRE) - target) < 0x80000000u;
-}
-
-/* Wait for the u32 sequence at `word` to reach `target`: `polls` yielding polls, then futex
- * sleeps until `seconds` have passed. 1: reached; 0: not yet. */
-static int await_seq(uint32_t *word, uint32_t target, long polls, double seconds) {
-    for (long i = 0; i < polls; i++) {
-        if (seq_reached(word, target)) return 1;
-        sched_yield();
-    }
-    double end = now_s() + seconds;
-    for (;;) {
-        uint32_t v = __atomic_load_n(word, __ATOMIC_ACQUIRE);
-        if ((uint32_t)(v - target) < 0x80000000u) return 1;
-        if (!sleep_until(word, v, end)) return 0;
-    }
 }
 
 /* p2p(px, me, dst, send_seq, fields, src, recv_seq, dtype, count, itemsize, out_addr, plan,
@@ -543,124 +591,107 @@ done:
     return PyLong_FromLong(stage);
 }
 
-/* ---- a full-mesh collective in one native call --------------------------------------------
- * mesh(cx, parity, k, polls, seconds, fields, ready, bases, own_addr, only, plan, dtype, redop,
- *      divisor, departure, word, target, plan2) -> (stage, skipped)
- * enter (publish `fields`, arrive at barrier k, compare every descriptor), fill bases' IN row
- * with every member's input address (own_addr for this rank), run `plan` (None: nothing to
- * pull) through the kernels' executor; with a second phase `plan2` (not None), arrive at
- * barrier k + 1 and run it; then depart:
- *   MESH_NO_DEPARTURE   nothing (nobody reads this rank's input after the call)
- *   MESH_BARRIER        the next barrier (k + 1, or k + 2 after a second phase)
- *   MESH_ROOT_READER    count this reader done on the root's `word` (wakes the root at `target`)
- *   MESH_ROOT           wait for the root's `word` to reach `target` (every reader done)
- * Returns MESH_DONE with the bytes of copies skipped in place, or the stage where the caller
- * continues: MESH_ENTER_WAIT (arrived, the others not all within `seconds`), MESH_DISAGREE (the
- * descriptors differ or one is flagged), MESH_SOURCES (a peer's buffer needs its readiness
- * check; nothing moved; bases' IN row is filled), MESH_MIDDLE (the first phase done, arrived
- * at barrier k + 1, the others not all within `seconds`), MESH_DEPART (moved; the departure is
- * not complete within `seconds`). Skipped bytes count both phases. */
+/* ---- the full-mesh call: its protocol, advanced here and nowhere else ----------------------
+ * A full-mesh call is described by a row of RP_* parameters per call parity (_native.h; built
+ * by runtime/_mesh.py) and advanced by mesh_advance from a MeshState:
+ *
+ *     (mesh_start: number the call, publish its descriptor, number the entry barrier k)
+ *     arrive at barrier k ------------------------------ not all there in time: MESH_ENTER_WAIT
+ *     every descriptor agrees -------------------------- no: MESH_DISAGREE (the caller raises)
+ *     every peer buffer read was checked ready --------- no: MESH_SOURCES
+ *     phase 1 (RP_PLAN), its bytes counted ------------- the caller's engine: MESH_RUN_FIRST
+ *     with RP_PLAN2: arrive at barrier k + 1 ----------- MESH_MIDDLE_WAIT
+ *                    phase 2, its bytes counted -------- the caller's engine: MESH_RUN_SECOND
+ *     depart: MESH_BARRIER       arrive at the next barrier -------------- MESH_DEPART_WAIT
+ *             MESH_ROOT_READER   count this reader done on the root's word
+ *             MESH_ROOT          wait for every reader on it -------------- MESH_DEPART_WAIT
+ *     count the call (RP_COUNTED) ---------------------- MESH_DONE
+ *
+ * Where it stops, the caller does what needs Python (a wait with health checks, the
+ * mismatch's message, a peer buffer's registration check, a phase on the SDMA engine) and
+ * resumes from the same state. So the numbering of the call and of its barriers (T_CALLS;
+ * T_SYNCS, taken as this rank arrives at each barrier), the root's departure count, the byte
+ * counters and the call count are kept here alone. */
 
-/* The body of mesh() on parsed arguments, with the GIL released: `plan`/`plan2` are tables of
- * rows of 8 int64 (NULL: none), `b` the bases (3, n), `rd` the ready pairs (n, 2). Returns the
- * stage; *skipped gets the bytes of copies skipped in place; *err a bad plan's message. */
-int mesh_core(const int64_t *c, int parity, uint64_t k, long polls, double seconds, const int64_t *fields,
-                     const int64_t *rd, int64_t *b, uint64_t own, long only, const int64_t *plan, Py_ssize_t rows,
-                     const int64_t *plan2, Py_ssize_t rows2, int dtype, int redop, double divisor, int departure,
-                     uint32_t *word, uint32_t target, int64_t *skipped, const char **err) {
-    int64_t n = c[CX_N], me = c[CX_ME], skipped2 = 0;
-    memcpy((int64_t *)(uintptr_t)c[CX_DESC + parity * n + me], fields, DESC_FIXED * 8);
-    const int64_t *const *d = (const int64_t *const *)&c[CX_DESC + parity * n];
-    *skipped = 0;
-    *err = NULL;
-    if (!barrier(c, k, polls, seconds)) return MESH_ENTER_WAIT;
-    if (!descriptors_agree(c, parity)) return MESH_DISAGREE;
-    int stage = MESH_DONE;
-    for (int64_t i = 0; i < n; i++) {            /* bases[IN, i]: every member's input */
-        if (i == me) { b[i] = (int64_t)own; continue; }
-        b[i] = d[i][F_ADDR];
-        if ((only < 0 || i == only) && d[i][F_NBYTES] != 0 &&
-            (d[i][F_SEG_VA] != rd[2 * i] || d[i][F_EPOCH] != rd[2 * i + 1]))
-            stage = MESH_SOURCES;
-    }
-    if (stage != MESH_DONE) return stage;
-    if (plan != NULL && (*err = kernels->execute_plan(plan, rows, b, n, dtype, redop, divisor, skipped)) != NULL)
-        return MESH_DONE;
-    uint64_t next = k + 1;
-    if (plan2 != NULL) {
-        if (!barrier(c, next++, polls, seconds)) return MESH_MIDDLE;
-        *err = kernels->execute_plan(plan2, rows2, b, n, dtype, redop, divisor, &skipped2);
-        *skipped += skipped2;
-        if (*err != NULL) return MESH_DONE;
-    }
-    if (departure == MESH_BARRIER) {
-        if (!barrier(c, next, polls, seconds)) return MESH_DEPART;
-    } else if (departure == MESH_ROOT_READER) {
-        if (__atomic_add_fetch(word, 1, __ATOMIC_SEQ_CST) == target) wake_sleepers(word);
-    } else if (departure == MESH_ROOT) {
-        if (!await_seq(word, target, polls, seconds)) return MESH_DEPART;
-    }
-    return MESH_DONE;
+/* Number a mesh call whose parameters are `rows` (one RP_LEN row per parity) and publish its
+ * descriptor: the state to advance it from. Needs no GIL; the caller copied an eager input. */
+MeshState mesh_start(const int64_t *rows) {
+    const int64_t *c = (const int64_t *)(uintptr_t)rows[RP_CX];
+    int64_t n = c[CX_N], me = c[CX_ME];
+    int64_t *t = (int64_t *)(uintptr_t)c[CX_TALLY], *roots = (int64_t *)(uintptr_t)c[CX_ROOTS];
+    uint64_t calls = (uint64_t)++t[T_CALLS];
+    MeshState s = {MESH_START, (int)(calls & 1), (uint64_t)++t[T_SYNCS], 0, 0};
+    const int64_t *p = rows + s.parity * RP_LEN;
+    if (p[RP_DEPARTURE] >= MESH_ROOT_READER) s.target = (uint32_t)((uint64_t)(roots[p[RP_ROOT]] + 1) * (uint64_t)(n - 1));
+    if (p[RP_OUT] >= 0) ((int64_t *)(uintptr_t)p[RP_BASES])[BUF_OUT * n + me] = p[RP_OUT];
+    int64_t *mine = (int64_t *)(uintptr_t)c[CX_DESC + s.parity * n + me];
+    memcpy(mine, p, DESC_FIXED * 8);
+    mine[F_CALL] = (int64_t)calls;
+    return s;
 }
 
-static PyObject *mesh(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 18) {
-        PyErr_SetString(PyExc_TypeError, "mesh(cx, parity, k, polls, seconds, fields, ready, bases, own_addr, only, "
-                                         "plan, dtype, redop, divisor, departure, word, target, plan2)");
-        return NULL;
-    }
-    if (load_kernels() < 0) return NULL;
-    int64_t fields[DESC_FIXED];
-    int parity = (int)PyLong_AsLong(args[1]);
-    unsigned long long k = PyLong_AsUnsignedLongLong(args[2]);
-    long polls = PyLong_AsLong(args[3]);
-    double seconds = PyFloat_AsDouble(args[4]);
-    unsigned long long own = PyLong_AsUnsignedLongLong(args[8]);
-    long only = PyLong_AsLong(args[9]);
-    int dtype = (int)PyLong_AsLong(args[11]), redop = (int)PyLong_AsLong(args[12]);
-    double divisor = PyFloat_AsDouble(args[13]);
-    int departure = (int)PyLong_AsLong(args[14]);
-    void *word;
-    if (parse_addr(args[15], &word) < 0) return NULL;
-    unsigned long target = PyLong_AsUnsignedLong(args[16]);
-    if (PyErr_Occurred() || read_fields(args[5], fields, "mesh") < 0) return NULL;
-    if ((parity != 0 && parity != 1) || departure < MESH_NO_DEPARTURE || departure > MESH_ROOT) {
-        PyErr_SetString(PyExc_ValueError, "mesh: parity must be 0 or 1, departure 0-3");
-        return NULL;
-    }
-    Py_buffer cx = {0}, ready = {0}, bases = {0}, plan = {0}, plan2 = {0};
-    int stage = -1;
-    int64_t skipped = 0;
-    const char *err = NULL;
-    if (get_i64_buffer(args[0], &cx, 0, "mesh") < 0) goto done;
-    if (get_i64_buffer(args[6], &ready, 0, "mesh") < 0) goto done;
-    if (get_i64_buffer(args[7], &bases, 1, "mesh") < 0) goto done;
-    if (args[10] != Py_None && get_i64_buffer(args[10], &plan, 0, "mesh") < 0) goto done;
-    if (args[17] != Py_None && get_i64_buffer(args[17], &plan2, 0, "mesh") < 0) goto done;
-    const int64_t *c = (const int64_t *)cx.buf;
+/* Advance a mesh call from state `s` to its end or the next stop (the module comment above).
+ * Needs no GIL. Returns the stage, also left in s->stage; *err: a bad plan's message. */
+int mesh_advance(const int64_t *rows, MeshState *s, double divisor, long polls, double seconds, const char **err) {
+    const int64_t *p = rows + s->parity * RP_LEN;
+    const int64_t *c = (const int64_t *)(uintptr_t)p[RP_CX];
     int64_t n = c[CX_N];
-    if (ready.len != n * 16 || bases.len != n * 24 || (plan.buf != NULL && plan.len % 64) ||
-        (plan2.buf != NULL && plan2.len % 64)) {
-        PyErr_SetString(PyExc_ValueError, "mesh: ready must be (n, 2), bases (3, n) int64, plan rows of 8");
-        goto done;
+    int64_t *t = (int64_t *)(uintptr_t)c[CX_TALLY], *roots = (int64_t *)(uintptr_t)c[CX_ROOTS];
+    int64_t *b = (int64_t *)(uintptr_t)p[RP_BASES];
+    const int64_t *plan = (const int64_t *)(uintptr_t)p[RP_PLAN], *plan2 = (const int64_t *)(uintptr_t)p[RP_PLAN2];
+    int dtype = (int)p[RP_DTYPE], redop = (int)p[RP_REDOP], departure = (int)p[RP_DEPARTURE];
+    int caller = p[RP_CALLER_PHASES] != 0;
+    uint32_t *word = (uint32_t *)(uintptr_t)p[RP_WORD];
+    *err = NULL;
+    switch (s->stage) {
+    case MESH_START: break;
+    case MESH_ENTER_WAIT: goto agree;
+    case MESH_SOURCES: goto sources;
+    case MESH_RUN_FIRST: goto first_done;
+    case MESH_MIDDLE_WAIT: goto second;
+    case MESH_RUN_SECOND: goto second_done;
+    case MESH_DEPART_WAIT: goto done;
+    default: *err = "no stage to resume from"; return s->stage;
     }
-    Py_BEGIN_ALLOW_THREADS
-    stage = mesh_core(c, parity, k, polls, seconds, fields, (const int64_t *)ready.buf, (int64_t *)bases.buf, own,
-                      only, (const int64_t *)plan.buf, plan.len / 64, (const int64_t *)plan2.buf, plan2.len / 64,
-                      dtype, redop, divisor, departure, (uint32_t *)word, (uint32_t)target, &skipped, &err);
-    Py_END_ALLOW_THREADS
-    if (err != NULL) {
-        PyErr_Format(PyExc_ValueError, "mesh: bad plan: %s", err);
-        stage = -1;
+    if (!barrier(c, s->k, polls, seconds)) return s->stage = MESH_ENTER_WAIT;
+agree:
+    if (!descriptors_agree(c, s->parity)) return s->stage = MESH_DISAGREE;
+sources:
+    if (scan_sources(c, s->parity, (const int64_t *)(uintptr_t)p[RP_READY], b + BUF_IN * n, (uint64_t)p[RP_OWN],
+                     (long)p[RP_ONLY], NULL) >= 0)
+        return s->stage = MESH_SOURCES;
+    s->skipped = 0;
+    if (plan != NULL) {
+        if (caller) return s->stage = MESH_RUN_FIRST;
+        if ((*err = kernels->execute_plan(plan, p[RP_PLAN_ROWS], b, n, dtype, redop, divisor, &s->skipped)) != NULL)
+            return s->stage;
+    }
+first_done:
+    count_moved(c, p + RP_BYTES, s->skipped);
+    if (plan2 == NULL) goto depart;
+    s->k = (uint64_t)++t[T_SYNCS];
+    if (!barrier(c, s->k, polls, seconds)) return s->stage = MESH_MIDDLE_WAIT;
+second:
+    s->skipped = 0;
+    if (caller) return s->stage = MESH_RUN_SECOND;
+    if ((*err = kernels->execute_plan(plan2, p[RP_PLAN2_ROWS], b, n, dtype, redop, divisor, &s->skipped)) != NULL)
+        return s->stage;
+second_done:
+    count_moved(c, p + RP_BYTES + 3, s->skipped);
+depart:
+    if (departure == MESH_BARRIER) {
+        s->k = (uint64_t)++t[T_SYNCS];
+        if (!barrier(c, s->k, polls, seconds)) return s->stage = MESH_DEPART_WAIT;
+    } else if (departure == MESH_ROOT_READER) {
+        roots[p[RP_ROOT]]++;
+        if (__atomic_add_fetch(word, 1, __ATOMIC_SEQ_CST) == s->target) wake_sleepers(word);
+    } else if (departure == MESH_ROOT) {
+        roots[p[RP_ROOT]]++;
+        if (!await_seq(word, s->target, polls, seconds)) return s->stage = MESH_DEPART_WAIT;
     }
 done:
-    if (cx.buf) PyBuffer_Release(&cx);
-    if (ready.buf) PyBuffer_Release(&ready);
-    if (bases.buf) PyBuffer_Release(&bases);
-    if (plan.buf) PyBuffer_Release(&plan);
-    if (plan2.buf) PyBuffer_Release(&plan2);
-    if (stage < 0) return NULL;
-    return Py_BuildValue("iL", stage, (long long)skipped);
+    ++*(int64_t *)(uintptr_t)p[RP_COUNTED];
+    return s->stage = MESH_DONE;
 }
 
 /* data_address(array) -> the address of the first byte of any buffer-protocol object. */
@@ -744,7 +775,11 @@ static PyMethodDef methods[] = {
     {"agree", (PyCFunction)(void (*)(void))agree, METH_FASTCALL, "Do a slot's descriptors agree?"},
     {"sources", (PyCFunction)(void (*)(void))sources, METH_FASTCALL, "Members' input addresses; first one needing a readiness check."},
     {"post", (PyCFunction)(void (*)(void))post, METH_FASTCALL, "Publish a descriptor and its sequence number."},
-    {"mesh", (PyCFunction)(void (*)(void))mesh, METH_FASTCALL, "A full-mesh collective's common case (see _comm.py)."},
+    {"mesh_call", (PyCFunction)(void (*)(void))mesh_call, METH_FASTCALL, "Start a full-mesh call (see mesh_advance)."},
+    {"mesh_resume", (PyCFunction)(void (*)(void))mesh_resume, METH_FASTCALL, "Resume a full-mesh call from its stop."},
+    {"next_seq", (PyCFunction)(void (*)(void))next_seq_py, METH_FASTCALL, "Number a point-to-point call with a peer."},
+    {"count", (PyCFunction)(void (*)(void))count, METH_FASTCALL, "Count a phase's bytes (outside the mesh machine)."},
+    {"seq_reached", (PyCFunction)(void (*)(void))seq_reached, METH_FASTCALL, "Has a u32 sequence number reached a target?"},
     {"p2p", (PyCFunction)(void (*)(void))p2p, METH_FASTCALL, "One point-to-point call's common case (see _p2p.py)."},
     {"prepared_method", (PyCFunction)(void (*)(void))prepared_method, METH_FASTCALL, "An operation's prepared common case as a method."},
     {"replay", (PyCFunction)(void (*)(void))replay, METH_FASTCALL, "A prepared full-mesh call (see _comm.py, _replay_of)."},
@@ -777,7 +812,8 @@ static const struct { const char *name; long value; } constants[] = {
     CONSTANT(PX_WORDS),
     CONSTANT(P2P_DONE), CONSTANT(P2P_RECV_WAIT), CONSTANT(P2P_RECV_CHECK), CONSTANT(P2P_SEND_WAIT),
     CONSTANT(MESH_DONE), CONSTANT(MESH_ENTER_WAIT), CONSTANT(MESH_DISAGREE), CONSTANT(MESH_SOURCES),
-    CONSTANT(MESH_DEPART), CONSTANT(MESH_MIDDLE), CONSTANT(MESH_SOURCES_FIRST), CONSTANT(MESH_DEPART_FIRST),
+    CONSTANT(MESH_RUN_FIRST), CONSTANT(MESH_MIDDLE_WAIT), CONSTANT(MESH_RUN_SECOND), CONSTANT(MESH_DEPART_WAIT),
+    CONSTANT(MESH_START),
     CONSTANT(MESH_NO_DEPARTURE), CONSTANT(MESH_BARRIER), CONSTANT(MESH_ROOT_READER), CONSTANT(MESH_ROOT),
     CONSTANT(MESH_NOT_RUN),
     CONSTANT(PP_ME), CONSTANT(PP_DST), CONSTANT(PP_SRC), CONSTANT(PP_DTYPE), CONSTANT(PP_COUNT), CONSTANT(PP_ITEMSIZE),
@@ -788,7 +824,7 @@ static const struct { const char *name; long value; } constants[] = {
     CONSTANT(Q_PARAMS_ADDR), CONSTANT(Q_LEN),
     CONSTANT(RP_OWN), CONSTANT(RP_ONLY), CONSTANT(RP_DTYPE), CONSTANT(RP_REDOP), CONSTANT(RP_DEPARTURE),
     CONSTANT(RP_ROOT), CONSTANT(RP_WORD), CONSTANT(RP_OUT), CONSTANT(RP_EAGER_FROM), CONSTANT(RP_EAGER_BYTES),
-    CONSTANT(RP_COUNTED), CONSTANT(RP_CX), CONSTANT(RP_READY), CONSTANT(RP_BASES), CONSTANT(RP_PLAN),
+    CONSTANT(RP_COUNTED), CONSTANT(RP_CALLER_PHASES), CONSTANT(RP_CX), CONSTANT(RP_READY), CONSTANT(RP_BASES), CONSTANT(RP_PLAN),
     CONSTANT(RP_PLAN_ROWS), CONSTANT(RP_PLAN2), CONSTANT(RP_PLAN2_ROWS), CONSTANT(RP_BYTES), CONSTANT(RP_LEN),
     CONSTANT(R_PARAMS), CONSTANT(R_CX), CONSTANT(R_READY), CONSTANT(R_BASES), CONSTANT(R_PLAN), CONSTANT(R_PLAN2),
     CONSTANT(R_DIVISOR), CONSTANT(R_STATS), CONSTANT(R_PARAMS_ADDR), CONSTANT(R_LEN),

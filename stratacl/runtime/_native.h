@@ -1,11 +1,12 @@
 /*
  * What the two sources of stratacl.runtime._native share (internal; not installed).
  *
- *   _native.c   atomics, futexes, the communicators' barriers and descriptors, one
- *               point-to-point call (p2p_core) and one full-mesh call (mesh_core) in native
- *               code, mappings; the module and its method table
- *   _replay.c   the common case of a repeated call with no Python: the barrier as a method,
- *               prepared calls replayed (replay, p2p_replay) and operations as methods
+ *   _native.c   atomics, futexes, the communicators' protocols (barrier and call numbering,
+ *               the readiness scan, byte counts, one point-to-point call: p2p_core, the
+ *               full-mesh call's state machine: mesh_start, mesh_advance), mappings; the module
+ *               and its method table
+ *   _replay.c   the entries of calls described by records (mesh_call, mesh_resume, replay,
+ *               p2p_replay), the barrier as a method and operations as methods
  *               (prepared_method)
  */
 #ifndef STRATACL_NATIVE_H
@@ -42,9 +43,10 @@ enum { PX_SEND_DESC, PX_SEND_FLAG, PX_RECV_FLAG, PX_RECV_DESC, PX_RECV_STATUS, P
        PX_SENT_STATUS, PX_WORDS };
 enum { P2P_DONE, P2P_RECV_WAIT, P2P_RECV_CHECK, P2P_SEND_WAIT };
 
-/* The stages where mesh_core stops, and the departures of a full-mesh call (see mesh()). */
-enum { MESH_DONE, MESH_ENTER_WAIT, MESH_DISAGREE, MESH_SOURCES, MESH_DEPART, MESH_MIDDLE,
-       MESH_SOURCES_FIRST, MESH_DEPART_FIRST };   /* the last two: where only the Python path starts */
+/* A full-mesh call's stages: where mesh_advance stops for its caller, and resumes (_native.c);
+ * and its departures. */
+enum { MESH_DONE, MESH_ENTER_WAIT, MESH_DISAGREE, MESH_SOURCES, MESH_RUN_FIRST, MESH_MIDDLE_WAIT, MESH_RUN_SECOND,
+       MESH_DEPART_WAIT, MESH_START };
 enum { MESH_NO_DEPARTURE, MESH_BARRIER, MESH_ROOT_READER, MESH_ROOT };
 enum { MESH_NOT_RUN = -1 };                        /* replay: nothing done (debug logging is on) */
 
@@ -56,11 +58,18 @@ enum { Q_PARAMS, Q_CX, Q_PX, Q_BASES, Q_READY, Q_PLAN, Q_PARAMS_ADDR, Q_LEN };
 /* A prepared full-mesh call's parameters, one row per call parity (replay in _replay.c; built by
  * runtime/_comm.py, _replay_of): the descriptor's DESC_FIXED fields, then RP_*; its call tuple, R_*. */
 enum { RP_OWN = DESC_FIXED, RP_ONLY, RP_DTYPE, RP_REDOP, RP_DEPARTURE, RP_ROOT, RP_WORD, RP_OUT, RP_EAGER_FROM,
-       RP_EAGER_BYTES, RP_COUNTED, RP_CX, RP_READY, RP_BASES, RP_PLAN, RP_PLAN_ROWS, RP_PLAN2, RP_PLAN2_ROWS, RP_BYTES,
+       RP_EAGER_BYTES, RP_COUNTED, RP_CALLER_PHASES, RP_CX, RP_READY, RP_BASES, RP_PLAN, RP_PLAN_ROWS, RP_PLAN2, RP_PLAN2_ROWS, RP_BYTES,
        RP_LEN = RP_BYTES + 6 };
 enum { R_PARAMS, R_CX, R_READY, R_BASES, R_PLAN, R_PLAN2, R_DIVISOR, R_STATS, R_PARAMS_ADDR, R_LEN };
 /* What a prepared method replays (prepared_method's kind). */
 enum { METHOD_MESH, METHOD_SENDRECV };
+
+/* The next point-to-point sequence number with `peer` (u32, wrapping): `which` CX_SENT for a
+ * send to it, CX_RECEIVED for a receive from it. The one place they are numbered (p2p_replay,
+ * and Python through next_seq). */
+static inline uint32_t next_seq(const int64_t *cx, int which, int64_t peer) {
+    return (uint32_t)++((int64_t *)(uintptr_t)cx[which])[peer];
+}
 
 extern const StrataKernelsApi *kernels;
 int load_kernels(void);
@@ -70,14 +79,24 @@ int descriptors_agree(const int64_t *cx, int parity);
 int p2p_core(const int64_t *w, int64_t n, long me, long dst, uint32_t send_seq, const int64_t *fields, long src,
              uint32_t recv_seq, int dtype, long long count, long long itemsize, int64_t out_addr,
              const int64_t *plan, Py_ssize_t rows, int64_t *b, const int64_t *rd, long polls, double seconds);
-int mesh_core(const int64_t *c, int parity, uint64_t k, long polls, double seconds, const int64_t *fields,
-              const int64_t *rd, int64_t *b, uint64_t own, long only, const int64_t *plan, Py_ssize_t rows,
-              const int64_t *plan2, Py_ssize_t rows2, int dtype, int redop, double divisor, int departure,
-              uint32_t *word, uint32_t target, int64_t *skipped, const char **err);
+void count_moved(const int64_t *c, const int64_t moved[3], int64_t skipped);
+
+/* A full-mesh call in flight (mesh_start, mesh_advance): its stage, call parity, the barrier
+ * number it waits on, the root's departure target, and the bytes a phase skipped in place. */
+typedef struct {
+    int stage, parity;
+    uint64_t k;
+    uint32_t target;
+    int64_t skipped;
+} MeshState;
+MeshState mesh_start(const int64_t *rows);
+int mesh_advance(const int64_t *rows, MeshState *s, double divisor, long polls, double seconds, const char **err);
 
 /* _replay.c */
 PyObject *set_barrier(PyObject *self, PyObject *const *args, Py_ssize_t n);
 PyObject *replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *mesh_call(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *mesh_resume(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *p2p_replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *prepared_method(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 int replay_init(PyObject *module);     /* the barrier method, constants, interned names: 0 or -1 */

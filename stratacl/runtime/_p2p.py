@@ -29,7 +29,7 @@ from ._native import P2P_DONE, P2P_RECV_CHECK, P2P_RECV_WAIT, P2P_SEND_WAIT   # 
 from ._args import _aliased, _fixed_address, _fixed_table, _flat
 from ._control import (DESC_FIXED, F_ADDR, F_AUX0, F_AUX1, F_COUNT, F_DTYPE, F_EPOCH, F_FLAGS,
                        F_SEG_OFF, F_SEG_SIZE, F_SEG_VA, FLAG_REJECTED, P2P_DESC, Layout)
-from ._sync import SLICE, SPIN_POLLS, WAKE_ALL, seq_reached, wait_until
+from ._sync import SLICE, SPIN_POLLS, WAKE_ALL, wait_until
 from ._work import agreed, collective
 
 _NO_RECV = (0, 0, 0, 0, None)
@@ -227,8 +227,7 @@ class PointToPoint:
         else:
             key = ("send", id(x)) if self._path is self._default_path else None
             code, inp, error = self._prepared.get(key, (x,), self._check_send, x)
-        self._sent[dst] += 1
-        seq = self._sent[dst] & 0xFFFFFFFF
+        seq = _native.next_seq(self._cx, _native.CX_SENT, dst)
         if error is not None:        # the receiver quotes it (posted below, with the flag)
             self._rt.ctl.put_reason(self._slot_offs[self.rank] + self._lay.slot_reason(2 + dst), error)
         aux0 = to_bits(t_send) if t_send is not None else 0
@@ -250,7 +249,7 @@ class PointToPoint:
         """The receive half failed: still post the send (if not yet) and see it through, so the
         peer is not left waiting; the receive's error is the one to report."""
         dst, seq = send[0], send[1]
-        if not seq_reached(_native.load_u32(self._send_flag[dst]), seq):
+        if not _native.seq_reached(_native.load_u32(self._send_flag[dst]), seq):
             _native.post(self._rt.ctl.base + 8 * self._send_desc[dst], self._send_fields, self._send_flag[dst], seq)
         try:
             self._complete_send(send)
@@ -262,7 +261,7 @@ class PointToPoint:
         dst, seq, error, x, t_send = posted
         done = self._sent_done[dst]
         if not _native.wait_seq_u32(done, seq, SPIN_POLLS, SLICE):
-            wait_until(lambda: seq_reached(_native.load_u32(done), seq), done, self._rt.health, f"send to {dst}",
+            wait_until(lambda: _native.seq_reached(_native.load_u32(done), seq), done, self._rt.health, f"send to {dst}",
                        self._rt.config.timeout, lambda: [self.members[dst]],
                        f"rank {self.members[dst]} to receive")
         if error is not None:
@@ -291,8 +290,7 @@ class PointToPoint:
         does not apply, the receive's plan)."""
         if not (isinstance(src, (int, np.integer)) and 0 <= src < self.size and src != self.rank):
             raise ValueError(f"recv: source {src!r} is not another rank of this communicator (size {self.size})")
-        self._received[src] += 1
-        seq = self._received[src] & 0xFFFFFFFF
+        seq = _native.next_seq(self._cx, _native.CX_RECEIVED, src)
         key = ("recv", id(x), src) if self._path is self._default_path else None
         native, plan = self._prepared.get(key, (x,), self._check_recv, x, src)
         return src, seq, native, plan
@@ -318,10 +316,7 @@ class PointToPoint:
 
     def _received_stats(self, plan) -> None:
         if plan is not None:
-            c = self.counters
-            c.local += plan.local
-            c.pulled += plan.remote
-            c.written += plan.written
+            _native.count(self._cx, plan.local, plan.remote, plan.written, 0)
         s = self._rt.stats
         s["calls"]["recv"] = s["calls"].get("recv", 0) + 1
 
@@ -332,7 +327,7 @@ class PointToPoint:
         op = "recv"
         flag = self._recv_flag[src]
         if not arrived and not _native.wait_seq_u32(flag, seq, SPIN_POLLS, SLICE):
-            wait_until(lambda: seq_reached(_native.load_u32(flag), seq), flag, self._rt.health, f"recv from {src}",
+            wait_until(lambda: _native.seq_reached(_native.load_u32(flag), seq), flag, self._rt.health, f"recv from {src}",
                        self._rt.config.timeout, lambda: [self.members[src]], f"rank {self.members[src]} to send")
         off = self._recv_desc[src]
         d = self._rt.ctl.i64[off:off + P2P_DESC].tolist()

@@ -15,8 +15,8 @@ benchmark loop), and the checks before the first byte moves then give the same a
 time. At N = 32 on two cores every microsecond of a rank's Python costs about 16 of the call
 (docs/performance.md), and the checks were most of that Python. This is MPI's persistent
 request (MPI_Send_init, MPI_Bcast_init) made implicit: nothing to call, nothing to free.
-A remembered full-mesh call also carries its Replay (runtime/_comm.py): the rest of the call
-in one native call.
+A remembered full-mesh call also carries its MeshCall (runtime/_mesh.py): the rest of the
+call in one native call.
 
 What may be remembered (the operation decides; ``reusable`` in its check):
 - only zero-copy calls: inputs read in place from this rank's HBM by an array that holds its

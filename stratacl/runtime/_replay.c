@@ -1,13 +1,14 @@
 /*
- * The common case of a repeated call, with no Python: the barrier as a method, prepared calls
- * replayed in one native call, and the prepared operations as methods. Part of
- * stratacl.runtime._native (see _native.h); runtime/_comm.py and _p2p.py describe the calls.
+ * Calls described by records, and the common case of a repeated call with no Python: the
+ * barrier as a method, every full-mesh call's entry (mesh_call, mesh_resume; a prepared one's
+ * record is replayed), a prepared sendrecv, and the prepared operations as methods. Part of
+ * stratacl.runtime._native (see _native.h); runtime/_mesh.py and _p2p.py build the records.
  *
  *   comm.op(arrays, scalars)       PreparedMethod (operations as methods)
  *     -> key, prepared entry, identity and layout test          else: the Python operation
  *     -> replay (full mesh) or p2p_replay (sendrecv)
- *          -> mesh_core / p2p_core (_native.c)
- *          -> a stage where Python must act: comm._replayed / comm._p2p_replayed
+ *          -> mesh_start, mesh_advance / p2p_core (_native.c)
+ *          -> a stop where Python must act: comm._replayed / comm._p2p_replayed
  */
 #include "_native.h"
 
@@ -168,8 +169,7 @@ static PyObject *p2p_replay_impl(PyObject *call) {
         PyErr_SetString(PyExc_ValueError, "p2p_replay: inconsistent call");
         return NULL;
     }
-    int64_t *sent = (int64_t *)(uintptr_t)c[CX_SENT], *received = (int64_t *)(uintptr_t)c[CX_RECEIVED];
-    uint32_t send_seq = (uint32_t)++sent[p[PP_DST]], recv_seq = (uint32_t)++received[p[PP_SRC]];
+    uint32_t send_seq = next_seq(c, CX_SENT, p[PP_DST]), recv_seq = next_seq(c, CX_RECEIVED, p[PP_SRC]);
     int64_t fields[DESC_FIXED];
     memcpy(fields, p, sizeof fields);
     fields[F_CALL] = send_seq;
@@ -181,10 +181,7 @@ static PyObject *p2p_replay_impl(PyObject *call) {
                      (const int64_t *)(uintptr_t)p[PP_READY], barrier_polls, barrier_seconds);
     Py_END_ALLOW_THREADS
     if (stage == P2P_DONE || stage == P2P_SEND_WAIT) {        /* received */
-        int64_t *ctr = (int64_t *)(uintptr_t)c[CX_COUNTERS];
-        ctr[CTR_LOCAL] += p[PP_BYTES];
-        ctr[CTR_PULLED] += p[PP_BYTES + 1];
-        ctr[CTR_WRITTEN] += p[PP_BYTES + 2];
+        count_moved(c, p + PP_BYTES, 0);
         ++*(int64_t *)(uintptr_t)p[PP_RECVS];
     }
     if (stage != P2P_DONE) return Py_BuildValue("(iLL)", stage, (long long)send_seq, (long long)recv_seq);
@@ -197,92 +194,87 @@ PyObject *p2p_replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     return p2p_replay_impl(args[1]);
 }
 
-/* ---- a prepared full-mesh call, replayed -------------------------------------------------
- * replay(comm, call) -> None once done, else (stage, parity, k, target)
- * A call repeated on the same arrays (runtime/_prepared.py) has its mesh arguments fixed; the
- * communicator builds `call` once (_comm.py, _replay_of) and this runs what _mesh would:
- * number the call and its barriers (the communicator's T_CALLS and T_SYNCS), the root's
- * departure count (CX_ROOTS), the copy of a small input into its eager slot, the descriptor,
- * mesh_core, the byte counters and the call count. A stage other than MESH_DONE is returned
- * with what _mesh_rest needs to go on from it; MESH_NOT_RUN: nothing was done (debug logging
- * is on, which only the Python path does).
- *   call = (params, cx, ready, bases, plan, plan2, divisor, stats, params' address)
+/* ---- full-mesh calls: the Python entries of the mesh machine (_native.c, mesh_advance) ------
+ * mesh_call(call) -> None once done, else the state (stage, parity, k, target) it stopped at
+ * mesh_resume(call, state, skipped) -> the same, from a stop the caller has dealt with
+ *   (`skipped`: the bytes a phase the caller ran found in place)
+ * replay(comm, call) -> mesh_call's result, or (MESH_NOT_RUN, ...) with nothing done when
+ *   debug logging is on: then the operation's Python path runs, which logs the descriptor
+ *   call = (params, cx, ready, bases, plan, plan2, divisor, stats, params' address): R_*
  *   params (int64, one row per call parity): the descriptor's DESC_FIXED fields (F_CALL set
- *   here), then RP_* (_native.h); the rows differ only where an eager input has a slot per parity */
-/* RP_OUT: this rank's OUT base, -1: leave it; RP_EAGER_FROM: where RP_EAGER_BYTES bytes are
- * copied from into RP_OWN (the eager slot) first; RP_COUNTED: the rank's word counting this
- * operation's calls completed natively (Runtime.native_calls); RP_CX .. RP_PLAN2_ROWS: the addresses of the
- * arrays `call` holds (cx, ready, bases, the plans' tables: 0 for none) and the tables' rows,
- * checked when the call was built, so that no buffer is requested per call; RP_BYTES: local,
- * pulled, written of plan, then of plan2 */
+ *   by mesh_start), then RP_* (_native.h); the rows differ only where an eager input has a
+ *   slot per parity. A call's record is built once by runtime/_mesh.py (for a prepared call,
+ *   once for all its repetitions), and every full-mesh call runs through here. */
 
-static PyObject *replay_impl(PyObject *comm, PyObject *call) {
+static PyObject *mesh_advance_from(PyObject *call, const int64_t *rows, MeshState *s) {
+    double divisor = PyFloat_AsDouble(PyTuple_GET_ITEM(call, R_DIVISOR));
+    if (divisor == -1.0 && PyErr_Occurred()) return NULL;
+    const char *err;
+    Py_BEGIN_ALLOW_THREADS
+    mesh_advance(rows, s, divisor, barrier_polls, barrier_seconds, &err);
+    Py_END_ALLOW_THREADS
+    if (err != NULL) {
+        PyErr_Format(PyExc_ValueError, "mesh call: bad plan: %s", err);
+        return NULL;
+    }
+    if (s->stage == MESH_DONE) Py_RETURN_NONE;
+    return Py_BuildValue("(iiKk)", s->stage, s->parity, (unsigned long long)s->k, (unsigned long)s->target);
+}
+
+static PyObject *mesh_call_impl(PyObject *call) {
     if (load_kernels() < 0) return NULL;
-    const int64_t *p = call_params(call, R_LEN, R_PARAMS_ADDR, "replay");
+    const int64_t *p = call_params(call, R_LEN, R_PARAMS_ADDR, "mesh_call");
     if (p == NULL) return NULL;
+    const int64_t *c = (const int64_t *)(uintptr_t)p[RP_CX];
+    for (int parity = 0; parity < 2; parity++) {
+        const int64_t *row = p + parity * RP_LEN;
+        if (row[RP_DEPARTURE] < MESH_NO_DEPARTURE || row[RP_DEPARTURE] > MESH_ROOT || row[RP_ROOT] < 0 ||
+            row[RP_ROOT] >= c[CX_N]) {
+            PyErr_SetString(PyExc_ValueError, "mesh_call: inconsistent call");
+            return NULL;
+        }
+    }
+    MeshState s = mesh_start(p);
+    const int64_t *row = p + s.parity * RP_LEN;
+    if (row[RP_EAGER_BYTES] > 0) {     /* published, not yet arrived: nobody reads the slot yet */
+        memcpy((void *)(uintptr_t)row[RP_OWN], (const void *)(uintptr_t)row[RP_EAGER_FROM], (size_t)row[RP_EAGER_BYTES]);
+        if (dict_add(PyTuple_GET_ITEM(call, R_STATS), s_bytes_eager, row[RP_EAGER_BYTES]) < 0) return NULL;
+    }
+    return mesh_advance_from(call, p, &s);
+}
+
+PyObject *mesh_call(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 1) { PyErr_SetString(PyExc_TypeError, "mesh_call(call)"); return NULL; }
+    return mesh_call_impl(args[0]);
+}
+
+PyObject *mesh_resume(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) { PyErr_SetString(PyExc_TypeError, "mesh_resume(call, state, skipped)"); return NULL; }
+    const int64_t *p = call_params(args[0], R_LEN, R_PARAMS_ADDR, "mesh_resume");
+    if (p == NULL) return NULL;
+    MeshState s = {0};
+    unsigned long long k;
+    unsigned long target;
+    long long skipped = PyLong_AsLongLong(args[2]);
+    if ((skipped == -1 && PyErr_Occurred()) || !PyArg_ParseTuple(args[1], "iiKk", &s.stage, &s.parity, &k, &target))
+        return NULL;
+    if (s.parity != 0 && s.parity != 1) { PyErr_SetString(PyExc_ValueError, "mesh_resume: bad state"); return NULL; }
+    s.k = k;
+    s.target = (uint32_t)target;
+    s.skipped = skipped;
+    return mesh_advance_from(args[0], p, &s);
+}
+
+static PyObject *replay_impl(PyObject *call) {
     int debug = debugging();
     if (debug < 0) return NULL;
     if (debug) return Py_BuildValue("(iiKk)", MESH_NOT_RUN, 0, 0ULL, 0UL);
-    double divisor = PyFloat_AsDouble(PyTuple_GET_ITEM(call, R_DIVISOR));
-    if (divisor == -1.0 && PyErr_Occurred()) return NULL;
-    const int64_t *c = (const int64_t *)(uintptr_t)p[RP_CX];
-    int64_t n = c[CX_N], me = c[CX_ME];
-    int64_t *t = (int64_t *)(uintptr_t)c[CX_TALLY], *roots = (int64_t *)(uintptr_t)c[CX_ROOTS];
-    int departure = (int)p[RP_DEPARTURE];
-    if (departure < MESH_NO_DEPARTURE || departure > MESH_ROOT || p[RP_ROOT] < 0 || p[RP_ROOT] >= n) {
-        PyErr_SetString(PyExc_ValueError, "replay: inconsistent call");
-        return NULL;
-    }
-    uint64_t calls = (uint64_t)++t[T_CALLS], k = (uint64_t)++t[T_SYNCS];
-    int parity = (int)(calls & 1);
-    p += parity * RP_LEN;
-    int64_t fields[DESC_FIXED];
-    memcpy(fields, p, sizeof fields);
-    fields[F_CALL] = (int64_t)calls;
-    if (p[RP_EAGER_BYTES] > 0) {
-        memcpy((void *)(uintptr_t)p[RP_OWN], (const void *)(uintptr_t)p[RP_EAGER_FROM], (size_t)p[RP_EAGER_BYTES]);
-        if (dict_add(PyTuple_GET_ITEM(call, R_STATS), s_bytes_eager, p[RP_EAGER_BYTES]) < 0) return NULL;
-    }
-    uint32_t target = 0;
-    if (departure >= MESH_ROOT_READER) target = (uint32_t)((uint64_t)(roots[p[RP_ROOT]] + 1) * (uint64_t)(n - 1));
-    int64_t *b = (int64_t *)(uintptr_t)p[RP_BASES], skipped = 0;
-    if (p[RP_OUT] >= 0) b[BUF_OUT * n + me] = p[RP_OUT];
-    const char *err = NULL;
-    int stage;
-    Py_BEGIN_ALLOW_THREADS
-    stage = mesh_core(c, parity, k, barrier_polls, barrier_seconds, fields, (const int64_t *)(uintptr_t)p[RP_READY], b,
-                      (uint64_t)p[RP_OWN], (long)p[RP_ONLY], (const int64_t *)(uintptr_t)p[RP_PLAN], p[RP_PLAN_ROWS],
-                      (const int64_t *)(uintptr_t)p[RP_PLAN2], p[RP_PLAN2_ROWS], (int)p[RP_DTYPE], (int)p[RP_REDOP],
-                      divisor, departure, (uint32_t *)(uintptr_t)p[RP_WORD], target, &skipped, &err);
-    Py_END_ALLOW_THREADS
-    if (err != NULL) {
-        PyErr_Format(PyExc_ValueError, "replay: bad plan: %s", err);
-        return NULL;
-    }
-    /* what ran: both phases (and the departure's numbering) at MESH_DONE and MESH_DEPART, the
-     * first at MESH_MIDDLE, nothing before */
-    int phases = stage == MESH_DONE || stage == MESH_DEPART ? 2 : stage == MESH_MIDDLE ? 1 : 0;
-    if (phases == 2) {
-        t[T_SYNCS] = (int64_t)(k + (p[RP_PLAN2] != 0) + (departure == MESH_BARRIER));
-        if (departure >= MESH_ROOT_READER) roots[p[RP_ROOT]]++;
-    } else if (phases == 1) {
-        t[T_SYNCS] = (int64_t)(k + 1);
-    }
-    int64_t *ctr = (int64_t *)(uintptr_t)c[CX_COUNTERS];
-    ctr[CTR_LOCAL] -= skipped;
-    for (int i = 0; i < phases; i++) {
-        ctr[CTR_LOCAL] += p[RP_BYTES + 3 * i];
-        ctr[CTR_PULLED] += p[RP_BYTES + 3 * i + 1];
-        ctr[CTR_WRITTEN] += p[RP_BYTES + 3 * i + 2];
-    }
-    if (stage != MESH_DONE) return Py_BuildValue("(iiKk)", stage, parity, (unsigned long long)k, (unsigned long)target);
-    ++*(int64_t *)(uintptr_t)p[RP_COUNTED];
-    Py_RETURN_NONE;
+    return mesh_call_impl(call);
 }
 
 PyObject *replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 2) { PyErr_SetString(PyExc_TypeError, "replay(comm, call)"); return NULL; }
-    return replay_impl(args[0], args[1]);
+    return replay_impl(args[1]);
 }
 
 /* ---- operations as methods ---------------------------------------------------------------
@@ -301,7 +293,7 @@ PyObject *replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
 #define METHOD_MAX_PARAMS 4
 
 /* The last entry found is kept, as what the method reads of it (its weak references and
- * layouts, the call to replay and, for a mesh call, its Replay; an entry's fields never change),
+ * layouts, the call to replay and, for a mesh call, its MeshCall; an entry's fields never change),
  * with a weak reference to its communicator and the call's parameters: a loop that repeats one
  * call finds it without building the key, looking it up or reading an attribute. The arrays
  * are kept as plain pointers, compared by identity only (the entry's weak references then prove
@@ -394,7 +386,7 @@ static void remember(PreparedMethod *m, PyObject *comm, PyObject *const *params,
 }
 
 /* The prepared entry of this call, as what the method runs: 1 with new references in *call
- * (the tuple the replay takes) and *rp (a mesh call's Replay, else NULL); 0 when there is none
+ * (the tuple the replay takes) and *rp (a mesh call's MeshCall, else NULL); 0 when there is none
  * to replay; -1 with an exception set. */
 static int prepared_call(PreparedMethod *m, PyObject *comm, PyObject *const *params, PyObject **call, PyObject **rp) {
     PyObject *arrays[METHOD_MAX_PARAMS];
@@ -493,7 +485,7 @@ static PyObject *method_vectorcall(PreparedMethod *m, PyObject *const *args, siz
         params[i] = PyTuple_GET_ITEM(m->defaults, i - (m->nparams - ndefaults));
     }
     int p2p = m->kind == METHOD_SENDRECV;
-    PyObject *rp, *call;                    /* rp: a mesh call's Replay, which holds its call */
+    PyObject *rp, *call;                    /* rp: a mesh call's MeshCall, which holds its call */
     int found = prepared_call(m, comm, params, &call, &rp);
     if (found < 0) return NULL;
     if (!found) goto slow;
@@ -505,7 +497,7 @@ static PyObject *method_vectorcall(PreparedMethod *m, PyObject *const *args, siz
     if (now == 1 && reset_path(comm) < 0) now = -1;
     PyObject *r = NULL;
     if (now == 1) {
-        r = p2p ? p2p_replay_impl(call) : replay_impl(comm, call);
+        r = p2p ? p2p_replay_impl(call) : replay_impl(call);
         if (!p2p && r != NULL && r != Py_None && PyLong_AsLong(PyTuple_GET_ITEM(r, 0)) == MESH_NOT_RUN) {
             Py_CLEAR(r);
             now = 0;                        /* debug logging: the Python operation, which logs */
@@ -634,7 +626,7 @@ int replay_init(PyObject *m) {
         {&s_replayed, "_replayed", "Communicator"}, {&s_p2p_replayed, "_p2p_replayed", "Communicator"},
         {&s_entries, "_entries", "PreparedCalls"}, {&s_refs, "_refs", "PreparedCall"},
         {&s_layouts, "_layouts", "PreparedCall"}, {&s_args, "args", "PreparedCall"},
-        {&s_replay, "replay", "checked arguments"}, {&s_call, "call", "Replay"},
+        {&s_replay, "replay", "checked arguments"}, {&s_call, "call", "MeshCall"},
         {&s_barrier, "barrier", "operation"}, {&s_bytes_eager, "bytes_eager", "stats"}};
     if (PyType_Ready(&PreparedMethodType) < 0) return -1;
     size_t count = sizeof names / sizeof names[0];

@@ -25,7 +25,7 @@ from ..collectives._reduce import REDUCE_OPS
 from . import _native
 from ._buffers import buffer_size
 from ._control import DESC_FIXED, F_AUX1
-from ._sync import SLICE, SPIN_POLLS, WAKE_ALL, seq_reached, wait_until
+from ._sync import SLICE, SPIN_POLLS, WAKE_ALL, wait_until
 
 
 class _Flags:
@@ -44,7 +44,7 @@ class _Flags:
             return
         comm, word = self.comm, self.left_word
         left = comm.members[(comm.rank - 1) % comm.size]
-        wait_until(lambda: seq_reached(_native.load_u32(word), target), word, comm._rt.health, self.operation,
+        wait_until(lambda: _native.seq_reached(_native.load_u32(word), target), word, comm._rt.health, self.operation,
                    comm._rt.config.timeout, lambda: [left], f"rank {left} to finish ring step {s - 1}")
 
     def post(self, s: int) -> None:

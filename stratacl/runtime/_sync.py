@@ -99,7 +99,3 @@ def wait_until(ready: Callable[[], bool], futex_addr: int, health: JobHealth, op
         if not ready():
             health.check(operation, missing())
 
-
-def seq_reached(value: int, target: int) -> bool:
-    """u32 sequence comparison that survives wrap-around."""
-    return ((value - target) & 0xFFFFFFFF) < 0x80000000

@@ -1,0 +1,250 @@
+"""A communicator's slot protocol: descriptors, barriers, agreement, and the messages of a mismatch.
+
+Every operation on a communicator is numbered, and every member publishes a descriptor of it
+in its slot of the control segment (runtime/_control.py, ``Layout.slot``) before arriving at
+the operation's entry barrier:
+
+    publish descriptor {op, dtype, count, root, reduce op, input address and segment, call}
+        |   (a rank that rejects its own arguments writes why, Layout.slot_reason, and flags it)
+    arrive at barrier k  -> every member reads every descriptor; any disagreement raises
+        |                   CollectiveMismatch on every rank, before any byte moves
+    ... the operation (runtime/_mesh.py for the full-mesh calls) ...
+    departure barrier    -> inputs may be reused once it returns
+
+The numbering of the calls and of the barriers (the communicator's T_CALLS and T_SYNCS words)
+is native code's alone (_native.c: ``enter``, ``sync``, the mesh machine, the barrier method):
+a barrier is numbered as this rank arrives at it, so after an error every rank saw (a
+mismatch) the members still agree on the numbers. Python here waits, with the job's health
+checked between sleeps, where native code stopped waiting, and builds the messages.
+
+Descriptors are double-buffered by call parity: a rank can only overwrite the slot of call k
+after the arrival barrier of call k+1, which every peer reaches only once it has read call
+k's descriptors.
+"""
+from __future__ import annotations
+
+import array
+import logging
+from typing import TYPE_CHECKING, Sequence
+
+import numpy as np
+
+from .._errors import CollectiveMismatch
+from ..collectives import _reduce
+from ..collectives._backend import int64_word
+from . import _native
+from ._control import (DESC_FIXED, F_AUX0, F_COUNT, F_DTYPE, F_FLAGS, F_OP, F_REDOP, F_ROOT, FLAG_REJECTED,
+                       Layout)
+from ._native import T_CALLS, T_NATIVE, T_SYNCS
+from ._sync import SLICE, SPIN_POLLS, wait_until
+from ._work import agreed
+
+if TYPE_CHECKING:
+    from ._buffers import _Input
+
+log = logging.getLogger("stratacl")
+
+OPS = {"barrier": 1, "all_gather": 2, "all_reduce": 3, "reduce_scatter": 4, "all_to_all": 5,
+       "all_to_all_v": 6, "broadcast": 7, "split": 8}
+OP_NAMES = {v: k for k, v in OPS.items()}
+
+_COMPARED = ((F_DTYPE, "dtype"), (F_COUNT, "element count"), (F_ROOT, "root"), (F_REDOP, "reduce op"))
+
+
+def _value_name(field: int, v: int) -> str:
+    if field == F_OP:
+        return OP_NAMES.get(v, f"op#{v}")
+    if field == F_DTYPE:
+        dt = _reduce.DTYPE_BY_CODE.get(v)
+        return str(dt) if dt is not None else "-"
+    if field == F_REDOP:
+        return _reduce.REDUCE_NAMES.get(v, "-")
+    return str(v)
+
+
+def descriptor(operation: str, dtype: int, count: int, root: int, redop: int, inp: "_Input | None", clock: int,
+               aux1: int) -> tuple:
+    """A descriptor's fields, F_* order (F_CALL 0: native code numbers the call)."""
+    seg = inp.seg if inp is not None else None
+    if seg is not None:
+        return (OPS[operation], dtype, count, root, redop, 0, inp.addr, inp.nbytes, seg.va, seg.size,
+                seg.hbm_offset, seg.epoch, clock, aux1, 0, 0)
+    addr, nbytes = (inp.addr, inp.nbytes) if inp is not None else (0, 0)
+    return (OPS[operation], dtype, count, root, redop, 0, addr, nbytes, 0, 0, 0, 0, clock, aux1, 0, 0)
+
+
+class Protocol:
+    """Mixin of ``Communicator``: its slot's words and the protocol steps on them."""
+
+    def _init_protocol(self, slots: Sequence[int]) -> None:
+        """The slot addresses of every member, and ``_cx``: everything native code needs, as
+        one int64 array (_native.h, CX_*). Needs the byte counters (``_init_execute``)."""
+        rt = self._rt
+        lay: Layout = rt.ctl.layout
+        self._lay = lay
+        base = rt.ctl.base
+        self._slot_offs = [lay.slot(m, s) for m, s in zip(self.members, slots)]
+        me = self._slot_offs[self.rank]
+        self._counter_addr = base + self._slot_offs[0] + Layout.SLOT_COUNTER
+        self._gen_addr = base + self._slot_offs[0] + Layout.SLOT_GEN
+        self._arrival_idx = np.array([(o + Layout.SLOT_ARRIVAL) // 4 for o in self._slot_offs])
+        self._desc_off = [me + lay.slot_desc(p) for p in (0, 1)]
+        self._desc_idx = [np.array([[(o + lay.slot_desc(p)) // 8 + f for f in range(DESC_FIXED)]
+                                    for o in self._slot_offs]) for p in (0, 1)]
+        self._ext_idx = [np.array([[(o + lay.slot_desc(p)) // 8 + DESC_FIXED + f for f in range(2 * self.size)]
+                                   for o in self._slot_offs]) for p in (0, 1)]
+        desc_addrs = [base + o + lay.slot_desc(p) for p in (0, 1) for o in self._slot_offs]
+        # The counts native code updates in place, as int64 words: calls, barriers, whether the
+        # native methods may run (T_*); rooted operations per root (the mesh machine's rooted
+        # departures); point-to-point sequence numbers per peer. As attributes, each update was
+        # a lookup, a new int object and the old one's free, paid per call and rank.
+        self._tally = array.array("q", bytes(8 * _native.T_WORDS))
+        self._tally[T_NATIVE] = int(rt.clock is None)
+        self._root_calls = array.array("q", bytes(8 * self.size))
+        self._sent = array.array("q", bytes(8 * self.size))
+        self._received = array.array("q", bytes(8 * self.size))
+        cx = self._cx = np.zeros(_native.CX_DESC + 2 * self.size, dtype=np.int64)
+        cx[_native.CX_COUNTER], cx[_native.CX_GEN] = self._counter_addr, self._gen_addr
+        cx[_native.CX_ARRIVAL] = base + me + Layout.SLOT_ARRIVAL
+        cx[_native.CX_N], cx[_native.CX_ME] = self.size, self.rank
+        cx[_native.CX_TALLY] = _native.data_address(self._tally)
+        cx[_native.CX_ROOTS] = _native.data_address(self._root_calls)
+        cx[_native.CX_SENT] = _native.data_address(self._sent)
+        cx[_native.CX_RECEIVED] = _native.data_address(self._received)
+        cx[_native.CX_COUNTERS] = _native.data_address(self.counters.words)
+        cx[_native.CX_BARRIERS] = rt.native_call_word("barrier")
+        cx[_native.CX_DESC:] = desc_addrs
+
+    # read-only here: native code numbers (see the module docstring)
+    _calls = property(int64_word("_tally", T_CALLS, "").fget,
+                      doc="Operations called on this communicator; they number the descriptors.")
+    _syncs = property(int64_word("_tally", T_SYNCS, "").fget,
+                      doc="Barriers arrived at (barrier k completes when the counter reaches k times the size).")
+
+    def _next_parity(self) -> int:
+        """The descriptor slot the next call publishes in."""
+        return (self._calls + 1) & 1
+
+    # --- barriers ---------------------------------------------------------------------------
+    def _sync(self, operation: str) -> None:
+        """The next barrier: arrive, then a yielding spin and futex sleeps in native code, then
+        waits with health checks here."""
+        k = _native.sync(self._cx, SPIN_POLLS, SLICE)
+        if k < 0:
+            self._wait_barrier(-k, operation)
+
+    def _wait_barrier(self, k: int, operation: str) -> None:
+        """Barrier k, already arrived at: keep waiting, checking the job's health between sleeps."""
+        target = k * self.size
+        u32 = self._rt.ctl.u32
+
+        def missing():
+            arr = u32[self._arrival_idx]
+            return [self.members[i] for i in range(self.size) if not _native.seq_reached(int(arr[i]), k)]
+
+        counter = self._counter_addr
+        wait_until(lambda: _native.load_u64(counter) >= target, self._gen_addr, self._rt.health, operation,
+                   self._rt.config.timeout, missing, f"{self.size} ranks to arrive")
+
+    def _wait_root(self, operation: str, word: int, target: int) -> None:
+        """A root's departure: wait, with health checks, for every reader to have counted itself
+        done on ``word`` (in the root's slot) up to ``target``."""
+        if not _native.wait_seq_u32(word, target, SPIN_POLLS, SLICE):
+            wait_until(lambda: _native.seq_reached(_native.load_u32(word), target), word, self._rt.health,
+                       operation, self._rt.config.timeout,
+                       list,    # who is late is not recorded; the health check names a dead rank
+                       f"the other {self.size - 1} ranks to finish reading this root's buffer")
+
+    # --- entry: publish, arrive, agree ------------------------------------------------------
+    def _enter(self, operation: str, dtype: int = 0, count: int = 0, root: int = 0, redop: int = 0,
+               inp: "_Input | None" = None, aux1: int = 0) -> int:
+        """Publish this rank's descriptor of the next call, arrive, wait, compare (one native
+        call in the common case); raises on a disagreement. Returns the slot parity."""
+        fields = descriptor(operation, dtype, count, root, redop, inp, self._entering_bits(), aux1)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("%s call %d: %s", operation, self._calls + 1, list(fields))
+        status, parity, k = _native.enter(self._cx, SPIN_POLLS, SLICE, fields)
+        if status:
+            self._arrived(operation, parity, k, status)
+        return parity
+
+    def _arrived(self, operation: str, parity: int, k: int, status: int) -> None:
+        """After an entry's ``status`` 1 (still waiting) or 2 (a disagreement): wait with health
+        checks, compare; raises on a disagreement."""
+        if status == 1:
+            self._wait_barrier(k, operation)
+            status = 0 if _native.agree(self._cx, parity) else 2
+        if status:
+            self._validate(operation, parity)   # raises
+
+    def _begin(self, operation: str, fields: dict[int, int], error: BaseException | None = None,
+               ext: np.ndarray | None = None) -> np.ndarray:
+        """Publish this rank's descriptor of the next call (``fields`` by F_*, ``ext`` its
+        extension words; ``error``: this rank rejected its arguments, raised here after the
+        peers learned it), arrive, and return every member's descriptor."""
+        desc = [0] * DESC_FIXED
+        desc[F_OP] = OPS[operation]
+        for f, v in fields.items():
+            desc[f] = v
+        if F_AUX0 not in fields and operation != "split" and self._rt.clock is not None:
+            desc[F_AUX0] = self._entering_bits()
+        parity = self._next_parity()
+        if error is not None:
+            desc[F_FLAGS] = FLAG_REJECTED
+            self._rt.ctl.put_reason(self._slot_offs[self.rank] + self._lay.slot_reason(parity), error)
+        if ext is not None:
+            off = self._desc_off[parity] // 8 + DESC_FIXED
+            self._rt.ctl.i64[off:off + ext.size] = ext
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("%s call %d: %s", operation, self._calls + 1, desc)
+        status, parity, k = _native.enter(self._cx, SPIN_POLLS, SLICE, tuple(desc))
+        if status == 1:
+            self._wait_barrier(k, operation)
+            status = 0 if _native.agree(self._cx, parity) else 2
+        if error is not None:
+            raise agreed(error)
+        if status:
+            self._validate(operation, parity)   # builds the message, raises
+        return self._rt.ctl.i64[self._desc_idx[parity]]
+
+    def _finish(self, operation: str, departure: bool = True) -> None:
+        """Departure barrier (unless nobody can still be reading this rank's input), then stats."""
+        if departure:
+            self._sync(operation)
+        s = self._rt.stats
+        s["calls"][operation] = s["calls"].get(operation, 0) + 1
+
+    # --- a disagreement's message -----------------------------------------------------------
+    def _validate(self, operation: str, parity: int) -> None:
+        """Raise CollectiveMismatch if the descriptors of slot ``parity`` disagree or one is
+        flagged: the rejecting ranks' own errors, or the first field the ranks differ on."""
+        descs = self._rt.ctl.i64[self._desc_idx[parity]]
+        # one vectorised comparison; the message is built only on a mismatch
+        if not (descs[:, F_OP:F_FLAGS + 1] != descs[0, F_OP:F_FLAGS + 1]).any() and not descs[0, F_FLAGS]:
+            return
+        rejected = np.nonzero(descs[:, F_FLAGS] & FLAG_REJECTED)[0].tolist()
+        if rejected:
+            raise CollectiveMismatch(self._rejection(operation, rejected, parity))
+        for field, label in ((F_OP, "operation"), *_COMPARED):
+            col = descs[:, field]
+            if (col != col[0]).any():
+                groups: dict[int, list[int]] = {}
+                for i, v in enumerate(col.tolist()):
+                    groups.setdefault(v, []).append(self.members[i])
+                seen = "; ".join(f"rank(s) {rs}: {_value_name(field, v)}" for v, rs in groups.items())
+                raise CollectiveMismatch(
+                    f"{operation}: ranks disagree on the {label} of call #{self._calls} on this "
+                    f"communicator ({seen}); no data was moved")
+
+    def _rejection(self, operation: str, rejected: list[int], parity: int) -> str:
+        """The peers' message for members ``rejected`` (indices) having rejected their arguments
+        in the call of ``parity``: each one's own error, as it wrote it (Layout.slot_reason)."""
+        ctl, lay = self._rt.ctl, self._lay
+        why = [(self.members[i], ctl.reason(self._slot_offs[i] + lay.slot_reason(parity))
+                or "(see the error raised there)") for i in rejected]
+        if len(why) == 1:
+            return f"{operation}: rank {why[0][0]} rejected its arguments: {why[0][1]}; no data was moved"
+        shown = "; ".join(f"rank {r}: {text}" for r, text in why[:4])
+        more = f"; and {len(why) - 4} more" if len(why) > 4 else ""
+        return (f"{operation}: ranks {[r for r, _ in why]} rejected their arguments ({shown}{more}); "
+                f"no data was moved")
