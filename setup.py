@@ -18,7 +18,7 @@ setup(
     ext_modules=[
         Extension(
             "stratacl.runtime._native",
-            sources=["stratacl/runtime/_native.c", "stratacl/runtime/_replay.c"],
+            sources=["stratacl/runtime/_module.c", "stratacl/runtime/_native.c", "stratacl/runtime/_replay.c"],
             depends=["stratacl/runtime/_native.h", "stratacl/collectives/_kernels.h"],
             # _replay.c reads numpy's array struct (its header only: no numpy C API table)
             include_dirs=[numpy.get_include()],

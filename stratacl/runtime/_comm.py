@@ -26,7 +26,7 @@ at N = 32 on two cores every microsecond of a rank's Python costs about 16 of th
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
@@ -47,9 +47,6 @@ from ._protocol import OPS, Protocol
 from ._ringsteps import RingSteps
 from ._sync import SLICE, SPIN_POLLS
 from ._work import Worker, collective
-
-if TYPE_CHECKING:
-    from ._world import Runtime
 
 log = logging.getLogger("stratacl")
 
@@ -131,7 +128,10 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute, Protocol,
     ``members`` their world ranks, in communicator order.
     """
 
-    def __init__(self, rt: "Runtime", members: Sequence[int], slots: Sequence[int]):
+    def __init__(self, rt, members: Sequence[int], slots: Sequence[int]):
+        """The communicator of world ranks ``members`` (this process's ``rt``, the Runtime of
+        runtime/_world.py, among them), each using its communicator slot ``slots[i]``. Made
+        by ``init()`` and ``split``, not by users."""
         self._rt = rt
         self.members = list(members)
         self.size = len(self.members)

@@ -474,20 +474,6 @@ static PyObject *post(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     Py_RETURN_NONE;
 }
 
-/* done(word, target) -> True if this caller brought the u32 counter at `word` to `target`
- * (wrap-around), in which case whoever sleeps on it is woken. */
-static PyObject *done(PyObject *self, PyObject *const *args, Py_ssize_t n) {
-    void *word;
-    if (n != 2) { PyErr_SetString(PyExc_TypeError, "done(word, target)"); return NULL; }
-    if (parse_addr(args[0], &word) < 0) return NULL;
-    unsigned long target = PyLong_AsUnsignedLong(args[1]);
-    if (PyErr_Occurred()) return NULL;
-    uint32_t now = __atomic_add_fetch((uint32_t *)word, 1, __ATOMIC_SEQ_CST);
-    if (now != (uint32_t)target) Py_RETURN_FALSE;
-    wake_sleepers((uint32_t *)word);
-    Py_RETURN_TRUE;
-}
-
 /* ---- one point-to-point call in one native call ------------------------------------------
  * A communicator hands its per-peer words over once, as an int64 array `px` of (n, PX_WORDS)
  * addresses (runtime/_p2p.py). The protocol is the one _p2p.py describes; this is its common
@@ -760,7 +746,8 @@ static PyObject *set_pdeathsig(PyObject *self, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
-static PyMethodDef methods[] = {
+/* The protocol primitives' Python entries (the module is made in _module.c). */
+PyMethodDef native_methods[] = {
     {"fetch_add_u64", (PyCFunction)(void (*)(void))fetch_add_u64, METH_FASTCALL, "Atomic fetch-add on a u64; returns the old value."},
     {"load_u64", load_u64, METH_O, "Sequentially consistent load of a u64."},
     {"store_u64", (PyCFunction)(void (*)(void))store_u64, METH_FASTCALL, "Sequentially consistent store of a u64."},
@@ -775,27 +762,18 @@ static PyMethodDef methods[] = {
     {"agree", (PyCFunction)(void (*)(void))agree, METH_FASTCALL, "Do a slot's descriptors agree?"},
     {"sources", (PyCFunction)(void (*)(void))sources, METH_FASTCALL, "Members' input addresses; first one needing a readiness check."},
     {"post", (PyCFunction)(void (*)(void))post, METH_FASTCALL, "Publish a descriptor and its sequence number."},
-    {"mesh_call", (PyCFunction)(void (*)(void))mesh_call, METH_FASTCALL, "Start a full-mesh call (see mesh_advance)."},
-    {"mesh_resume", (PyCFunction)(void (*)(void))mesh_resume, METH_FASTCALL, "Resume a full-mesh call from its stop."},
     {"next_seq", (PyCFunction)(void (*)(void))next_seq_py, METH_FASTCALL, "Number a point-to-point call with a peer."},
     {"count", (PyCFunction)(void (*)(void))count, METH_FASTCALL, "Count a phase's bytes (outside the mesh machine)."},
     {"seq_reached", (PyCFunction)(void (*)(void))seq_reached, METH_FASTCALL, "Has a u32 sequence number reached a target?"},
     {"p2p", (PyCFunction)(void (*)(void))p2p, METH_FASTCALL, "One point-to-point call's common case (see _p2p.py)."},
-    {"prepared_method", (PyCFunction)(void (*)(void))prepared_method, METH_FASTCALL, "An operation's prepared common case as a method."},
-    {"replay", (PyCFunction)(void (*)(void))replay, METH_FASTCALL, "A prepared full-mesh call (see _comm.py, _replay_of)."},
-    {"p2p_replay", (PyCFunction)(void (*)(void))p2p_replay, METH_FASTCALL, "A prepared sendrecv (see _p2p.py)."},
-    {"done", (PyCFunction)(void (*)(void))done, METH_FASTCALL, "Count one completion; wake at the target."},
     {"data_address", data_address, METH_O, "Address of a buffer's first byte."},
     {"mmap_at", (PyCFunction)(void (*)(void))mmap_at, METH_FASTCALL, "mmap at a fixed address."},
     {"munmap_at", (PyCFunction)(void (*)(void))munmap_at, METH_FASTCALL, "munmap a range."},
     {"punch_hole", (PyCFunction)(void (*)(void))punch_hole, METH_FASTCALL, "Release the pages of a file range."},
     {"set_sleepers", set_sleepers, METH_O, "Where this job counts the sleepers on communicator words."},
-    {"set_barrier", (PyCFunction)(void (*)(void))set_barrier, METH_FASTCALL, "Settings of the barrier method (see barrier_call)."},
     {"set_pdeathsig", set_pdeathsig, METH_O, "Deliver a signal to this process when its parent dies."},
     {NULL, NULL, 0, NULL},
 };
-
-static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "_native", NULL, -1, methods};
 
 /* Every enumerator of _native.h, exported under its own name: Python's one source for them. */
 #define CONSTANT(name) {#name, name}
@@ -833,11 +811,9 @@ static const struct { const char *name; long value; } constants[] = {
 };
 #undef CONSTANT
 
-PyMODINIT_FUNC PyInit__native(void) {
-    PyObject *m = PyModule_Create(&moduledef);
-    if (m == NULL) return NULL;
+/* Add the constants to the module: 0, or -1 with an exception set. */
+int native_init(PyObject *m) {
     for (size_t i = 0; i < sizeof constants / sizeof constants[0]; i++)
-        if (PyModule_AddIntConstant(m, constants[i].name, constants[i].value) < 0) { Py_DECREF(m); return NULL; }
-    if (replay_init(m) < 0) { Py_DECREF(m); return NULL; }
-    return m;
+        if (PyModule_AddIntConstant(m, constants[i].name, constants[i].value) < 0) return -1;
+    return 0;
 }

@@ -7,7 +7,8 @@
  *               and its method table
  *   _replay.c   the entries of calls described by records (mesh_call, mesh_resume, replay,
  *               p2p_replay), the barrier as a method and operations as methods
- *               (prepared_method)
+ *               (prepared_method); it uses _native.c, never the other way
+ *   _module.c   the module: both method tables, the constants, the initialisers
  */
 #ifndef STRATACL_NATIVE_H
 #define STRATACL_NATIVE_H
@@ -92,13 +93,10 @@ typedef struct {
 MeshState mesh_start(const int64_t *rows);
 int mesh_advance(const int64_t *rows, MeshState *s, double divisor, long polls, double seconds, const char **err);
 
-/* _replay.c */
-PyObject *set_barrier(PyObject *self, PyObject *const *args, Py_ssize_t n);
-PyObject *replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
-PyObject *mesh_call(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
-PyObject *mesh_resume(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
-PyObject *p2p_replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
-PyObject *prepared_method(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
-int replay_init(PyObject *module);     /* the barrier method, constants, interned names: 0 or -1 */
+/* The module (_module.c) is the two sources' method tables and initialisers. */
+extern PyMethodDef native_methods[];   /* _native.c: the protocol primitives */
+extern PyMethodDef record_methods[];   /* _replay.c: calls described by records */
+int native_init(PyObject *module);     /* _native.c: the constants: 0 or -1 */
+int replay_init(PyObject *module);     /* _replay.c: the barrier method, interned names: 0 or -1 */
 
 #endif

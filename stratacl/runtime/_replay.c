@@ -41,7 +41,7 @@ static int64_t barrier_code;
 static long barrier_polls;
 static double barrier_seconds;
 
-PyObject *set_barrier(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+static PyObject *set_barrier(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     if (n != 6) {
         PyErr_SetString(PyExc_TypeError, "set_barrier(op_code, polls, seconds, debug_check, debug_level, debug_cache)");
         return NULL;
@@ -189,7 +189,7 @@ static PyObject *p2p_replay_impl(PyObject *call) {
     Py_RETURN_NONE;
 }
 
-PyObject *p2p_replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+static PyObject *p2p_replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 2) { PyErr_SetString(PyExc_TypeError, "p2p_replay(comm, call)"); return NULL; }
     return p2p_replay_impl(args[1]);
 }
@@ -243,12 +243,12 @@ static PyObject *mesh_call_impl(PyObject *call) {
     return mesh_advance_from(call, p, &s);
 }
 
-PyObject *mesh_call(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+static PyObject *mesh_call(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 1) { PyErr_SetString(PyExc_TypeError, "mesh_call(call)"); return NULL; }
     return mesh_call_impl(args[0]);
 }
 
-PyObject *mesh_resume(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+static PyObject *mesh_resume(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 3) { PyErr_SetString(PyExc_TypeError, "mesh_resume(call, state, skipped)"); return NULL; }
     const int64_t *p = call_params(args[0], R_LEN, R_PARAMS_ADDR, "mesh_resume");
     if (p == NULL) return NULL;
@@ -272,7 +272,7 @@ static PyObject *replay_impl(PyObject *call) {
     return mesh_call_impl(call);
 }
 
-PyObject *replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+static PyObject *replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 2) { PyErr_SetString(PyExc_TypeError, "replay(comm, call)"); return NULL; }
     return replay_impl(args[1]);
 }
@@ -562,7 +562,7 @@ static PyTypeObject PreparedMethodType = {
  * `spec` their kinds (see above), `defaults` the trailing parameters' defaults, `slow` the
  * attribute of the Python operation, `kind` METHOD_MESH or METHOD_SENDRECV, `op` the Python
  * operation (its docstring and signature are the method's). */
-PyObject *prepared_method(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+static PyObject *prepared_method(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 7 || !PyUnicode_Check(args[0]) || !PyTuple_Check(args[1]) || !PyUnicode_Check(args[2]) ||
         !PyTuple_Check(args[3]) || !PyUnicode_Check(args[4])) {
         PyErr_SetString(PyExc_TypeError, "prepared_method(name, params, spec, defaults, slow, kind, op)");
@@ -611,6 +611,19 @@ PyObject *prepared_method(PyObject *self, PyObject *const *args, Py_ssize_t narg
     Py_DECREF(m);
     return method;
 }
+
+/* The Python entries of calls described by records (the module is made in _module.c). */
+PyMethodDef record_methods[] = {
+    {"mesh_call", (PyCFunction)(void (*)(void))mesh_call, METH_FASTCALL, "Start a full-mesh call (see mesh_advance)."},
+    {"mesh_resume", (PyCFunction)(void (*)(void))mesh_resume, METH_FASTCALL, "Resume a full-mesh call from its stop."},
+    {"replay", (PyCFunction)(void (*)(void))replay, METH_FASTCALL, "A prepared full-mesh call (see runtime/_mesh.py)."},
+    {"p2p_replay", (PyCFunction)(void (*)(void))p2p_replay, METH_FASTCALL, "A prepared sendrecv (see _p2p.py)."},
+    {"prepared_method", (PyCFunction)(void (*)(void))prepared_method, METH_FASTCALL,
+     "An operation's prepared common case as a method."},
+    {"set_barrier", (PyCFunction)(void (*)(void))set_barrier, METH_FASTCALL,
+     "Settings of the barrier method (see barrier_call)."},
+    {NULL, NULL, 0, NULL},
+};
 
 int replay_init(PyObject *m) {
     static PyMethodDef barrier_def = {
