@@ -459,8 +459,24 @@ static PyObject *count(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     Py_RETURN_NONE;
 }
 
-/* post(desc_addr, fields, flag_addr, seq): publish a point-to-point descriptor (`fields`, see
- * read_fields), then the sequence number that announces it, and wake whoever sleeps on it. */
+/* The two signals of the point-to-point protocol, written here only (p2p_core, and Python's
+ * path through post and received): a send publishes its descriptor, then the sequence number
+ * that announces it; a receive publishes its status (0: received), then the sequence number
+ * that tells the sender it is done. Each wakes whoever sleeps on the word. */
+static void announce_send(void *desc, const int64_t fields[DESC_FIXED], uint32_t *flag, uint32_t seq) {
+    memcpy(desc, fields, DESC_FIXED * 8);
+    __atomic_store_n(flag, seq, __ATOMIC_SEQ_CST);
+    wake_sleepers(flag);
+}
+
+static void announce_received(uint32_t *status_word, uint32_t status, uint32_t *done, uint32_t seq) {
+    __atomic_store_n(status_word, status, __ATOMIC_SEQ_CST);
+    __atomic_store_n(done, seq, __ATOMIC_SEQ_CST);
+    wake_sleepers(done);
+}
+
+/* post(desc_addr, fields, flag_addr, seq): a send's announcement (announce_send); `fields` as
+ * read_fields reads them. */
 static PyObject *post(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     if (n != 4) { PyErr_SetString(PyExc_TypeError, "post(desc_addr, fields, flag_addr, seq)"); return NULL; }
     void *desc, *flag;
@@ -468,9 +484,19 @@ static PyObject *post(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     if (parse_addr(args[0], &desc) < 0 || parse_addr(args[2], &flag) < 0) return NULL;
     unsigned long seq = PyLong_AsUnsignedLong(args[3]);
     if (PyErr_Occurred() || read_fields(args[1], fields, "post") < 0) return NULL;
-    memcpy(desc, fields, DESC_FIXED * 8);
-    __atomic_store_n((uint32_t *)flag, (uint32_t)seq, __ATOMIC_SEQ_CST);
-    wake_sleepers((uint32_t *)flag);
+    announce_send(desc, fields, (uint32_t *)flag, (uint32_t)seq);
+    Py_RETURN_NONE;
+}
+
+/* received(status_addr, status, done_addr, seq): a receive's answer to its sender
+ * (announce_received): status 0 received, else why not (runtime/_p2p.py, RECV_*). */
+static PyObject *received(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    if (n != 4) { PyErr_SetString(PyExc_TypeError, "received(status_addr, status, done_addr, seq)"); return NULL; }
+    void *status_word, *done;
+    if (parse_addr(args[0], &status_word) < 0 || parse_addr(args[2], &done) < 0) return NULL;
+    unsigned long status = PyLong_AsUnsignedLong(args[1]), seq = PyLong_AsUnsignedLong(args[3]);
+    if (PyErr_Occurred()) return NULL;
+    announce_received((uint32_t *)status_word, (uint32_t)status, (uint32_t *)done, (uint32_t)seq);
     Py_RETURN_NONE;
 }
 
@@ -505,11 +531,8 @@ int p2p_core(const int64_t *w, int64_t n, long me, long dst, uint32_t send_seq, 
                     uint32_t recv_seq, int dtype, long long count, long long itemsize, int64_t out_addr,
                     const int64_t *plan, Py_ssize_t rows, int64_t *b, const int64_t *rd, long polls, double seconds) {
 #define WORD(peer, which) ((uint32_t *)(uintptr_t)w[(peer) * PX_WORDS + (which)])
-    if (dst >= 0) {
-        memcpy((void *)(uintptr_t)w[dst * PX_WORDS + PX_SEND_DESC], fields, DESC_FIXED * 8);
-        __atomic_store_n(WORD(dst, PX_SEND_FLAG), send_seq, __ATOMIC_SEQ_CST);
-        wake_sleepers(WORD(dst, PX_SEND_FLAG));
-    }
+    if (dst >= 0) announce_send((void *)(uintptr_t)w[dst * PX_WORDS + PX_SEND_DESC], fields, WORD(dst, PX_SEND_FLAG),
+                                send_seq);
     if (src >= 0) {
         const int64_t *d = (const int64_t *)(uintptr_t)w[src * PX_WORDS + PX_RECV_DESC];
         if (!await_seq(WORD(src, PX_RECV_FLAG), recv_seq, polls, seconds)) return P2P_RECV_WAIT;
@@ -523,9 +546,7 @@ int p2p_core(const int64_t *w, int64_t n, long me, long dst, uint32_t send_seq, 
             if (kernels->execute_plan(plan, rows, b, n, dtype, 0, 1.0, &skipped) != NULL)
                 return P2P_RECV_CHECK;       /* nothing was written; Python's path raises */
         }
-        __atomic_store_n(WORD(src, PX_RECV_STATUS), 0u, __ATOMIC_SEQ_CST);
-        __atomic_store_n(WORD(src, PX_RECV_DONE), recv_seq, __ATOMIC_SEQ_CST);
-        wake_sleepers(WORD(src, PX_RECV_DONE));
+        announce_received(WORD(src, PX_RECV_STATUS), 0, WORD(src, PX_RECV_DONE), recv_seq);
     }
     if (dst < 0 || (await_seq(WORD(dst, PX_SENT_DONE), send_seq, polls, seconds) &&
                     __atomic_load_n(WORD(dst, PX_SENT_STATUS), __ATOMIC_ACQUIRE) == 0))
@@ -762,6 +783,7 @@ PyMethodDef native_methods[] = {
     {"agree", (PyCFunction)(void (*)(void))agree, METH_FASTCALL, "Do a slot's descriptors agree?"},
     {"sources", (PyCFunction)(void (*)(void))sources, METH_FASTCALL, "Members' input addresses; first one needing a readiness check."},
     {"post", (PyCFunction)(void (*)(void))post, METH_FASTCALL, "Publish a descriptor and its sequence number."},
+    {"received", (PyCFunction)(void (*)(void))received, METH_FASTCALL, "Answer a send: status, then done."},
     {"next_seq", (PyCFunction)(void (*)(void))next_seq_py, METH_FASTCALL, "Number a point-to-point call with a peer."},
     {"count", (PyCFunction)(void (*)(void))count, METH_FASTCALL, "Count a phase's bytes (outside the mesh machine)."},
     {"seq_reached", (PyCFunction)(void (*)(void))seq_reached, METH_FASTCALL, "Has a u32 sequence number reached a target?"},

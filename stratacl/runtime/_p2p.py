@@ -29,7 +29,7 @@ from ._native import P2P_DONE, P2P_RECV_CHECK, P2P_RECV_WAIT, P2P_SEND_WAIT   # 
 from ._args import _aliased, _fixed_address, _fixed_table, _flat
 from ._control import (DESC_FIXED, F_ADDR, F_AUX0, F_AUX1, F_COUNT, F_DTYPE, F_EPOCH, F_FLAGS,
                        F_SEG_OFF, F_SEG_SIZE, F_SEG_VA, FLAG_REJECTED, P2P_DESC, Layout)
-from ._sync import SLICE, SPIN_POLLS, WAKE_ALL, wait_until
+from ._sync import SLICE, SPIN_POLLS, wait_until
 from ._work import agreed, collective
 
 _NO_RECV = (0, 0, 0, 0, None)
@@ -369,10 +369,7 @@ class PointToPoint:
             received = self._rt.clock.received(self.members[src], self.members[self.rank], x.nbytes,
                                                us_from_bits(d[F_AUX0]), t_recv)
             self._rt.ctl.i64[off + F_AUX1] = to_bits(received)
-        _native.store_u32(self._recv_status[src], status)
-        done = self._recv_done[src]
-        _native.store_u32(done, seq)
-        _native.futex_wake(done, WAKE_ALL)
+        _native.received(self._recv_status[src], status, self._recv_done[src], seq)
         if error is not None:
             raise agreed(error)
         s = self._rt.stats
