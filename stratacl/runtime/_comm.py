@@ -153,6 +153,7 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute, Protocol,
         self._init_modeling()
         self._init_protocol(slots)
         self._init_p2p()
+        self._init_mesh()
 
     def _start_worker(self) -> Worker:
         """The thread that runs this communicator's operations once one is asynchronous."""
