@@ -22,9 +22,10 @@ import numpy as np
 
 from . import _native
 # an operation descriptor's DESC_FIXED int64 fields, F_* (collectives and point-to-point share
-# the layout): native code reads them, so _native.h defines them
-from ._native import (DESC_FIXED, F_ADDR, F_AUX0, F_AUX1, F_AUX2, F_CALL, F_COUNT, F_DTYPE, F_EPOCH, F_FLAGS,
-                      F_NBYTES, F_OP, F_REDOP, F_ROOT, F_SEG_OFF, F_SEG_SIZE, F_SEG_VA)
+# the layout): native code reads them, so _native.h defines them; the slot's users take them
+# from here, with the rest of the layout
+from ._native import (DESC_FIXED, F_ADDR, F_AUX0, F_AUX1, F_AUX2, F_CALL, F_COUNT, F_DTYPE, F_EPOCH,  # noqa: F401
+                      F_FLAGS, F_NBYTES, F_OP, F_REDOP, F_ROOT, F_SEG_OFF, F_SEG_SIZE, F_SEG_VA)
 
 MAGIC = 0x5354524154414C31  # "STRATAL1"
 HEADER_BYTES = 4096

@@ -28,7 +28,6 @@ from ..collectives._slices import IN
 from ..sdma._engine import SdmaEngine
 from ..sdma._model import PATHS
 from . import _native
-from . import _native
 from ._sync import SLICE
 
 
