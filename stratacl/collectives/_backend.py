@@ -99,15 +99,16 @@ def addresses(smap: SliceMap, bases: np.ndarray) -> tuple[np.ndarray, np.ndarray
     return bases[smap.src_buf, src_rank] + smap.src, bases[smap.dst_buf, dst_rank] + smap.dst
 
 
-def int64_word(buffer: str, index: int, doc: str) -> property:
+def int64_word(buffer: str, index: int, doc: str, writable: bool = True) -> property:
     """A property over word ``index`` of the ``array('q')`` attribute ``buffer``: a count that
-    native code updates in place, read and written by Python like an attribute."""
+    native code updates in place, read (and, if ``writable``, written) by Python like an
+    attribute."""
     def get(self) -> int:
         return getattr(self, buffer)[index]
 
     def put(self, value: int) -> None:
         getattr(self, buffer)[index] = value
-    return property(get, put, doc=doc)
+    return property(get, put if writable else None, doc=doc)
 
 
 class Counters:

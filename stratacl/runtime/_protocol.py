@@ -116,10 +116,10 @@ class Protocol:
         cx[_native.CX_DESC:] = desc_addrs
 
     # read-only here: native code numbers (see the module docstring)
-    _calls = property(int64_word("_tally", T_CALLS, "").fget,
-                      doc="Operations called on this communicator; they number the descriptors.")
-    _syncs = property(int64_word("_tally", T_SYNCS, "").fget,
-                      doc="Barriers arrived at (barrier k completes when the counter reaches k times the size).")
+    _calls = int64_word("_tally", T_CALLS, "Operations called on this communicator; they number the descriptors.",
+                        writable=False)
+    _syncs = int64_word("_tally", T_SYNCS, "Barriers arrived at (barrier k completes when the counter reaches k "
+                        "times the size).", writable=False)
 
     def _next_parity(self) -> int:
         """The descriptor slot the next call publishes in."""
