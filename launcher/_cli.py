@@ -16,7 +16,7 @@ import sys
 from stratacl._config import SETTINGS, Config, check_environment
 from stratacl._errors import ConfigError
 
-from ._supervisor import Job, format_failure
+from stratacl.jobs._supervisor import Job, format_failure
 
 
 def _parser() -> argparse.ArgumentParser:

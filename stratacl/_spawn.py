@@ -20,9 +20,6 @@ class RemoteTraceback(Exception):
         return "\n" + self.tb
 
 
-importing_main = False     # True in a rank while it imports the spawning script (_rankboot)
-
-
 def spawn(fn: Callable[..., Any], nranks: int, args: tuple = (), **settings: Any) -> list[Any]:
     """Run ``fn(comm, *args)`` in ``nranks`` fresh rank processes; return their results by rank.
 
@@ -31,9 +28,10 @@ def spawn(fn: Callable[..., Any], nranks: int, args: tuple = (), **settings: Any
     fails, the first failure is raised here: the rank's own exception when it can be rebuilt
     (with the rank's traceback as its cause), otherwise ``RankFailure``. Host-blocking.
     """
-    from stratacl_launcher._supervisor import Job, format_failure
+    from . import jobs
+    from .jobs._supervisor import Job, format_failure
 
-    if importing_main:
+    if jobs.importing_main:
         raise BootstrapError(
             "stratacl.spawn was called while a rank was importing the main module to find the function "
             "it runs: start the job under `if __name__ == \"__main__\":`, as with multiprocessing's spawn")

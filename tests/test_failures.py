@@ -301,7 +301,7 @@ def test_launcher_sigkilled_takes_ranks_and_daemon_with_it(tmp_path):
     n = 8
     proc, pids, job, _ = _start_blocking_job(n, tmp_path)
     children = psutil.Process(proc.pid).children()
-    daemons = [c.pid for c in children if "stratacl_launcher._daemon" in " ".join(c.cmdline())]
+    daemons = [c.pid for c in children if "stratacl.jobs._daemon" in " ".join(c.cmdline())]
     assert len(daemons) == 1, [c.cmdline() for c in children]
     assert set(pids) <= {c.pid for c in children}
 

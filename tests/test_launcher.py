@@ -14,7 +14,7 @@ import subprocess
 import pytest
 
 import stratacl
-from stratacl_launcher._supervisor import RANK_THREAD_VARS
+from stratacl.jobs._supervisor import RANK_THREAD_VARS
 
 from launch_helpers import SCRIPTS, Run, clean_env, launch, launcher_command, script
 

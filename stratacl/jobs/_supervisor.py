@@ -3,7 +3,7 @@
     Job.run()
       create segments (named, mode 0600, unlinked at once)  -> descriptors
       start daemon  (pipe: EOF = launcher gone -> daemon kills ranks and sweeps /dev/shm)
-      start ranks   (spawned with python -m stratacl_launcher._rankboot, die with the launcher)
+      start ranks   (spawned with python -m stratacl.jobs._rankboot, die with the launcher)
       loop: read reports, reap exits
         first failure -> recorded in the control segment (peers raise PeerFailure)
                       -> after `grace` s SIGTERM the rest, after another `grace` s SIGKILL
@@ -181,7 +181,7 @@ class Job:
         kind = self.target[0]
         # -P: the working directory stays off sys.path, so a source checkout there (with no built
         # extensions) cannot shadow the installed library; _rankboot adds what the target needs
-        base = [sys.executable, "-P", "-m", "stratacl_launcher._rankboot", kind]
+        base = [sys.executable, "-P", "-m", "stratacl.jobs._rankboot", kind]
         if kind == "spawn":
             return base
         return base + list(self.target[2])   # target[2] is the rank's argv: [path or module, *args]
@@ -200,7 +200,7 @@ class Job:
                 for sig in (signal.SIGINT, signal.SIGTERM):
                     old_handlers[sig] = signal.signal(sig, self._on_signal)
             daemon = subprocess.Popen(
-                [sys.executable, "-P", "-m", "stratacl_launcher._daemon", self.job_id, str(self.n), str(ctl_fd),
+                [sys.executable, "-P", "-m", "stratacl.jobs._daemon", self.job_id, str(self.n), str(ctl_fd),
                  str(pipe_r)], pass_fds=(ctl_fd, pipe_r), start_new_session=True, stdin=subprocess.DEVNULL)
             os.close(pipe_r)
             pipe_r = -1

@@ -63,7 +63,7 @@ def main() -> None:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
-    from stratacl_launcher._resources import sweep
+    from stratacl.jobs._resources import sweep
     sweep(job_id)
     os._exit(0)
 

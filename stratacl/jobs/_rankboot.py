@@ -1,8 +1,8 @@
 """Entry point of every rank process: ties the rank to its launcher, then runs the user's code.
 
-    python -P -m stratacl_launcher._rankboot script PATH ARGS...
-    python -P -m stratacl_launcher._rankboot module NAME ARGS...
-    python -P -m stratacl_launcher._rankboot spawn       (function and arguments come over the socket)
+    python -P -m stratacl.jobs._rankboot script PATH ARGS...
+    python -P -m stratacl.jobs._rankboot module NAME ARGS...
+    python -P -m stratacl.jobs._rankboot spawn       (function and arguments come over the socket)
 
 ``-P`` keeps the launcher's working directory off ``sys.path`` while the library loads; the
 target then gets the path Python itself would give it (the script's folder, or the working
@@ -38,7 +38,7 @@ def _bind_to_launcher() -> None:
 
 
 def _report_error(sock: socket.socket, exc: BaseException) -> None:
-    from stratacl_launcher import _wire
+    from stratacl.jobs import _wire
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     try:
         pickled = pickle.dumps(exc)
@@ -64,9 +64,9 @@ def _mark_dead() -> None:
 def _load_main(main: tuple[str, str]) -> None:
     """Make a spawning script's functions importable here, as multiprocessing does: its
     ``__main__`` is imported again (by module name, or run by path) under another name."""
-    from stratacl import _spawn
+    import stratacl.jobs as jobs
     kind, where = main
-    _spawn.importing_main = True     # a spawn() at the script's top level must not start a job here
+    jobs.importing_main = True       # a spawn() at the script's top level must not start a job here
     try:
         if kind == "module":
             import importlib
@@ -77,7 +77,7 @@ def _load_main(main: tuple[str, str]) -> None:
             sys.modules["__mp_main__"] = mod
             mod.__dict__.update(runpy.run_path(where, run_name="__mp_main__"))
     finally:
-        _spawn.importing_main = False
+        jobs.importing_main = False
     sys.modules["__main__"] = mod
 
 
@@ -86,7 +86,7 @@ def main() -> None:
     faulthandler.enable()
     boot = json.loads(os.environ["STRATACL_BOOT"])
     sock = socket.socket(fileno=boot["report"])
-    from stratacl_launcher import _wire
+    from stratacl.jobs import _wire
     kind, rest = sys.argv[1], sys.argv[2:]
     code = 0
     try:
@@ -96,8 +96,8 @@ def main() -> None:
             if main_path and main_path[1]:
                 _load_main(main_path)
             fn, args = pickle.loads(payload)
-            import stratacl
-            comm = stratacl.init()
+            from stratacl.runtime import _world
+            comm = _world.init()
             result = fn(comm, *args)
             _wire.send(sock, ("result", pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL)))
         elif kind == "script":
@@ -124,8 +124,8 @@ def main() -> None:
         code = 1
     finally:
         if code == 0:
-            import stratacl
-            stratacl.finalize()
+            from stratacl.runtime import _world
+            _world.finalize()
         sys.stdout.flush()
         sys.stderr.flush()
     os._exit(code)

@@ -1,0 +1,17 @@
+"""Jobs: start a job's rank processes and its bootstrap daemon, supervise them, clean up.
+
+What runs outside the ranks, for both front doors: ``stratacl-launch`` (the
+``stratacl_launcher`` package, a command line over ``Job``) and ``stratacl.spawn`` (a Python
+call that runs ``Job`` in the caller's process). Inside each rank only ``_rankboot`` runs.
+
+    _supervisor   Job: segments, daemon, ranks, reports, the first failure, teardown
+    _daemon       the bootstrap daemon: relays registration metadata, cleans up after the job
+    _rankboot     every rank process's entry point
+    _wire         length-prefixed pickle frames between the supervisor and a rank
+    _resources    the sweep of a job's leftover names in /dev/shm
+"""
+
+# True in a rank while _rankboot imports the spawning script to find the function it runs: a
+# stratacl.spawn reached then is the script's own top-level call, and must not start a job
+# (_rankboot runs as __main__, so the flag lives here, in a module imported once)
+importing_main = False
