@@ -26,6 +26,7 @@ One call's data path, and where each step lives::
       completion           runtime/_native.c     departure; bytes and calls counted (stats());
                            runtime/_modeling.py  the modeled clock (ub/) ticks
 """
+from . import ep as ep
 from . import ub as ub
 from ._arrays import empty as empty
 from ._arrays import empty_cache as empty_cache
@@ -60,7 +61,7 @@ __all__ = [
     "BootstrapError", "CollectiveMismatch", "CommTimeout", "Communicator", "Config", "ConfigError",
     "Estimate", "NotInitialized", "OutOfMemory", "PeerFailure", "RankFailure", "RegistrationError", "SETTINGS",
     "StrataError", "TooManyCommunicators",
-    "config", "empty", "empty_cache", "empty_like", "estimate", "finalize", "init", "is_initialized",
+    "config", "empty", "empty_cache", "empty_like", "ep", "estimate", "finalize", "init", "is_initialized",
     "memory_stats", "spawn", "stats", "ub", "zeros",
 ]
 

@@ -19,7 +19,7 @@ def test_public_names_are_exported_and_nothing_private_leaks():
     for name in stratacl.__all__:
         assert hasattr(stratacl, name) or name == "config", name
     public = {n for n in dir(stratacl) if not n.startswith("_")}
-    modules = {"ub", "runtime", "collectives", "bench", "sdma", "jobs"}
+    modules = {"ub", "runtime", "collectives", "bench", "sdma", "jobs", "ep"}
     assert public - set(stratacl.__all__) - modules == set()
 
 

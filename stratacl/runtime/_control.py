@@ -34,6 +34,10 @@ RING_ENTRY_WORDS = 8                      # 8 x u64 = one 64-byte message
 RING_BYTES = 128 + RING_ENTRIES * RING_ENTRY_WORDS * 8
 COMM_SLOTS = 128
 P2P_DESC = DESC_FIXED                     # a point-to-point descriptor is an operation descriptor
+# a collective descriptor's extension words: 2 per member (all_to_all_v's counts; the ring's
+# extra buffer), and this many more for the operations that name a second buffer and their
+# shape (stratacl.ep: ep/_buffer.py, E_*)
+EXT_WORDS_EXTRA = 10
 FLAG_REJECTED = 1                         # the rank rejected its own arguments; it raises, peers too
 
 # rank states
@@ -63,7 +67,7 @@ class Layout:
 
     def __init__(self, world: int):
         self.world = world
-        self.desc_words = DESC_FIXED + 2 * world
+        self.desc_words = DESC_FIXED + 2 * world + EXT_WORDS_EXTRA
         self.slot_bytes = _align(self.slot_reason(2 + 2 * world), 4096)
         self.rings_bytes = (world + 1) * RING_BYTES
         self.slots_offset = _align(R_RINGS + self.rings_bytes, 4096)

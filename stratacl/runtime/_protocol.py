@@ -45,7 +45,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("stratacl")
 
 OPS = {"barrier": 1, "all_gather": 2, "all_reduce": 3, "reduce_scatter": 4, "all_to_all": 5,
-       "all_to_all_v": 6, "broadcast": 7, "split": 8}
+       "all_to_all_v": 6, "broadcast": 7, "split": 8,
+       # expert parallelism (stratacl.ep)
+       "dispatch": 9, "combine": 10, "low_latency_dispatch": 11, "low_latency_combine": 12}
 OP_NAMES = {v: k for k, v in OPS.items()}
 
 _COMPARED = ((F_DTYPE, "dtype"), (F_COUNT, "element count"), (F_ROOT, "root"), (F_REDOP, "reduce op"))

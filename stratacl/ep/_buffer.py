@@ -1,0 +1,437 @@
+"""``stratacl.ep.Buffer``: MoE dispatch and combine on a communicator, pull mode, zero copy.
+
+One call, on every rank of the communicator (collectives/_ep.py has the routing and the slices):
+
+    checks and routing          local: the arguments, each token's destinations, this rank's
+        |                       routing block written into its HBM (header + records)
+    entry (runtime protocol)    descriptor: the dtype (compared natively), the token rows
+        |                       (zero copy if in HBM, else staged), and in its extension
+        |                       words the routing block's address and segment, T, H, K and
+        |                       the mode's parameter; a rank that rejects its arguments tells
+        |                       its peers why, as every collective does
+    agreement                   hidden size, top-k, max tokens per rank: CollectiveMismatch
+        |                       on every rank, before any byte moves
+    phase A  headers            every member's counts (tokens per member, per expert)
+    phase B  records            the records addressed to this rank
+    phase C  rows               token rows pulled straight from the senders' buffers
+        |                       (combine: the owners pull the destinations' output rows)
+    departure barrier           inputs and routing blocks may be reused
+    combine: reduce locally     float32, destinations ascending (HT) or k ascending,
+                                weighted (LL); cast to the rows' dtype
+
+Every phase is a remote-slice plan run by the communicator's backend (the cores, or the SDMA
+engine on ``path='sdma'``), counted like the collectives' phases. Under a modeled clock the
+calls are timed as their synchronisation only (as ``all_to_all_v``).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import numpy as np
+
+from .._errors import CollectiveMismatch
+from ..collectives import _backend, _ep, _reduce
+from ..collectives._slices import OUT, SCRATCH
+from ..runtime import _native
+from ..runtime._buffers import buffer_size
+from ..runtime._control import DESC_FIXED, EXT_WORDS_EXTRA, F_DTYPE
+from ..runtime._work import _deferred
+
+DTYPES = (np.dtype(np.float16), np.dtype(np.float32))
+# extension words of an ep descriptor: the routing block (address, segment va, size, offset,
+# epoch), then T, H, K, the mode's parameter (low-latency: max tokens per rank; combine: the
+# dispatch call it combines)
+E_ADDR, E_VA, E_SIZE, E_OFF, E_EPOCH, E_TOKENS, E_HIDDEN, E_TOPK, E_PARAM, E_WORDS = range(10)
+assert E_WORDS <= EXT_WORDS_EXTRA
+
+
+@dataclasses.dataclass(frozen=True)
+class Handle:
+    """What a dispatch leaves for its combine (pass it back unchanged).
+
+    ``counts[p, d]``: tokens member p sent to member d (high-throughput) or to expert d
+    (low-latency); ``sent``: per destination member, this rank's tokens sent there, in
+    order (high-throughput); ``slots``: [T, K] each (token, k)'s row in its expert's receive
+    rows, -1 where no expert (low-latency)."""
+    buffer_id: int
+    call: int
+    mode: str
+    tokens: int
+    received: int
+    counts: np.ndarray
+    topk_idx: np.ndarray
+    sent: tuple = ()
+    weights: np.ndarray | None = None
+    slots: np.ndarray | None = None
+    max_tokens: int = 0
+
+
+def _check_rows(x: Any, what: str, operation: str) -> np.ndarray:
+    if not isinstance(x, np.ndarray):
+        raise TypeError(f"{operation}: {what} must be a numpy array, got {type(x).__name__}")
+    if x.dtype not in DTYPES:
+        raise TypeError(f"{operation}: {what} dtype {x.dtype} is not supported (supported: float16, float32)")
+    return x
+
+
+class Buffer:
+    """Expert-parallel dispatch and combine over ``comm`` (DeepEP's names and return order).
+
+    Experts ``[r * E / N, (r + 1) * E / N)`` live on rank r. Collective: every rank of ``comm``
+    makes its Buffer with the same ``num_experts``, which must divide by the size.
+    Host-blocking; every operation takes ``async_op=True`` (returns a ``Work`` whose
+    ``result()`` is the operation's return value) and ``path='mte'|'sdma'``, as the
+    collectives do.
+    """
+
+    _ids = 0
+
+    def __init__(self, comm, num_experts: int):
+        self.comm = comm
+        n = comm.size
+        ok = isinstance(num_experts, (int, np.integer)) and not isinstance(num_experts, bool)
+        mine = np.array([int(num_experts) if ok else -1], dtype=np.int64)
+        every = np.zeros(n, dtype=np.int64)
+        comm.all_gather(every, mine)
+        if not ok:
+            raise TypeError(f"ep.Buffer: num_experts must be an int, got {type(num_experts).__name__}")
+        if (every != every[0]).any():
+            raise CollectiveMismatch(f"ep.Buffer: ranks disagree on num_experts ({_by_value(every, comm.members)})")
+        if num_experts <= 0 or num_experts % n:
+            raise ValueError(f"ep.Buffer: num_experts must be a positive multiple of the communicator's size "
+                             f"{n}, got {num_experts}")
+        self.num_experts = int(num_experts)
+        self.num_local_experts = self.num_experts // n
+        Buffer._ids += 1
+        self._id = Buffer._ids
+        self._calls = 0
+        self._block: np.ndarray | None = None        # this rank's routing block (HBM)
+        self._ready = np.full((n, 2), -1, dtype=np.int64)      # peers' routing blocks mapped here
+        self._last_plan: dict[str, tuple[bytes, _backend.Plan]] = {}   # each operation's last row plan
+
+    def __repr__(self) -> str:
+        return (f"ep.Buffer(rank={self.comm.rank}, size={self.comm.size}, num_experts={self.num_experts})")
+
+    # --- layout ---------------------------------------------------------------------------
+    def get_dispatch_layout(self, topk_idx: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(tokens to each rank [N], tokens to each expert [E], token t goes to rank r [T, N]
+        bool) of this rank's ``topk_idx`` [T, K] (int64, -1: no expert). Local."""
+        idx = self._check_idx(topk_idx, "get_dispatch_layout")
+        r = _ep.route(idx, self.comm.size, self.num_experts)
+        return r.per_rank, r.per_expert, r.dest
+
+    # --- high throughput ------------------------------------------------------------------
+    def dispatch(self, x: np.ndarray, topk_idx: np.ndarray, topk_weights: np.ndarray, *,
+                 async_op: bool = False, path: str | None = None):
+        """Send each token row of ``x`` [T, H] once to every rank holding one of its experts.
+
+        Returns ``(recv_x, recv_topk_idx, recv_topk_weights, recv_per_expert, handle)``:
+        the rows received (HBM, [R, H]), grouped by source rank ascending, each source's in
+        its token order; their expert ids local to this rank (global - rank * E / N) where the
+        expert is here, else -1; the matching weights, 0 where -1; the tokens each local
+        expert received; and the handle ``combine`` needs. Collective."""
+        return self._call("dispatch", lambda: self._dispatch("dispatch", x, topk_idx, topk_weights, 0),
+                          async_op, path)
+
+    def combine(self, y: np.ndarray, handle: Handle, *, async_op: bool = False, path: str | None = None):
+        """Return each token's rows to its owner: ``y`` shaped like the dispatch's ``recv_x``.
+
+        Returns ``(combined_x, combined_topk_weights)``: per own token, the sum of the rows
+        the destination ranks returned for it, added in destination-rank order, accumulated
+        in float32 from 0 and cast to ``y.dtype``; and its weights summed the same way (the
+        weight where the expert exists, 0 where -1). Collective."""
+        return self._call("combine", lambda: self._combine("combine", y, handle, None, None), async_op, path)
+
+    # --- low latency ----------------------------------------------------------------------
+    def low_latency_dispatch(self, x: np.ndarray, topk_idx: np.ndarray, max_tokens_per_rank: int, *,
+                             async_op: bool = False, path: str | None = None):
+        """Send each token row to each of its experts: ``(recv_x, recv_count, handle)``.
+
+        ``recv_x`` [E / N, N * max_tokens_per_rank, H] (HBM): for local expert e, the tokens
+        that picked it, grouped by source rank ascending, in token order, packed from row 0
+        (rows past ``recv_count[e]`` are undefined). More tokens than ``max_tokens_per_rank``
+        is a ValueError on that rank (CollectiveMismatch on the others). Collective."""
+        return self._call("low_latency_dispatch", lambda: self._dispatch(
+            "low_latency_dispatch", x, topk_idx, None, max_tokens_per_rank), async_op, path)
+
+    def low_latency_combine(self, y: np.ndarray, topk_idx: np.ndarray, topk_weights: np.ndarray, handle: Handle,
+                            *, async_op: bool = False, path: str | None = None):
+        """Per own token, the sum over k in order of ``topk_weights[t, k] * y[e_k][slot]`` for
+        the experts it picked, in float32 from 0, cast to ``y.dtype`` (``y`` shaped like the
+        low-latency ``recv_x``; ``topk_idx`` the dispatched one). Collective."""
+        return self._call("low_latency_combine", lambda: self._combine(
+            "low_latency_combine", y, handle, topk_idx, topk_weights), async_op, path)
+
+    # --- the calls ------------------------------------------------------------------------
+    def _call(self, operation: str, body: Callable[[], Any], async_op: bool, path: str | None):
+        comm = self.comm
+        if async_op or comm._worker is not None or comm._rt.clock is not None:
+            return _deferred(comm, _named(operation), body, async_op, path)
+        comm._path = comm._default_path if path is None else path
+        return body()
+
+    def _check_idx(self, topk_idx: Any, operation: str, tokens: int | None = None) -> np.ndarray:
+        if not isinstance(topk_idx, np.ndarray) or topk_idx.ndim != 2:
+            raise TypeError(f"{operation}: topk_idx must be a 2-D numpy array [tokens, K]")
+        if topk_idx.dtype != np.int64:
+            raise TypeError(f"{operation}: topk_idx must be int64, got {topk_idx.dtype}")
+        t, k = topk_idx.shape
+        if tokens is not None and t != tokens:
+            raise ValueError(f"{operation}: topk_idx has {t} rows for {tokens} tokens")
+        if k > self.num_experts:
+            raise ValueError(f"{operation}: top-{k} exceeds the {self.num_experts} experts")
+        if topk_idx.size and (topk_idx.min() < -1 or topk_idx.max() >= self.num_experts):
+            bad = topk_idx[(topk_idx < -1) | (topk_idx >= self.num_experts)][0]
+            raise ValueError(f"{operation}: expert index {int(bad)} is outside [-1, {self.num_experts})")
+        if k > 1 and t:
+            s = np.sort(topk_idx, axis=1)
+            if ((s[:, 1:] == s[:, :-1]) & (s[:, 1:] >= 0)).any():
+                row = int(np.nonzero(((s[:, 1:] == s[:, :-1]) & (s[:, 1:] >= 0)).any(axis=1))[0][0])
+                raise ValueError(f"{operation}: token {row} picks the same expert twice")
+        return np.ascontiguousarray(topk_idx)
+
+    def _routing_block(self, words: np.ndarray):
+        """This rank's routing block holding ``words``, in its HBM (grown as needed)."""
+        if self._block is None or self._block.size < words.size:
+            self._block = None
+            self._block = self.comm._rt.empty((buffer_size(words.nbytes) // 8,), np.int64)
+        self._block[:words.size] = words
+        return self._block
+
+    def _enter(self, operation: str, dtype_code: int, inp, block, tokens: int, hidden: int, topk: int,
+               param: int, error: BaseException | None) -> tuple[int, np.ndarray]:
+        """Publish, arrive, agree (see the module docstring); returns the call's parity and
+        every member's extension words [n, E_WORDS]."""
+        comm = self.comm
+        if error is not None:
+            comm._begin(operation, {}, error=error)       # raises, after the peers learned why
+        ext = np.zeros(E_WORDS, dtype=np.int64)
+        if block is not None:
+            addr = _native.data_address(block)
+            seg = comm._hbm_segment(block, addr)
+            ext[E_ADDR:E_EPOCH + 1] = (addr, seg.va, seg.size, seg.hbm_offset, seg.epoch)
+        ext[E_TOKENS:E_WORDS] = (tokens, hidden, topk, param)
+        comm._begin(operation, {F_DTYPE: dtype_code, **comm._input_fields(inp)}, ext=ext)
+        parity = comm._calls & 1
+        i64, lay = comm._rt.ctl.i64, comm._lay
+        every = np.stack([i64[(o + lay.slot_desc(parity)) // 8 + DESC_FIXED:][:E_WORDS] for o in comm._slot_offs])
+        for word, what in ((E_HIDDEN, "hidden size"), (E_TOPK, "top-k"), (E_PARAM, _PARAM_NAMES[operation])):
+            col = every[:, word]
+            if (col != col[0]).any():
+                raise CollectiveMismatch(f"{operation}: ranks disagree on the {what} "
+                                         f"({_by_value(col, comm.members)}); no data was moved")
+        return parity, every
+
+    def _blocks_ready(self, operation: str, every: np.ndarray) -> None:
+        """Every member's routing block mapped here and named in the SCRATCH row of the bases."""
+        comm = self.comm
+        for i in range(comm.size):
+            va, epoch = int(every[i, E_VA]), int(every[i, E_EPOCH])
+            if i != comm.rank and (self._ready[i, 0] != va or self._ready[i, 1] != epoch):
+                comm._rt.reg.ensure_ready(comm.members[i], va, int(every[i, E_SIZE]), int(every[i, E_OFF]), epoch,
+                                          operation)
+                self._ready[i] = va, epoch
+        comm._bases[SCRATCH] = every[:, E_ADDR]
+
+    def _phase(self, operation: str, smap, out: np.ndarray) -> None:
+        """Run one phase into ``out`` (this rank's OUT) on the call's path, counted."""
+        comm = self.comm
+        comm._bases[OUT, comm.rank] = _native.data_address(out)
+        comm._run(operation, _backend.compile(smap))
+
+    def _row_plan(self, operation: str, key: bytes, build) -> _backend.Plan:
+        """The row phase of this call: the operation's last one when its routing was the same
+        (``key``: everything the phase is built from)."""
+        last = self._last_plan.get(operation)
+        if last is not None and last[0] == key:
+            return last[1]
+        plan = _backend.compile(build())
+        self._last_plan[operation] = (key, plan)
+        return plan
+
+    def _dispatch(self, operation: str, x, topk_idx, topk_weights, max_tokens: int):
+        comm = self.comm
+        n, me, L = comm.size, comm.rank, self.num_local_experts
+        low_latency = operation == "low_latency_dispatch"
+        error = inp = block = None
+        code = tokens = hidden = topk = 0
+        try:
+            _check_rows(x, "x", operation)
+            if x.ndim != 2:
+                raise ValueError(f"{operation}: x must be 2-D [tokens, hidden], got shape {x.shape}")
+            tokens, hidden = x.shape
+            idx = self._check_idx(topk_idx, operation, tokens)
+            topk = idx.shape[1]
+            if low_latency:
+                if not isinstance(max_tokens, (int, np.integer)) or max_tokens < 0:
+                    raise ValueError(f"{operation}: max_tokens_per_rank must be a non-negative int, "
+                                     f"got {max_tokens!r}")
+                if tokens > max_tokens:
+                    raise ValueError(f"{operation}: {tokens} tokens exceed max_tokens_per_rank={max_tokens}")
+                weights = np.zeros(idx.shape, dtype=np.float32)
+            else:
+                weights = _check_weights(topk_weights, idx.shape, operation)
+            if comm._path is not comm._default_path:
+                comm._check_path(operation)
+            code = _reduce.dtype_code(x.dtype, operation)
+            routing = _ep.route(idx, n, self.num_experts)
+            block = self._routing_block(_ep.routing_block(routing, idx, weights))
+            inp = comm._as_input(x, operation)
+        except Exception as e:
+            error = e
+        parity, every = self._enter(operation, code, inp, block, tokens, hidden, topk, int(max_tokens), error)
+        self._calls += 1
+        self._blocks_ready(operation, every)
+        head = _ep.header_words(n, self.num_experts)
+        heads = np.empty((n, head), dtype=np.int64)
+        self._phase(operation, _ep.headers(me, n, head), heads)
+        counts, per_expert = heads[:, :n], heads[:, n:]
+        words = _ep.record_words(topk)
+        rec = np.empty(int(counts[:, me].sum()) * words, dtype=np.int64)
+        self._phase(operation, _ep.records(me, counts, head, words), rec)
+        tids, got_idx, got_w = _ep.parse_records(rec, topk)
+        src = np.repeat(np.arange(n, dtype=np.int64), counts[:, me])
+        comm._peer_sources(operation, parity, inp.addr, need=(counts[:, me] > 0).astype(np.int64))
+        row = hidden * x.itemsize
+        local = (got_idx >= me * L) & (got_idx < (me + 1) * L)
+        if low_latency:
+            cap = n * max_tokens
+            recv_x = comm._rt.empty((L, cap, hidden), x.dtype)
+            expert = np.where(local, got_idx - me * L, -1).reshape(-1)
+            slot = _ep.occurrence(expert)
+            hit = expert >= 0
+            which = np.repeat(np.arange(tids.size), topk)[hit]
+            dst_row = expert[hit] * cap + slot[hit]
+            key = rec.tobytes() + counts[:, me].tobytes() + bytes(str((n, row, cap)), "ascii")
+            plan = self._row_plan(operation, key, lambda: _ep.rows(
+                me, n, src[which], tids[which], dst_row, row))
+            comm._bases[OUT, me] = _native.data_address(recv_x)
+            comm._run(operation, plan)
+            comm._finish(operation)
+            comm._tick("barrier", parity, 0)
+            recv_count = np.bincount(expert[hit], minlength=L).astype(np.int64)
+            handle = Handle(self._id, self._calls, "ll", tokens, int(hit.sum()), per_expert.copy(), idx,
+                            slots=_ep.expert_slots(per_expert, me, idx), max_tokens=int(max_tokens))
+            return recv_x, recv_count, handle
+        recv_x = comm._rt.empty((tids.size, hidden), x.dtype)
+        key = rec.tobytes() + counts[:, me].tobytes() + bytes(str((n, row)), "ascii")
+        plan = self._row_plan(operation, key, lambda: _ep.rows(
+            me, n, src, tids, np.arange(tids.size), row))
+        comm._bases[OUT, me] = _native.data_address(recv_x)
+        comm._run(operation, plan)
+        comm._finish(operation)
+        comm._tick("barrier", parity, 0)
+        recv_idx = np.where(local, got_idx - me * L, -1)
+        recv_w = np.where(local, got_w, np.float32(0))
+        recv_per_expert = np.bincount(recv_idx[local], minlength=L).astype(np.int64)
+        sent = tuple(np.flatnonzero(routing.dest[:, d]) for d in range(n))
+        handle = Handle(self._id, self._calls, "ht", tokens, tids.size, counts.copy(), idx, sent=sent,
+                        weights=weights)
+        return recv_x, recv_idx, recv_w, recv_per_expert, handle
+
+    def _combine(self, operation: str, y, handle, topk_idx, topk_weights):
+        comm = self.comm
+        n, me, L = comm.size, comm.rank, self.num_local_experts
+        low_latency = operation == "low_latency_combine"
+        error = inp = None
+        code = hidden = call = 0
+        try:
+            if not isinstance(handle, Handle) or handle.buffer_id != self._id:
+                raise TypeError(f"{operation}: handle must be the one this Buffer's dispatch returned")
+            if handle.mode != ("ll" if low_latency else "ht"):
+                raise ValueError(f"{operation}: the handle is of a {'low-latency' if handle.mode == 'll' else 'high-throughput'} dispatch")
+            call = handle.call
+            _check_rows(y, "y", operation)
+            if low_latency:
+                want = (L, n * handle.max_tokens)
+                if y.ndim != 3 or y.shape[:2] != want:
+                    raise ValueError(f"{operation}: y must be [{want[0]}, {want[1]}, hidden] like the dispatch's "
+                                     f"recv_x, got shape {y.shape}")
+                idx = self._check_idx(topk_idx, operation, handle.tokens)
+                if not np.array_equal(idx, handle.topk_idx):
+                    raise ValueError(f"{operation}: topk_idx differs from the one dispatched with this handle")
+                weights = _check_weights(topk_weights, idx.shape, operation)
+            else:
+                if y.ndim != 2 or y.shape[0] != handle.received:
+                    raise ValueError(f"{operation}: y must be [{handle.received}, hidden] like the dispatch's "
+                                     f"recv_x, got shape {y.shape}")
+            hidden = y.shape[-1]
+            if comm._path is not comm._default_path:
+                comm._check_path(operation)
+            code = _reduce.dtype_code(y.dtype, operation)
+            inp = comm._as_input(y, operation)
+        except Exception as e:
+            error = e
+        parity, _ = self._enter(operation, code, inp, None, 0, hidden, 0, call, error)
+        row = hidden * y.itemsize
+        counts = handle.counts
+        if low_latency:
+            valid = idx >= 0
+            t_k = np.flatnonzero(valid.reshape(-1))
+            e = idx.reshape(-1)[t_k]
+            owner = e // L
+            got = np.empty((idx.size, hidden), dtype=y.dtype)
+            need = np.zeros(n, dtype=np.int64)
+            need[owner] = 1
+            comm._peer_sources(operation, parity, inp.addr, need=need)
+            cap = n * handle.max_tokens
+            key = idx.tobytes() + handle.slots.tobytes() + bytes(str((n, row, cap)), "ascii")
+            plan = self._row_plan(operation, key, lambda: _ep.rows(
+                me, n, owner, (e - owner * L) * cap + handle.slots.reshape(-1)[t_k], t_k, row))
+            comm._bases[OUT, me] = _native.data_address(got)
+            comm._run(operation, plan)
+            comm._finish(operation)
+            comm._tick("barrier", parity, 0)
+            got = got.reshape(idx.shape[0], idx.shape[1], hidden)
+            acc = np.zeros((idx.shape[0], hidden), dtype=np.float32)
+            for k in range(idx.shape[1]):
+                m = valid[:, k]
+                acc[m] += weights[m, k, None] * got[m, k].astype(np.float32)
+            out = comm._rt.empty(acc.shape, y.dtype)
+            out[...] = acc
+            return out
+        mine = counts[me]
+        got = np.empty((int(mine.sum()), hidden), dtype=y.dtype)
+        comm._peer_sources(operation, parity, inp.addr, need=(mine > 0).astype(np.int64))
+        self._phase(operation, _ep.combine_blocks(me, counts, row), got)
+        comm._finish(operation)
+        comm._tick("barrier", parity, 0)
+        acc = np.zeros((handle.tokens, hidden), dtype=np.float32)
+        start = 0
+        for d in range(n):
+            block = got[start:start + mine[d]]
+            start += mine[d]
+            if block.size:
+                acc[handle.sent[d]] += block.astype(np.float32)
+        out = comm._rt.empty(acc.shape, y.dtype)
+        out[...] = acc
+        # each weight comes back from its expert's rank alone (0 from the others): summed from 0
+        # in destination order, that is 0 + w
+        weights = np.where(handle.topk_idx >= 0, np.float32(0) + handle.weights, np.float32(0))
+        return out, weights
+
+
+_PARAM_NAMES = {"dispatch": "mode parameter", "low_latency_dispatch": "max_tokens_per_rank",
+                "combine": "dispatch call combined", "low_latency_combine": "dispatch call combined"}
+
+
+def _check_weights(w: Any, shape: tuple, operation: str) -> np.ndarray:
+    if not isinstance(w, np.ndarray) or w.dtype != np.float32 or w.shape != shape:
+        got = f"{w.dtype} {w.shape}" if isinstance(w, np.ndarray) else type(w).__name__
+        raise TypeError(f"{operation}: topk_weights must be a float32 array of shape {shape}, got {got}")
+    return w
+
+
+def _by_value(col: np.ndarray, members: list[int]) -> str:
+    groups: dict[int, list[int]] = {}
+    for i, v in enumerate(col.tolist()):
+        groups.setdefault(v, []).append(members[i])
+    return "; ".join(f"rank(s) {rs}: {v}" for v, rs in groups.items())
+
+
+def _named(operation: str) -> Callable:
+    def op():
+        pass
+    op.__name__ = operation
+    return op
