@@ -202,3 +202,91 @@ def test_naive_partitioning_and_jit_registration_give_the_same_bytes():
     cases = [_case(4, path="sdma", seed=8), _case(4, seed=9)]
     for settings in (dict(partition="naive"), dict(registration="jit"), dict(registration="staged")):
         assert stratacl.spawn(_each, 4, args=(cases,), timeout=120, **settings) == [[]] * 4, settings
+
+
+def _errors(comm, which: str):
+    """Rank 1 (or every rank) passes bad arguments in ``which``; returns (exception type, message)
+    per call tried, then whether a following good dispatch still gives exact bytes."""
+    n, me = comm.size, comm.rank
+    case = _case(n, seed=11)
+    ref = _Reference(case, n)
+    x, idx, w = ref.inp[me]
+    seen = []
+
+    def attempt(fn):
+        try:
+            fn()
+            seen.append(("ok", ""))
+        except Exception as e:          # noqa: BLE001 - the test reports what each rank raised
+            seen.append((type(e).__name__, str(e)))
+
+    if which == "experts":
+        attempt(lambda: ep.Buffer(comm, 3 * n + 1))                      # not a multiple of N
+        attempt(lambda: ep.Buffer(comm, 2 * n if me else 4 * n))         # disagreement
+        attempt(lambda: ep.Buffer(comm, "8" if me == 1 else 2 * n))      # a wrong type on rank 1
+        return seen, True
+    buf = ep.Buffer(comm, case["experts"])
+    bad_idx = idx.copy()
+    if me == 1:
+        bad_idx[0, 0] = case["experts"]
+    if which == "index":
+        attempt(lambda: buf.dispatch(x, bad_idx, w))
+        attempt(lambda: buf.low_latency_dispatch(x, bad_idx, 64))
+    elif which == "hidden":
+        attempt(lambda: buf.dispatch(x[:, :5] if me == 1 else x, idx, w))
+    elif which == "max_tokens":
+        attempt(lambda: buf.low_latency_dispatch(x, idx, x.shape[0] - 1 if me == 1 else 64))
+    elif which == "dtype":
+        attempt(lambda: buf.dispatch(x.astype(np.float16) if me == 1 else x, idx, w))
+        attempt(lambda: buf.dispatch(x.astype(np.int32) if me == 1 else x, idx, w))
+    elif which == "twice":
+        twice = idx.copy()
+        if me == 1 and twice.shape[1] > 1:
+            twice[0, 1] = twice[0, 0]
+        attempt(lambda: buf.dispatch(x, twice, w))
+    elif which in ("handle", "rows"):
+        *_, handle = buf.dispatch(x, idx, w)
+        y = _expert_outputs(case, me, ref.dispatch(me)[0].shape, x.dtype)
+        if which == "handle":
+            attempt(lambda: buf.combine(y, None if me == 1 else handle))
+        else:
+            attempt(lambda: buf.combine(y[:-1] if me == 1 else y, handle))
+    recv_x, *_ = buf.dispatch(x, idx, w)
+    return seen, recv_x.tobytes() == ref.dispatch(me)[0].tobytes()
+
+
+@pytest.mark.parametrize("which, at_fault, others", [
+    ("index", ("ValueError", "expert index 8 is outside [-1, 8)"), ("CollectiveMismatch", "rank 1 rejected")),
+    ("max_tokens", ("ValueError", "exceed max_tokens_per_rank"), ("CollectiveMismatch", "rank 1 rejected")),
+    ("twice", ("ValueError", "picks the same expert twice"), ("CollectiveMismatch", "rank 1 rejected")),
+    ("handle", ("TypeError", "handle must be the one"), ("CollectiveMismatch", "rank 1 rejected")),
+    ("rows", ("ValueError", "y must be [25, hidden] like the dispatch's recv_x, got shape (24, 24)"),
+     ("CollectiveMismatch", "rank 1 rejected")),
+])
+def test_bad_arguments_raise_on_the_rank_at_fault_and_mismatch_on_its_peers(which, at_fault, others):
+    for rank, (seen, still_exact) in enumerate(stratacl.spawn(_errors, 4, args=(which,), timeout=60)):
+        assert still_exact, rank
+        for kind, message in seen:
+            want = at_fault if rank == 1 else others
+            assert kind == want[0] and want[1] in message, (rank, kind, message)
+            if rank != 1:
+                assert at_fault[1] in message      # the peers learn why
+
+
+@pytest.mark.parametrize("which, label", [("hidden", "hidden size"), ("dtype", "dtype")])
+def test_disagreements_raise_collective_mismatch_everywhere(which, label):
+    for rank, (seen, still_exact) in enumerate(stratacl.spawn(_errors, 3, args=(which,), timeout=60)):
+        assert still_exact, rank
+        kind, message = seen[0]
+        assert kind == "CollectiveMismatch" and label in message and "no data was moved" in message, (rank, message)
+        if which == "dtype":
+            assert seen[1] == (("TypeError", "dispatch: x dtype int32 is not supported (supported: float16, float32)")
+                               if rank == 1 else ("CollectiveMismatch", seen[1][1])), seen[1]
+
+
+def test_num_experts_is_checked_on_every_rank():
+    for rank, (seen, _) in enumerate(stratacl.spawn(_errors, 3, args=("experts",), timeout=60)):
+        assert seen[0] == ("ValueError", "ep.Buffer: num_experts must be a positive multiple of the "
+                           "communicator's size 3, got 10"), seen[0]
+        assert seen[1][0] == "CollectiveMismatch" and "disagree on num_experts" in seen[1][1]
+        assert seen[2][0] == ("TypeError" if rank == 1 else "CollectiveMismatch"), seen[2]
