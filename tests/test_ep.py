@@ -9,6 +9,11 @@ the mte and sdma paths.
 """
 from __future__ import annotations
 
+import json
+import shutil
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -290,3 +295,70 @@ def test_num_experts_is_checked_on_every_rank():
                            "communicator's size 3, got 10"), seen[0]
         assert seen[1][0] == "CollectiveMismatch" and "disagree on num_experts" in seen[1][1]
         assert seen[2][0] == ("TypeError" if rank == 1 else "CollectiveMismatch"), seen[2]
+
+
+# --- the bench, the model -----------------------------------------------------------------------
+def _bench(*args: str, timeout: float = 200) -> subprocess.CompletedProcess:
+    exe = shutil.which("stratacl-bench")
+    cmd = [exe] if exe else [sys.executable, "-c", "import sys; from stratacl.bench._cli import main; sys.exit(main())"]
+    return subprocess.run(cmd + list(args), capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("op, mode", [("dispatch", "ht"), ("combine", "ht"), ("dispatch", "ll"), ("combine", "ll")])
+def test_bench_rows_count_bytes_as_deepep_does(op, mode, tmp_path):
+    out = tmp_path / "moe.json"
+    n, tokens, hidden, topk, experts = 4, (16, 40), 64, 3, 8
+    run = _bench(op, "-n", str(n), "--tokens", ",".join(map(str, tokens)), "--hidden", str(hidden), "--topk",
+                 str(topk), "--experts", str(experts), "--mode", mode, "--skew", "0.5", "-w", "1", "-i", "2",
+                 "--clock", "virtual", "-J", str(out))
+    assert run.returncode == 0, run.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    for row, t in zip(rows, tokens):
+        routes = ep.routing(t, experts, topk, n, 0.5, 0)
+        local = experts // n
+        if mode == "ht":       # a row per token and destination rank
+            received = sum(int(((r[:, :, None] // local) == np.arange(n)).any(axis=1).sum()) for r in routes)
+        else:                  # a row per token and expert
+            received = sum(int((r >= 0).sum()) for r in routes)
+        assert row["count"] == received // n and row["size"] == int(received / n * hidden * 2), row
+        assert row["wrong"] == 0 and row["busbw"] == pytest.approx(row["size"] / row["time_us"] / 1e3)
+        assert {"mode", "tokens", "hidden", "topk", "experts", "skew", "model_time_us", "model_busbw",
+                "core_gap"} <= set(row) and row["model_time_us"] > 0 and row["tokens"] == t
+
+
+def _modeled(comm, case: dict):
+    """This rank's modeled clock (us) before a dispatch, after it, and after its combine."""
+    ref = _Reference(case, comm.size)
+    buf = ep.Buffer(comm, case["experts"])
+    x, idx, w = ref.inp[comm.rank]
+    comm.barrier()
+    t0 = comm.clock()
+    recv_x, *_, handle = buf.dispatch(_place(x, True), _place(idx, True), _place(w, True))
+    t1 = comm.clock()
+    buf.combine(recv_x, handle)
+    return t0 * 1e6, t1 * 1e6, comm.clock() * 1e6
+
+
+def test_virtual_clock_times_dispatch_and_combine_from_their_traffic():
+    from stratacl.runtime._buffers import EAGER_BYTES
+    from stratacl.ub._clock import FabricModel, model_exchange
+    n, row = 4, 1024 * 4
+    case = _case(n, tokens=(300, 0, 1000), hidden=1024, seed=12)
+    t0, t1, t2 = np.array(stratacl.spawn(_modeled, n, args=(case,), timeout=120, clock="virtual")).T
+    routes = [_inputs(case, n, r)[1] for r in range(n)]
+    model = FabricModel("cm384", "roa", eager_bytes=EAGER_BYTES)
+    dispatch, received = ep._model.traffic("dispatch", "ht", routes, case["experts"], row)
+    combine, _ = ep._model.traffic("combine", "ht", routes, case["experts"], row)
+    assert received.sum() > 0
+    # every member times each call from the same traffic and every member's entering clock
+    assert np.allclose(t1, model_exchange(model, range(n), dispatch, t0), rtol=0, atol=1e-6)
+    assert np.allclose(t2, model_exchange(model, range(n), combine, t1), rtol=0, atol=1e-6)
+
+
+def test_routing_skew_shows_as_a_core_gap_for_naive_partitioning_not_balanced():
+    common = dict(nranks=32, tokens=512, hidden=7168, topk=8, experts=256, skew=0.8, seed=3)
+    for op in ("dispatch", "combine"):
+        naive = ep.estimate(op, partition="naive", **common)
+        balanced = ep.estimate(op, partition="balanced", **common)
+        assert naive.core_gap > 0.3 and balanced.core_gap < 0.1, (op, naive.core_gap, balanced.core_gap)
+        assert balanced.time_us < naive.time_us

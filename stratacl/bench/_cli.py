@@ -6,6 +6,8 @@
                    [--topology cm384|flat|FILE] [--vs mpi,gloo] [--no-limit] [-J out.json]
     stratacl-bench all_gather -n 256 -b 64K -e 256G --estimate [--algo auto] [--registration staged]
                    [--cores N] [--comm-cores N] [--partition naive|balanced] [--path mte|sdma] [--profile DIR]
+    stratacl-bench dispatch|combine -n 32 --tokens 4096 --hidden 7168 --topk 8 --experts 256 --mode ht|ll
+                   [--skew S] ...      MoE expert parallelism: see bench/_moe.py
 
 Prints a header (the run and the host), one row per size and the average bus bandwidth;
 ``-J`` writes the same as JSON. Progress goes to stderr. Exits 1 if any check found wrong data.
@@ -32,15 +34,14 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import os
-import platform
 import sys
 import time
 
 import numpy as np
 
 from .._config import parse_size
-from . import _cases
+from . import _cases, _moe
+from ._host import host_facts
 
 COLUMNS = ("size", "count", "type", "redop", "root", "time_us", "algbw", "busbw", "wrong")
 MODEL_COLUMNS = ("model_time_us", "model_algbw", "model_busbw")
@@ -161,17 +162,6 @@ def estimate_rows(op: str, nranks: int, sizes: list[int], dtype: str, root: int,
         row.update(core_gap=e.core_gap, core_busy_us=e.core_busy_us, policy_us=e.policy_us)
         rows.append(row)
     return rows
-
-
-def host_facts() -> dict:
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "")
-    except OSError:
-        model = ""
-    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return {"host": platform.node(), "cpu": model or platform.processor(), "cores": os.cpu_count(),
-            "memory_gib": round(mem / 2**30, 1), "python": platform.python_version(), "numpy": np.__version__}
 
 
 def footprint(op: str, n: int, size: int, itemsize: int) -> int:
@@ -312,6 +302,9 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     import stratacl
 
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] in _moe.OPS:           # MoE dispatch / combine: their own options
+        return _moe.main(args)
     parser = _parser()
     a = parser.parse_args(argv)
     sizes = [0] if a.operator == "barrier" else _sizes(parse_size(a.minbytes), parse_size(a.maxbytes),

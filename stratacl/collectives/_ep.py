@@ -31,6 +31,8 @@ import dataclasses
 
 import numpy as np
 
+from ._schedule import LOAD as T_LOAD
+from ._schedule import LOAD_REDUCE as T_LOAD_REDUCE
 from ._slices import IN, LOAD, OUT, SCRATCH, SliceMap, make
 
 WEIGHT_WORDS = 2        # float32 weights per int64 word of a record
@@ -172,3 +174,29 @@ def expert_slots(counts_expert: np.ndarray, me: int, topk_idx: np.ndarray) -> np
     before = (np.cumsum(counts_expert, axis=0) - counts_expert)[me]      # [E]
     slot = np.where(keys >= 0, before[np.maximum(keys, 0)] + within, -1)
     return slot.reshape(topk_idx.shape)
+
+
+# --- the traffic the fabric model times (every member computes the same matrices) -----------
+def rows_to_members(per_expert: np.ndarray, n: int) -> np.ndarray:
+    """[p, d]: rows member p sends to member d in low-latency mode (one per token and expert):
+    the sum of ``per_expert[p, e]`` over d's experts."""
+    return per_expert.reshape(per_expert.shape[0], n, -1).sum(axis=2)
+
+
+def dispatch_traffic(counts: np.ndarray, per_expert: np.ndarray, topk: int, row: int,
+                     low_latency: bool) -> list[tuple[np.ndarray, int]]:
+    """The phases of one dispatch as traffic matrices ``B[reader, owner]`` (bytes; see
+    ``_schedule.exchange``): headers from everyone, the records addressed to the reader, the
+    token rows (``counts[p, d]``: tokens p sends to d; ``per_expert[p, e]``: to expert e)."""
+    n = counts.shape[0]
+    head = np.full((n, n), header_words(n, per_expert.shape[1]) * 8, dtype=np.int64)
+    rec = counts.T * (record_words(topk) * 8)
+    sent = rows_to_members(per_expert, n) if low_latency else counts
+    return [(head, T_LOAD), (rec, T_LOAD), (sent.T * row, T_LOAD)]
+
+
+def combine_traffic(sent: np.ndarray, row: int) -> list[tuple[np.ndarray, int]]:
+    """The one phase of a combine: each token owner pulls, and accumulates on chip, the rows
+    its tokens' destinations return (``sent[owner, destination]``: rows the owner sent there
+    in the dispatch)."""
+    return [(np.asarray(sent, dtype=np.int64) * row, T_LOAD_REDUCE)]

@@ -209,6 +209,29 @@ def schedule(op: str, algo: str, n: int, nbytes: int, root: int = 0, itemsize: i
     return [Barrier(), mesh, RootWait(root)] if nbytes and readers.size else [Barrier(), RootWait(root)]
 
 
+def exchange(phases: list[tuple[np.ndarray, int]]) -> list:
+    """The steps of a call given by its traffic (all_to_all_v, MoE dispatch and combine): the
+    arrival barrier, then per phase a full-mesh step in which member i pulls ``B[i, j]`` bytes
+    from member j (``phases``: (B, transfer kind) pairs; B[i, i] is a local copy), then the
+    departure barrier. The phases follow each other without a barrier: each reads only what
+    its owners published before the arrival (runtime: ep/_buffer.py, all_to_all_v)."""
+    steps: list = [Barrier()]
+    for b, kind in phases:
+        b = np.asarray(b, dtype=np.int64)
+        reader, owner = np.nonzero(b)
+        kinds = np.where(reader == owner, LOCAL_COPY, kind)
+        steps.append(Mesh(reader, owner, b[reader, owner], kinds))
+    return steps + [Barrier()]
+
+
+def exchange_staging(phases: list[tuple[np.ndarray, int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Bytes each member copies into its communication buffer before an exchange and out of
+    it after (the staged baseline): what its peers read from it, packed per reader, and what
+    it received, in the last (the data) phase."""
+    b = np.asarray(phases[-1][0], dtype=np.int64)
+    return b.sum(axis=0), b.sum(axis=1)
+
+
 def peers_read(op: str, algo: str, n: int, root: int = 0) -> np.ndarray:
     """How many distinct peers each member reads from: the mappings jit registration makes when
     every buffer is fresh (a ring reads its left neighbour only)."""

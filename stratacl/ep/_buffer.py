@@ -20,8 +20,10 @@ One call, on every rank of the communicator (collectives/_ep.py has the routing 
                                 weighted (LL); cast to the rows' dtype
 
 Every phase is a remote-slice plan run by the communicator's backend (the cores, or the SDMA
-engine on ``path='sdma'``), counted like the collectives' phases. Under a modeled clock the
-calls are timed as their synchronisation only (as ``all_to_all_v``).
+engine on ``path='sdma'``), counted like the collectives' phases. Under a modeled clock every
+member times the call from the same traffic matrices (collectives/_ep.py, dispatch_traffic and
+combine_traffic; ub/_clock.py, plan_exchange): the fabric's contention, and each member's
+transfers per peer cut into units and partitioned over its cores (naive or balanced).
 """
 from __future__ import annotations
 
@@ -234,11 +236,12 @@ class Buffer:
                 self._ready[i] = va, epoch
         comm._bases[SCRATCH] = every[:, E_ADDR]
 
-    def _phase(self, operation: str, smap, out: np.ndarray) -> None:
-        """Run one phase into ``out`` (this rank's OUT) on the call's path, counted."""
+    def _phase(self, operation: str, key: tuple, build, out: np.ndarray) -> None:
+        """Run one phase into ``out`` (this rank's OUT) on the call's path, counted; its plan
+        compiled once per ``key`` (the communicator's plan cache)."""
         comm = self.comm
         comm._bases[OUT, comm.rank] = _native.data_address(out)
-        comm._run(operation, _backend.compile(smap))
+        comm._run(operation, comm._phase(key, lambda: [build()]))
 
     def _row_plan(self, operation: str, key: bytes, build) -> _backend.Plan:
         """The row phase of this call: the operation's last one when its routing was the same
@@ -285,11 +288,12 @@ class Buffer:
         self._blocks_ready(operation, every)
         head = _ep.header_words(n, self.num_experts)
         heads = np.empty((n, head), dtype=np.int64)
-        self._phase(operation, _ep.headers(me, n, head), heads)
+        self._phase(operation, ("ep_headers", head), lambda: _ep.headers(me, n, head), heads)
         counts, per_expert = heads[:, :n], heads[:, n:]
         words = _ep.record_words(topk)
         rec = np.empty(int(counts[:, me].sum()) * words, dtype=np.int64)
-        self._phase(operation, _ep.records(me, counts, head, words), rec)
+        self._phase(operation, ("ep_records", head, words, counts.tobytes()),
+                    lambda: _ep.records(me, counts, head, words), rec)
         tids, got_idx, got_w = _ep.parse_records(rec, topk)
         src = np.repeat(np.arange(n, dtype=np.int64), counts[:, me])
         comm._peer_sources(operation, parity, inp.addr, need=(counts[:, me] > 0).astype(np.int64))
@@ -309,7 +313,7 @@ class Buffer:
             comm._bases[OUT, me] = _native.data_address(recv_x)
             comm._run(operation, plan)
             comm._finish(operation)
-            comm._tick("barrier", parity, 0)
+            comm._tick_exchange(operation, parity, _ep.dispatch_traffic(counts, per_expert, topk, row, True))
             recv_count = np.bincount(expert[hit], minlength=L).astype(np.int64)
             handle = Handle(self._id, self._calls, "ll", tokens, int(hit.sum()), per_expert.copy(), idx,
                             slots=_ep.expert_slots(per_expert, me, idx), max_tokens=int(max_tokens))
@@ -321,7 +325,7 @@ class Buffer:
         comm._bases[OUT, me] = _native.data_address(recv_x)
         comm._run(operation, plan)
         comm._finish(operation)
-        comm._tick("barrier", parity, 0)
+        comm._tick_exchange(operation, parity, _ep.dispatch_traffic(counts, per_expert, topk, row, False))
         recv_idx = np.where(local, got_idx - me * L, -1)
         recv_w = np.where(local, got_w, np.float32(0))
         recv_per_expert = np.bincount(recv_idx[local], minlength=L).astype(np.int64)
@@ -382,7 +386,7 @@ class Buffer:
             comm._bases[OUT, me] = _native.data_address(got)
             comm._run(operation, plan)
             comm._finish(operation)
-            comm._tick("barrier", parity, 0)
+            comm._tick_exchange(operation, parity, _ep.combine_traffic(_ep.rows_to_members(counts, n), row))
             got = got.reshape(idx.shape[0], idx.shape[1], hidden)
             acc = np.zeros((idx.shape[0], hidden), dtype=np.float32)
             for k in range(idx.shape[1]):
@@ -394,9 +398,9 @@ class Buffer:
         mine = counts[me]
         got = np.empty((int(mine.sum()), hidden), dtype=y.dtype)
         comm._peer_sources(operation, parity, inp.addr, need=(mine > 0).astype(np.int64))
-        self._phase(operation, _ep.combine_blocks(me, counts, row), got)
+        self._phase(operation, ("ep_combine", row, counts.tobytes()), lambda: _ep.combine_blocks(me, counts, row), got)
         comm._finish(operation)
-        comm._tick("barrier", parity, 0)
+        comm._tick_exchange(operation, parity, _ep.combine_traffic(counts, row))
         acc = np.zeros((handle.tokens, hidden), dtype=np.float32)
         start = 0
         for d in range(n):

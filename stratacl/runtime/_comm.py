@@ -32,6 +32,7 @@ import numpy as np
 
 from .._errors import CollectiveMismatch, TooManyCommunicators
 from ..collectives import _reduce, _slices
+from ..collectives._schedule import LOAD
 from ..collectives._slices import OUT, SCRATCH
 from . import _native
 from ._native import MESH_BARRIER, MESH_NO_DEPARTURE, MESH_ROOT, MESH_ROOT_READER, T_NATIVE
@@ -308,7 +309,8 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute, Protocol,
         ``recv_counts[j]`` elements from rank j land in ``out``. Collective. ``out`` may overlap
         ``x`` (in place): ``x`` is then copied first.
 
-        Under a modeled clock only its synchronisation is modeled, not its transfers."""
+        Under a modeled clock its transfers are timed from the counts (every member pulls
+        ``recv_counts`` from each peer), as MoE dispatch is."""
         op = "all_to_all_v"
         n = self.size
         try:
@@ -349,7 +351,7 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute, Protocol,
             self._run(op, plan)
         self._finish(op)
         self._output_done(out, target, int(recv[self.rank].sum()))
-        self._tick("barrier", parity, 0)
+        self._tick_exchange(op, parity, [(recv * item, LOAD)])
 
     @collective
     def broadcast(self, x: np.ndarray, root: int = 0) -> None:

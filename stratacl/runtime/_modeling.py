@@ -33,8 +33,9 @@ import numpy as np
 from .._errors import ConfigError
 from ..collectives import _schedule
 from ..ub._clock import choose_algo
+from ..ub._clock import run_plan
 from ..ub._compute import ComputeJob, combine, run_job
-from ..ub._profile import profile_call
+from ..ub._profile import profile_plan
 from ..ub._rankclock import from_bits, to_bits
 from ._control import F_AUX0, F_EPOCH, F_NBYTES, F_SEG_SIZE, F_SEG_VA
 
@@ -105,7 +106,8 @@ class Modeled:
     def _ended(self, op: str, start_us: float, end_us: float, occupancy=None) -> None:
         """The running call ends at ``end_us``: the program's clock moves there if the call is
         blocking; an asynchronous one records it on its Work (and what its cores did:
-        ``occupancy``, the arguments of ub._profile.profile_call) for wait() and charge_compute."""
+        ``occupancy``: (model, timed plan, members, entering clocks, this member), what
+        ub._profile.profile_plan walks) for wait() and charge_compute."""
         self._comm_free_us = end_us
         c, work = self._rt.clock, self._running
         if work is None:
@@ -134,22 +136,50 @@ class Modeled:
         entering = from_bits(descs[:, F_AUX0])
         extra = self._jit_extra(descs, op, algo, root) if self._rt.config.registration == "jit" else None
         model = self._rt.model_for(self._path)
-        end = c.exit_time(op, algo, self.members, nbytes, entering, extra, self.rank, root, itemsize, model)
+        self._timed(op, model, model.plan(op, algo, tuple(self.members), nbytes, root, itemsize), entering, extra)
+
+    def _tick_exchange(self, op: str, parity: int, phases: list) -> None:
+        """``_tick`` for a call given by its traffic matrices (collectives._schedule.exchange):
+        all_to_all_v, MoE dispatch and combine. A jit member maps every owner it reads from in
+        any phase, as ``_jit_extra`` counts."""
+        c = self._rt.clock
+        if c is None:
+            return
+        descs = self._rt.ctl.i64[self._desc_idx[parity]]
+        entering = from_bits(descs[:, F_AUX0])
+        extra = None
+        if self._rt.config.registration == "jit":
+            reads = np.zeros((self.size, self.size), dtype=bool)
+            for b, _ in phases:
+                reads |= np.asarray(b) > 0
+            np.fill_diagonal(reads, False)
+            extra = self._jit_extra(descs, op, "mesh", 0, reads)
+        model = self._rt.model_for(self._path)
+        self._timed(op, model, model.plan_exchange(tuple(self.members), phases), entering, extra)
+
+    def _timed(self, op: str, model, plan: list, entering: np.ndarray, extra) -> None:
+        """This member's end of a call whose timed ``plan`` every member entered at ``entering``
+        (plus ``extra``: jit mappings), and its cores' profile when the profiler runs."""
         clocks = entering if extra is None else entering + extra
-        call = (model, op, algo, self.members, nbytes, root, itemsize, clocks, self.rank)
-        self._ended(op, float(entering[self.rank]), end, call)
+        end = float(run_plan(plan, clocks)[self.rank])
+        self._ended(op, float(entering[self.rank]), end, (model, plan, self.members, clocks, self.rank))
         prof = self._rt.profiler
         if prof is not None:
-            prof.absorb(profile_call(model, op, algo, self.members, nbytes, root, itemsize, clocks_in=clocks,
-                                     ranks=[self.rank])[0])
+            prof.absorb(profile_plan(model, plan, self.members, clocks_in=clocks, ranks=[self.rank])[0])
 
-    def _jit_extra(self, descs: np.ndarray, op: str, algo: str, root: int) -> np.ndarray | None:
+    def _jit_extra(self, descs: np.ndarray, op: str, algo: str, root: int,
+                   reads: np.ndarray | None = None) -> np.ndarray | None:
+        """Every member's cost of the jit mappings it makes in this call: of each owner's input
+        segment it reads (``reads[i, j]``: i reads j; default: the operator's pattern) and has
+        not mapped before."""
         n = self.size
         if self._mapped is None:
             self._mapped = np.full((n, n, 2), -1, dtype=np.int64)
         if op in ("barrier", "split") or n == 1:
             return None
-        if op == "sendrecv" or (algo == "ring" and op in _schedule.RING_OPS):
+        if reads is not None:
+            reads = reads.copy()
+        elif op == "sendrecv" or (algo == "ring" and op in _schedule.RING_OPS):
             reads = np.roll(np.eye(n, dtype=bool), -1, axis=1)        # i reads i-1
         elif op == "broadcast":
             reads = np.zeros((n, n), dtype=bool)

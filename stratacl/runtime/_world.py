@@ -24,7 +24,7 @@ from .._errors import BootstrapError, CommTimeout, NotInitialized, TooManyCommun
 from ..ub import _topology
 from ..ub._clock import FabricModel
 from ..ub._compute import occupied
-from ..ub._profile import Profiler, profile_call, write_chrome_trace
+from ..ub._profile import Profiler, profile_plan, write_chrome_trace
 from ..ub._rankclock import RankClock
 from ..ub import _registration
 from ..ub._registration import RegistrationUnit
@@ -161,8 +161,8 @@ class Runtime:
             keep.append(work)
             call = work.modeled[2]
             if call is not None:
-                model, op, algo, members, nbytes, root, itemsize, clocks, me = call
-                prof = profile_call(model, op, algo, members, nbytes, root, itemsize, clocks_in=clocks, ranks=[me])[0]
+                model, plan, members, clocks, me = call
+                prof = profile_plan(model, plan, members, clocks_in=clocks, ranks=[me])[0]
                 steps.append(occupied(prof, model.path))
         self.in_flight[:] = keep
         return steps

@@ -208,6 +208,22 @@ class FabricModel:
             self._plans[key] = got
         return got
 
+    def plan_exchange(self, members: tuple, phases: list[tuple[np.ndarray, int]]) -> list:
+        """The timed steps of a call given by its traffic matrices (``_schedule.exchange``;
+        cached by the matrices). Staged: the member's copies in and out around it."""
+        key = ("exchange", members, tuple((np.asarray(b, dtype=np.int64).tobytes(), int(k)) for b, k in phases))
+        got = self._plans.get(key)
+        if got is None:
+            if len(self._plans) >= _CACHE_LIMIT:
+                self._plans.clear()
+            m = np.asarray(members, dtype=np.int64)
+            got = self._timed_steps(m, S.exchange(phases))
+            if self.registration == "staged":
+                cin, cout = S.exchange_staging(phases)
+                got = self._timed_local(m, cin) + got + self._timed_local(m, cout)
+            self._plans[key] = got
+        return got
+
     def _round(self, op, algo, members, m, nbytes, root, itemsize) -> list:
         key = (op, algo, members, nbytes, root, itemsize)
         got = self._rounds.get(key)
@@ -231,9 +247,12 @@ class FabricModel:
         return [("add", dur, runs)]
 
     def _timed(self, op, algo, m, nbytes, root, itemsize) -> list:
+        return self._timed_steps(m, S.schedule(op, algo, m.size, nbytes, root, itemsize, eager_bytes=self.eager_bytes))
+
+    def _timed_steps(self, m: np.ndarray, steps: list) -> list:
         f, n = self.fabric, m.size
         out = []
-        for step in S.schedule(op, algo, n, nbytes, root, itemsize, eager_bytes=self.eager_bytes):
+        for step in steps:
             if isinstance(step, S.Barrier):
                 if n > 1:
                     out.append(("barrier", self._barrier(m)))
@@ -282,7 +301,9 @@ class FabricModel:
         return lat
 
 
-def _run(plan: list, clocks: np.ndarray) -> np.ndarray:
+def run_plan(plan: list, clocks: np.ndarray) -> np.ndarray:
+    """Every member's clock after a timed plan (``FabricModel.plan``, ``plan_exchange``) that
+    they entered at ``clocks``."""
     t = clocks
     for step in plan:
         kind = step[0]
@@ -327,7 +348,19 @@ def model_call(model: FabricModel, op: str, algo: str, members, nbytes: int, clo
         clocks = clocks + np.asarray(extra_us, dtype=np.float64)
     if algo == "auto":
         algo = choose_algo(model, op, members, nbytes, root, itemsize)
-    return _run(model.plan(op, algo, members, int(nbytes), root, itemsize), clocks)
+    return run_plan(model.plan(op, algo, members, int(nbytes), root, itemsize), clocks)
+
+
+def model_exchange(model: FabricModel, members, phases: list[tuple[np.ndarray, int]], clocks_in,
+                   extra_us=None) -> np.ndarray:
+    """Every member's modeled clock (us) after a call given by its traffic matrices
+    (``_schedule.exchange``: per phase, B[i, j] bytes member i pulls from member j, and the
+    transfer kind) that they entered at ``clocks_in``; ``extra_us`` as ``model_call``'s."""
+    members = tuple(int(r) for r in np.asarray(members).reshape(-1))
+    clocks = np.array(clocks_in, dtype=np.float64).reshape(-1)
+    if extra_us is not None:
+        clocks = clocks + np.asarray(extra_us, dtype=np.float64)
+    return run_plan(model.plan_exchange(members, phases), clocks)
 
 
 def model_send_recv(model: FabricModel, sender: int, receiver: int, nbytes: int, t_send: float,
@@ -356,7 +389,7 @@ def choose_algo(model: FabricModel, op: str, members, nbytes: int, root: int = 0
     got = model._auto.get(key)
     if got is None:
         zero = np.zeros(len(members))
-        t = {a: _run(model.plan(op, a, members, int(nbytes), root, itemsize), zero).max() for a in S.ALGOS}
+        t = {a: run_plan(model.plan(op, a, members, int(nbytes), root, itemsize), zero).max() for a in S.ALGOS}
         got = "ring" if t["ring"] < t["mesh"] else "mesh"
         if len(model._auto) >= _CACHE_LIMIT:
             model._auto.clear()

@@ -151,12 +151,18 @@ def profile_call(model, op: str, algo: str, members, nbytes: int, root: int = 0,
     """Automatic probes of one call: the plan the model times (``FabricModel.plan``), walked on
     the members' clocks, every core's stages recorded. ``ranks``: member indices to profile
     (default all). Same arithmetic as ``model_call``, so the timelines end where it says."""
-    from ._clock import _run, choose_algo
+    from ._clock import choose_algo
     members = tuple(int(r) for r in np.asarray(members).reshape(-1))
-    n = len(members)
     if algo == "auto":
         algo = choose_algo(model, op, members, nbytes, root, itemsize)
-    plan = model.plan(op, algo, members, int(nbytes), root, itemsize)
+    return profile_plan(model, model.plan(op, algo, members, int(nbytes), root, itemsize), members, clocks_in, ranks)
+
+
+def profile_plan(model, plan: list, members, clocks_in=None, ranks=None) -> list[Profiler]:
+    """``profile_call`` for any timed plan of ``model`` (``FabricModel.plan``, ``plan_exchange``)."""
+    from ._clock import run_plan
+    members = tuple(int(r) for r in np.asarray(members).reshape(-1))
+    n = len(members)
     t = np.zeros(n) if clocks_in is None else np.asarray(clocks_in, dtype=np.float64).copy()
     want = list(range(n)) if ranks is None else list(ranks)
     profs = {i: Profiler(members[i]) for i in want}
@@ -180,7 +186,7 @@ def profile_call(model, op: str, algo: str, members, nbytes: int, root: int = 0,
                         _record_run(profs[i], runs[s][i][0], st[i])
             t = end
             continue
-        t_next = _run([step], t)
+        t_next = run_plan([step], t)
         for i in want:
             if kind == "add":
                 if step[2][i] is not None:
@@ -211,7 +217,11 @@ def call_cores(model, op: str, algo: str, members, nbytes: int, root: int = 0, i
     """Per-core figures of one call entered at 0: ``core_gap`` (slowest minus fastest core
     completion over the slowest, worst member), ``core_busy_us`` (summed occupation of a
     member's cores, mean over members)."""
-    profs = profile_call(model, op, algo, members, nbytes, root, itemsize)
+    return profiles_cores(profile_call(model, op, algo, members, nbytes, root, itemsize))
+
+
+def profiles_cores(profs: list[Profiler]) -> dict:
+    """``call_cores``'s figures from the members' profiles of one call entered at 0."""
     sums = [p.summary() for p in profs]
     return {"core_gap": max((s["gap"] for s in sums), default=0.0),
             "core_busy_us": float(np.mean([s["core_busy_us"] for s in sums])) if sums else 0.0}

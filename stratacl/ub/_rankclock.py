@@ -3,9 +3,10 @@
     collective call on every member
         arrival: each member publishes the clock it enters with (descriptor field F_AUX0)
         ... the data path moves the real bytes ...
-        every member runs ub._clock.model_call on all entering clocks (+ the jit mappings the
-        call made, which every member derives from the descriptors alike) and keeps its own
-        exit time -> RankClock.advance
+        every member runs the call's timed plan (ub._clock: FabricModel.plan, or plan_exchange
+        for calls given by their traffic) on all entering clocks (+ the jit mappings the call
+        made, which every member derives from the descriptors alike) and keeps its own exit
+        time -> RankClock.set (runtime/_modeling.py)
     throttled: advance then sleeps until wall time = anchor + modeled time x dilation; a call
     that ends later than that is counted late and the anchor moves by the lag (lateness is the
     host's, it never enters modeled time). Wall time the rank spends between calls (its real
@@ -31,7 +32,7 @@ import time
 
 import numpy as np
 
-from ._clock import FabricModel, model_call, model_send_recv
+from ._clock import FabricModel, model_send_recv
 from ._topology import Topology
 
 # a throttled call that ends behind its schedule by more than this share of its own dilated
@@ -84,13 +85,6 @@ class RankClock:
     def bits(self) -> int:
         """``entering()`` as the int64 a descriptor carries."""
         return to_bits(self.entering())
-
-    def exit_time(self, op: str, algo: str, members, nbytes: int, entering: np.ndarray, extra_us, me: int,
-                  root: int = 0, itemsize: int = 1, model: FabricModel | None = None) -> float:
-        """This member's exit time of one collective call (``entering``: every member's entering
-        clock, in us; ``model``: the call's, when its path differs from the setting)."""
-        out = model_call(model or self.model, op, algo, members, nbytes, entering, extra_us, root, itemsize)
-        return float(out[me])
 
     def received(self, sender: int, receiver: int, nbytes: int, t_send: float, t_recv: float) -> float:
         """Point-to-point, receiver's side (global ranks): when the pull of ``nbytes`` completes,
