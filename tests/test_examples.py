@@ -30,3 +30,13 @@ def test_allreduce_example_prints_the_job_and_both_calls(n, clock, source):
         assert float(wall_ms) > 0 and float(model_us) > 0 and float(busbw) > 0, rows
     assert f"modeled: {source};" in run.stdout
     assert len(lines) <= 24, "one screen at most"
+
+
+@pytest.mark.parametrize("n, mode", [(4, "ht"), (3, "ll")])
+def test_moe_layer_example_matches_the_layer_computed_in_one_process(n, mode):
+    run = launch("-n", str(n), "--timeout", "60", str(EXAMPLES / "moe_layer.py"), "--mode", mode, "--tokens", "24",
+                 timeout=120)
+    assert run.returncode == 0, run.explain()
+    lines = run.stdout.splitlines()
+    assert lines[0].startswith(f"MoE layer ({mode}): {n} ranks, {4 * n} experts (top-4), 24 tokens of 256 per rank")
+    assert lines[1].endswith("on every rank: yes"), run.explain()
