@@ -347,8 +347,8 @@ def test_virtual_clock_times_dispatch_and_combine_from_their_traffic():
     t0, t1, t2 = np.array(stratacl.spawn(_modeled, n, args=(case,), timeout=120, clock="virtual")).T
     routes = [_inputs(case, n, r)[1] for r in range(n)]
     model = FabricModel("cm384", "roa", eager_bytes=EAGER_BYTES)
-    dispatch, received = ep._model.traffic("dispatch", "ht", routes, case["experts"], row)
-    combine, _ = ep._model.traffic("combine", "ht", routes, case["experts"], row)
+    dispatch, received, _ = ep._model.traffic("dispatch", "ht", routes, case["experts"], row)
+    combine, _, _ = ep._model.traffic("combine", "ht", routes, case["experts"], row)
     assert received.sum() > 0
     # every member times each call from the same traffic and every member's entering clock
     assert np.allclose(t1, model_exchange(model, range(n), dispatch, t0), rtol=0, atol=1e-6)
@@ -360,5 +360,8 @@ def test_routing_skew_shows_as_a_core_gap_for_naive_partitioning_not_balanced():
     for op in ("dispatch", "combine"):
         naive = ep.estimate(op, partition="naive", **common)
         balanced = ep.estimate(op, partition="balanced", **common)
-        assert naive.core_gap > 0.3 and balanced.core_gap < 0.1, (op, naive.core_gap, balanced.core_gap)
+        # the worst rank's gap: most of a core's time idle under naive pinning, a residue of a
+        # unit's cost or two under LPT (at this size a core has ~16 units)
+        assert naive.core_gap > 0.5 and balanced.core_gap < 0.15, (op, naive.core_gap, balanced.core_gap)
+        assert naive.core_gap > 4 * balanced.core_gap
         assert balanced.time_us < naive.time_us

@@ -160,7 +160,7 @@ def rank_main(comm, spec: dict) -> list[dict] | None:
         if modeled:
             mt = (reduce(m1, "max") - reduce(m0, "max")) / max(spec["iters"], 1) * 1e6
             row.update(model_time_us=mt, model_busbw=size / mt / 1e3 if mt > 0 else 0.0,
-                       core_gap=_core_gap(comm, spec, counts, per_expert, dt))
+                       core_gap=_core_gap(comm, spec, routes, dt))
         rows.append(row)
         if me == 0:
             print(f"stratacl-bench: {spec['op']} {spec['mode']} {T} tokens done ({row['time_us']:.1f} us)",
@@ -174,19 +174,14 @@ def _in_hbm(stratacl, a: np.ndarray) -> np.ndarray:
     return h
 
 
-def _core_gap(comm, spec: dict, counts, per_expert, dt) -> float:
+def _core_gap(comm, spec: dict, routes: list[np.ndarray], dt) -> float:
     """The core gap of one call as the ranks' model times it (the plan of its traffic)."""
-    from stratacl.collectives import _ep
+    from stratacl.ep._model import traffic
     from stratacl.ub._profile import profile_plan, profiles_cores
-    row = spec["hidden"] * dt.itemsize
-    low_latency = spec["mode"] == "ll"
-    if spec["op"] == "dispatch":
-        phases = _ep.dispatch_traffic(counts, per_expert, spec["topk"], row, low_latency)
-    else:
-        phases = _ep.combine_traffic(_ep.rows_to_members(per_expert, comm.size) if low_latency else counts, row)
+    phases, _, staging = traffic(spec["op"], spec["mode"], routes, spec["experts"], spec["hidden"] * dt.itemsize)
     model = comm._rt.model
     members = tuple(comm.members)
-    return profiles_cores(profile_plan(model, model.plan_exchange(members, phases), members))["core_gap"]
+    return profiles_cores(profile_plan(model, model.plan_exchange(members, phases, staging), members))["core_gap"]
 
 
 def estimate_rows(spec: dict, nranks: int, topology: str, registration: str, partition: str, path: str) -> list[dict]:

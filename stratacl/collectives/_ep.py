@@ -200,3 +200,11 @@ def combine_traffic(sent: np.ndarray, row: int) -> list[tuple[np.ndarray, int]]:
     its tokens' destinations return (``sent[owner, destination]``: rows the owner sent there
     in the dispatch)."""
     return [(np.asarray(sent, dtype=np.int64) * row, T_LOAD_REDUCE)]
+
+
+def staging(op: str, tokens: np.ndarray, received: np.ndarray, row: int) -> tuple[np.ndarray, np.ndarray]:
+    """Bytes each member copies into its communication buffer and out of it when the call is
+    staged (registration ``staged``, the buffer-centric baseline): its input and its output.
+    ``tokens``: each member's tokens; ``received``: the rows each received in the dispatch."""
+    tokens, received = (np.asarray(a, dtype=np.int64) * row for a in (tokens, received))
+    return (tokens, received) if op.endswith("dispatch") else (received, tokens)

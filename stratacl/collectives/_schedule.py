@@ -224,14 +224,6 @@ def exchange(phases: list[tuple[np.ndarray, int]]) -> list:
     return steps + [Barrier()]
 
 
-def exchange_staging(phases: list[tuple[np.ndarray, int]]) -> tuple[np.ndarray, np.ndarray]:
-    """Bytes each member copies into its communication buffer before an exchange and out of
-    it after (the staged baseline): what its peers read from it, packed per reader, and what
-    it received, in the last (the data) phase."""
-    b = np.asarray(phases[-1][0], dtype=np.int64)
-    return b.sum(axis=0), b.sum(axis=1)
-
-
 def peers_read(op: str, algo: str, n: int, root: int = 0) -> np.ndarray:
     """How many distinct peers each member reads from: the mappings jit registration makes when
     every buffer is fresh (a ring reads its left neighbour only)."""

@@ -53,7 +53,7 @@ class Handle:
     """What a dispatch leaves for its combine (pass it back unchanged).
 
     ``counts[p, d]``: tokens member p sent to member d (high-throughput) or to expert d
-    (low-latency); ``sent``: per destination member, this rank's tokens sent there, in
+    (low-latency); ``tokens_all``: every member's tokens; ``sent``: per destination member, this rank's tokens sent there, in
     order (high-throughput); ``slots``: [T, K] each (token, k)'s row in its expert's receive
     rows, -1 where no expert (low-latency)."""
     buffer_id: int
@@ -62,6 +62,7 @@ class Handle:
     tokens: int
     received: int
     counts: np.ndarray
+    tokens_all: np.ndarray          # every member's tokens in the dispatch
     topk_idx: np.ndarray
     sent: tuple = ()
     weights: np.ndarray | None = None
@@ -243,6 +244,26 @@ class Buffer:
         comm._bases[OUT, comm.rank] = _native.data_address(out)
         comm._run(operation, comm._phase(key, lambda: [build()]))
 
+    def _rows(self, operation: str, plan: _backend.Plan, out: np.ndarray) -> None:
+        """Run the row phase into ``out`` (HBM): straight into it, or, staged (registration
+        ``staged``), into a communication buffer copied out after, as the collectives do."""
+        comm = self.comm
+        flat = out.reshape(-1)
+        target = comm._output(flat)
+        comm._bases[OUT, comm.rank] = _native.data_address(target)
+        comm._run(operation, plan)
+        comm._output_done(flat, target)
+
+    def _output(self, acc: np.ndarray, dtype) -> np.ndarray:
+        """A combine's result, ``acc`` cast to ``dtype``, in a new HBM array (through a
+        communication buffer when staged)."""
+        out = self.comm._rt.empty(acc.shape, dtype)
+        flat = out.reshape(-1)
+        target = self.comm._output(flat)
+        target[...] = acc.reshape(-1)
+        self.comm._output_done(flat, target)
+        return out
+
     def _row_plan(self, operation: str, key: bytes, build) -> _backend.Plan:
         """The row phase of this call: the operation's last one when its routing was the same
         (``key``: everything the phase is built from)."""
@@ -299,6 +320,8 @@ class Buffer:
         comm._peer_sources(operation, parity, inp.addr, need=(counts[:, me] > 0).astype(np.int64))
         row = hidden * x.itemsize
         local = (got_idx >= me * L) & (got_idx < (me + 1) * L)
+        rows_in = _ep.rows_to_members(per_expert, n) if low_latency else counts
+        staging = _ep.staging(operation, every[:, E_TOKENS], rows_in.sum(axis=0), row)
         if low_latency:
             cap = n * max_tokens
             recv_x = comm._rt.empty((L, cap, hidden), x.dtype)
@@ -310,28 +333,27 @@ class Buffer:
             key = rec.tobytes() + counts[:, me].tobytes() + bytes(str((n, row, cap)), "ascii")
             plan = self._row_plan(operation, key, lambda: _ep.rows(
                 me, n, src[which], tids[which], dst_row, row))
-            comm._bases[OUT, me] = _native.data_address(recv_x)
-            comm._run(operation, plan)
+            self._rows(operation, plan, recv_x)
             comm._finish(operation)
-            comm._tick_exchange(operation, parity, _ep.dispatch_traffic(counts, per_expert, topk, row, True))
+            comm._tick_exchange(operation, parity, _ep.dispatch_traffic(counts, per_expert, topk, row, True), staging)
             recv_count = np.bincount(expert[hit], minlength=L).astype(np.int64)
-            handle = Handle(self._id, self._calls, "ll", tokens, int(hit.sum()), per_expert.copy(), idx,
-                            slots=_ep.expert_slots(per_expert, me, idx), max_tokens=int(max_tokens))
+            handle = Handle(self._id, self._calls, "ll", tokens, int(hit.sum()), per_expert.copy(),
+                            every[:, E_TOKENS].copy(), idx, slots=_ep.expert_slots(per_expert, me, idx),
+                            max_tokens=int(max_tokens))
             return recv_x, recv_count, handle
         recv_x = comm._rt.empty((tids.size, hidden), x.dtype)
         key = rec.tobytes() + counts[:, me].tobytes() + bytes(str((n, row)), "ascii")
         plan = self._row_plan(operation, key, lambda: _ep.rows(
             me, n, src, tids, np.arange(tids.size), row))
-        comm._bases[OUT, me] = _native.data_address(recv_x)
-        comm._run(operation, plan)
+        self._rows(operation, plan, recv_x)
         comm._finish(operation)
-        comm._tick_exchange(operation, parity, _ep.dispatch_traffic(counts, per_expert, topk, row, False))
+        comm._tick_exchange(operation, parity, _ep.dispatch_traffic(counts, per_expert, topk, row, False), staging)
         recv_idx = np.where(local, got_idx - me * L, -1)
         recv_w = np.where(local, got_w, np.float32(0))
         recv_per_expert = np.bincount(recv_idx[local], minlength=L).astype(np.int64)
         sent = tuple(np.flatnonzero(routing.dest[:, d]) for d in range(n))
-        handle = Handle(self._id, self._calls, "ht", tokens, tids.size, counts.copy(), idx, sent=sent,
-                        weights=weights)
+        handle = Handle(self._id, self._calls, "ht", tokens, tids.size, counts.copy(), every[:, E_TOKENS].copy(),
+                        idx, sent=sent, weights=weights)
         return recv_x, recv_idx, recv_w, recv_per_expert, handle
 
     def _combine(self, operation: str, y, handle, topk_idx, topk_weights):
@@ -370,6 +392,8 @@ class Buffer:
         parity, _ = self._enter(operation, code, inp, None, 0, hidden, 0, call, error)
         row = hidden * y.itemsize
         counts = handle.counts
+        sent_rows = _ep.rows_to_members(counts, n) if low_latency else counts
+        staging = _ep.staging(operation, handle.tokens_all, sent_rows.sum(axis=0), row)
         if low_latency:
             valid = idx >= 0
             t_k = np.flatnonzero(valid.reshape(-1))
@@ -386,21 +410,19 @@ class Buffer:
             comm._bases[OUT, me] = _native.data_address(got)
             comm._run(operation, plan)
             comm._finish(operation)
-            comm._tick_exchange(operation, parity, _ep.combine_traffic(_ep.rows_to_members(counts, n), row))
+            comm._tick_exchange(operation, parity, _ep.combine_traffic(sent_rows, row), staging)
             got = got.reshape(idx.shape[0], idx.shape[1], hidden)
             acc = np.zeros((idx.shape[0], hidden), dtype=np.float32)
             for k in range(idx.shape[1]):
                 m = valid[:, k]
                 acc[m] += weights[m, k, None] * got[m, k].astype(np.float32)
-            out = comm._rt.empty(acc.shape, y.dtype)
-            out[...] = acc
-            return out
+            return self._output(acc, y.dtype)
         mine = counts[me]
         got = np.empty((int(mine.sum()), hidden), dtype=y.dtype)
         comm._peer_sources(operation, parity, inp.addr, need=(mine > 0).astype(np.int64))
         self._phase(operation, ("ep_combine", row, counts.tobytes()), lambda: _ep.combine_blocks(me, counts, row), got)
         comm._finish(operation)
-        comm._tick_exchange(operation, parity, _ep.combine_traffic(counts, row))
+        comm._tick_exchange(operation, parity, _ep.combine_traffic(counts, row), staging)
         acc = np.zeros((handle.tokens, hidden), dtype=np.float32)
         start = 0
         for d in range(n):
@@ -408,8 +430,7 @@ class Buffer:
             start += mine[d]
             if block.size:
                 acc[handle.sent[d]] += block.astype(np.float32)
-        out = comm._rt.empty(acc.shape, y.dtype)
-        out[...] = acc
+        out = self._output(acc, y.dtype)
         # each weight comes back from its expert's rank alone (0 from the others): summed from 0
         # in destination order, that is 0 + w
         weights = np.where(handle.topk_idx >= 0, np.float32(0) + handle.weights, np.float32(0))

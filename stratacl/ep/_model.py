@@ -62,9 +62,9 @@ def _model(topology: str, registration: str, partition: str, path: str) -> Fabri
     return FabricModel(topology, registration, partition=partition, path=path, eager_bytes=EAGER_BYTES)
 
 
-def traffic(op: str, mode: str, topk_idx: list[np.ndarray], experts: int, row: int) -> tuple[list, np.ndarray]:
-    """The call's phases (traffic matrices) for the ranks' ``topk_idx``, and the rows each rank
-    receives in the dispatch."""
+def traffic(op: str, mode: str, topk_idx: list[np.ndarray], experts: int, row: int) -> tuple[list, np.ndarray, tuple]:
+    """The call's phases (traffic matrices) for the ranks' ``topk_idx``, the rows each rank
+    receives in the dispatch, and the bytes each copies in and out when staged."""
     n = len(topk_idx)
     routes = [_ep.route(idx, n, experts) for idx in topk_idx]
     counts = np.stack([r.per_rank for r in routes])
@@ -76,7 +76,8 @@ def traffic(op: str, mode: str, topk_idx: list[np.ndarray], experts: int, row: i
         phases = _ep.dispatch_traffic(counts, per_expert, k, row, low_latency)
     else:
         phases = _ep.combine_traffic(sent, row)
-    return phases, sent.sum(axis=0)
+    received = sent.sum(axis=0)
+    return phases, received, _ep.staging(op, [idx.shape[0] for idx in topk_idx], received, row)
 
 
 def estimate(op: str, nranks: int, tokens: int, hidden: int, topk: int, experts: int, mode: str = "ht",
@@ -85,8 +86,8 @@ def estimate(op: str, nranks: int, tokens: int, hidden: int, topk: int, experts:
     """Modeled time of one ``op`` (dispatch | combine, ``mode`` ht | ll) on ranks 0..nranks-1
     of ``topology``, each rank routing ``tokens`` tokens of ``hidden`` elements of ``dtype`` to
     its ``topk`` of ``experts`` experts (``ep.routing(..., skew, seed)``). ``registration``:
-    roa, pool, jit (every buffer fresh: each rank maps every peer it reads) or staged (copies
-    into a communication buffer and out, as CANN EP); ``partition``: naive or balanced;
+    roa, pool, jit (every buffer fresh: each rank maps every peer it reads) or staged (the
+    input copied into a communication buffer and the output out of one, as CANN EP); ``partition``: naive or balanced;
     ``path``: mte or sdma. Pure computation: no ranks, no payload."""
     if op not in OPS:
         raise ValueError(f"ep.estimate: op must be one of {', '.join(OPS)}, got {op!r}")
@@ -96,7 +97,7 @@ def estimate(op: str, nranks: int, tokens: int, hidden: int, topk: int, experts:
         raise ValueError(f"ep.estimate: experts ({experts}) must be a multiple of nranks ({nranks})")
     row = int(hidden) * np.dtype(dtype).itemsize
     model = _model(topology, registration, partition, path)
-    phases, received = traffic(op, mode, routing(tokens, experts, topk, nranks, skew, seed), experts, row)
+    phases, received, staging = traffic(op, mode, routing(tokens, experts, topk, nranks, skew, seed), experts, row)
     members = tuple(range(nranks))
     extra = None
     if registration == "jit":
@@ -105,10 +106,10 @@ def estimate(op: str, nranks: int, tokens: int, hidden: int, topk: int, experts:
             reads |= b > 0
         np.fill_diagonal(reads, False)
         extra = model.registration_us(reads.sum(axis=1), np.maximum(received * row, row))
-    times = model_exchange(model, members, phases, np.zeros(nranks), extra)
+    times = model_exchange(model, members, phases, np.zeros(nranks), extra, staging)
     t = float(times.max())
     moved = float(received.mean()) * row
-    cores = profiles_cores(profile_plan(model, model.plan_exchange(members, phases), members))
+    cores = profiles_cores(profile_plan(model, model.plan_exchange(members, phases, staging), members))
     return MoeEstimate(op, mode, nranks, int(tokens), int(hidden), int(topk), int(experts), float(skew),
                        str(np.dtype(dtype)), registration, model.partition, model.path, model.topology.name,
                        times, t, moved, moved / t / 1e3 if t > 0 else 0.0, cores["core_gap"], cores["core_busy_us"])

@@ -138,10 +138,11 @@ class Modeled:
         model = self._rt.model_for(self._path)
         self._timed(op, model, model.plan(op, algo, tuple(self.members), nbytes, root, itemsize), entering, extra)
 
-    def _tick_exchange(self, op: str, parity: int, phases: list) -> None:
+    def _tick_exchange(self, op: str, parity: int, phases: list, staging=None) -> None:
         """``_tick`` for a call given by its traffic matrices (collectives._schedule.exchange):
-        all_to_all_v, MoE dispatch and combine. A jit member maps every owner it reads from in
-        any phase, as ``_jit_extra`` counts."""
+        all_to_all_v, MoE dispatch and combine; ``staging``: (input, output) bytes per member
+        that the staged registration copies (ub._clock.FabricModel.plan_exchange). A jit member
+        maps every owner it reads from in any phase, as ``_jit_extra`` counts."""
         c = self._rt.clock
         if c is None:
             return
@@ -155,7 +156,7 @@ class Modeled:
             np.fill_diagonal(reads, False)
             extra = self._jit_extra(descs, op, "mesh", 0, reads)
         model = self._rt.model_for(self._path)
-        self._timed(op, model, model.plan_exchange(tuple(self.members), phases), entering, extra)
+        self._timed(op, model, model.plan_exchange(tuple(self.members), phases, staging), entering, extra)
 
     def _timed(self, op: str, model, plan: list, entering: np.ndarray, extra) -> None:
         """This member's end of a call whose timed ``plan`` every member entered at ``entering``

@@ -93,6 +93,11 @@ class FabricModel:
         tiers = [self.topology.tiers[n] for n in f.tier_names]
         # a local copy reads and writes every byte: its tier moves at half the HBM bandwidth
         self._beta = np.where(np.arange(len(tiers)) == f.local_tier, f.hbm / 2, f.bandwidth)
+        # a core's issue rate bounds its remote accesses (calibrated on filling a UB port,
+        # topology cores.issue_gbps); a local copy does not cross the fabric: the HBM bounds it
+        # (its tier's rate, shared by the cores), not the per-core rate of remote requests
+        self._issue_cap = (np.where(np.arange(len(tiers)) == f.local_tier, np.inf, self.issue_rate)
+                           if self.issue_rate else None)
         self.unit_bytes = np.array([t.unit_bytes or P.default_unit_bytes(b, UNIT_US) for t, b in zip(tiers, self._beta)])
         self.fan_out_cap = np.array([t.fan_out_cap or P.default_fan_out_cap(b, self.issue_rate, self.comm_cores)
                                      for t, b in zip(tiers, self._beta)])
@@ -129,7 +134,7 @@ class FabricModel:
         path = path or self.path
         peers, nbytes, tiers = (np.asarray(a, dtype=np.int64).reshape(-1) for a in (peers, nbytes, tiers))
         # a unit's modeled cost on one core: alpha_t + s / beta_t, with beta_t no faster than a core issues
-        beta = np.minimum(self._beta, self.issue_rate) if self.issue_rate else self._beta
+        beta = np.minimum(self._beta, self._issue_cap) if self.issue_rate else self._beta
         units = P.cut(peers, nbytes, tiers, self.unit_bytes, self.fabric.latency, beta,
                       self.comm_cores if path == "mte" else 0)
         pol = self.partitioner.policy(units, self.comm_cores, self.fan_out_cap,
@@ -151,7 +156,8 @@ class FabricModel:
         units, pol = self.policy(peers, nbytes, tiers, path)
         alpha = f.latency[units.tier]
         if path == "mte":
-            run = _cores.run_mte(units.nbytes, alpha, pol.core, pol.slot, self.comm_cores, share, self.issue_rate)
+            cap = self._issue_cap[units.tier] if self.issue_rate else None
+            run = _cores.run_mte(units.nbytes, alpha, pol.core, pol.slot, self.comm_cores, share, cap)
         else:
             run = sdma_model.run_sdma(units.nbytes, alpha, pol.core, pol.slot, self.comm_cores, share,
                                        self.topology.sdma, self.completion)
@@ -208,10 +214,14 @@ class FabricModel:
             self._plans[key] = got
         return got
 
-    def plan_exchange(self, members: tuple, phases: list[tuple[np.ndarray, int]]) -> list:
+    def plan_exchange(self, members: tuple, phases: list[tuple[np.ndarray, int]],
+                      staging: tuple[np.ndarray, np.ndarray] | None = None) -> list:
         """The timed steps of a call given by its traffic matrices (``_schedule.exchange``;
-        cached by the matrices). Staged: the member's copies in and out around it."""
-        key = ("exchange", members, tuple((np.asarray(b, dtype=np.int64).tobytes(), int(k)) for b, k in phases))
+        cached by the matrices). Staged: each member copies its input into the communication
+        buffer before and its output out after, ``staging`` = (input, output) bytes per member
+        (default: what its peers read from it in the last phase, and what it read)."""
+        key = ("exchange", members, tuple((np.asarray(b, dtype=np.int64).tobytes(), int(k)) for b, k in phases),
+               None if staging is None else tuple(np.asarray(a, dtype=np.int64).tobytes() for a in staging))
         got = self._plans.get(key)
         if got is None:
             if len(self._plans) >= _CACHE_LIMIT:
@@ -219,7 +229,8 @@ class FabricModel:
             m = np.asarray(members, dtype=np.int64)
             got = self._timed_steps(m, S.exchange(phases))
             if self.registration == "staged":
-                cin, cout = S.exchange_staging(phases)
+                last = np.asarray(phases[-1][0], dtype=np.int64)
+                cin, cout = staging if staging is not None else (last.sum(axis=0), last.sum(axis=1))
                 got = self._timed_local(m, cin) + got + self._timed_local(m, cout)
             self._plans[key] = got
         return got
@@ -352,15 +363,16 @@ def model_call(model: FabricModel, op: str, algo: str, members, nbytes: int, clo
 
 
 def model_exchange(model: FabricModel, members, phases: list[tuple[np.ndarray, int]], clocks_in,
-                   extra_us=None) -> np.ndarray:
+                   extra_us=None, staging=None) -> np.ndarray:
     """Every member's modeled clock (us) after a call given by its traffic matrices
     (``_schedule.exchange``: per phase, B[i, j] bytes member i pulls from member j, and the
-    transfer kind) that they entered at ``clocks_in``; ``extra_us`` as ``model_call``'s."""
+    transfer kind) that they entered at ``clocks_in``; ``extra_us`` as ``model_call``'s,
+    ``staging`` as ``FabricModel.plan_exchange``'s."""
     members = tuple(int(r) for r in np.asarray(members).reshape(-1))
     clocks = np.array(clocks_in, dtype=np.float64).reshape(-1)
     if extra_us is not None:
         clocks = clocks + np.asarray(extra_us, dtype=np.float64)
-    return run_plan(model.plan_exchange(members, phases), clocks)
+    return run_plan(model.plan_exchange(members, phases, staging), clocks)
 
 
 def model_send_recv(model: FabricModel, sender: int, receiver: int, nbytes: int, t_send: float,

@@ -21,7 +21,9 @@ is used: a core cannot issue faster than r, so with few cores, or when cores of 
 sit idle while others still have work, the rank gets less than its share. With cores enough
 (C * r above S) and a balanced policy, the phase ends within a few unit latencies of the fabric's
 time, which is why the issue-4 comparisons still hold. Local copies (staging, own blocks) are
-units of the local tier (alpha 0, S = the HBM copy rate): they too are issued by cores.
+units of the local tier (alpha 0, S = the HBM copy rate): they too are issued by cores, but r
+does not bound them (r is the rate of a core's remote requests, calibrated on the UB port; a
+local copy never crosses the fabric), so the HBM does (``issue_rate`` per unit: inf for them).
 
 Deterministic: numpy, fixed order; the same inputs give bit-identical timelines.
 """
@@ -57,7 +59,8 @@ class CoreRun:
 def run_mte(nbytes: np.ndarray, alpha: np.ndarray, core: np.ndarray, slot: np.ndarray, cores: int,
             share: float, issue_rate: float | None) -> CoreRun:
     """Exact timelines of cores executing units (``nbytes``, ``alpha`` per unit) in the order of
-    ``slot`` on ``core``, sharing ``share`` bytes/us, each capped at ``issue_rate`` (None: no cap)."""
+    ``slot`` on ``core``, sharing ``share`` bytes/us, each capped at ``issue_rate`` (None: no cap;
+    an array: each unit's own cap, inf for none)."""
     U = nbytes.size
     ustart, uend = np.full(U, np.nan), np.full(U, np.nan)
     cstart, cend = np.full(cores, np.nan), np.full(cores, np.nan)
@@ -71,6 +74,11 @@ def run_mte(nbytes: np.ndarray, alpha: np.ndarray, core: np.ndarray, slot: np.nd
     first[gstart[gstart < U]] = True
     ra[~first] = 0.0                             # hidden behind the previous unit's bytes
     rb = nbytes[order].astype(np.float64)        # remaining bytes of each unit
+    # each unit's issue-rate cap, in task order (None: no cap)
+    if issue_rate is None or np.ndim(issue_rate) == 0:
+        cap = float(issue_rate) if issue_rate else None
+    else:
+        cap = np.asarray(issue_rate, dtype=np.float64)[order]
     started = np.zeros(U, dtype=bool)
     has = np.bincount(c, minlength=cores) > 0
     active = has.copy()
@@ -79,8 +87,8 @@ def run_mte(nbytes: np.ndarray, alpha: np.ndarray, core: np.ndarray, slot: np.nd
     while active.any():
         k = int(active.sum())
         b = share / k if share > 0 else np.inf
-        if issue_rate:
-            b = min(b, issue_rate)
+        if cap is not None:
+            b = np.minimum(b, cap)
         cost = ra + rb / b
         cum = np.cumsum(cost)
         base = np.r_[0.0, cum][gstart[c]]          # cumulative before each core's first unit
@@ -101,7 +109,7 @@ def run_mte(nbytes: np.ndarray, alpha: np.ndarray, core: np.ndarray, slot: np.nd
         e = dt - begin[prog]
         lat = np.minimum(e, ra[prog])
         ra[prog] -= lat
-        rb[prog] = np.maximum(rb[prog] - (e - lat) * b, 0.0)
+        rb[prog] = np.maximum(rb[prog] - (e - lat) * (b[prog] if np.ndim(b) else b), 0.0)
         t += dt
         fin = active & (total <= dt * (1 + _EPS))
         cend[fin] = t
