@@ -52,6 +52,7 @@ class MoeEstimate:
     core_busy_us: float        # summed occupation of a rank's cores, mean over ranks
 
     def as_dict(self) -> dict[str, Any]:
+        """The fields as a JSON-ready dict (``times_us`` as a list)."""
         d = dataclasses.asdict(self)
         d["times_us"] = self.times_us.tolist()
         return d
