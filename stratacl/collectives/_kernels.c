@@ -411,6 +411,98 @@ static PyObject *run_plan(PyObject *self, PyObject *const *args, Py_ssize_t narg
     return PyLong_FromLongLong(skipped);
 }
 
+/* The rows' loop of combine: acc[token[r]] += w[r] * rows[r] (or + rows[r]), float32. The float16
+ * conversions are exact either way (float32 holds every float16); where the CPU has F16C the
+ * compiler makes them one instruction per 8 elements instead of a library call per element. */
+#define COMBINE_ROWS(name, attr)                                                                   \
+    attr static void name(float *acc, const void *rows, const int64_t *tok, const float *w,        \
+                          Py_ssize_t nrows, Py_ssize_t hidden, int half) {                         \
+        for (Py_ssize_t r = 0; r < nrows; r++) {                                                    \
+            if (tok[r] < 0) continue;                                                               \
+            float *a = acc + tok[r] * hidden;                                                       \
+            if (half) {                                                                             \
+                const _Float16 *x = (const _Float16 *)rows + r * hidden;                            \
+                if (w) { float wr = w[r]; for (Py_ssize_t i = 0; i < hidden; i++) { float m = wr * (float)x[i]; a[i] = a[i] + m; } } \
+                else for (Py_ssize_t i = 0; i < hidden; i++) a[i] = a[i] + (float)x[i];            \
+            } else {                                                                                \
+                const float *x = (const float *)rows + r * hidden;                                  \
+                if (w) { float wr = w[r]; for (Py_ssize_t i = 0; i < hidden; i++) { float m = wr * x[i]; a[i] = a[i] + m; } } \
+                else for (Py_ssize_t i = 0; i < hidden; i++) a[i] = a[i] + x[i];                   \
+            }                                                                                       \
+        }                                                                                           \
+    }                                                                                               \
+    attr static void name##_cast(_Float16 *o, const float *acc, Py_ssize_t n) {                     \
+        for (Py_ssize_t i = 0; i < n; i++) o[i] = (_Float16)acc[i];                                 \
+    }
+COMBINE_ROWS(combine_rows, )
+#if defined(__x86_64__)
+COMBINE_ROWS(combine_rows_f16c, __attribute__((target("avx2,f16c"))))
+#endif
+
+/* MoE combine's reduction (ep/_buffer.py): out[t] = cast(0 + w_0 * rows[r_0] + w_1 * rows[r_1] ...),
+ * over the rows r with token[r] == t in their order, in float32 (each product rounded, then each
+ * sum: no fused multiply-add, as numpy computes w * x and then acc + that); weights None: the
+ * rows themselves. token[r] < 0 skips row r. Rows and out are float16 or float32 (the same). */
+static PyObject *combine(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "combine(out, rows, token, weight_or_None, dtype)");
+        return NULL;
+    }
+    int t = (int)PyLong_AsLong(args[4]);
+    if (PyErr_Occurred()) return NULL;
+    if (t != T_F16 && t != T_F32) { PyErr_SetString(PyExc_ValueError, "combine: float16 or float32 only"); return NULL; }
+    Py_buffer ov, rv, tv, wv = {0};
+    if (PyObject_GetBuffer(args[0], &ov, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE | PyBUF_FORMAT) < 0) return NULL;
+    if (PyObject_GetBuffer(args[1], &rv, PyBUF_C_CONTIGUOUS) < 0) { PyBuffer_Release(&ov); return NULL; }
+    if (PyObject_GetBuffer(args[2], &tv, PyBUF_C_CONTIGUOUS) < 0) {
+        PyBuffer_Release(&ov); PyBuffer_Release(&rv); return NULL;
+    }
+    int weighted = args[3] != Py_None;
+    if (weighted && PyObject_GetBuffer(args[3], &wv, PyBUF_C_CONTIGUOUS) < 0) {
+        PyBuffer_Release(&ov); PyBuffer_Release(&rv); PyBuffer_Release(&tv); return NULL;
+    }
+    size_t item = type_size(t);
+    Py_ssize_t nrows = tv.len / 8;
+    Py_ssize_t hidden = ov.ndim == 2 ? ov.shape[1] : -1;
+    Py_ssize_t tokens = ov.ndim == 2 ? ov.shape[0] : 0;
+    const char *err = NULL;
+    if (hidden < 0 || ov.itemsize != (Py_ssize_t)item || rv.len != nrows * hidden * (Py_ssize_t)item)
+        err = "out must be [tokens, hidden] and rows [rows, hidden], of the dtype";
+    else if (weighted && wv.len != nrows * 4)
+        err = "weights must be one float32 per row";
+    const int64_t *tok = (const int64_t *)tv.buf;
+    for (Py_ssize_t r = 0; err == NULL && r < nrows; r++)
+        if (tok[r] >= tokens) err = "a row's token is out of range";
+    float *acc = NULL;
+    if (err == NULL && tokens > 0 && hidden > 0) {
+        acc = calloc((size_t)(tokens * hidden), sizeof(float));
+        if (acc == NULL) { err = "out of memory"; }
+    }
+    if (err == NULL) {
+        const float *w = weighted ? (const float *)wv.buf : NULL;
+        Py_ssize_t total = tokens * hidden;
+        int half = t == T_F16;
+        Py_BEGIN_ALLOW_THREADS
+#if defined(__x86_64__)
+        if (__builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx2")) {
+            combine_rows_f16c(acc, rv.buf, tok, w, nrows, hidden, half);
+            if (half) combine_rows_f16c_cast(ov.buf, acc, total);
+        } else
+#endif
+        {
+            combine_rows(acc, rv.buf, tok, w, nrows, hidden, half);
+            if (half) combine_rows_cast(ov.buf, acc, total);
+        }
+        if (!half && total) memcpy(ov.buf, acc, (size_t)total * sizeof(float));
+        Py_END_ALLOW_THREADS
+    }
+    free(acc);
+    PyBuffer_Release(&ov); PyBuffer_Release(&rv); PyBuffer_Release(&tv);
+    if (weighted) PyBuffer_Release(&wv);
+    if (err != NULL) { PyErr_Format(PyExc_ValueError, "combine: %s", err); return NULL; }
+    Py_RETURN_NONE;
+}
+
 static const StrataKernelsApi api = {execute_plan};
 
 /* Read, and with an argument >= 0 set, one of the footprints: returns the old value. */
@@ -435,6 +527,8 @@ static PyObject *set_shared_stream_footprint(PyObject *self, PyObject *const *ar
 }
 
 static PyMethodDef methods[] = {
+    {"combine", (PyCFunction)(void (*)(void))combine, METH_FASTCALL,
+     "MoE combine's float32 reduction of rows into their tokens: combine(out, rows, token, weight_or_None, dtype)."},
     {"copy_many", (PyCFunction)(void (*)(void))copy_many, METH_FASTCALL,
      "Execute rows of (dst, src, nbytes) copies (stream: 1 with streaming stores, 0 without, -1 by size)."},
     {"stream_footprint", (PyCFunction)(void (*)(void))set_stream_footprint, METH_FASTCALL,

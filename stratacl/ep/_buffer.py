@@ -33,7 +33,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .._errors import CollectiveMismatch
-from ..collectives import _backend, _ep, _reduce
+from ..collectives import _backend, _ep, _kernels, _reduce
 from ..collectives._slices import OUT, SCRATCH
 from ..runtime import _native
 from ..runtime._buffers import buffer_size
@@ -254,14 +254,19 @@ class Buffer:
         comm._run(operation, plan)
         comm._output_done(flat, target)
 
-    def _output(self, acc: np.ndarray, dtype) -> np.ndarray:
-        """A combine's result, ``acc`` cast to ``dtype``, in a new HBM array (through a
-        communication buffer when staged)."""
-        out = self.comm._rt.empty(acc.shape, dtype)
+    def _reduced(self, rows: np.ndarray, token: np.ndarray, weight: np.ndarray | None, tokens: int,
+                 code: int) -> np.ndarray:
+        """A combine's result in a new HBM array [tokens, hidden]: per token, the float32 sum from
+        0 of its ``rows`` (``token[r]``: row r's token, -1 none), each times ``weight[r]`` if
+        given, in row order, cast to the rows' dtype (native: collectives/_kernels.c, combine);
+        through a communication buffer when staged."""
+        comm = self.comm
+        out = comm._rt.empty((tokens, rows.shape[-1]), rows.dtype)
         flat = out.reshape(-1)
-        target = self.comm._output(flat)
-        target[...] = acc.reshape(-1)
-        self.comm._output_done(flat, target)
+        target = comm._output(flat)
+        _kernels.combine(target.reshape(out.shape), rows.reshape(-1, rows.shape[-1]),
+                         np.ascontiguousarray(token, dtype=np.int64), weight, code)
+        comm._output_done(flat, target)
         return out
 
     def _row_plan(self, operation: str, key: bytes, build) -> _backend.Plan:
@@ -411,26 +416,16 @@ class Buffer:
             comm._run(operation, plan)
             comm._finish(operation)
             comm._tick_exchange(operation, parity, _ep.combine_traffic(sent_rows, row), staging)
-            got = got.reshape(idx.shape[0], idx.shape[1], hidden)
-            acc = np.zeros((idx.shape[0], hidden), dtype=np.float32)
-            for k in range(idx.shape[1]):
-                m = valid[:, k]
-                acc[m] += weights[m, k, None] * got[m, k].astype(np.float32)
-            return self._output(acc, y.dtype)
+            token = np.where(valid, np.arange(idx.shape[0])[:, None], -1).reshape(-1)
+            return self._reduced(got, token, weights.reshape(-1), idx.shape[0], code)
         mine = counts[me]
         got = np.empty((int(mine.sum()), hidden), dtype=y.dtype)
         comm._peer_sources(operation, parity, inp.addr, need=(mine > 0).astype(np.int64))
         self._phase(operation, ("ep_combine", row, counts.tobytes()), lambda: _ep.combine_blocks(me, counts, row), got)
         comm._finish(operation)
         comm._tick_exchange(operation, parity, _ep.combine_traffic(counts, row), staging)
-        acc = np.zeros((handle.tokens, hidden), dtype=np.float32)
-        start = 0
-        for d in range(n):
-            block = got[start:start + mine[d]]
-            start += mine[d]
-            if block.size:
-                acc[handle.sent[d]] += block.astype(np.float32)
-        out = self._output(acc, y.dtype)
+        # the rows are grouped by destination ascending: each token's sum follows that order
+        out = self._reduced(got, np.concatenate(handle.sent), None, handle.tokens, code)
         # each weight comes back from its expert's rank alone (0 from the others): summed from 0
         # in destination order, that is 0 + w
         weights = np.where(handle.topk_idx >= 0, np.float32(0) + handle.weights, np.float32(0))

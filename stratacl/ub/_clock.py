@@ -134,7 +134,8 @@ class FabricModel:
         path = path or self.path
         peers, nbytes, tiers = (np.asarray(a, dtype=np.int64).reshape(-1) for a in (peers, nbytes, tiers))
         # a unit's modeled cost on one core: alpha_t + s / beta_t, with beta_t no faster than a core issues
-        beta = np.minimum(self._beta, self._issue_cap) if self.issue_rate else self._beta
+        # (local units too: beside remote ones they get the same share of the phase's rate)
+        beta = np.minimum(self._beta, self.issue_rate) if self.issue_rate else self._beta
         units = P.cut(peers, nbytes, tiers, self.unit_bytes, self.fabric.latency, beta,
                       self.comm_cores if path == "mte" else 0)
         pol = self.partitioner.policy(units, self.comm_cores, self.fan_out_cap,
