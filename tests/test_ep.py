@@ -360,8 +360,7 @@ def test_routing_skew_shows_as_a_core_gap_for_naive_partitioning_not_balanced():
     for op in ("dispatch", "combine"):
         naive = ep.estimate(op, partition="naive", **common)
         balanced = ep.estimate(op, partition="balanced", **common)
-        # the worst rank's gap: most of a core's time idle under naive pinning, a residue of a
-        # unit's cost or two under LPT (at this size a core has ~16 units)
-        assert naive.core_gap > 0.5 and balanced.core_gap < 0.15, (op, naive.core_gap, balanced.core_gap)
-        assert naive.core_gap > 4 * balanced.core_gap
+        # the worst rank's gap: most of a core's time idle under naive pinning, within 5% under
+        # LPT (the paper's Fig. 16 bound)
+        assert naive.core_gap > 0.5 and balanced.core_gap < 0.05, (op, naive.core_gap, balanced.core_gap)
         assert balanced.time_us < naive.time_us
