@@ -112,6 +112,7 @@ class Buffer:
         self._block: np.ndarray | None = None        # this rank's routing block (HBM)
         self._ready = np.full((n, 2), -1, dtype=np.int64)      # peers' routing blocks mapped here
         self._last_plan: dict[str, tuple[bytes, _backend.Plan]] = {}   # each operation's last row plan
+        self._ext_index: list[np.ndarray] | None = None
 
     def __repr__(self) -> str:
         return (f"ep.Buffer(rank={self.comm.rank}, size={self.comm.size}, num_experts={self.num_experts})")
@@ -217,24 +218,30 @@ class Buffer:
         ext[E_TOKENS:E_WORDS] = (tokens, hidden, topk, param)
         comm._begin(operation, {F_DTYPE: dtype_code, **comm._input_fields(inp)}, ext=ext)
         parity = comm._calls & 1
-        i64, lay = comm._rt.ctl.i64, comm._lay
-        every = np.stack([i64[(o + lay.slot_desc(parity)) // 8 + DESC_FIXED:][:E_WORDS] for o in comm._slot_offs])
-        for word, what in ((E_HIDDEN, "hidden size"), (E_TOPK, "top-k"), (E_PARAM, _PARAM_NAMES[operation])):
-            col = every[:, word]
-            if (col != col[0]).any():
-                raise CollectiveMismatch(f"{operation}: ranks disagree on the {what} "
-                                         f"({_by_value(col, comm.members)}); no data was moved")
+        if self._ext_index is None:      # every member's extension words, by call parity
+            lay = comm._lay
+            self._ext_index = [np.array([[(o + lay.slot_desc(q)) // 8 + DESC_FIXED + j for j in range(E_WORDS)]
+                                         for o in comm._slot_offs]) for q in (0, 1)]
+        every = comm._rt.ctl.i64[self._ext_index[parity]]
+        agree = every[:, E_HIDDEN:E_WORDS]
+        if (agree != agree[0]).any():
+            for word, what in ((E_HIDDEN, "hidden size"), (E_TOPK, "top-k"), (E_PARAM, _PARAM_NAMES[operation])):
+                col = every[:, word]
+                if (col != col[0]).any():
+                    raise CollectiveMismatch(f"{operation}: ranks disagree on the {what} "
+                                             f"({_by_value(col, comm.members)}); no data was moved")
         return parity, every
 
     def _blocks_ready(self, operation: str, every: np.ndarray) -> None:
         """Every member's routing block mapped here and named in the SCRATCH row of the bases."""
         comm = self.comm
-        for i in range(comm.size):
+        stale = (self._ready[:, 0] != every[:, E_VA]) | (self._ready[:, 1] != every[:, E_EPOCH])
+        stale[comm.rank] = False
+        for i in np.flatnonzero(stale).tolist():
             va, epoch = int(every[i, E_VA]), int(every[i, E_EPOCH])
-            if i != comm.rank and (self._ready[i, 0] != va or self._ready[i, 1] != epoch):
-                comm._rt.reg.ensure_ready(comm.members[i], va, int(every[i, E_SIZE]), int(every[i, E_OFF]), epoch,
-                                          operation)
-                self._ready[i] = va, epoch
+            comm._rt.reg.ensure_ready(comm.members[i], va, int(every[i, E_SIZE]), int(every[i, E_OFF]), epoch,
+                                      operation)
+            self._ready[i] = va, epoch
         comm._bases[SCRATCH] = every[:, E_ADDR]
 
     def _phase(self, operation: str, key: tuple, build, out: np.ndarray) -> None:
