@@ -25,8 +25,8 @@ then the median over ``--repeat`` runs.
 
 The MPI side keeps its buffers across calls (grown as needed), as stratacl's caching allocator
 keeps HBM blocks: after warm-up neither side page-faults on its communication buffers. Cells
-whose memory (both sides' estimate, ``footprint``) exceeds ``--memory-budget`` are skipped and
-listed with the reason.
+whose memory (either side's estimate, ``footprint``) exceeds ``--memory-budget`` (60% of the
+host's memory by default) are skipped and listed with the reason.
 """
 from __future__ import annotations
 
@@ -362,12 +362,8 @@ def footprint(n: int, tokens: int, hidden: int, mode: str) -> dict:
     return {"stratacl": n * (strata + RANK_BASE), "mpi": n * (mpi + RANK_BASE), "hbm_per_rank": hbm}
 
 
-def mem_available() -> int:
-    with open("/proc/meminfo") as f:
-        for ln in f:
-            if ln.startswith("MemAvailable:"):
-                return int(ln.split()[1]) * 1024
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+def mem_total() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def run_strata(n: int, cells: list[dict], a) -> list[list[dict]]:
@@ -414,7 +410,9 @@ def target(mode: str, tokens: int) -> float:
 
 
 def git_commit() -> str:
-    here = os.path.dirname(os.path.abspath(__file__))
+    """The commit of the stratacl that runs (its checkout need not be this script's)."""
+    import stratacl
+    here = os.path.dirname(os.path.abspath(stratacl.__file__))
     try:
         rev = subprocess.run(["git", "-C", here, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                              timeout=10).stdout.strip()
@@ -450,8 +448,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-i", "--iters", type=int, default=10)
     ap.add_argument("--repeat", type=int, default=1, help="runs of both sides; the order alternates")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--memory-budget", type=float, default=0.6,
-                    help="skip cells whose estimated footprint exceeds this fraction of MemAvailable")
+    ap.add_argument("--memory-budget", type=float, default=0.6 * mem_total() / 2**30,
+                    help="GiB; skip cells whose estimated footprint (either side's) exceeds it "
+                         "(default: 60%% of the host's memory, the rest for everything else that runs)")
     ap.add_argument("--timeout", type=float, default=3600.0, help="seconds per MPI job")
     ap.add_argument("-J", "--json", default=None)
     ap.add_argument("--mpi-rank", nargs=2, metavar=("SPEC", "OUT"), help=argparse.SUPPRESS)
@@ -460,7 +459,7 @@ def main(argv: list[str] | None = None) -> int:
         return mpi_main(*a.mpi_rank)
     from stratacl.bench._cli import host_facts
 
-    budget = a.memory_budget * mem_available()
+    budget = a.memory_budget * 2**30
     cells, skipped = [], []
     for n in a.nranks:
         if EXPERTS % n:
@@ -545,7 +544,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{row['stratacl_ms']:.2f} | {row['mpi_ms']:.2f} | {row['speedup']:.2f} | {row['target']:.1f} | "
               f"{'yes' if row['holds'] else 'no'} | {check} |")
     for s in skipped:
-        print(f"| {s['n']} | {s['tokens']} | {s['hidden']} | {s['mode']} | both | skipped: {s['reason']} |")
+        print(f"| {s['n']} | {s['tokens']} | {s['hidden']} | {s['mode']} | both | - | - | - | - | - | "
+              f"skipped: {s['reason']} |")
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"header": header, "rows": rows, "skipped": skipped}, f, indent=1)

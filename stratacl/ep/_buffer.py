@@ -53,8 +53,9 @@ class Handle:
     """What a dispatch leaves for its combine (pass it back unchanged).
 
     ``counts[p, d]``: tokens member p sent to member d (high-throughput) or to expert d
-    (low-latency); ``tokens_all``: every member's tokens; ``sent``: per destination member, this rank's tokens sent there, in
-    order (high-throughput); ``slots``: [T, K] each (token, k)'s row in its expert's receive
+    (low-latency); ``tokens_all``: every member's tokens; ``sent``: this rank's tokens as it sent
+    them, destination by destination ascending, each destination's in token order
+    (high-throughput); ``slots``: [T, K] each (token, k)'s row in its expert's receive
     rows, -1 where no expert (low-latency)."""
     buffer_id: int
     call: int
@@ -64,7 +65,7 @@ class Handle:
     counts: np.ndarray
     tokens_all: np.ndarray          # every member's tokens in the dispatch
     topk_idx: np.ndarray
-    sent: tuple = ()
+    sent: np.ndarray | None = None
     weights: np.ndarray | None = None
     slots: np.ndarray | None = None
     max_tokens: int = 0
@@ -333,7 +334,9 @@ class Buffer:
         row = hidden * x.itemsize
         local = (got_idx >= me * L) & (got_idx < (me + 1) * L)
         rows_in = _ep.rows_to_members(per_expert, n) if low_latency else counts
-        staging = _ep.staging(operation, every[:, E_TOKENS], rows_in.sum(axis=0), row)
+        # under a modeled clock: the call's traffic, and the bytes a staged call copies
+        timed = comm._rt.clock is not None
+        staging = _ep.staging(operation, every[:, E_TOKENS], rows_in.sum(axis=0), row) if timed else None
         if low_latency:
             cap = n * max_tokens
             recv_x = comm._rt.empty((L, cap, hidden), x.dtype)
@@ -347,7 +350,9 @@ class Buffer:
                 me, n, src[which], tids[which], dst_row, row))
             self._rows(operation, plan, recv_x)
             comm._finish(operation)
-            comm._tick_exchange(operation, parity, _ep.dispatch_traffic(counts, per_expert, topk, row, True), staging)
+            if timed:
+                comm._tick_exchange(operation, parity, _ep.dispatch_traffic(counts, per_expert, topk, row, True),
+                                    staging)
             recv_count = np.bincount(expert[hit], minlength=L).astype(np.int64)
             handle = Handle(self._id, self._calls, "ll", tokens, int(hit.sum()), per_expert.copy(),
                             every[:, E_TOKENS].copy(), idx, slots=_ep.expert_slots(per_expert, me, idx),
@@ -359,11 +364,12 @@ class Buffer:
             me, n, src, tids, np.arange(tids.size), row))
         self._rows(operation, plan, recv_x)
         comm._finish(operation)
-        comm._tick_exchange(operation, parity, _ep.dispatch_traffic(counts, per_expert, topk, row, False), staging)
+        if timed:
+            comm._tick_exchange(operation, parity, _ep.dispatch_traffic(counts, per_expert, topk, row, False), staging)
         recv_idx = np.where(local, got_idx - me * L, -1)
         recv_w = np.where(local, got_w, np.float32(0))
         recv_per_expert = np.bincount(recv_idx[local], minlength=L).astype(np.int64)
-        sent = tuple(np.flatnonzero(routing.dest[:, d]) for d in range(n))
+        sent = np.nonzero(routing.dest.T)[1]         # the routing block's order of records
         handle = Handle(self._id, self._calls, "ht", tokens, tids.size, counts.copy(), every[:, E_TOKENS].copy(),
                         idx, sent=sent, weights=weights)
         return recv_x, recv_idx, recv_w, recv_per_expert, handle
@@ -405,7 +411,8 @@ class Buffer:
         row = hidden * y.itemsize
         counts = handle.counts
         sent_rows = _ep.rows_to_members(counts, n) if low_latency else counts
-        staging = _ep.staging(operation, handle.tokens_all, sent_rows.sum(axis=0), row)
+        timed = comm._rt.clock is not None
+        staging = _ep.staging(operation, handle.tokens_all, sent_rows.sum(axis=0), row) if timed else None
         if low_latency:
             valid = idx >= 0
             t_k = np.flatnonzero(valid.reshape(-1))
@@ -422,7 +429,8 @@ class Buffer:
             comm._bases[OUT, me] = _native.data_address(got)
             comm._run(operation, plan)
             comm._finish(operation)
-            comm._tick_exchange(operation, parity, _ep.combine_traffic(sent_rows, row), staging)
+            if timed:
+                comm._tick_exchange(operation, parity, _ep.combine_traffic(sent_rows, row), staging)
             token = np.where(valid, np.arange(idx.shape[0])[:, None], -1).reshape(-1)
             return self._reduced(got, token, weights.reshape(-1), idx.shape[0], code)
         mine = counts[me]
@@ -430,9 +438,10 @@ class Buffer:
         comm._peer_sources(operation, parity, inp.addr, need=(mine > 0).astype(np.int64))
         self._phase(operation, ("ep_combine", row, counts.tobytes()), lambda: _ep.combine_blocks(me, counts, row), got)
         comm._finish(operation)
-        comm._tick_exchange(operation, parity, _ep.combine_traffic(counts, row), staging)
+        if timed:
+            comm._tick_exchange(operation, parity, _ep.combine_traffic(counts, row), staging)
         # the rows are grouped by destination ascending: each token's sum follows that order
-        out = self._reduced(got, np.concatenate(handle.sent), None, handle.tokens, code)
+        out = self._reduced(got, handle.sent, None, handle.tokens, code)
         # each weight comes back from its expert's rank alone (0 from the others): summed from 0
         # in destination order, that is 0 + w
         weights = np.where(handle.topk_idx >= 0, np.float32(0) + handle.weights, np.float32(0))
