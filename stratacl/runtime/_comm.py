@@ -40,7 +40,7 @@ from ._buffers import EAGER_BYTES, EAGER_CHUNKS_READ, Buffers, _Input
 from ._control import F_AUX0, F_AUX1, F_AUX2, F_DTYPE
 from ._execute import Execute
 from ._mesh import Mesh, MeshCall
-from ._modeling import Modeled
+from ._modeling import Modeling
 from ._p2p import PointToPoint
 from ._prepared import PreparedCalls
 from ._protocol import OPS, Protocol
@@ -118,7 +118,7 @@ class AllReduceArgs(NamedTuple):
 
 
 
-class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute, Protocol, Mesh):
+class Communicator(Buffers, PointToPoint, RingSteps, Execute, Protocol, Mesh):
     """A group of ranks that run collectives together (MPI semantics for ``split``).
 
     Every collective method is a *collective operation*: all ranks of the communicator must
@@ -142,15 +142,14 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute, Protocol,
         self._ring_steps = 0
         self._scratch_ring = None
         self._staging_out = None
-        self._mapped = None        # jit under the modeled clock: (reader, owner) -> (seg_va, epoch) mapped
         self._always_stage = rt.config.registration == "staged"
         self._worker: Worker | None = None
         self._eager = None
         self._eager_slots: dict[tuple, _Input] = {}    # (parity, nbytes, dtype) -> slot
         self._prepared = PreparedCalls()       # checked arguments of repeated calls (_prepared.py)
         self._call_counts = rt.stats["calls"]
+        self._modeling = Modeling(rt, self.members, self.rank)
         self._init_execute()
-        self._init_modeling()
         self._init_protocol(slots)
         self._init_p2p()
         self._init_mesh()
@@ -170,6 +169,33 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute, Protocol,
 
     def __repr__(self) -> str:
         return f"Communicator(rank={self.rank}, size={self.size}, members={self.members})"
+
+    # --- modeled time -----------------------------------------------------------------------
+    def clock(self) -> float:
+        """This rank's modeled time in seconds (``--clock virtual`` or ``throttled``): the program's
+        clock, which an asynchronous operation moves only when it is waited for. Not collective."""
+        return self._modeling.now()
+
+    def charge_compute(self, duration_us: float, cores: int | None = None) -> None:
+        """Charge a compute kernel to the modeled clock: ``duration_us`` when it has ``cores`` of
+        this rank's NPU cores (default: all of them) to itself. Operations in flight
+        (``async_op=True``, not yet waited for) keep the cores they occupy; the kernel runs on
+        what is left, so it takes longer where they overlap (MTE: the communication cores for
+        the whole call; SDMA: only descriptor posting and polling). Waits until those operations
+        have completed, since their modeled times are needed. When profiling, the kernel is
+        recorded on its cores. Not collective; a no-op without a modeled clock."""
+        self._modeling.charge_compute(duration_us, cores)
+
+    def probe(self, stage: str, core: int = 0):
+        """Developer marker: record ``stage`` on ``core`` from entry to exit of the block, in
+        modeled time, into this rank's profile (``--profile DIR``); a no-op otherwise."""
+        return self._modeling.probe(stage, core)
+
+    def _tick(self, op: str, parity: int, nbytes: int, algo: str = "mesh", root: int = 0, itemsize: int = 1) -> None:
+        """After a call, under a modeled clock: its exit time (runtime/_modeling.py)."""
+        if self._rt.clock is not None:
+            self._modeling.tick(op, self._rt.ctl.i64[self._desc_idx[parity]], nbytes, algo, root, itemsize,
+                                self._path)
 
     # --- collectives ------------------------------------------------------------------------
     @collective
@@ -232,7 +258,7 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute, Protocol,
                     f"{self.size} x {x.size} = {self.size * x.size}")
             _expect(o.dtype == x.dtype, lambda: f"{op}: output dtype {o.dtype} differs from input dtype {x.dtype}",
                     TypeError)
-            algo = self._algo_for(op, x.nbytes, x.itemsize)
+            algo = self._modeling.algo_for(op, x.nbytes, x.itemsize)
             eager = algo == "mesh" and x.nbytes <= EAGER_BYTES
             if self._path is not self._default_path:
                 self._check_path(op)
@@ -451,7 +477,7 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute, Protocol,
                 self._check_path(name)
             own = _flat(x, name, "input")[self.rank * o.size:(self.rank + 1) * o.size]
             inp = self._as_input(x, name, _aliased(o, x, (o, own)))
-            algo = self._algo_for(name, x.nbytes, x.itemsize)
+            algo = self._modeling.algo_for(name, x.nbytes, x.itemsize)
             target = self._output(o)
         except Exception as e:
             self._begin(name, {}, error=e)
@@ -540,7 +566,7 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute, Protocol,
             xf = _flat(x, name, "buffer", writable=True)
             if self._path is not self._default_path:
                 self._check_path(name)
-            algo = self._algo_for(name, x.nbytes, x.itemsize)
+            algo = self._modeling.algo_for(name, x.nbytes, x.itemsize)
             eager = algo == "mesh" and x.nbytes <= EAGER_BYTES
             inp = None if eager else self._as_input(x, name)
         except Exception as e:

@@ -118,11 +118,11 @@ class Mesh:
         mc = self._mesh_records.get(key)
         if mc is not None and mc.plans[0] is plan and mc.plans[1] is plan2:
             params = mc.call[_native.R_PARAMS]     # the same call but for its input: patch both parities
-            params[:, :DESC_FIXED] = descriptor(operation, dtype, count, root, redop, inp, self._entering_bits(), 0)
+            params[:, :DESC_FIXED] = descriptor(operation, dtype, count, root, redop, inp, self._modeling.entering_bits(), 0)
             params[:, _native.RP_OWN] = inp.addr if inp is not None else 0
         else:
             mc = self._mesh_call(operation, inp, plan, departure, dtype, count, root, redop, divisor, plan2, only,
-                                 clock=self._entering_bits())
+                                 clock=self._modeling.entering_bits())
             if len(self._mesh_records) >= RECORDS_LIMIT:
                 self._mesh_records.clear()
             self._mesh_records[key] = mc

@@ -172,7 +172,7 @@ class PointToPoint:
         the rank writes directly, a sender's buffer already checked) is one native call,
         ``_native.p2p``; it returns the stage at which the rest continues here: a wait that
         needs health checks, or a descriptor to check (mismatch, new buffer)."""
-        t0 = self._entering_us() if self._rt.clock is not None else None
+        t0 = self._modeling.entering_us() if self._rt.clock is not None else None
         stage = x is not None and out is not None and _aliased(out, x)
         send = self._prepare_send(x, dst, t0, stage) if x is not None else None
         stage, recv = P2P_SEND_WAIT, None
@@ -213,7 +213,7 @@ class PointToPoint:
             else:
                 sent = self._complete_send(send)
         if t0 is not None:
-            self._ended(op, t0, max(t for t in (sent, received) if t is not None))
+            self._modeling.ended(op, t0, max(t for t in (sent, received) if t is not None))
 
     def _prepare_send(self, x: np.ndarray, dst: int, t_send: float | None, stage: bool = False) -> tuple:
         """Check a send's arguments and fill ``self._send_fields`` with its descriptor (an

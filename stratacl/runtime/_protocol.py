@@ -160,7 +160,7 @@ class Protocol:
                inp: "_Input | None" = None, aux1: int = 0) -> int:
         """Publish this rank's descriptor of the next call, arrive, wait, compare (one native
         call in the common case); raises on a disagreement. Returns the slot parity."""
-        fields = descriptor(operation, dtype, count, root, redop, inp, self._entering_bits(), aux1)
+        fields = descriptor(operation, dtype, count, root, redop, inp, self._modeling.entering_bits(), aux1)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("%s call %d: %s", operation, self._calls + 1, list(fields))
         status, parity, k = _native.enter(self._cx, SPIN_POLLS, SLICE, fields)
@@ -187,7 +187,7 @@ class Protocol:
         for f, v in fields.items():
             desc[f] = v
         if F_AUX0 not in fields and operation != "split" and self._rt.clock is not None:
-            desc[F_AUX0] = self._entering_bits()
+            desc[F_AUX0] = self._modeling.entering_bits()
         parity = self._next_parity()
         if error is not None:
             desc[F_FLAGS] = FLAG_REJECTED
