@@ -95,7 +95,7 @@ class Buffers:
 
     def _eager_input(self, flat: np.ndarray) -> _Input:
         """A copy of a small input in this rank's eager slot for the next call (see above)."""
-        inp = self._eager_slot(self._next_parity(), flat.nbytes, flat.dtype)
+        inp = self._eager_slot(self._protocol.next_parity(), flat.nbytes, flat.dtype)
         np.copyto(inp.flat, flat if flat.ndim == 1 else flat.reshape(-1))
         self._rt.stats["bytes_eager"] += flat.nbytes
         return inp
@@ -166,4 +166,4 @@ class Buffers:
         returns its address for F_AUX1."""
         addr = _native.data_address(buf)
         seg = self._hbm_segment(buf, addr) if buf.nbytes else None
-        return self._publish_extra_buffer(self._next_parity(), addr, seg)
+        return self._publish_extra_buffer(self._protocol.next_parity(), addr, seg)

@@ -118,7 +118,7 @@ class AllReduceArgs(NamedTuple):
 
 
 
-class Communicator(Buffers, PointToPoint, RingSteps, Execute, Protocol, Mesh):
+class Communicator(Buffers, PointToPoint, RingSteps, Execute, Mesh):
     """A group of ranks that run collectives together (MPI semantics for ``split``).
 
     Every collective method is a *collective operation*: all ranks of the communicator must
@@ -150,15 +150,18 @@ class Communicator(Buffers, PointToPoint, RingSteps, Execute, Protocol, Mesh):
         self._call_counts = rt.stats["calls"]
         self._modeling = Modeling(rt, self.members, self.rank)
         self._init_execute()
-        self._init_protocol(slots)
+        self._protocol = Protocol(rt, self.members, self.rank, slots, self.counters.words, self._modeling)
+        # native code reads these on the communicator (_native.NAMES_READ)
+        self._cx = self._protocol.cx
+        self._arrived = self._protocol.arrived
         self._init_p2p()
         self._init_mesh()
 
     def _start_worker(self) -> Worker:
         """The thread that runs this communicator's operations once one is asynchronous."""
-        self._worker = Worker(f"stratacl-comm-{self._rt.rank}-{self._slot_offs[0]:x}")
+        self._worker = Worker(f"stratacl-comm-{self._rt.rank}-{self._protocol.slot_offs[0]:x}")
         self._rt.workers.append(self._worker)
-        self._tally[T_NATIVE] = 0       # calls now go through the worker, in order
+        self._protocol.tally[T_NATIVE] = 0       # calls now go through the worker, in order
         return self._worker
 
     @property
@@ -194,14 +197,14 @@ class Communicator(Buffers, PointToPoint, RingSteps, Execute, Protocol, Mesh):
     def _tick(self, op: str, parity: int, nbytes: int, algo: str = "mesh", root: int = 0, itemsize: int = 1) -> None:
         """After a call, under a modeled clock: its exit time (runtime/_modeling.py)."""
         if self._rt.clock is not None:
-            self._modeling.tick(op, self._rt.ctl.i64[self._desc_idx[parity]], nbytes, algo, root, itemsize,
+            self._modeling.tick(op, self._protocol.descriptors(parity), nbytes, algo, root, itemsize,
                                 self._path)
 
     # --- collectives ------------------------------------------------------------------------
     @collective
     def barrier(self) -> None:
         """Block until every rank of the communicator has called barrier. Collective."""
-        self._tick("barrier", self._enter("barrier"), 0)
+        self._tick("barrier", self._protocol.enter("barrier"), 0)
         calls = self._call_counts          # completed calls, as for every operation
         calls["barrier"] = calls.get("barrier", 0) + 1
 
@@ -228,14 +231,14 @@ class Communicator(Buffers, PointToPoint, RingSteps, Execute, Protocol, Mesh):
             inp = self._eager_input(_flat(x, op, "input"))
         self._bases[OUT, me] = out_addr
         if algo == "ring":
-            parity = self._enter(op, code, x.size, inp=inp, aux1=self._publish_extra(target))
+            parity = self._protocol.enter(op, code, x.size, inp=inp, aux1=self._publish_extra(target))
             left = (me - 1) % n
             self._peer_sources(op, parity, inp.addr if inp is not None else 0, only=left)
             self._bases[OUT, left] = self._left_extra_buffer(parity, op)
             steps = self._phases(("ring_all_gather", nb), lambda: [
                 m for s in range(n - 1) for m in _slices.ring_all_gather_step(me, n, nb, s)])
             self._run_ring(op, steps, self._ring_flags(op, n - 1))
-            self._finish(op)
+            self._protocol.finish(op)
         else:
             parity = self._mesh(op, inp, plan, MESH_NO_DEPARTURE if eager else MESH_BARRIER, code, x.size)
         if target is not None:
@@ -267,7 +270,7 @@ class Communicator(Buffers, PointToPoint, RingSteps, Execute, Protocol, Mesh):
             inp = None if eager else self._as_input(x, op, _aliased(o, x, (x, own)))
             target = self._output(o, hbm=algo == "ring")
         except Exception as e:
-            self._begin(op, {}, error=e)
+            self._protocol.begin(op, {}, error=e)
         me, n, nb = self.rank, self.size, x.nbytes
         plan = (self._phase(("all_gather", nb), lambda: _slices.all_gather(me, n, nb), shared=True)
                 if algo == "mesh" else None)
@@ -317,7 +320,7 @@ class Communicator(Buffers, PointToPoint, RingSteps, Execute, Protocol, Mesh):
             inp = self._as_input(x, op, _aliased(o, x))
             target = self._output(o)
         except Exception as e:
-            self._begin(op, {}, error=e)
+            self._protocol.begin(op, {}, error=e)
         me, n, nb = self.rank, self.size, x.nbytes
         plan = self._phase(("all_to_all", nb), lambda: _slices.all_to_all(me, n, nb))
         out_addr = _native.data_address(target)
@@ -356,10 +359,10 @@ class Communicator(Buffers, PointToPoint, RingSteps, Execute, Protocol, Mesh):
             inp = self._as_input(x, op, _aliased(o, x))
             target = self._output(o)
         except Exception as e:
-            self._begin(op, {}, error=e)
-        self._begin(op, {F_DTYPE: code, **self._input_fields(inp)}, ext=np.concatenate([sc, rc]))
-        parity = self._calls & 1
-        ext = self._rt.ctl.i64[self._ext_idx[parity]]
+            self._protocol.begin(op, {}, error=e)
+        self._protocol.begin(op, {F_DTYPE: code, **self._input_fields(inp)}, ext=np.concatenate([sc, rc]))
+        parity = self._protocol.calls & 1
+        ext = self._protocol.extensions(parity)
         send, recv = ext[:, :n], ext[:, n:]
         bad = np.argwhere(recv != send.T)
         if bad.size:
@@ -373,7 +376,7 @@ class Communicator(Buffers, PointToPoint, RingSteps, Execute, Protocol, Mesh):
         for plan in self._phases(("all_to_all_v", item, send.tobytes(), recv[me].tobytes()),
                                  lambda: _slices.all_to_all_v(me, n, send, recv, item)):
             self._run(op, plan)
-        self._finish(op)
+        self._protocol.finish(op)
         self._output_done(out, target, int(recv[self.rank].sum()))
         self._tick("barrier", parity, 0)
 
@@ -410,7 +413,7 @@ class Communicator(Buffers, PointToPoint, RingSteps, Execute, Protocol, Mesh):
             inp = self._as_input(x, op) if self.rank == root else _Input(xf, None)
             target = self._output(xf) if self.rank != root else xf
         except Exception as e:
-            self._begin(op, {}, error=e)
+            self._protocol.begin(op, {}, error=e)
         me, n, nb = self.rank, self.size, x.nbytes
         if me == root:
             held = inp.in_place_of(x)
@@ -444,7 +447,7 @@ class Communicator(Buffers, PointToPoint, RingSteps, Execute, Protocol, Mesh):
         self._bases[OUT, me] = out_addr
         if algo == "ring":
             part = self._ring_scratch(x.nbytes)
-            parity = self._enter(name, code, out.size, 0, rcode, inp, aux1=self._publish_extra(part))
+            parity = self._protocol.enter(name, code, out.size, 0, rcode, inp, aux1=self._publish_extra(part))
             left = (me - 1) % n
             self._peer_sources(name, parity, inp.addr if inp is not None else 0, only=left)
             self._bases[SCRATCH, me] = _native.data_address(part)
@@ -452,7 +455,7 @@ class Communicator(Buffers, PointToPoint, RingSteps, Execute, Protocol, Mesh):
             steps = self._phases(("ring_reduce_scatter", count, item), lambda: [
                 m for s in range(n - 1) for m in _slices.ring_reduce_scatter_step(me, n, count, item, s)], item)
             self._run_ring(name, steps, self._ring_flags(name, n - 1), code, rcode)
-            self._finish(name)
+            self._protocol.finish(name)
         else:
             parity = self._mesh(name, inp, plan, MESH_BARRIER, code, out.size, 0, rcode, float(n))
         if target is not None:
@@ -480,7 +483,7 @@ class Communicator(Buffers, PointToPoint, RingSteps, Execute, Protocol, Mesh):
             algo = self._modeling.algo_for(name, x.nbytes, x.itemsize)
             target = self._output(o)
         except Exception as e:
-            self._begin(name, {}, error=e)
+            self._protocol.begin(name, {}, error=e)
         me, n, count, item = self.rank, self.size, x.size, x.itemsize
         plan = None
         if algo == "mesh":
@@ -526,7 +529,7 @@ class Communicator(Buffers, PointToPoint, RingSteps, Execute, Protocol, Mesh):
             return
         if algo == "ring":
             part = self._ring_scratch(x.nbytes)
-            parity = self._enter(name, code, count, 0, rcode, inp, aux1=self._publish_extra(part))
+            parity = self._protocol.enter(name, code, count, 0, rcode, inp, aux1=self._publish_extra(part))
             left = (me - 1) % n
             self._peer_sources(name, parity, inp.addr if inp is not None else 0, only=left)
             bases[SCRATCH, me] = _native.data_address(part)
@@ -534,8 +537,8 @@ class Communicator(Buffers, PointToPoint, RingSteps, Execute, Protocol, Mesh):
             steps = self._phases(("ring_all_reduce", count, item), lambda: [
                 m for s in range(2 * (n - 1)) for m in _slices.ring_all_reduce_step(me, n, count, item, s)], item)
             self._run_ring(name, steps, self._ring_flags(name, 2 * (n - 1)), code, rcode,
-                           barrier=lambda: self._sync(name))
-            self._finish(name)
+                           barrier=lambda: self._protocol.sync(name))
+            self._protocol.finish(name)
         else:
             # large: reduce own chunk in place, barrier, gather the finished chunks; fewer
             # elements than ranks: reduce the whole buffer privately, barrier (nobody reads this
@@ -570,7 +573,7 @@ class Communicator(Buffers, PointToPoint, RingSteps, Execute, Protocol, Mesh):
             eager = algo == "mesh" and x.nbytes <= EAGER_BYTES
             inp = None if eager else self._as_input(x, name)
         except Exception as e:
-            self._begin(name, {}, error=e)
+            self._protocol.begin(name, {}, error=e)
         n, me, count, item, nb = self.size, self.rank, x.size, x.itemsize, x.nbytes
         first = second = None
         if eager:
@@ -606,13 +609,13 @@ class Communicator(Buffers, PointToPoint, RingSteps, Execute, Protocol, Mesh):
             _expect(color is None or isinstance(color, (int, np.integer)), lambda: f"{op}: color must be an int or None")
             _expect(isinstance(key, (int, np.integer)), lambda: f"{op}: key must be an int")
         except Exception as e:
-            self._begin(op, {}, error=e)
+            self._protocol.begin(op, {}, error=e)
         color = -1 if color is None or color < 0 else int(color)
         try:
             slot = self._rt.reserve_slot() if color >= 0 else -1
         except TooManyCommunicators as e:        # the peers are told, as for a rejected argument
-            self._begin(op, {}, error=e)
-        descs = self._begin(op, {F_AUX0: color, F_AUX1: int(key), F_AUX2: slot})
+            self._protocol.begin(op, {}, error=e)
+        descs = self._protocol.begin(op, {F_AUX0: color, F_AUX1: int(key), F_AUX2: slot})
         s = self._rt.stats
         s["calls"]["split"] = s["calls"].get("split", 0) + 1
         if color < 0:

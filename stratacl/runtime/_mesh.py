@@ -78,7 +78,7 @@ class Mesh:
         modeled-clock bits (F_AUX0)."""
         word = 0
         if departure >= MESH_ROOT_READER:
-            word = self._rt.ctl.base + self._slot_offs[root] + self._lay.slot_root_done()
+            word = self._rt.ctl.base + self._protocol.slot_offs[root] + self._protocol.lay.slot_root_done()
         plans = (plan, plan2)
         tables = [p.table if p is not None else None for p in plans]
         n = self.size
@@ -127,11 +127,11 @@ class Mesh:
                 self._mesh_records.clear()
             self._mesh_records[key] = mc
         if log.isEnabledFor(logging.DEBUG):
-            log.debug("%s call %d: %s", operation, self._calls + 1, mc.call[_native.R_PARAMS][0, :DESC_FIXED].tolist())
+            log.debug("%s call %d: %s", operation, self._protocol.calls + 1, mc.call[_native.R_PARAMS][0, :DESC_FIXED].tolist())
         state = _native.mesh_call(mc.call)
         if state is not None:
             self._mesh_resume(mc, state)
-        return self._calls & 1
+        return self._protocol.calls & 1
 
     def _replay_of(self, operation: str, inp: "_Input | None", plan, departure: int, dtype: int = 0,
                    count: int = 0, root: int = 0, redop: int = 0, divisor: float = 1.0, plan2=None, only: int = -1,
@@ -170,12 +170,12 @@ class Mesh:
             if stage == MESH_SOURCES:
                 self._peer_sources(op, parity, int(mc.call[_native.R_PARAMS][parity, _native.RP_OWN]), mc.only)
             elif stage == MESH_DISAGREE:
-                self._validate(op, parity)
+                self._protocol.validate(op, parity)
                 raise AssertionError(f"{op}: native code found a disagreement the descriptors do not show")
             elif stage == MESH_DEPART_WAIT and mc.departure != MESH_BARRIER:
-                self._wait_root(op, mc.word, target)
+                self._protocol.wait_root(op, mc.word, target)
             elif stage in (MESH_ENTER_WAIT, MESH_MIDDLE_WAIT, MESH_DEPART_WAIT):
-                self._wait_barrier(k, op)
+                self._protocol.wait_barrier(k, op)
             else:                                # MESH_RUN_FIRST, MESH_RUN_SECOND
                 skipped = self._execute(op, mc.plans[stage == MESH_RUN_SECOND], mc.dtype, mc.redop, mc.divisor)
             state = _native.mesh_resume(mc.call, state, skipped)
@@ -189,7 +189,7 @@ class Mesh:
         released segment cannot appear in a descriptor again and a new one has a new epoch."""
         i = _native.sources(self._cx, parity, self._ready, self._src, own, only, need)
         while i >= 0:
-            d = self._rt.ctl.i64[self._desc_idx[parity][i]]
+            d = self._protocol.descriptor(parity, i)
             self._rt.reg.ensure_ready(self.members[i], int(d[F_SEG_VA]), int(d[F_SEG_SIZE]), int(d[F_SEG_OFF]),
                                       int(d[F_EPOCH]), operation)
             self._ready[i, 0], self._ready[i, 1] = d[F_SEG_VA], d[F_EPOCH]

@@ -56,11 +56,12 @@ class PointToPoint:
 
     def _p2p_addr(self, owner_idx: int, which: int, peer_idx: int) -> int:
         """which: 0 send_seq, 1 recv_done, 2 recv_status (u32 words)."""
-        off = (Layout.SLOT_SEND_SEQ, self._lay.slot_recv_done(), self._lay.slot_recv_status())[which]
-        return self._rt.ctl.base + self._slot_offs[owner_idx] + off + 4 * peer_idx
+        lay = self._protocol.lay
+        off = (Layout.SLOT_SEND_SEQ, lay.slot_recv_done(), lay.slot_recv_status())[which]
+        return self._rt.ctl.base + self._protocol.slot_offs[owner_idx] + off + 4 * peer_idx
 
     def _p2p_desc_off(self, owner_idx: int, peer_idx: int) -> int:
-        return (self._slot_offs[owner_idx] + self._lay.slot_p2p_desc()) // 8 + peer_idx * P2P_DESC
+        return (self._protocol.slot_offs[owner_idx] + self._protocol.lay.slot_p2p_desc()) // 8 + peer_idx * P2P_DESC
 
     def _init_p2p(self) -> None:
         """Per-peer addresses, computed once: what this rank posts to and waits on."""
@@ -229,7 +230,7 @@ class PointToPoint:
             code, inp, error = self._prepared.get(key, (x,), self._check_send, x)
         seq = _native.next_seq(self._cx, _native.CX_SENT, dst)
         if error is not None:        # the receiver quotes it (posted below, with the flag)
-            self._rt.ctl.put_reason(self._slot_offs[self.rank] + self._lay.slot_reason(2 + dst), error)
+            self._protocol.put_reason(2 + dst, error)
         aux0 = to_bits(t_send) if t_send is not None else 0
         self._send_fields = _send_descriptor(code, x.size, inp, error is not None, aux0, seq)
         return dst, seq, error, x, t_send
@@ -271,8 +272,7 @@ class PointToPoint:
             if status == RECV_MISMATCH:
                 raise CollectiveMismatch(f"send: rank {self.members[dst]} posted a recv that does not match this "
                                          f"send ({x.size} x {x.dtype}); no data was moved")
-            lay = self._lay
-            reason = self._rt.ctl.reason(self._slot_offs[dst] + lay.slot_reason(2 + lay.world + self.rank))
+            reason = self._protocol.reason(dst, 2 + self._protocol.lay.world + self.rank)
             if status == RECV_REJECTED:
                 raise CollectiveMismatch(f"send: rank {self.members[dst]} rejected its recv arguments: {reason}; "
                                          f"no data was moved")
@@ -338,7 +338,7 @@ class PointToPoint:
             if self._path is not self._default_path:
                 self._check_path(op)
             if d[F_FLAGS] & FLAG_REJECTED:
-                reason = self._rt.ctl.reason(self._slot_offs[src] + self._lay.slot_reason(2 + self.rank))
+                reason = self._protocol.reason(src, 2 + self.rank)
                 error = CollectiveMismatch(f"recv: rank {self.members[src]} rejected its send arguments: {reason}; "
                                            f"no data was moved")
             elif d[F_DTYPE] != code or d[F_COUNT] != x.size:
@@ -363,7 +363,7 @@ class PointToPoint:
         except Exception as e:
             # the sender quotes it (published below, with the status and the done word)
             status, error = RECV_REJECTED if isinstance(e, (ValueError, TypeError)) else RECV_FAILED, e
-            self._rt.ctl.put_reason(self._slot_offs[self.rank] + self._lay.slot_reason(2 + self._lay.world + src), e)
+            self._protocol.put_reason(2 + self._protocol.lay.world + src, e)
         received = None
         if t_recv is not None:
             received = self._rt.clock.received(self.members[src], self.members[self.rank], x.nbytes,

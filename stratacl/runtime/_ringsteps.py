@@ -33,10 +33,10 @@ class _Flags:
 
     def __init__(self, comm, base: int, operation: str):
         self.comm, self.base, self.operation = comm, base, operation
-        ctl, lay = comm._rt.ctl, comm._lay
+        ctl, lay, offs = comm._rt.ctl, comm._protocol.lay, comm._protocol.slot_offs
         left = (comm.rank - 1) % comm.size
-        self.left_word = ctl.base + comm._slot_offs[left] + lay.slot_ring_step()
-        self.own_word = ctl.base + comm._slot_offs[comm.rank] + lay.slot_ring_step()
+        self.left_word = ctl.base + offs[left] + lay.slot_ring_step()
+        self.own_word = ctl.base + offs[comm.rank] + lay.slot_ring_step()
 
     def wait(self, s: int) -> None:
         target = (self.base + s) & 0xFFFFFFFF
@@ -80,18 +80,16 @@ class RingSteps:
     def _publish_extra_buffer(self, parity: int, addr: int, seg) -> int:
         """Write the extension words naming ``seg`` into this rank's next descriptor (slot
         ``parity``); returns ``addr`` for F_AUX1."""
-        i64 = self._rt.ctl.i64
-        off = self._desc_off[parity] // 8 + DESC_FIXED
-        i64[off:off + 4] = (seg.va, seg.size, seg.hbm_offset, seg.epoch) if seg is not None else 0
+        self._protocol.publish_extension(parity, (seg.va, seg.size, seg.hbm_offset, seg.epoch) if seg is not None
+                                         else (0, 0, 0, 0))
         return addr
 
     def _left_extra_buffer(self, parity: int, operation: str) -> int:
         """The address of the left neighbour's extra buffer, once mapped here."""
         left = (self.rank - 1) % self.size
-        i64 = self._rt.ctl.i64
-        off = (self._slot_offs[left] + self._lay.slot_desc(parity)) // 8
-        addr = int(i64[off + F_AUX1])
-        va, size, hbm_off, epoch = (int(v) for v in i64[off + DESC_FIXED:off + DESC_FIXED + 4])
+        words = self._protocol.words_of(left, parity)
+        addr = int(words[F_AUX1])
+        va, size, hbm_off, epoch = (int(v) for v in words[DESC_FIXED:DESC_FIXED + 4])
         ready = self._ready_extra[left]
         if va and (ready[0] != va or ready[1] != epoch):
             self._rt.reg.ensure_ready(self.members[left], va, size, hbm_off, epoch, operation)
