@@ -31,14 +31,14 @@ from typing import Any, NamedTuple, Sequence
 import numpy as np
 
 from .._errors import CollectiveMismatch, TooManyCommunicators
-from ..collectives import _reduce, _slices
+from ..collectives import _backend, _reduce, _slices
 from ..collectives._slices import OUT, SCRATCH
 from . import _native
 from ._native import MESH_BARRIER, MESH_NO_DEPARTURE, MESH_ROOT, MESH_ROOT_READER, T_NATIVE
 from ._args import _aliased, _copy_back, _expect, _flat
 from ._buffers import EAGER_BYTES, EAGER_CHUNKS_READ, Buffers, _Input
 from ._control import F_AUX0, F_AUX1, F_AUX2, F_DTYPE
-from ._execute import Execute
+from ._execute import Executor
 from ._mesh import Mesh, MeshCall
 from ._modeling import Modeling
 from ._p2p import PointToPoint
@@ -118,7 +118,7 @@ class AllReduceArgs(NamedTuple):
 
 
 
-class Communicator(Buffers, PointToPoint, RingSteps, Execute, Mesh):
+class Communicator(Buffers, PointToPoint, RingSteps, Mesh):
     """A group of ranks that run collectives together (MPI semantics for ``split``).
 
     Every collective method is a *collective operation*: all ranks of the communicator must
@@ -137,7 +137,6 @@ class Communicator(Buffers, PointToPoint, RingSteps, Execute, Mesh):
         self.size = len(self.members)
         self.rank = self.members.index(rt.rank)
         self._staging = None
-        self._ready = np.full((self.size, 2), -1, dtype=np.int64)   # last (seg_va, epoch) checked per member
         self._ready_extra = np.full((self.size, 2), -1, dtype=np.int64)   # the same, for ring extra buffers
         self._ring_steps = 0
         self._scratch_ring = None
@@ -149,11 +148,17 @@ class Communicator(Buffers, PointToPoint, RingSteps, Execute, Mesh):
         self._prepared = PreparedCalls()       # checked arguments of repeated calls (_prepared.py)
         self._call_counts = rt.stats["calls"]
         self._modeling = Modeling(rt, self.members, self.rank)
-        self._init_execute()
+        self.counters = _backend.Counters()      # summed over the rank's communicators by stats()
+        rt.byte_counters.append(self.counters)
         self._protocol = Protocol(rt, self.members, self.rank, slots, self.counters.words, self._modeling)
-        # native code reads these on the communicator (_native.NAMES_READ)
+        self._executor = Executor(rt, self.members, self.rank, self._protocol)
+        self._bases = self._executor.bases      # the call's buffers, which the operators name
+        # native code reads these on the communicator (_native.NAMES_READ); the operation's
+        # wrapper (runtime/_work.py) sets _path per call
         self._cx = self._protocol.cx
         self._arrived = self._protocol.arrived
+        self._default_path = self._executor.default_path
+        self._path = self._default_path
         self._init_p2p()
         self._init_mesh()
 
@@ -233,9 +238,9 @@ class Communicator(Buffers, PointToPoint, RingSteps, Execute, Mesh):
         if algo == "ring":
             parity = self._protocol.enter(op, code, x.size, inp=inp, aux1=self._publish_extra(target))
             left = (me - 1) % n
-            self._peer_sources(op, parity, inp.addr if inp is not None else 0, only=left)
+            self._executor.peer_sources(op, parity, inp.addr if inp is not None else 0, only=left)
             self._bases[OUT, left] = self._left_extra_buffer(parity, op)
-            steps = self._phases(("ring_all_gather", nb), lambda: [
+            steps = self._executor.phases(("ring_all_gather", nb), lambda: [
                 m for s in range(n - 1) for m in _slices.ring_all_gather_step(me, n, nb, s)])
             self._run_ring(op, steps, self._ring_flags(op, n - 1))
             self._protocol.finish(op)
@@ -264,7 +269,7 @@ class Communicator(Buffers, PointToPoint, RingSteps, Execute, Mesh):
             algo = self._modeling.algo_for(op, x.nbytes, x.itemsize)
             eager = algo == "mesh" and x.nbytes <= EAGER_BYTES
             if self._path is not self._default_path:
-                self._check_path(op)
+                self._executor.check_path(op, self._path)
             _flat(x, op, "input")          # an eager input is read per call, but checked here
             own = o[self.rank * x.size:(self.rank + 1) * x.size]
             inp = None if eager else self._as_input(x, op, _aliased(o, x, (x, own)))
@@ -272,7 +277,7 @@ class Communicator(Buffers, PointToPoint, RingSteps, Execute, Mesh):
         except Exception as e:
             self._protocol.begin(op, {}, error=e)
         me, n, nb = self.rank, self.size, x.nbytes
-        plan = (self._phase(("all_gather", nb), lambda: _slices.all_gather(me, n, nb), shared=True)
+        plan = (self._executor.phase(("all_gather", nb), lambda: _slices.all_gather(me, n, nb), shared=True)
                 if algo == "mesh" else None)
         out_addr = _native.data_address(target)
         if algo == "mesh" and target is o:
@@ -316,13 +321,13 @@ class Communicator(Buffers, PointToPoint, RingSteps, Execute, Mesh):
             _expect(o.dtype == x.dtype, lambda: f"{op}: output dtype {o.dtype} differs from input dtype {x.dtype}",
                     TypeError)
             if self._path is not self._default_path:
-                self._check_path(op)
+                self._executor.check_path(op, self._path)
             inp = self._as_input(x, op, _aliased(o, x))
             target = self._output(o)
         except Exception as e:
             self._protocol.begin(op, {}, error=e)
         me, n, nb = self.rank, self.size, x.nbytes
-        plan = self._phase(("all_to_all", nb), lambda: _slices.all_to_all(me, n, nb))
+        plan = self._executor.phase(("all_to_all", nb), lambda: _slices.all_to_all(me, n, nb))
         out_addr = _native.data_address(target)
         held = inp.in_place_of(x) if target is o else None
         if held is not None:
@@ -355,7 +360,7 @@ class Communicator(Buffers, PointToPoint, RingSteps, Execute, Mesh):
             _expect(o.dtype == x.dtype, lambda: f"{op}: output dtype {o.dtype} differs from input dtype {x.dtype}",
                     TypeError)
             if self._path is not self._default_path:
-                self._check_path(op)
+                self._executor.check_path(op, self._path)
             inp = self._as_input(x, op, _aliased(o, x))
             target = self._output(o)
         except Exception as e:
@@ -371,11 +376,11 @@ class Communicator(Buffers, PointToPoint, RingSteps, Execute, Mesh):
                 f"{op}: rank {self.members[i]} expects {int(recv[i, j])} elements from rank {self.members[j]}, "
                 f"which sends it {int(send[j, i])}; no data was moved")
         me, item = self.rank, x.itemsize
-        self._peer_sources(op, parity, inp.addr, need=(recv[me] > 0).astype(np.int64))
+        self._executor.peer_sources(op, parity, inp.addr, need=(recv[me] > 0).astype(np.int64))
         self._bases[OUT, me] = _native.data_address(target)
-        for plan in self._phases(("all_to_all_v", item, send.tobytes(), recv[me].tobytes()),
+        for plan in self._executor.phases(("all_to_all_v", item, send.tobytes(), recv[me].tobytes()),
                                  lambda: _slices.all_to_all_v(me, n, send, recv, item)):
-            self._run(op, plan)
+            self._executor.run(op, plan, self._path)
         self._protocol.finish(op)
         self._output_done(out, target, int(recv[self.rank].sum()))
         self._tick("barrier", parity, 0)
@@ -408,7 +413,7 @@ class Communicator(Buffers, PointToPoint, RingSteps, Execute, Mesh):
             _expect(isinstance(root, (int, np.integer)) and 0 <= root < self.size,
                     lambda: f"{op}: root {root!r} is not a rank of this communicator (size {self.size})")
             if self._path is not self._default_path:
-                self._check_path(op)
+                self._executor.check_path(op, self._path)
             xf = _flat(x, op, "buffer", writable=True)
             inp = self._as_input(x, op) if self.rank == root else _Input(xf, None)
             target = self._output(xf) if self.rank != root else xf
@@ -421,7 +426,7 @@ class Communicator(Buffers, PointToPoint, RingSteps, Execute, Mesh):
                 return BroadcastArgs(code, inp, None, None, None), False
             return BroadcastArgs(code, held, None, None, self._replay_of(op, held, None, MESH_ROOT, code, x.size, root,
                                                             only=root)), True
-        plan = self._phase(("broadcast", nb, root), lambda: _slices.broadcast(me, n, nb, root), shared=True)
+        plan = self._executor.phase(("broadcast", nb, root), lambda: _slices.broadcast(me, n, nb, root), shared=True)
         if target is xf:         # in place: remember the address only, not the caller's array
             own = _Input(None, None, _native.data_address(xf) if nb else 0, nb)
             return BroadcastArgs(code, own, plan, None, self._replay_of(op, own, plan, MESH_ROOT_READER, code, x.size, root,
@@ -449,10 +454,10 @@ class Communicator(Buffers, PointToPoint, RingSteps, Execute, Mesh):
             part = self._ring_scratch(x.nbytes)
             parity = self._protocol.enter(name, code, out.size, 0, rcode, inp, aux1=self._publish_extra(part))
             left = (me - 1) % n
-            self._peer_sources(name, parity, inp.addr if inp is not None else 0, only=left)
+            self._executor.peer_sources(name, parity, inp.addr if inp is not None else 0, only=left)
             self._bases[SCRATCH, me] = _native.data_address(part)
             self._bases[SCRATCH, left] = self._left_extra_buffer(parity, name)
-            steps = self._phases(("ring_reduce_scatter", count, item), lambda: [
+            steps = self._executor.phases(("ring_reduce_scatter", count, item), lambda: [
                 m for s in range(n - 1) for m in _slices.ring_reduce_scatter_step(me, n, count, item, s)], item)
             self._run_ring(name, steps, self._ring_flags(name, n - 1), code, rcode)
             self._protocol.finish(name)
@@ -477,7 +482,7 @@ class Communicator(Buffers, PointToPoint, RingSteps, Execute, Mesh):
             _expect(o.dtype == x.dtype, lambda: f"{name}: output dtype {o.dtype} differs from input dtype {x.dtype}",
                     TypeError)
             if self._path is not self._default_path:
-                self._check_path(name)
+                self._executor.check_path(name, self._path)
             own = _flat(x, name, "input")[self.rank * o.size:(self.rank + 1) * o.size]
             inp = self._as_input(x, name, _aliased(o, x, (o, own)))
             algo = self._modeling.algo_for(name, x.nbytes, x.itemsize)
@@ -487,7 +492,7 @@ class Communicator(Buffers, PointToPoint, RingSteps, Execute, Mesh):
         me, n, count, item = self.rank, self.size, x.size, x.itemsize
         plan = None
         if algo == "mesh":
-            plan = self._phase(("reduce_scatter", count, item), lambda: _slices.reduce_scatter(me, n, count, item),
+            plan = self._executor.phase(("reduce_scatter", count, item), lambda: _slices.reduce_scatter(me, n, count, item),
                                item)
         out_addr = _native.data_address(target)
         held = inp.in_place_of(x) if algo == "mesh" and target is o else None
@@ -531,10 +536,10 @@ class Communicator(Buffers, PointToPoint, RingSteps, Execute, Mesh):
             part = self._ring_scratch(x.nbytes)
             parity = self._protocol.enter(name, code, count, 0, rcode, inp, aux1=self._publish_extra(part))
             left = (me - 1) % n
-            self._peer_sources(name, parity, inp.addr if inp is not None else 0, only=left)
+            self._executor.peer_sources(name, parity, inp.addr if inp is not None else 0, only=left)
             bases[SCRATCH, me] = _native.data_address(part)
             bases[SCRATCH, left] = self._left_extra_buffer(parity, name)
-            steps = self._phases(("ring_all_reduce", count, item), lambda: [
+            steps = self._executor.phases(("ring_all_reduce", count, item), lambda: [
                 m for s in range(2 * (n - 1)) for m in _slices.ring_all_reduce_step(me, n, count, item, s)], item)
             self._run_ring(name, steps, self._ring_flags(name, 2 * (n - 1)), code, rcode,
                            barrier=lambda: self._protocol.sync(name))
@@ -568,7 +573,7 @@ class Communicator(Buffers, PointToPoint, RingSteps, Execute, Mesh):
             rcode = _reduce.reduce_code(op, x.dtype, name)
             xf = _flat(x, name, "buffer", writable=True)
             if self._path is not self._default_path:
-                self._check_path(name)
+                self._executor.check_path(name, self._path)
             algo = self._modeling.algo_for(name, x.nbytes, x.itemsize)
             eager = algo == "mesh" and x.nbytes <= EAGER_BYTES
             inp = None if eager else self._as_input(x, name)
@@ -579,10 +584,10 @@ class Communicator(Buffers, PointToPoint, RingSteps, Execute, Mesh):
         if eager:
             target = self._output(xf)
             if count >= n and n * nb >= EAGER_CHUNKS_READ:
-                first, second = self._phases(("all_reduce_eager_chunks", count, item),
+                first, second = self._executor.phases(("all_reduce_eager_chunks", count, item),
                                              lambda: _slices.all_reduce_eager_chunks(me, n, count, item), item)
             else:
-                first = self._phase(("all_reduce_eager", nb, item), lambda: _slices.all_reduce_eager(me, n, nb), item)
+                first = self._executor.phase(("all_reduce_eager", nb, item), lambda: _slices.all_reduce_eager(me, n, nb), item)
             out_addr = _native.data_address(target)
             if target is xf:
                 replay = self._replay_of(name, None, first, MESH_NO_DEPARTURE, code, count, 0, rcode, float(n), second,
@@ -590,7 +595,7 @@ class Communicator(Buffers, PointToPoint, RingSteps, Execute, Mesh):
                 return AllReduceArgs(code, rcode, algo, True, None, first, second, out_addr, None, replay), True
             return AllReduceArgs(code, rcode, algo, True, None, first, second, out_addr, target, None), False
         if algo == "mesh":
-            first, second = self._phases(("all_reduce", count, item),
+            first, second = self._executor.phases(("all_reduce", count, item),
                                          lambda: _slices.all_reduce(me, n, count, item, small=0), item)
         staged = inp.flat if inp.addr != _native.data_address(xf) or not xf.flags.c_contiguous else None
         held = inp.in_place_of(x) if algo == "mesh" and count >= n else None

@@ -29,7 +29,7 @@ import numpy as np
 from ..collectives._kernels import BUFFERS
 from . import _native
 from ._args import _fixed_address, _fixed_table
-from ._control import DESC_FIXED, F_EPOCH, F_SEG_OFF, F_SEG_SIZE, F_SEG_VA
+from ._control import DESC_FIXED
 from ._native import (MESH_BARRIER, MESH_DEPART_WAIT, MESH_DISAGREE, MESH_ENTER_WAIT, MESH_MIDDLE_WAIT,
                       MESH_NOT_RUN, MESH_ROOT_READER, MESH_RUN_SECOND, MESH_SOURCES)
 from ._protocol import descriptor
@@ -89,7 +89,7 @@ class Mesh:
         row[_native.RP_COUNTED] = self._rt.native_call_word(operation)
         row[_native.RP_CALLER_PHASES] = self._path != "mte" and any(p is not None and p.has_copies for p in plans)
         row[_native.RP_CX:_native.RP_BYTES] = (
-            _fixed_address(self._cx, (None,)), _fixed_address(self._ready, (n, 2)),
+            _fixed_address(self._cx, (None,)), _fixed_address(self._executor.ready, (n, 2)),
             _fixed_address(self._bases, (BUFFERS, n)), *_fixed_table(tables[0]), *_fixed_table(tables[1]))
         for i, p in enumerate(plans):
             if p is not None:
@@ -104,7 +104,7 @@ class Mesh:
             row[_native.RP_OWN] = inp.addr if inp is not None else 0
         # the call holds every array whose address it carries
         call = [None] * _native.R_LEN
-        call[_native.R_PARAMS], call[_native.R_CX], call[_native.R_READY] = params, self._cx, self._ready
+        call[_native.R_PARAMS], call[_native.R_CX], call[_native.R_READY] = params, self._cx, self._executor.ready
         call[_native.R_BASES], call[_native.R_PLAN], call[_native.R_PLAN2] = self._bases, tables[0], tables[1]
         call[_native.R_DIVISOR], call[_native.R_STATS] = float(divisor), self._rt.stats
         call[_native.R_PARAMS_ADDR] = _native.data_address(params)
@@ -168,7 +168,7 @@ class Mesh:
             stage, parity, k, target = state
             skipped = 0
             if stage == MESH_SOURCES:
-                self._peer_sources(op, parity, int(mc.call[_native.R_PARAMS][parity, _native.RP_OWN]), mc.only)
+                self._executor.peer_sources(op, parity, int(mc.call[_native.R_PARAMS][parity, _native.RP_OWN]), mc.only)
             elif stage == MESH_DISAGREE:
                 self._protocol.validate(op, parity)
                 raise AssertionError(f"{op}: native code found a disagreement the descriptors do not show")
@@ -177,21 +177,6 @@ class Mesh:
             elif stage in (MESH_ENTER_WAIT, MESH_MIDDLE_WAIT, MESH_DEPART_WAIT):
                 self._protocol.wait_barrier(k, op)
             else:                                # MESH_RUN_FIRST, MESH_RUN_SECOND
-                skipped = self._execute(op, mc.plans[stage == MESH_RUN_SECOND], mc.dtype, mc.redop, mc.divisor)
+                skipped = self._executor.execute(op, mc.plans[stage == MESH_RUN_SECOND], self._path, mc.dtype, mc.redop,
+                                                  mc.divisor)
             state = _native.mesh_resume(mc.call, state, skipped)
-
-    def _peer_sources(self, operation: str, parity: int, own: int, only: int = -1,
-                      need: np.ndarray | None = None) -> np.ndarray:
-        """Every member's input address in the call of ``parity`` (``own``: this rank's), in
-        ``_src`` (bases' IN row), after the purely local registration check of each peer
-        buffer this rank reads (``only``: that member's; ``need``: the members marked, an int64
-        array), recorded in ``_ready``: a (segment, epoch) checked once stays valid, since a
-        released segment cannot appear in a descriptor again and a new one has a new epoch."""
-        i = _native.sources(self._cx, parity, self._ready, self._src, own, only, need)
-        while i >= 0:
-            d = self._protocol.descriptor(parity, i)
-            self._rt.reg.ensure_ready(self.members[i], int(d[F_SEG_VA]), int(d[F_SEG_SIZE]), int(d[F_SEG_OFF]),
-                                      int(d[F_EPOCH]), operation)
-            self._ready[i, 0], self._ready[i, 1] = d[F_SEG_VA], d[F_EPOCH]
-            i = _native.sources(self._cx, parity, self._ready, self._src, own, only, need)
-        return self._src

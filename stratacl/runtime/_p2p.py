@@ -153,7 +153,7 @@ class PointToPoint:
         moved = (plan.local, plan.remote, plan.written) if plan is not None else (0, 0, 0)
         n = self.size
         arrays = [_fixed_address(self._cx, (None,)), _fixed_address(self._px, (n, None)),
-                  _fixed_address(self._bases, (BUFFERS, n)), _fixed_address(self._ready, (n, 2)), *_fixed_table(table)]
+                  _fixed_address(self._bases, (BUFFERS, n)), _fixed_address(self._executor.ready, (n, 2)), *_fixed_table(table)]
         params = np.zeros(_native.PP_LEN, dtype=np.int64)       # named by _native.h's PP_*
         params[:DESC_FIXED] = fields
         params[_native.PP_ME:_native.PP_CX] = (self.rank, dst, src, dtype, count, itemsize, out_addr, self.size,
@@ -162,7 +162,7 @@ class PointToPoint:
         params[_native.PP_BYTES:_native.PP_LEN] = moved
         call = [None] * _native.Q_LEN
         call[_native.Q_PARAMS], call[_native.Q_CX], call[_native.Q_PX] = params, self._cx, self._px
-        call[_native.Q_BASES], call[_native.Q_READY], call[_native.Q_PLAN] = self._bases, self._ready, table
+        call[_native.Q_BASES], call[_native.Q_READY], call[_native.Q_PLAN] = self._bases, self._executor.ready, table
         call[_native.Q_PARAMS_ADDR] = _native.data_address(params)
         return tuple(call), True
 
@@ -191,7 +191,7 @@ class PointToPoint:
             r = recv[2] if recv is not None else _NO_RECV
             stage = _native.p2p(self._px, self.rank, dst if send is not None else -1, send[1] if send else 0,
                                 self._send_fields, src if recv is not None else -1, recv[1] if recv else 0,
-                                *r, self._bases, self._ready, SPIN_POLLS, SLICE)
+                                *r, self._bases, self._executor.ready, SPIN_POLLS, SLICE)
         elif send is not None:
             _native.post(self._rt.ctl.base + 8 * self._send_desc[dst], self._send_fields, self._send_flag[dst],
                          send[1])
@@ -310,7 +310,7 @@ class PointToPoint:
         plan = None
         if nb:
             me = self.rank
-            plan = self._phase(("recv", src, nb), lambda: _slices.recv(me, src, nb))
+            plan = self._executor.phase(("recv", src, nb), lambda: _slices.recv(me, src, nb))
         return ((code, x.size, x.itemsize, _native.data_address(xf) if nb else 0,
                  plan.table if plan is not None else None), plan), True
 
@@ -336,7 +336,7 @@ class PointToPoint:
             code = _reduce.dtype_code(x.dtype, "recv")
             xf = _flat(x, "recv", "buffer", writable=True)
             if self._path is not self._default_path:
-                self._check_path(op)
+                self._executor.check_path(op, self._path)
             if d[F_FLAGS] & FLAG_REJECTED:
                 reason = self._protocol.reason(src, 2 + self.rank)
                 error = CollectiveMismatch(f"recv: rank {self.members[src]} rejected its send arguments: {reason}; "
@@ -348,7 +348,7 @@ class PointToPoint:
                     f"{_reduce.DTYPE_BY_CODE.get(d[F_DTYPE], '?')}, this rank expects {x.size} x {x.dtype}; "
                     f"no data was moved")
             elif x.nbytes:
-                ready = self._ready[src]
+                ready = self._executor.ready[src]
                 if ready[0] != d[F_SEG_VA] or ready[1] != d[F_EPOCH]:
                     self._rt.reg.ensure_ready(self.members[src], d[F_SEG_VA], d[F_SEG_SIZE], d[F_SEG_OFF],
                                               d[F_EPOCH], op)
@@ -357,8 +357,8 @@ class PointToPoint:
                 me, nb = self.rank, x.nbytes
                 self._bases[IN, src] = d[F_ADDR]
                 self._bases[OUT, me] = _native.data_address(target)
-                for plan in self._phases(("recv", src, nb), lambda: _slices.recv(me, src, nb)):
-                    self._run(op, plan)
+                for plan in self._executor.phases(("recv", src, nb), lambda: _slices.recv(me, src, nb)):
+                    self._executor.run(op, plan, self._path)
                 self._output_done(x, target)
         except Exception as e:
             # the sender quotes it (published below, with the status and the done word)

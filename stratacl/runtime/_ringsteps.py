@@ -62,14 +62,14 @@ class RingSteps:
                   barrier=None) -> None:
         """Run a ring call's compiled steps in order (one phase each). A second chain starts
         at step N-1, after ``barrier``, without waiting for the neighbour."""
-        n = self.size
+        n, run, path = self.size, self._executor.run, self._path
         fold = _SUM if redop_code == _AVG else redop_code
         for s, plan in enumerate(steps):
             if s == n - 1 and barrier is not None:
                 barrier()
             elif s:
                 flags.wait(s)
-            self._run(operation, plan, dtype_code, redop_code if s == n - 2 else fold, float(n))
+            run(operation, plan, path, dtype_code, redop_code if s == n - 2 else fold, float(n))
             flags.post(s)
 
     def _ring_flags(self, operation: str, steps: int) -> _Flags:
