@@ -118,7 +118,7 @@ class AllReduceArgs(NamedTuple):
 
 
 
-class Communicator(Buffers, PointToPoint, RingSteps, Mesh):
+class Communicator(PointToPoint, RingSteps, Mesh):
     """A group of ranks that run collectives together (MPI semantics for ``split``).
 
     Every collective method is a *collective operation*: all ranks of the communicator must
@@ -136,15 +136,10 @@ class Communicator(Buffers, PointToPoint, RingSteps, Mesh):
         self.members = list(members)
         self.size = len(self.members)
         self.rank = self.members.index(rt.rank)
-        self._staging = None
         self._ready_extra = np.full((self.size, 2), -1, dtype=np.int64)   # the same, for ring extra buffers
         self._ring_steps = 0
         self._scratch_ring = None
-        self._staging_out = None
-        self._always_stage = rt.config.registration == "staged"
         self._worker: Worker | None = None
-        self._eager = None
-        self._eager_slots: dict[tuple, _Input] = {}    # (parity, nbytes, dtype) -> slot
         self._prepared = PreparedCalls()       # checked arguments of repeated calls (_prepared.py)
         self._call_counts = rt.stats["calls"]
         self._modeling = Modeling(rt, self.members, self.rank)
@@ -152,6 +147,7 @@ class Communicator(Buffers, PointToPoint, RingSteps, Mesh):
         rt.byte_counters.append(self.counters)
         self._protocol = Protocol(rt, self.members, self.rank, slots, self.counters.words, self._modeling)
         self._executor = Executor(rt, self.members, self.rank, self._protocol)
+        self._buffers = Buffers(rt, self._protocol)
         self._bases = self._executor.bases      # the call's buffers, which the operators name
         # native code reads these on the communicator (_native.NAMES_READ); the operation's
         # wrapper (runtime/_work.py) sets _path per call
@@ -233,7 +229,7 @@ class Communicator(Buffers, PointToPoint, RingSteps, Mesh):
             return
         me, n, nb = self.rank, self.size, x.nbytes
         if eager:
-            inp = self._eager_input(_flat(x, op, "input"))
+            inp = self._buffers.eager_input(_flat(x, op, "input"))
         self._bases[OUT, me] = out_addr
         if algo == "ring":
             parity = self._protocol.enter(op, code, x.size, inp=inp, aux1=self._publish_extra(target))
@@ -247,7 +243,7 @@ class Communicator(Buffers, PointToPoint, RingSteps, Mesh):
         else:
             parity = self._mesh(op, inp, plan, MESH_NO_DEPARTURE if eager else MESH_BARRIER, code, x.size)
         if target is not None:
-            self._output_done(out, target)
+            self._buffers.output_done(out, target)
         self._tick(op, parity, x.nbytes, algo, itemsize=x.itemsize)
 
     _all_gather = all_gather
@@ -272,8 +268,8 @@ class Communicator(Buffers, PointToPoint, RingSteps, Mesh):
                 self._executor.check_path(op, self._path)
             _flat(x, op, "input")          # an eager input is read per call, but checked here
             own = o[self.rank * x.size:(self.rank + 1) * x.size]
-            inp = None if eager else self._as_input(x, op, _aliased(o, x, (x, own)))
-            target = self._output(o, hbm=algo == "ring")
+            inp = None if eager else self._buffers.as_input(x, op, _aliased(o, x, (x, own)))
+            target = self._buffers.output(o, hbm=algo == "ring")
         except Exception as e:
             self._protocol.begin(op, {}, error=e)
         me, n, nb = self.rank, self.size, x.nbytes
@@ -303,7 +299,7 @@ class Communicator(Buffers, PointToPoint, RingSteps, Mesh):
         self._bases[OUT, self.rank] = out_addr
         parity = self._mesh(op, inp, plan, MESH_BARRIER, code, x.size)
         if target is not None:
-            self._output_done(out, target)
+            self._buffers.output_done(out, target)
         self._tick(op, parity, x.nbytes, itemsize=x.itemsize)
 
     _all_to_all = all_to_all
@@ -322,8 +318,8 @@ class Communicator(Buffers, PointToPoint, RingSteps, Mesh):
                     TypeError)
             if self._path is not self._default_path:
                 self._executor.check_path(op, self._path)
-            inp = self._as_input(x, op, _aliased(o, x))
-            target = self._output(o)
+            inp = self._buffers.as_input(x, op, _aliased(o, x))
+            target = self._buffers.output(o)
         except Exception as e:
             self._protocol.begin(op, {}, error=e)
         me, n, nb = self.rank, self.size, x.nbytes
@@ -361,11 +357,11 @@ class Communicator(Buffers, PointToPoint, RingSteps, Mesh):
                     TypeError)
             if self._path is not self._default_path:
                 self._executor.check_path(op, self._path)
-            inp = self._as_input(x, op, _aliased(o, x))
-            target = self._output(o)
+            inp = self._buffers.as_input(x, op, _aliased(o, x))
+            target = self._buffers.output(o)
         except Exception as e:
             self._protocol.begin(op, {}, error=e)
-        self._protocol.begin(op, {F_DTYPE: code, **self._input_fields(inp)}, ext=np.concatenate([sc, rc]))
+        self._protocol.begin(op, {F_DTYPE: code, **self._buffers.input_fields(inp)}, ext=np.concatenate([sc, rc]))
         parity = self._protocol.calls & 1
         ext = self._protocol.extensions(parity)
         send, recv = ext[:, :n], ext[:, n:]
@@ -382,7 +378,7 @@ class Communicator(Buffers, PointToPoint, RingSteps, Mesh):
                                  lambda: _slices.all_to_all_v(me, n, send, recv, item)):
             self._executor.run(op, plan, self._path)
         self._protocol.finish(op)
-        self._output_done(out, target, int(recv[self.rank].sum()))
+        self._buffers.output_done(out, target, int(recv[self.rank].sum()))
         self._tick("barrier", parity, 0)
 
     @collective
@@ -397,7 +393,7 @@ class Communicator(Buffers, PointToPoint, RingSteps, Mesh):
         parity = self._mesh(op, inp, plan, MESH_ROOT if self.rank == root else MESH_ROOT_READER, code, x.size,
                             root, only=root)
         if target is not None:
-            self._output_done(x, target)
+            self._buffers.output_done(x, target)
         self._tick(op, parity, x.nbytes, root=root, itemsize=x.itemsize)
 
     _broadcast = broadcast
@@ -415,8 +411,8 @@ class Communicator(Buffers, PointToPoint, RingSteps, Mesh):
             if self._path is not self._default_path:
                 self._executor.check_path(op, self._path)
             xf = _flat(x, op, "buffer", writable=True)
-            inp = self._as_input(x, op) if self.rank == root else _Input(xf, None)
-            target = self._output(xf) if self.rank != root else xf
+            inp = self._buffers.as_input(x, op) if self.rank == root else _Input(xf, None)
+            target = self._buffers.output(xf) if self.rank != root else xf
         except Exception as e:
             self._protocol.begin(op, {}, error=e)
         me, n, nb = self.rank, self.size, x.nbytes
@@ -464,7 +460,7 @@ class Communicator(Buffers, PointToPoint, RingSteps, Mesh):
         else:
             parity = self._mesh(name, inp, plan, MESH_BARRIER, code, out.size, 0, rcode, float(n))
         if target is not None:
-            self._output_done(out, target)
+            self._buffers.output_done(out, target)
         self._tick(name, parity, x.nbytes, algo, itemsize=x.itemsize)
 
     _reduce_scatter = reduce_scatter
@@ -484,9 +480,9 @@ class Communicator(Buffers, PointToPoint, RingSteps, Mesh):
             if self._path is not self._default_path:
                 self._executor.check_path(name, self._path)
             own = _flat(x, name, "input")[self.rank * o.size:(self.rank + 1) * o.size]
-            inp = self._as_input(x, name, _aliased(o, x, (o, own)))
+            inp = self._buffers.as_input(x, name, _aliased(o, x, (o, own)))
             algo = self._modeling.algo_for(name, x.nbytes, x.itemsize)
-            target = self._output(o)
+            target = self._buffers.output(o)
         except Exception as e:
             self._protocol.begin(name, {}, error=e)
         me, n, count, item = self.rank, self.size, x.size, x.itemsize
@@ -525,11 +521,11 @@ class Communicator(Buffers, PointToPoint, RingSteps, Mesh):
             # every rank reduces the whole buffer (or its chunk) from the peers' eager copies
             # straight into x: nobody reads x, and the copies stay valid until the next call's
             # arrival barrier
-            inp = self._eager_input(_flat(x, name, "buffer"))
+            inp = self._buffers.eager_input(_flat(x, name, "buffer"))
             bases[OUT, me] = out_addr
             parity = self._mesh(name, inp, first, MESH_NO_DEPARTURE, code, count, 0, rcode, float(n), second)
             if target is not None:
-                self._output_done(x, target)
+                self._buffers.output_done(x, target)
             self._tick(name, parity, x.nbytes, algo, itemsize=item)
             return
         if algo == "ring":
@@ -576,13 +572,13 @@ class Communicator(Buffers, PointToPoint, RingSteps, Mesh):
                 self._executor.check_path(name, self._path)
             algo = self._modeling.algo_for(name, x.nbytes, x.itemsize)
             eager = algo == "mesh" and x.nbytes <= EAGER_BYTES
-            inp = None if eager else self._as_input(x, name)
+            inp = None if eager else self._buffers.as_input(x, name)
         except Exception as e:
             self._protocol.begin(name, {}, error=e)
         n, me, count, item, nb = self.size, self.rank, x.size, x.itemsize, x.nbytes
         first = second = None
         if eager:
-            target = self._output(xf)
+            target = self._buffers.output(xf)
             if count >= n and n * nb >= EAGER_CHUNKS_READ:
                 first, second = self._executor.phases(("all_reduce_eager_chunks", count, item),
                                              lambda: _slices.all_reduce_eager_chunks(me, n, count, item), item)

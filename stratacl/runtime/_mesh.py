@@ -97,7 +97,7 @@ class Mesh:
         params[1] = row
         for parity, row in enumerate(params):
             if eager is not None:
-                inp = self._eager_slot(parity, eager.nbytes, eager.dtype)
+                inp = self._buffers.eager_slot(parity, eager.nbytes, eager.dtype)
                 row[_native.RP_EAGER_FROM] = _native.data_address(eager) if eager.nbytes else 0
                 row[_native.RP_EAGER_BYTES] = eager.nbytes
             row[:DESC_FIXED] = descriptor(operation, dtype, count, root, redop, inp, clock, 0)

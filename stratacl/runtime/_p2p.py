@@ -240,7 +240,7 @@ class PointToPoint:
         the error that rejects the send (reported to both sides after the handshake)."""
         try:
             code = _reduce.dtype_code(x.dtype, "send")
-            inp = self._as_input(x, "send", stage)
+            inp = self._buffers.as_input(x, "send", stage)
         except Exception as e:
             return (0, None, e), False
         held = None if stage else inp.in_place_of(x)
@@ -304,7 +304,7 @@ class PointToPoint:
             xf = _flat(x, "recv", "buffer", writable=True)
         except Exception:
             return (None, None), False
-        if self._output(xf) is not xf:
+        if self._buffers.output(xf) is not xf:
             return (None, None), False
         nb = x.nbytes
         plan = None
@@ -353,13 +353,13 @@ class PointToPoint:
                     self._rt.reg.ensure_ready(self.members[src], d[F_SEG_VA], d[F_SEG_SIZE], d[F_SEG_OFF],
                                               d[F_EPOCH], op)
                     ready[0], ready[1] = d[F_SEG_VA], d[F_EPOCH]
-                target = self._output(xf)
+                target = self._buffers.output(xf)
                 me, nb = self.rank, x.nbytes
                 self._bases[IN, src] = d[F_ADDR]
                 self._bases[OUT, me] = _native.data_address(target)
                 for plan in self._executor.phases(("recv", src, nb), lambda: _slices.recv(me, src, nb)):
                     self._executor.run(op, plan, self._path)
-                self._output_done(x, target)
+                self._buffers.output_done(x, target)
         except Exception as e:
             # the sender quotes it (published below, with the status and the done word)
             status, error = RECV_REJECTED if isinstance(e, (ValueError, TypeError)) else RECV_FAILED, e

@@ -77,6 +77,13 @@ class RingSteps:
         self._ring_steps += steps
         return flags
 
+    def _publish_extra(self, buf: np.ndarray) -> int:
+        """Name ``buf`` (in this rank's HBM) in the next descriptor as the ring's extra buffer;
+        returns its address for F_AUX1."""
+        addr = _native.data_address(buf)
+        seg = self._buffers.hbm_segment(buf, addr) if buf.nbytes else None
+        return self._publish_extra_buffer(self._protocol.next_parity(), addr, seg)
+
     def _publish_extra_buffer(self, parity: int, addr: int, seg) -> int:
         """Write the extension words naming ``seg`` into this rank's next descriptor (slot
         ``parity``); returns ``addr`` for F_AUX1."""
