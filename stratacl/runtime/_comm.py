@@ -118,7 +118,7 @@ class AllReduceArgs(NamedTuple):
 
 
 
-class Communicator(PointToPoint, RingSteps, Mesh):
+class Communicator(PointToPoint, Mesh):
     """A group of ranks that run collectives together (MPI semantics for ``split``).
 
     Every collective method is a *collective operation*: all ranks of the communicator must
@@ -136,9 +136,6 @@ class Communicator(PointToPoint, RingSteps, Mesh):
         self.members = list(members)
         self.size = len(self.members)
         self.rank = self.members.index(rt.rank)
-        self._ready_extra = np.full((self.size, 2), -1, dtype=np.int64)   # the same, for ring extra buffers
-        self._ring_steps = 0
-        self._scratch_ring = None
         self._worker: Worker | None = None
         self._prepared = PreparedCalls()       # checked arguments of repeated calls (_prepared.py)
         self._call_counts = rt.stats["calls"]
@@ -148,6 +145,7 @@ class Communicator(PointToPoint, RingSteps, Mesh):
         self._protocol = Protocol(rt, self.members, self.rank, slots, self.counters.words, self._modeling)
         self._executor = Executor(rt, self.members, self.rank, self._protocol)
         self._buffers = Buffers(rt, self._protocol)
+        self._ring = RingSteps(rt, self.members, self.rank, self._protocol, self._executor, self._buffers)
         self._bases = self._executor.bases      # the call's buffers, which the operators name
         # native code reads these on the communicator (_native.NAMES_READ); the operation's
         # wrapper (runtime/_work.py) sets _path per call
@@ -232,13 +230,13 @@ class Communicator(PointToPoint, RingSteps, Mesh):
             inp = self._buffers.eager_input(_flat(x, op, "input"))
         self._bases[OUT, me] = out_addr
         if algo == "ring":
-            parity = self._protocol.enter(op, code, x.size, inp=inp, aux1=self._publish_extra(target))
+            parity = self._protocol.enter(op, code, x.size, inp=inp, aux1=self._ring.publish_extra(target))
             left = (me - 1) % n
             self._executor.peer_sources(op, parity, inp.addr if inp is not None else 0, only=left)
-            self._bases[OUT, left] = self._left_extra_buffer(parity, op)
+            self._bases[OUT, left] = self._ring.left_extra_buffer(parity, op)
             steps = self._executor.phases(("ring_all_gather", nb), lambda: [
                 m for s in range(n - 1) for m in _slices.ring_all_gather_step(me, n, nb, s)])
-            self._run_ring(op, steps, self._ring_flags(op, n - 1))
+            self._ring.run(op, steps, self._path)
             self._protocol.finish(op)
         else:
             parity = self._mesh(op, inp, plan, MESH_NO_DEPARTURE if eager else MESH_BARRIER, code, x.size)
@@ -447,15 +445,15 @@ class Communicator(PointToPoint, RingSteps, Mesh):
         me, n, count, item = self.rank, self.size, x.size, x.itemsize
         self._bases[OUT, me] = out_addr
         if algo == "ring":
-            part = self._ring_scratch(x.nbytes)
-            parity = self._protocol.enter(name, code, out.size, 0, rcode, inp, aux1=self._publish_extra(part))
+            part = self._ring.scratch(x.nbytes)
+            parity = self._protocol.enter(name, code, out.size, 0, rcode, inp, aux1=self._ring.publish_extra(part))
             left = (me - 1) % n
             self._executor.peer_sources(name, parity, inp.addr if inp is not None else 0, only=left)
             self._bases[SCRATCH, me] = _native.data_address(part)
-            self._bases[SCRATCH, left] = self._left_extra_buffer(parity, name)
+            self._bases[SCRATCH, left] = self._ring.left_extra_buffer(parity, name)
             steps = self._executor.phases(("ring_reduce_scatter", count, item), lambda: [
                 m for s in range(n - 1) for m in _slices.ring_reduce_scatter_step(me, n, count, item, s)], item)
-            self._run_ring(name, steps, self._ring_flags(name, n - 1), code, rcode)
+            self._ring.run(name, steps, self._path, code, rcode)
             self._protocol.finish(name)
         else:
             parity = self._mesh(name, inp, plan, MESH_BARRIER, code, out.size, 0, rcode, float(n))
@@ -529,16 +527,15 @@ class Communicator(PointToPoint, RingSteps, Mesh):
             self._tick(name, parity, x.nbytes, algo, itemsize=item)
             return
         if algo == "ring":
-            part = self._ring_scratch(x.nbytes)
-            parity = self._protocol.enter(name, code, count, 0, rcode, inp, aux1=self._publish_extra(part))
+            part = self._ring.scratch(x.nbytes)
+            parity = self._protocol.enter(name, code, count, 0, rcode, inp, aux1=self._ring.publish_extra(part))
             left = (me - 1) % n
             self._executor.peer_sources(name, parity, inp.addr if inp is not None else 0, only=left)
             bases[SCRATCH, me] = _native.data_address(part)
-            bases[SCRATCH, left] = self._left_extra_buffer(parity, name)
+            bases[SCRATCH, left] = self._ring.left_extra_buffer(parity, name)
             steps = self._executor.phases(("ring_all_reduce", count, item), lambda: [
                 m for s in range(2 * (n - 1)) for m in _slices.ring_all_reduce_step(me, n, count, item, s)], item)
-            self._run_ring(name, steps, self._ring_flags(name, 2 * (n - 1)), code, rcode,
-                           barrier=lambda: self._protocol.sync(name))
+            self._ring.run(name, steps, self._path, code, rcode, barrier=lambda: self._protocol.sync(name))
             self._protocol.finish(name)
         else:
             # large: reduce own chunk in place, barrier, gather the finished chunks; fewer
