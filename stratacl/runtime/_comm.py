@@ -39,7 +39,7 @@ from ._args import _aliased, _copy_back, _expect, _flat
 from ._buffers import EAGER_BYTES, EAGER_CHUNKS_READ, Buffers, _Input
 from ._control import F_AUX0, F_AUX1, F_AUX2, F_DTYPE
 from ._execute import Executor
-from ._mesh import Mesh, MeshCall
+from ._mesh import MeshCall, MeshDriver
 from ._modeling import Modeling
 from ._p2p import PointToPoint
 from ._prepared import PreparedCalls
@@ -118,7 +118,7 @@ class AllReduceArgs(NamedTuple):
 
 
 
-class Communicator(PointToPoint, Mesh):
+class Communicator(PointToPoint):
     """A group of ranks that run collectives together (MPI semantics for ``split``).
 
     Every collective method is a *collective operation*: all ranks of the communicator must
@@ -146,15 +146,16 @@ class Communicator(PointToPoint, Mesh):
         self._executor = Executor(rt, self.members, self.rank, self._protocol)
         self._buffers = Buffers(rt, self._protocol)
         self._ring = RingSteps(rt, self.members, self.rank, self._protocol, self._executor, self._buffers)
+        self._mesh = MeshDriver(rt, self.size, self._protocol, self._executor, self._buffers, self._modeling)
         self._bases = self._executor.bases      # the call's buffers, which the operators name
         # native code reads these on the communicator (_native.NAMES_READ); the operation's
         # wrapper (runtime/_work.py) sets _path per call
         self._cx = self._protocol.cx
         self._arrived = self._protocol.arrived
+        self._replayed = self._mesh.resume
         self._default_path = self._executor.default_path
         self._path = self._default_path
         self._init_p2p()
-        self._init_mesh()
 
     def _start_worker(self) -> Worker:
         """The thread that runs this communicator's operations once one is asynchronous."""
@@ -196,8 +197,7 @@ class Communicator(PointToPoint, Mesh):
     def _tick(self, op: str, parity: int, nbytes: int, algo: str = "mesh", root: int = 0, itemsize: int = 1) -> None:
         """After a call, under a modeled clock: its exit time (runtime/_modeling.py)."""
         if self._rt.clock is not None:
-            self._modeling.tick(op, self._protocol.descriptors(parity), nbytes, algo, root, itemsize,
-                                self._path)
+            self._modeling.tick(op, self._protocol.descriptors(parity), nbytes, algo, root, itemsize, self._path)
 
     # --- collectives ------------------------------------------------------------------------
     @collective
@@ -223,7 +223,7 @@ class Communicator(PointToPoint, Mesh):
         key = (op, id(out), id(x)) if self._path is self._default_path else None
         code, algo, eager, inp, plan, out_addr, target, replay = self._prepared.get(
             key, (out, x), self._check_all_gather, out, x)
-        if replay is not None and self._replay(replay):
+        if replay is not None and self._mesh.replay(replay):
             return
         me, n, nb = self.rank, self.size, x.nbytes
         if eager:
@@ -239,7 +239,8 @@ class Communicator(PointToPoint, Mesh):
             self._ring.run(op, steps, self._path)
             self._protocol.finish(op)
         else:
-            parity = self._mesh(op, inp, plan, MESH_NO_DEPARTURE if eager else MESH_BARRIER, code, x.size)
+            parity = self._mesh.call(op, self._path, inp, plan, MESH_NO_DEPARTURE if eager else MESH_BARRIER, code,
+                                     x.size)
         if target is not None:
             self._buffers.output_done(out, target)
         self._tick(op, parity, x.nbytes, algo, itemsize=x.itemsize)
@@ -277,10 +278,11 @@ class Communicator(PointToPoint, Mesh):
         if algo == "mesh" and target is o:
             held = None if eager else inp.in_place_of(x)
             if eager:
-                replay = self._replay_of(op, None, plan, MESH_NO_DEPARTURE, code, x.size, out_addr=out_addr, eager=x)
+                replay = self._mesh.record(op, self._path, None, plan, MESH_NO_DEPARTURE, code, x.size,
+                                           out_addr=out_addr, eager=x)
                 return AllGatherArgs(code, algo, eager, None, plan, out_addr, None, replay), True
             if held is not None:
-                replay = self._replay_of(op, held, plan, MESH_BARRIER, code, x.size, out_addr=out_addr)
+                replay = self._mesh.record(op, self._path, held, plan, MESH_BARRIER, code, x.size, out_addr=out_addr)
                 return AllGatherArgs(code, algo, eager, held, plan, out_addr, None, replay), True
         return AllGatherArgs(code, algo, eager, inp, plan, out_addr, target, None), False
 
@@ -292,10 +294,10 @@ class Communicator(PointToPoint, Mesh):
         op = "all_to_all"
         key = (op, id(out), id(x)) if self._path is self._default_path else None
         code, inp, plan, out_addr, target, replay = self._prepared.get(key, (out, x), self._check_all_to_all, out, x)
-        if replay is not None and self._replay(replay):
+        if replay is not None and self._mesh.replay(replay):
             return
         self._bases[OUT, self.rank] = out_addr
-        parity = self._mesh(op, inp, plan, MESH_BARRIER, code, x.size)
+        parity = self._mesh.call(op, self._path, inp, plan, MESH_BARRIER, code, x.size)
         if target is not None:
             self._buffers.output_done(out, target)
         self._tick(op, parity, x.nbytes, itemsize=x.itemsize)
@@ -325,7 +327,7 @@ class Communicator(PointToPoint, Mesh):
         out_addr = _native.data_address(target)
         held = inp.in_place_of(x) if target is o else None
         if held is not None:
-            replay = self._replay_of(op, held, plan, MESH_BARRIER, code, x.size, out_addr=out_addr)
+            replay = self._mesh.record(op, self._path, held, plan, MESH_BARRIER, code, x.size, out_addr=out_addr)
             return AllToAllArgs(code, held, plan, out_addr, None, replay), True
         return AllToAllArgs(code, inp, plan, out_addr, target, None), False
 
@@ -385,11 +387,11 @@ class Communicator(PointToPoint, Mesh):
         op = "broadcast"
         key = (op, id(x), root) if type(root) is int and self._path is self._default_path else None
         code, inp, plan, target, replay = self._prepared.get(key, (x,), self._check_broadcast, x, root)
-        if replay is not None and self._replay(replay):
+        if replay is not None and self._mesh.replay(replay):
             return
         # a reader pulls into its own buffer, which it names as its input (bases[IN, me])
-        parity = self._mesh(op, inp, plan, MESH_ROOT if self.rank == root else MESH_ROOT_READER, code, x.size,
-                            root, only=root)
+        parity = self._mesh.call(op, self._path, inp, plan, MESH_ROOT if self.rank == root else MESH_ROOT_READER, code,
+                                 x.size, root, only=root)
         if target is not None:
             self._buffers.output_done(x, target)
         self._tick(op, parity, x.nbytes, root=root, itemsize=x.itemsize)
@@ -418,13 +420,13 @@ class Communicator(PointToPoint, Mesh):
             held = inp.in_place_of(x)
             if held is None:
                 return BroadcastArgs(code, inp, None, None, None), False
-            return BroadcastArgs(code, held, None, None, self._replay_of(op, held, None, MESH_ROOT, code, x.size, root,
-                                                            only=root)), True
+            replay = self._mesh.record(op, self._path, held, None, MESH_ROOT, code, x.size, root, only=root)
+            return BroadcastArgs(code, held, None, None, replay), True
         plan = self._executor.phase(("broadcast", nb, root), lambda: _slices.broadcast(me, n, nb, root), shared=True)
         if target is xf:         # in place: remember the address only, not the caller's array
             own = _Input(None, None, _native.data_address(xf) if nb else 0, nb)
-            return BroadcastArgs(code, own, plan, None, self._replay_of(op, own, plan, MESH_ROOT_READER, code, x.size, root,
-                                                           only=root)), True
+            replay = self._mesh.record(op, self._path, own, plan, MESH_ROOT_READER, code, x.size, root, only=root)
+            return BroadcastArgs(code, own, plan, None, replay), True
         return BroadcastArgs(code, _Input(target, None), plan, target, None), False
 
     @collective
@@ -440,7 +442,7 @@ class Communicator(PointToPoint, Mesh):
         key = (name, id(out), id(x), op) if type(op) is str and self._path is self._default_path else None
         code, rcode, algo, inp, plan, out_addr, target, replay = self._prepared.get(
             key, (out, x), self._check_reduce_scatter, out, x, op)
-        if replay is not None and self._replay(replay):
+        if replay is not None and self._mesh.replay(replay):
             return
         me, n, count, item = self.rank, self.size, x.size, x.itemsize
         self._bases[OUT, me] = out_addr
@@ -456,7 +458,7 @@ class Communicator(PointToPoint, Mesh):
             self._ring.run(name, steps, self._path, code, rcode)
             self._protocol.finish(name)
         else:
-            parity = self._mesh(name, inp, plan, MESH_BARRIER, code, out.size, 0, rcode, float(n))
+            parity = self._mesh.call(name, self._path, inp, plan, MESH_BARRIER, code, out.size, 0, rcode, float(n))
         if target is not None:
             self._buffers.output_done(out, target)
         self._tick(name, parity, x.nbytes, algo, itemsize=x.itemsize)
@@ -486,12 +488,12 @@ class Communicator(PointToPoint, Mesh):
         me, n, count, item = self.rank, self.size, x.size, x.itemsize
         plan = None
         if algo == "mesh":
-            plan = self._executor.phase(("reduce_scatter", count, item), lambda: _slices.reduce_scatter(me, n, count, item),
-                               item)
+            plan = self._executor.phase(("reduce_scatter", count, item),
+                                        lambda: _slices.reduce_scatter(me, n, count, item), item)
         out_addr = _native.data_address(target)
         held = inp.in_place_of(x) if algo == "mesh" and target is o else None
         if held is not None:
-            replay = self._replay_of(name, held, plan, MESH_BARRIER, code, o.size, 0, rcode, float(n),
+            replay = self._mesh.record(name, self._path, held, plan, MESH_BARRIER, code, o.size, 0, rcode, float(n),
                                      out_addr=out_addr)
             return ReduceScatterArgs(code, rcode, algo, held, plan, out_addr, None, replay), True
         return ReduceScatterArgs(code, rcode, algo, inp, plan, out_addr, target, None), False
@@ -511,7 +513,7 @@ class Communicator(PointToPoint, Mesh):
         key = (name, id(x), op) if type(op) is str and self._path is self._default_path else None
         code, rcode, algo, eager, inp, first, second, out_addr, target, replay = self._prepared.get(
             key, (x,), self._check_all_reduce, x, op)
-        if replay is not None and self._replay(replay):
+        if replay is not None and self._mesh.replay(replay):
             return
         n, me, count, item = self.size, self.rank, x.size, x.itemsize
         bases = self._bases
@@ -521,7 +523,8 @@ class Communicator(PointToPoint, Mesh):
             # arrival barrier
             inp = self._buffers.eager_input(_flat(x, name, "buffer"))
             bases[OUT, me] = out_addr
-            parity = self._mesh(name, inp, first, MESH_NO_DEPARTURE, code, count, 0, rcode, float(n), second)
+            parity = self._mesh.call(name, self._path, inp, first, MESH_NO_DEPARTURE, code, count, 0, rcode, float(n),
+                                     second)
             if target is not None:
                 self._buffers.output_done(x, target)
             self._tick(name, parity, x.nbytes, algo, itemsize=item)
@@ -544,8 +547,8 @@ class Communicator(PointToPoint, Mesh):
             scratch = np.empty(x.nbytes, np.uint8) if count < n else None
             if scratch is not None:
                 bases[SCRATCH, me] = _native.data_address(scratch)
-            parity = self._mesh(name, inp, first, MESH_BARRIER if scratch is None else MESH_NO_DEPARTURE, code,
-                                count, 0, rcode, float(n), second)
+            departure = MESH_BARRIER if scratch is None else MESH_NO_DEPARTURE
+            parity = self._mesh.call(name, self._path, inp, first, departure, code, count, 0, rcode, float(n), second)
         if target is not None:       # the input was staged: the result is in the staged copy
             _copy_back(x, target)
             self._rt.stats["bytes_staged"] += x.nbytes
@@ -578,22 +581,24 @@ class Communicator(PointToPoint, Mesh):
             target = self._buffers.output(xf)
             if count >= n and n * nb >= EAGER_CHUNKS_READ:
                 first, second = self._executor.phases(("all_reduce_eager_chunks", count, item),
-                                             lambda: _slices.all_reduce_eager_chunks(me, n, count, item), item)
+                                                      lambda: _slices.all_reduce_eager_chunks(me, n, count, item), item)
             else:
-                first = self._executor.phase(("all_reduce_eager", nb, item), lambda: _slices.all_reduce_eager(me, n, nb), item)
+                first = self._executor.phase(("all_reduce_eager", nb, item),
+                                             lambda: _slices.all_reduce_eager(me, n, nb), item)
             out_addr = _native.data_address(target)
             if target is xf:
-                replay = self._replay_of(name, None, first, MESH_NO_DEPARTURE, code, count, 0, rcode, float(n), second,
-                                         out_addr=out_addr, eager=x)
+                replay = self._mesh.record(name, self._path, None, first, MESH_NO_DEPARTURE, code, count, 0, rcode,
+                                           float(n), second, out_addr=out_addr, eager=x)
                 return AllReduceArgs(code, rcode, algo, True, None, first, second, out_addr, None, replay), True
             return AllReduceArgs(code, rcode, algo, True, None, first, second, out_addr, target, None), False
         if algo == "mesh":
             first, second = self._executor.phases(("all_reduce", count, item),
-                                         lambda: _slices.all_reduce(me, n, count, item, small=0), item)
+                                                  lambda: _slices.all_reduce(me, n, count, item, small=0), item)
         staged = inp.flat if inp.addr != _native.data_address(xf) or not xf.flags.c_contiguous else None
         held = inp.in_place_of(x) if algo == "mesh" and count >= n else None
         if held is not None:
-            replay = self._replay_of(name, held, first, MESH_BARRIER, code, count, 0, rcode, float(n), second)
+            replay = self._mesh.record(name, self._path, held, first, MESH_BARRIER, code, count, 0, rcode, float(n),
+                                       second)
             return AllReduceArgs(code, rcode, algo, False, held, first, second, 0, None, replay), True
         return AllReduceArgs(code, rcode, algo, False, inp, first, second, 0, staged, None), False
 
