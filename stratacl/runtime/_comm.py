@@ -118,7 +118,7 @@ class AllReduceArgs(NamedTuple):
 
 
 
-class Communicator(PointToPoint):
+class Communicator:
     """A group of ranks that run collectives together (MPI semantics for ``split``).
 
     Every collective method is a *collective operation*: all ranks of the communicator must
@@ -137,7 +137,6 @@ class Communicator(PointToPoint):
         self.size = len(self.members)
         self.rank = self.members.index(rt.rank)
         self._worker: Worker | None = None
-        self._prepared = PreparedCalls()       # checked arguments of repeated calls (_prepared.py)
         self._call_counts = rt.stats["calls"]
         self._modeling = Modeling(rt, self.members, self.rank)
         self.counters = _backend.Counters()      # summed over the rank's communicators by stats()
@@ -147,15 +146,18 @@ class Communicator(PointToPoint):
         self._buffers = Buffers(rt, self._protocol)
         self._ring = RingSteps(rt, self.members, self.rank, self._protocol, self._executor, self._buffers)
         self._mesh = MeshDriver(rt, self.size, self._protocol, self._executor, self._buffers, self._modeling)
+        self._prepared = PreparedCalls()       # checked arguments of repeated calls (_prepared.py)
+        self._p2p = PointToPoint(rt, self.members, self.rank, self._protocol, self._executor, self._buffers,
+                                 self._modeling, self._prepared)
         self._bases = self._executor.bases      # the call's buffers, which the operators name
         # native code reads these on the communicator (_native.NAMES_READ); the operation's
         # wrapper (runtime/_work.py) sets _path per call
         self._cx = self._protocol.cx
         self._arrived = self._protocol.arrived
         self._replayed = self._mesh.resume
+        self._p2p_replayed = self._p2p.replayed
         self._default_path = self._executor.default_path
         self._path = self._default_path
-        self._init_p2p()
 
     def _start_worker(self) -> Worker:
         """The thread that runs this communicator's operations once one is asynchronous."""
@@ -601,6 +603,41 @@ class Communicator(PointToPoint):
                                        second)
             return AllReduceArgs(code, rcode, algo, False, held, first, second, 0, None, replay), True
         return AllReduceArgs(code, rcode, algo, False, inp, first, second, 0, staged, None), False
+
+    # --- point to point (runtime/_p2p.py) ---------------------------------------------------
+    @collective
+    def send(self, x: np.ndarray, dst: int) -> None:
+        """Blocking send: returns once rank ``dst`` has pulled ``x`` with a matching ``recv``."""
+        self._p2p.call("send", x, dst, None, 0, self._path)
+
+    @collective
+    def recv(self, x: np.ndarray, src: int) -> None:
+        """Blocking receive into ``x`` from rank ``src``; sizes and dtypes must match the send."""
+        self._p2p.call("recv", None, 0, x, src, self._path)
+
+    @collective
+    def sendrecv(self, x: np.ndarray, dst: int, out: np.ndarray, src: int) -> None:
+        """Send ``x`` to ``dst`` while receiving into ``out`` from ``src`` (MPI_Sendrecv).
+
+        Both halves proceed at once, so a ring of sendrecv calls cannot deadlock. ``out`` may be
+        ``x`` or overlap it (MPI_Sendrecv_replace): ``x`` is then copied first.
+        """
+        path = self._path
+        key = (("sendrecv", id(x), dst, id(out), src)
+               if type(dst) is int and type(src) is int and path is self._default_path else None)
+        call = self._prepared.get(key, (x, out), self._p2p.check_sendrecv, x, dst, out, src, path)
+        if call is None:
+            self._p2p.call("sendrecv", x, dst, out, src, path)
+            return
+        r = _native.p2p_replay(self, call)       # prepared: the whole call in one native call
+        if r is not None:
+            self._p2p_replayed(call, r, x, dst, out, src)
+
+    # The prepared common case is native (_replay.c, PreparedMethod); it calls _sendrecv for
+    # anything else.
+    _sendrecv = sendrecv
+    sendrecv = _native.prepared_method("sendrecv", ("x", "dst", "out", "src"), "asas", (), "_sendrecv",
+                                       _native.METHOD_SENDRECV, sendrecv)
 
     # --- sub-communicators ------------------------------------------------------------------
     @collective
