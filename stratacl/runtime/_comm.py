@@ -232,10 +232,7 @@ class Communicator:
             inp = self._buffers.eager_input(_flat(x, op, "input"))
         self._bases[OUT, me] = out_addr
         if algo == "ring":
-            parity = self._protocol.enter(op, code, x.size, inp=inp, aux1=self._ring.publish_extra(target))
-            left = (me - 1) % n
-            self._executor.peer_sources(op, parity, inp.addr if inp is not None else 0, only=left)
-            self._bases[OUT, left] = self._ring.left_extra_buffer(parity, op)
+            parity = self._ring.enter(op, OUT, target, code, x.size, 0, inp)
             steps = self._executor.phases(("ring_all_gather", nb), lambda: [
                 m for s in range(n - 1) for m in _slices.ring_all_gather_step(me, n, nb, s)])
             self._ring.run(op, steps, self._path)
@@ -449,12 +446,7 @@ class Communicator:
         me, n, count, item = self.rank, self.size, x.size, x.itemsize
         self._bases[OUT, me] = out_addr
         if algo == "ring":
-            part = self._ring.scratch(x.nbytes)
-            parity = self._protocol.enter(name, code, out.size, 0, rcode, inp, aux1=self._ring.publish_extra(part))
-            left = (me - 1) % n
-            self._executor.peer_sources(name, parity, inp.addr if inp is not None else 0, only=left)
-            self._bases[SCRATCH, me] = _native.data_address(part)
-            self._bases[SCRATCH, left] = self._ring.left_extra_buffer(parity, name)
+            parity = self._ring.enter(name, SCRATCH, self._ring.scratch(x.nbytes), code, out.size, rcode, inp)
             steps = self._executor.phases(("ring_reduce_scatter", count, item), lambda: [
                 m for s in range(n - 1) for m in _slices.ring_reduce_scatter_step(me, n, count, item, s)], item)
             self._ring.run(name, steps, self._path, code, rcode)
@@ -532,12 +524,7 @@ class Communicator:
             self._tick(name, parity, x.nbytes, algo, itemsize=item)
             return
         if algo == "ring":
-            part = self._ring.scratch(x.nbytes)
-            parity = self._protocol.enter(name, code, count, 0, rcode, inp, aux1=self._ring.publish_extra(part))
-            left = (me - 1) % n
-            self._executor.peer_sources(name, parity, inp.addr if inp is not None else 0, only=left)
-            bases[SCRATCH, me] = _native.data_address(part)
-            bases[SCRATCH, left] = self._ring.left_extra_buffer(parity, name)
+            parity = self._ring.enter(name, SCRATCH, self._ring.scratch(x.nbytes), code, count, rcode, inp)
             steps = self._executor.phases(("ring_all_reduce", count, item), lambda: [
                 m for s in range(2 * (n - 1)) for m in _slices.ring_all_reduce_step(me, n, count, item, s)], item)
             self._ring.run(name, steps, self._path, code, rcode, barrier=lambda: self._protocol.sync(name))

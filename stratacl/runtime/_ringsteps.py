@@ -1,5 +1,5 @@
-"""The communicator's side of the ring algorithms: step flags, the left neighbour's buffer, and
-the step driver.
+"""A communicator's ring calls (``RingSteps``, one of its components): the entry that names
+the left neighbour's buffer, the step driver and its step words, the scratch buffer.
 
 Ring algorithms (``--algo ring``) run N-1 steps per chain, each member pulling from its left
 neighbour i-1 only (the steps' slice maps: collectives._slices.ring_*_step; their timing:
@@ -19,6 +19,8 @@ words (segment va, size, HBM offset, epoch), so the right neighbour can check it
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from ..collectives._reduce import REDUCE_OPS
@@ -26,6 +28,9 @@ from . import _native
 from ._buffers import buffer_size
 from ._control import DESC_FIXED, F_AUX1
 from ._sync import SLICE, SPIN_POLLS, WAKE_ALL, wait_until
+
+if TYPE_CHECKING:
+    from ._buffers import _Input
 
 
 _SUM, _AVG = REDUCE_OPS["sum"], REDUCE_OPS["avg"]
@@ -41,7 +46,7 @@ class RingSteps:
     def __init__(self, rt, members: list[int], rank: int, protocol, executor, buffers):
         self._rt, self._protocol, self._executor, self._buffers = rt, protocol, executor, buffers
         self._size = n = len(members)
-        self._left = (rank - 1) % n
+        self._rank, self._left = rank, (rank - 1) % n
         self._left_member = members[self._left]
         ctl, lay, offs = rt.ctl, protocol.lay, protocol.slot_offs
         self._left_word = ctl.base + offs[self._left] + lay.slot_ring_step()
@@ -49,6 +54,26 @@ class RingSteps:
         self._steps = 0                 # ring steps finished on this communicator, ever (mod 2**32 in the word)
         self._scratch = None
         self._ready_extra = np.full((n, 2), -1, dtype=np.int64)   # as Executor.ready, for the extra buffers
+
+    def enter(self, operation: str, buf: int, extra: np.ndarray, dtype: int, count: int, redop: int,
+              inp: "_Input | None") -> int:
+        """Enter a ring call: publish this rank's descriptor naming ``extra`` (in this rank's
+        HBM: the buffer its right neighbour pulls from, the output or the scratch buffer),
+        arrive and agree (raises on a disagreement), then check the left neighbour's input and
+        extra buffer ready and name both buffers in the table (``buf``: OUT or SCRATCH).
+        Returns the slot parity."""
+        addr = _native.data_address(extra)
+        seg = self._buffers.hbm_segment(extra, addr) if extra.nbytes else None
+        parity = self._protocol.next_parity()
+        self._protocol.publish_extension(parity, (seg.va, seg.size, seg.hbm_offset, seg.epoch) if seg is not None
+                                         else (0, 0, 0, 0))
+        parity = self._protocol.enter(operation, dtype, count, 0, redop, inp, aux1=addr)
+        left = self._left
+        self._executor.peer_sources(operation, parity, inp.addr if inp is not None else 0, only=left)
+        bases = self._executor.bases
+        bases[buf, self._rank] = addr
+        bases[buf, left] = self._left_extra_buffer(parity, operation)
+        return parity
 
     def run(self, operation: str, steps, path: str, dtype_code: int = 0, redop_code: int = 0,
             barrier=None) -> None:
@@ -78,21 +103,7 @@ class RingSteps:
         wait_until(lambda: _native.seq_reached(_native.load_u32(word), target), word, self._rt.health, operation,
                    self._rt.config.timeout, lambda: [left], f"rank {left} to finish ring step {s - 1}")
 
-    def publish_extra(self, buf: np.ndarray) -> int:
-        """Name ``buf`` (in this rank's HBM) in the next descriptor as the ring's extra buffer;
-        returns its address for F_AUX1."""
-        addr = _native.data_address(buf)
-        seg = self._buffers.hbm_segment(buf, addr) if buf.nbytes else None
-        return self._publish_extra_buffer(self._protocol.next_parity(), addr, seg)
-
-    def _publish_extra_buffer(self, parity: int, addr: int, seg) -> int:
-        """Write the extension words naming ``seg`` into this rank's next descriptor (slot
-        ``parity``); returns ``addr`` for F_AUX1."""
-        self._protocol.publish_extension(parity, (seg.va, seg.size, seg.hbm_offset, seg.epoch) if seg is not None
-                                         else (0, 0, 0, 0))
-        return addr
-
-    def left_extra_buffer(self, parity: int, operation: str) -> int:
+    def _left_extra_buffer(self, parity: int, operation: str) -> int:
         """The address of the left neighbour's extra buffer, once mapped here."""
         left = self._left
         words = self._protocol.words_of(left, parity)
