@@ -26,7 +26,7 @@ at N = 32 on two cores every microsecond of a rank's Python costs about 16 of th
 from __future__ import annotations
 
 import logging
-from typing import Any, NamedTuple, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -39,10 +39,11 @@ from ._args import _aliased, _copy_back, _expect, _flat
 from ._buffers import EAGER_BYTES, EAGER_CHUNKS_READ, Buffers, _Input
 from ._control import F_AUX0, F_AUX1, F_AUX2, F_DTYPE
 from ._execute import Executor
-from ._mesh import MeshCall, MeshDriver
+from ._mesh import MeshDriver
 from ._modeling import Modeling
 from ._p2p import PointToPoint
-from ._prepared import PreparedCalls
+from ._prepared import (AllGatherArgs, AllReduceArgs, AllToAllArgs, BroadcastArgs, PreparedCalls,
+                        ReduceScatterArgs, _native_method)
 from ._protocol import OPS, Protocol
 from ._ringsteps import RingSteps
 from ._sync import SLICE, SPIN_POLLS
@@ -51,71 +52,6 @@ from ._work import Worker, collective
 log = logging.getLogger("stratacl")
 
 _native.set_barrier(OPS["barrier"], SPIN_POLLS, SLICE, log.isEnabledFor, logging.DEBUG, getattr(log, "_cache", None))
-
-def _native_method(op, spec: str):
-    """``op``'s prepared common case as a native method (_replay.c, PreparedMethod): a call
-    repeated on the same arrays with positional arguments runs without Python; anything else
-    calls the Python operation, kept as ``_<name>``. ``spec``: 'a' for each array parameter,
-    's' for each scalar, in order."""
-    names = op.__code__.co_varnames[1:len(spec) + 1]
-    return _native.prepared_method(op.__name__, names, spec, op.__defaults__ or (), f"_{op.__name__}",
-                                   _native.METHOD_MESH, op)
-
-
-# What each operation's checks decided (its _check_*), remembered by _prepared.PreparedCalls. The
-# operation unpacks them in order; the native methods read only ``replay`` (_replay.c, NAMES_READ):
-# the call's MeshCall, or None where the call is not replayed natively.
-class AllGatherArgs(NamedTuple):
-    code: int
-    algo: str
-    eager: bool
-    inp: Any
-    plan: Any
-    out_addr: int
-    target: Any
-    replay: MeshCall | None
-
-
-class AllToAllArgs(NamedTuple):
-    code: int
-    inp: Any
-    plan: Any
-    out_addr: int
-    target: Any
-    replay: MeshCall | None
-
-
-class BroadcastArgs(NamedTuple):
-    code: int
-    inp: Any
-    plan: Any
-    target: Any
-    replay: MeshCall | None
-
-
-class ReduceScatterArgs(NamedTuple):
-    code: int
-    rcode: int
-    algo: str
-    inp: Any
-    plan: Any
-    out_addr: int
-    target: Any
-    replay: MeshCall | None
-
-
-class AllReduceArgs(NamedTuple):
-    code: int
-    rcode: int
-    algo: str
-    eager: bool
-    inp: Any
-    first: Any
-    second: Any
-    out_addr: int
-    target: Any
-    replay: MeshCall | None
-
 
 
 class Communicator:
