@@ -1,27 +1,40 @@
-"""Communicator: the public operations, their argument checks, and what each decides.
+"""Communicator: the public operations, their argument checks, and what each decides. The
+rest is done by the components it is made of, each owning its state and given, when made (in
+this order), the components it uses:
+
+    Modeling       _modeling.py   modeled clock: entering time, exit (tick); algorithm choice
+    Protocol       _protocol.py   slot words, call and barrier counts; publish, barriers,
+                                  agreement, a mismatch's message
+    Executor       _execute.py    the call's buffer table, peers' readiness, compiled phases
+                                  run on the call's path (the cores or the SDMA engine)
+    Buffers        _buffers.py    zero copy or staged, eager slots
+    RingSteps      _ringsteps.py  a ring call's entry, steps and scratch buffer
+    MeshDriver     _mesh.py       full-mesh records: built, run, replayed, resumed
+    PointToPoint   _p2p.py        every peer's send and receive words; the calls
 
 One collective call, end to end (the data path):
 
     comm.op(arrays, scalars)   the operation as a native method: a repeated call on the same
         |                      arrays replays its record with no Python (runtime/_prepared.py)
     _check_<op>                argument checks, raised on every rank of the call (a rank that
-        |                      rejects its own arguments tells its peers why: _protocol.py);
-        |                      input in own HBM? zero copy; else staged (runtime/_buffers.py)
+        |                      rejects its own arguments tells its peers why: Protocol.begin);
+        |                      input in own HBM? zero copy; else staged (Buffers)
     plan                       the operator's remote-slice phases (collectives._slices),
-        |                      compiled once per call shape (collectives._backend)
-    full mesh: _mesh           the call's record, run by native code's mesh machine: entry
+        |                      compiled once per call shape (collectives._backend, Executor)
+    full mesh: MeshDriver      the call's record, run by native code's mesh machine: entry
         |                      barrier and agreement, readiness of peers' buffers, phases on
-        |                      the cores (kernels) or the SDMA engine, departure
-        |                      (runtime/_mesh.py, _native.c)
-    ring / variable splits     the same protocol step by step (_protocol.py, _ringsteps.py)
+        |                      the cores (kernels) or the SDMA engine, departure (_native.c)
+    ring / variable splits     the same protocol step by step (Protocol, RingSteps)
         |
     completion                 bytes and calls counted natively; the modeled clock ticks
-                               (runtime/_modeling.py); an output that was staged is copied out
+                               (Modeling); an output that was staged is copied out
 
-The operations' common case, a repeated blocking call with positional arguments, no modeled
-clock and no debug logging, runs in native code from the method call on (``_native_method``);
-at N = 32 on two cores every microsecond of a rank's Python costs about 16 of the call
-(docs/performance.md).
+Native code reads a few names on the communicator itself (_native.NAMES_READ): ``_cx``,
+``_arrived``, ``_replayed``, ``_p2p_replayed``, the components' own, bound when it is made, and
+``_path``, which each operation's wrapper sets (runtime/_work.py). The operations' common case,
+a repeated blocking call with positional arguments, no modeled clock and no debug logging, runs
+in native code from the method call on (``_native_method``); at N = 32 on two cores every
+microsecond of a rank's Python costs about 16 of the call (docs/performance.md).
 """
 from __future__ import annotations
 
@@ -86,9 +99,7 @@ class Communicator:
         self._p2p = PointToPoint(rt, self.members, self.rank, self._protocol, self._executor, self._buffers,
                                  self._modeling, self._prepared)
         self._bases = self._executor.bases      # the call's buffers, which the operators name
-        # native code reads these on the communicator (_native.NAMES_READ); the operation's
-        # wrapper (runtime/_work.py) sets _path per call
-        self._cx = self._protocol.cx
+        self._cx = self._protocol.cx            # what native code reads (see the module docstring)
         self._arrived = self._protocol.arrived
         self._replayed = self._mesh.resume
         self._p2p_replayed = self._p2p.replayed

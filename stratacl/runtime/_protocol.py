@@ -17,6 +17,10 @@ a barrier is numbered as this rank arrives at it, so after an error every rank s
 mismatch) the members still agree on the numbers. Python here waits, with the job's health
 checked between sleeps, where native code stopped waiting, and builds the messages.
 
+``Protocol`` is one component of a Communicator (runtime/_comm.py): it owns the slot's words
+and the counts native code keeps (``cx``, ``tally``), and the other components ask it for
+descriptors, extension words and reasons rather than computing slot offsets of their own.
+
 Descriptors are double-buffered by call parity: a rank can only overwrite the slot of call k
 after the arrival barrier of call k+1, which every peer reaches only once it has read call
 k's descriptors.
