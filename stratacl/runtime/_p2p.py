@@ -61,10 +61,10 @@ class PointToPoint:
     def __init__(self, rt, members: list[int], rank: int, protocol, executor, buffers, modeling, prepared):
         self._rt, self._protocol, self._executor, self._buffers = rt, protocol, executor, buffers
         self._modeling, self._prepared = modeling, prepared
-        self.members, self.rank, self.size = members, rank, len(members)
+        self._members, self._rank, self._size = members, rank, len(members)
         self._cx, self._bases, self._ready = protocol.cx, executor.bases, executor.ready
         self._default_path = executor.default_path
-        me, peers = rank, range(self.size)
+        me, peers = rank, range(self._size)
         self._send_flag = [self._p2p_addr(me, 0, p) for p in peers]      # my send_seq for p
         self._recv_flag = [self._p2p_addr(p, 0, me) for p in peers]      # p's send_seq for me
         self._sent_done = [self._p2p_addr(p, 1, me) for p in peers]      # p's recv_done for me
@@ -75,7 +75,7 @@ class PointToPoint:
         self._recv_desc = [self._p2p_desc_off(p, me) for p in peers]
         # what _native.p2p reads, per peer: the addresses of its words, named by _native.h's PX_*
         base = rt.ctl.base
-        px = self._px = np.zeros((self.size, _native.PX_WORDS), dtype=np.int64)
+        px = self._px = np.zeros((self._size, _native.PX_WORDS), dtype=np.int64)
         px[:, _native.PX_SEND_DESC] = [base + 8 * self._send_desc[p] for p in peers]
         px[:, _native.PX_SEND_FLAG] = self._send_flag
         px[:, _native.PX_RECV_FLAG] = self._recv_flag
@@ -114,13 +114,13 @@ class PointToPoint:
         """A sendrecv's checks, for _native.p2p_replay (runtime/_prepared.py): its arguments
         as one tuple, or None where the common case does not apply (no modeled clock, the
         cores' path, both halves' checks passed, zero copy from HBM, the output written in
-        place), which leaves the call to _p2p and its checks."""
-        peers = range(self.size)
+        place), which leaves the call to ``call`` and its checks."""
+        peers = range(self._size)
         if (self._rt.clock is not None or path != "mte" or dst not in peers or src not in peers
-                or dst == self.rank or src == self.rank):
+                or dst == self._rank or src == self._rank):
             return None, False
         if _aliased(out, x):
-            return None, False              # the send is staged per call (_p2p)
+            return None, False              # the send is staged per call (``call``)
         (code, inp, error), held = self._check_send(x)
         (native, plan), in_place = self._check_recv(out, src)
         if not (held and in_place) or error is not None:
@@ -128,12 +128,12 @@ class PointToPoint:
         fields = _send_descriptor(code, x.size, inp, False, 0, 0)
         dtype, count, itemsize, out_addr, table = native
         moved = (plan.local, plan.remote, plan.written) if plan is not None else (0, 0, 0)
-        n = self.size
+        n = self._size
         arrays = [_fixed_address(self._cx, (None,)), _fixed_address(self._px, (n, None)),
                   _fixed_address(self._bases, (BUFFERS, n)), _fixed_address(self._ready, (n, 2)), *_fixed_table(table)]
         params = np.zeros(_native.PP_LEN, dtype=np.int64)       # named by _native.h's PP_*
         params[:DESC_FIXED] = fields
-        params[_native.PP_ME:_native.PP_CX] = (self.rank, dst, src, dtype, count, itemsize, out_addr, self.size,
+        params[_native.PP_ME:_native.PP_CX] = (self._rank, dst, src, dtype, count, itemsize, out_addr, self._size,
                                                 self._rt.native_call_word("send"), self._rt.native_call_word("recv"))
         params[_native.PP_CX:_native.PP_BYTES] = arrays
         params[_native.PP_BYTES:_native.PP_LEN] = moved
@@ -166,7 +166,7 @@ class PointToPoint:
                 and (recv is None or recv[2] is not None))
         if fast:
             r = recv[2] if recv is not None else _NO_RECV
-            stage = _native.p2p(self._px, self.rank, dst if send is not None else -1, send[1] if send else 0,
+            stage = _native.p2p(self._px, self._rank, dst if send is not None else -1, send[1] if send else 0,
                                 self._send_fields, src if recv is not None else -1, recv[1] if recv else 0,
                                 *r, self._bases, self._ready, SPIN_POLLS, SLICE)
         elif send is not None:
@@ -198,8 +198,8 @@ class PointToPoint:
         argument the rank rejects is flagged in it, so the receiver raises too); returns what
         ``_complete_send`` waits on. ``stage``: copy ``x`` first (the call's receive writes
         over it)."""
-        if not (isinstance(dst, (int, np.integer)) and 0 <= dst < self.size and dst != self.rank):
-            raise ValueError(f"send: destination {dst!r} is not another rank of this communicator (size {self.size})")
+        if not (isinstance(dst, (int, np.integer)) and 0 <= dst < self._size and dst != self._rank):
+            raise ValueError(f"send: destination {dst!r} is not another rank of this communicator (size {self._size})")
         if stage:
             code, inp, error = self._check_send(x, True)[0]
         else:
@@ -240,33 +240,33 @@ class PointToPoint:
         done = self._sent_done[dst]
         if not _native.wait_seq_u32(done, seq, SPIN_POLLS, SLICE):
             wait_until(lambda: _native.seq_reached(_native.load_u32(done), seq), done, self._rt.health, f"send to {dst}",
-                       self._rt.config.timeout, lambda: [self.members[dst]],
-                       f"rank {self.members[dst]} to receive")
+                       self._rt.config.timeout, lambda: [self._members[dst]],
+                       f"rank {self._members[dst]} to receive")
         if error is not None:
             raise agreed(error)
         status = _native.load_u32(self._sent_status[dst])
         if status:
             if status == RECV_MISMATCH:
-                raise CollectiveMismatch(f"send: rank {self.members[dst]} posted a recv that does not match this "
+                raise CollectiveMismatch(f"send: rank {self._members[dst]} posted a recv that does not match this "
                                          f"send ({x.size} x {x.dtype}); no data was moved")
-            reason = self._protocol.reason(dst, 2 + self._protocol.lay.world + self.rank)
+            reason = self._protocol.reason(dst, 2 + self._protocol.lay.world + self._rank)
             if status == RECV_REJECTED:
-                raise CollectiveMismatch(f"send: rank {self.members[dst]} rejected its recv arguments: {reason}; "
+                raise CollectiveMismatch(f"send: rank {self._members[dst]} rejected its recv arguments: {reason}; "
                                          f"no data was moved")
-            raise CollectiveMismatch(f"send: rank {self.members[dst]} failed its recv of this send: {reason}")
+            raise CollectiveMismatch(f"send: rank {self._members[dst]} failed its recv of this send: {reason}")
         s = self._rt.stats
         s["calls"]["send"] = s["calls"].get("send", 0) + 1
         if t_send is None:
             return None
         received = us_from_bits(self._rt.ctl.i64[self._send_desc[dst] + F_AUX1])
-        return self._rt.clock.sent(self.members[self.rank], self.members[dst], t_send, received)
+        return self._rt.clock.sent(self._members[self._rank], self._members[dst], t_send, received)
 
     def _prepare_recv(self, x: np.ndarray, src: int, path: str) -> tuple:
         """Check the receive's source (a bad one raises at once) and take its sequence number;
         returns (src, seq, the native call's receive arguments or None when the common case
         does not apply, the receive's plan)."""
-        if not (isinstance(src, (int, np.integer)) and 0 <= src < self.size and src != self.rank):
-            raise ValueError(f"recv: source {src!r} is not another rank of this communicator (size {self.size})")
+        if not (isinstance(src, (int, np.integer)) and 0 <= src < self._size and src != self._rank):
+            raise ValueError(f"recv: source {src!r} is not another rank of this communicator (size {self._size})")
         seq = _native.next_seq(self._cx, _native.CX_RECEIVED, src)
         key = ("recv", id(x), src) if path is self._default_path else None
         native, plan = self._prepared.get(key, (x,), self._check_recv, x, src)
@@ -286,7 +286,7 @@ class PointToPoint:
         nb = x.nbytes
         plan = None
         if nb:
-            me = self.rank
+            me = self._rank
             plan = self._executor.phase(("recv", src, nb), lambda: _slices.recv(me, src, nb))
         return ((code, x.size, x.itemsize, _native.data_address(xf) if nb else 0,
                  plan.table if plan is not None else None), plan), True
@@ -306,7 +306,7 @@ class PointToPoint:
         flag = self._recv_flag[src]
         if not arrived and not _native.wait_seq_u32(flag, seq, SPIN_POLLS, SLICE):
             wait_until(lambda: _native.seq_reached(_native.load_u32(flag), seq), flag, self._rt.health, f"recv from {src}",
-                       self._rt.config.timeout, lambda: [self.members[src]], f"rank {self.members[src]} to send")
+                       self._rt.config.timeout, lambda: [self._members[src]], f"rank {self._members[src]} to send")
         off = self._recv_desc[src]
         d = self._rt.ctl.i64[off:off + P2P_DESC].tolist()
         status, error = 0, None
@@ -316,23 +316,23 @@ class PointToPoint:
             if path is not self._default_path:
                 self._executor.check_path(op, path)
             if d[F_FLAGS] & FLAG_REJECTED:
-                reason = self._protocol.reason(src, 2 + self.rank)
-                error = CollectiveMismatch(f"recv: rank {self.members[src]} rejected its send arguments: {reason}; "
+                reason = self._protocol.reason(src, 2 + self._rank)
+                error = CollectiveMismatch(f"recv: rank {self._members[src]} rejected its send arguments: {reason}; "
                                            f"no data was moved")
             elif d[F_DTYPE] != code or d[F_COUNT] != x.size:
                 status = RECV_MISMATCH
                 error = CollectiveMismatch(
-                    f"recv: rank {self.members[src]} sends {d[F_COUNT]} x "
+                    f"recv: rank {self._members[src]} sends {d[F_COUNT]} x "
                     f"{_reduce.DTYPE_BY_CODE.get(d[F_DTYPE], '?')}, this rank expects {x.size} x {x.dtype}; "
                     f"no data was moved")
             elif x.nbytes:
                 ready = self._ready[src]
                 if ready[0] != d[F_SEG_VA] or ready[1] != d[F_EPOCH]:
-                    self._rt.reg.ensure_ready(self.members[src], d[F_SEG_VA], d[F_SEG_SIZE], d[F_SEG_OFF],
+                    self._rt.reg.ensure_ready(self._members[src], d[F_SEG_VA], d[F_SEG_SIZE], d[F_SEG_OFF],
                                               d[F_EPOCH], op)
                     ready[0], ready[1] = d[F_SEG_VA], d[F_EPOCH]
                 target = self._buffers.output(xf)
-                me, nb = self.rank, x.nbytes
+                me, nb = self._rank, x.nbytes
                 self._bases[IN, src] = d[F_ADDR]
                 self._bases[OUT, me] = _native.data_address(target)
                 for plan in self._executor.phases(("recv", src, nb), lambda: _slices.recv(me, src, nb)):
@@ -344,7 +344,7 @@ class PointToPoint:
             self._protocol.put_reason(2 + self._protocol.lay.world + src, e)
         received = None
         if t_recv is not None:
-            received = self._rt.clock.received(self.members[src], self.members[self.rank], x.nbytes,
+            received = self._rt.clock.received(self._members[src], self._members[self._rank], x.nbytes,
                                                us_from_bits(d[F_AUX0]), t_recv)
             self._rt.ctl.i64[off + F_AUX1] = to_bits(received)
         _native.received(self._recv_status[src], status, self._recv_done[src], seq)
