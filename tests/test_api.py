@@ -154,7 +154,7 @@ def _public_members(cls, inherited: bool):
 
 def test_every_public_name_has_a_docstring():
     """trio's test_exports walks the exports; here each one, and each public method, property
-    or slot of the exported classes (Communicator and Work with their mixins' ones), must say
+    or slot of the exported classes (Communicator and Work with their bases' ones), must say
     what it is."""
     from stratacl.runtime._work import Work
     missing = []

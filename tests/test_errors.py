@@ -74,7 +74,7 @@ def mismatches(comm):
     later.append(a2.tolist() == [float(r) for r in range(n) for _ in range(2)])
     comm.barrier()
     results["later"] = later
-    results["in_step"] = (comm._syncs, list(comm._root_calls))   # the same on every rank
+    results["in_step"] = (comm._protocol.syncs, list(comm._protocol.root_calls))   # the same on every rank
     results["barriers"] = stratacl.stats()["calls"].get("barrier", 0) - barriers   # completed calls only
     return results
 

@@ -78,7 +78,7 @@ class StrataBackend:
         ub._profile.call_cores that estimate rows use)."""
         from ..ub._profile import call_cores
         c = self.comm
-        algo = c._algo_for(op, nbytes, itemsize)
+        algo = c._modeling.algo_for(op, nbytes, itemsize)
         return call_cores(c._rt.model, op, algo, c.members, nbytes, root, itemsize)
 
     def alloc(self, count, dtype):

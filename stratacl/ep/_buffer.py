@@ -37,7 +37,7 @@ from ..collectives import _backend, _ep, _kernels, _reduce
 from ..collectives._slices import OUT, SCRATCH
 from ..runtime import _native
 from ..runtime._buffers import buffer_size
-from ..runtime._control import DESC_FIXED, EXT_WORDS_EXTRA, F_DTYPE
+from ..runtime._control import EXT_WORDS_EXTRA, F_DTYPE
 from ..runtime._work import _deferred
 
 DTYPES = (np.dtype(np.float16), np.dtype(np.float32))
@@ -113,7 +113,6 @@ class Buffer:
         self._block: np.ndarray | None = None        # this rank's routing block (HBM)
         self._ready = np.full((n, 2), -1, dtype=np.int64)      # peers' routing blocks mapped here
         self._last_plan: dict[str, tuple[bytes, _backend.Plan]] = {}   # each operation's last row plan
-        self._ext_index: list[np.ndarray] | None = None
 
     def __repr__(self) -> str:
         return (f"ep.Buffer(rank={self.comm.rank}, size={self.comm.size}, num_experts={self.num_experts})")
@@ -210,20 +209,16 @@ class Buffer:
         every member's extension words [n, E_WORDS]."""
         comm = self.comm
         if error is not None:
-            comm._begin(operation, {}, error=error)       # raises, after the peers learned why
+            comm._protocol.begin(operation, {}, error=error)       # raises, after the peers learned why
         ext = np.zeros(E_WORDS, dtype=np.int64)
         if block is not None:
             addr = _native.data_address(block)
-            seg = comm._hbm_segment(block, addr)
+            seg = comm._buffers.hbm_segment(block, addr)
             ext[E_ADDR:E_EPOCH + 1] = (addr, seg.va, seg.size, seg.hbm_offset, seg.epoch)
         ext[E_TOKENS:E_WORDS] = (tokens, hidden, topk, param)
-        comm._begin(operation, {F_DTYPE: dtype_code, **comm._input_fields(inp)}, ext=ext)
-        parity = comm._calls & 1
-        if self._ext_index is None:      # every member's extension words, by call parity
-            lay = comm._lay
-            self._ext_index = [np.array([[(o + lay.slot_desc(q)) // 8 + DESC_FIXED + j for j in range(E_WORDS)]
-                                         for o in comm._slot_offs]) for q in (0, 1)]
-        every = comm._rt.ctl.i64[self._ext_index[parity]]
+        comm._protocol.begin(operation, {F_DTYPE: dtype_code, **comm._buffers.input_fields(inp)}, ext=ext)
+        parity = comm._protocol.calls & 1
+        every = comm._protocol.extensions(parity)[:, :E_WORDS]
         agree = every[:, E_HIDDEN:E_WORDS]
         if (agree != agree[0]).any():
             for word, what in ((E_HIDDEN, "hidden size"), (E_TOPK, "top-k"), (E_PARAM, _PARAM_NAMES[operation])):
@@ -250,17 +245,17 @@ class Buffer:
         compiled once per ``key`` (the communicator's plan cache)."""
         comm = self.comm
         comm._bases[OUT, comm.rank] = _native.data_address(out)
-        comm._run(operation, comm._phase(key, lambda: [build()]))
+        comm._executor.run(operation, comm._executor.phase(key, lambda: [build()]), comm._path)
 
     def _rows(self, operation: str, plan: _backend.Plan, out: np.ndarray) -> None:
         """Run the row phase into ``out`` (HBM): straight into it, or, staged (registration
         ``staged``), into a communication buffer copied out after, as the collectives do."""
         comm = self.comm
         flat = out.reshape(-1)
-        target = comm._output(flat)
+        target = comm._buffers.output(flat)
         comm._bases[OUT, comm.rank] = _native.data_address(target)
-        comm._run(operation, plan)
-        comm._output_done(flat, target)
+        comm._executor.run(operation, plan, comm._path)
+        comm._buffers.output_done(flat, target)
 
     def _reduced(self, rows: np.ndarray, token: np.ndarray, weight: np.ndarray | None, tokens: int,
                  code: int) -> np.ndarray:
@@ -271,10 +266,10 @@ class Buffer:
         comm = self.comm
         out = comm._rt.empty((tokens, rows.shape[-1]), rows.dtype)
         flat = out.reshape(-1)
-        target = comm._output(flat)
+        target = comm._buffers.output(flat)
         _kernels.combine(target.reshape(out.shape), rows.reshape(-1, rows.shape[-1]),
                          np.ascontiguousarray(token, dtype=np.int64), weight, code)
-        comm._output_done(flat, target)
+        comm._buffers.output_done(flat, target)
         return out
 
     def _row_plan(self, operation: str, key: bytes, build) -> _backend.Plan:
@@ -310,11 +305,11 @@ class Buffer:
             else:
                 weights = _check_weights(topk_weights, idx.shape, operation)
             if comm._path is not comm._default_path:
-                comm._check_path(operation)
+                comm._executor.check_path(operation, comm._path)
             code = _reduce.dtype_code(x.dtype, operation)
             routing = _ep.route(idx, n, self.num_experts)
             block = self._routing_block(_ep.routing_block(routing, idx, weights))
-            inp = comm._as_input(x, operation)
+            inp = comm._buffers.as_input(x, operation)
         except Exception as e:
             error = e
         parity, every = self._enter(operation, code, inp, block, tokens, hidden, topk, int(max_tokens), error)
@@ -330,7 +325,7 @@ class Buffer:
                     lambda: _ep.records(me, counts, head, words), rec)
         tids, got_idx, got_w = _ep.parse_records(rec, topk)
         src = np.repeat(np.arange(n, dtype=np.int64), counts[:, me])
-        comm._peer_sources(operation, parity, inp.addr, need=(counts[:, me] > 0).astype(np.int64))
+        comm._executor.peer_sources(operation, parity, inp.addr, need=(counts[:, me] > 0).astype(np.int64))
         row = hidden * x.itemsize
         local = (got_idx >= me * L) & (got_idx < (me + 1) * L)
         rows_in = _ep.rows_to_members(per_expert, n) if low_latency else counts
@@ -349,7 +344,7 @@ class Buffer:
             plan = self._row_plan(operation, key, lambda: _ep.rows(
                 me, n, src[which], tids[which], dst_row, row))
             self._rows(operation, plan, recv_x)
-            comm._finish(operation)
+            comm._protocol.finish(operation)
             if timed:
                 comm._tick_exchange(operation, parity, _ep.dispatch_traffic(counts, per_expert, topk, row, True),
                                     staging)
@@ -363,7 +358,7 @@ class Buffer:
         plan = self._row_plan(operation, key, lambda: _ep.rows(
             me, n, src, tids, np.arange(tids.size), row))
         self._rows(operation, plan, recv_x)
-        comm._finish(operation)
+        comm._protocol.finish(operation)
         if timed:
             comm._tick_exchange(operation, parity, _ep.dispatch_traffic(counts, per_expert, topk, row, False), staging)
         recv_idx = np.where(local, got_idx - me * L, -1)
@@ -402,9 +397,9 @@ class Buffer:
                                      f"recv_x, got shape {y.shape}")
             hidden = y.shape[-1]
             if comm._path is not comm._default_path:
-                comm._check_path(operation)
+                comm._executor.check_path(operation, comm._path)
             code = _reduce.dtype_code(y.dtype, operation)
-            inp = comm._as_input(y, operation)
+            inp = comm._buffers.as_input(y, operation)
         except Exception as e:
             error = e
         parity, _ = self._enter(operation, code, inp, None, 0, hidden, 0, call, error)
@@ -421,23 +416,23 @@ class Buffer:
             got = np.empty((idx.size, hidden), dtype=y.dtype)
             need = np.zeros(n, dtype=np.int64)
             need[owner] = 1
-            comm._peer_sources(operation, parity, inp.addr, need=need)
+            comm._executor.peer_sources(operation, parity, inp.addr, need=need)
             cap = n * handle.max_tokens
             key = idx.tobytes() + handle.slots.tobytes() + bytes(str((n, row, cap)), "ascii")
             plan = self._row_plan(operation, key, lambda: _ep.rows(
                 me, n, owner, (e - owner * L) * cap + handle.slots.reshape(-1)[t_k], t_k, row))
             comm._bases[OUT, me] = _native.data_address(got)
-            comm._run(operation, plan)
-            comm._finish(operation)
+            comm._executor.run(operation, plan, comm._path)
+            comm._protocol.finish(operation)
             if timed:
                 comm._tick_exchange(operation, parity, _ep.combine_traffic(sent_rows, row), staging)
             token = np.where(valid, np.arange(idx.shape[0])[:, None], -1).reshape(-1)
             return self._reduced(got, token, weights.reshape(-1), idx.shape[0], code)
         mine = counts[me]
         got = np.empty((int(mine.sum()), hidden), dtype=y.dtype)
-        comm._peer_sources(operation, parity, inp.addr, need=(mine > 0).astype(np.int64))
+        comm._executor.peer_sources(operation, parity, inp.addr, need=(mine > 0).astype(np.int64))
         self._phase(operation, ("ep_combine", row, counts.tobytes()), lambda: _ep.combine_blocks(me, counts, row), got)
-        comm._finish(operation)
+        comm._protocol.finish(operation)
         if timed:
             comm._tick_exchange(operation, parity, _ep.combine_traffic(counts, row), staging)
         # the rows are grouped by destination ascending: each token's sum follows that order

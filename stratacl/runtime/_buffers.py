@@ -73,9 +73,19 @@ def buffer_size(nbytes: int) -> int:
 
 
 class Buffers:
-    """Mixin of ``Communicator``."""
+    """A communicator's communication buffers (staged inputs and outputs, eager slots) and
+    where each operation reads and writes. Given the runtime and the slot protocol (the next
+    call's parity picks the eager slot)."""
 
-    def _as_input(self, x: np.ndarray, operation: str, stage: bool = False) -> _Input:
+    def __init__(self, rt, protocol):
+        self._rt, self._protocol = rt, protocol
+        self._always_stage = rt.config.registration == "staged"
+        self._staging = None
+        self._staging_out = None
+        self._eager = None
+        self._eager_slots: dict[tuple, _Input] = {}    # (parity, nbytes, dtype) -> slot
+
+    def as_input(self, x: np.ndarray, operation: str, stage: bool = False) -> _Input:
         """Zero copy when ``x`` is contiguous and in this rank's HBM; otherwise, or if ``stage``
         (the call's output overlaps it: _args._aliased), stage it."""
         flat = _flat(x, operation, "input")
@@ -83,7 +93,7 @@ class Buffers:
             return _Input(flat, None)
         if flat.flags.c_contiguous and not self._always_stage and not stage:
             addr = _native.data_address(flat)
-            seg = self._hbm_segment(flat, addr)
+            seg = self.hbm_segment(flat, addr)
             if seg is not None:
                 return _Input(flat, seg, addr)
         buf = self._staging_buffer(flat.nbytes)[:flat.nbytes].view(flat.dtype)
@@ -93,14 +103,14 @@ class Buffers:
         addr = _native.data_address(buf)
         return _Input(buf, self._rt.own_segment(addr, buf.nbytes), addr)
 
-    def _eager_input(self, flat: np.ndarray) -> _Input:
+    def eager_input(self, flat: np.ndarray) -> _Input:
         """A copy of a small input in this rank's eager slot for the next call (see above)."""
-        inp = self._eager_slot(self._next_parity(), flat.nbytes, flat.dtype)
+        inp = self.eager_slot(self._protocol.next_parity(), flat.nbytes, flat.dtype)
         np.copyto(inp.flat, flat if flat.ndim == 1 else flat.reshape(-1))
         self._rt.stats["bytes_eager"] += flat.nbytes
         return inp
 
-    def _eager_slot(self, parity: int, nbytes: int, dtype: np.dtype) -> _Input:
+    def eager_slot(self, parity: int, nbytes: int, dtype: np.dtype) -> _Input:
         """The eager slot of call parity ``parity`` for ``nbytes`` of ``dtype``, as an input."""
         key = (parity, nbytes, dtype)
         inp = self._eager_slots.get(key)
@@ -112,10 +122,10 @@ class Buffers:
             start = parity * 2 * EAGER_BYTES
             slot = self._eager[start:start + nbytes].view(dtype)
             addr = _native.data_address(slot)
-            inp = self._eager_slots[key] = _Input(slot, self._hbm_segment(slot, addr) if nbytes else None, addr)
+            inp = self._eager_slots[key] = _Input(slot, self.hbm_segment(slot, addr) if nbytes else None, addr)
         return inp
 
-    def _hbm_segment(self, a: np.ndarray, addr: int):
+    def hbm_segment(self, a: np.ndarray, addr: int):
         """The segment of this rank's HBM holding ``a``, or None. An array made by
         stratacl.empty (or a view of one) keeps its block alive, so its segment is found
         without the allocator's lock; anything else is looked up."""
@@ -132,38 +142,31 @@ class Buffers:
             self._staging = self._rt.empty((buffer_size(nbytes),), np.uint8)
         return self._staging
 
-    def _input_fields(self, inp: _Input) -> dict[int, int]:
+    def input_fields(self, inp: _Input) -> dict[int, int]:
         seg = inp.seg
         if seg is None:
             return {F_ADDR: inp.addr, F_NBYTES: inp.nbytes}
         return {F_ADDR: inp.addr, F_NBYTES: inp.nbytes, F_SEG_VA: seg.va, F_SEG_SIZE: seg.size,
                 F_SEG_OFF: seg.hbm_offset, F_EPOCH: seg.epoch}
 
-    def _output(self, o: np.ndarray, hbm: bool = False) -> np.ndarray:
+    def output(self, o: np.ndarray, hbm: bool = False) -> np.ndarray:
         """Where an operation writes its output: ``o`` itself when it is 1-D and contiguous
         (and, if ``hbm``, in this rank's HBM, because a ring neighbour reads it), otherwise a
-        communication buffer copied out by ``_output_done``; always the buffer in staged mode."""
+        communication buffer copied out by ``output_done``; always the buffer in staged mode."""
         if not self._always_stage and o.ndim == 1 and o.flags.c_contiguous:
-            if not hbm or o.size == 0 or self._hbm_segment(o, _native.data_address(o)) is not None:
+            if not hbm or o.size == 0 or self.hbm_segment(o, _native.data_address(o)) is not None:
                 return o
         if self._staging_out is None or self._staging_out.nbytes < o.nbytes:
             self._staging_out = None
             self._staging_out = self._rt.empty((buffer_size(o.nbytes),), np.uint8)
         return self._staging_out[:o.nbytes].view(o.dtype)
 
-    def _output_done(self, out: np.ndarray, target: np.ndarray, count: int | None = None) -> None:
+    def output_done(self, out: np.ndarray, target: np.ndarray, count: int | None = None) -> None:
         """Copy the output (its first ``count`` elements, if given) out of the communication
-        buffer, if ``_output`` chose one."""
+        buffer, if ``output`` chose one."""
         if target is not out and target.size and not np.may_share_memory(target, out):
             if count is None:
                 _copy_back(out, target)
             else:
                 out.flat[:count] = target[:count]
             self._rt.stats["bytes_staged"] += (out.size if count is None else count) * out.itemsize
-
-    def _publish_extra(self, buf: np.ndarray) -> int:
-        """Name ``buf`` (in this rank's HBM) in the next descriptor as the ring's extra buffer;
-        returns its address for F_AUX1."""
-        addr = _native.data_address(buf)
-        seg = self._hbm_segment(buf, addr) if buf.nbytes else None
-        return self._publish_extra_buffer(self._next_parity(), addr, seg)

@@ -1,37 +1,50 @@
-"""Communicator: the public operations, their argument checks, and what each decides.
+"""Communicator: the public operations, their argument checks, and what each decides. The
+rest is done by the components it is made of, each owning its state and given, when made (in
+this order), the components it uses:
+
+    Modeling       _modeling.py   modeled clock: entering time, exit (tick); algorithm choice
+    Protocol       _protocol.py   slot words, call and barrier counts; publish, barriers,
+                                  agreement, a mismatch's message
+    Executor       _execute.py    the call's buffer table, peers' readiness, compiled phases
+                                  run on the call's path (the cores or the SDMA engine)
+    Buffers        _buffers.py    zero copy or staged, eager slots
+    RingSteps      _ringsteps.py  a ring call's entry, steps and scratch buffer
+    MeshDriver     _mesh.py       full-mesh records: built, run, replayed, resumed
+    PointToPoint   _p2p.py        every peer's send and receive words; the calls
 
 One collective call, end to end (the data path):
 
     comm.op(arrays, scalars)   the operation as a native method: a repeated call on the same
         |                      arrays replays its record with no Python (runtime/_prepared.py)
     _check_<op>                argument checks, raised on every rank of the call (a rank that
-        |                      rejects its own arguments tells its peers why: _protocol.py);
-        |                      input in own HBM? zero copy; else staged (runtime/_buffers.py)
+        |                      rejects its own arguments tells its peers why: Protocol.begin);
+        |                      input in own HBM? zero copy; else staged (Buffers)
     plan                       the operator's remote-slice phases (collectives._slices),
-        |                      compiled once per call shape (collectives._backend)
-    full mesh: _mesh           the call's record, run by native code's mesh machine: entry
+        |                      compiled once per call shape (collectives._backend, Executor)
+    full mesh: MeshDriver      the call's record, run by native code's mesh machine: entry
         |                      barrier and agreement, readiness of peers' buffers, phases on
-        |                      the cores (kernels) or the SDMA engine, departure
-        |                      (runtime/_mesh.py, _native.c)
-    ring / variable splits     the same protocol step by step (_protocol.py, _ringsteps.py)
+        |                      the cores (kernels) or the SDMA engine, departure (_native.c)
+    ring / variable splits     the same protocol step by step (Protocol, RingSteps)
         |
     completion                 bytes and calls counted natively; the modeled clock ticks
-                               (runtime/_modeling.py); an output that was staged is copied out
+                               (Modeling); an output that was staged is copied out
 
-The operations' common case, a repeated blocking call with positional arguments, no modeled
-clock and no debug logging, runs in native code from the method call on (``_native_method``);
-at N = 32 on two cores every microsecond of a rank's Python costs about 16 of the call
-(docs/performance.md).
+Native code reads a few names on the communicator itself (_native.NAMES_READ): ``_cx``,
+``_arrived``, ``_replayed``, ``_p2p_replayed``, the components' own, bound when it is made, and
+``_path``, which each operation's wrapper sets (runtime/_work.py). The operations' common case,
+a repeated blocking call with positional arguments, no modeled clock and no debug logging, runs
+in native code from the method call on (``_native_method``); at N = 32 on two cores every
+microsecond of a rank's Python costs about 16 of the call (docs/performance.md).
 """
 from __future__ import annotations
 
 import logging
-from typing import Any, NamedTuple, Sequence
+from typing import Sequence
 
 import numpy as np
 
 from .._errors import CollectiveMismatch, TooManyCommunicators
-from ..collectives import _reduce, _slices
+from ..collectives import _backend, _reduce, _slices
 from ..collectives._schedule import LOAD
 from ..collectives._slices import OUT, SCRATCH
 from . import _native
@@ -39,11 +52,12 @@ from ._native import MESH_BARRIER, MESH_NO_DEPARTURE, MESH_ROOT, MESH_ROOT_READE
 from ._args import _aliased, _copy_back, _expect, _flat
 from ._buffers import EAGER_BYTES, EAGER_CHUNKS_READ, Buffers, _Input
 from ._control import F_AUX0, F_AUX1, F_AUX2, F_DTYPE
-from ._execute import Execute
-from ._mesh import Mesh, MeshCall
-from ._modeling import Modeled
+from ._execute import Executor
+from ._mesh import MeshDriver
+from ._modeling import Modeling
 from ._p2p import PointToPoint
-from ._prepared import PreparedCalls
+from ._prepared import (AllGatherArgs, AllReduceArgs, AllToAllArgs, BroadcastArgs, PreparedCalls,
+                        ReduceScatterArgs, _native_method)
 from ._protocol import OPS, Protocol
 from ._ringsteps import RingSteps
 from ._sync import SLICE, SPIN_POLLS
@@ -53,73 +67,8 @@ log = logging.getLogger("stratacl")
 
 _native.set_barrier(OPS["barrier"], SPIN_POLLS, SLICE, log.isEnabledFor, logging.DEBUG, getattr(log, "_cache", None))
 
-def _native_method(op, spec: str):
-    """``op``'s prepared common case as a native method (_replay.c, PreparedMethod): a call
-    repeated on the same arrays with positional arguments runs without Python; anything else
-    calls the Python operation, kept as ``_<name>``. ``spec``: 'a' for each array parameter,
-    's' for each scalar, in order."""
-    names = op.__code__.co_varnames[1:len(spec) + 1]
-    return _native.prepared_method(op.__name__, names, spec, op.__defaults__ or (), f"_{op.__name__}",
-                                   _native.METHOD_MESH, op)
 
-
-# What each operation's checks decided (its _check_*), remembered by _prepared.PreparedCalls. The
-# operation unpacks them in order; the native methods read only ``replay`` (_replay.c, NAMES_READ):
-# the call's MeshCall, or None where the call is not replayed natively.
-class AllGatherArgs(NamedTuple):
-    code: int
-    algo: str
-    eager: bool
-    inp: Any
-    plan: Any
-    out_addr: int
-    target: Any
-    replay: MeshCall | None
-
-
-class AllToAllArgs(NamedTuple):
-    code: int
-    inp: Any
-    plan: Any
-    out_addr: int
-    target: Any
-    replay: MeshCall | None
-
-
-class BroadcastArgs(NamedTuple):
-    code: int
-    inp: Any
-    plan: Any
-    target: Any
-    replay: MeshCall | None
-
-
-class ReduceScatterArgs(NamedTuple):
-    code: int
-    rcode: int
-    algo: str
-    inp: Any
-    plan: Any
-    out_addr: int
-    target: Any
-    replay: MeshCall | None
-
-
-class AllReduceArgs(NamedTuple):
-    code: int
-    rcode: int
-    algo: str
-    eager: bool
-    inp: Any
-    first: Any
-    second: Any
-    out_addr: int
-    target: Any
-    replay: MeshCall | None
-
-
-
-class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute, Protocol, Mesh):
+class Communicator:
     """A group of ranks that run collectives together (MPI semantics for ``split``).
 
     Every collective method is a *collective operation*: all ranks of the communicator must
@@ -137,30 +86,32 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute, Protocol,
         self.members = list(members)
         self.size = len(self.members)
         self.rank = self.members.index(rt.rank)
-        self._staging = None
-        self._ready = np.full((self.size, 2), -1, dtype=np.int64)   # last (seg_va, epoch) checked per member
-        self._ready_extra = np.full((self.size, 2), -1, dtype=np.int64)   # the same, for ring extra buffers
-        self._ring_steps = 0
-        self._scratch_ring = None
-        self._staging_out = None
-        self._mapped = None        # jit under the modeled clock: (reader, owner) -> (seg_va, epoch) mapped
-        self._always_stage = rt.config.registration == "staged"
         self._worker: Worker | None = None
-        self._eager = None
-        self._eager_slots: dict[tuple, _Input] = {}    # (parity, nbytes, dtype) -> slot
-        self._prepared = PreparedCalls()       # checked arguments of repeated calls (_prepared.py)
         self._call_counts = rt.stats["calls"]
-        self._init_execute()
-        self._init_modeling()
-        self._init_protocol(slots)
-        self._init_p2p()
-        self._init_mesh()
+        self._modeling = Modeling(rt, self.members, self.rank)
+        self.counters = _backend.Counters()      # summed over the rank's communicators by stats()
+        rt.byte_counters.append(self.counters)
+        self._protocol = Protocol(rt, self.members, self.rank, slots, self.counters.words, self._modeling)
+        self._executor = Executor(rt, self.members, self.rank, self._protocol)
+        self._buffers = Buffers(rt, self._protocol)
+        self._ring = RingSteps(rt, self.members, self.rank, self._protocol, self._executor, self._buffers)
+        self._mesh = MeshDriver(rt, self.size, self._protocol, self._executor, self._buffers, self._modeling)
+        self._prepared = PreparedCalls()       # checked arguments of repeated calls (_prepared.py)
+        self._p2p = PointToPoint(rt, self.members, self.rank, self._protocol, self._executor, self._buffers,
+                                 self._modeling, self._prepared)
+        self._bases = self._executor.bases      # the call's buffers, which the operators name
+        self._cx = self._protocol.cx            # what native code reads (see the module docstring)
+        self._arrived = self._protocol.arrived
+        self._replayed = self._mesh.resume
+        self._p2p_replayed = self._p2p.replayed
+        self._default_path = self._executor.default_path
+        self._path = self._default_path
 
     def _start_worker(self) -> Worker:
         """The thread that runs this communicator's operations once one is asynchronous."""
-        self._worker = Worker(f"stratacl-comm-{self._rt.rank}-{self._slot_offs[0]:x}")
+        self._worker = Worker(f"stratacl-comm-{self._rt.rank}-{self._protocol.slot_offs[0]:x}")
         self._rt.workers.append(self._worker)
-        self._tally[T_NATIVE] = 0       # calls now go through the worker, in order
+        self._protocol.tally[T_NATIVE] = 0       # calls now go through the worker, in order
         return self._worker
 
     @property
@@ -172,11 +123,42 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute, Protocol,
     def __repr__(self) -> str:
         return f"Communicator(rank={self.rank}, size={self.size}, members={self.members})"
 
+    # --- modeled time -----------------------------------------------------------------------
+    def clock(self) -> float:
+        """This rank's modeled time in seconds (``--clock virtual`` or ``throttled``): the program's
+        clock, which an asynchronous operation moves only when it is waited for. Not collective."""
+        return self._modeling.now()
+
+    def charge_compute(self, duration_us: float, cores: int | None = None) -> None:
+        """Charge a compute kernel to the modeled clock: ``duration_us`` when it has ``cores`` of
+        this rank's NPU cores (default: all of them) to itself. Operations in flight
+        (``async_op=True``, not yet waited for) keep the cores they occupy; the kernel runs on
+        what is left, so it takes longer where they overlap (MTE: the communication cores for
+        the whole call; SDMA: only descriptor posting and polling). Waits until those operations
+        have completed, since their modeled times are needed. When profiling, the kernel is
+        recorded on its cores. Not collective; a no-op without a modeled clock."""
+        self._modeling.charge_compute(duration_us, cores)
+
+    def probe(self, stage: str, core: int = 0):
+        """Developer marker: record ``stage`` on ``core`` from entry to exit of the block, in
+        modeled time, into this rank's profile (``--profile DIR``); a no-op otherwise."""
+        return self._modeling.probe(stage, core)
+
+    def _tick(self, op: str, parity: int, nbytes: int, algo: str = "mesh", root: int = 0, itemsize: int = 1) -> None:
+        """After a call, under a modeled clock: its exit time (runtime/_modeling.py)."""
+        if self._rt.clock is not None:
+            self._modeling.tick(op, self._protocol.descriptors(parity), nbytes, algo, root, itemsize, self._path)
+
+    def _tick_exchange(self, op: str, parity: int, phases: list, staging=None) -> None:
+        """``_tick`` for a call given by its traffic matrices (all_to_all_v, stratacl.ep)."""
+        if self._rt.clock is not None:
+            self._modeling.tick_exchange(op, self._protocol.descriptors(parity), phases, staging, self._path)
+
     # --- collectives ------------------------------------------------------------------------
     @collective
     def barrier(self) -> None:
         """Block until every rank of the communicator has called barrier. Collective."""
-        self._tick("barrier", self._enter("barrier"), 0)
+        self._tick("barrier", self._protocol.enter("barrier"), 0)
         calls = self._call_counts          # completed calls, as for every operation
         calls["barrier"] = calls.get("barrier", 0) + 1
 
@@ -196,25 +178,23 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute, Protocol,
         key = (op, id(out), id(x)) if self._path is self._default_path else None
         code, algo, eager, inp, plan, out_addr, target, replay = self._prepared.get(
             key, (out, x), self._check_all_gather, out, x)
-        if replay is not None and self._replay(replay):
+        if replay is not None and self._mesh.replay(replay):
             return
         me, n, nb = self.rank, self.size, x.nbytes
         if eager:
-            inp = self._eager_input(_flat(x, op, "input"))
+            inp = self._buffers.eager_input(_flat(x, op, "input"))
         self._bases[OUT, me] = out_addr
         if algo == "ring":
-            parity = self._enter(op, code, x.size, inp=inp, aux1=self._publish_extra(target))
-            left = (me - 1) % n
-            self._peer_sources(op, parity, inp.addr if inp is not None else 0, only=left)
-            self._bases[OUT, left] = self._left_extra_buffer(parity, op)
-            steps = self._phases(("ring_all_gather", nb), lambda: [
+            parity = self._ring.enter(op, OUT, target, code, x.size, 0, inp)
+            steps = self._executor.phases(("ring_all_gather", nb), lambda: [
                 m for s in range(n - 1) for m in _slices.ring_all_gather_step(me, n, nb, s)])
-            self._run_ring(op, steps, self._ring_flags(op, n - 1))
-            self._finish(op)
+            self._ring.run(op, steps, self._path)
+            self._protocol.finish(op)
         else:
-            parity = self._mesh(op, inp, plan, MESH_NO_DEPARTURE if eager else MESH_BARRIER, code, x.size)
+            parity = self._mesh.call(op, self._path, inp, plan, MESH_NO_DEPARTURE if eager else MESH_BARRIER, code,
+                                     x.size)
         if target is not None:
-            self._output_done(out, target)
+            self._buffers.output_done(out, target)
         self._tick(op, parity, x.nbytes, algo, itemsize=x.itemsize)
 
     _all_gather = all_gather
@@ -233,27 +213,28 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute, Protocol,
                     f"{self.size} x {x.size} = {self.size * x.size}")
             _expect(o.dtype == x.dtype, lambda: f"{op}: output dtype {o.dtype} differs from input dtype {x.dtype}",
                     TypeError)
-            algo = self._algo_for(op, x.nbytes, x.itemsize)
+            algo = self._modeling.algo_for(op, x.nbytes, x.itemsize)
             eager = algo == "mesh" and x.nbytes <= EAGER_BYTES
             if self._path is not self._default_path:
-                self._check_path(op)
+                self._executor.check_path(op, self._path)
             _flat(x, op, "input")          # an eager input is read per call, but checked here
             own = o[self.rank * x.size:(self.rank + 1) * x.size]
-            inp = None if eager else self._as_input(x, op, _aliased(o, x, (x, own)))
-            target = self._output(o, hbm=algo == "ring")
+            inp = None if eager else self._buffers.as_input(x, op, _aliased(o, x, (x, own)))
+            target = self._buffers.output(o, hbm=algo == "ring")
         except Exception as e:
-            self._begin(op, {}, error=e)
+            self._protocol.begin(op, {}, error=e)
         me, n, nb = self.rank, self.size, x.nbytes
-        plan = (self._phase(("all_gather", nb), lambda: _slices.all_gather(me, n, nb), shared=True)
+        plan = (self._executor.phase(("all_gather", nb), lambda: _slices.all_gather(me, n, nb), shared=True)
                 if algo == "mesh" else None)
         out_addr = _native.data_address(target)
         if algo == "mesh" and target is o:
             held = None if eager else inp.in_place_of(x)
             if eager:
-                replay = self._replay_of(op, None, plan, MESH_NO_DEPARTURE, code, x.size, out_addr=out_addr, eager=x)
+                replay = self._mesh.record(op, self._path, None, plan, MESH_NO_DEPARTURE, code, x.size,
+                                           out_addr=out_addr, eager=x)
                 return AllGatherArgs(code, algo, eager, None, plan, out_addr, None, replay), True
             if held is not None:
-                replay = self._replay_of(op, held, plan, MESH_BARRIER, code, x.size, out_addr=out_addr)
+                replay = self._mesh.record(op, self._path, held, plan, MESH_BARRIER, code, x.size, out_addr=out_addr)
                 return AllGatherArgs(code, algo, eager, held, plan, out_addr, None, replay), True
         return AllGatherArgs(code, algo, eager, inp, plan, out_addr, target, None), False
 
@@ -265,12 +246,12 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute, Protocol,
         op = "all_to_all"
         key = (op, id(out), id(x)) if self._path is self._default_path else None
         code, inp, plan, out_addr, target, replay = self._prepared.get(key, (out, x), self._check_all_to_all, out, x)
-        if replay is not None and self._replay(replay):
+        if replay is not None and self._mesh.replay(replay):
             return
         self._bases[OUT, self.rank] = out_addr
-        parity = self._mesh(op, inp, plan, MESH_BARRIER, code, x.size)
+        parity = self._mesh.call(op, self._path, inp, plan, MESH_BARRIER, code, x.size)
         if target is not None:
-            self._output_done(out, target)
+            self._buffers.output_done(out, target)
         self._tick(op, parity, x.nbytes, itemsize=x.itemsize)
 
     _all_to_all = all_to_all
@@ -288,17 +269,17 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute, Protocol,
             _expect(o.dtype == x.dtype, lambda: f"{op}: output dtype {o.dtype} differs from input dtype {x.dtype}",
                     TypeError)
             if self._path is not self._default_path:
-                self._check_path(op)
-            inp = self._as_input(x, op, _aliased(o, x))
-            target = self._output(o)
+                self._executor.check_path(op, self._path)
+            inp = self._buffers.as_input(x, op, _aliased(o, x))
+            target = self._buffers.output(o)
         except Exception as e:
-            self._begin(op, {}, error=e)
+            self._protocol.begin(op, {}, error=e)
         me, n, nb = self.rank, self.size, x.nbytes
-        plan = self._phase(("all_to_all", nb), lambda: _slices.all_to_all(me, n, nb))
+        plan = self._executor.phase(("all_to_all", nb), lambda: _slices.all_to_all(me, n, nb))
         out_addr = _native.data_address(target)
         held = inp.in_place_of(x) if target is o else None
         if held is not None:
-            replay = self._replay_of(op, held, plan, MESH_BARRIER, code, x.size, out_addr=out_addr)
+            replay = self._mesh.record(op, self._path, held, plan, MESH_BARRIER, code, x.size, out_addr=out_addr)
             return AllToAllArgs(code, held, plan, out_addr, None, replay), True
         return AllToAllArgs(code, inp, plan, out_addr, target, None), False
 
@@ -328,15 +309,15 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute, Protocol,
             _expect(o.dtype == x.dtype, lambda: f"{op}: output dtype {o.dtype} differs from input dtype {x.dtype}",
                     TypeError)
             if self._path is not self._default_path:
-                self._check_path(op)
-            inp = self._as_input(x, op, _aliased(o, x))
-            target = self._output(o)
+                self._executor.check_path(op, self._path)
+            inp = self._buffers.as_input(x, op, _aliased(o, x))
+            target = self._buffers.output(o)
         except Exception as e:
-            self._begin(op, {}, error=e)
-        self._begin(op, {F_DTYPE: code, **self._input_fields(inp)}, ext=np.concatenate([sc, rc]))
-        parity = self._calls & 1
-        ext = self._rt.ctl.i64[self._ext_idx[parity]]
-        send, recv = ext[:, :n], ext[:, n:]
+            self._protocol.begin(op, {}, error=e)
+        self._protocol.begin(op, {F_DTYPE: code, **self._buffers.input_fields(inp)}, ext=np.concatenate([sc, rc]))
+        parity = self._protocol.calls & 1
+        ext = self._protocol.extensions(parity)
+        send, recv = ext[:, :n], ext[:, n:2 * n]
         bad = np.argwhere(recv != send.T)
         if bad.size:
             i, j = (int(v) for v in bad[0])
@@ -344,13 +325,13 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute, Protocol,
                 f"{op}: rank {self.members[i]} expects {int(recv[i, j])} elements from rank {self.members[j]}, "
                 f"which sends it {int(send[j, i])}; no data was moved")
         me, item = self.rank, x.itemsize
-        self._peer_sources(op, parity, inp.addr, need=(recv[me] > 0).astype(np.int64))
+        self._executor.peer_sources(op, parity, inp.addr, need=(recv[me] > 0).astype(np.int64))
         self._bases[OUT, me] = _native.data_address(target)
-        for plan in self._phases(("all_to_all_v", item, send.tobytes(), recv[me].tobytes()),
+        for plan in self._executor.phases(("all_to_all_v", item, send.tobytes(), recv[me].tobytes()),
                                  lambda: _slices.all_to_all_v(me, n, send, recv, item)):
-            self._run(op, plan)
-        self._finish(op)
-        self._output_done(out, target, int(recv[self.rank].sum()))
+            self._executor.run(op, plan, self._path)
+        self._protocol.finish(op)
+        self._buffers.output_done(out, target, int(recv[self.rank].sum()))
         self._tick_exchange(op, parity, [(recv * item, LOAD)])
 
     @collective
@@ -359,13 +340,13 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute, Protocol,
         op = "broadcast"
         key = (op, id(x), root) if type(root) is int and self._path is self._default_path else None
         code, inp, plan, target, replay = self._prepared.get(key, (x,), self._check_broadcast, x, root)
-        if replay is not None and self._replay(replay):
+        if replay is not None and self._mesh.replay(replay):
             return
         # a reader pulls into its own buffer, which it names as its input (bases[IN, me])
-        parity = self._mesh(op, inp, plan, MESH_ROOT if self.rank == root else MESH_ROOT_READER, code, x.size,
-                            root, only=root)
+        parity = self._mesh.call(op, self._path, inp, plan, MESH_ROOT if self.rank == root else MESH_ROOT_READER, code,
+                                 x.size, root, only=root)
         if target is not None:
-            self._output_done(x, target)
+            self._buffers.output_done(x, target)
         self._tick(op, parity, x.nbytes, root=root, itemsize=x.itemsize)
 
     _broadcast = broadcast
@@ -381,24 +362,24 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute, Protocol,
             _expect(isinstance(root, (int, np.integer)) and 0 <= root < self.size,
                     lambda: f"{op}: root {root!r} is not a rank of this communicator (size {self.size})")
             if self._path is not self._default_path:
-                self._check_path(op)
+                self._executor.check_path(op, self._path)
             xf = _flat(x, op, "buffer", writable=True)
-            inp = self._as_input(x, op) if self.rank == root else _Input(xf, None)
-            target = self._output(xf) if self.rank != root else xf
+            inp = self._buffers.as_input(x, op) if self.rank == root else _Input(xf, None)
+            target = self._buffers.output(xf) if self.rank != root else xf
         except Exception as e:
-            self._begin(op, {}, error=e)
+            self._protocol.begin(op, {}, error=e)
         me, n, nb = self.rank, self.size, x.nbytes
         if me == root:
             held = inp.in_place_of(x)
             if held is None:
                 return BroadcastArgs(code, inp, None, None, None), False
-            return BroadcastArgs(code, held, None, None, self._replay_of(op, held, None, MESH_ROOT, code, x.size, root,
-                                                            only=root)), True
-        plan = self._phase(("broadcast", nb, root), lambda: _slices.broadcast(me, n, nb, root), shared=True)
+            replay = self._mesh.record(op, self._path, held, None, MESH_ROOT, code, x.size, root, only=root)
+            return BroadcastArgs(code, held, None, None, replay), True
+        plan = self._executor.phase(("broadcast", nb, root), lambda: _slices.broadcast(me, n, nb, root), shared=True)
         if target is xf:         # in place: remember the address only, not the caller's array
             own = _Input(None, None, _native.data_address(xf) if nb else 0, nb)
-            return BroadcastArgs(code, own, plan, None, self._replay_of(op, own, plan, MESH_ROOT_READER, code, x.size, root,
-                                                           only=root)), True
+            replay = self._mesh.record(op, self._path, own, plan, MESH_ROOT_READER, code, x.size, root, only=root)
+            return BroadcastArgs(code, own, plan, None, replay), True
         return BroadcastArgs(code, _Input(target, None), plan, target, None), False
 
     @collective
@@ -414,25 +395,20 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute, Protocol,
         key = (name, id(out), id(x), op) if type(op) is str and self._path is self._default_path else None
         code, rcode, algo, inp, plan, out_addr, target, replay = self._prepared.get(
             key, (out, x), self._check_reduce_scatter, out, x, op)
-        if replay is not None and self._replay(replay):
+        if replay is not None and self._mesh.replay(replay):
             return
         me, n, count, item = self.rank, self.size, x.size, x.itemsize
         self._bases[OUT, me] = out_addr
         if algo == "ring":
-            part = self._ring_scratch(x.nbytes)
-            parity = self._enter(name, code, out.size, 0, rcode, inp, aux1=self._publish_extra(part))
-            left = (me - 1) % n
-            self._peer_sources(name, parity, inp.addr if inp is not None else 0, only=left)
-            self._bases[SCRATCH, me] = _native.data_address(part)
-            self._bases[SCRATCH, left] = self._left_extra_buffer(parity, name)
-            steps = self._phases(("ring_reduce_scatter", count, item), lambda: [
+            parity = self._ring.enter(name, SCRATCH, self._ring.scratch(x.nbytes), code, out.size, rcode, inp)
+            steps = self._executor.phases(("ring_reduce_scatter", count, item), lambda: [
                 m for s in range(n - 1) for m in _slices.ring_reduce_scatter_step(me, n, count, item, s)], item)
-            self._run_ring(name, steps, self._ring_flags(name, n - 1), code, rcode)
-            self._finish(name)
+            self._ring.run(name, steps, self._path, code, rcode)
+            self._protocol.finish(name)
         else:
-            parity = self._mesh(name, inp, plan, MESH_BARRIER, code, out.size, 0, rcode, float(n))
+            parity = self._mesh.call(name, self._path, inp, plan, MESH_BARRIER, code, out.size, 0, rcode, float(n))
         if target is not None:
-            self._output_done(out, target)
+            self._buffers.output_done(out, target)
         self._tick(name, parity, x.nbytes, algo, itemsize=x.itemsize)
 
     _reduce_scatter = reduce_scatter
@@ -450,22 +426,22 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute, Protocol,
             _expect(o.dtype == x.dtype, lambda: f"{name}: output dtype {o.dtype} differs from input dtype {x.dtype}",
                     TypeError)
             if self._path is not self._default_path:
-                self._check_path(name)
+                self._executor.check_path(name, self._path)
             own = _flat(x, name, "input")[self.rank * o.size:(self.rank + 1) * o.size]
-            inp = self._as_input(x, name, _aliased(o, x, (o, own)))
-            algo = self._algo_for(name, x.nbytes, x.itemsize)
-            target = self._output(o)
+            inp = self._buffers.as_input(x, name, _aliased(o, x, (o, own)))
+            algo = self._modeling.algo_for(name, x.nbytes, x.itemsize)
+            target = self._buffers.output(o)
         except Exception as e:
-            self._begin(name, {}, error=e)
+            self._protocol.begin(name, {}, error=e)
         me, n, count, item = self.rank, self.size, x.size, x.itemsize
         plan = None
         if algo == "mesh":
-            plan = self._phase(("reduce_scatter", count, item), lambda: _slices.reduce_scatter(me, n, count, item),
-                               item)
+            plan = self._executor.phase(("reduce_scatter", count, item),
+                                        lambda: _slices.reduce_scatter(me, n, count, item), item)
         out_addr = _native.data_address(target)
         held = inp.in_place_of(x) if algo == "mesh" and target is o else None
         if held is not None:
-            replay = self._replay_of(name, held, plan, MESH_BARRIER, code, o.size, 0, rcode, float(n),
+            replay = self._mesh.record(name, self._path, held, plan, MESH_BARRIER, code, o.size, 0, rcode, float(n),
                                      out_addr=out_addr)
             return ReduceScatterArgs(code, rcode, algo, held, plan, out_addr, None, replay), True
         return ReduceScatterArgs(code, rcode, algo, inp, plan, out_addr, target, None), False
@@ -485,7 +461,7 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute, Protocol,
         key = (name, id(x), op) if type(op) is str and self._path is self._default_path else None
         code, rcode, algo, eager, inp, first, second, out_addr, target, replay = self._prepared.get(
             key, (x,), self._check_all_reduce, x, op)
-        if replay is not None and self._replay(replay):
+        if replay is not None and self._mesh.replay(replay):
             return
         n, me, count, item = self.size, self.rank, x.size, x.itemsize
         bases = self._bases
@@ -493,25 +469,20 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute, Protocol,
             # every rank reduces the whole buffer (or its chunk) from the peers' eager copies
             # straight into x: nobody reads x, and the copies stay valid until the next call's
             # arrival barrier
-            inp = self._eager_input(_flat(x, name, "buffer"))
+            inp = self._buffers.eager_input(_flat(x, name, "buffer"))
             bases[OUT, me] = out_addr
-            parity = self._mesh(name, inp, first, MESH_NO_DEPARTURE, code, count, 0, rcode, float(n), second)
+            parity = self._mesh.call(name, self._path, inp, first, MESH_NO_DEPARTURE, code, count, 0, rcode, float(n),
+                                     second)
             if target is not None:
-                self._output_done(x, target)
+                self._buffers.output_done(x, target)
             self._tick(name, parity, x.nbytes, algo, itemsize=item)
             return
         if algo == "ring":
-            part = self._ring_scratch(x.nbytes)
-            parity = self._enter(name, code, count, 0, rcode, inp, aux1=self._publish_extra(part))
-            left = (me - 1) % n
-            self._peer_sources(name, parity, inp.addr if inp is not None else 0, only=left)
-            bases[SCRATCH, me] = _native.data_address(part)
-            bases[SCRATCH, left] = self._left_extra_buffer(parity, name)
-            steps = self._phases(("ring_all_reduce", count, item), lambda: [
+            parity = self._ring.enter(name, SCRATCH, self._ring.scratch(x.nbytes), code, count, rcode, inp)
+            steps = self._executor.phases(("ring_all_reduce", count, item), lambda: [
                 m for s in range(2 * (n - 1)) for m in _slices.ring_all_reduce_step(me, n, count, item, s)], item)
-            self._run_ring(name, steps, self._ring_flags(name, 2 * (n - 1)), code, rcode,
-                           barrier=lambda: self._sync(name))
-            self._finish(name)
+            self._ring.run(name, steps, self._path, code, rcode, barrier=lambda: self._protocol.sync(name))
+            self._protocol.finish(name)
         else:
             # large: reduce own chunk in place, barrier, gather the finished chunks; fewer
             # elements than ranks: reduce the whole buffer privately, barrier (nobody reads this
@@ -519,8 +490,8 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute, Protocol,
             scratch = np.empty(x.nbytes, np.uint8) if count < n else None
             if scratch is not None:
                 bases[SCRATCH, me] = _native.data_address(scratch)
-            parity = self._mesh(name, inp, first, MESH_BARRIER if scratch is None else MESH_NO_DEPARTURE, code,
-                                count, 0, rcode, float(n), second)
+            departure = MESH_BARRIER if scratch is None else MESH_NO_DEPARTURE
+            parity = self._mesh.call(name, self._path, inp, first, departure, code, count, 0, rcode, float(n), second)
         if target is not None:       # the input was staged: the result is in the staged copy
             _copy_back(x, target)
             self._rt.stats["bytes_staged"] += x.nbytes
@@ -541,36 +512,73 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute, Protocol,
             rcode = _reduce.reduce_code(op, x.dtype, name)
             xf = _flat(x, name, "buffer", writable=True)
             if self._path is not self._default_path:
-                self._check_path(name)
-            algo = self._algo_for(name, x.nbytes, x.itemsize)
+                self._executor.check_path(name, self._path)
+            algo = self._modeling.algo_for(name, x.nbytes, x.itemsize)
             eager = algo == "mesh" and x.nbytes <= EAGER_BYTES
-            inp = None if eager else self._as_input(x, name)
+            inp = None if eager else self._buffers.as_input(x, name)
         except Exception as e:
-            self._begin(name, {}, error=e)
+            self._protocol.begin(name, {}, error=e)
         n, me, count, item, nb = self.size, self.rank, x.size, x.itemsize, x.nbytes
         first = second = None
         if eager:
-            target = self._output(xf)
+            target = self._buffers.output(xf)
             if count >= n and n * nb >= EAGER_CHUNKS_READ:
-                first, second = self._phases(("all_reduce_eager_chunks", count, item),
-                                             lambda: _slices.all_reduce_eager_chunks(me, n, count, item), item)
+                first, second = self._executor.phases(("all_reduce_eager_chunks", count, item),
+                                                      lambda: _slices.all_reduce_eager_chunks(me, n, count, item), item)
             else:
-                first = self._phase(("all_reduce_eager", nb, item), lambda: _slices.all_reduce_eager(me, n, nb), item)
+                first = self._executor.phase(("all_reduce_eager", nb, item),
+                                             lambda: _slices.all_reduce_eager(me, n, nb), item)
             out_addr = _native.data_address(target)
             if target is xf:
-                replay = self._replay_of(name, None, first, MESH_NO_DEPARTURE, code, count, 0, rcode, float(n), second,
-                                         out_addr=out_addr, eager=x)
+                replay = self._mesh.record(name, self._path, None, first, MESH_NO_DEPARTURE, code, count, 0, rcode,
+                                           float(n), second, out_addr=out_addr, eager=x)
                 return AllReduceArgs(code, rcode, algo, True, None, first, second, out_addr, None, replay), True
             return AllReduceArgs(code, rcode, algo, True, None, first, second, out_addr, target, None), False
         if algo == "mesh":
-            first, second = self._phases(("all_reduce", count, item),
-                                         lambda: _slices.all_reduce(me, n, count, item, small=0), item)
+            first, second = self._executor.phases(("all_reduce", count, item),
+                                                  lambda: _slices.all_reduce(me, n, count, item, small=0), item)
         staged = inp.flat if inp.addr != _native.data_address(xf) or not xf.flags.c_contiguous else None
         held = inp.in_place_of(x) if algo == "mesh" and count >= n else None
         if held is not None:
-            replay = self._replay_of(name, held, first, MESH_BARRIER, code, count, 0, rcode, float(n), second)
+            replay = self._mesh.record(name, self._path, held, first, MESH_BARRIER, code, count, 0, rcode, float(n),
+                                       second)
             return AllReduceArgs(code, rcode, algo, False, held, first, second, 0, None, replay), True
         return AllReduceArgs(code, rcode, algo, False, inp, first, second, 0, staged, None), False
+
+    # --- point to point (runtime/_p2p.py) ---------------------------------------------------
+    @collective
+    def send(self, x: np.ndarray, dst: int) -> None:
+        """Blocking send: returns once rank ``dst`` has pulled ``x`` with a matching ``recv``."""
+        self._p2p.call("send", x, dst, None, 0, self._path)
+
+    @collective
+    def recv(self, x: np.ndarray, src: int) -> None:
+        """Blocking receive into ``x`` from rank ``src``; sizes and dtypes must match the send."""
+        self._p2p.call("recv", None, 0, x, src, self._path)
+
+    @collective
+    def sendrecv(self, x: np.ndarray, dst: int, out: np.ndarray, src: int) -> None:
+        """Send ``x`` to ``dst`` while receiving into ``out`` from ``src`` (MPI_Sendrecv).
+
+        Both halves proceed at once, so a ring of sendrecv calls cannot deadlock. ``out`` may be
+        ``x`` or overlap it (MPI_Sendrecv_replace): ``x`` is then copied first.
+        """
+        path = self._path
+        key = (("sendrecv", id(x), dst, id(out), src)
+               if type(dst) is int and type(src) is int and path is self._default_path else None)
+        call = self._prepared.get(key, (x, out), self._p2p.check_sendrecv, x, dst, out, src, path)
+        if call is None:
+            self._p2p.call("sendrecv", x, dst, out, src, path)
+            return
+        r = _native.p2p_replay(self, call)       # prepared: the whole call in one native call
+        if r is not None:
+            self._p2p_replayed(call, r, x, dst, out, src)
+
+    # The prepared common case is native (_replay.c, PreparedMethod); it calls _sendrecv for
+    # anything else.
+    _sendrecv = sendrecv
+    sendrecv = _native.prepared_method("sendrecv", ("x", "dst", "out", "src"), "asas", (), "_sendrecv",
+                                       _native.METHOD_SENDRECV, sendrecv)
 
     # --- sub-communicators ------------------------------------------------------------------
     @collective
@@ -582,13 +590,13 @@ class Communicator(Buffers, PointToPoint, RingSteps, Modeled, Execute, Protocol,
             _expect(color is None or isinstance(color, (int, np.integer)), lambda: f"{op}: color must be an int or None")
             _expect(isinstance(key, (int, np.integer)), lambda: f"{op}: key must be an int")
         except Exception as e:
-            self._begin(op, {}, error=e)
+            self._protocol.begin(op, {}, error=e)
         color = -1 if color is None or color < 0 else int(color)
         try:
             slot = self._rt.reserve_slot() if color >= 0 else -1
         except TooManyCommunicators as e:        # the peers are told, as for a rejected argument
-            self._begin(op, {}, error=e)
-        descs = self._begin(op, {F_AUX0: color, F_AUX1: int(key), F_AUX2: slot})
+            self._protocol.begin(op, {}, error=e)
+        descs = self._protocol.begin(op, {F_AUX0: color, F_AUX1: int(key), F_AUX2: slot})
         s = self._rt.stats
         s["calls"]["split"] = s["calls"].get("split", 0) + 1
         if color < 0:

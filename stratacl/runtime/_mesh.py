@@ -2,9 +2,9 @@
 
 A full-mesh operator (all_gather, all_reduce, reduce_scatter, all_to_all, broadcast) decides in
 its checks the call's phases (compiled plans, collectives._backend), its input and how it
-departs; ``_mesh_call`` fixes them in a ``MeshCall``: the int64 rows native code reads (RP_*,
-one per call parity, _native.h) and what Python needs where the call stops. The protocol has
-one owner, native code (_native.c, mesh_advance):
+departs; the communicator's ``MeshDriver`` fixes them in a ``MeshCall``: the int64 rows native
+code reads (RP_*, one per call parity, _native.h) and what Python needs where the call stops.
+The protocol has one owner, native code (_native.c, mesh_advance):
 
     MeshCall --_native.mesh_call--> number the call, publish, entry barrier, agreement,
         |                           readiness of the peer buffers read, phase 1, [barrier,
@@ -16,8 +16,9 @@ one owner, native code (_native.c, mesh_advance):
         |   MESH_RUN_FIRST, MESH_RUN_SECOND     the phase on the SDMA engine (runtime/_execute.py)
         +--_native.mesh_resume(state)--> on from there, until MESH_DONE
 
-A prepared call (runtime/_prepared.py) keeps its MeshCall and replays it (``_native.replay``,
-or its operation's native method with no Python at all); any other call builds one per call.
+A prepared call (runtime/_prepared.py) keeps its MeshCall (``MeshDriver.record``) and replays
+it (``_native.replay``, or its operation's native method with no Python at all); any other
+call (``MeshDriver.call``) patches the record of its shape with its input, or builds one.
 """
 from __future__ import annotations
 
@@ -29,9 +30,9 @@ import numpy as np
 from ..collectives._kernels import BUFFERS
 from . import _native
 from ._args import _fixed_address, _fixed_table
-from ._control import DESC_FIXED, F_EPOCH, F_SEG_OFF, F_SEG_SIZE, F_SEG_VA
+from ._control import DESC_FIXED
 from ._native import (MESH_BARRIER, MESH_DEPART_WAIT, MESH_DISAGREE, MESH_ENTER_WAIT, MESH_MIDDLE_WAIT,
-                      MESH_NOT_RUN, MESH_ROOT_READER, MESH_RUN_SECOND, MESH_SOURCES)
+                      MESH_NOT_RUN, MESH_ROOT_READER, MESH_RUN_SECOND, MESH_SOURCES, T_CALLS)
 from ._protocol import descriptor
 
 if TYPE_CHECKING:
@@ -43,155 +44,148 @@ log = logging.getLogger("stratacl")
 class MeshCall:
     """A full-mesh call fixed for native code: ``call``, the tuple the mesh machine reads
     (R_*: its RP_* rows and every array whose address they carry), and what Python needs at
-    a stop: the operation, its two phases' plans, how it departs, the root's departure word
-    (0: none), the reduction's dtype, op and divisor, the one member read (-1: all)."""
+    a stop: the operation, the path its phases run on, its two phases' plans, how it
+    departs, the root's departure word (0: none), the reduction's dtype, op and divisor, the
+    one member read (-1: all)."""
 
-    __slots__ = ("call", "operation", "plans", "departure", "word", "dtype", "redop", "divisor", "only")
+    __slots__ = ("call", "operation", "path", "plans", "departure", "word", "dtype", "redop", "divisor", "only")
 
-    def __init__(self, call: tuple, operation: str, plans: tuple, departure: int, word: int, dtype: int, redop: int,
-                 divisor: float, only: int):
-        self.call, self.operation, self.plans, self.departure, self.word = call, operation, plans, departure, word
-        self.dtype, self.redop, self.divisor, self.only = dtype, redop, divisor, only
+    def __init__(self, call: tuple, operation: str, path: str, plans: tuple, departure: int, word: int, dtype: int,
+                 redop: int, divisor: float, only: int):
+        self.call, self.operation, self.path, self.plans = call, operation, path, plans
+        self.departure, self.word, self.dtype, self.redop, self.divisor, self.only = (departure, word, dtype, redop,
+                                                                                       divisor, only)
 
 
 RECORDS_LIMIT = 64
 
 
-class Mesh:
-    """Mixin of ``Communicator``: its full-mesh calls."""
+class MeshDriver:
+    """A communicator's full-mesh calls: their records and Python's part at a stop. Given the
+    runtime, the members' count, the slot protocol (waits, the mismatch's message, slot
+    words), the executor (buffer table, readiness, phases on the engine's path), the
+    communication buffers (eager slots) and the modeled clock (the descriptor's entering
+    time)."""
 
-    def _init_mesh(self) -> None:
+    def __init__(self, rt, size: int, protocol, executor, buffers, modeling):
+        self._rt, self._size = rt, size
+        self._protocol, self._executor, self._buffers = protocol, executor, buffers
+        self._cx, self._tally = protocol.cx, protocol.tally
+        self._entering_bits = modeling.entering_bits
         # the records of calls that are not prepared, by everything but their input: a call
         # repeated with a new input (staged, eager, a modeled clock) patches its record's
         # descriptor and input address instead of building one (runtime/_prepared.py keeps
         # the prepared calls' records)
-        self._mesh_records: dict[tuple, MeshCall] = {}
+        self._records: dict[tuple, MeshCall] = {}
 
-    def _mesh_call(self, operation: str, inp: "_Input | None", plan, departure: int, dtype: int = 0,
-                   count: int = 0, root: int = 0, redop: int = 0, divisor: float = 1.0, plan2=None, only: int = -1,
-                   out_addr: int = -1, eager: np.ndarray | None = None, clock: int = 0) -> MeshCall:
-        """The record of a full-mesh call: the input ``inp`` (this rank's; None: nothing to
-        read), the phases ``plan`` and ``plan2`` (None: none), the departure (MESH_*),
-        ``only`` >= 0 the one member read (broadcast's root). ``out_addr`` >= 0: this rank's
-        OUT base, set as the call starts. ``eager``: the input, copied as the call starts into
-        the call parity's eager slot, which is then its input. ``clock``: the descriptor's
-        modeled-clock bits (F_AUX0)."""
+    def _record(self, operation: str, path: str, inp: "_Input | None", plan, departure: int, dtype: int = 0,
+                count: int = 0, root: int = 0, redop: int = 0, divisor: float = 1.0, plan2=None, only: int = -1,
+                out_addr: int = -1, eager: np.ndarray | None = None, clock: int = 0) -> MeshCall:
+        """The record of a full-mesh call on ``path``: the input ``inp`` (this rank's; None:
+        nothing to read), the phases ``plan`` and ``plan2`` (None: none), the departure
+        (MESH_*), ``only`` >= 0 the one member read (broadcast's root). ``out_addr`` >= 0:
+        this rank's OUT base, set as the call starts. ``eager``: the input, copied as the call
+        starts into the call parity's eager slot, which is then its input. ``clock``: the
+        descriptor's modeled-clock bits (F_AUX0)."""
         word = 0
         if departure >= MESH_ROOT_READER:
-            word = self._rt.ctl.base + self._slot_offs[root] + self._lay.slot_root_done()
+            word = self._rt.ctl.base + self._protocol.slot_offs[root] + self._protocol.lay.slot_root_done()
         plans = (plan, plan2)
         tables = [p.table if p is not None else None for p in plans]
-        n = self.size
+        n, ready, bases = self._size, self._executor.ready, self._executor.bases
         params = np.zeros((2, _native.RP_LEN), dtype=np.int64)     # a row per call parity, named by RP_*
         row = params[0]
         row[_native.RP_ONLY:_native.RP_OUT] = (only, dtype, redop, departure, root, word)
         row[_native.RP_OUT] = out_addr
         row[_native.RP_COUNTED] = self._rt.native_call_word(operation)
-        row[_native.RP_CALLER_PHASES] = self._path != "mte" and any(p is not None and p.has_copies for p in plans)
+        row[_native.RP_CALLER_PHASES] = path != "mte" and any(p is not None and p.has_copies for p in plans)
         row[_native.RP_CX:_native.RP_BYTES] = (
-            _fixed_address(self._cx, (None,)), _fixed_address(self._ready, (n, 2)),
-            _fixed_address(self._bases, (BUFFERS, n)), *_fixed_table(tables[0]), *_fixed_table(tables[1]))
+            _fixed_address(self._cx, (None,)), _fixed_address(ready, (n, 2)),
+            _fixed_address(bases, (BUFFERS, n)), *_fixed_table(tables[0]), *_fixed_table(tables[1]))
         for i, p in enumerate(plans):
             if p is not None:
                 row[_native.RP_BYTES + 3 * i:_native.RP_BYTES + 3 * i + 3] = (p.local, p.remote, p.written)
         params[1] = row
         for parity, row in enumerate(params):
             if eager is not None:
-                inp = self._eager_slot(parity, eager.nbytes, eager.dtype)
+                inp = self._buffers.eager_slot(parity, eager.nbytes, eager.dtype)
                 row[_native.RP_EAGER_FROM] = _native.data_address(eager) if eager.nbytes else 0
                 row[_native.RP_EAGER_BYTES] = eager.nbytes
             row[:DESC_FIXED] = descriptor(operation, dtype, count, root, redop, inp, clock, 0)
             row[_native.RP_OWN] = inp.addr if inp is not None else 0
         # the call holds every array whose address it carries
         call = [None] * _native.R_LEN
-        call[_native.R_PARAMS], call[_native.R_CX], call[_native.R_READY] = params, self._cx, self._ready
-        call[_native.R_BASES], call[_native.R_PLAN], call[_native.R_PLAN2] = self._bases, tables[0], tables[1]
+        call[_native.R_PARAMS], call[_native.R_CX], call[_native.R_READY] = params, self._cx, ready
+        call[_native.R_BASES], call[_native.R_PLAN], call[_native.R_PLAN2] = bases, tables[0], tables[1]
         call[_native.R_DIVISOR], call[_native.R_STATS] = float(divisor), self._rt.stats
         call[_native.R_PARAMS_ADDR] = _native.data_address(params)
-        return MeshCall(tuple(call), operation, plans, departure, word, dtype, redop, divisor, only)
+        return MeshCall(tuple(call), operation, path, plans, departure, word, dtype, redop, divisor, only)
 
-    def _mesh(self, operation: str, inp: "_Input | None", plan, departure: int, dtype: int = 0, count: int = 0,
-              root: int = 0, redop: int = 0, divisor: float = 1.0, plan2=None, only: int = -1) -> int:
-        """A full-mesh call, start to end (see ``_mesh_call`` for the arguments). Returns the
+    def call(self, operation: str, path: str, inp: "_Input | None", plan, departure: int, dtype: int = 0,
+             count: int = 0, root: int = 0, redop: int = 0, divisor: float = 1.0, plan2=None, only: int = -1) -> int:
+        """A full-mesh call, start to end (see ``_record`` for the arguments). Returns the
         call's slot parity."""
-        key = (operation, departure, dtype, count, root, redop, divisor, only, self._path)
-        mc = self._mesh_records.get(key)
+        key = (operation, departure, dtype, count, root, redop, divisor, only, path)
+        mc = self._records.get(key)
         if mc is not None and mc.plans[0] is plan and mc.plans[1] is plan2:
             params = mc.call[_native.R_PARAMS]     # the same call but for its input: patch both parities
             params[:, :DESC_FIXED] = descriptor(operation, dtype, count, root, redop, inp, self._entering_bits(), 0)
             params[:, _native.RP_OWN] = inp.addr if inp is not None else 0
         else:
-            mc = self._mesh_call(operation, inp, plan, departure, dtype, count, root, redop, divisor, plan2, only,
-                                 clock=self._entering_bits())
-            if len(self._mesh_records) >= RECORDS_LIMIT:
-                self._mesh_records.clear()
-            self._mesh_records[key] = mc
+            mc = self._record(operation, path, inp, plan, departure, dtype, count, root, redop, divisor, plan2, only,
+                              clock=self._entering_bits())
+            if len(self._records) >= RECORDS_LIMIT:
+                self._records.clear()
+            self._records[key] = mc
         if log.isEnabledFor(logging.DEBUG):
-            log.debug("%s call %d: %s", operation, self._calls + 1, mc.call[_native.R_PARAMS][0, :DESC_FIXED].tolist())
+            log.debug("%s call %d: %s", operation, self._tally[T_CALLS] + 1,
+                      mc.call[_native.R_PARAMS][0, :DESC_FIXED].tolist())
         state = _native.mesh_call(mc.call)
         if state is not None:
-            self._mesh_resume(mc, state)
-        return self._calls & 1
+            self.resume(mc, state)
+        return self._tally[T_CALLS] & 1
 
-    def _replay_of(self, operation: str, inp: "_Input | None", plan, departure: int, dtype: int = 0,
-                   count: int = 0, root: int = 0, redop: int = 0, divisor: float = 1.0, plan2=None, only: int = -1,
-                   out_addr: int = -1, eager: np.ndarray | None = None) -> MeshCall | None:
-        """A prepared call's record, for ``_replay`` and the native methods; None where a
+    def record(self, operation: str, path: str, inp: "_Input | None", plan, departure: int, dtype: int = 0,
+               count: int = 0, root: int = 0, redop: int = 0, divisor: float = 1.0, plan2=None, only: int = -1,
+               out_addr: int = -1, eager: np.ndarray | None = None) -> MeshCall | None:
+        """A prepared call's record, for ``replay`` and the native methods; None where a
         replay cannot run it (a modeled clock, the engine's path, an eager input not
-        contiguous), which leaves every call to ``_mesh``."""
-        if self._rt.clock is not None or (self._path != "mte" and any(
+        contiguous), which leaves every call to ``call``."""
+        if self._rt.clock is not None or (path != "mte" and any(
                 p is not None and p.has_copies for p in (plan, plan2))):
             return None
         if eager is not None and not eager.flags.c_contiguous:
             return None
-        return self._mesh_call(operation, inp, plan, departure, dtype, count, root, redop, divisor, plan2, only,
-                               out_addr, eager)
+        return self._record(operation, path, inp, plan, departure, dtype, count, root, redop, divisor, plan2, only,
+                            out_addr, eager)
 
-    def _replay(self, replay: MeshCall) -> bool:
+    def replay(self, replay: MeshCall) -> bool:
         """Run a prepared call. False when it did nothing (debug logging: the operation's
         Python path runs, and logs). The native methods do the same without this frame."""
-        state = _native.replay(self, replay.call)
+        state = _native.replay(None, replay.call)       # its first argument (the communicator) is not read
         if state is not None:
             if state[0] == MESH_NOT_RUN:
                 return False
-            self._mesh_resume(replay, state)
+            self.resume(replay, state)
         return True
 
-    def _replayed(self, replay: MeshCall, state: tuple) -> None:
-        """A prepared call (a native method's) on from its stop ``state``."""
-        self._mesh_resume(replay, state)
-
-    def _mesh_resume(self, mc: MeshCall, state: tuple) -> None:
-        """Do what a stopped mesh call needs of Python, and resume it, until it is done."""
+    def resume(self, mc: MeshCall, state: tuple) -> None:
+        """Do what a stopped mesh call needs of Python, and resume it, until it is done (also
+        a native method's prepared call, from its stop: ``Communicator._replayed``)."""
         op = mc.operation
         while state is not None:
             stage, parity, k, target = state
             skipped = 0
             if stage == MESH_SOURCES:
-                self._peer_sources(op, parity, int(mc.call[_native.R_PARAMS][parity, _native.RP_OWN]), mc.only)
+                self._executor.peer_sources(op, parity, int(mc.call[_native.R_PARAMS][parity, _native.RP_OWN]), mc.only)
             elif stage == MESH_DISAGREE:
-                self._validate(op, parity)
+                self._protocol.validate(op, parity)
                 raise AssertionError(f"{op}: native code found a disagreement the descriptors do not show")
             elif stage == MESH_DEPART_WAIT and mc.departure != MESH_BARRIER:
-                self._wait_root(op, mc.word, target)
+                self._protocol.wait_root(op, mc.word, target)
             elif stage in (MESH_ENTER_WAIT, MESH_MIDDLE_WAIT, MESH_DEPART_WAIT):
-                self._wait_barrier(k, op)
+                self._protocol.wait_barrier(k, op)
             else:                                # MESH_RUN_FIRST, MESH_RUN_SECOND
-                skipped = self._execute(op, mc.plans[stage == MESH_RUN_SECOND], mc.dtype, mc.redop, mc.divisor)
+                skipped = self._executor.execute(op, mc.plans[stage == MESH_RUN_SECOND], mc.path, mc.dtype,
+                                                 mc.redop, mc.divisor)
             state = _native.mesh_resume(mc.call, state, skipped)
-
-    def _peer_sources(self, operation: str, parity: int, own: int, only: int = -1,
-                      need: np.ndarray | None = None) -> np.ndarray:
-        """Every member's input address in the call of ``parity`` (``own``: this rank's), in
-        ``_src`` (bases' IN row), after the purely local registration check of each peer
-        buffer this rank reads (``only``: that member's; ``need``: the members marked, an int64
-        array), recorded in ``_ready``: a (segment, epoch) checked once stays valid, since a
-        released segment cannot appear in a descriptor again and a new one has a new epoch."""
-        i = _native.sources(self._cx, parity, self._ready, self._src, own, only, need)
-        while i >= 0:
-            d = self._rt.ctl.i64[self._desc_idx[parity][i]]
-            self._rt.reg.ensure_ready(self.members[i], int(d[F_SEG_VA]), int(d[F_SEG_SIZE]), int(d[F_SEG_OFF]),
-                                      int(d[F_EPOCH]), operation)
-            self._ready[i, 0], self._ready[i, 1] = d[F_SEG_VA], d[F_EPOCH]
-            i = _native.sources(self._cx, parity, self._ready, self._src, own, only, need)
-        return self._src

@@ -1,10 +1,13 @@
 """The communicator's side of the fabric model: algorithm choice and the modeled clock.
 
-    _algo_for(op, nbytes)   mesh | ring: the --algo setting; ``auto`` asks the fabric model
+    algo_for(op, nbytes)    mesh | ring: the --algo setting; ``auto`` asks the fabric model
                             (ub._clock.choose_algo), identically on every member
-    _tick(op, ...)          after a call, under --clock virtual|throttled: every member's
+    tick(op, descs, ...)    after a call, under --clock virtual|throttled: every member's
                             entering clock (descriptor field F_AUX0) and the jit mappings the
                             call made go through ub._clock.model_call; this rank keeps its exit
+
+``Modeling`` is one component of a Communicator (runtime/_comm.py), which makes it first: the
+slot protocol publishes its entering clock, the full-mesh driver and point-to-point read it.
 
 jit mappings are derived from the descriptors, the same way on every member: member i maps
 owner j's input segment in a call if i reads j in it (collectives._schedule.peers_read's
@@ -13,7 +16,7 @@ the host's own mapping work does not enter modeled time.
 
 Asynchronous operations (runtime/_work.py) and compute:
 
-    program clock (RankClock.now_us)      communicator's clock (_comm_free_us)
+    program clock (RankClock.now_us)      communicator's clock (Modeling._free_us)
     op(async_op=True) issued at t  ---->  enters at max(t, end of its previous operation),
     charge_compute(d, k): from t, k          ends at e (model_call), on its worker thread
        cores for d us, minus the cores   <-  the operations in flight occupy cores (their
@@ -32,38 +35,36 @@ import numpy as np
 
 from .._errors import ConfigError
 from ..collectives import _schedule
-from ..ub._clock import choose_algo
-from ..ub._clock import run_plan
+from ..ub._clock import choose_algo, run_plan
 from ..ub._compute import ComputeJob, combine, run_job
 from ..ub._profile import profile_plan
 from ..ub._rankclock import from_bits, to_bits
 from ._control import F_AUX0, F_EPOCH, F_NBYTES, F_SEG_SIZE, F_SEG_VA
 
 
-class Modeled:
-    """Mixin of ``Communicator``."""
+class Modeling:
+    """A communicator's modeled time and algorithm choice: the clock it enters each call
+    with, where its previous operation ended, the asynchronous operation it runs for, the jit
+    mappings its members made. Given the runtime and the members; the operators hand it each
+    call's descriptors (``tick``)."""
 
-    def _init_modeling(self) -> None:
+    def __init__(self, rt, members: list[int], rank: int):
+        self._rt = rt
+        self._members, self._rank, self._size = members, rank, len(members)
         self._issued_us = 0.0         # the program's clock when the running operation was called
         self._running = None          # the Work it runs for, or None (blocking, caller's thread)
-        self._comm_free_us = 0.0      # when this communicator's previous operation ended
-        self._algo_setting = self._rt.config.algo
+        self._free_us = 0.0           # when this communicator's previous operation ended
+        self._algo = rt.config.algo
+        self._mapped = None           # jit: (reader, owner) -> (seg_va, epoch) mapped
 
-    def clock(self) -> float:
-        """This rank's modeled time in seconds (``--clock virtual`` or ``throttled``): the program's
-        clock, which an asynchronous operation moves only when it is waited for. Not collective."""
+    def now(self) -> float:
+        """``comm.clock()``: the program's clock, in seconds."""
         if self._rt.config.clock == "off":
             raise ConfigError("comm.clock(): the clock is off; launch with --clock virtual (or STRATACL_CLOCK)")
         return self._rt.clock.now_us * 1e-6
 
     def charge_compute(self, duration_us: float, cores: int | None = None) -> None:
-        """Charge a compute kernel to the modeled clock: ``duration_us`` when it has ``cores`` of
-        this rank's NPU cores (default: all of them) to itself. Operations in flight
-        (``async_op=True``, not yet waited for) keep the cores they occupy; the kernel runs on
-        what is left, so it takes longer where they overlap (MTE: the communication cores for
-        the whole call; SDMA: only descriptor posting and polling). Waits until those operations
-        have completed, since their modeled times are needed. When profiling, the kernel is
-        recorded on its cores. Not collective; a no-op without a modeled clock."""
+        """``comm.charge_compute``: a compute kernel on the modeled clock (see the module docstring)."""
         c, prof = self._rt.clock, self._rt.profiler
         if c is None:
             return
@@ -82,8 +83,7 @@ class Modeled:
 
     @contextlib.contextmanager
     def probe(self, stage: str, core: int = 0):
-        """Developer marker: record ``stage`` on ``core`` from entry to exit of the block, in
-        modeled time, into this rank's profile (``--profile DIR``); a no-op otherwise."""
+        """``comm.probe``: ``stage`` on ``core`` in this rank's profile, from entry to exit of the block."""
         prof, c = self._rt.profiler, self._rt.clock
         if prof is None:
             yield
@@ -94,21 +94,26 @@ class Modeled:
         finally:
             prof.record(core, stage, t0, c.entering())
 
-    def _entering_us(self) -> float:
+    def issue(self, issued_us: float, work=None) -> None:
+        """The operation about to run was called at ``issued_us`` on the program's clock, for
+        ``work`` (None: blocking, on the caller's thread)."""
+        self._issued_us, self._running = issued_us, work
+
+    def entering_us(self) -> float:
         """The modeled time this rank enters the running call at: when the program called it,
         or when this communicator's previous operation ended, whichever is later."""
-        return max(self._issued_us, self._comm_free_us)
+        return max(self._issued_us, self._free_us)
 
-    def _entering_bits(self) -> int:
-        """``_entering_us`` as the running call's descriptor carries it (0 without a modeled clock)."""
-        return to_bits(self._entering_us()) if self._rt.clock is not None else 0
+    def entering_bits(self) -> int:
+        """``entering_us`` as the running call's descriptor carries it (0 without a modeled clock)."""
+        return to_bits(self.entering_us()) if self._rt.clock is not None else 0
 
-    def _ended(self, op: str, start_us: float, end_us: float, occupancy=None) -> None:
+    def ended(self, op: str, start_us: float, end_us: float, occupancy=None) -> None:
         """The running call ends at ``end_us``: the program's clock moves there if the call is
         blocking; an asynchronous one records it on its Work (and what its cores did:
         ``occupancy``: (model, timed plan, members, entering clocks, this member), what
         ub._profile.profile_plan walks) for wait() and charge_compute."""
-        self._comm_free_us = end_us
+        self._free_us = end_us
         c, work = self._rt.clock, self._running
         if work is None:
             c.set(op, end_us)
@@ -116,64 +121,61 @@ class Modeled:
             c.ended(op, start_us, end_us)
             work.modeled = (start_us, end_us, occupancy)
 
-    def _join_work(self, work) -> None:
+    def join_work(self, work) -> None:
+        """``work.wait()`` under a modeled clock: the program's clock joins the operation's end."""
         if work.modeled is not None:
             self._rt.clock.join(work.modeled[1])
 
-    def _algo_for(self, op: str, nbytes: int, itemsize: int = 1) -> str:
-        algo = self._algo_setting
-        if algo == "mesh" or self.size < 2 or op not in _schedule.RING_OPS:
+    def algo_for(self, op: str, nbytes: int, itemsize: int = 1) -> str:
+        """mesh or ring for a call of ``op`` on ``nbytes``: the same answer on every member."""
+        algo = self._algo
+        if algo == "mesh" or self._size < 2 or op not in _schedule.RING_OPS:
             return "mesh"
         if algo == "ring":
             return "ring"
-        return choose_algo(self._rt.model, op, self.members, nbytes, 0, itemsize)
+        return choose_algo(self._rt.model, op, self._members, nbytes, 0, itemsize)
 
-    def _tick(self, op: str, parity: int, nbytes: int, algo: str = "mesh", root: int = 0, itemsize: int = 1) -> None:
-        c = self._rt.clock
-        if c is None:
-            return
-        descs = self._rt.ctl.i64[self._desc_idx[parity]]
+    def tick(self, op: str, descs: np.ndarray, nbytes: int, algo: str, root: int, itemsize: int, path: str) -> None:
+        """After a call under a modeled clock: its exit time from every member's descriptor
+        ``descs`` (their entering clocks, F_AUX0), on the fabric model of ``path``."""
         entering = from_bits(descs[:, F_AUX0])
         extra = self._jit_extra(descs, op, algo, root) if self._rt.config.registration == "jit" else None
-        model = self._rt.model_for(self._path)
-        self._timed(op, model, model.plan(op, algo, tuple(self.members), nbytes, root, itemsize), entering, extra)
+        model = self._rt.model_for(path)
+        self._timed(op, model, model.plan(op, algo, tuple(self._members), nbytes, root, itemsize), entering, extra)
 
-    def _tick_exchange(self, op: str, parity: int, phases: list, staging=None) -> None:
-        """``_tick`` for a call given by its traffic matrices (collectives._schedule.exchange):
+    def tick_exchange(self, op: str, descs: np.ndarray, phases: list, staging, path: str) -> None:
+        """``tick`` for a call given by its traffic matrices (collectives._schedule.exchange):
         all_to_all_v, MoE dispatch and combine; ``staging``: (input, output) bytes per member
-        that the staged registration copies (ub._clock.FabricModel.plan_exchange). A jit member
-        maps every owner it reads from in any phase, as ``_jit_extra`` counts."""
-        c = self._rt.clock
-        if c is None:
-            return
-        descs = self._rt.ctl.i64[self._desc_idx[parity]]
+        that the staged registration copies, or None (ub._clock.FabricModel.plan_exchange). A
+        jit member maps every owner it reads from in any phase."""
         entering = from_bits(descs[:, F_AUX0])
         extra = None
         if self._rt.config.registration == "jit":
-            reads = np.zeros((self.size, self.size), dtype=bool)
+            reads = np.zeros((self._size, self._size), dtype=bool)
             for b, _ in phases:
                 reads |= np.asarray(b) > 0
             np.fill_diagonal(reads, False)
             extra = self._jit_extra(descs, op, "mesh", 0, reads)
-        model = self._rt.model_for(self._path)
-        self._timed(op, model, model.plan_exchange(tuple(self.members), phases, staging), entering, extra)
+        model = self._rt.model_for(path)
+        self._timed(op, model, model.plan_exchange(tuple(self._members), phases, staging), entering, extra)
 
     def _timed(self, op: str, model, plan: list, entering: np.ndarray, extra) -> None:
         """This member's end of a call whose timed ``plan`` every member entered at ``entering``
         (plus ``extra``: jit mappings), and its cores' profile when the profiler runs."""
+        me = self._rank
         clocks = entering if extra is None else entering + extra
-        end = float(run_plan(plan, clocks)[self.rank])
-        self._ended(op, float(entering[self.rank]), end, (model, plan, self.members, clocks, self.rank))
+        end = float(run_plan(plan, clocks)[me])
+        self.ended(op, float(entering[me]), end, (model, plan, self._members, clocks, me))
         prof = self._rt.profiler
         if prof is not None:
-            prof.absorb(profile_plan(model, plan, self.members, clocks_in=clocks, ranks=[self.rank])[0])
+            prof.absorb(profile_plan(model, plan, self._members, clocks_in=clocks, ranks=[me])[0])
 
     def _jit_extra(self, descs: np.ndarray, op: str, algo: str, root: int,
                    reads: np.ndarray | None = None) -> np.ndarray | None:
         """Every member's cost of the jit mappings it makes in this call: of each owner's input
         segment it reads (``reads[i, j]``: i reads j; default: the operator's pattern) and has
         not mapped before."""
-        n = self.size
+        n = self._size
         if self._mapped is None:
             self._mapped = np.full((n, n, 2), -1, dtype=np.int64)
         if op in ("barrier", "split") or n == 1:

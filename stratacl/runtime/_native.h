@@ -52,12 +52,12 @@ enum { MESH_NO_DEPARTURE, MESH_BARRIER, MESH_ROOT_READER, MESH_ROOT };
 enum { MESH_NOT_RUN = -1 };                        /* replay: nothing done (debug logging is on) */
 
 /* A prepared sendrecv's parameters (p2p_replay in _replay.c; built by runtime/_p2p.py,
- * _check_sendrecv): the send's DESC_FIXED descriptor fields, then PP_*; and its call tuple, Q_*. */
+ * check_sendrecv): the send's DESC_FIXED descriptor fields, then PP_*; and its call tuple, Q_*. */
 enum { PP_ME = DESC_FIXED, PP_DST, PP_SRC, PP_DTYPE, PP_COUNT, PP_ITEMSIZE, PP_OUT, PP_N, PP_SENDS, PP_RECVS, PP_CX,
        PP_PX, PP_BASES, PP_READY, PP_PLAN, PP_PLAN_ROWS, PP_BYTES, PP_LEN = PP_BYTES + 3 };
 enum { Q_PARAMS, Q_CX, Q_PX, Q_BASES, Q_READY, Q_PLAN, Q_PARAMS_ADDR, Q_LEN };
 /* A prepared full-mesh call's parameters, one row per call parity (replay in _replay.c; built by
- * runtime/_comm.py, _replay_of): the descriptor's DESC_FIXED fields, then RP_*; its call tuple, R_*. */
+ * runtime/_mesh.py, MeshDriver.record): the descriptor's DESC_FIXED fields, then RP_*; its call tuple, R_*. */
 enum { RP_OWN = DESC_FIXED, RP_ONLY, RP_DTYPE, RP_REDOP, RP_DEPARTURE, RP_ROOT, RP_WORD, RP_OUT, RP_EAGER_FROM,
        RP_EAGER_BYTES, RP_COUNTED, RP_CALLER_PHASES, RP_CX, RP_READY, RP_BASES, RP_PLAN, RP_PLAN_ROWS, RP_PLAN2, RP_PLAN2_ROWS, RP_BYTES,
        RP_LEN = RP_BYTES + 6 };

@@ -30,7 +30,7 @@ from ._args import _aliased, _fixed_address, _fixed_table, _flat
 from ._control import (DESC_FIXED, F_ADDR, F_AUX0, F_AUX1, F_COUNT, F_DTYPE, F_EPOCH, F_FLAGS,
                        F_SEG_OFF, F_SEG_SIZE, F_SEG_VA, FLAG_REJECTED, P2P_DESC, Layout)
 from ._sync import SLICE, SPIN_POLLS, wait_until
-from ._work import agreed, collective
+from ._work import agreed
 
 _NO_RECV = (0, 0, 0, 0, None)
 OP_SEND = 100                # a send descriptor's F_OP
@@ -52,19 +52,19 @@ def _send_descriptor(code: int, count: int, inp, rejected: bool, aux0: int, seq:
 
 
 class PointToPoint:
-    """The send/recv half of ``Communicator`` (a mixin: it uses the communicator's slots)."""
+    """A communicator's point-to-point half: every peer's send and receive words in the
+    members' slots, the descriptor being sent, and the calls. Given the runtime, the
+    members, the slot protocol (slot offsets, sequence numbers in ``cx``, reasons), the
+    executor (buffer table, readiness, the receive's plan), the communication buffers, the
+    modeled clock and the communicator's prepared calls (runtime/_prepared.py)."""
 
-    def _p2p_addr(self, owner_idx: int, which: int, peer_idx: int) -> int:
-        """which: 0 send_seq, 1 recv_done, 2 recv_status (u32 words)."""
-        off = (Layout.SLOT_SEND_SEQ, self._lay.slot_recv_done(), self._lay.slot_recv_status())[which]
-        return self._rt.ctl.base + self._slot_offs[owner_idx] + off + 4 * peer_idx
-
-    def _p2p_desc_off(self, owner_idx: int, peer_idx: int) -> int:
-        return (self._slot_offs[owner_idx] + self._lay.slot_p2p_desc()) // 8 + peer_idx * P2P_DESC
-
-    def _init_p2p(self) -> None:
-        """Per-peer addresses, computed once: what this rank posts to and waits on."""
-        me, peers = self.rank, range(self.size)
+    def __init__(self, rt, members: list[int], rank: int, protocol, executor, buffers, modeling, prepared):
+        self._rt, self._protocol, self._executor, self._buffers = rt, protocol, executor, buffers
+        self._modeling, self._prepared = modeling, prepared
+        self._members, self._rank, self._size = members, rank, len(members)
+        self._cx, self._bases, self._ready = protocol.cx, executor.bases, executor.ready
+        self._default_path = executor.default_path
+        me, peers = rank, range(self._size)
         self._send_flag = [self._p2p_addr(me, 0, p) for p in peers]      # my send_seq for p
         self._recv_flag = [self._p2p_addr(p, 0, me) for p in peers]      # p's send_seq for me
         self._sent_done = [self._p2p_addr(p, 1, me) for p in peers]      # p's recv_done for me
@@ -74,8 +74,8 @@ class PointToPoint:
         self._send_desc = [self._p2p_desc_off(me, p) for p in peers]     # int64 index of my descriptor for p
         self._recv_desc = [self._p2p_desc_off(p, me) for p in peers]
         # what _native.p2p reads, per peer: the addresses of its words, named by _native.h's PX_*
-        base = self._rt.ctl.base
-        px = self._px = np.zeros((self.size, _native.PX_WORDS), dtype=np.int64)
+        base = rt.ctl.base
+        px = self._px = np.zeros((self._size, _native.PX_WORDS), dtype=np.int64)
         px[:, _native.PX_SEND_DESC] = [base + 8 * self._send_desc[p] for p in peers]
         px[:, _native.PX_SEND_FLAG] = self._send_flag
         px[:, _native.PX_RECV_FLAG] = self._recv_flag
@@ -86,63 +86,41 @@ class PointToPoint:
         px[:, _native.PX_SENT_STATUS] = self._sent_status
         self._send_fields = (0,) * P2P_DESC     # the descriptor being sent (a tuple: _native.read_fields)
 
-    @collective
-    def send(self, x: np.ndarray, dst: int) -> None:
-        """Blocking send: returns once rank ``dst`` has pulled ``x`` with a matching ``recv``."""
-        self._p2p("send", x, dst, None, 0)
+    def _p2p_addr(self, owner_idx: int, which: int, peer_idx: int) -> int:
+        """which: 0 send_seq, 1 recv_done, 2 recv_status (u32 words)."""
+        lay = self._protocol.lay
+        off = (Layout.SLOT_SEND_SEQ, lay.slot_recv_done(), lay.slot_recv_status())[which]
+        return self._rt.ctl.base + self._protocol.slot_offs[owner_idx] + off + 4 * peer_idx
 
-    @collective
-    def recv(self, x: np.ndarray, src: int) -> None:
-        """Blocking receive into ``x`` from rank ``src``; sizes and dtypes must match the send."""
-        self._p2p("recv", None, 0, x, src)
+    def _p2p_desc_off(self, owner_idx: int, peer_idx: int) -> int:
+        return (self._protocol.slot_offs[owner_idx] + self._protocol.lay.slot_p2p_desc()) // 8 + peer_idx * P2P_DESC
 
-    @collective
-    def sendrecv(self, x: np.ndarray, dst: int, out: np.ndarray, src: int) -> None:
-        """Send ``x`` to ``dst`` while receiving into ``out`` from ``src`` (MPI_Sendrecv).
-
-        Both halves proceed at once, so a ring of sendrecv calls cannot deadlock. ``out`` may be
-        ``x`` or overlap it (MPI_Sendrecv_replace): ``x`` is then copied first.
-        """
-        key = (("sendrecv", id(x), dst, id(out), src)
-               if type(dst) is int and type(src) is int and self._path is self._default_path else None)
-        call = self._prepared.get(key, (x, out), self._check_sendrecv, x, dst, out, src)
-        if call is None:
-            self._p2p("sendrecv", x, dst, out, src)
-            return
-        r = _native.p2p_replay(self, call)       # prepared: the whole call in one native call
-        if r is not None:
-            self._p2p_replayed(call, r, x, dst, out, src)
-
-    # The prepared common case is native (_replay.c, PreparedMethod); it calls _sendrecv for
-    # anything else.
-    _sendrecv = sendrecv
-    sendrecv = _native.prepared_method("sendrecv", ("x", "dst", "out", "src"), "asas", (), "_sendrecv",
-                                       _native.METHOD_SENDRECV, sendrecv)
-
-    def _p2p_replayed(self, call: tuple, r: tuple, x: np.ndarray, dst: int, out: np.ndarray, src: int) -> None:
-        """A prepared sendrecv on from where _native.p2p_replay stopped (``r``), as _p2p would."""
+    def replayed(self, call: tuple, r: tuple, x: np.ndarray, dst: int, out: np.ndarray, src: int) -> None:
+        """A prepared sendrecv on from where _native.p2p_replay stopped (``r``), as ``call``
+        would (``Communicator._p2p_replayed``; on the default path, where prepared calls run)."""
         stage, send_seq, recv_seq = r
         self._send_fields = (*call[0][:P2P_DESC - 1].tolist(), send_seq)
         send = (dst, send_seq, None, x, None)
         if stage == P2P_RECV_WAIT or stage == P2P_RECV_CHECK:
             try:
-                self._recv(out, src, recv_seq, stage == P2P_RECV_CHECK, None)
+                self._recv(out, src, recv_seq, stage == P2P_RECV_CHECK, None, self._default_path)
             except BaseException:
                 self._abandon(send)
                 raise
         self._complete_send(send)
 
-    def _check_sendrecv(self, x: np.ndarray, dst: int, out: np.ndarray, src: int) -> tuple[tuple | None, bool]:
+    def check_sendrecv(self, x: np.ndarray, dst: int, out: np.ndarray, src: int,
+                       path: str) -> tuple[tuple | None, bool]:
         """A sendrecv's checks, for _native.p2p_replay (runtime/_prepared.py): its arguments
         as one tuple, or None where the common case does not apply (no modeled clock, the
         cores' path, both halves' checks passed, zero copy from HBM, the output written in
-        place), which leaves the call to _p2p and its checks."""
-        peers = range(self.size)
-        if (self._rt.clock is not None or self._path != "mte" or dst not in peers or src not in peers
-                or dst == self.rank or src == self.rank):
+        place), which leaves the call to ``call`` and its checks."""
+        peers = range(self._size)
+        if (self._rt.clock is not None or path != "mte" or dst not in peers or src not in peers
+                or dst == self._rank or src == self._rank):
             return None, False
         if _aliased(out, x):
-            return None, False              # the send is staged per call (_p2p)
+            return None, False              # the send is staged per call (``call``)
         (code, inp, error), held = self._check_send(x)
         (native, plan), in_place = self._check_recv(out, src)
         if not (held and in_place) or error is not None:
@@ -150,12 +128,12 @@ class PointToPoint:
         fields = _send_descriptor(code, x.size, inp, False, 0, 0)
         dtype, count, itemsize, out_addr, table = native
         moved = (plan.local, plan.remote, plan.written) if plan is not None else (0, 0, 0)
-        n = self.size
+        n = self._size
         arrays = [_fixed_address(self._cx, (None,)), _fixed_address(self._px, (n, None)),
                   _fixed_address(self._bases, (BUFFERS, n)), _fixed_address(self._ready, (n, 2)), *_fixed_table(table)]
         params = np.zeros(_native.PP_LEN, dtype=np.int64)       # named by _native.h's PP_*
         params[:DESC_FIXED] = fields
-        params[_native.PP_ME:_native.PP_CX] = (self.rank, dst, src, dtype, count, itemsize, out_addr, self.size,
+        params[_native.PP_ME:_native.PP_CX] = (self._rank, dst, src, dtype, count, itemsize, out_addr, self._size,
                                                 self._rt.native_call_word("send"), self._rt.native_call_word("recv"))
         params[_native.PP_CX:_native.PP_BYTES] = arrays
         params[_native.PP_BYTES:_native.PP_LEN] = moved
@@ -165,30 +143,30 @@ class PointToPoint:
         call[_native.Q_PARAMS_ADDR] = _native.data_address(params)
         return tuple(call), True
 
-    def _p2p(self, op: str, x: np.ndarray | None, dst: int, out: np.ndarray | None, src: int) -> None:
+    def call(self, op: str, x: np.ndarray | None, dst: int, out: np.ndarray | None, src: int, path: str) -> None:
         """One call: post the send, pull the receive, wait for the send's receiver.
 
         The common case (no modeled clock, the cores' path, valid arguments, a receive buffer
         the rank writes directly, a sender's buffer already checked) is one native call,
         ``_native.p2p``; it returns the stage at which the rest continues here: a wait that
         needs health checks, or a descriptor to check (mismatch, new buffer)."""
-        t0 = self._entering_us() if self._rt.clock is not None else None
+        t0 = self._modeling.entering_us() if self._rt.clock is not None else None
         stage = x is not None and out is not None and _aliased(out, x)
-        send = self._prepare_send(x, dst, t0, stage) if x is not None else None
+        send = self._prepare_send(x, dst, t0, path, stage) if x is not None else None
         stage, recv = P2P_SEND_WAIT, None
         if out is not None:
             try:
-                recv = self._prepare_recv(out, src)
+                recv = self._prepare_recv(out, src, path)
             except BaseException:
                 if send is not None:
                     self._abandon(send)
                 raise
             stage = P2P_RECV_WAIT
-        fast = (self._rt.clock is None and self._path == "mte" and (send is None or send[2] is None)
+        fast = (self._rt.clock is None and path == "mte" and (send is None or send[2] is None)
                 and (recv is None or recv[2] is not None))
         if fast:
             r = recv[2] if recv is not None else _NO_RECV
-            stage = _native.p2p(self._px, self.rank, dst if send is not None else -1, send[1] if send else 0,
+            stage = _native.p2p(self._px, self._rank, dst if send is not None else -1, send[1] if send else 0,
                                 self._send_fields, src if recv is not None else -1, recv[1] if recv else 0,
                                 *r, self._bases, self._ready, SPIN_POLLS, SLICE)
         elif send is not None:
@@ -200,7 +178,7 @@ class PointToPoint:
                 self._received_stats(recv[3])
             else:
                 try:
-                    received = self._recv(out, src, recv[1], stage == P2P_RECV_CHECK, t0)
+                    received = self._recv(out, src, recv[1], stage == P2P_RECV_CHECK, t0, path)
                 except BaseException:
                     if send is not None:
                         self._abandon(send)
@@ -213,23 +191,23 @@ class PointToPoint:
             else:
                 sent = self._complete_send(send)
         if t0 is not None:
-            self._ended(op, t0, max(t for t in (sent, received) if t is not None))
+            self._modeling.ended(op, t0, max(t for t in (sent, received) if t is not None))
 
-    def _prepare_send(self, x: np.ndarray, dst: int, t_send: float | None, stage: bool = False) -> tuple:
+    def _prepare_send(self, x: np.ndarray, dst: int, t_send: float | None, path: str, stage: bool = False) -> tuple:
         """Check a send's arguments and fill ``self._send_fields`` with its descriptor (an
         argument the rank rejects is flagged in it, so the receiver raises too); returns what
         ``_complete_send`` waits on. ``stage``: copy ``x`` first (the call's receive writes
         over it)."""
-        if not (isinstance(dst, (int, np.integer)) and 0 <= dst < self.size and dst != self.rank):
-            raise ValueError(f"send: destination {dst!r} is not another rank of this communicator (size {self.size})")
+        if not (isinstance(dst, (int, np.integer)) and 0 <= dst < self._size and dst != self._rank):
+            raise ValueError(f"send: destination {dst!r} is not another rank of this communicator (size {self._size})")
         if stage:
             code, inp, error = self._check_send(x, True)[0]
         else:
-            key = ("send", id(x)) if self._path is self._default_path else None
+            key = ("send", id(x)) if path is self._default_path else None
             code, inp, error = self._prepared.get(key, (x,), self._check_send, x)
         seq = _native.next_seq(self._cx, _native.CX_SENT, dst)
         if error is not None:        # the receiver quotes it (posted below, with the flag)
-            self._rt.ctl.put_reason(self._slot_offs[self.rank] + self._lay.slot_reason(2 + dst), error)
+            self._protocol.put_reason(2 + dst, error)
         aux0 = to_bits(t_send) if t_send is not None else 0
         self._send_fields = _send_descriptor(code, x.size, inp, error is not None, aux0, seq)
         return dst, seq, error, x, t_send
@@ -239,7 +217,7 @@ class PointToPoint:
         the error that rejects the send (reported to both sides after the handshake)."""
         try:
             code = _reduce.dtype_code(x.dtype, "send")
-            inp = self._as_input(x, "send", stage)
+            inp = self._buffers.as_input(x, "send", stage)
         except Exception as e:
             return (0, None, e), False
         held = None if stage else inp.in_place_of(x)
@@ -262,36 +240,35 @@ class PointToPoint:
         done = self._sent_done[dst]
         if not _native.wait_seq_u32(done, seq, SPIN_POLLS, SLICE):
             wait_until(lambda: _native.seq_reached(_native.load_u32(done), seq), done, self._rt.health, f"send to {dst}",
-                       self._rt.config.timeout, lambda: [self.members[dst]],
-                       f"rank {self.members[dst]} to receive")
+                       self._rt.config.timeout, lambda: [self._members[dst]],
+                       f"rank {self._members[dst]} to receive")
         if error is not None:
             raise agreed(error)
         status = _native.load_u32(self._sent_status[dst])
         if status:
             if status == RECV_MISMATCH:
-                raise CollectiveMismatch(f"send: rank {self.members[dst]} posted a recv that does not match this "
+                raise CollectiveMismatch(f"send: rank {self._members[dst]} posted a recv that does not match this "
                                          f"send ({x.size} x {x.dtype}); no data was moved")
-            lay = self._lay
-            reason = self._rt.ctl.reason(self._slot_offs[dst] + lay.slot_reason(2 + lay.world + self.rank))
+            reason = self._protocol.reason(dst, 2 + self._protocol.lay.world + self._rank)
             if status == RECV_REJECTED:
-                raise CollectiveMismatch(f"send: rank {self.members[dst]} rejected its recv arguments: {reason}; "
+                raise CollectiveMismatch(f"send: rank {self._members[dst]} rejected its recv arguments: {reason}; "
                                          f"no data was moved")
-            raise CollectiveMismatch(f"send: rank {self.members[dst]} failed its recv of this send: {reason}")
+            raise CollectiveMismatch(f"send: rank {self._members[dst]} failed its recv of this send: {reason}")
         s = self._rt.stats
         s["calls"]["send"] = s["calls"].get("send", 0) + 1
         if t_send is None:
             return None
         received = us_from_bits(self._rt.ctl.i64[self._send_desc[dst] + F_AUX1])
-        return self._rt.clock.sent(self.members[self.rank], self.members[dst], t_send, received)
+        return self._rt.clock.sent(self._members[self._rank], self._members[dst], t_send, received)
 
-    def _prepare_recv(self, x: np.ndarray, src: int) -> tuple:
+    def _prepare_recv(self, x: np.ndarray, src: int, path: str) -> tuple:
         """Check the receive's source (a bad one raises at once) and take its sequence number;
         returns (src, seq, the native call's receive arguments or None when the common case
         does not apply, the receive's plan)."""
-        if not (isinstance(src, (int, np.integer)) and 0 <= src < self.size and src != self.rank):
-            raise ValueError(f"recv: source {src!r} is not another rank of this communicator (size {self.size})")
+        if not (isinstance(src, (int, np.integer)) and 0 <= src < self._size and src != self._rank):
+            raise ValueError(f"recv: source {src!r} is not another rank of this communicator (size {self._size})")
         seq = _native.next_seq(self._cx, _native.CX_RECEIVED, src)
-        key = ("recv", id(x), src) if self._path is self._default_path else None
+        key = ("recv", id(x), src) if path is self._default_path else None
         native, plan = self._prepared.get(key, (x,), self._check_recv, x, src)
         return src, seq, native, plan
 
@@ -304,13 +281,13 @@ class PointToPoint:
             xf = _flat(x, "recv", "buffer", writable=True)
         except Exception:
             return (None, None), False
-        if self._output(xf) is not xf:
+        if self._buffers.output(xf) is not xf:
             return (None, None), False
         nb = x.nbytes
         plan = None
         if nb:
-            me = self.rank
-            plan = self._phase(("recv", src, nb), lambda: _slices.recv(me, src, nb))
+            me = self._rank
+            plan = self._executor.phase(("recv", src, nb), lambda: _slices.recv(me, src, nb))
         return ((code, x.size, x.itemsize, _native.data_address(xf) if nb else 0,
                  plan.table if plan is not None else None), plan), True
 
@@ -320,7 +297,8 @@ class PointToPoint:
         s = self._rt.stats
         s["calls"]["recv"] = s["calls"].get("recv", 0) + 1
 
-    def _recv(self, x: np.ndarray, src: int, seq: int, arrived: bool, t_recv: float | None) -> float | None:
+    def _recv(self, x: np.ndarray, src: int, seq: int, arrived: bool, t_recv: float | None,
+              path: str) -> float | None:
         """The receive from its wait (or, ``arrived``, from the descriptor's checks); under a
         modeled clock, returns when the pull completes (modeled), having told the sender in
         its descriptor (F_AUX1)."""
@@ -328,45 +306,45 @@ class PointToPoint:
         flag = self._recv_flag[src]
         if not arrived and not _native.wait_seq_u32(flag, seq, SPIN_POLLS, SLICE):
             wait_until(lambda: _native.seq_reached(_native.load_u32(flag), seq), flag, self._rt.health, f"recv from {src}",
-                       self._rt.config.timeout, lambda: [self.members[src]], f"rank {self.members[src]} to send")
+                       self._rt.config.timeout, lambda: [self._members[src]], f"rank {self._members[src]} to send")
         off = self._recv_desc[src]
         d = self._rt.ctl.i64[off:off + P2P_DESC].tolist()
         status, error = 0, None
         try:
             code = _reduce.dtype_code(x.dtype, "recv")
             xf = _flat(x, "recv", "buffer", writable=True)
-            if self._path is not self._default_path:
-                self._check_path(op)
+            if path is not self._default_path:
+                self._executor.check_path(op, path)
             if d[F_FLAGS] & FLAG_REJECTED:
-                reason = self._rt.ctl.reason(self._slot_offs[src] + self._lay.slot_reason(2 + self.rank))
-                error = CollectiveMismatch(f"recv: rank {self.members[src]} rejected its send arguments: {reason}; "
+                reason = self._protocol.reason(src, 2 + self._rank)
+                error = CollectiveMismatch(f"recv: rank {self._members[src]} rejected its send arguments: {reason}; "
                                            f"no data was moved")
             elif d[F_DTYPE] != code or d[F_COUNT] != x.size:
                 status = RECV_MISMATCH
                 error = CollectiveMismatch(
-                    f"recv: rank {self.members[src]} sends {d[F_COUNT]} x "
+                    f"recv: rank {self._members[src]} sends {d[F_COUNT]} x "
                     f"{_reduce.DTYPE_BY_CODE.get(d[F_DTYPE], '?')}, this rank expects {x.size} x {x.dtype}; "
                     f"no data was moved")
             elif x.nbytes:
                 ready = self._ready[src]
                 if ready[0] != d[F_SEG_VA] or ready[1] != d[F_EPOCH]:
-                    self._rt.reg.ensure_ready(self.members[src], d[F_SEG_VA], d[F_SEG_SIZE], d[F_SEG_OFF],
+                    self._rt.reg.ensure_ready(self._members[src], d[F_SEG_VA], d[F_SEG_SIZE], d[F_SEG_OFF],
                                               d[F_EPOCH], op)
                     ready[0], ready[1] = d[F_SEG_VA], d[F_EPOCH]
-                target = self._output(xf)
-                me, nb = self.rank, x.nbytes
+                target = self._buffers.output(xf)
+                me, nb = self._rank, x.nbytes
                 self._bases[IN, src] = d[F_ADDR]
                 self._bases[OUT, me] = _native.data_address(target)
-                for plan in self._phases(("recv", src, nb), lambda: _slices.recv(me, src, nb)):
-                    self._run(op, plan)
-                self._output_done(x, target)
+                for plan in self._executor.phases(("recv", src, nb), lambda: _slices.recv(me, src, nb)):
+                    self._executor.run(op, plan, path)
+                self._buffers.output_done(x, target)
         except Exception as e:
             # the sender quotes it (published below, with the status and the done word)
             status, error = RECV_REJECTED if isinstance(e, (ValueError, TypeError)) else RECV_FAILED, e
-            self._rt.ctl.put_reason(self._slot_offs[self.rank] + self._lay.slot_reason(2 + self._lay.world + src), e)
+            self._protocol.put_reason(2 + self._protocol.lay.world + src, e)
         received = None
         if t_recv is not None:
-            received = self._rt.clock.received(self.members[src], self.members[self.rank], x.nbytes,
+            received = self._rt.clock.received(self._members[src], self._members[self._rank], x.nbytes,
                                                us_from_bits(d[F_AUX0]), t_recv)
             self._rt.ctl.i64[off + F_AUX1] = to_bits(received)
         _native.received(self._recv_status[src], status, self._recv_done[src], seq)

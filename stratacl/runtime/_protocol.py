@@ -17,6 +17,10 @@ a barrier is numbered as this rank arrives at it, so after an error every rank s
 mismatch) the members still agree on the numbers. Python here waits, with the job's health
 checked between sleeps, where native code stopped waiting, and builds the messages.
 
+``Protocol`` is one component of a Communicator (runtime/_comm.py): it owns the slot's words
+and the counts native code keeps (``cx``, ``tally``), and the other components ask it for
+descriptors, extension words and reasons rather than computing slot offsets of their own.
+
 Descriptors are double-buffered by call parity: a rank can only overwrite the slot of call k
 after the arrival barrier of call k+1, which every peer reaches only once it has read call
 k's descriptors.
@@ -33,8 +37,8 @@ from .._errors import CollectiveMismatch
 from ..collectives import _reduce
 from ..collectives._backend import int64_word
 from . import _native
-from ._control import (DESC_FIXED, F_AUX0, F_COUNT, F_DTYPE, F_FLAGS, F_OP, F_REDOP, F_ROOT, FLAG_REJECTED,
-                       Layout)
+from ._control import (DESC_FIXED, EXT_WORDS_EXTRA, F_AUX0, F_COUNT, F_DTYPE, F_FLAGS, F_OP, F_REDOP, F_ROOT,
+                       FLAG_REJECTED, Layout)
 from ._native import T_CALLS, T_NATIVE, T_SYNCS
 from ._sync import SLICE, SPIN_POLLS, wait_until
 from ._work import agreed
@@ -76,110 +80,152 @@ def descriptor(operation: str, dtype: int, count: int, root: int, redop: int, in
 
 
 class Protocol:
-    """Mixin of ``Communicator``: its slot's words and the protocol steps on them."""
+    """A communicator's slot protocol: every member's slot words, the counts native code
+    keeps, and the protocol steps on them (publish, barriers, agreement, the mismatch's
+    message). Given the runtime, the members and their slots, the byte counters native code
+    adds to, and the modeled clock (``Modeling``) whose entering time each descriptor carries.
 
-    def _init_protocol(self, slots: Sequence[int]) -> None:
-        """The slot addresses of every member, and ``_cx``: everything native code needs, as
-        one int64 array (_native.h, CX_*). Needs the byte counters (``_init_execute``)."""
-        rt = self._rt
+    ``cx`` is everything native code needs, as one int64 array (_native.h, CX_*); ``tally``,
+    ``root_calls`` the counts it updates in place; ``lay`` and ``slot_offs`` (every member's
+    slot offset in the control segment) name the other words of a slot (point-to-point, ring
+    steps, a root's departure)."""
+
+    def __init__(self, rt, members: list[int], rank: int, slots: Sequence[int], counters: array.array, modeling):
+        self._rt = rt
+        self._entering_bits = modeling.entering_bits
+        self._members, self._rank, self._size = members, rank, len(members)
+        n = self._size
         lay: Layout = rt.ctl.layout
-        self._lay = lay
+        self.lay = lay
         base = rt.ctl.base
-        self._slot_offs = [lay.slot(m, s) for m, s in zip(self.members, slots)]
-        me = self._slot_offs[self.rank]
-        self._counter_addr = base + self._slot_offs[0] + Layout.SLOT_COUNTER
-        self._gen_addr = base + self._slot_offs[0] + Layout.SLOT_GEN
-        self._arrival_idx = np.array([(o + Layout.SLOT_ARRIVAL) // 4 for o in self._slot_offs])
+        self.slot_offs = [lay.slot(m, s) for m, s in zip(members, slots)]
+        me = self.slot_offs[rank]
+        self._counter_addr = base + self.slot_offs[0] + Layout.SLOT_COUNTER
+        self._gen_addr = base + self.slot_offs[0] + Layout.SLOT_GEN
+        self._arrival_idx = np.array([(o + Layout.SLOT_ARRIVAL) // 4 for o in self.slot_offs])
         self._desc_off = [me + lay.slot_desc(p) for p in (0, 1)]
         self._desc_idx = [np.array([[(o + lay.slot_desc(p)) // 8 + f for f in range(DESC_FIXED)]
-                                    for o in self._slot_offs]) for p in (0, 1)]
-        self._ext_idx = [np.array([[(o + lay.slot_desc(p)) // 8 + DESC_FIXED + f for f in range(2 * self.size)]
-                                   for o in self._slot_offs]) for p in (0, 1)]
-        desc_addrs = [base + o + lay.slot_desc(p) for p in (0, 1) for o in self._slot_offs]
+                                    for o in self.slot_offs]) for p in (0, 1)]
+        self._ext_idx = [np.array([[(o + lay.slot_desc(p)) // 8 + DESC_FIXED + f
+                                    for f in range(2 * n + EXT_WORDS_EXTRA)]
+                                   for o in self.slot_offs]) for p in (0, 1)]
+        desc_addrs = [base + o + lay.slot_desc(p) for p in (0, 1) for o in self.slot_offs]
         # The counts native code updates in place, as int64 words: calls, barriers, whether the
         # native methods may run (T_*); rooted operations per root (the mesh machine's rooted
         # departures); point-to-point sequence numbers per peer. As attributes, each update was
         # a lookup, a new int object and the old one's free, paid per call and rank.
-        self._tally = array.array("q", bytes(8 * _native.T_WORDS))
-        self._tally[T_NATIVE] = int(rt.clock is None)
-        self._root_calls = array.array("q", bytes(8 * self.size))
-        self._sent = array.array("q", bytes(8 * self.size))
-        self._received = array.array("q", bytes(8 * self.size))
-        cx = self._cx = np.zeros(_native.CX_DESC + 2 * self.size, dtype=np.int64)
+        self.tally = array.array("q", bytes(8 * _native.T_WORDS))
+        self.tally[T_NATIVE] = int(rt.clock is None)
+        self.root_calls = array.array("q", bytes(8 * n))
+        self._sent = array.array("q", bytes(8 * n))
+        self._received = array.array("q", bytes(8 * n))
+        cx = self.cx = np.zeros(_native.CX_DESC + 2 * n, dtype=np.int64)
         cx[_native.CX_COUNTER], cx[_native.CX_GEN] = self._counter_addr, self._gen_addr
         cx[_native.CX_ARRIVAL] = base + me + Layout.SLOT_ARRIVAL
-        cx[_native.CX_N], cx[_native.CX_ME] = self.size, self.rank
-        cx[_native.CX_TALLY] = _native.data_address(self._tally)
-        cx[_native.CX_ROOTS] = _native.data_address(self._root_calls)
+        cx[_native.CX_N], cx[_native.CX_ME] = n, rank
+        cx[_native.CX_TALLY] = _native.data_address(self.tally)
+        cx[_native.CX_ROOTS] = _native.data_address(self.root_calls)
         cx[_native.CX_SENT] = _native.data_address(self._sent)
         cx[_native.CX_RECEIVED] = _native.data_address(self._received)
-        cx[_native.CX_COUNTERS] = _native.data_address(self.counters.words)
+        cx[_native.CX_COUNTERS] = _native.data_address(counters)
         cx[_native.CX_BARRIERS] = rt.native_call_word("barrier")
         cx[_native.CX_DESC:] = desc_addrs
 
     # read-only here: native code numbers (see the module docstring)
-    _calls = int64_word("_tally", T_CALLS, "Operations called on this communicator; they number the descriptors.",
-                        writable=False)
-    _syncs = int64_word("_tally", T_SYNCS, "Barriers arrived at (barrier k completes when the counter reaches k "
-                        "times the size).", writable=False)
+    calls = int64_word("tally", T_CALLS, "Operations called on this communicator; they number the descriptors.",
+                       writable=False)
+    syncs = int64_word("tally", T_SYNCS, "Barriers arrived at (barrier k completes when the counter reaches k "
+                       "times the size).", writable=False)
 
-    def _next_parity(self) -> int:
+    def next_parity(self) -> int:
         """The descriptor slot the next call publishes in."""
-        return (self._calls + 1) & 1
+        return (self.calls + 1) & 1
+
+    def descriptors(self, parity: int) -> np.ndarray:
+        """Every member's descriptor of the call of ``parity``, a row each (F_*)."""
+        return self._rt.ctl.i64[self._desc_idx[parity]]
+
+    def descriptor(self, parity: int, i: int) -> np.ndarray:
+        """Member ``i``'s descriptor of the call of ``parity``."""
+        return self._rt.ctl.i64[self._desc_idx[parity][i]]
+
+    def extensions(self, parity: int) -> np.ndarray:
+        """Every member's extension words of the call of ``parity`` (2 N + EXT_WORDS_EXTRA each),
+        a row each."""
+        return self._rt.ctl.i64[self._ext_idx[parity]]
+
+    def words_of(self, i: int, parity: int) -> np.ndarray:
+        """Member ``i``'s descriptor of ``parity`` with its extension words (a view: F_* fields,
+        then from DESC_FIXED the extension)."""
+        off = (self.slot_offs[i] + self.lay.slot_desc(parity)) // 8
+        return self._rt.ctl.i64[off:off + DESC_FIXED + 2 * self._size]
+
+    def publish_extension(self, parity: int, words) -> None:
+        """Write this rank's extension words of its descriptor of ``parity``, from the first."""
+        off = self._desc_off[parity] // 8 + DESC_FIXED
+        self._rt.ctl.i64[off:off + len(words)] = words
+
+    def put_reason(self, which: int, error: BaseException) -> None:
+        """Why this rank rejected its arguments, in its slot's reason ``which`` (Layout.slot_reason)."""
+        self._rt.ctl.put_reason(self.slot_offs[self._rank] + self.lay.slot_reason(which), error)
+
+    def reason(self, i: int, which: int) -> str:
+        """What member ``i`` wrote in its slot's reason ``which``."""
+        return self._rt.ctl.reason(self.slot_offs[i] + self.lay.slot_reason(which))
 
     # --- barriers ---------------------------------------------------------------------------
-    def _sync(self, operation: str) -> None:
+    def sync(self, operation: str) -> None:
         """The next barrier: arrive, then a yielding spin and futex sleeps in native code, then
         waits with health checks here."""
-        k = _native.sync(self._cx, SPIN_POLLS, SLICE)
+        k = _native.sync(self.cx, SPIN_POLLS, SLICE)
         if k < 0:
-            self._wait_barrier(-k, operation)
+            self.wait_barrier(-k, operation)
 
-    def _wait_barrier(self, k: int, operation: str) -> None:
+    def wait_barrier(self, k: int, operation: str) -> None:
         """Barrier k, already arrived at: keep waiting, checking the job's health between sleeps."""
-        target = k * self.size
+        target = k * self._size
         u32 = self._rt.ctl.u32
 
         def missing():
             arr = u32[self._arrival_idx]
-            return [self.members[i] for i in range(self.size) if not _native.seq_reached(int(arr[i]), k)]
+            return [self._members[i] for i in range(self._size) if not _native.seq_reached(int(arr[i]), k)]
 
         counter = self._counter_addr
         wait_until(lambda: _native.load_u64(counter) >= target, self._gen_addr, self._rt.health, operation,
-                   self._rt.config.timeout, missing, f"{self.size} ranks to arrive")
+                   self._rt.config.timeout, missing, f"{self._size} ranks to arrive")
 
-    def _wait_root(self, operation: str, word: int, target: int) -> None:
+    def wait_root(self, operation: str, word: int, target: int) -> None:
         """A root's departure: wait, with health checks, for every reader to have counted itself
         done on ``word`` (in the root's slot) up to ``target``."""
         if not _native.wait_seq_u32(word, target, SPIN_POLLS, SLICE):
             wait_until(lambda: _native.seq_reached(_native.load_u32(word), target), word, self._rt.health,
                        operation, self._rt.config.timeout,
                        list,    # who is late is not recorded; the health check names a dead rank
-                       f"the other {self.size - 1} ranks to finish reading this root's buffer")
+                       f"the other {self._size - 1} ranks to finish reading this root's buffer")
 
     # --- entry: publish, arrive, agree ------------------------------------------------------
-    def _enter(self, operation: str, dtype: int = 0, count: int = 0, root: int = 0, redop: int = 0,
+    def enter(self, operation: str, dtype: int = 0, count: int = 0, root: int = 0, redop: int = 0,
                inp: "_Input | None" = None, aux1: int = 0) -> int:
         """Publish this rank's descriptor of the next call, arrive, wait, compare (one native
         call in the common case); raises on a disagreement. Returns the slot parity."""
         fields = descriptor(operation, dtype, count, root, redop, inp, self._entering_bits(), aux1)
         if log.isEnabledFor(logging.DEBUG):
-            log.debug("%s call %d: %s", operation, self._calls + 1, list(fields))
-        status, parity, k = _native.enter(self._cx, SPIN_POLLS, SLICE, fields)
+            log.debug("%s call %d: %s", operation, self.calls + 1, list(fields))
+        status, parity, k = _native.enter(self.cx, SPIN_POLLS, SLICE, fields)
         if status:
-            self._arrived(operation, parity, k, status)
+            self.arrived(operation, parity, k, status)
         return parity
 
-    def _arrived(self, operation: str, parity: int, k: int, status: int) -> None:
+    def arrived(self, operation: str, parity: int, k: int, status: int) -> None:
         """After an entry's ``status`` 1 (still waiting) or 2 (a disagreement): wait with health
         checks, compare; raises on a disagreement."""
         if status == 1:
-            self._wait_barrier(k, operation)
-            status = 0 if _native.agree(self._cx, parity) else 2
+            self.wait_barrier(k, operation)
+            status = 0 if _native.agree(self.cx, parity) else 2
         if status:
-            self._validate(operation, parity)   # raises
+            self.validate(operation, parity)   # raises
 
-    def _begin(self, operation: str, fields: dict[int, int], error: BaseException | None = None,
+    def begin(self, operation: str, fields: dict[int, int], error: BaseException | None = None,
                ext: np.ndarray | None = None) -> np.ndarray:
         """Publish this rank's descriptor of the next call (``fields`` by F_*, ``ext`` its
         extension words; ``error``: this rank rejected its arguments, raised here after the
@@ -190,37 +236,36 @@ class Protocol:
             desc[f] = v
         if F_AUX0 not in fields and operation != "split" and self._rt.clock is not None:
             desc[F_AUX0] = self._entering_bits()
-        parity = self._next_parity()
+        parity = self.next_parity()
         if error is not None:
             desc[F_FLAGS] = FLAG_REJECTED
-            self._rt.ctl.put_reason(self._slot_offs[self.rank] + self._lay.slot_reason(parity), error)
+            self.put_reason(parity, error)
         if ext is not None:
-            off = self._desc_off[parity] // 8 + DESC_FIXED
-            self._rt.ctl.i64[off:off + ext.size] = ext
+            self.publish_extension(parity, ext)
         if log.isEnabledFor(logging.DEBUG):
-            log.debug("%s call %d: %s", operation, self._calls + 1, desc)
-        status, parity, k = _native.enter(self._cx, SPIN_POLLS, SLICE, tuple(desc))
+            log.debug("%s call %d: %s", operation, self.calls + 1, desc)
+        status, parity, k = _native.enter(self.cx, SPIN_POLLS, SLICE, tuple(desc))
         if status == 1:
-            self._wait_barrier(k, operation)
-            status = 0 if _native.agree(self._cx, parity) else 2
+            self.wait_barrier(k, operation)
+            status = 0 if _native.agree(self.cx, parity) else 2
         if error is not None:
             raise agreed(error)
         if status:
-            self._validate(operation, parity)   # builds the message, raises
-        return self._rt.ctl.i64[self._desc_idx[parity]]
+            self.validate(operation, parity)   # builds the message, raises
+        return self.descriptors(parity)
 
-    def _finish(self, operation: str, departure: bool = True) -> None:
+    def finish(self, operation: str, departure: bool = True) -> None:
         """Departure barrier (unless nobody can still be reading this rank's input), then stats."""
         if departure:
-            self._sync(operation)
+            self.sync(operation)
         s = self._rt.stats
         s["calls"][operation] = s["calls"].get(operation, 0) + 1
 
     # --- a disagreement's message -----------------------------------------------------------
-    def _validate(self, operation: str, parity: int) -> None:
+    def validate(self, operation: str, parity: int) -> None:
         """Raise CollectiveMismatch if the descriptors of slot ``parity`` disagree or one is
         flagged: the rejecting ranks' own errors, or the first field the ranks differ on."""
-        descs = self._rt.ctl.i64[self._desc_idx[parity]]
+        descs = self.descriptors(parity)
         # one vectorised comparison; the message is built only on a mismatch
         if not (descs[:, F_OP:F_FLAGS + 1] != descs[0, F_OP:F_FLAGS + 1]).any() and not descs[0, F_FLAGS]:
             return
@@ -232,18 +277,16 @@ class Protocol:
             if (col != col[0]).any():
                 groups: dict[int, list[int]] = {}
                 for i, v in enumerate(col.tolist()):
-                    groups.setdefault(v, []).append(self.members[i])
+                    groups.setdefault(v, []).append(self._members[i])
                 seen = "; ".join(f"rank(s) {rs}: {_value_name(field, v)}" for v, rs in groups.items())
                 raise CollectiveMismatch(
-                    f"{operation}: ranks disagree on the {label} of call #{self._calls} on this "
+                    f"{operation}: ranks disagree on the {label} of call #{self.calls} on this "
                     f"communicator ({seen}); no data was moved")
 
     def _rejection(self, operation: str, rejected: list[int], parity: int) -> str:
         """The peers' message for members ``rejected`` (indices) having rejected their arguments
         in the call of ``parity``: each one's own error, as it wrote it (Layout.slot_reason)."""
-        ctl, lay = self._rt.ctl, self._lay
-        why = [(self.members[i], ctl.reason(self._slot_offs[i] + lay.slot_reason(parity))
-                or "(see the error raised there)") for i in rejected]
+        why = [(self._members[i], self.reason(i, parity) or "(see the error raised there)") for i in rejected]
         if len(why) == 1:
             return f"{operation}: rank {why[0][0]} rejected its arguments: {why[0][1]}; no data was moved"
         shown = "; ".join(f"rank {r}: {text}" for r, text in why[:4])

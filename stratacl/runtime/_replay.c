@@ -135,7 +135,7 @@ static PyObject *barrier_call(PyObject *self, PyObject *const *args, Py_ssize_t 
 
 /* ---- a prepared sendrecv, replayed --------------------------------------------------------
  * p2p_replay(comm, call) -> None once done, else (stage, send_seq, recv_seq)
- * sendrecv repeated on the same arrays and peers (runtime/_p2p.py, _check_sendrecv): number
+ * sendrecv repeated on the same arrays and peers (runtime/_p2p.py, check_sendrecv): number
  * the send and the receive (the communicator's words at CX_SENT and CX_RECEIVED), then
  * p2p_core, the receive's byte counts and both halves' call counts. A stage other than
  * P2P_DONE is returned with the sequence numbers, for the Python path to go on from.

@@ -176,17 +176,17 @@ def _deferred(self, fn: Callable, body: Callable[[], Any], async_op: bool, path:
     worker = self._worker
     if worker is None and not async_op:
         self._path = self._default_path if path is None else path
-        self._issued_us = clock.entering()
+        self._modeling.issue(clock.entering())
         return body()
     issued = clock.entering() if clock is not None else 0.0
 
     def run(work: Work):
         self._path = self._default_path if path is None else path
-        self._issued_us, self._running = issued, work
+        self._modeling.issue(issued, work)
         return body()
     if worker is None:
         worker = self._start_worker()
-    work = Work(fn.__name__, self._join_work if clock is not None else None)
+    work = Work(fn.__name__, self._modeling.join_work if clock is not None else None)
     if async_op and clock is not None:
         self._rt.track(work)
     worker.submit(fn.__name__, lambda: run(work), work)
