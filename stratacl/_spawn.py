@@ -1,4 +1,4 @@
-"""``stratacl.spawn``: run a function on N ranks through the launcher's supervisor."""
+"""``stratacl.spawn``: run a function on N ranks through the job supervisor (stratacl.jobs)."""
 from __future__ import annotations
 
 import pickle
