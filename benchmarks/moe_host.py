@@ -1,6 +1,6 @@
 """MoE dispatch and combine on this host: stratacl.ep against what a CPU user writes with mpi4py.
 
-    python benchmarks/moe_host.py --repeat 3 -J docs/moe-host-2026-12-02.json   # the table of docs/performance.md
+    python benchmarks/moe_host.py --repeat 3 -w 2 -i 5 -J docs/moe-host-2026-12-02.json   # docs/performance.md's grid
     python benchmarks/moe_host.py --nranks 8 --tokens 128 --hidden 1024 -w 1 -i 3   # a quick look
 
 Per cell (N ranks, tokens per rank, hidden, mode ht|ll) both sides run the same inputs and
@@ -439,13 +439,14 @@ def _names(allowed: tuple):
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--nranks", type=_ints, default=[8, 32])
-    ap.add_argument("--tokens", type=_ints, default=[128, 512, 4096], help="tokens per rank")
-    ap.add_argument("--hidden", type=_ints, default=[1024, 7168])
-    ap.add_argument("--modes", type=_names(MODES), default=list(MODES))
-    ap.add_argument("--ops", type=_names(OPS), default=list(OPS))
-    ap.add_argument("-w", "--warmup", type=int, default=2)
-    ap.add_argument("-i", "--iters", type=int, default=10)
+    ap.add_argument("--nranks", type=_ints, default=[8, 32], help="comma separated (default 8,32)")
+    ap.add_argument("--tokens", type=_ints, default=[128, 512, 4096], help="tokens per rank (default 128,512,4096)")
+    ap.add_argument("--hidden", type=_ints, default=[1024, 7168], help="default 1024,7168")
+    ap.add_argument("--modes", type=_names(MODES), default=list(MODES), help="ht, ll or both (default)")
+    ap.add_argument("--ops", type=_names(OPS), default=list(OPS),
+                    help="timed calls: dispatch, combine or both (default); combine needs a dispatch, untimed")
+    ap.add_argument("-w", "--warmup", type=int, default=2, help="untimed iterations per cell, after the check")
+    ap.add_argument("-i", "--iters", type=int, default=10, help="timed iterations per cell")
     ap.add_argument("--repeat", type=int, default=1, help="runs of both sides; the order alternates")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--memory-budget", type=float, default=0.6 * mem_total() / 2**30,
