@@ -61,6 +61,11 @@ class Hbm:
         self.phys.free(offset, size)
         self.cond.notify_all()
 
+    def awaiting(self) -> tuple[int, int]:
+        """Releases still waiting for peers' acknowledgements: (how many, bytes)."""
+        with self.cond:
+            return len(self._awaiting), sum(size for _, size, _ in self._awaiting.values())
+
     @property
     def awaiting_bytes(self) -> int:
         with self.cond:

@@ -178,13 +178,11 @@ class Runtime:
             return self._next_slot - 1
 
     def own_segment(self, addr: int, nbytes: int):
-        """The segment of this rank's HBM holding [addr, addr + nbytes), or None."""
+        """What descriptors name for [addr, addr + nbytes) of this rank's HBM, or None if the
+        range is not in this rank's mapped HBM."""
         if self.window.owner(addr) != self.rank:
             return None
-        seg = self.allocator.segment_of(addr)
-        if seg is None or addr + nbytes > seg.va + seg.size:
-            return None
-        return seg
+        return self.allocator.registration_of(addr, nbytes)
 
     def empty(self, shape, dtype) -> np.ndarray:
         dtype = np.dtype(dtype)

@@ -103,6 +103,11 @@ class RegistrationUnit:
         self.counters = dict(published=0, background_maps=0, background_unmaps=0, acks_received=0,
                              ready_checks=0, ready_waits=0, ready_wait_ns=0,
                              registrations_in_operator=0, registration_in_operator_ns=0)
+        # this rank as an owner: its registrations (segments or the pool) and their bytes
+        self.owned = dict(registered=0, registered_peak=0, registrations=0, deregistrations=0,
+                          registered_bytes=0, registered_bytes_peak=0, registered_bytes_total=0,
+                          deregistered_bytes_total=0, announced=0)
+        self._sent = 0                       # REGISTERs the background thread has posted (its counter)
 
     # --- lifecycle --------------------------------------------------------------------------
     def start(self) -> None:
@@ -121,17 +126,36 @@ class RegistrationUnit:
         self.pool_bytes = pool_bytes
         for owner in range(self.world):
             self.window.map(self.window.slice_start(owner), pool_bytes, self.hbm_fds[owner], 0)
+        self._count_owned(pool_bytes, 1)
+
+    def _count_owned(self, nbytes: int, registrations: int) -> None:
+        o = self.owned
+        o["registered"] += registrations
+        o["registered_bytes"] += nbytes
+        if registrations > 0:
+            o["registrations"] += registrations
+            o["registered_bytes_total"] += nbytes
+            o["registered_peak"] = max(o["registered_peak"], o["registered"])
+            o["registered_bytes_peak"] = max(o["registered_bytes_peak"], o["registered_bytes"])
+        else:
+            o["deregistrations"] -= registrations
+            o["deregistered_bytes_total"] -= nbytes
 
     # --- interception layer (called by the allocator, on physical events only) --------------
     def segment_mapped(self, seg) -> None:
+        if self.mode == "pool":
+            return                       # inside the pre-registered pool: not a registration
+        self._count_owned(seg.size, 1)
         if self.mode != "roa":
             return
+        self.owned["announced"] += 1
         self._publish(MSG_REGISTER, seg)
 
     def segment_released(self, seg) -> None:
         if self.mode == "pool":
             self.hbm.release_after_acks(seg.epoch, seg.hbm_offset, seg.size, set())
             return
+        self._count_owned(-seg.size, -1)
         peers = {p for p in range(self.world) if p != self.rank and self._peer_alive(p)}
         self.hbm.release_after_acks(seg.epoch, seg.hbm_offset, seg.size, peers)
         self._publish(MSG_RELEASE, seg)
@@ -176,6 +200,8 @@ class RegistrationUnit:
         while self._requests:
             kind, va, size, off, epoch, t = self._requests.popleft()
             did = True
+            if kind == MSG_REGISTER:
+                self._sent += 1
             if self.path == "relay":
                 self.mailbox.post(self.world, (pack_header(kind, self.rank, broadcast), self.rank, epoch, va,
                                                size, off, t, 0))
@@ -325,6 +351,27 @@ class RegistrationUnit:
         out["mode"], out["metadata_path"] = self.mode, self.path
         out["peer_segments_mapped"] = sum(len(t) for t in self._mapped)
         return out
+
+    def memory_stats(self) -> dict[str, int]:
+        """This rank's registrations as an owner, under memory_stats' names: registered bytes and
+        registrations (current, peak, and in total: allocated = registered, freed = deregistered),
+        and what is still in flight: registrations queued for peers (roa) and releases whose
+        peers have not all acknowledged."""
+        o = self.owned
+        count, nbytes = self.hbm.awaiting() if self.hbm is not None else (0, 0)
+        return {"registered_bytes.all.current": o["registered_bytes"],
+                "registered_bytes.all.peak": o["registered_bytes_peak"],
+                "registered_bytes.all.allocated": o["registered_bytes_total"],
+                "registered_bytes.all.freed": o["deregistered_bytes_total"],
+                "registration.all.current": o["registered"], "registration.all.peak": o["registered_peak"],
+                "registration.all.allocated": o["registrations"], "registration.all.freed": o["deregistrations"],
+                "num_registrations": o["registrations"], "num_deregistrations": o["deregistrations"],
+                "registrations_in_flight": o["announced"] - self._sent,
+                "deregistrations_in_flight": count, "deregistration_in_flight_bytes": nbytes}
+
+    def reset_peak(self) -> None:
+        o = self.owned
+        o["registered_peak"], o["registered_bytes_peak"] = o["registered"], o["registered_bytes"]
 
 
 # This process's unit while it is in a job: the runtime activates it in init() and clears it
