@@ -31,8 +31,8 @@ def memory_stats() -> dict[str, Any]:
     """This rank's HBM allocator statistics under ``torch.cuda.memory_stats()``'s names
     (``allocated_bytes.all.current``, ``reserved_bytes.large_pool.peak``, ``num_ooms``, ...),
     plus its registrations as an owner (``registered_bytes.all.current``,
-    ``deregistrations_in_flight``, ...). The allocator's keys are described in
-    stratacl/runtime/_memstats.py. Local: no peer is involved."""
+    ``num_chunk_registrations``, ``deregistrations_in_flight``, ...). Every key is described in
+    docs/memory.md. Local: no peer is involved."""
     rt = _runtime()
     out = rt.allocator.stats()
     out.update(rt.reg.memory_stats())
@@ -43,11 +43,14 @@ def memory_summary() -> str:
     """A table of ``memory_stats()``, as ``torch.cuda.memory_summary()`` prints. Local."""
     rt = _runtime()
     a = rt.allocator
-    kind = a.kind
+    kind = a.kind + (f" (chunks of {_fmt(a.chunk)})" if a.kind == "expandable" else "")
+    if a.kind == "caching" and rt.config.allocator == "expandable":
+        kind += " (registration=pool rules out expandable)"
     s = memory_stats()
     notes = [f"allocator: {kind}", f"registration: {rt.config.registration}; HBM capacity {_fmt(a.hbm.capacity)}",
              f"registered: {_fmt(s['registered_bytes.all.current'])} now, {_fmt(s['registered_bytes.all.peak'])} "
-             f"at peak", f"registrations: {s['num_registrations']}, deregistrations: {s['num_deregistrations']}",
+             f"at peak", f"registrations: {s['num_registrations']} ({s['num_chunk_registrations']} chunks), "
+             f"deregistrations: {s['num_deregistrations']}",
              f"in flight: {s['registrations_in_flight']} registrations to send, "
              f"{s['deregistrations_in_flight']} releases awaiting peers ({_fmt(s['deregistration_in_flight_bytes'])})"]
     return _memstats.summary(s, f"StrataCL HBM memory summary, rank {rt.rank}", notes)
@@ -67,8 +70,8 @@ def reset_accumulated_memory_stats() -> None:
 
 
 def empty_cache() -> int:
-    """Unmap every cached HBM segment no array uses; returns the bytes released. Peers unmap
-    them in the background."""
+    """Unmap every cached HBM segment (caching) or chunk (expandable) no array uses; returns the
+    bytes released. Peers unmap them in the background."""
     return _runtime().allocator.empty_cache()
 
 

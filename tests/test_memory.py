@@ -30,7 +30,7 @@ def caching(comm):
 
 
 def test_caching_allocator_maps_only_on_a_miss():
-    (m0, m1, m2, m3, reused, released, rel, allocated, zeroed), = stratacl.spawn(caching, 1)
+    (m0, m1, m2, m3, reused, released, rel, allocated, zeroed), = stratacl.spawn(caching, 1, allocator="caching")
     assert (m1 - m0, m2 - m1, m3 - m2) == (1, 0, 1)
     assert reused and zeroed
     assert released == 20 * MiB and rel == 1    # the 3 MiB request's 20 MiB segment went back

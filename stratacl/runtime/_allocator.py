@@ -10,11 +10,15 @@
     empty_cache() / OOM retry: wholly free memory is unmapped
                                   +--> interception.segment_released(seg | chunk)
 
-``HbmAllocator`` holds what allocators share: blocks, pools, best fit, statistics.
-``CachingAllocator``: a miss maps a new fixed segment, sized as torch sizes them: 2 MiB for
-requests of at most 1 MiB (the small pool), 20 MiB for requests under 10 MiB, the request
-rounded up to 2 MiB above. A free block is only reused for requests it can hold; a segment is
-unmapped when wholly free.
+Two allocators share the blocks, pools and statistics (``HbmAllocator``), as torch's caching
+allocator does with and without ``expandable_segments``:
+
+- ``CachingAllocator`` (``allocator=caching``, and always with ``registration=pool``): a miss
+  maps a new fixed segment, sized as torch sizes them: 2 MiB for requests of at most 1 MiB (the
+  small pool), 20 MiB for requests under 10 MiB, the request rounded up to 2 MiB above. A free
+  block is only reused for requests it can hold; a segment is unmapped when wholly free.
+- ``ExpandableAllocator`` (``_expandable.py``, ``allocator=expandable``): each pool reserves an
+  address range and maps chunks of HBM into it as it grows.
 
 Requests are rounded up to 512 B; requests of at most 1 MiB come from the small pool, larger
 ones from the large pool. ``memory_stats()`` keys: ``_memstats.py``.

@@ -15,12 +15,15 @@ What each stat counts here:
 - ``allocated_bytes`` / ``active_bytes``: bytes of live blocks (requests rounded up to 512 B);
   ``active`` equals ``allocated`` since there are no streams to wait for. ``requested_bytes``:
   the bytes asked for. ``allocation`` / ``active``: live blocks.
-- ``reserved_bytes``: HBM mapped by the allocator (its segments). ``segment``: its segments.
+- ``reserved_bytes``: HBM mapped by the allocator: its segments (caching) or its mapped chunks
+  (expandable). ``segment``: fixed segments (caching); for the expandable allocator the pools'
+  ranges that have at least one chunk mapped (torch counts an expandable segment once too).
 - ``inactive_split_bytes``: free bytes that ``empty_cache()`` cannot give back, because they
-  share a segment with a live block: torch's "inactive, split".
-- ``mapping``: physical mappings (segments); every one is a registration event.
-  ``num_device_alloc`` / ``num_device_free`` count them as they are made and released, as torch
-  counts cudaMalloc and cudaFree.
+  share a segment (caching) or a chunk (expandable) with a live block. For a caching segment
+  this is torch's "inactive, split" exactly (torch leaves expandable segments out of it).
+- ``mapping``: physical mappings: segments (caching) or chunks (expandable); every one is a
+  registration event. ``num_device_alloc`` / ``num_device_free`` count them as they are made
+  and released, as torch counts cudaMalloc / cuMemMap and cudaFree / cuMemUnmap.
 - ``num_alloc_retries``: allocations that had to release the cache and try again;
   ``num_ooms``: allocations that failed with OutOfMemory.
 """
