@@ -171,13 +171,14 @@ def first_use_rank(comm, sizes: list[int], iters: int, gap: tuple[str, float, in
                 wall_per_round=(time.perf_counter() - wall0) / rounds)
 
 
-def broadcast_rank(comm, count: int, timeout: float) -> list:
+def broadcast_rank(comm, count: int, timeout: float, keep: list | None = None) -> list:
     """Part B in one rank: allocation k is made by rank k % N; returns this rank's
-    (owner, recv_ns, mapped_ns) records, in arrival order."""
+    (owner, recv_ns, mapped_ns) records, in arrival order. The allocations go into ``keep``
+    (if given), so that the caller can hold them beyond the call."""
     from stratacl.runtime._world import runtime
     reg = runtime().reg
     n, me = comm.size, comm.rank
-    keep = []                                      # kept alive: no RELEASE traffic during the run
+    keep = [] if keep is None else keep            # kept alive: no RELEASE traffic during the run
     comm.barrier()
     reg.latencies.clear()
     base = reg.counters["background_maps"]

@@ -32,6 +32,9 @@ from ._arrays import empty as empty
 from ._arrays import empty_cache as empty_cache
 from ._arrays import empty_like as empty_like
 from ._arrays import memory_stats as memory_stats
+from ._arrays import memory_summary as memory_summary
+from ._arrays import reset_accumulated_memory_stats as reset_accumulated_memory_stats
+from ._arrays import reset_peak_memory_stats as reset_peak_memory_stats
 from ._arrays import stats as stats
 from ._arrays import zeros as zeros
 from ._config import Config as Config
@@ -62,7 +65,8 @@ __all__ = [
     "Estimate", "NotInitialized", "OutOfMemory", "PeerFailure", "RankFailure", "RegistrationError", "SETTINGS",
     "StrataError", "TooManyCommunicators",
     "config", "empty", "empty_cache", "empty_like", "ep", "estimate", "finalize", "init", "is_initialized",
-    "memory_stats", "spawn", "stats", "ub", "zeros",
+    "memory_stats", "memory_summary", "reset_accumulated_memory_stats", "reset_peak_memory_stats", "spawn",
+    "stats", "ub", "zeros",
 ]
 
 

@@ -5,6 +5,7 @@ from typing import Any
 
 import numpy as np
 
+from .runtime import _allocator, _memstats
 from .runtime._world import NATIVE_CALLS
 from .runtime._world import runtime as _runtime
 
@@ -27,13 +28,55 @@ def empty_like(a: np.ndarray, dtype=None) -> np.ndarray:
 
 
 def memory_stats() -> dict[str, Any]:
-    """Caching-allocator counters of this rank (bytes held by arrays, cached, segments mapped...)."""
-    return _runtime().allocator.stats()
+    """This rank's HBM allocator statistics under ``torch.cuda.memory_stats()``'s names
+    (``allocated_bytes.all.current``, ``reserved_bytes.large_pool.peak``, ``num_ooms``, ...),
+    plus its registrations as an owner (``registered_bytes.all.current``,
+    ``num_chunk_registrations``, ``deregistrations_in_flight``, ...). Every key is described in
+    docs/memory.md. Local: no peer is involved."""
+    rt = _runtime()
+    out = rt.allocator.stats()
+    out.update(rt.reg.memory_stats())
+    return out
+
+
+def memory_summary() -> str:
+    """A table of ``memory_stats()``, as ``torch.cuda.memory_summary()`` prints. Local."""
+    rt = _runtime()
+    a = rt.allocator
+    kind = a.kind + (f" (chunks of {_fmt(a.chunk)})" if a.kind == "expandable" else "")
+    if a.kind == "caching" and rt.config.allocator == "expandable":
+        kind += " (registration=pool rules out expandable)"
+    s = memory_stats()
+    notes = [f"allocator: {kind}", f"registration: {rt.config.registration}; HBM capacity {_fmt(a.hbm.capacity)}",
+             f"registered: {_fmt(s['registered_bytes.all.current'])} now, {_fmt(s['registered_bytes.all.peak'])} "
+             f"at peak", f"registrations: {s['num_registrations']} ({s['num_chunk_registrations']} chunks), "
+             f"deregistrations: {s['num_deregistrations']}",
+             f"in flight: {s['registrations_in_flight']} registrations to send, "
+             f"{s['deregistrations_in_flight']} releases awaiting peers ({_fmt(s['deregistration_in_flight_bytes'])})"]
+    return _memstats.summary(s, f"StrataCL HBM memory summary, rank {rt.rank}", notes)
+
+
+def reset_peak_memory_stats() -> None:
+    """Set every ``*.peak`` of ``memory_stats()`` to its current value. Local."""
+    rt = _runtime()
+    rt.allocator.reset_peak()
+    rt.reg.reset_peak()
+
+
+def reset_accumulated_memory_stats() -> None:
+    """Zero the accumulated ``*.allocated`` / ``*.freed`` fields, ``num_alloc_retries`` and
+    ``num_ooms`` of the allocator's statistics. Local."""
+    _runtime().allocator.reset_accumulated()
 
 
 def empty_cache() -> int:
-    """Release every cached HBM segment no array uses; returns the bytes released."""
+    """Unmap every cached HBM segment (caching) or chunk (expandable) no array uses; returns the
+    bytes released. Peers unmap them in the background."""
     return _runtime().allocator.empty_cache()
+
+
+def _fmt(n: int) -> str:
+    return _allocator.fmt_bytes(n)
 
 
 def stats() -> dict[str, Any]:
@@ -49,7 +92,7 @@ def stats() -> dict[str, Any]:
     out["bytes_local"] = sum(k.local for k in c)
     out["output_bytes_written"] = sum(k.written for k in c)
     out["registration"] = rt.reg.stats()
-    out["memory"] = rt.allocator.stats()
+    out["memory"] = memory_stats()
     if rt.config.clock != "off":
         out["clock"] = rt.clock.stats()
     if rt.sdma is not None:

@@ -27,6 +27,14 @@ def parse_size(text: str | int) -> int:  # noqa: D401
     return int(value * 1024 ** " kmgt".index(unit or " "))
 
 
+def parse_chunk_size(text: str | int) -> int:
+    """A size that is a positive multiple of 4 KiB (what can be mapped on its own)."""
+    n = parse_size(text)
+    if n <= 0 or n % 4096:
+        raise ConfigError(f"expected a positive multiple of 4K (4096 bytes), got {text!r}")
+    return n
+
+
 def _choice(*allowed: str) -> Callable[[str], str]:
     def parse(text: str) -> str:
         v = str(text).strip().lower()
@@ -76,7 +84,7 @@ class Setting:
 
     @property
     def type_name(self) -> str:
-        names = {"parse_size": "size", "_float": "float", "_int": "int", "_bool": "bool", "str": "str"}
+        names = {"parse_size": "size", "parse_chunk_size": "size", "_float": "float", "_int": "int", "_bool": "bool", "str": "str"}
         name = getattr(self.parse, "__name__", "str")
         return names.get(name, name)
 
@@ -118,6 +126,14 @@ SETTINGS: tuple[Setting, ...] = (
             "or relayed by the bootstrap daemon."),
     Setting("pool_size", parse_size, 0, "--pool-size",
             "Size of the pre-registered region in `pool` mode; 0 means the whole HBM."),
+    Setting("allocator", _choice("expandable", "caching"), "expandable", "--allocator",
+            "How a rank's HBM allocator gets memory, as PyTorch's with and without `expandable_segments`: "
+            "`expandable` (each pool reserves an address range and maps `chunk_size` chunks of HBM into it as "
+            "it grows; each chunk mapped is registered on its own) or `caching` (fixed segments, cached). "
+            "`pool` registration always uses `caching`."),
+    Setting("chunk_size", parse_chunk_size, 2 * 1024**2, "--chunk-size",
+            "Granularity of the `expandable` allocator: HBM is mapped, registered and released in chunks "
+            "of this size (a multiple of 4K)."),
     Setting("tag_output", _bool, False, "--tag-output",
             "Prefix every line a rank prints with `[rank]`."),
     Setting("debug", _choice("off", "info", "detail"), "off", None,
@@ -200,8 +216,9 @@ def settings_table() -> str:
             "|---|---|---|---|---|---|"]
     for s in SETTINGS:
         default = s.default
-        if s.name in ("hbm_size", "pool_size") and default:
-            default = f"{default // 1024**3}G"
+        if s.type_name == "size" and default:
+            unit = next(u for u in "GMK" if default % 1024 ** (" KMG".index(u)) == 0)
+            default = f"{default // 1024 ** ' KMG'.index(unit)}{unit}"
         elif s.name == "va_base":
             default = hex(default)
         rows.append(f"| `{s.name}` | {f'`{s.flag}`' if s.flag else '-'} | `{s.env}` | {s.type_name} | "

@@ -110,10 +110,10 @@ def changed_in_place(comm):
         log.append(bool((w == n - 1).all()))
         # the remembered call holds no reference: the array dies, its HBM goes back
         ref = weakref.ref(x)
-        allocated = stratacl.memory_stats()["allocated_bytes"]
+        allocated = stratacl.memory_stats()["allocated_bytes.all.current"]
         del x
         gc.collect()
-        log.append(ref() is None and stratacl.memory_stats()["allocated_bytes"] < allocated)
+        log.append(ref() is None and stratacl.memory_stats()["allocated_bytes.all.current"] < allocated)
         # a new array, possibly at the dead one's id and address
         z = stratacl.empty((count,), np.float32)
         z[:] = me + 2

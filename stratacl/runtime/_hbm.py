@@ -1,6 +1,7 @@
 """A rank's HBM: one sparse POSIX shared-memory segment and its physical ranges.
 
-Physical ranges are carved page-granular (2 MiB) out of the segment. A released range is not
+Physical ranges are carved out of the segment at a granularity (2 MiB pages for the caching
+allocator, the chunk size for the expandable one). A released range is not
 reused until every peer has acknowledged dropping its mapping of it (``release_after_acks``):
 otherwise a peer still holding the old mapping could read bytes of a new owner. Released
 pages are punched out of the segment so the host gets the memory back.
@@ -10,15 +11,13 @@ from __future__ import annotations
 import threading
 
 from . import _native
-from ._window import RangeAllocator
+from ._window import PAGE, RangeAllocator
 
 
 class Hbm:
-    def __init__(self, rank: int, fd: int, capacity: int, reserved: int = 0):
+    def __init__(self, rank: int, fd: int, capacity: int, granularity: int = PAGE):
         self.rank, self.fd, self.capacity = rank, fd, capacity
-        self.phys = RangeAllocator(0, capacity)
-        if reserved:
-            self.phys.alloc(reserved)
+        self.phys = RangeAllocator(0, capacity, granularity)
         self._awaiting: dict[int, tuple[int, int, set]] = {}   # epoch -> (offset, size, peers yet to ack)
         self.cond = threading.Condition()
 
@@ -60,6 +59,22 @@ class Hbm:
         _native.punch_hole(self.fd, offset, size)
         self.phys.free(offset, size)
         self.cond.notify_all()
+
+    def is_awaiting(self, epoch: int) -> bool:
+        """True while the release ``epoch`` waits for some peer's acknowledgement."""
+        with self.cond:
+            return epoch in self._awaiting
+
+    @property
+    def free_bytes(self) -> int:
+        """HBM free for a new allocation now (released ranges count once acknowledged)."""
+        with self.cond:
+            return self.phys.length - self.phys.used
+
+    def awaiting(self) -> tuple[int, int]:
+        """Releases still waiting for peers' acknowledgements: (how many, bytes)."""
+        with self.cond:
+            return len(self._awaiting), sum(size for _, size, _ in self._awaiting.values())
 
     @property
     def awaiting_bytes(self) -> int:

@@ -31,8 +31,10 @@ def prefix(job_id: str) -> str:
 
 
 def slice_bytes_for(hbm_size: int) -> int:
-    """Address space per rank: twice the HBM, so freed addresses can be reused independently."""
-    return 2 * round_up(hbm_size, PAGE)
+    """Address space per rank: four times the HBM, so freed addresses can be reused
+    independently of the HBM behind them, and each pool of the expandable allocator can reserve
+    twice the HBM (runtime/_expandable.py)."""
+    return 4 * round_up(hbm_size, PAGE)
 
 
 def _create(name: str, size: int) -> int:

@@ -30,6 +30,7 @@ from ..ub import _registration
 from ..ub._registration import RegistrationUnit
 from . import _native
 from ._allocator import CachingAllocator, array_from_block
+from ._expandable import ExpandableAllocator
 from ._buffers import EAGER_BYTES
 from ._comm import Communicator
 from ._control import (COMM_SLOTS, H_HBM_SIZE, H_MAGIC, H_SLICE, H_VA_BASE, MAGIC, STATE_FINALIZED,
@@ -70,9 +71,19 @@ class Runtime:
         capacity = ctl.header(H_HBM_SIZE)
         # staged: communication buffers are ordinary allocations, registered on allocation
         mode = "roa" if config.registration == "staged" else config.registration
+        # a pre-registered pool has static mappings: only the caching allocator fits in it
+        expandable = config.allocator == "expandable" and config.registration != "pool"
+        chunk = config.chunk_size if expandable else 0
+        table_offset = 0
+        if expandable:
+            # the chunk table peers read sits at the end of the HBM segment, out of the allocator's reach
+            table_offset = (capacity - RegistrationUnit.table_bytes(self.window.slice_bytes, chunk)) // chunk * chunk
+            if table_offset < chunk:
+                raise BootstrapError(f"rank {rank}: HBM of {capacity} B holds no chunk of {chunk} B besides the "
+                                     f"chunk table; lower STRATACL_CHUNK_SIZE or raise STRATACL_HBM_SIZE")
         self.reg = RegistrationUnit(rank, world, ctl, Mailbox(ctl, rank), self.window, hbm_fds, mode,
                                     config.metadata_path, self.health.check, config.timeout,
-                                    self.own_segment)
+                                    self.own_segment, chunk, table_offset)
         pool_va = None
         if config.registration == "pool":
             pool = round_up(config.pool_size or capacity)
@@ -80,9 +91,13 @@ class Runtime:
                 raise BootstrapError(f"pool size {pool} exceeds the HBM capacity {capacity}")
             self.reg.map_pools(pool)
             capacity, pool_va = pool, self.window.slice_start(rank)
-        self.hbm = Hbm(rank, hbm_fds[rank], capacity)
+        if expandable:
+            self.hbm = Hbm(rank, hbm_fds[rank], table_offset, chunk)
+            self.allocator = ExpandableAllocator(rank, self.window, self.hbm, self.reg, chunk)
+        else:
+            self.hbm = Hbm(rank, hbm_fds[rank], capacity)
+            self.allocator = CachingAllocator(rank, self.window, self.hbm, self.reg, pool_va)
         self.reg.hbm = self.hbm
-        self.allocator = CachingAllocator(rank, self.window, self.hbm, self.reg, pool_va)
         self.stats: dict[str, Any] = dict(calls={}, bytes_staged=0, staged_calls=0, bytes_eager=0)
         # calls completed by the native methods, one int64 word per NATIVE_CALLS name, added to
         # stats()["calls"]: a count in the dict is a new int object per call
@@ -178,13 +193,11 @@ class Runtime:
             return self._next_slot - 1
 
     def own_segment(self, addr: int, nbytes: int):
-        """The segment of this rank's HBM holding [addr, addr + nbytes), or None."""
+        """What descriptors name for [addr, addr + nbytes) of this rank's HBM (a segment, a chunk
+        or a run of chunks), or None if the range is not in this rank's mapped HBM."""
         if self.window.owner(addr) != self.rank:
             return None
-        seg = self.allocator.segment_of(addr)
-        if seg is None or addr + nbytes > seg.va + seg.size:
-            return None
-        return seg
+        return self.allocator.registration_of(addr, nbytes)
 
     def empty(self, shape, dtype) -> np.ndarray:
         dtype = np.dtype(dtype)

@@ -19,6 +19,17 @@ background and ACKs; the physical range is reused only after every ACK (see ``Hb
 ``jit`` maps a peer buffer on first use inside the operator (synchronous, on the critical path,
 cached afterwards). ``pool`` maps one pre-registered region of every peer at start-up.
 
+With the expandable allocator (``chunk`` > 0) every registration is one chunk of HBM
+(runtime/_expandable.py): a growth of N chunks is N registrations, each announced on its own
+(incremental registration on remap), and a descriptor may name a run of chunks (a block that
+straddles them), which a peer maps chunk by chunk. Where each chunk's HBM is, the owner writes
+in its chunk table (one int64 per chunk-sized slot of its address slice, HBM offset + 1, 0 when
+unmapped) at the end of its HBM segment before the chunk can appear in any descriptor; a peer
+reads it for the chunks of a run it has not mapped (jit's first use, roa's late ones). An owner
+reuses a chunk's address and HBM only after every peer has acknowledged its release, so a
+chunk mapped here is the owner's current one: readiness is "every chunk of the run is mapped
+here", and the epoch only tells runs apart.
+
 The unit is the fabric's and reads no runtime internals: the runtime builds it with what it
 needs (the control segment, a mailbox endpoint, the shadow address window, the peers' HBM
 descriptors; the protocols below say which methods are used) and activates it while the
@@ -28,6 +39,7 @@ the mailbox only carries them.
 from __future__ import annotations
 
 import collections
+import mmap
 import threading
 import time
 from typing import Callable, Protocol
@@ -69,6 +81,8 @@ class MailboxEndpoint(Protocol):
 class AddressWindow(Protocol):
     """The shadow virtual-address window (runtime._window.ShadowWindow)."""
 
+    slice_bytes: int
+
     def slice_start(self, rank: int) -> int: ...
     def owner(self, va: int) -> int: ...
     def map(self, va: int, size: int, fd: int, offset: int, writable: bool = True) -> None: ...
@@ -80,20 +94,31 @@ class RegistrationUnit:
     """This rank's registration unit; also the allocator's interception layer.
 
     ``own_segment(addr, nbytes)``: this rank's allocated segment holding the range, or None
-    (the allocator's answer, for ``view`` of an own address)."""
+    (the allocator's answer, for ``view`` of an own address). ``chunk``: the expandable
+    allocator's chunk size (every registration is one chunk), or 0 (fixed segments);
+    ``table_offset``: where the chunk table starts in every rank's HBM segment."""
 
     def __init__(self, rank: int, world: int, ctl: ControlSegment, mailbox: MailboxEndpoint,
                  window: AddressWindow, hbm_fds: list[int], mode: str, path: str,
                  check_job: Callable[[str, list[int]], None], timeout: float,
-                 own_segment: Callable[[int, int], object]):
+                 own_segment: Callable[[int, int], object], chunk: int = 0, table_offset: int = 0):
         self.rank, self.world, self.ctl, self.window = rank, world, ctl, window
-        self.hbm_fds, self.mode, self.path = hbm_fds, mode, path
+        self.hbm_fds, self.mode, self.path, self.chunk = hbm_fds, mode, path, chunk
         self.check_job, self.timeout, self.own_segment = check_job, timeout, own_segment
         self.hbm = None                      # set by the runtime once HBM exists
         self.pool_bytes = 0
         self.mailbox = mailbox
         self.cond = threading.Condition()
         self._mapped: list[dict[int, tuple[int, int]]] = [dict() for _ in range(world)]  # owner -> va -> (epoch, size)
+        # chunk mode: (va, epoch) of runs found wholly mapped here, per owner (cleared on its releases)
+        self._runs_ready: list[set] = [set() for _ in range(world)]
+        self._tables: list[np.ndarray] = []       # chunk mode: every rank's chunk table
+        if chunk:
+            entries = window.slice_bytes // chunk
+            for owner in range(world):
+                prot = mmap.PROT_READ | (mmap.PROT_WRITE if owner == rank else 0)
+                m = mmap.mmap(hbm_fds[owner], entries * 8, flags=mmap.MAP_SHARED, prot=prot, offset=table_offset)
+                self._tables.append(np.frombuffer(m, dtype=np.int64))
         self._processed = [0] * world      # metadata messages handled per owner
         self._requests: collections.deque = collections.deque()
         self._stop = False
@@ -103,6 +128,11 @@ class RegistrationUnit:
         self.counters = dict(published=0, background_maps=0, background_unmaps=0, acks_received=0,
                              ready_checks=0, ready_waits=0, ready_wait_ns=0,
                              registrations_in_operator=0, registration_in_operator_ns=0)
+        # this rank as an owner: its registrations (segments, chunks or the pool) and their bytes
+        self.owned = dict(registered=0, registered_peak=0, registrations=0, deregistrations=0,
+                          registered_bytes=0, registered_bytes_peak=0, registered_bytes_total=0,
+                          deregistered_bytes_total=0, chunk_registrations=0, announced=0)
+        self._sent = 0                       # REGISTERs the background thread has posted (its counter)
 
     # --- lifecycle --------------------------------------------------------------------------
     def start(self) -> None:
@@ -115,23 +145,56 @@ class RegistrationUnit:
         if self._thread is not None:
             self.mailbox.ring_own_doorbell()
             self._thread.join(timeout=5.0)
+        self._tables = []
+
+    @staticmethod
+    def table_bytes(slice_bytes: int, chunk: int) -> int:
+        """The size of a chunk table (one int64 per chunk of an address slice), in whole pages."""
+        return -(-(slice_bytes // chunk * 8) // mmap.PAGESIZE) * mmap.PAGESIZE
+
+    def _table_slot(self, owner: int, va: int) -> int:
+        return (va - self.window.slice_start(owner)) // self.chunk
 
     def map_pools(self, pool_bytes: int) -> None:
         """``pool`` mode: every peer's whole pre-registered region, mapped once at start-up."""
         self.pool_bytes = pool_bytes
         for owner in range(self.world):
             self.window.map(self.window.slice_start(owner), pool_bytes, self.hbm_fds[owner], 0)
+        self._count_owned(pool_bytes, 1)
+
+    def _count_owned(self, nbytes: int, registrations: int) -> None:
+        o = self.owned
+        o["registered"] += registrations
+        o["registered_bytes"] += nbytes
+        if registrations > 0:
+            o["registrations"] += registrations
+            o["registered_bytes_total"] += nbytes
+            o["registered_peak"] = max(o["registered_peak"], o["registered"])
+            o["registered_bytes_peak"] = max(o["registered_bytes_peak"], o["registered_bytes"])
+        else:
+            o["deregistrations"] -= registrations
+            o["deregistered_bytes_total"] -= nbytes
 
     # --- interception layer (called by the allocator, on physical events only) --------------
     def segment_mapped(self, seg) -> None:
+        if self.mode == "pool":
+            return                       # inside the pre-registered pool: not a registration
+        self._count_owned(seg.size, 1)
+        if self.chunk:
+            self.owned["chunk_registrations"] += 1
+            self._tables[self.rank][self._table_slot(self.rank, seg.va)] = seg.hbm_offset + 1
         if self.mode != "roa":
             return
+        self.owned["announced"] += 1
         self._publish(MSG_REGISTER, seg)
 
     def segment_released(self, seg) -> None:
         if self.mode == "pool":
             self.hbm.release_after_acks(seg.epoch, seg.hbm_offset, seg.size, set())
             return
+        self._count_owned(-seg.size, -1)
+        if self.chunk:
+            self._tables[self.rank][self._table_slot(self.rank, seg.va)] = 0
         peers = {p for p in range(self.world) if p != self.rank and self._peer_alive(p)}
         self.hbm.release_after_acks(seg.epoch, seg.hbm_offset, seg.size, peers)
         self._publish(MSG_RELEASE, seg)
@@ -176,6 +239,8 @@ class RegistrationUnit:
         while self._requests:
             kind, va, size, off, epoch, t = self._requests.popleft()
             did = True
+            if kind == MSG_REGISTER:
+                self._sent += 1
             if self.path == "relay":
                 self.mailbox.post(self.world, (pack_header(kind, self.rank, broadcast), self.rank, epoch, va,
                                                size, off, t, 0))
@@ -194,7 +259,9 @@ class RegistrationUnit:
             owner, epoch, va, size, off, t_sent = row[1], row[2], row[3], row[4], row[5], row[6]
             if kind == MSG_REGISTER:
                 with self.cond:
-                    if self._mapped[owner].get(va) != (epoch, size):   # an operator may have been first
+                    entry = self._mapped[owner].get(va)
+                    # an operator may have been first (chunk mode: a chunk mapped here is current)
+                    if (entry is None) if self.chunk else (entry != (epoch, size)):
                         self._drop_overlaps(owner, va, size)
                         self.window.map(va, size, self.hbm_fds[owner], off)
                         self._mapped[owner][va] = (epoch, size)
@@ -209,6 +276,7 @@ class RegistrationUnit:
                         self.window.unmap(va, entry[1])
                         del self._mapped[owner][va]
                         self.counters["background_unmaps"] += 1
+                    self._runs_ready[owner].clear()
                     self._processed[owner] += 1
                     self.cond.notify_all()
                 ack = (pack_header(MSG_ACK, self.rank, owner), owner, epoch, va, size, off, t_sent, 0)
@@ -231,6 +299,9 @@ class RegistrationUnit:
         if owner == self.rank or self.mode == "pool":
             return
         self.counters["ready_checks"] += 1
+        if self.chunk:
+            self._ensure_chunks(owner, seg_va, seg_size, seg_offset, epoch, operation)
+            return
         entry = self._mapped[owner].get(seg_va)
         if entry is not None and entry[0] == epoch:
             return
@@ -256,6 +327,40 @@ class RegistrationUnit:
         self.counters["ready_waits"] += 1
         self.counters["ready_wait_ns"] += dt
         self.counters["registration_in_operator_ns"] += dt
+
+    def _ensure_chunks(self, owner: int, va: int, size: int, offset: int, epoch: int, operation: str) -> None:
+        """``ensure_ready`` in chunk mode: map here whichever chunks of the run [va, va + size)
+        are not mapped yet (jit: all of them, at first use; roa: those the background thread has
+        not reached, as a late check does for a segment). A lone chunk's HBM offset is in the
+        descriptor, a run's in the owner's chunk table."""
+        ready = self._runs_ready[owner]
+        if (va, epoch) in ready:
+            return
+        table, g = self._mapped[owner], self.chunk
+        missing = [c for c in range(va, va + size, g) if c not in table]
+        if not missing:
+            ready.add((va, epoch))
+            return
+        t0 = time.monotonic_ns()
+        mapped = 0
+        with self.cond:
+            for c in missing:
+                if c not in table:       # the background thread may have mapped it meanwhile
+                    at = offset if size == g else int(self._tables[owner][self._table_slot(owner, c)]) - 1
+                    if at < 0:
+                        raise RegistrationError(
+                            f"{operation}: rank {self.rank} found no HBM for rank {owner}'s chunk {c:#x} of the "
+                            f"run {va:#x}+{size} in its chunk table (the run was released while in use?)")
+                    self.window.map(c, g, self.hbm_fds[owner], at)
+                    table[c] = (epoch, g)
+                    mapped += 1
+            ready.add((va, epoch))
+        dt = time.monotonic_ns() - t0
+        self.counters["registrations_in_operator"] += mapped
+        self.counters["registration_in_operator_ns"] += dt
+        if self.mode == "roa":
+            self.counters["ready_waits"] += 1
+            self.counters["ready_wait_ns"] += dt
 
     def _wait(self, done: Callable[[], bool], owner: int | None, operation: str, what: str) -> None:
         """Wait for the background thread; ``owner`` (if given) must stay alive meanwhile."""
@@ -303,10 +408,15 @@ class RegistrationUnit:
         self._wait(lambda: self._processed[owner] >= published, None, operation,
                    f"metadata from rank {owner}")
         with self.cond:
-            for va, (epoch, size) in self._mapped[owner].items():
-                if va <= addr and addr + nbytes <= va + size:
-                    return True
-        return False
+            # the mappings overlapping the range, in address order, must cover it without a gap
+            spans = sorted((va, va + size) for va, (_, size) in self._mapped[owner].items()
+                           if va < addr + max(nbytes, 1) and addr < va + size)
+        pos = addr
+        for start, end in spans:
+            if start > pos:
+                break
+            pos = max(pos, end)
+        return pos >= addr + max(nbytes, 1)
 
     def catch_up(self, operation: str = "wait_registered") -> None:
         """Return once this rank has handled every registration message its peers had published
@@ -325,6 +435,28 @@ class RegistrationUnit:
         out["mode"], out["metadata_path"] = self.mode, self.path
         out["peer_segments_mapped"] = sum(len(t) for t in self._mapped)
         return out
+
+    def memory_stats(self) -> dict[str, int]:
+        """This rank's registrations as an owner, under memory_stats' names: registered bytes and
+        registrations (current, peak, and in total: allocated = registered, freed = deregistered),
+        chunk registrations, and what is still in flight: registrations queued for peers (roa)
+        and releases whose peers have not all acknowledged."""
+        o = self.owned
+        count, nbytes = self.hbm.awaiting() if self.hbm is not None else (0, 0)
+        return {"registered_bytes.all.current": o["registered_bytes"],
+                "registered_bytes.all.peak": o["registered_bytes_peak"],
+                "registered_bytes.all.allocated": o["registered_bytes_total"],
+                "registered_bytes.all.freed": o["deregistered_bytes_total"],
+                "registration.all.current": o["registered"], "registration.all.peak": o["registered_peak"],
+                "registration.all.allocated": o["registrations"], "registration.all.freed": o["deregistrations"],
+                "num_registrations": o["registrations"], "num_chunk_registrations": o["chunk_registrations"],
+                "num_deregistrations": o["deregistrations"],
+                "registrations_in_flight": o["announced"] - self._sent,
+                "deregistrations_in_flight": count, "deregistration_in_flight_bytes": nbytes}
+
+    def reset_peak(self) -> None:
+        o = self.owned
+        o["registered_peak"], o["registered_bytes_peak"] = o["registered"], o["registered_bytes"]
 
 
 # This process's unit while it is in a job: the runtime activates it in init() and clears it
