@@ -14,19 +14,11 @@ import numpy as np
 import pytest
 
 import stratacl
-from helpers import DTYPES, rank_data
+from helpers import DTYPES, place, rank_data
 
 REDUCE = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum, "avg": np.add}
 SIZES = {1: [0, 1, 7, 1000, 65537, 300001], 2: [0, 1, 7, 1000, 65537, 300001],
          3: [0, 1, 7, 1000, 65537, 300001], 8: [0, 1, 7, 1000, 3001, 65537], 32: [0, 1, 7, 1000, 20001]}
-
-
-def _place(a: np.ndarray, in_hbm: bool) -> np.ndarray:
-    if not in_hbm:
-        return a.copy()
-    h = stratacl.empty(a.shape, a.dtype)
-    h[...] = a
-    return h
 
 
 def _ref_reduce(op: str, parts: list[np.ndarray], n: int) -> np.ndarray:
@@ -72,8 +64,8 @@ def matrix(comm, sizes: list[int], dtypes=None) -> tuple[list[str], int]:
             hbm = (di + si) % 2 == 0
             tag = f"{dt}/{count}"
             # all_gather
-            x = _place(rank_data(me, count, dt, "ag" + tag), hbm)
-            out = _place(np.zeros(n * count, dt), not hbm)
+            x = place(rank_data(me, count, dt, "ag" + tag), hbm)
+            out = place(np.zeros(n * count, dt), not hbm)
             comm.all_gather(out, x)
             _same(f"all_gather {tag}", out, np.concatenate([rank_data(p, count, dt, "ag" + tag)
                                                             for p in range(n)]), bad)
@@ -83,11 +75,11 @@ def matrix(comm, sizes: list[int], dtypes=None) -> tuple[list[str], int]:
                 if op == "avg" and dt.kind != "f":
                     continue
                 parts = [rank_data(p, count, dt, f"ar{op}{tag}", op) for p in range(n)]
-                x = _place(parts[me], hbm)
+                x = place(parts[me], hbm)
                 comm.all_reduce(x, op=op)
                 _same(f"all_reduce {op} {tag}", x, _ref_all_reduce(op, parts, n, ring), bad)
-                x = _place(rank_data(me, n * count, dt, f"rs{op}{tag}", op), hbm)
-                out = _place(np.zeros(count, dt), not hbm)
+                x = place(rank_data(me, n * count, dt, f"rs{op}{tag}", op), hbm)
+                out = place(np.zeros(count, dt), not hbm)
                 comm.reduce_scatter(out, x, op=op)
                 mine = [rank_data(p, n * count, dt, f"rs{op}{tag}", op, me * count, (me + 1) * count)
                         for p in range(n)]
@@ -95,8 +87,8 @@ def matrix(comm, sizes: list[int], dtypes=None) -> tuple[list[str], int]:
                 _same(f"reduce_scatter {op} {tag}", out, _ref_reduce(op, [mine[p] for p in order], n), bad)
                 cases += 2
             # all_to_all
-            x = _place(rank_data(me, n * count, dt, "a2a" + tag), hbm)
-            out = _place(np.zeros(n * count, dt), not hbm)
+            x = place(rank_data(me, n * count, dt, "a2a" + tag), hbm)
+            out = place(np.zeros(n * count, dt), not hbm)
             comm.all_to_all(out, x)
             want = np.concatenate([rank_data(p, n * count, dt, "a2a" + tag, None, me * count, (me + 1) * count)
                                    for p in range(n)])
@@ -105,8 +97,8 @@ def matrix(comm, sizes: list[int], dtypes=None) -> tuple[list[str], int]:
             # all_to_all_v
             send = [_a2av_count(me, j, count) for j in range(n)]
             recv = [_a2av_count(j, me, count) for j in range(n)]
-            x = _place(rank_data(me, sum(send), dt, "a2av" + tag), hbm)
-            out = _place(np.zeros(sum(recv) + 3, dt), not hbm)
+            x = place(rank_data(me, sum(send), dt, "a2av" + tag), hbm)
+            out = place(np.zeros(sum(recv) + 3, dt), not hbm)
             comm.all_to_all_v(out, x, send, recv)
             pieces = []
             for j in range(n):
@@ -119,15 +111,15 @@ def matrix(comm, sizes: list[int], dtypes=None) -> tuple[list[str], int]:
             # broadcast from several roots
             for root in sorted({0, n - 1, n // 2}):
                 data = rank_data(root, count, dt, f"bc{root}{tag}")
-                x = _place(data if me == root else np.zeros(count, dt), hbm)
+                x = place(data if me == root else np.zeros(count, dt), hbm)
                 comm.broadcast(x, root=root)
                 _same(f"broadcast root {root} {tag}", x, data, bad)
                 cases += 1
             # send/recv around a ring (even ranks send first, odd ranks receive first)
             if n > 1:
                 nxt, prv = (me + 1) % n, (me - 1) % n
-                x = _place(rank_data(me, count, dt, "p2p" + tag), hbm)
-                got = _place(np.zeros(count, dt), not hbm)
+                x = place(rank_data(me, count, dt, "p2p" + tag), hbm)
+                got = place(np.zeros(count, dt), not hbm)
                 if me % 2 == 0:
                     comm.send(x, nxt)
                     comm.recv(got, prv)
@@ -135,7 +127,7 @@ def matrix(comm, sizes: list[int], dtypes=None) -> tuple[list[str], int]:
                     comm.recv(got, prv)
                     comm.send(x, nxt)
                 _same(f"send/recv {tag}", got, rank_data(prv, count, dt, "p2p" + tag), bad)
-                got2 = _place(np.zeros(count, dt), hbm)
+                got2 = place(np.zeros(count, dt), hbm)
                 comm.sendrecv(x, nxt, got2, prv)          # everyone at once: no ordering needed
                 _same(f"sendrecv {tag}", got2, rank_data(prv, count, dt, "p2p" + tag), bad)
                 cases += 2

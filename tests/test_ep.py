@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 import stratacl
+from helpers import place
 from stratacl import ep
 
 pytestmark = pytest.mark.timeout(240)
@@ -111,14 +112,6 @@ def _expert_outputs(case: dict, rank: int, shape: tuple, dtype) -> np.ndarray:
     return rng.standard_normal(shape).astype(dtype)
 
 
-def _place(a: np.ndarray, in_hbm: bool) -> np.ndarray:
-    if not in_hbm:
-        return a.copy()
-    h = stratacl.empty(a.shape, a.dtype)
-    h[...] = a
-    return h
-
-
 def _same(name: str, got: np.ndarray, want: np.ndarray, bad: list[str]) -> None:
     want = np.asarray(want)
     if got.dtype != want.dtype or got.shape != want.shape or got.tobytes() != want.tobytes():
@@ -142,19 +135,19 @@ def _run_case(comm, case: dict) -> list[str]:
                                                for row in idx], dtype=bool).reshape(len(idx), n), bad)
     for rep in range(case.get("repeat", 1)):
         recv_x, recv_idx, recv_w, recv_per_expert, handle = buf.dispatch(
-            _place(x, hbm), _place(idx, hbm), _place(w, hbm), path=path)
+            place(x, hbm), place(idx, hbm), place(w, hbm), path=path)
         want_x, want_idx, want_w, want_pe, _ = ref.dispatch(me)
         _same("dispatch recv_x", recv_x, want_x, bad)
         _same("dispatch recv_topk_idx", recv_idx, want_idx, bad)
         _same("dispatch recv_topk_weights", recv_w, want_w, bad)
         _same("dispatch recv_per_expert", recv_per_expert, want_pe, bad)
         ys = [_expert_outputs(case, d, ref.dispatch(d)[0].shape, x.dtype) for d in range(n)]
-        got, got_w = buf.combine(_place(ys[me], hbm), handle, path=path)
+        got, got_w = buf.combine(place(ys[me], hbm), handle, path=path)
         want, want_cw = ref.combine(me, ys)
         _same("combine x", got, want, bad)
         _same("combine topk_weights", got_w, want_cw, bad)
         cap = case["max_tokens"]
-        rx, count, llh = buf.low_latency_dispatch(_place(x, hbm), _place(idx, hbm), cap, path=path)
+        rx, count, llh = buf.low_latency_dispatch(place(x, hbm), place(idx, hbm), cap, path=path)
         rows, want_count = ref.ll_dispatch(me)
         _same("ll recv_count", count, np.array(want_count, dtype=np.int64), bad)
         if rx.shape != (case["experts"] // n, n * cap, x.shape[1]):
@@ -162,7 +155,7 @@ def _run_case(comm, case: dict) -> list[str]:
         for e, lst in enumerate(rows):
             _same(f"ll recv_x[{e}]", rx[e, :len(lst)], np.array(lst, dtype=x.dtype).reshape(len(lst), x.shape[1]), bad)
         lys = [_expert_outputs(case, 100 + d, rx.shape, x.dtype) for d in range(n)]
-        lc = buf.low_latency_combine(_place(lys[me], hbm), idx, w, llh, path=path)
+        lc = buf.low_latency_combine(place(lys[me], hbm), idx, w, llh, path=path)
         _same("ll combine", lc, ref.ll_combine(me, lys), bad)
         for name, a in (("recv_x", recv_x), ("combined", got), ("ll recv_x", rx), ("ll combined", lc)):
             if a.size and stratacl.runtime._world._RUNTIME.own_segment(a.__array_interface__["data"][0],
@@ -333,7 +326,7 @@ def _modeled(comm, case: dict):
     x, idx, w = ref.inp[comm.rank]
     comm.barrier()
     t0 = comm.clock()
-    recv_x, *_, handle = buf.dispatch(_place(x, True), _place(idx, True), _place(w, True))
+    recv_x, *_, handle = buf.dispatch(place(x, True), place(idx, True), place(w, True))
     t1 = comm.clock()
     buf.combine(recv_x, handle)
     return t0 * 1e6, t1 * 1e6, comm.clock() * 1e6
