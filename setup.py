@@ -33,6 +33,11 @@ setup(
             extra_compile_args=["-O3", "-ffp-contract=off"],
         ),
         Extension(
+            "stratacl.collectives._eproute",
+            sources=["stratacl/collectives/_eproute.c"],
+            extra_compile_args=["-O2"],
+        ),
+        Extension(
             "stratacl.collectives._lpt",
             sources=["stratacl/collectives/_lpt.c"],
             extra_compile_args=["-O2"],

@@ -138,6 +138,23 @@ def test_phases_whose_sources_every_member_reads_are_marked():
     assert (shared.table[:, 1:] == plain.table[:, 1:]).all()
 
 
+def test_plain_load_phases_compile_to_the_same_plan_by_the_short_path():
+    """compile() builds phases of plain LOAD slices column by column (the MoE row plans, new at
+    every routing); its plan must be the general path's, field for field."""
+    rng = np.random.default_rng(3)
+    for me, n, s in ((0, 1, 0), (2, 4, 1), (5, 8, 40)):
+        peer = rng.integers(0, n, s)
+        smap = SL.make(me, peer, SL.IN, rng.integers(0, 1 << 20, s), rng.choice([SL.OUT, SL.SCRATCH], s),
+                       rng.integers(0, 1 << 20, s), rng.integers(1, 4096, s), SL.LOAD)
+        short, general = B.compile(smap), B._compile_any(smap, 1, False)
+        assert short.table.tobytes() == general.table.tobytes()
+        assert short.reductions.shape == general.reductions.shape == (0, B.PLAN_COLUMNS)
+        assert (short.local, short.remote, short.written, short.has_copies) == \
+               (general.local, general.remote, general.written, general.has_copies)
+        for name in ("peer", "src_buf", "src", "dst_buf", "dst", "nbytes", "op", "flag"):
+            assert np.array_equal(getattr(short.copies, name), getattr(general.copies, name)), name
+
+
 def test_data_executor_all_gather_and_all_to_all_are_exact(stores):
     n, M = 5, 4096 + 8
     ins = [np.random.default_rng(p).integers(0, 255, M, dtype=np.uint8) for p in range(n)]

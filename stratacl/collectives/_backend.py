@@ -33,7 +33,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from . import _kernels
-from ._slices import LOAD_ACC, SCRATCH, STORE, SliceMap
+from ._slices import LOAD, LOAD_ACC, SCRATCH, STORE, SliceMap
 
 # a compiled plan's row kinds and width, and the byte counters' words: _kernels.h defines them
 COPY, GROUP, SRC, COPY_SHARED = _kernels.K_COPY, _kernels.K_GROUP, _kernels.K_SRC, _kernels.K_COPY_SHARED
@@ -63,6 +63,12 @@ def compile(smap: SliceMap, itemsize: int = 1, shared: bool = False) -> Plan:
     """The native table of one phase. Reduction groups must cover whole ``itemsize`` elements.
     ``shared``: every member reads the same sources (broadcast, all_gather), so their copies
     are COPY_SHARED rows, for which the kernels keep the sources in cache (_kernels.c)."""
+    if not shared and (smap.op == LOAD).all():
+        return _compile_loads(smap)
+    return _compile_any(smap, itemsize, shared)
+
+
+def _compile_any(smap: SliceMap, itemsize: int, shared: bool) -> Plan:
     me = smap.me
     store = smap.op == STORE
     src_rank = np.where(store, me, smap.peer)
@@ -88,6 +94,21 @@ def compile(smap: SliceMap, itemsize: int = 1, shared: bool = False) -> Plan:
     return Plan(smap, np.ascontiguousarray(np.concatenate(rows + [reductions]), dtype=np.int64), reductions,
                 _subset(smap, copy), int(smap.nbytes[own].sum()), int(smap.nbytes[~own].sum()), written,
                 bool(copy.any()))
+
+
+def _compile_loads(smap: SliceMap) -> Plan:
+    """compile() of a phase of plain LOAD slices (no reduction, none shared): the same table,
+    built column by column."""
+    table = np.empty((len(smap.peer), PLAN_COLUMNS), dtype=np.int64)
+    table[:, 0] = COPY
+    table[:, 1], table[:, 2], table[:, 3] = smap.peer, smap.src_buf, smap.src
+    table[:, 4], table[:, 5], table[:, 6], table[:, 7] = smap.me, smap.dst_buf, smap.dst, smap.nbytes
+    own = smap.peer == smap.me
+    total = int(smap.nbytes.sum())
+    local = int(smap.nbytes[own].sum())
+    written = total - int(smap.nbytes[smap.dst_buf == SCRATCH].sum())
+    return Plan(smap, table, np.empty((0, PLAN_COLUMNS), dtype=np.int64), smap, local, total - local, written,
+                bool(table.size))
 
 
 def addresses(smap: SliceMap, bases: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -24,6 +24,10 @@ The frontends return one ``SliceMap`` per phase (IN: the sender's token rows or 
 destination's outputs; SCRATCH: every member's routing block; OUT: this rank's destination
 buffer of the phase). Rows are transfer units of ``row`` bytes; runs of consecutive rows from
 one member are merged into one slice (the partitioner cuts slices back into units).
+
+The per-call passes over the routing (checking and counting it, writing the routing block,
+reading the records received, the row slices, the low-latency slots) are native
+(``_eproute.c``): one loop each, where numpy needed a dozen passes and two sorts.
 """
 from __future__ import annotations
 
@@ -31,6 +35,7 @@ import dataclasses
 
 import numpy as np
 
+from . import _eproute
 from ._schedule import LOAD as T_LOAD
 from ._schedule import LOAD_REDUCE as T_LOAD_REDUCE
 from ._slices import IN, LOAD, OUT, SCRATCH, SliceMap, make
@@ -71,30 +76,57 @@ def route(topk_idx: np.ndarray, n: int, experts: int) -> Routing:
     return Routing(dest, per_rank, per_expert)
 
 
-def routing_block(r: Routing, topk_idx: np.ndarray, weights: np.ndarray) -> np.ndarray:
-    """The sender's routing block (module docstring): header, then records by destination."""
-    t, k = topk_idx.shape
-    n = r.per_rank.size
-    words = record_words(k)
-    head = np.concatenate([r.per_rank, r.per_expert])
-    # destination-major order of (destination, token) pairs, tokens ascending within one
-    d_idx, t_idx = np.nonzero(r.dest.T)
-    rec = np.zeros((d_idx.size, words), dtype=np.int64)
-    rec[:, 0] = t_idx
-    rec[:, 1:1 + k] = topk_idx[t_idx]
-    w = np.zeros((d_idx.size, (words - 1 - k) * WEIGHT_WORDS), dtype=np.float32)
-    w[:, :k] = weights[t_idx]
-    rec[:, 1 + k:] = w.view(np.int64)
-    assert head.size == n + r.per_expert.size
-    return np.concatenate([head, rec.reshape(-1)])
+def header(topk_idx: np.ndarray, n: int, experts: int) -> np.ndarray:
+    """The routing block's header of ``topk_idx`` [T, K] (int64, C-contiguous): tokens to each
+    member [n], then to each expert [experts]. ValueError (without the operation's name) for an
+    entry outside [-1, experts) or an expert picked twice by one token."""
+    head = np.empty(n + experts, dtype=np.int64)
+    _eproute.count(topk_idx, experts, n, head[:n], head[n:])
+    return head
 
 
-def parse_records(rec: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(token ids [R], topk_idx [R, K], weights [R, K] float32) of ``rec`` (records, int64)."""
-    words = record_words(k)
-    rec = rec.reshape(-1, words)
-    w = np.ascontiguousarray(rec[:, 1 + k:]).view(np.float32)[:, :k]
-    return rec[:, 0].copy(), rec[:, 1:1 + k].copy(), np.ascontiguousarray(w)
+def block_words(head: np.ndarray, n: int, k: int) -> int:
+    """int64 words of the routing block whose header is ``head``."""
+    return head.size + int(head[:n].sum()) * record_words(k)
+
+
+def write_block(words: np.ndarray, head: np.ndarray, topk_idx: np.ndarray, weights: np.ndarray,
+                n: int) -> np.ndarray:
+    """Write the routing block (module docstring) into ``words``; returns each record's token
+    (destination by destination, each destination's tokens ascending)."""
+    sent = np.empty(int(head[:n].sum()), dtype=np.int64)
+    _eproute.block(words, topk_idx, weights, head, n, head.size - n, sent)
+    return sent
+
+
+def received(me: int, rec: np.ndarray, sources: np.ndarray, k: int, local: int, row: int, cap: int = -1):
+    """A receiver's records (``sources[p]``: records from member p, packed p ascending), as
+    ``(tokens [R], idx [R, K], weights [R, K], per_expert [local], rows)``.
+
+    High-throughput (``cap`` < 0): ``idx`` the local expert ids (-1 where the expert is on
+    another member), ``weights`` theirs (0 there), ``per_expert`` the tokens each local expert
+    got; ``rows`` copies source p's row ``tokens[r]`` to row r. Low-latency (``cap`` = rows per
+    local expert): ``idx`` each (record, k)'s row ``e * cap + slot`` in the receive buffer
+    (slots counted sources ascending, records in order; -1 elsewhere), ``per_expert`` the rows
+    each local expert got; ``rows`` copies the (record, k) rows. ``rows`` lists members after
+    me first, runs merged, as ``rows()``."""
+    total = int(sources.sum())
+    tokens = np.empty(total, dtype=np.int64)
+    idx = np.empty((total, k), dtype=np.int64)
+    weights = np.empty((total, k), dtype=np.float32)
+    per_expert = np.empty(local, dtype=np.int64)
+    out = np.empty((total * (1 if cap < 0 else k), 4), dtype=np.int64)
+    count = _eproute.received(rec, np.ascontiguousarray(sources, dtype=np.int64), k, me, local, cap, row,
+                              tokens, idx, weights, per_expert, out)
+    return tokens, idx, weights, per_expert, _row_map(me, out[:count] if row else out[:0])
+
+
+def _row_map(me: int, slices: np.ndarray) -> SliceMap:
+    """LOAD slices IN -> OUT from ``slices`` [S, 4]: (peer, src, dst, bytes)."""
+    s = len(slices)
+    peer, src, dst, nbytes = (np.ascontiguousarray(slices[:, c]) for c in range(4))
+    return SliceMap(me, peer, np.full(s, IN, dtype=np.int64), src, np.full(s, OUT, dtype=np.int64), dst, nbytes,
+                    np.full(s, LOAD, dtype=np.int64), np.full(s, -1, dtype=np.int64))
 
 
 def _order(me: int, n: int) -> np.ndarray:
@@ -121,23 +153,14 @@ def records(me: int, counts: np.ndarray, head: int, words: int) -> SliceMap:
     return make(me, p, SCRATCH, src[p], OUT, dst[p], counts[p, me] * rec, LOAD)
 
 
-def rows(me: int, n: int, peer: np.ndarray, src_row: np.ndarray, dst_row: np.ndarray, row: int,
-         src_buf: int = IN, dst_buf: int = OUT) -> SliceMap:
-    """Row copies ``peer[j]``'s row ``src_row[j]`` -> this rank's row ``dst_row[j]`` (rows of
-    ``row`` bytes), runs of consecutive rows of one member merged; listed members after me
-    first, each member's rows in the order given."""
-    peer = np.asarray(peer, dtype=np.int64)
-    src_row = np.asarray(src_row, dtype=np.int64)
-    dst_row = np.asarray(dst_row, dtype=np.int64)
-    if peer.size == 0 or row == 0:
-        return make(me, [], src_buf, 0, dst_buf, 0, 0, LOAD)
-    order = np.argsort((peer - me - 1) % n, kind="stable")
-    peer, src_row, dst_row = peer[order], src_row[order], dst_row[order]
-    start = np.ones(peer.size, dtype=bool)
-    start[1:] = (peer[1:] != peer[:-1]) | (src_row[1:] != src_row[:-1] + 1) | (dst_row[1:] != dst_row[:-1] + 1)
-    first = np.flatnonzero(start)
-    length = np.diff(np.append(first, peer.size))
-    return make(me, peer[first], src_buf, src_row[first] * row, dst_buf, dst_row[first] * row, length * row, LOAD)
+def rows(me: int, n: int, peer: np.ndarray, src_row: np.ndarray, dst_row: np.ndarray, row: int) -> SliceMap:
+    """Row copies ``peer[j]``'s row ``src_row[j]`` (IN) -> this rank's row ``dst_row[j]``
+    (OUT), rows of ``row`` bytes, runs of consecutive rows of one member merged; listed
+    members after me first, each member's rows in the order given."""
+    peer, src_row, dst_row = (np.ascontiguousarray(a, dtype=np.int64) for a in (peer, src_row, dst_row))
+    out = np.empty((peer.size, 4), dtype=np.int64)
+    count = _eproute.row_slices(me, n, peer, src_row, dst_row, row, out) if row else 0
+    return _row_map(me, out[:count])
 
 
 def combine_blocks(me: int, counts: np.ndarray, row: int) -> SliceMap:
@@ -151,29 +174,14 @@ def combine_blocks(me: int, counts: np.ndarray, row: int) -> SliceMap:
     return make(me, d, IN, before[me, d] * row, OUT, dst[d] * row, mine[d] * row, LOAD)
 
 
-def occurrence(keys: np.ndarray) -> np.ndarray:
-    """For each entry of ``keys`` (1-D; -1: none), how many entries with the same key come
-    before it; -1 where the key is -1."""
-    order = np.argsort(keys, kind="stable")
-    sk = keys[order]
-    first = np.ones(order.size, dtype=bool)
-    first[1:] = sk[1:] != sk[:-1]
-    idx = np.arange(order.size)
-    within = idx - np.maximum.accumulate(np.where(first, idx, 0))
-    out = np.empty(order.size, dtype=np.int64)
-    out[order] = np.where(sk >= 0, within, -1)
-    return out
-
-
 def expert_slots(counts_expert: np.ndarray, me: int, topk_idx: np.ndarray) -> np.ndarray:
     """Low-latency layout: the slot of each of this rank's (token, k) in its expert's receive
     rows (tokens of members before me first, then mine in token order); -1 where no expert.
     ``counts_expert[p, e]``: tokens member p sent to expert e."""
-    keys = np.where(topk_idx >= 0, topk_idx, -1).reshape(-1)
-    within = occurrence(keys)
-    before = (np.cumsum(counts_expert, axis=0) - counts_expert)[me]      # [E]
-    slot = np.where(keys >= 0, before[np.maximum(keys, 0)] + within, -1)
-    return slot.reshape(topk_idx.shape)
+    before = np.ascontiguousarray(counts_expert[:me].sum(axis=0, dtype=np.int64))
+    slots = np.empty(topk_idx.shape, dtype=np.int64)
+    _eproute.slots(np.ascontiguousarray(topk_idx), before, slots)
+    return slots
 
 
 # --- the traffic the fabric model times (every member computes the same matrices) -----------

@@ -122,6 +122,7 @@ class Buffer:
         """(tokens to each rank [N], tokens to each expert [E], token t goes to rank r [T, N]
         bool) of this rank's ``topk_idx`` [T, K] (int64, -1: no expert). Local."""
         idx = self._check_idx(topk_idx, "get_dispatch_layout")
+        self._header(idx, "get_dispatch_layout")
         r = _ep.route(idx, self.comm.size, self.num_experts)
         return r.per_rank, r.per_expert, r.dest
 
@@ -176,6 +177,8 @@ class Buffer:
         return body()
 
     def _check_idx(self, topk_idx: Any, operation: str, tokens: int | None = None) -> np.ndarray:
+        """``topk_idx`` as a C-contiguous array after the checks of its type and shape (the
+        values are the routing's: ``_header``)."""
         if not isinstance(topk_idx, np.ndarray) or topk_idx.ndim != 2:
             raise TypeError(f"{operation}: topk_idx must be a 2-D numpy array [tokens, K]")
         if topk_idx.dtype != np.int64:
@@ -185,23 +188,24 @@ class Buffer:
             raise ValueError(f"{operation}: topk_idx has {t} rows for {tokens} tokens")
         if k > self.num_experts:
             raise ValueError(f"{operation}: top-{k} exceeds the {self.num_experts} experts")
-        if topk_idx.size and (topk_idx.min() < -1 or topk_idx.max() >= self.num_experts):
-            bad = topk_idx[(topk_idx < -1) | (topk_idx >= self.num_experts)][0]
-            raise ValueError(f"{operation}: expert index {int(bad)} is outside [-1, {self.num_experts})")
-        if k > 1 and t:
-            s = np.sort(topk_idx, axis=1)
-            if ((s[:, 1:] == s[:, :-1]) & (s[:, 1:] >= 0)).any():
-                row = int(np.nonzero(((s[:, 1:] == s[:, :-1]) & (s[:, 1:] >= 0)).any(axis=1))[0][0])
-                raise ValueError(f"{operation}: token {row} picks the same expert twice")
         return np.ascontiguousarray(topk_idx)
 
-    def _routing_block(self, words: np.ndarray):
-        """This rank's routing block holding ``words``, in its HBM (grown as needed)."""
-        if self._block is None or self._block.size < words.size:
+    def _header(self, idx: np.ndarray, operation: str) -> np.ndarray:
+        """The routing's header (collectives/_ep.py, header), its values checked: each in
+        [-1, E), no expert twice in one token."""
+        try:
+            return _ep.header(idx, self.comm.size, self.num_experts)
+        except ValueError as e:
+            raise ValueError(f"{operation}: {e}") from None
+
+    def _routing_block(self, head: np.ndarray, idx: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """This rank's routing block of the call, written into its HBM (grown as needed), and
+        each record's token (collectives/_ep.py, write_block)."""
+        words = _ep.block_words(head, self.comm.size, idx.shape[1])
+        if self._block is None or self._block.size < words:
             self._block = None
-            self._block = self.comm._rt.empty((buffer_size(words.nbytes) // 8,), np.int64)
-        self._block[:words.size] = words
-        return self._block
+            self._block = self.comm._rt.empty((buffer_size(words * 8) // 8,), np.int64)
+        return self._block, _ep.write_block(self._block, head, idx, weights, self.comm.size)
 
     def _enter(self, operation: str, dtype_code: int, inp, block, tokens: int, hidden: int, topk: int,
                param: int, error: BaseException | None) -> tuple[int, np.ndarray]:
@@ -273,8 +277,8 @@ class Buffer:
         return out
 
     def _row_plan(self, operation: str, key: bytes, build) -> _backend.Plan:
-        """The row phase of this call: the operation's last one when its routing was the same
-        (``key``: everything the phase is built from)."""
+        """The row phase of this call compiled: the operation's last one when its routing was
+        the same (``key``: everything the phase is built from; ``build()`` its slices)."""
         last = self._last_plan.get(operation)
         if last is not None and last[0] == key:
             return last[1]
@@ -286,7 +290,7 @@ class Buffer:
         comm = self.comm
         n, me, L = comm.size, comm.rank, self.num_local_experts
         low_latency = operation == "low_latency_dispatch"
-        error = inp = block = None
+        error = inp = block = sent = None
         code = tokens = hidden = topk = 0
         try:
             _check_rows(x, "x", operation)
@@ -307,8 +311,7 @@ class Buffer:
             if comm._path is not comm._default_path:
                 comm._executor.check_path(operation, comm._path)
             code = _reduce.dtype_code(x.dtype, operation)
-            routing = _ep.route(idx, n, self.num_experts)
-            block = self._routing_block(_ep.routing_block(routing, idx, weights))
+            block, sent = self._routing_block(self._header(idx, operation), idx, weights)
             inp = comm._buffers.as_input(x, operation)
         except Exception as e:
             error = e
@@ -323,51 +326,38 @@ class Buffer:
         rec = np.empty(int(counts[:, me].sum()) * words, dtype=np.int64)
         self._phase(operation, ("ep_records", head, words, counts.tobytes()),
                     lambda: _ep.records(me, counts, head, words), rec)
-        tids, got_idx, got_w = _ep.parse_records(rec, topk)
-        src = np.repeat(np.arange(n, dtype=np.int64), counts[:, me])
-        comm._executor.peer_sources(operation, parity, inp.addr, need=(counts[:, me] > 0).astype(np.int64))
+        sources = counts[:, me]
+        comm._executor.peer_sources(operation, parity, inp.addr, need=(sources > 0).astype(np.int64))
         row = hidden * x.itemsize
-        local = (got_idx >= me * L) & (got_idx < (me + 1) * L)
-        rows_in = _ep.rows_to_members(per_expert, n) if low_latency else counts
         # under a modeled clock: the call's traffic, and the bytes a staged call copies
         timed = comm._rt.clock is not None
-        staging = _ep.staging(operation, every[:, E_TOKENS], rows_in.sum(axis=0), row) if timed else None
+        if timed:
+            rows_in = _ep.rows_to_members(per_expert, n) if low_latency else counts
+            staging = _ep.staging(operation, every[:, E_TOKENS], rows_in.sum(axis=0), row)
+        cap = n * max_tokens if low_latency else -1
+        tids, got_idx, got_w, got_per_expert, smap = _ep.received(me, rec, sources, topk, L, row, cap)
+        # the row plan: the operation's last one when the records are the same
+        plan = self._row_plan(operation, rec.tobytes() + sources.tobytes() + bytes(str((n, row, cap)), "ascii"),
+                              lambda: smap)
         if low_latency:
-            cap = n * max_tokens
             recv_x = comm._rt.empty((L, cap, hidden), x.dtype)
-            expert = np.where(local, got_idx - me * L, -1).reshape(-1)
-            slot = _ep.occurrence(expert)
-            hit = expert >= 0
-            which = np.repeat(np.arange(tids.size), topk)[hit]
-            dst_row = expert[hit] * cap + slot[hit]
-            key = rec.tobytes() + counts[:, me].tobytes() + bytes(str((n, row, cap)), "ascii")
-            plan = self._row_plan(operation, key, lambda: _ep.rows(
-                me, n, src[which], tids[which], dst_row, row))
             self._rows(operation, plan, recv_x)
             comm._protocol.finish(operation)
             if timed:
                 comm._tick_exchange(operation, parity, _ep.dispatch_traffic(counts, per_expert, topk, row, True),
                                     staging)
-            recv_count = np.bincount(expert[hit], minlength=L).astype(np.int64)
-            handle = Handle(self._id, self._calls, "ll", tokens, int(hit.sum()), per_expert.copy(),
+            handle = Handle(self._id, self._calls, "ll", tokens, int(got_per_expert.sum()), per_expert.copy(),
                             every[:, E_TOKENS].copy(), idx, slots=_ep.expert_slots(per_expert, me, idx),
                             max_tokens=int(max_tokens))
-            return recv_x, recv_count, handle
+            return recv_x, got_per_expert, handle
         recv_x = comm._rt.empty((tids.size, hidden), x.dtype)
-        key = rec.tobytes() + counts[:, me].tobytes() + bytes(str((n, row)), "ascii")
-        plan = self._row_plan(operation, key, lambda: _ep.rows(
-            me, n, src, tids, np.arange(tids.size), row))
         self._rows(operation, plan, recv_x)
         comm._protocol.finish(operation)
         if timed:
             comm._tick_exchange(operation, parity, _ep.dispatch_traffic(counts, per_expert, topk, row, False), staging)
-        recv_idx = np.where(local, got_idx - me * L, -1)
-        recv_w = np.where(local, got_w, np.float32(0))
-        recv_per_expert = np.bincount(recv_idx[local], minlength=L).astype(np.int64)
-        sent = np.nonzero(routing.dest.T)[1]         # the routing block's order of records
         handle = Handle(self._id, self._calls, "ht", tokens, tids.size, counts.copy(), every[:, E_TOKENS].copy(),
                         idx, sent=sent, weights=weights)
-        return recv_x, recv_idx, recv_w, recv_per_expert, handle
+        return recv_x, got_idx, got_w, got_per_expert, handle
 
     def _combine(self, operation: str, y, handle, topk_idx, topk_weights):
         comm = self.comm
