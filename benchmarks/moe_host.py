@@ -71,7 +71,7 @@ def digest(*arrays) -> str:
     for a in arrays:
         a = np.ascontiguousarray(a)
         h.update(str((a.dtype.str, a.shape)).encode())
-        h.update(memoryview(a).cast("B"))
+        h.update(a.reshape(-1).view(np.uint8))
     return h.hexdigest()
 
 
@@ -121,6 +121,22 @@ def time_cell(barrier, calls: dict, ops: tuple, warmup: int, iters: int) -> tupl
     return check, times
 
 
+def cell_calls(api, x, routes: list, cell: dict) -> dict:
+    """The calls ``time_cell`` times in ``cell``, on ``api``: an ``ep.Buffer`` or an ``MpiMoe``,
+    which have the same four methods."""
+    if cell["mode"] == "ht":
+        return {"mode": "ht", "dispatch": lambda j: api.dispatch(x, routes[j][0], routes[j][1]),
+                "combine": lambda d: api.combine(d[0], d[4])}
+    state = {}
+
+    def ll_dispatch(j):
+        state["j"] = j
+        return api.low_latency_dispatch(x, routes[j][0], cell["tokens"])
+
+    return {"mode": "ll", "dispatch": ll_dispatch,
+            "combine": lambda d: api.low_latency_combine(d[0], routes[state["j"]][0], routes[state["j"]][1], d[2])}
+
+
 # --- the stratacl side ------------------------------------------------------------------------
 def strata_rank(comm, cells: list[dict], ops: tuple, warmup: int, iters: int, seed: int) -> list[dict]:
     """Inside every stratacl rank: each cell of this N, checked then timed."""
@@ -133,21 +149,7 @@ def strata_rank(comm, cells: list[dict], ops: tuple, warmup: int, iters: int, se
         x = stratacl.empty(x0.shape, x0.dtype)
         x[...] = x0
         del x0
-        tokens = cell["tokens"]
-        if cell["mode"] == "ht":
-            calls = {"mode": "ht",
-                     "dispatch": lambda j: buf.dispatch(x, routes[j][0], routes[j][1]),
-                     "combine": lambda d: buf.combine(d[0], d[4])}
-        else:
-            state = {}
-
-            def ll_dispatch(j):
-                state["j"] = j
-                return buf.low_latency_dispatch(x, routes[j][0], tokens)
-
-            calls = {"mode": "ll", "dispatch": ll_dispatch,
-                     "combine": lambda d: buf.low_latency_combine(d[0], routes[state["j"]][0],
-                                                                  routes[state["j"]][1], d[2])}
+        calls = cell_calls(buf, x, routes, cell)
         comm.barrier()
         stratacl.ub.wait_registered()
         check, times = time_cell(comm.barrier, calls, ops, warmup, iters)
@@ -302,21 +304,7 @@ def mpi_main(spec_path: str, out_path: str) -> int:
         out = []
         for cell in spec["cells"]:
             x, routes = inputs(comm.Get_size(), comm.Get_rank(), cell["tokens"], cell["hidden"], spec["seed"])
-            tokens = cell["tokens"]
-            if cell["mode"] == "ht":
-                calls = {"mode": "ht",
-                         "dispatch": lambda j: moe.dispatch(x, routes[j][0], routes[j][1]),
-                         "combine": lambda d: moe.combine(d[0], d[4])}
-            else:
-                state = {}
-
-                def ll_dispatch(j):
-                    state["j"] = j
-                    return moe.low_latency_dispatch(x, routes[j][0], tokens)
-
-                calls = {"mode": "ll", "dispatch": ll_dispatch,
-                         "combine": lambda d: moe.low_latency_combine(d[0], routes[state["j"]][0],
-                                                                      routes[state["j"]][1], d[2])}
+            calls = cell_calls(moe, x, routes, cell)
             check, times = time_cell(comm.Barrier, calls, tuple(spec["ops"]), spec["warmup"], spec["iters"])
             out.append({"check": check, "times": times})
             moe._bufs.clear()
