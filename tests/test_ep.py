@@ -384,7 +384,8 @@ def test_the_combine_kernel_rounds_as_numpy_does_step_by_step(dtype, weighted):
                     acc[token[r]] = acc[token[r]] + (weight[r] * x if weighted else x)
             want = acc.astype(dtype)
         got = np.full((tokens, hidden), 1, dtype)
-        _kernels.combine(got, rows, token, weight, _reduce.DTYPES[np.dtype(dtype)])
+        acc = np.full(tokens * hidden + 3, np.nan, np.float32)        # scratch: its old contents must not matter
+        _kernels.combine(got, rows, token, weight, _reduce.DTYPES[np.dtype(dtype)], acc)
         nan = np.isnan(want)
         assert np.array_equal(np.isnan(got), nan), hidden
         assert got[~nan].tobytes() == want[~nan].tobytes(), hidden

@@ -474,47 +474,52 @@ __attribute__((target("avx2,f16c"))) static void combine_cast_avx2(_Float16 *o, 
 /* MoE combine's reduction (ep/_buffer.py): out[t] = cast(0 + w_0 * rows[r_0] + w_1 * rows[r_1] ...),
  * over the rows r with token[r] == t in their order, in float32 (each product rounded, then each
  * sum: no fused multiply-add, as numpy computes w * x and then acc + that); weights None: the
- * rows themselves. token[r] < 0 skips row r. Rows and out are float16 or float32 (the same). */
+ * rows themselves. token[r] < 0 skips row r. Rows and out are float16 or float32 (the same).
+ * `acc` is the caller's float32 scratch of at least tokens x hidden elements: a buffer kept
+ * across calls, whose pages are already there (a fresh one each call costs a page fault per
+ * 4 KiB, more than the sums at a few hundred rows). */
 static PyObject *combine(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "combine(out, rows, token, weight_or_None, dtype)");
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "combine(out, rows, token, weight_or_None, dtype, acc)");
         return NULL;
     }
     int t = (int)PyLong_AsLong(args[4]);
     if (PyErr_Occurred()) return NULL;
     if (t != T_F16 && t != T_F32) { PyErr_SetString(PyExc_ValueError, "combine: float16 or float32 only"); return NULL; }
-    Py_buffer ov, rv, tv, wv = {0};
+    Py_buffer ov, rv, tv, av, wv = {0};
     if (PyObject_GetBuffer(args[0], &ov, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE | PyBUF_FORMAT) < 0) return NULL;
     if (PyObject_GetBuffer(args[1], &rv, PyBUF_C_CONTIGUOUS) < 0) { PyBuffer_Release(&ov); return NULL; }
     if (PyObject_GetBuffer(args[2], &tv, PyBUF_C_CONTIGUOUS) < 0) {
         PyBuffer_Release(&ov); PyBuffer_Release(&rv); return NULL;
     }
+    if (PyObject_GetBuffer(args[5], &av, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&ov); PyBuffer_Release(&rv); PyBuffer_Release(&tv); return NULL;
+    }
     int weighted = args[3] != Py_None;
     if (weighted && PyObject_GetBuffer(args[3], &wv, PyBUF_C_CONTIGUOUS) < 0) {
-        PyBuffer_Release(&ov); PyBuffer_Release(&rv); PyBuffer_Release(&tv); return NULL;
+        PyBuffer_Release(&ov); PyBuffer_Release(&rv); PyBuffer_Release(&tv); PyBuffer_Release(&av); return NULL;
     }
     size_t item = type_size(t);
     Py_ssize_t nrows = tv.len / 8;
     Py_ssize_t hidden = ov.ndim == 2 ? ov.shape[1] : -1;
     Py_ssize_t tokens = ov.ndim == 2 ? ov.shape[0] : 0;
+    Py_ssize_t total = tokens * (hidden > 0 ? hidden : 0);
     const char *err = NULL;
     if (hidden < 0 || ov.itemsize != (Py_ssize_t)item || rv.len != nrows * hidden * (Py_ssize_t)item)
         err = "out must be [tokens, hidden] and rows [rows, hidden], of the dtype";
     else if (weighted && wv.len != nrows * 4)
         err = "weights must be one float32 per row";
+    else if (av.len < total * (Py_ssize_t)sizeof(float))
+        err = "acc must hold tokens x hidden float32";
     const int64_t *tok = (const int64_t *)tv.buf;
     for (Py_ssize_t r = 0; err == NULL && r < nrows; r++)
         if (tok[r] >= tokens) err = "a row's token is out of range";
-    float *acc = NULL;
-    if (err == NULL && tokens > 0 && hidden > 0) {
-        acc = calloc((size_t)(tokens * hidden), sizeof(float));
-        if (acc == NULL) { err = "out of memory"; }
-    }
     if (err == NULL) {
+        float *acc = av.buf;
         const float *w = weighted ? (const float *)wv.buf : NULL;
-        Py_ssize_t total = tokens * hidden;
         int half = t == T_F16;
         Py_BEGIN_ALLOW_THREADS
+        memset(acc, 0, (size_t)total * sizeof(float));
 #if defined(__x86_64__)
         if (__builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx2")) {
             combine_rows_avx2(acc, rv.buf, tok, w, nrows, hidden, half);
@@ -528,8 +533,7 @@ static PyObject *combine(PyObject *self, PyObject *const *args, Py_ssize_t nargs
         if (!half && total) memcpy(ov.buf, acc, (size_t)total * sizeof(float));
         Py_END_ALLOW_THREADS
     }
-    free(acc);
-    PyBuffer_Release(&ov); PyBuffer_Release(&rv); PyBuffer_Release(&tv);
+    PyBuffer_Release(&ov); PyBuffer_Release(&rv); PyBuffer_Release(&tv); PyBuffer_Release(&av);
     if (weighted) PyBuffer_Release(&wv);
     if (err != NULL) { PyErr_Format(PyExc_ValueError, "combine: %s", err); return NULL; }
     Py_RETURN_NONE;
@@ -560,7 +564,7 @@ static PyObject *set_shared_stream_footprint(PyObject *self, PyObject *const *ar
 
 static PyMethodDef methods[] = {
     {"combine", (PyCFunction)(void (*)(void))combine, METH_FASTCALL,
-     "MoE combine's float32 reduction of rows into their tokens: combine(out, rows, token, weight_or_None, dtype)."},
+     "MoE combine's float32 reduction of rows into their tokens: combine(out, rows, token, weight_or_None, dtype, acc)."},
     {"copy_many", (PyCFunction)(void (*)(void))copy_many, METH_FASTCALL,
      "Execute rows of (dst, src, nbytes) copies (stream: 1 with streaming stores, 0 without, -1 by size)."},
     {"stream_footprint", (PyCFunction)(void (*)(void))set_stream_footprint, METH_FASTCALL,

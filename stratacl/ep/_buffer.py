@@ -113,6 +113,7 @@ class Buffer:
         self._block: np.ndarray | None = None        # this rank's routing block (HBM)
         self._ready = np.full((n, 2), -1, dtype=np.int64)      # peers' routing blocks mapped here
         self._last_plan: dict[str, tuple[bytes, _backend.Plan]] = {}   # each operation's last row plan
+        self._spare: dict[str, np.ndarray] = {}      # scratch kept across calls (_scratch)
 
     def __repr__(self) -> str:
         return (f"ep.Buffer(rank={self.comm.rank}, size={self.comm.size}, num_experts={self.num_experts})")
@@ -261,6 +262,16 @@ class Buffer:
         comm._executor.run(operation, plan, comm._path)
         comm._buffers.output_done(flat, target)
 
+    def _scratch(self, name: str, shape: tuple, dtype) -> np.ndarray:
+        """A scratch array used within one call (the rows a combine pulls, its float32
+        accumulator), kept across calls and grown as needed: a new one per call would fault in
+        every page again, which at a few hundred rows costs more than the work on them."""
+        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        spare = self._spare.get(name)
+        if spare is None or spare.size < nbytes:
+            spare = self._spare[name] = np.empty(nbytes, dtype=np.uint8)
+        return spare[:nbytes].view(dtype).reshape(shape)
+
     def _reduced(self, rows: np.ndarray, token: np.ndarray, weight: np.ndarray | None, tokens: int,
                  code: int) -> np.ndarray:
         """A combine's result in a new HBM array [tokens, hidden]: per token, the float32 sum from
@@ -272,7 +283,8 @@ class Buffer:
         flat = out.reshape(-1)
         target = comm._buffers.output(flat)
         _kernels.combine(target.reshape(out.shape), rows.reshape(-1, rows.shape[-1]),
-                         np.ascontiguousarray(token, dtype=np.int64), weight, code)
+                         np.ascontiguousarray(token, dtype=np.int64), weight, code,
+                         self._scratch("acc", (out.size,), np.float32))
         comm._buffers.output_done(flat, target)
         return out
 
@@ -403,7 +415,7 @@ class Buffer:
             t_k = np.flatnonzero(valid.reshape(-1))
             e = idx.reshape(-1)[t_k]
             owner = e // L
-            got = np.empty((idx.size, hidden), dtype=y.dtype)
+            got = self._scratch("rows", (idx.size, hidden), y.dtype)
             need = np.zeros(n, dtype=np.int64)
             need[owner] = 1
             comm._executor.peer_sources(operation, parity, inp.addr, need=need)
@@ -419,7 +431,7 @@ class Buffer:
             token = np.where(valid, np.arange(idx.shape[0])[:, None], -1).reshape(-1)
             return self._reduced(got, token, weights.reshape(-1), idx.shape[0], code)
         mine = counts[me]
-        got = np.empty((int(mine.sum()), hidden), dtype=y.dtype)
+        got = self._scratch("rows", (int(mine.sum()), hidden), y.dtype)
         comm._executor.peer_sources(operation, parity, inp.addr, need=(mine > 0).astype(np.int64))
         self._phase(operation, ("ep_combine", row, counts.tobytes()), lambda: _ep.combine_blocks(me, counts, row), got)
         comm._protocol.finish(operation)
