@@ -31,6 +31,7 @@ import threading
 import time
 
 from stratacl._config import Config
+from stratacl.runtime import _flight
 from stratacl.runtime._control import (FAILED_EXIT, FAILED_SIGNAL, STATE_DEAD, STATE_FINALIZED, Control)
 from stratacl.runtime._segments import create_job_segments
 
@@ -79,6 +80,8 @@ class JobOutcome:
     reason: str = ""            # '' | 'failure' | 'signal' | 'deadline'
     signal: int = 0
     shutdown_at: float | None = None    # when the launcher began ending the ranks still running
+    flight: dict | None = None          # a failed job's flight records, rank -> [FlightEntry] (runtime/_flight.py)
+    flight_read_at: float = 0.0         # time.monotonic() when they were read
 
     @property
     def ok(self) -> bool:
@@ -139,8 +142,25 @@ def format_failure(outcome: JobOutcome) -> str:
             msg = f": {r.error['type']}: {r.error['message'].splitlines()[0] if r.error['message'] else ''}" \
                 if r.error else ""
             lines.append(f"  rank {r.rank}: {r.how()}{msg}")
+    lines += _flight_lines(outcome)
     lines.append(bar)
     return "\n".join(lines)
+
+
+def _flight_lines(outcome: JobOutcome) -> list[str]:
+    """The flight recorder's part of the root-cause block: each rank's newest collective call
+    and its state, then the ranks behind the others or in another operation."""
+    records = outcome.flight or {}
+    if not any(records.values()):
+        return []
+    lines = ["Flight recorder (each rank's newest collective call):"]
+    for rank, recs in sorted(records.items()):
+        lines.append(f"  rank {rank}: " + (recs[-1].describe(outcome.flight_read_at) if recs else "no collective call"))
+    odd = _flight.stragglers(records, len(outcome.ranks))
+    if odd:
+        lines.append("  so:")
+        lines += [f"  - {line}" for line in odd]
+    return lines
 
 
 class Job:
@@ -328,6 +348,8 @@ class Job:
                 killed = True
                 self._terminate(procs, ends, signal.SIGKILL)
         sel.close()
+        if not outcome.ok:
+            outcome.flight, outcome.flight_read_at = _flight.read_all(ctl), time.monotonic()
         return outcome
 
     @staticmethod

@@ -6,8 +6,8 @@ process it starts. It holds, in fixed places computed by ``Layout``:
     header            job facts and the first failure, written by the launcher; the count of
                       ranks asleep on a communicator word (so that wakes can be skipped)
     region[r]         one per rank: pid and state, a doorbell, the inbound mailbox rings
-                      (one single-producer ring per sender, the daemon's last), and the rank's
-                      communicator slots (barrier words, descriptors, and the text of why the
+                      (one single-producer ring per sender, the daemon's last), its flight
+                      recorder (runtime/_flight.py), and the rank's communicator slots (barrier words, descriptors, and the text of why the
                       rank rejected its arguments, written only then: Layout.slot_reason)
     daemon region     the daemon's doorbell and one inbound ring per rank (the relay path)
 
@@ -21,11 +21,13 @@ import mmap
 import numpy as np
 
 from . import _native
+
 # an operation descriptor's DESC_FIXED int64 fields, F_* (collectives and point-to-point share
 # the layout): native code reads them, so _native.h defines them; the slot's users take them
 # from here, with the rest of the layout
 from ._native import (DESC_FIXED, F_ADDR, F_AUX0, F_AUX1, F_AUX2, F_CALL, F_COUNT, F_DTYPE, F_EPOCH,  # noqa: F401
-                      F_FLAGS, F_NBYTES, F_OP, F_REDOP, F_ROOT, F_SEG_OFF, F_SEG_SIZE, F_SEG_VA)
+                      F_FLAGS, F_NBYTES, F_OP, F_REDOP, F_ROOT, F_SEG_OFF, F_SEG_SIZE, F_SEG_VA, FL_WORDS,
+                      FLIGHT_ENTRIES, FLIGHT_HEADER)
 
 MAGIC = 0x5354524154414C31  # "STRATAL1"
 HEADER_BYTES = 4096
@@ -33,6 +35,7 @@ RING_ENTRIES = 64
 RING_ENTRY_WORDS = 8                      # 8 x u64 = one 64-byte message
 RING_BYTES = 128 + RING_ENTRIES * RING_ENTRY_WORDS * 8
 COMM_SLOTS = 128
+FLIGHT_BYTES = (FLIGHT_HEADER + FLIGHT_ENTRIES * FL_WORDS) * 8
 P2P_DESC = DESC_FIXED                     # a point-to-point descriptor is an operation descriptor
 # a collective descriptor's extension words: 2 per member (all_to_all_v's counts; the ring's
 # extra buffer), and this many more for the operations that name a second buffer and their
@@ -70,7 +73,8 @@ class Layout:
         self.desc_words = DESC_FIXED + 2 * world + EXT_WORDS_EXTRA
         self.slot_bytes = _align(self.slot_reason(2 + 2 * world), 4096)
         self.rings_bytes = (world + 1) * RING_BYTES
-        self.slots_offset = _align(R_RINGS + self.rings_bytes, 4096)
+        self.flight_offset = _align(R_RINGS + self.rings_bytes)
+        self.slots_offset = _align(self.flight_offset + FLIGHT_BYTES, 4096)
         self.region_bytes = self.slots_offset + COMM_SLOTS * self.slot_bytes
         self.daemon_offset = HEADER_BYTES + world * self.region_bytes
         self.total = self.daemon_offset + _align(R_RINGS + world * RING_BYTES, 4096)
@@ -85,6 +89,10 @@ class Layout:
         Either side may be ``world``, meaning the daemon.
         """
         return self.region(consumer) + R_RINGS + producer * RING_BYTES
+
+    def flight(self, rank: int) -> int:
+        """Offset of a rank's flight recorder (_native.h, FL_*; runtime/_flight.py)."""
+        return self.region(rank) + self.flight_offset
 
     def slot(self, rank: int, index: int) -> int:
         return self.region(rank) + self.slots_offset + index * self.slot_bytes

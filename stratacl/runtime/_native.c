@@ -269,9 +269,59 @@ static int read_fields(PyObject *o, int64_t out[DESC_FIXED], const char *what) {
     return ok ? 0 : -1;
 }
 
+/* ---- the flight recorder (_native.h, FL_*) ---------------------------------------------- */
+static int64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static int64_t *flight_entry(int64_t *fl, uint64_t seq) {
+    return fl + FLIGHT_HEADER + (seq % FLIGHT_ENTRIES) * FL_WORDS;
+}
+
+/* Open the entry of the call whose descriptor is `fields` (F_CALL set), entering at barrier k. */
+void flight_open(const int64_t *cx, const int64_t *fields, uint64_t k) {
+    int64_t *fl = (int64_t *)(uintptr_t)cx[CX_FLIGHT];
+    if (fl == NULL) return;
+    uint64_t seq = __atomic_add_fetch((uint64_t *)fl, 1, __ATOMIC_RELAXED);
+    int64_t *e = flight_entry(fl, seq);
+    __atomic_store_n(&e[FL_SEQ], 0, __ATOMIC_RELAXED);        /* not valid while it is written */
+    e[FL_COMM] = cx[CX_COUNTER] - cx[CX_CTL];
+    e[FL_N] = cx[CX_N];
+    e[FL_ME] = cx[CX_ME];
+    e[FL_OP] = fields[F_OP];
+    e[FL_CALL] = fields[F_CALL];
+    e[FL_COUNT] = fields[F_COUNT];
+    e[FL_NBYTES] = fields[F_NBYTES];
+    e[FL_ROOT] = fields[F_ROOT];
+    e[FL_K_ENTRY] = (int64_t)k;
+    e[FL_K_LAST] = 0;
+    e[FL_T_ENTER] = now_ns();
+    e[FL_T_LAST] = 0;
+    __atomic_store_n(&e[FL_SEQ], (int64_t)seq, __ATOMIC_RELEASE);
+}
+
+/* Note arriving at barrier k in the newest entry of this communicator. */
+static void flight_arrive(const int64_t *cx, uint64_t k) {
+    int64_t *fl = (int64_t *)(uintptr_t)cx[CX_FLIGHT];
+    if (fl == NULL) return;
+    uint64_t seq = __atomic_load_n((uint64_t *)fl, __ATOMIC_RELAXED);
+    int64_t comm = cx[CX_COUNTER] - cx[CX_CTL];
+    for (uint64_t back = 0; back < FLIGHT_ENTRIES && back < seq; back++) {
+        int64_t *e = flight_entry(fl, seq - back);
+        if (__atomic_load_n(&e[FL_SEQ], __ATOMIC_ACQUIRE) == (int64_t)(seq - back) && e[FL_COMM] == comm) {
+            e[FL_T_LAST] = now_ns();
+            e[FL_K_LAST] = (int64_t)k;
+            return;
+        }
+    }
+}
+
 /* Arrive at barrier number k and wait at most `seconds` for the others (GIL released by the
  * caller). 1: complete; 0: not yet. */
 int barrier(const int64_t *cx, uint64_t k, long polls, double seconds) {
+    flight_arrive(cx, k);
     uint64_t *counter = (uint64_t *)(uintptr_t)cx[CX_COUNTER];
     uint32_t *gen = (uint32_t *)(uintptr_t)cx[CX_GEN];
     uint64_t target = k * (uint64_t)cx[CX_N];
@@ -372,6 +422,7 @@ static PyObject *enter(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     int parity = (int)(calls & 1), rc;
     fields[F_CALL] = calls;
     memcpy((int64_t *)(uintptr_t)c[CX_DESC + parity * c[CX_N] + c[CX_ME]], fields, DESC_FIXED * 8);
+    flight_open(c, fields, (uint64_t)k);
     Py_BEGIN_ALLOW_THREADS
     if (!barrier(c, (uint64_t)k, polls, seconds)) rc = 1;
     else rc = descriptors_agree(c, parity) ? 0 : 2;
@@ -634,6 +685,7 @@ MeshState mesh_start(const int64_t *rows) {
     int64_t *mine = (int64_t *)(uintptr_t)c[CX_DESC + s.parity * n + me];
     memcpy(mine, p, DESC_FIXED * 8);
     mine[F_CALL] = (int64_t)calls;
+    flight_open(c, mine, s.k);
     return s;
 }
 
@@ -802,7 +854,10 @@ PyMethodDef native_methods[] = {
 static const struct { const char *name; long value; } constants[] = {
     CONSTANT(CX_COUNTER), CONSTANT(CX_GEN), CONSTANT(CX_ARRIVAL), CONSTANT(CX_N), CONSTANT(CX_ME), CONSTANT(CX_TALLY),
     CONSTANT(CX_ROOTS), CONSTANT(CX_SENT), CONSTANT(CX_RECEIVED), CONSTANT(CX_COUNTERS), CONSTANT(CX_BARRIERS),
-    CONSTANT(CX_DESC),
+    CONSTANT(CX_FLIGHT), CONSTANT(CX_CTL), CONSTANT(CX_DESC),
+    CONSTANT(FL_SEQ), CONSTANT(FL_COMM), CONSTANT(FL_N), CONSTANT(FL_ME), CONSTANT(FL_OP), CONSTANT(FL_CALL),
+    CONSTANT(FL_COUNT), CONSTANT(FL_NBYTES), CONSTANT(FL_ROOT), CONSTANT(FL_K_ENTRY), CONSTANT(FL_K_LAST),
+    CONSTANT(FL_T_ENTER), CONSTANT(FL_T_LAST), CONSTANT(FL_WORDS), CONSTANT(FLIGHT_HEADER), CONSTANT(FLIGHT_ENTRIES),
     CONSTANT(T_CALLS), CONSTANT(T_SYNCS), CONSTANT(T_NATIVE), CONSTANT(T_WORDS),
     CONSTANT(F_OP), CONSTANT(F_DTYPE), CONSTANT(F_COUNT), CONSTANT(F_ROOT), CONSTANT(F_REDOP), CONSTANT(F_FLAGS),
     CONSTANT(F_ADDR), CONSTANT(F_NBYTES), CONSTANT(F_SEG_VA), CONSTANT(F_SEG_SIZE), CONSTANT(F_SEG_OFF),

@@ -26,6 +26,7 @@
  *   point-to-point sequence numbers per peer   [CX_COUNTERS] its byte counters, CTR_*
  *   (the int64 arrays of runtime/_comm.py, all n long but the tally and the counters)
  *   [CX_BARRIERS] the rank's count of barriers completed natively (Runtime.native_calls)
+ *   [CX_FLIGHT] the rank's flight recorder (0: none)   [CX_CTL] the control segment's base
  *   [CX_DESC + p*n + i] member i's descriptor, parity p
  * Descriptor fields are the F_* words of a descriptor in the control segment (runtime/_control.py).
  *
@@ -33,10 +34,21 @@
  * (export_constants in _native.c) and the Python side imports them from there (runtime/_control.py,
  * _comm.py, _p2p.py); tests/test_constants.py checks that none is missing. */
 enum { CX_COUNTER, CX_GEN, CX_ARRIVAL, CX_N, CX_ME, CX_TALLY, CX_ROOTS, CX_SENT, CX_RECEIVED, CX_COUNTERS, CX_BARRIERS,
-       CX_DESC };
+       CX_FLIGHT, CX_CTL, CX_DESC };
 enum { T_CALLS, T_SYNCS, T_NATIVE, T_WORDS };   /* calls, barrier numbers, native methods allowed */
 enum { F_OP, F_DTYPE, F_COUNT, F_ROOT, F_REDOP, F_FLAGS, F_ADDR, F_NBYTES, F_SEG_VA, F_SEG_SIZE,
        F_SEG_OFF, F_EPOCH, F_AUX0, F_AUX1, F_AUX2, F_CALL, DESC_FIXED };
+
+/* The flight recorder: a rank's last FLIGHT_ENTRIES collective calls, on any communicator, in
+ * its region of the control segment (runtime/_control.py, Layout.flight), for the launcher to
+ * read when a job fails. Word 0 counts the calls ever opened; entry s % FLIGHT_ENTRIES (after
+ * FLIGHT_HEADER words) holds call s: FL_* words. flight_open writes one as a call publishes its
+ * descriptor; every barrier this rank arrives at notes its number and time in the newest entry
+ * of its communicator. FL_COMM is the communicator's barrier counter as an offset in the
+ * control segment: whether barrier k has completed is that counter >= k * FL_N. */
+enum { FL_SEQ, FL_COMM, FL_N, FL_ME, FL_OP, FL_CALL, FL_COUNT, FL_NBYTES, FL_ROOT, FL_K_ENTRY, FL_K_LAST,
+       FL_T_ENTER, FL_T_LAST, FL_WORDS = 16 };
+enum { FLIGHT_HEADER = 8, FLIGHT_ENTRIES = 32 };
 
 /* A communicator's per-peer point-to-point words, (n, PX_WORDS) addresses (runtime/_p2p.py),
  * and the stages where p2p_core stops. */
@@ -76,6 +88,7 @@ extern const StrataKernelsApi *kernels;
 int load_kernels(void);
 int get_i64_buffer(PyObject *o, Py_buffer *view, int writable, const char *what);
 int barrier(const int64_t *cx, uint64_t k, long polls, double seconds);
+void flight_open(const int64_t *cx, const int64_t *fields, uint64_t k);
 int descriptors_agree(const int64_t *cx, int parity);
 int p2p_core(const int64_t *w, int64_t n, long me, long dst, uint32_t send_seq, const int64_t *fields, long src,
              uint32_t recv_seq, int dtype, long long count, long long itemsize, int64_t out_addr,

@@ -129,6 +129,8 @@ class Protocol:
         cx[_native.CX_RECEIVED] = _native.data_address(self._received)
         cx[_native.CX_COUNTERS] = _native.data_address(counters)
         cx[_native.CX_BARRIERS] = rt.native_call_word("barrier")
+        cx[_native.CX_FLIGHT] = base + lay.flight(rt.rank)       # runtime/_flight.py
+        cx[_native.CX_CTL] = base
         cx[_native.CX_DESC:] = desc_addrs
 
     # read-only here: native code numbers (see the module docstring)

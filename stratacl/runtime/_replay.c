@@ -115,6 +115,7 @@ static PyObject *barrier_call(PyObject *self, PyObject *const *args, Py_ssize_t 
     fields[F_CALL] = (int64_t)call;
     int parity = (int)(call & 1), rc;
     memcpy((int64_t *)(uintptr_t)c[CX_DESC + parity * c[CX_N] + c[CX_ME]], fields, DESC_FIXED * 8);
+    flight_open(c, fields, k);
     Py_BEGIN_ALLOW_THREADS
     if (!barrier(c, k, barrier_polls, barrier_seconds)) rc = 1;
     else rc = descriptors_agree(c, parity) ? 0 : 2;
