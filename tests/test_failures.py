@@ -312,6 +312,27 @@ def test_launcher_sigkilled_takes_ranks_and_daemon_with_it(tmp_path):
     assert shm_names(job) == []
 
 
+def test_daemon_sigkilled_ends_the_job_with_peer_failure_everywhere(tmp_path):
+    """The bootstrap daemon is what cleans up after a launcher that dies: without it the job
+    cannot keep that promise, so the launcher ends it. Every rank, busy in all_reduces among
+    live peers, raises PeerFailure at its next barrier."""
+    import psutil
+    n = 4
+    proc, pids, job, err = _start_blocking_job(n, tmp_path)
+    daemons = [c for c in psutil.Process(proc.pid).children() if "stratacl.jobs._daemon" in " ".join(c.cmdline())]
+    assert len(daemons) == 1
+    os.kill(daemons[0].pid, signal.SIGKILL)
+    assert proc.wait(timeout=60) == 1
+    proc.stdout.close()
+    text = err.read_text()
+    assert "its bootstrap daemon ended (killed by SIGKILL) while the ranks ran" in text, text
+    for r in range(n):
+        assert re.search(rf"^  rank {r}: exit code 1: PeerFailure: all_reduce: rank {r}: the job is shutting down: "
+                         rf"its bootstrap daemon ended \(killed by SIGKILL\)$", text, re.M), text
+    assert_all_gone(pids, timeout=15)
+    assert shm_names(job) == []
+
+
 # --- 4. SIGINT / SIGTERM to the launcher ----------------------------------------------------
 
 @pytest.mark.parametrize("sig, code, to_group", [(signal.SIGINT, 130, False), (signal.SIGTERM, 143, False),

@@ -32,7 +32,8 @@ import time
 
 from stratacl._config import Config
 from stratacl.runtime import _flight
-from stratacl.runtime._control import (FAILED_EXIT, FAILED_SIGNAL, STATE_DEAD, STATE_FINALIZED, Control)
+from stratacl.runtime._control import (FAILED_DAEMON, FAILED_EXIT, FAILED_SIGNAL, STATE_DEAD, STATE_FINALIZED,
+                                       Control)
 from stratacl.runtime._segments import create_job_segments
 
 from . import _wire
@@ -77,8 +78,8 @@ class RankEnd:
 class JobOutcome:
     job_id: str
     ranks: list[RankEnd]
-    reason: str = ""            # '' | 'failure' | 'signal' | 'deadline'
-    signal: int = 0
+    reason: str = ""            # '' | 'failure' | 'signal' | 'deadline' | 'daemon'
+    signal: int = 0             # the signal the launcher got; 'daemon': the daemon's returncode
     shutdown_at: float | None = None    # when the launcher began ending the ranks still running
     flight: dict | None = None          # a failed job's flight records, rank -> [FlightEntry] (runtime/_flight.py)
     flight_read_at: float = 0.0         # time.monotonic() when they were read
@@ -124,6 +125,10 @@ def format_failure(outcome: JobOutcome) -> str:
         lines.append(f"  the launcher received {signal.Signals(outcome.signal).name} and shut the job down")
     elif outcome.reason == "deadline":
         lines.append("  the job ran past its deadline (--deadline / STRATACL_DEADLINE) and was ended")
+    elif outcome.reason == "daemon":
+        how = RankEnd(-1, 0, outcome.signal).how()
+        lines.append(f"  its bootstrap daemon ended ({how}) while the ranks ran; without it nothing cleans up "
+                     f"after a launcher that dies, so the job was ended")
     root = outcome.root_cause
     if root is not None:
         lines += ["Root cause (first failure):",
@@ -248,7 +253,7 @@ class Job:
             hbm_fds = []
             if self.target[0] == "spawn":
                 threading.Thread(target=_send_payload, args=(socks, self.target[1:]), daemon=True).start()
-            return self._supervise(ctl, procs, socks)
+            return self._supervise(ctl, procs, socks, daemon)
         finally:
             for p in procs:
                 if p.poll() is None:
@@ -281,7 +286,8 @@ class Job:
         self._signal = signum
 
     # --- supervise --------------------------------------------------------------------------
-    def _supervise(self, ctl: Control, procs: list[subprocess.Popen], socks: list[socket.socket]) -> JobOutcome:
+    def _supervise(self, ctl: Control, procs: list[subprocess.Popen], socks: list[socket.socket],
+                   daemon: subprocess.Popen) -> JobOutcome:
         ends = [RankEnd(r, p.pid) for r, p in enumerate(procs)]
         outcome = JobOutcome(self.job_id, ends)
         sel = selectors.DefaultSelector()
@@ -335,6 +341,12 @@ class Job:
                 ctl.record_shutdown(self._signal)
                 term_at = outcome.shutdown_at = now
                 self._terminate(procs, ends, signal.SIGTERM)
+            if failed_at is None and term_at is None and daemon.poll() is not None:
+                # the ranks learn it at their next wait and raise; those that do not wait are
+                # ended after the grace period, as after a rank's failure
+                outcome.reason, outcome.signal = "daemon", daemon.returncode
+                ctl.record_shutdown(daemon.returncode, FAILED_DAEMON)
+                failed_at = outcome.shutdown_at = now
             deadline = self.config.deadline
             if deadline and term_at is None and now - started > deadline:
                 outcome.reason = "deadline"

@@ -50,7 +50,7 @@ STATE_STARTING, STATE_RUNNING, STATE_FINALIZED, STATE_DEAD = 0, 1, 2, 3
 H_MAGIC, H_WORLD, H_FAILED_RANK, H_FAILED_KIND, H_FAILED_VALUE, H_LAUNCHER_PID = 0, 8, 16, 24, 32, 40
 H_HBM_SIZE, H_VA_BASE, H_SLICE = 48, 56, 64
 H_SLEEPERS = 128                          # u32, own cache line: see set_sleepers in _native.c
-FAILED_EXIT, FAILED_SIGNAL, FAILED_SHUTDOWN = 1, 2, 3    # 0: none
+FAILED_EXIT, FAILED_SIGNAL, FAILED_SHUTDOWN, FAILED_DAEMON = 1, 2, 3, 4    # 0: none
 
 # rank region word offsets (bytes)
 R_PID, R_STATE, R_DOORBELL, R_PUBLISHED = 0, 8, 16, 24
@@ -191,7 +191,7 @@ class Control:
     # --- first failure, as recorded by the launcher ----------------------------------------
     def record_failure(self, rank: int, kind: int, value: int) -> bool:
         """Record the job's first failure; later calls keep the first. Returns True if recorded."""
-        if int(self.i64[H_FAILED_RANK // 8]) >= 0 or self.header(H_FAILED_KIND) == FAILED_SHUTDOWN:
+        if int(self.i64[H_FAILED_RANK // 8]) >= 0 or self.header(H_FAILED_KIND) in (FAILED_SHUTDOWN, FAILED_DAEMON):
             return False
         self.u64[H_FAILED_KIND // 8] = kind
         self.i64[H_FAILED_VALUE // 8] = value
@@ -202,13 +202,15 @@ class Control:
         """(rank, kind, value) of the first failure, or None while the job is healthy."""
         rank = int(self.i64[H_FAILED_RANK // 8])
         kind = self.header(H_FAILED_KIND)
-        if rank < 0 and kind != FAILED_SHUTDOWN:
+        if rank < 0 and kind not in (FAILED_SHUTDOWN, FAILED_DAEMON):
             return None
         return rank, kind, int(self.i64[H_FAILED_VALUE // 8])
 
-    def record_shutdown(self, signum: int) -> None:
+    def record_shutdown(self, signum: int, kind: int = FAILED_SHUTDOWN) -> None:
+        """The launcher ends the job: it got ``signum`` (SIGALRM: the deadline passed), or, with
+        ``kind`` FAILED_DAEMON, the bootstrap daemon ended with returncode ``signum``."""
         self.i64[H_FAILED_VALUE // 8] = signum
-        _native.store_u64(self.base + H_FAILED_KIND, FAILED_SHUTDOWN)
+        _native.store_u64(self.base + H_FAILED_KIND, kind)
 
     # --- a rejection's reason (Layout.slot_reason) ------------------------------------------
     def put_reason(self, offset: int, error: BaseException) -> None:

@@ -318,9 +318,17 @@ static void flight_arrive(const int64_t *cx, uint64_t k) {
     }
 }
 
+/* The control segment's failure word (runtime/_control.py, H_FAILED_KIND): nonzero once the
+ * launcher recorded a rank's failure or began ending the job. */
+#define H_FAILED_KIND 24
+
 /* Arrive at barrier number k and wait at most `seconds` for the others (GIL released by the
- * caller). 1: complete; 0: not yet. */
+ * caller). 1: complete; 0: not yet. Once the job has failed a rank arrives at no barrier: it
+ * returns 0 at once and the caller's wait, checking the job's health, raises. So every rank
+ * stops at its next barrier, also one whose members are all alive. */
 int barrier(const int64_t *cx, uint64_t k, long polls, double seconds) {
+    if (cx[CX_CTL] && __atomic_load_n((uint64_t *)(uintptr_t)(cx[CX_CTL] + H_FAILED_KIND), __ATOMIC_ACQUIRE))
+        return 0;
     flight_arrive(cx, k);
     uint64_t *counter = (uint64_t *)(uintptr_t)cx[CX_COUNTER];
     uint32_t *gen = (uint32_t *)(uintptr_t)cx[CX_GEN];

@@ -17,7 +17,7 @@ from typing import Callable
 
 from .._errors import CommTimeout, PeerFailure
 from . import _native
-from ._control import (FAILED_EXIT, FAILED_SHUTDOWN, FAILED_SIGNAL, STATE_DEAD, STATE_FINALIZED,
+from ._control import (FAILED_DAEMON, FAILED_EXIT, FAILED_SHUTDOWN, FAILED_SIGNAL, STATE_DEAD, STATE_FINALIZED,
                        Control)
 
 # Yielding polls before sleeping on the futex. A poll that yields hands the core to another
@@ -58,6 +58,10 @@ class JobHealth:
         failure = self.ctl.failure()
         if failure is not None:
             frank, kind, value = failure
+            if kind == FAILED_DAEMON:
+                how = _describe_failure(FAILED_SIGNAL if value < 0 else FAILED_EXIT, abs(value))
+                raise PeerFailure(f"{operation}: rank {self.rank}: the job is shutting down: its bootstrap "
+                                  f"daemon ended ({how})", None, operation)
             if kind == FAILED_SHUTDOWN:
                 why = ("it passed its deadline (--deadline)" if value == signal.SIGALRM
                        else f"the launcher got {_signal_name(value)}")
