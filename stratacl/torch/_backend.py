@@ -64,6 +64,22 @@ class ProcessGroupStrataCL(dist.ProcessGroup):
     def getBackendName(self) -> str:
         return "stratacl"
 
+    # torch keeps a group's name and description in its C++ backends, which a Python process
+    # group has none of; DeviceMesh and the functional collectives look groups up by name
+    def _set_group_name(self, name: str) -> None:
+        self._group_name = name
+
+    @property
+    def group_name(self) -> str:
+        return getattr(self, "_group_name", "")
+
+    def _set_group_desc(self, desc: str) -> None:
+        self._group_desc = desc
+
+    @property
+    def group_desc(self) -> str:
+        return getattr(self, "_group_desc", "")
+
     def __repr__(self) -> str:
         return f"ProcessGroupStrataCL(rank={self.comm.rank}, size={self.comm.size}, members={self.comm.members})"
 
