@@ -280,7 +280,6 @@ class ProcessGroupStrataCL(dist.ProcessGroup):
         o, a = _tensors.array(output), _tensors.array(input)
         if not output_split_sizes and not input_split_sizes:
             return self._run(op, [output], lambda: self.comm.all_to_all(o, a), opts)
-        n = self.comm.size
         send = self._counts(input, a, input_split_sizes, op, "input")
         recv = self._counts(output, o, output_split_sizes, op, "output")
         return self._run(op, [output], lambda: self.comm.all_to_all_v(o, a, send, recv), opts)
@@ -320,7 +319,7 @@ class ProcessGroupStrataCL(dist.ProcessGroup):
                 piece.copy_(t.reshape(-1))
             got = torch.empty(sum(recv_n), dtype=dtype)
             a, o = _tensors.array(packed), _tensors.array(got)
-            w = a.size // max(packed.numel(), 1) if packed.numel() else (2 if dtype.is_complex else 1)
+            w = 2 if dtype.is_complex else 1          # numpy elements per tensor element
             self.comm.all_to_all_v(o, a, [c * w for c in send_n], [c * w for c in recv_n])
             for piece, t in zip(got.split(recv_n), output_tensors):
                 t.view(-1).copy_(piece)
