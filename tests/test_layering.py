@@ -13,6 +13,8 @@ function, relative ones resolved. The floors, from the bottom:
                       for users: _arrays, _estimate (the runtime's model), _spawn
     stratacl.bench, stratacl_launcher   tools on top of the library (the launcher: a command line
                       over jobs)
+    stratacl.torch    the torch.distributed backend: uses the public face only; nothing in the
+                      library imports it (torch stays optional)
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ import re
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TREES = {"stratacl": ROOT / "stratacl", "stratacl_launcher": ROOT / "launcher"}
-SUBPACKAGES = ("runtime", "ub", "collectives", "sdma", "ep", "jobs", "bench")
+SUBPACKAGES = ("runtime", "ub", "collectives", "sdma", "ep", "jobs", "bench", "torch")
 PUBLIC_FACE = ("_arrays", "_estimate", "_spawn")
 PUBLIC = "stratacl (public face)"
 
@@ -115,6 +117,12 @@ def test_the_library_never_imports_the_launcher():
 
 def test_nothing_in_the_library_imports_its_benchmark_tool():
     assert _violations(lambda s, d, _: s != "stratacl.bench" and d == "stratacl.bench") == []
+
+
+def test_the_torch_backend_is_a_user_of_the_public_face_only():
+    # `import stratacl` must never import torch, and the backend maps torch onto public calls
+    assert _violations(lambda s, d, _: s != "stratacl.torch" and d == "stratacl.torch") == []
+    assert _violations(lambda s, d, _: s == "stratacl.torch" and d not in ("stratacl.torch", PUBLIC)) == []
 
 
 def test_the_fabric_reads_no_runtime_internals():

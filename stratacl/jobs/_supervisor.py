@@ -168,6 +168,13 @@ def _flight_lines(outcome: JobOutcome) -> list[str]:
     return lines
 
 
+def _free_port() -> int:
+    """A TCP port on the loopback interface that no one listens on now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 class Job:
     """Run ``target`` on ``nprocs`` ranks. target: ('script', path, args) | ('module', name, args)
     | ('spawn', payload)."""
@@ -181,6 +188,7 @@ class Job:
         self.extra_env = extra_env or {}
         self.job_id = secrets.token_hex(4)
         self._signal = 0
+        self._master_port = _free_port()
 
     # --- start ------------------------------------------------------------------------------
     def _rank_env(self, rank: int, boot: dict) -> dict[str, str]:
@@ -197,6 +205,9 @@ class Job:
             "STRATACL_BOOT": json.dumps(boot), "STRATACL_LAUNCHER_PID": str(os.getpid()),
             "RANK": str(rank), "WORLD_SIZE": str(self.n), "LOCAL_RANK": str(rank),
             "LOCAL_WORLD_SIZE": str(self.n),
+            # what torch.distributed's env:// rendezvous reads, as torchrun sets it: rank 0 serves
+            # the TCPStore on this port (a port free when the job started)
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(self._master_port),
         })
         if self.config.tag_output:
             env["PYTHONUNBUFFERED"] = "1"

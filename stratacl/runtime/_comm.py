@@ -39,7 +39,7 @@ microsecond of a rank's Python costs about 16 of the call (docs/performance.md).
 from __future__ import annotations
 
 import logging
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -604,3 +604,26 @@ class Communicator:
         mine = [(int(descs[i, F_AUX1]), i) for i in range(self.size) if int(descs[i, F_AUX0]) == color]
         mine.sort()
         return Communicator(self._rt, [self.members[i] for _, i in mine], [int(descs[i, F_AUX2]) for _, i in mine])
+
+    def subgroup(self, ranks: Sequence[int], agree: Callable[[int], Sequence[int]]) -> Communicator:
+        """The communicator of ``ranks`` (ranks of this communicator, in the new one's order),
+        made by those ranks alone (MPI_Comm_create_group): collective over ``ranks`` only, the
+        other ranks of this communicator take no part. Where every rank can take part, ``split``
+        needs nothing more.
+
+        ``agree(slot)`` must publish this rank's communicator slot to the other members and
+        return every member's slot, in the order of ``ranks``: the members share no call of
+        this communicator to agree through, so the caller brings the channel (torch.distributed
+        brings its key-value store; stratacl/torch/_groups.py). Local apart from ``agree``."""
+        op = "subgroup"
+        ranks = [int(r) for r in ranks]
+        if sorted(set(ranks)) != sorted(ranks) or not all(0 <= r < self.size for r in ranks):
+            raise ValueError(f"{op}: ranks {ranks} must be distinct ranks of this communicator (size {self.size})")
+        if self.rank not in ranks:
+            raise ValueError(f"{op}: rank {self.rank} is not among the members {ranks}; only members call subgroup")
+        slots = [int(s) for s in agree(self._rt.reserve_slot())]
+        if len(slots) != len(ranks):
+            raise ValueError(f"{op}: agree() returned {len(slots)} slots for {len(ranks)} members")
+        s = self._rt.stats
+        s["calls"][op] = s["calls"].get(op, 0) + 1
+        return Communicator(self._rt, [self.members[r] for r in ranks], slots)

@@ -1,0 +1,30 @@
+"""torch.distributed backend "stratacl": unmodified PyTorch CPU programs on the emulated supernode.
+
+    import stratacl.torch                      # registers the backend (devices: cpu)
+    import torch.distributed as dist
+    dist.init_process_group("stratacl")        # under stratacl-launch, as under torchrun
+    x = stratacl.torch.zeros(1024)             # storage in this rank's HBM: zero copy
+    dist.all_reduce(x)
+
+Importing this module imports torch; ``import stratacl`` alone never does. The mapping of
+torch's operations onto the communicator is in _backend.py, how they are run and what their
+Work does in _work.py, the tensors in _tensors.py, groups in _groups.py; docs/torch.md tells
+the whole story.
+"""
+from __future__ import annotations
+
+import torch.distributed as _dist
+
+from ._backend import ProcessGroupStrataCL as ProcessGroupStrataCL
+from ._groups import create as _create
+from ._tensors import empty as empty
+from ._tensors import empty_like as empty_like
+from ._tensors import zeros as zeros
+from ._work import Work as Work
+
+BACKEND = "stratacl"
+
+__all__ = ["BACKEND", "ProcessGroupStrataCL", "Work", "empty", "empty_like", "zeros"]
+
+if BACKEND.upper() not in _dist.Backend._plugins:
+    _dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu"])

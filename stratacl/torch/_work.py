@@ -1,0 +1,192 @@
+"""How a process group's operations run, in the order the program issued them, and the Work
+torch gets for each.
+
+    caller thread                           the group's worker thread (started on first use)
+    op(..., asyncOp=False), nothing queued  runs the operation inline: no thread hop
+    op(..., asyncOp=True) --queue-->        FIFO: runs it, completes its Future, then its Work
+        <-- Work                            (DDP's communication hooks chain on the Future)
+    work.wait()   runs the operation itself if it is next in line and the worker is idle
+
+Point-to-point operations are collected, not run, until the program waits on (or polls, or
+asks for the future of) one of them, or issues any other operation; the batch then runs as
+one queued item which pairs each send with a receive (``Communicator.sendrecv``) in issue
+order. A communicator's send completes when its receiver has pulled the bytes (a rendezvous,
+MPI_Ssend), so running ``isend(1); irecv(1)`` one after the other on both ranks would
+deadlock; paired, both halves proceed at once, which is what torch programs that exchange
+with ``isend``/``irecv`` or ``batch_isend_irecv`` expect.
+
+Errors: a StrataCL error (mismatch, dead peer, timeout) reaches the caller of ``wait()`` (and
+the Future) as ``torch.distributed.DistBackendError`` whose message is StrataCL's and whose
+``__cause__`` is the StrataCL exception; a bad argument stays the TypeError or ValueError it is.
+"""
+from __future__ import annotations
+
+import collections
+import threading
+from datetime import timedelta
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+import stratacl
+
+
+def backend_error(operation: str, e: BaseException) -> BaseException:
+    """What torch users get for ``e``: StrataCL's own errors as DistBackendError (see the module
+    docstring), anything else as it is."""
+    if isinstance(e, stratacl.StrataError):
+        err = dist.DistBackendError(f"stratacl {operation}: {type(e).__name__}: {e}")
+        err.__cause__ = e
+        return err
+    return e
+
+
+class Work(dist._Work):
+    """One operation of a stratacl process group: torch's Work, completed with its Future."""
+
+    def __init__(self, operation: str, outputs: list, executor: Executor, p2p: bool = False):
+        super().__init__()
+        self.operation = operation
+        self._outputs = outputs
+        self._executor = executor
+        self._p2p = p2p
+        self._future: torch.futures.Future = torch.futures.Future()
+        self._done = threading.Event()
+        self._error: BaseException | None = None
+
+    def _run(self, fn: Callable[[], Any]) -> None:
+        try:
+            fn()
+        except BaseException as e:          # delivered by wait() and the Future
+            self._error = backend_error(self.operation, e)
+            self._future.set_exception(self._error)
+        else:
+            self._future.set_result(self._outputs)
+        self._done.set()
+
+    def _fail(self, error: BaseException) -> None:
+        self._error = error
+        self._future.set_exception(error)
+        self._done.set()
+
+    def wait(self, timeout: timedelta = timedelta(0)) -> bool:
+        """Block until the operation has run; raise its error. Host-blocking, as gloo's."""
+        if not self._done.is_set():
+            if self._p2p:
+                self._executor.flush()
+            self._executor.help(self)
+            self._done.wait()
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def is_completed(self) -> bool:
+        if self._p2p and not self._done.is_set():
+            self._executor.flush()
+        return self._done.is_set()
+
+    def is_success(self) -> bool:
+        return self._done.is_set() and self._error is None
+
+    def exception(self):
+        return self._error
+
+    def get_future(self) -> torch.futures.Future:
+        """Completes with the operation's output tensors (a list), or its error."""
+        if self._p2p and not self._done.is_set():
+            self._executor.flush()
+        return self._future
+
+    def result(self) -> list:
+        self.wait()
+        return self._outputs
+
+    def __repr__(self) -> str:
+        state = "failed" if self._error is not None else "completed" if self._done.is_set() else "pending"
+        return f"stratacl.torch.Work({self.operation}, {state})"
+
+
+class Executor:
+    """One process group's operations, in program order: inline, on its worker thread, or
+    batched (point-to-point); see the module docstring."""
+
+    def __init__(self, name: str):
+        self._name = name
+        self._cond = threading.Condition()
+        self._queue: collections.deque = collections.deque()
+        self._busy = False
+        self._thread: threading.Thread | None = None
+        self._p2p: list = []                     # (is_send, array, peer, work), in issue order
+        self._p2p_lock = threading.Lock()
+        self._run_batch: Callable[[list], None] | None = None
+
+    def submit(self, work: Work, fn: Callable[[], Any], async_op: bool) -> Work:
+        if self._p2p:
+            self.flush()
+        with self._cond:
+            inline = not async_op and not self._queue and not self._busy
+            if inline:
+                self._busy = True
+            else:
+                self._queue.append((work, fn))
+                self._start()
+                self._cond.notify_all()
+        if inline:
+            self._execute(work, fn)
+        return work
+
+    def post_p2p(self, is_send: bool, array, peer: int, work: Work, run_batch: Callable[[list], None]) -> Work:
+        with self._p2p_lock:
+            self._run_batch = run_batch
+            self._p2p.append((is_send, array, peer, work))
+        return work
+
+    def flush(self) -> None:
+        """Queue the point-to-point operations collected so far as one batch."""
+        with self._p2p_lock:
+            batch, self._p2p = self._p2p, []
+            run_batch = self._run_batch
+        if batch:
+            with self._cond:
+                self._queue.append(([w for *_, w in batch], lambda: run_batch(batch)))
+                self._start()
+                self._cond.notify_all()
+
+    def help(self, work: Work) -> None:
+        """Run the queue's head in this thread while the worker is idle, up to ``work``."""
+        while not work._done.is_set():
+            with self._cond:
+                if not self._queue or self._busy:
+                    return
+                head = self._queue[0][0]
+                if not (head is work or (isinstance(head, list) and any(w is work for w in head))):
+                    return
+                item, fn = self._queue.popleft()
+                self._busy = True
+            self._execute(item, fn)
+
+    def _execute(self, work: Work | list, fn: Callable[[], Any]) -> None:
+        try:
+            if isinstance(work, list):
+                fn()                 # a point-to-point batch completes its own Works
+            else:
+                work._run(fn)
+        finally:
+            with self._cond:
+                self._busy = False
+                self._cond.notify_all()
+
+    def _start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name=f"stratacl-torch-{self._name}", daemon=True)
+            self._thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue or self._busy:
+                    self._cond.wait()
+                work, fn = self._queue.popleft()
+                self._busy = True
+            self._execute(work, fn)
