@@ -60,7 +60,21 @@ class PeerFailure(StrataError):
 
 
 class CommTimeout(StrataError, TimeoutError):
-    """Peers did not arrive within the communication timeout (``STRATACL_TIMEOUT``)."""
+    """Peers did not arrive within the communication timeout (``STRATACL_TIMEOUT``).
+
+    ``operation`` is the operation that waited, ``missing`` the ranks (world numbering) it was
+    still waiting for where it knows them, and ``peer`` the first of them (None if unknown), as
+    PeerFailure names its peer.
+    """
+
+    def __init__(self, message: str, operation: str | None = None, missing: tuple[int, ...] = ()):
+        super().__init__(message)
+        self.operation = operation
+        self.missing = tuple(missing)
+        self.peer = self.missing[0] if self.missing else None
+
+    def __reduce__(self):
+        return (type(self), (self.args[0], self.operation, self.missing))
 
 
 class RankFailure(StrataError):

@@ -229,11 +229,14 @@ class Control:
 
     def count_sleepers(self) -> None:
         """This process's waits on communicator words count themselves in the header, and its
-        wakes of those words are skipped while nobody sleeps (_native.c, set_sleepers)."""
+        wakes of those words are skipped while nobody sleeps (_native.c, set_sleepers); its
+        barriers and transfers stop once the job has failed (watch_failures)."""
         _native.set_sleepers(self.base + H_SLEEPERS)
+        _native.watch_failures(self.base + H_FAILED_KIND)
 
     def close(self) -> None:
         _native.set_sleepers(0)
+        _native.watch_failures(0)
         self.u8 = self.u32 = self.u64 = self.i64 = None  # type: ignore[assignment]
         try:
             self._mm.close()

@@ -137,7 +137,7 @@ class Executor:
             self._rt.health.check(operation, [])
             if time.monotonic() > deadline:
                 raise CommTimeout(f"{operation}: rank {self._rt.rank}: the SDMA engine did not complete "
-                                  f"{len(smap)} transfers within {self._rt.config.timeout:g} s")
+                                  f"{len(smap)} transfers within {self._rt.config.timeout:g} s", operation)
         if eng.error is not None:
             raise eng.error
         return int(smap.nbytes[~moving].sum())

@@ -120,6 +120,26 @@ static PyObject *set_sleepers(PyObject *self, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
+/* The control segment's failure word (runtime/_control.py, H_FAILED_KIND), nonzero once the
+ * launcher recorded a rank's failure or began ending the job; set once per process by
+ * watch_failures. Once it is set, a rank arrives at no barrier and starts no point-to-point
+ * transfer: those return "not yet", and the caller's wait, which checks the job's health
+ * first, raises. So every rank stops at its next barrier or transfer, also one whose peers
+ * are all alive, instead of running on until the launcher's grace period ends it. */
+static uint64_t *failure_word;
+
+static inline int job_failed(void) {
+    return failure_word != NULL && __atomic_load_n(failure_word, __ATOMIC_ACQUIRE) != 0;
+}
+
+/* watch_failures(addr): the failure word's address in this process (0: none). */
+static PyObject *watch_failures(PyObject *self, PyObject *arg) {
+    void *p;
+    if (parse_addr(arg, &p) < 0) return NULL;
+    failure_word = (uint64_t *)p;
+    Py_RETURN_NONE;
+}
+
 /* futex_wait(addr, expected, timeout_s[, counted]) -> True if woken or the word changed, False
  * on timeout. ``counted``: the word is a communicator's, whose wakes are skipped when nobody
  * is counted asleep (see sleepers). */
@@ -318,17 +338,11 @@ static void flight_arrive(const int64_t *cx, uint64_t k) {
     }
 }
 
-/* The control segment's failure word (runtime/_control.py, H_FAILED_KIND): nonzero once the
- * launcher recorded a rank's failure or began ending the job. */
-#define H_FAILED_KIND 24
-
 /* Arrive at barrier number k and wait at most `seconds` for the others (GIL released by the
- * caller). 1: complete; 0: not yet. Once the job has failed a rank arrives at no barrier: it
- * returns 0 at once and the caller's wait, checking the job's health, raises. So every rank
- * stops at its next barrier, also one whose members are all alive. */
+ * caller). 1: complete; 0: not yet (also, without arriving, once the job has failed: see
+ * failure_word). */
 int barrier(const int64_t *cx, uint64_t k, long polls, double seconds) {
-    if (cx[CX_CTL] && __atomic_load_n((uint64_t *)(uintptr_t)(cx[CX_CTL] + H_FAILED_KIND), __ATOMIC_ACQUIRE))
-        return 0;
+    if (job_failed()) return 0;
     flight_arrive(cx, k);
     uint64_t *counter = (uint64_t *)(uintptr_t)cx[CX_COUNTER];
     uint32_t *gen = (uint32_t *)(uintptr_t)cx[CX_GEN];
@@ -590,6 +604,7 @@ int p2p_core(const int64_t *w, int64_t n, long me, long dst, uint32_t send_seq, 
                     uint32_t recv_seq, int dtype, long long count, long long itemsize, int64_t out_addr,
                     const int64_t *plan, Py_ssize_t rows, int64_t *b, const int64_t *rd, long polls, double seconds) {
 #define WORD(peer, which) ((uint32_t *)(uintptr_t)w[(peer) * PX_WORDS + (which)])
+    if (job_failed()) return src >= 0 ? P2P_RECV_WAIT : P2P_SEND_WAIT;    /* the caller's wait raises */
     if (dst >= 0) announce_send((void *)(uintptr_t)w[dst * PX_WORDS + PX_SEND_DESC], fields, WORD(dst, PX_SEND_FLAG),
                                 send_seq);
     if (src >= 0) {
@@ -853,6 +868,7 @@ PyMethodDef native_methods[] = {
     {"munmap_at", (PyCFunction)(void (*)(void))munmap_at, METH_FASTCALL, "munmap a range."},
     {"punch_hole", (PyCFunction)(void (*)(void))punch_hole, METH_FASTCALL, "Release the pages of a file range."},
     {"set_sleepers", set_sleepers, METH_O, "Where this job counts the sleepers on communicator words."},
+    {"watch_failures", watch_failures, METH_O, "Where this job records its first failure (H_FAILED_KIND)."},
     {"set_pdeathsig", set_pdeathsig, METH_O, "Deliver a signal to this process when its parent dies."},
     {NULL, NULL, 0, NULL},
 };

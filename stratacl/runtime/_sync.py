@@ -67,8 +67,11 @@ class JobHealth:
                        else f"the launcher got {_signal_name(value)}")
                 raise PeerFailure(f"{operation}: rank {self.rank}: the job is shutting down: {why}",
                                   None, operation)
+            # a rank that failed after this wait began (say, timing out on the same straggler)
+            # is not the whole story: name the ranks this wait still misses too
+            also = f" (rank(s) {waiting_for} had not arrived)" if waiting_for and frank not in waiting_for else ""
             raise PeerFailure(f"{operation}: rank {self.rank}: peer rank {frank} "
-                              f"{_describe_failure(kind, value)}; this operation cannot complete",
+                              f"{_describe_failure(kind, value)}; this operation cannot complete{also}",
                               frank, operation)
         for p in waiting_for:
             st = self.ctl.state(p)
@@ -80,7 +83,11 @@ class JobHealth:
 
 def wait_until(ready: Callable[[], bool], futex_addr: int, health: JobHealth, operation: str,
                timeout: float, missing: Callable[[], list[int]], what: str) -> None:
-    """Return once ``ready()``; sleep on ``futex_addr`` (a u32 whose change signals progress)."""
+    """Return once ``ready()``; sleep on ``futex_addr`` (a u32 whose change signals progress).
+    Once the job has failed it raises at once: native code stops at its next barrier or
+    transfer and hands the wait to here (_native.c, failure_word)."""
+    if health.ctl.failure() is not None:
+        health.check(operation, missing())
     if ready():
         return
     for _ in range(SPIN_POLLS):
@@ -98,7 +105,7 @@ def wait_until(ready: Callable[[], bool], futex_addr: int, health: JobHealth, op
             gone = missing()
             raise CommTimeout(f"{operation}: rank {health.rank} waited {timeout:g} s for {what}; "
                               f"still missing: {gone}. Raise --timeout (STRATACL_TIMEOUT) if they are "
-                              f"only slow.")
+                              f"only slow.", operation, gone)
         _native.futex_wait(futex_addr, seen, min(SLICE, left), True)     # counted: see set_sleepers
         if not ready():
             health.check(operation, missing())

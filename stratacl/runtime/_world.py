@@ -170,7 +170,7 @@ class Runtime:
                 self.health.check(operation, [])
                 if time.monotonic() > deadline:
                     raise CommTimeout(f"{operation}: rank {self.rank}: {work!r} did not complete within "
-                                      f"{self.config.timeout:g} s")
+                                      f"{self.config.timeout:g} s", operation)
             if work.modeled is None or work.modeled[1] <= t0:
                 continue               # failed, or over before t0
             keep.append(work)
