@@ -1,0 +1,373 @@
+"""The fault matrix: every fault in every phase of a job, and what the job does about it.
+
+    python benchmarks/faults.py                      # N = 4 and 32, every cell (~20 min on 2 cores)
+    python benchmarks/faults.py --ranks 4 --faults kill,hang --phases all_reduce,split
+    python benchmarks/faults.py --write-docs         # and replace the table in docs/reliability.md
+
+A cell runs one job under ``stratacl-launch`` in which one fault happens in one phase:
+
+    faults   raise     rank V raises (a Python exception) instead of the phase's call
+             kill      rank V SIGKILLs itself instead of the phase's call
+             hang      rank V SIGSTOPs itself instead of the phase's call (it never arrives)
+             daemon    the job's bootstrap daemon is SIGKILLed while every rank is in the phase
+             launcher  the launcher is SIGKILLed while every rank is in the phase
+    phases   init, allocation (the first), registration (a fresh segment being announced),
+             each operator (all_reduce, all_gather, reduce_scatter, all_to_all, all_to_all_v,
+             broadcast, barrier, sendrecv, dispatch, combine), async (an all_reduce with
+             async_op=True, then wait), split, finalize
+
+For the rank faults the other ranks are inside the phase's call (or enter it) while rank V
+fails, which is what a peer sees of a rank failing inside it; for daemon and launcher every
+rank loops on the phase's call until the kill. What is checked, per cell:
+
+- every survivor raises PeerFailure or CommTimeout naming rank V (the daemon, for the daemon
+  fault) and the operation, within the bound: well under the communication timeout (5 s) for
+  a death, the timeout (plus a second) for a hang; a launcher's death leaves no survivor;
+- the launcher exits non-zero and its root-cause block names rank V (for a hang, in the
+  survivors' timeouts and in the flight recorder) or the daemon;
+- nothing is left: no /dev/shm name or semaphore of the job, no rank or daemon process.
+
+Nothing here is timed by sleeping: the harness reads the ranks' records from the launcher's
+stdout and acts when they arrive, each job with a deadline.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+FAULTS = ("raise", "kill", "hang", "daemon", "launcher")
+OPERATORS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "all_to_all_v", "broadcast", "barrier",
+             "sendrecv", "dispatch", "combine")
+PHASES = ("init", "allocation", "registration", *OPERATORS, "async", "split", "finalize")
+MARK = b"@@ "
+TIMEOUT = {"hang": 3.0}         # --timeout per fault: a hang is found by it; a death must not need it
+DEFAULT_TIMEOUT = 20.0
+DEATH_BOUND = 5.0               # seconds from a death to every survivor's error
+JOB_DEADLINE = 60               # the launcher's --deadline: what ends a rank hung outside any collective
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "reliability.md"
+BEGIN, END = "<!-- fault-matrix:begin -->", "<!-- fault-matrix:end -->"
+
+
+# --- inside a rank ----------------------------------------------------------------------------
+def _emit(**record) -> None:
+    record.setdefault("rank", int(os.environ.get("STRATACL_RANK", "-1")))
+    record.setdefault("pid", os.getpid())
+    record.setdefault("job", os.environ.get("STRATACL_JOB_ID"))
+    record.setdefault("t", time.monotonic())
+    os.write(1, MARK + json.dumps(record).encode() + b"\n")
+
+
+def _inject(fault: str) -> None:
+    _emit(kind="fault")
+    if fault == "raise":
+        raise RuntimeError("injected fault")
+    os.kill(os.getpid(), signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
+
+
+def rank_main(fault: str, phase: str, victim: int) -> None:
+    """One rank of a cell: run up to ``phase``, then fail there (rank ``victim``) or call it."""
+    import numpy as np
+
+    import stratacl
+    from stratacl import ep
+    me = int(os.environ["STRATACL_RANK"])
+    external = fault in ("daemon", "launcher")
+    doomed = me == victim and not external
+
+    def at(name: str) -> None:
+        """Say this rank reached ``name``; rank ``victim`` fails here if it is the phase."""
+        if name == phase:
+            _emit(kind="at", phase=name)
+            if doomed:
+                _inject(fault)
+
+    def repeat(call) -> None:
+        """The phase's call: once, or until the harness's kill for an external fault."""
+        call()
+        while external:
+            call()
+
+    def hold(comm) -> None:
+        """After a phase that cannot be repeated, an external fault finds the ranks in barriers."""
+        while external:
+            comm.barrier()
+
+    try:
+        at("init")
+        comm = stratacl.init()
+        n = comm.size
+        if phase == "init":
+            hold(comm)
+        at("allocation")
+        x = stratacl.empty((4096,), np.float32)
+        x[:] = me
+        if phase == "allocation":
+            hold(comm)
+        out = stratacl.empty((4096 * n,), np.float32)
+        comm.barrier()
+        if phase == "registration":
+            at("registration")
+            fresh = stratacl.empty((4 << 20,), np.uint8)   # a new segment, announced in the background
+            fresh[:] = 1
+            repeat(comm.barrier)
+        buf = ep.Buffer(comm, 4 * n)
+        idx = np.array([[(me + t) % (4 * n), (me + t + 1) % (4 * n)] for t in range(16)], dtype=np.int64)
+        w = np.ones((16, 2), dtype=np.float32)
+        tokens = stratacl.empty((16, 64), np.float16)
+        tokens[:] = me
+        calls = {
+            "all_reduce": lambda: comm.all_reduce(x),
+            "all_gather": lambda: comm.all_gather(out, x),
+            "reduce_scatter": lambda: comm.reduce_scatter(x[:4096 // n], out[:4096 // n * n]),
+            "all_to_all": lambda: comm.all_to_all(out, out.copy()),
+            "all_to_all_v": lambda: comm.all_to_all_v(out, x, [4096 // n] * n, [4096 // n] * n),
+            "broadcast": lambda: comm.broadcast(x, root=0),
+            "barrier": comm.barrier,
+            "sendrecv": lambda: comm.sendrecv(x, dst=(me + 1) % n, out=out[:4096], src=(me - 1) % n),
+            "dispatch": lambda: buf.dispatch(tokens, idx, w),
+            "async": lambda: comm.all_reduce(x, async_op=True).wait(),
+            "split": lambda: comm.split(color=me % 2, key=me),
+        }
+        if phase == "combine":
+            recv, *_, handle = buf.dispatch(tokens, idx, w)
+            calls["combine"] = lambda: buf.combine(recv, handle)
+        if phase in calls:
+            at(phase)
+            repeat(calls[phase])
+        comm.barrier()
+        at("finalize")
+        stratacl.finalize()
+        if phase == "finalize" and external:
+            threading.Event().wait()      # finalized: nothing left that could notice
+        _emit(kind="done")
+    except Exception as e:
+        _emit(kind="error", type=type(e).__name__, message=str(e), peer=getattr(e, "peer", None),
+              operation=getattr(e, "operation", None))
+        raise
+
+
+# --- the harness ------------------------------------------------------------------------------
+def _launcher() -> str:
+    here = Path(sys.executable).parent / "stratacl-launch"
+    return str(here) if here.exists() else shutil.which("stratacl-launch")
+
+
+def _job_names(job: str) -> list[str]:
+    p = f"stratacl-{job}-"
+    return sorted(name for name in os.listdir("/dev/shm") if name.startswith(p) or name.startswith("sem." + p))
+
+
+def _alive(pids: list[int]) -> list[int]:
+    import psutil
+    left = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                left.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return left
+
+
+def _wait_gone(pids: list[int], seconds: float) -> list[int]:
+    import psutil
+    procs = []
+    for pid in pids:
+        try:
+            procs.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(procs, timeout=seconds)
+    return _alive(pids)
+
+
+def run_cell(fault: str, phase: str, n: int, deadline: float = JOB_DEADLINE + 60) -> dict:
+    """Run one cell and check it (module docstring); a row of the table."""
+    import psutil
+    victim = n // 2
+    timeout = TIMEOUT.get(fault, DEFAULT_TIMEOUT)
+    cmd = [_launcher(), "-n", str(n), "--timeout", str(timeout), "--grace", "1", "--deadline", str(JOB_DEADLINE),
+           __file__,
+           "--rank", fault, phase, str(victim)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STRATACL_")}
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, start_new_session=True)
+    err_chunks: list[bytes] = []
+    reader = threading.Thread(target=lambda: err_chunks.append(proc.stderr.read()), daemon=True)
+    reader.start()
+    records, pending, daemon_pids = [], b"", []
+    killed_at = None
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ)
+    while True:
+        if time.monotonic() - t0 > deadline:
+            os.killpg(proc.pid, signal.SIGKILL)
+            break
+        if not sel.select(timeout=0.5):
+            continue
+        data = os.read(proc.stdout.fileno(), 1 << 16)
+        if not data:
+            break
+        lines = (pending + data).split(b"\n")
+        pending = lines.pop()
+        records += [json.loads(ln[len(MARK):]) for ln in lines if ln.startswith(MARK)]
+        if not daemon_pids:
+            try:
+                daemon_pids = [c.pid for c in psutil.Process(proc.pid).children()
+                               if "stratacl.jobs._daemon" in " ".join(c.cmdline())]
+            except psutil.Error:
+                pass
+        at = {r["rank"] for r in records if r["kind"] == "at"}
+        if fault in ("daemon", "launcher") and killed_at is None and len(at) == n:
+            target = daemon_pids[0] if fault == "daemon" and daemon_pids else proc.pid
+            killed_at = time.monotonic()
+            try:
+                os.kill(target, signal.SIGKILL)
+            except ProcessLookupError:
+                pass                   # it ended on its own first: the checks below say how
+    sel.close()
+    rc = proc.wait(timeout=60)
+    reader.join(timeout=10)
+    elapsed = time.monotonic() - t0
+    stderr = b"".join(err_chunks).decode(errors="replace")
+    ranks = {r["rank"]: r for r in records if r["kind"] == "at"}
+    pids = [r["pid"] for r in records if r["kind"] == "at"] + daemon_pids
+    jobs = {r["job"] for r in records if r.get("job")}
+    left_procs = _wait_gone(pids, 10)
+    names = [name for job in jobs for name in _job_names(job)]
+    errors = {r["rank"]: r for r in records if r["kind"] == "error" and r["rank"] != victim}
+    survivors = [r for r in range(n) if r != victim] if fault not in ("daemon", "launcher") else list(range(n))
+    fault_t = next((r["t"] for r in records if r["kind"] == "fault"), killed_at)
+    row = {"fault": fault, "phase": phase, "ranks": n, "exit": rc, "elapsed_s": round(elapsed, 1),
+           "survivors": len(survivors), "raised": 0, "classes": [], "names_peer": True, "operations": [],
+           "detect_s": None, "root_cause": False, "left_shm": len(names), "left_procs": len(left_procs),
+           "notes": []}
+    if fault == "launcher":
+        row["raised"] = 0
+        row["root_cause"] = rc == -signal.SIGKILL
+        row["held"] = rc == -signal.SIGKILL and not names and not left_procs
+        if len(ranks) < n:
+            row["notes"].append(f"only {len(ranks)} of {n} ranks reached the phase")
+        return row
+    if fault == "daemon":
+        errors = {r["rank"]: r for r in records if r["kind"] == "error"}
+    done = {r["rank"] for r in records if r["kind"] == "done"}
+    row["raised"] = len(errors)
+    row["classes"] = sorted({e["type"] for e in errors.values()})
+    row["operations"] = sorted({str(e["operation"]) for e in errors.values()})
+    # a survivor names the failed rank, or a rank that failed before it because of that rank
+    # (in a ring, rank 0 waits on neither neighbour of a hung rank 2: it learns of rank 1's
+    # timeout, which named 2)
+    def blames(e: dict, rank: int) -> bool:
+        return e["peer"] == rank or f"[{rank}]" in e["message"] or f"rank {rank} " in e["message"]
+
+    blamed = {victim}
+    for _ in range(n):
+        blamed |= {r for r, e in errors.items() if any(blames(e, b) for b in blamed)}
+    for r, e in errors.items():
+        if fault == "daemon":
+            ok = "bootstrap daemon" in e["message"]
+        else:
+            ok = blames(e, victim) or any(blames(e, b) for b in blamed - {r})
+            if ok and not blames(e, victim):
+                row["notes"].append(f"rank {r} names rank {e['peer']}, which failed first because of rank {victim}")
+        row["names_peer"] &= ok and e["type"] in ("PeerFailure", "CommTimeout") and bool(e["operation"])
+    if errors and fault_t is not None:
+        row["detect_s"] = round(max(e["t"] for e in errors.values()) - fault_t, 2)
+    bound = timeout + 1.5 if fault == "hang" else DEATH_BOUND
+    in_time = row["detect_s"] is not None and row["detect_s"] <= bound
+    if fault == "daemon":
+        row["root_cause"] = "its bootstrap daemon ended (killed by SIGKILL)" in stderr
+    else:
+        block = stderr[stderr.find("Root cause"):] if "Root cause" in stderr else ""
+        named = (re.search(rf"^  rank      : {victim} \(pid", block, re.M) is not None
+                 or f"still missing: [{victim}]" in stderr
+                 or re.search(rf"rank {victim} never entered", stderr) is not None)
+        row["root_cause"] = named
+    finished = sorted(done - {victim})
+    if finished:
+        row["notes"].append(f"rank(s) {finished} finished before the fault reached them")
+    everyone = len(errors) + len(finished) == len(survivors)
+    if phase == "finalize" and fault == "daemon":
+        # finalized ranks wait on nothing that could tell them: the launcher ends them
+        everyone = not errors
+        row["notes"].append("the ranks had finalized: nothing in them can notice; the launcher ended them")
+    if phase == "finalize" and fault == "hang" and rc == 124:
+        row["notes"].append(f"the others finished; a rank hung after its last collective call is ended by the "
+                            f"job's --deadline ({JOB_DEADLINE} s here) alone, and nothing names it")
+    row["held"] = (rc not in (0, None) and row["root_cause"] and everyone and row["names_peer"]
+                   and (in_time or not errors) and not names and not left_procs)
+    return row
+
+
+def _table(rows: list[dict]) -> str:
+    head = ("| fault | phase | N | survivors raising | class | names the peer and op | operation | detected after (s) "
+            "| launcher exit | root cause named | shm + sem left | processes left | held | notes |")
+    lines = [head, "|" + "---|" * 14]
+    for r in rows:
+        lines.append(
+            f"| {r['fault']} | {r['phase']} | {r['ranks']} | {r['raised']}/{r['survivors']} | "
+            f"{', '.join(r['classes']) or '-'} | {'yes' if r['names_peer'] else 'no'} | "
+            f"{', '.join(r['operations']) or '-'} | {'-' if r['detect_s'] is None else r['detect_s']} | {r['exit']} | "
+            f"{'yes' if r['root_cause'] else 'no'} | {r['left_shm']} | {r['left_procs']} | "
+            f"{'yes' if r['held'] else '**no**'} | {'; '.join(r['notes'])} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--rank"]:
+        rank_main(argv[1], argv[2], int(argv[3]))
+        return 0
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--ranks", default="4,32", help="comma separated (default 4,32)")
+    ap.add_argument("--faults", default=",".join(FAULTS))
+    ap.add_argument("--phases", default=",".join(PHASES))
+    ap.add_argument("--cells", help="fault:phase pairs, comma separated, instead of every fault x phase")
+    ap.add_argument("--json", help="write the rows here")
+    ap.add_argument("--write-docs", action="store_true", help=f"replace the table in {DOCS.name}")
+    a = ap.parse_args(argv)
+    rows = []
+    t0 = time.monotonic()
+    cells = ([tuple(c.split(":")) for c in a.cells.split(",")] if a.cells else
+             [(f, p) for f in a.faults.split(",") for p in a.phases.split(",")])
+    for fault, phase in cells:
+        if fault not in FAULTS or phase not in PHASES:
+            ap.error(f"unknown cell {fault}:{phase} (faults: {', '.join(FAULTS)}; phases: {', '.join(PHASES)})")
+    for n in (int(v) for v in a.ranks.split(",")):
+        for fault, phase in cells:
+            row = run_cell(fault, phase, n)
+            rows.append(row)
+            print(f"faults: N={n} {fault} in {phase}: {'held' if row['held'] else 'NOT HELD'} "
+                  f"({row['elapsed_s']} s)", file=sys.stderr, flush=True)
+    table = _table(rows)
+    held = sum(r["held"] for r in rows)
+    summary = (f"{held} of {len(rows)} cells held; `python benchmarks/faults.py --ranks {a.ranks}` took "
+               f"{time.monotonic() - t0:.0f} s")
+    print(table)
+    print(f"\n{summary}")
+    if a.json:
+        Path(a.json).write_text(json.dumps(rows, indent=1))
+    if a.write_docs:
+        text = DOCS.read_text()
+        block = f"{BEGIN}\n{summary}\n\n{table}\n{END}"
+        if BEGIN in text:
+            text = text[:text.index(BEGIN)] + block + text[text.index(END) + len(END):]
+        else:
+            text += f"\n{block}\n"
+        DOCS.write_text(text)
+    return 0 if held == len(rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
