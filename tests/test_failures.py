@@ -454,6 +454,60 @@ def test_two_concurrent_jobs_are_isolated(tmp_path):
     assert results["a"][0]["other"] == job_b and results["b"][0]["other"] == job_a
 
 
+def _open_as_another_user(comm, uid: int):
+    """Rank 0 forks a child that becomes ``uid`` and tries to reach this job's segments: by name
+    in /dev/shm, through this rank's open descriptors and through its mapped files in /proc.
+    Returns what each attempt raised (the class name), or 'opened'."""
+    boot = json.loads(os.environ["STRATACL_BOOT"])
+    job = os.environ["STRATACL_JOB_ID"]
+    comm.barrier()
+    if comm.rank != 0:
+        comm.barrier()
+        return None
+    me = os.getpid()
+    with open("/proc/self/maps") as f:
+        mapped = sorted({ln.split()[0] for ln in f if "/dev/shm/" in ln})[:3]
+    paths = ([f"/dev/shm/{n}" for n in os.listdir("/dev/shm") if job in n]
+             + [f"/proc/{me}/fd/{fd}" for fd in [boot["ctl"], *boot["hbm"]]]
+             + [f"/proc/{me}/map_files/{span}" for span in mapped])
+    r, w = os.pipe()
+    child = os.fork()
+    if child == 0:
+        os.close(r)
+        out = {}
+        try:
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            for path in paths:
+                try:
+                    with open(path, "rb") as f:
+                        f.read(1)
+                    out[path] = "opened"
+                except OSError as e:
+                    out[path] = type(e).__name__
+        finally:
+            os.write(w, json.dumps(out).encode())
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r) as f:
+        seen = json.loads(f.read())
+    os.waitpid(child, 0)
+    comm.barrier()
+    return {"paths": paths, "seen": seen}
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="switching to a second uid needs root")
+def test_another_user_cannot_open_or_map_a_jobs_segments():
+    results = stratacl.spawn(_open_as_another_user, 2, args=(65534,), timeout=60)
+    got = results[0]
+    # no name to open (segments are unlinked at once), and the descriptors and mappings of a
+    # rank are closed to another user
+    assert not [p for p in got["paths"] if p.startswith("/dev/shm/")], got
+    assert len(got["paths"]) >= 3, got
+    assert got["seen"] == {p: "PermissionError" for p in got["paths"]}, got
+
+
 # --- 8. exit codes --------------------------------------------------------------------------
 
 def test_cli_rank_sys_exit_code_is_the_launchers():
