@@ -53,7 +53,9 @@ MARK = b"@@ "
 TIMEOUT = {"hang": 3.0}         # --timeout per fault: a hang is found by it; a death must not need it
 DEFAULT_TIMEOUT = 20.0
 DEATH_BOUND = 5.0               # seconds from a death to every survivor's error
-JOB_DEADLINE = 60               # the launcher's --deadline: what ends a rank hung outside any collective
+GRACE = DEATH_BOUND             # the launcher's --grace: a survivor still to notice is not SIGTERMed first
+JOB_DEADLINE = 60               # the launcher's --deadline (plus 3 s a rank: starting 32 on 2 cores is slow) ends
+                                # a rank hung outside any collective
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "reliability.md"
 BEGIN, END = "<!-- fault-matrix:begin -->", "<!-- fault-matrix:end -->"
 
@@ -191,15 +193,17 @@ def _wait_gone(pids: list[int], seconds: float) -> list[int]:
     return _alive(pids)
 
 
-def run_cell(fault: str, phase: str, n: int, deadline: float = JOB_DEADLINE + 60) -> dict:
+def run_cell(fault: str, phase: str, n: int) -> dict:
     """Run one cell and check it (module docstring); a row of the table."""
     import psutil
     victim = n // 2
     timeout = TIMEOUT.get(fault, DEFAULT_TIMEOUT)
-    cmd = [_launcher(), "-n", str(n), "--timeout", str(timeout), "--grace", "1", "--deadline", str(JOB_DEADLINE),
+    job_deadline = JOB_DEADLINE + 3 * n
+    cmd = [_launcher(), "-n", str(n), "--timeout", str(timeout), "--grace", str(GRACE), "--deadline", str(job_deadline),
            __file__,
            "--rank", fault, phase, str(victim)]
     env = {k: v for k, v in os.environ.items() if not k.startswith("STRATACL_")}
+    deadline = job_deadline + 60
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, start_new_session=True)
     err_chunks: list[bytes] = []
@@ -304,7 +308,7 @@ def run_cell(fault: str, phase: str, n: int, deadline: float = JOB_DEADLINE + 60
         row["notes"].append("the ranks had finalized: nothing in them can notice; the launcher ended them")
     if phase == "finalize" and fault == "hang" and rc == 124:
         row["notes"].append(f"the others finished; a rank hung after its last collective call is ended by the "
-                            f"job's --deadline ({JOB_DEADLINE} s here) alone, and nothing names it")
+                            f"job's --deadline ({job_deadline} s here) alone, and nothing names it")
     row["held"] = (rc not in (0, None) and row["root_cause"] and everyone and row["names_peer"]
                    and (in_time or not errors) and not names and not left_procs)
     return row
@@ -335,6 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--phases", default=",".join(PHASES))
     ap.add_argument("--cells", help="fault:phase pairs, comma separated, instead of every fault x phase")
     ap.add_argument("--json", help="write the rows here")
+    ap.add_argument("--update", help="rows of an earlier run (its --json): run only --cells again, keep the rest")
     ap.add_argument("--write-docs", action="store_true", help=f"replace the table in {DOCS.name}")
     a = ap.parse_args(argv)
     rows = []
@@ -350,10 +355,16 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
             print(f"faults: N={n} {fault} in {phase}: {'held' if row['held'] else 'NOT HELD'} "
                   f"({row['elapsed_s']} s)", file=sys.stderr, flush=True)
+    if a.update:
+        fresh = {(r["fault"], r["phase"], r["ranks"]): r for r in rows}
+        rows = [fresh.pop((r["fault"], r["phase"], r["ranks"]), r) for r in json.loads(Path(a.update).read_text())]
+        rows += list(fresh.values())
     table = _table(rows)
     held = sum(r["held"] for r in rows)
-    summary = (f"{held} of {len(rows)} cells held; `python benchmarks/faults.py --ranks {a.ranks}` took "
-               f"{time.monotonic() - t0:.0f} s")
+    summary = (f"{held} of {len(rows)} cells held; `python benchmarks/faults.py --ranks {a.ranks}"
+               f"{' --cells ' + a.cells if a.cells else ''}` took {time.monotonic() - t0:.0f} s")
+    if a.update:
+        summary += f", over the rows of an earlier run of every cell ({Path(a.update).name})"
     print(table)
     print(f"\n{summary}")
     if a.json:
