@@ -49,7 +49,7 @@ from ..collectives._schedule import LOAD
 from ..collectives._slices import OUT, SCRATCH
 from . import _native
 from ._native import MESH_BARRIER, MESH_NO_DEPARTURE, MESH_ROOT, MESH_ROOT_READER, T_NATIVE
-from ._args import _aliased, _copy_back, _expect, _flat
+from ._args import _aliased, _copy_back, _dtype_of, _expect, _flat
 from ._buffers import EAGER_BYTES, EAGER_CHUNKS_READ, Buffers, _Input
 from ._control import F_AUX0, F_AUX1, F_AUX2, F_DTYPE
 from ._execute import Executor
@@ -207,7 +207,7 @@ class Communicator:
         the call's MeshCall (None: not replayed natively)."""
         op = "all_gather"
         try:
-            code = _reduce.dtype_code(x.dtype, op)
+            code = _reduce.dtype_code(_dtype_of(x, op, "input"), op)
             o = _flat(out, op, "output", writable=True)
             _expect(o.size == self.size * x.size, lambda: f"{op}: output has {o.size} elements, expected "
                     f"{self.size} x {x.size} = {self.size * x.size}")
@@ -261,7 +261,7 @@ class Communicator:
         """all_to_all's checks and what they decided (as _check_all_gather)."""
         op = "all_to_all"
         try:
-            code = _reduce.dtype_code(x.dtype, op)
+            code = _reduce.dtype_code(_dtype_of(x, op, "input"), op)
             o = _flat(out, op, "output", writable=True)
             _expect(x.size % self.size == 0, lambda: f"{op}: input has {x.size} elements, not divisible by "
                     f"{self.size} ranks")
@@ -295,7 +295,7 @@ class Communicator:
         op = "all_to_all_v"
         n = self.size
         try:
-            code = _reduce.dtype_code(x.dtype, op)
+            code = _reduce.dtype_code(_dtype_of(x, op, "input"), op)
             o = _flat(out, op, "output", writable=True)
             sc = np.asarray(send_counts, dtype=np.int64).reshape(-1)
             rc = np.asarray(recv_counts, dtype=np.int64).reshape(-1)
@@ -358,7 +358,7 @@ class Communicator:
         writes (None: in place), the MeshCall (as _check_all_gather)."""
         op = "broadcast"
         try:
-            code = _reduce.dtype_code(x.dtype, op)
+            code = _reduce.dtype_code(_dtype_of(x, op, "buffer"), op)
             _expect(isinstance(root, (int, np.integer)) and 0 <= root < self.size,
                     lambda: f"{op}: root {root!r} is not a rank of this communicator (size {self.size})")
             if self._path is not self._default_path:
@@ -418,7 +418,7 @@ class Communicator:
         """reduce_scatter's checks and what they decided (as _check_all_gather, with the reduce op)."""
         name = "reduce_scatter"
         try:
-            code = _reduce.dtype_code(x.dtype, name)
+            code = _reduce.dtype_code(_dtype_of(x, name, "input"), name)
             rcode = _reduce.reduce_code(op, x.dtype, name)
             o = _flat(out, name, "output", writable=True)
             _expect(x.size == self.size * o.size, lambda: f"{name}: input has {x.size} elements, expected "
@@ -508,7 +508,7 @@ class Communicator:
         _check_all_gather)."""
         name = "all_reduce"
         try:
-            code = _reduce.dtype_code(x.dtype, name)
+            code = _reduce.dtype_code(_dtype_of(x, name, "buffer"), name)
             rcode = _reduce.reduce_code(op, x.dtype, name)
             xf = _flat(x, name, "buffer", writable=True)
             if self._path is not self._default_path:
