@@ -55,3 +55,34 @@ def test_an_argument_that_is_not_an_array_is_a_type_error_not_a_hang():
     assert r1[4][0] == "CollectiveMismatch" and "rank 0 rejected its send arguments: TypeError" in r1[4][1]
     assert r0[5] == ("TypeError", "recv: the buffer must be a numpy array, got NoneType")
     assert r1[5][0] == "CollectiveMismatch" and "rank 0 rejected its recv arguments: TypeError" in r1[5][1]
+
+
+def bad_counts(comm):
+    me, n = comm.rank, comm.size
+    x = stratacl.zeros((4,), np.int32)
+    out = stratacl.zeros((4,), np.int32)
+    good = [1] * n
+    got = [
+        _attempt(lambda: comm.all_to_all_v(out, x, [1.5, 1] if me == 0 else good, good)),    # was cut to 1
+        _attempt(lambda: comm.all_to_all_v(out, x, good, ["1", "1"] if me == 0 else good)),  # was parsed
+        _attempt(lambda: comm.all_to_all_v(out, x, [2**64, 1] if me == 0 else good, good)),  # was OverflowError
+        # every rank agrees on counts whose int64 sum wraps negative: the size check passed, then
+        # the plan pulled 2**62 elements
+        _attempt(lambda: comm.all_to_all_v(out, x, [2**62] * n, [2**62] * n)),
+    ]
+    y = stratacl.empty((n,), np.int32)
+    y[:] = 100 * me + np.arange(n)
+    comm.all_to_all_v(out[:n], y, [1] * n, [1] * n)
+    return got, out[:n].tolist() == [100 * j + me for j in range(n)] and _good_all_reduce(comm)
+
+
+def test_all_to_all_v_counts_are_integers_checked_one_by_one():
+    (r0, ok0), (r1, ok1) = stratacl.spawn(bad_counts, 2, timeout=20)
+    assert ok0 and ok1
+    assert r0[0] == ("TypeError", "all_to_all_v: send_counts must be a sequence of 2 integers, got float64 values")
+    assert r0[1] == ("TypeError", "all_to_all_v: recv_counts must be a sequence of 2 integers, got <U1 values")
+    assert r0[2][0] == "TypeError" and "too large for 64 bits" in r0[2][1]
+    for r in (r0, r1):
+        assert r[3] == ("ValueError", f"all_to_all_v: send_counts has a count of {2**62} elements but the input has 4")
+    for got in r1[:3]:
+        assert got[0] == "CollectiveMismatch" and "all_to_all_v: rank 0 rejected its arguments" in got[1]

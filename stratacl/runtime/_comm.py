@@ -68,6 +68,28 @@ log = logging.getLogger("stratacl")
 _native.set_barrier(OPS["barrier"], SPIN_POLLS, SLICE, log.isEnabledFor, logging.DEBUG, getattr(log, "_cache", None))
 
 
+def _counts(counts, n: int, limit: int, operation: str, what: str, buffer: str) -> np.ndarray:
+    """all_to_all_v's ``counts`` as int64 [n], checked: integers (a float is not silently cut,
+    nor a string parsed), none negative, none and their sum no more than ``limit``, the
+    elements of the ``buffer`` (each count is bounded before the sum, which so cannot wrap)."""
+    try:
+        a = np.asarray(counts)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"{operation}: {what} must be a sequence of {n} integers ({e})") from None
+    if a.size and a.dtype.kind not in "iu":
+        raise TypeError(f"{operation}: {what} must be a sequence of {n} integers, got {a.dtype} values"
+                        + (" (too large for 64 bits?)" if a.dtype == object else ""))
+    a = a.reshape(-1)
+    _expect(a.size == n, lambda: f"{operation}: {what} needs {n} entries, got {a.size}")
+    _expect(not (a < 0).any(), lambda: f"{operation}: {what} must not be negative, got {a.tolist()}")
+    _expect(not (a > limit).any(), lambda: f"{operation}: {what} has a count of {int(a.max())} elements but the "
+            f"{buffer} has {limit}")
+    a = a.astype(np.int64)
+    _expect(int(a.sum()) <= limit, lambda: f"{operation}: {what} add up to {int(a.sum())} elements but the "
+            f"{buffer} has {limit}")
+    return a
+
+
 class Communicator:
     """A group of ranks that run collectives together (MPI semantics for ``split``).
 
@@ -297,15 +319,8 @@ class Communicator:
         try:
             code = _reduce.dtype_code(_dtype_of(x, op, "input"), op)
             o = _flat(out, op, "output", writable=True)
-            sc = np.asarray(send_counts, dtype=np.int64).reshape(-1)
-            rc = np.asarray(recv_counts, dtype=np.int64).reshape(-1)
-            _expect(sc.size == n and rc.size == n, lambda: f"{op}: send_counts and recv_counts need {n} entries, "
-                    f"got {sc.size} and {rc.size}")
-            _expect((sc >= 0).all() and (rc >= 0).all(), lambda: f"{op}: counts must not be negative")
-            _expect(int(sc.sum()) <= x.size, lambda: f"{op}: send_counts add up to {int(sc.sum())} elements but the "
-                    f"input has {x.size}")
-            _expect(int(rc.sum()) <= o.size, lambda: f"{op}: recv_counts add up to {int(rc.sum())} elements but the "
-                    f"output has {o.size}")
+            sc = _counts(send_counts, n, x.size, op, "send_counts", "input")
+            rc = _counts(recv_counts, n, o.size, op, "recv_counts", "output")
             _expect(o.dtype == x.dtype, lambda: f"{op}: output dtype {o.dtype} differs from input dtype {x.dtype}",
                     TypeError)
             if self._path is not self._default_path:
