@@ -86,3 +86,38 @@ def test_all_to_all_v_counts_are_integers_checked_one_by_one():
         assert r[3] == ("ValueError", f"all_to_all_v: send_counts has a count of {2**62} elements but the input has 4")
     for got in r1[:3]:
         assert got[0] == "CollectiveMismatch" and "all_to_all_v: rank 0 rejected its arguments" in got[1]
+
+
+def _freed_view(count: int, dtype=np.float32) -> np.ndarray:
+    big = stratacl.empty((8 << 20,), np.uint8)         # the middle chunks of it are released below
+    v = stratacl.ub.view(big.__array_interface__["data"][0] + (4 << 20), (count,), dtype)
+    del big
+    gc.collect()
+    stratacl.empty_cache()
+    return v
+
+
+def freed_views(comm):
+    me = comm.rank
+    x = stratacl.zeros((16,), np.float32)
+    out = stratacl.zeros((32,), np.float32)
+    got = [
+        _attempt(lambda: comm.all_reduce(_freed_view(16) if me == 0 else x)),                 # eager, in place
+        _attempt(lambda: comm.all_reduce(_freed_view(100000) if me == 0 else stratacl.zeros((100000,)))),
+        _attempt(lambda: comm.all_gather(_freed_view(32) if me == 0 else out, x)),
+        _attempt(lambda: comm.all_gather(out, _freed_view(16) if me == 0 else x)),
+        _attempt(lambda: comm.all_to_all(out, _freed_view(32)[::-1] if me == 0 else out.copy())),   # staged
+        _attempt(lambda: comm.broadcast(_freed_view(16) if me == 0 else x, root=1)),
+        _attempt(lambda: comm.send(_freed_view(16), 1) if me == 0 else comm.recv(x, 0)),
+        _attempt(lambda: comm.recv(_freed_view(16), 1) if me == 0 else comm.send(x, 0)),
+    ]
+    return got, _good_all_reduce(comm)
+
+
+def test_a_view_of_released_hbm_is_a_registration_error_not_a_crash():
+    (r0, ok0), (r1, ok1) = stratacl.spawn(freed_views, 2, timeout=20)
+    assert ok0 and ok1
+    for got in r0:
+        assert got[0] == "RegistrationError" and "its HBM was released" in got[1], got
+    for got in r1:
+        assert got[0] == "CollectiveMismatch" and "rank 0" in got[1] and "RegistrationError" in got[1], got

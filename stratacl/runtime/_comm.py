@@ -231,6 +231,7 @@ class Communicator:
         try:
             code = _reduce.dtype_code(_dtype_of(x, op, "input"), op)
             o = _flat(out, op, "output", writable=True)
+            self._buffers.check_mapped(o, op, "output")
             _expect(o.size == self.size * x.size, lambda: f"{op}: output has {o.size} elements, expected "
                     f"{self.size} x {x.size} = {self.size * x.size}")
             _expect(o.dtype == x.dtype, lambda: f"{op}: output dtype {o.dtype} differs from input dtype {x.dtype}",
@@ -239,7 +240,8 @@ class Communicator:
             eager = algo == "mesh" and x.nbytes <= EAGER_BYTES
             if self._path is not self._default_path:
                 self._executor.check_path(op, self._path)
-            _flat(x, op, "input")          # an eager input is read per call, but checked here
+            if eager:                      # an eager input is read per call, but checked here
+                self._buffers.check_mapped(_flat(x, op, "input"), op, "input")
             own = o[self.rank * x.size:(self.rank + 1) * x.size]
             inp = None if eager else self._buffers.as_input(x, op, _aliased(o, x, (x, own)))
             target = self._buffers.output(o, hbm=algo == "ring")
@@ -285,6 +287,7 @@ class Communicator:
         try:
             code = _reduce.dtype_code(_dtype_of(x, op, "input"), op)
             o = _flat(out, op, "output", writable=True)
+            self._buffers.check_mapped(o, op, "output")
             _expect(x.size % self.size == 0, lambda: f"{op}: input has {x.size} elements, not divisible by "
                     f"{self.size} ranks")
             _expect(o.size == x.size, lambda: f"{op}: output has {o.size} elements, expected {x.size}")
@@ -323,6 +326,7 @@ class Communicator:
             rc = _counts(recv_counts, n, o.size, op, "recv_counts", "output")
             _expect(o.dtype == x.dtype, lambda: f"{op}: output dtype {o.dtype} differs from input dtype {x.dtype}",
                     TypeError)
+            self._buffers.check_mapped(o, op, "output")
             if self._path is not self._default_path:
                 self._executor.check_path(op, self._path)
             inp = self._buffers.as_input(x, op, _aliased(o, x))
@@ -379,6 +383,7 @@ class Communicator:
             if self._path is not self._default_path:
                 self._executor.check_path(op, self._path)
             xf = _flat(x, op, "buffer", writable=True)
+            self._buffers.check_mapped(xf, op, "buffer")
             inp = self._buffers.as_input(x, op) if self.rank == root else _Input(xf, None)
             target = self._buffers.output(xf) if self.rank != root else xf
         except Exception as e:
@@ -436,6 +441,7 @@ class Communicator:
             code = _reduce.dtype_code(_dtype_of(x, name, "input"), name)
             rcode = _reduce.reduce_code(op, x.dtype, name)
             o = _flat(out, name, "output", writable=True)
+            self._buffers.check_mapped(o, name, "output")
             _expect(x.size == self.size * o.size, lambda: f"{name}: input has {x.size} elements, expected "
                     f"{self.size} x {o.size} = {self.size * o.size}")
             _expect(o.dtype == x.dtype, lambda: f"{name}: output dtype {o.dtype} differs from input dtype {x.dtype}",
@@ -526,6 +532,7 @@ class Communicator:
             code = _reduce.dtype_code(_dtype_of(x, name, "buffer"), name)
             rcode = _reduce.reduce_code(op, x.dtype, name)
             xf = _flat(x, name, "buffer", writable=True)
+            self._buffers.check_mapped(xf, name, "buffer")
             if self._path is not self._default_path:
                 self._executor.check_path(name, self._path)
             algo = self._modeling.algo_for(name, x.nbytes, x.itemsize)

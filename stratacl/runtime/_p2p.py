@@ -282,6 +282,7 @@ class PointToPoint:
         try:
             xf = _flat(x, "recv", "buffer", writable=True)
             code = _reduce.dtype_code(xf.dtype, "recv")
+            self._buffers.check_mapped(xf, "recv", "buffer")
             if self._buffers.output(xf) is not xf:
                 return (None, None), False
         except Exception:
@@ -316,6 +317,7 @@ class PointToPoint:
         try:
             xf = _flat(x, "recv", "buffer", writable=True)
             code = _reduce.dtype_code(xf.dtype, "recv")
+            self._buffers.check_mapped(xf, "recv", "buffer")
             if path is not self._default_path:
                 self._executor.check_path(op, path)
             if d[F_FLAGS] & FLAG_REJECTED:
