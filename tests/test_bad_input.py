@@ -121,3 +121,27 @@ def test_a_view_of_released_hbm_is_a_registration_error_not_a_crash():
         assert got[0] == "RegistrationError" and "its HBM was released" in got[1], got
     for got in r1:
         assert got[0] == "CollectiveMismatch" and "rank 0" in got[1] and "RegistrationError" in got[1], got
+
+
+def after_finalize(comm):
+    me, peer = comm.rank, 1 - comm.rank
+    x = stratacl.zeros((4,), np.float32)
+    out = stratacl.zeros((8,), np.float32)
+    for _ in range(3):                      # prepared: native code would replay the next call itself
+        comm.all_reduce(x)
+        comm.sendrecv(x, peer, out[:4], peer)
+        comm.barrier()
+    sub = comm.split(0)
+    stratacl.finalize()
+    calls = [lambda: comm.all_reduce(x), lambda: comm.sendrecv(x, peer, out[:4], peer), comm.barrier,
+             lambda: comm.all_gather(out, x, async_op=True), lambda: comm.send(x, peer), lambda: sub.all_reduce(x),
+             lambda: comm.split(0), lambda: stratacl.ub.view(x.__array_interface__["data"][0], (4,), np.float32)]
+    return [_attempt(fn) for fn in calls], me
+
+
+def test_every_operation_after_finalize_raises_not_initialized():
+    for got, rank in stratacl.spawn(after_finalize, 2, timeout=20):
+        names = [g[0] if g else None for g in got]
+        assert names == ["NotInitialized"] * len(got), (rank, got)
+        assert "all_reduce: the communicator is shut down" in got[0][1]
+        assert "barrier: the communicator is shut down" in got[2][1]

@@ -105,6 +105,7 @@ class Communicator:
         runtime/_world.py, among them), each using its communicator slot ``slots[i]``. Made
         by ``init()`` and ``split``, not by users."""
         self._rt = rt
+        rt.communicators.add(self)          # shut by finalize()
         self.members = list(members)
         self.size = len(self.members)
         self.rank = self.members.index(rt.rank)
@@ -128,6 +129,14 @@ class Communicator:
         self._p2p_replayed = self._p2p.replayed
         self._default_path = self._executor.default_path
         self._path = self._default_path
+
+    def _shut(self) -> None:
+        """At ``finalize()``: every later operation raises NotInitialized. A stopped worker
+        takes them (runtime/_work.py, Worker.submit refuses), and native code, which runs a
+        call itself only while the T_NATIVE word is set, hands them to it."""
+        if self._worker is None:
+            self._worker = Worker("", start=False)
+        self._protocol.tally[T_NATIVE] = 0
 
     def _start_worker(self) -> Worker:
         """The thread that runs this communicator's operations once one is asynchronous."""

@@ -15,6 +15,7 @@ import os
 import secrets
 import threading
 import time
+import weakref
 from typing import Any
 
 import numpy as np
@@ -112,6 +113,7 @@ class Runtime:
                       if config.clock != "off" or config.profile else None)
         self.profiler = Profiler(rank) if config.profile else None
         self.workers: list = []          # asynchronous-operation threads of this rank's communicators
+        self.communicators: weakref.WeakSet = weakref.WeakSet()   # every one made here, for close()
         self.in_flight: list = []        # asynchronous operations under a modeled clock, for charge_compute
         self.sdma = None                 # the SDMA engine (--path sdma), started on first use
         self._next_slot = 1
@@ -211,6 +213,8 @@ class Runtime:
     def close(self) -> None:
         for w in self.workers:
             w.stop(self.config.timeout)
+        for comm in list(self.communicators):
+            comm._shut()
         if self.sdma is not None:
             self.sdma.stop(self.config.timeout)
         if self.profiler is not None:
@@ -289,7 +293,8 @@ def _setup_logging(rank: int, level: str) -> None:
 def finalize() -> None:
     """Leave the job: stop background threads and mark this rank finalized. Not collective.
 
-    Arrays in HBM stay readable until the process exits; no further operation may be issued.
+    Arrays in HBM stay readable until the process exits; no further operation may be issued:
+    every communicator's operations raise NotInitialized from then on.
     """
     global _RUNTIME
     with _LOCK:

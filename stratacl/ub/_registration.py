@@ -46,7 +46,7 @@ from typing import Callable, Protocol
 
 import numpy as np
 
-from .._errors import RegistrationError, StrataError
+from .._errors import NotInitialized, RegistrationError
 
 # message kinds of the registration protocol, in the kind byte of a mailbox header
 MSG_REGISTER, MSG_RELEASE, MSG_ACK = 1, 2, 3
@@ -473,5 +473,5 @@ def activate(unit: RegistrationUnit | None) -> None:
 def active() -> RegistrationUnit:
     unit = _active
     if unit is None:
-        raise StrataError("stratacl is not initialised in this process: call stratacl.init() first")
+        raise NotInitialized("stratacl is not initialised in this process: call stratacl.init() first")
     return unit
