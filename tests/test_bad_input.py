@@ -145,3 +145,20 @@ def test_every_operation_after_finalize_raises_not_initialized():
         assert names == ["NotInitialized"] * len(got), (rank, got)
         assert "all_reduce: the communicator is shut down" in got[0][1]
         assert "barrier: the communicator is shut down" in got[2][1]
+
+
+def failed_splits(comm):
+    for i in range(200):
+        got = _attempt(lambda: comm.split("red" if comm.rank == 1 else 0))
+        if got is None or got[0] != ("ValueError" if comm.rank == 1 else "CollectiveMismatch"):
+            return i, got
+    sub = comm.split(0)
+    x = stratacl.empty((3,), np.int64)
+    x[:] = comm.rank + 1
+    sub.all_reduce(x)
+    return x.tolist()
+
+
+def test_failed_splits_give_back_their_communicator_slots():
+    # rank 0 reserved a slot at each split rank 1 rejected, and ran out of them after 127
+    assert stratacl.spawn(failed_splits, 2, timeout=30) == [[3, 3, 3]] * 2

@@ -627,7 +627,12 @@ class Communicator:
             slot = self._rt.reserve_slot() if color >= 0 else -1
         except TooManyCommunicators as e:        # the peers are told, as for a rejected argument
             self._protocol.begin(op, {}, error=e)
-        descs = self._protocol.begin(op, {F_AUX0: color, F_AUX1: int(key), F_AUX2: slot})
+        try:
+            descs = self._protocol.begin(op, {F_AUX0: color, F_AUX1: int(key), F_AUX2: slot})
+        except BaseException:
+            if slot >= 0:            # a peer rejected the split: no communicator holds the slot
+                self._rt.release_slot(slot)
+            raise
         s = self._rt.stats
         s["calls"]["split"] = s["calls"].get("split", 0) + 1
         if color < 0:

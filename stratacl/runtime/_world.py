@@ -194,6 +194,13 @@ class Runtime:
             self._next_slot += 1
             return self._next_slot - 1
 
+    def release_slot(self, slot: int) -> None:
+        """Give back a slot ``reserve_slot`` returned, for a split that failed: the last one
+        reserved, as a failed split's is unless another communicator split meanwhile."""
+        with self._slot_lock:
+            if slot == self._next_slot - 1:
+                self._next_slot -= 1
+
     def own_segment(self, addr: int, nbytes: int):
         """What descriptors name for [addr, addr + nbytes) of this rank's HBM (a segment, a chunk
         or a run of chunks), or None if the range is not in this rank's mapped HBM."""
