@@ -162,3 +162,28 @@ def failed_splits(comm):
 def test_failed_splits_give_back_their_communicator_slots():
     # rank 0 reserved a slot at each split rank 1 rejected, and ran out of them after 127
     assert stratacl.spawn(failed_splits, 2, timeout=30) == [[3, 3, 3]] * 2
+
+
+def shapes(comm):
+    from stratacl import ub
+    a = stratacl.empty((4,), np.int64)
+    addr = a.__array_interface__["data"][0]
+    got = [_attempt(lambda: stratacl.empty(float("inf"))),         # was OverflowError
+           _attempt(lambda: stratacl.empty(2.5)),                  # was an array of 2
+           _attempt(lambda: stratacl.empty((2**70,), np.uint8)),   # was OverflowError
+           _attempt(lambda: stratacl.empty((2**40, 2**40), np.uint8)),   # the int64 product wrapped to 0
+           _attempt(lambda: stratacl.empty((3,), object)),         # pointers in HBM
+           _attempt(lambda: ub.view(addr, (2**70,), np.uint8)),
+           _attempt(lambda: ub.view(addr, (-4,), np.uint8))]
+    b = stratacl.empty((6,), np.float64)
+    b[:] = 1.5
+    return got, b.sum()
+
+
+def test_allocation_shapes_are_checked_as_numpy_checks_them():
+    got, total = stratacl.spawn(shapes, 1, timeout=20)[0]
+    assert total == 9.0
+    assert [g[0] for g in got] == ["TypeError", "TypeError", "OutOfMemory", "OutOfMemory", "TypeError",
+                                   "RegistrationError", "ValueError"], got
+    assert got[0][1] == "empty: the shape must be an int or a sequence of ints, got inf"
+    assert got[4][1] == "empty: HBM arrays hold plain data, not Python objects (dtype object)"

@@ -11,6 +11,8 @@ import array
 import atexit
 import json
 import logging
+import math
+import operator
 import os
 import secrets
 import threading
@@ -210,10 +212,16 @@ class Runtime:
 
     def empty(self, shape, dtype) -> np.ndarray:
         dtype = np.dtype(dtype)
-        shape = (int(shape),) if np.isscalar(shape) else tuple(int(s) for s in shape)
+        if dtype.hasobject:
+            # peers would read pointers into this process; numpy would own references it never took
+            raise TypeError(f"empty: HBM arrays hold plain data, not Python objects (dtype {dtype})")
+        try:
+            shape = (operator.index(shape),) if np.isscalar(shape) else tuple(operator.index(s) for s in shape)
+        except TypeError:
+            raise TypeError(f"empty: the shape must be an int or a sequence of ints, got {shape!r}") from None
         if any(s < 0 for s in shape):
-            raise ValueError(f"negative dimensions are not allowed: {shape}")
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+            raise ValueError(f"empty: negative dimensions are not allowed: {shape}")
+        nbytes = math.prod(shape) * dtype.itemsize      # Python ints: a huge shape cannot wrap
         block = self.allocator.malloc(nbytes)
         return array_from_block(self.allocator, block, shape, dtype)
 
