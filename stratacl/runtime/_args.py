@@ -13,6 +13,14 @@ def _expect(cond: bool, message, kind: type = ValueError) -> None:
         raise kind(message() if callable(message) else message)
 
 
+def _dtype_of(a: np.ndarray, operation: str, what: str) -> np.dtype:
+    """``a``'s dtype, once ``a`` is known to be an array (anything else is a TypeError, not an
+    AttributeError from asking it for a dtype)."""
+    if not isinstance(a, np.ndarray):
+        raise TypeError(f"{operation}: the {what} must be a numpy array, got {type(a).__name__}")
+    return a.dtype
+
+
 def _flat(a: np.ndarray, operation: str, what: str, writable: bool = False) -> np.ndarray:
     if not isinstance(a, np.ndarray):
         raise TypeError(f"{operation}: the {what} must be a numpy array, got {type(a).__name__}")

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .._errors import RegistrationError
 from . import _native
 from ._allocator import hbm_base
 from ._args import _copy_back, _flat
@@ -96,6 +97,7 @@ class Buffers:
             seg = self.hbm_segment(flat, addr)
             if seg is not None:
                 return _Input(flat, seg, addr)
+        self.check_mapped(flat, operation, "input")
         buf = self._staging_buffer(flat.nbytes)[:flat.nbytes].view(flat.dtype)
         np.copyto(buf, flat.reshape(-1))
         self._rt.stats["bytes_staged"] += flat.nbytes
@@ -136,6 +138,39 @@ class Buffers:
                 return seg
         return self._rt.own_segment(addr, a.nbytes)
 
+    def check_mapped(self, a: np.ndarray, operation: str, what: str) -> None:
+        """RegistrationError unless every byte of ``a`` that lies in the shared address window is
+        mapped here: an array of ``stratacl.empty`` (or a view of one) holds its HBM, but a
+        ``ub.view`` of a buffer that was freed and released (``empty_cache``) points at
+        reserved, unmapped addresses, which copying from or into would fault on. Called for
+        arrays read or written other than as HBM the rank holds; in ``pool`` mode the whole
+        region stays mapped."""
+        if a.size == 0 or hbm_base(a) is not None or self._rt.reg.mode == "pool":
+            return
+        try:
+            lo = hi = _native.data_address(a)
+        except ValueError:               # a dtype the buffer protocol does not carry (datetime64)
+            lo = hi = a.__array_interface__["data"][0]
+        for extent, stride in zip(a.shape, a.strides):
+            if stride < 0:
+                lo += (extent - 1) * stride
+            else:
+                hi += (extent - 1) * stride
+        hi += a.itemsize
+        window, rt = self._rt.window, self._rt
+        owner = window.owner(lo)
+        if owner < 0 and window.owner(hi - 1) < 0:
+            return                       # an ordinary array, outside the window
+        if owner == rt.rank:
+            mapped = rt.own_segment(lo, hi - lo) is not None
+        else:
+            mapped = owner >= 0 and window.owner(hi - 1) == owner and rt.reg.lookup(owner, lo, hi - lo, operation)
+        if not mapped:
+            raise RegistrationError(
+                f"{operation}: the {what} array at {lo:#x}+{hi - lo} lies in rank {owner}'s HBM addresses but is not "
+                f"mapped on rank {rt.rank}: its HBM was released (a ub.view of a freed array, after empty_cache?); "
+                f"keep the array from stratacl.empty alive while its views are used")
+
     def _staging_buffer(self, nbytes: int) -> np.ndarray:
         if self._staging is None or self._staging.nbytes < nbytes:
             self._staging = None
@@ -152,7 +187,8 @@ class Buffers:
     def output(self, o: np.ndarray, hbm: bool = False) -> np.ndarray:
         """Where an operation writes its output: ``o`` itself when it is 1-D and contiguous
         (and, if ``hbm``, in this rank's HBM, because a ring neighbour reads it), otherwise a
-        communication buffer copied out by ``output_done``; always the buffer in staged mode."""
+        communication buffer copied out by ``output_done``; always the buffer in staged mode.
+        (The caller has checked that ``o`` is mapped: ``check_mapped``.)"""
         if not self._always_stage and o.ndim == 1 and o.flags.c_contiguous:
             if not hbm or o.size == 0 or self.hbm_segment(o, _native.data_address(o)) is not None:
                 return o

@@ -49,7 +49,7 @@ from ..collectives._schedule import LOAD
 from ..collectives._slices import OUT, SCRATCH
 from . import _native
 from ._native import MESH_BARRIER, MESH_NO_DEPARTURE, MESH_ROOT, MESH_ROOT_READER, T_NATIVE
-from ._args import _aliased, _copy_back, _expect, _flat
+from ._args import _aliased, _copy_back, _dtype_of, _expect, _flat
 from ._buffers import EAGER_BYTES, EAGER_CHUNKS_READ, Buffers, _Input
 from ._control import F_AUX0, F_AUX1, F_AUX2, F_DTYPE
 from ._execute import Executor
@@ -68,6 +68,28 @@ log = logging.getLogger("stratacl")
 _native.set_barrier(OPS["barrier"], SPIN_POLLS, SLICE, log.isEnabledFor, logging.DEBUG, getattr(log, "_cache", None))
 
 
+def _counts(counts, n: int, limit: int, operation: str, what: str, buffer: str) -> np.ndarray:
+    """all_to_all_v's ``counts`` as int64 [n], checked: integers (a float is not silently cut,
+    nor a string parsed), none negative, none and their sum no more than ``limit``, the
+    elements of the ``buffer`` (each count is bounded before the sum, which so cannot wrap)."""
+    try:
+        a = np.asarray(counts)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"{operation}: {what} must be a sequence of {n} integers ({e})") from None
+    if a.size and a.dtype.kind not in "iu":
+        raise TypeError(f"{operation}: {what} must be a sequence of {n} integers, got {a.dtype} values"
+                        + (" (too large for 64 bits?)" if a.dtype == object else ""))
+    a = a.reshape(-1)
+    _expect(a.size == n, lambda: f"{operation}: {what} needs {n} entries, got {a.size}")
+    _expect(not (a < 0).any(), lambda: f"{operation}: {what} must not be negative, got {a.tolist()}")
+    _expect(not (a > limit).any(), lambda: f"{operation}: {what} has a count of {int(a.max())} elements but the "
+            f"{buffer} has {limit}")
+    a = a.astype(np.int64)
+    _expect(int(a.sum()) <= limit, lambda: f"{operation}: {what} add up to {int(a.sum())} elements but the "
+            f"{buffer} has {limit}")
+    return a
+
+
 class Communicator:
     """A group of ranks that run collectives together (MPI semantics for ``split``).
 
@@ -83,6 +105,7 @@ class Communicator:
         runtime/_world.py, among them), each using its communicator slot ``slots[i]``. Made
         by ``init()`` and ``split``, not by users."""
         self._rt = rt
+        rt.communicators.add(self)          # shut by finalize()
         self.members = list(members)
         self.size = len(self.members)
         self.rank = self.members.index(rt.rank)
@@ -106,6 +129,14 @@ class Communicator:
         self._p2p_replayed = self._p2p.replayed
         self._default_path = self._executor.default_path
         self._path = self._default_path
+
+    def _shut(self) -> None:
+        """At ``finalize()``: every later operation raises NotInitialized. A stopped worker
+        takes them (runtime/_work.py, Worker.submit refuses), and native code, which runs a
+        call itself only while the T_NATIVE word is set, hands them to it."""
+        if self._worker is None:
+            self._worker = Worker("", start=False)
+        self._protocol.tally[T_NATIVE] = 0
 
     def _start_worker(self) -> Worker:
         """The thread that runs this communicator's operations once one is asynchronous."""
@@ -207,8 +238,9 @@ class Communicator:
         the call's MeshCall (None: not replayed natively)."""
         op = "all_gather"
         try:
-            code = _reduce.dtype_code(x.dtype, op)
+            code = _reduce.dtype_code(_dtype_of(x, op, "input"), op)
             o = _flat(out, op, "output", writable=True)
+            self._buffers.check_mapped(o, op, "output")
             _expect(o.size == self.size * x.size, lambda: f"{op}: output has {o.size} elements, expected "
                     f"{self.size} x {x.size} = {self.size * x.size}")
             _expect(o.dtype == x.dtype, lambda: f"{op}: output dtype {o.dtype} differs from input dtype {x.dtype}",
@@ -217,7 +249,8 @@ class Communicator:
             eager = algo == "mesh" and x.nbytes <= EAGER_BYTES
             if self._path is not self._default_path:
                 self._executor.check_path(op, self._path)
-            _flat(x, op, "input")          # an eager input is read per call, but checked here
+            if eager:                      # an eager input is read per call, but checked here
+                self._buffers.check_mapped(_flat(x, op, "input"), op, "input")
             own = o[self.rank * x.size:(self.rank + 1) * x.size]
             inp = None if eager else self._buffers.as_input(x, op, _aliased(o, x, (x, own)))
             target = self._buffers.output(o, hbm=algo == "ring")
@@ -261,8 +294,9 @@ class Communicator:
         """all_to_all's checks and what they decided (as _check_all_gather)."""
         op = "all_to_all"
         try:
-            code = _reduce.dtype_code(x.dtype, op)
+            code = _reduce.dtype_code(_dtype_of(x, op, "input"), op)
             o = _flat(out, op, "output", writable=True)
+            self._buffers.check_mapped(o, op, "output")
             _expect(x.size % self.size == 0, lambda: f"{op}: input has {x.size} elements, not divisible by "
                     f"{self.size} ranks")
             _expect(o.size == x.size, lambda: f"{op}: output has {o.size} elements, expected {x.size}")
@@ -295,19 +329,13 @@ class Communicator:
         op = "all_to_all_v"
         n = self.size
         try:
-            code = _reduce.dtype_code(x.dtype, op)
+            code = _reduce.dtype_code(_dtype_of(x, op, "input"), op)
             o = _flat(out, op, "output", writable=True)
-            sc = np.asarray(send_counts, dtype=np.int64).reshape(-1)
-            rc = np.asarray(recv_counts, dtype=np.int64).reshape(-1)
-            _expect(sc.size == n and rc.size == n, lambda: f"{op}: send_counts and recv_counts need {n} entries, "
-                    f"got {sc.size} and {rc.size}")
-            _expect((sc >= 0).all() and (rc >= 0).all(), lambda: f"{op}: counts must not be negative")
-            _expect(int(sc.sum()) <= x.size, lambda: f"{op}: send_counts add up to {int(sc.sum())} elements but the "
-                    f"input has {x.size}")
-            _expect(int(rc.sum()) <= o.size, lambda: f"{op}: recv_counts add up to {int(rc.sum())} elements but the "
-                    f"output has {o.size}")
+            sc = _counts(send_counts, n, x.size, op, "send_counts", "input")
+            rc = _counts(recv_counts, n, o.size, op, "recv_counts", "output")
             _expect(o.dtype == x.dtype, lambda: f"{op}: output dtype {o.dtype} differs from input dtype {x.dtype}",
                     TypeError)
+            self._buffers.check_mapped(o, op, "output")
             if self._path is not self._default_path:
                 self._executor.check_path(op, self._path)
             inp = self._buffers.as_input(x, op, _aliased(o, x))
@@ -358,12 +386,13 @@ class Communicator:
         writes (None: in place), the MeshCall (as _check_all_gather)."""
         op = "broadcast"
         try:
-            code = _reduce.dtype_code(x.dtype, op)
+            code = _reduce.dtype_code(_dtype_of(x, op, "buffer"), op)
             _expect(isinstance(root, (int, np.integer)) and 0 <= root < self.size,
                     lambda: f"{op}: root {root!r} is not a rank of this communicator (size {self.size})")
             if self._path is not self._default_path:
                 self._executor.check_path(op, self._path)
             xf = _flat(x, op, "buffer", writable=True)
+            self._buffers.check_mapped(xf, op, "buffer")
             inp = self._buffers.as_input(x, op) if self.rank == root else _Input(xf, None)
             target = self._buffers.output(xf) if self.rank != root else xf
         except Exception as e:
@@ -418,9 +447,10 @@ class Communicator:
         """reduce_scatter's checks and what they decided (as _check_all_gather, with the reduce op)."""
         name = "reduce_scatter"
         try:
-            code = _reduce.dtype_code(x.dtype, name)
+            code = _reduce.dtype_code(_dtype_of(x, name, "input"), name)
             rcode = _reduce.reduce_code(op, x.dtype, name)
             o = _flat(out, name, "output", writable=True)
+            self._buffers.check_mapped(o, name, "output")
             _expect(x.size == self.size * o.size, lambda: f"{name}: input has {x.size} elements, expected "
                     f"{self.size} x {o.size} = {self.size * o.size}")
             _expect(o.dtype == x.dtype, lambda: f"{name}: output dtype {o.dtype} differs from input dtype {x.dtype}",
@@ -508,9 +538,10 @@ class Communicator:
         _check_all_gather)."""
         name = "all_reduce"
         try:
-            code = _reduce.dtype_code(x.dtype, name)
+            code = _reduce.dtype_code(_dtype_of(x, name, "buffer"), name)
             rcode = _reduce.reduce_code(op, x.dtype, name)
             xf = _flat(x, name, "buffer", writable=True)
+            self._buffers.check_mapped(xf, name, "buffer")
             if self._path is not self._default_path:
                 self._executor.check_path(name, self._path)
             algo = self._modeling.algo_for(name, x.nbytes, x.itemsize)
@@ -596,7 +627,12 @@ class Communicator:
             slot = self._rt.reserve_slot() if color >= 0 else -1
         except TooManyCommunicators as e:        # the peers are told, as for a rejected argument
             self._protocol.begin(op, {}, error=e)
-        descs = self._protocol.begin(op, {F_AUX0: color, F_AUX1: int(key), F_AUX2: slot})
+        try:
+            descs = self._protocol.begin(op, {F_AUX0: color, F_AUX1: int(key), F_AUX2: slot})
+        except BaseException:
+            if slot >= 0:            # a peer rejected the split: no communicator holds the slot
+                self._rt.release_slot(slot)
+            raise
         s = self._rt.stats
         s["calls"]["split"] = s["calls"].get("split", 0) + 1
         if color < 0:

@@ -26,7 +26,7 @@ from ..collectives._slices import IN, OUT
 from ..ub._rankclock import to_bits, us_from_bits
 from . import _native
 from ._native import P2P_DONE, P2P_RECV_CHECK, P2P_RECV_WAIT, P2P_SEND_WAIT   # _native.p2p's stages
-from ._args import _aliased, _fixed_address, _fixed_table, _flat
+from ._args import _aliased, _dtype_of, _fixed_address, _fixed_table, _flat
 from ._control import (DESC_FIXED, F_ADDR, F_AUX0, F_AUX1, F_COUNT, F_DTYPE, F_EPOCH, F_FLAGS,
                        F_SEG_OFF, F_SEG_SIZE, F_SEG_VA, FLAG_REJECTED, P2P_DESC, Layout)
 from ._sync import SLICE, SPIN_POLLS, wait_until
@@ -117,7 +117,8 @@ class PointToPoint:
         place), which leaves the call to ``call`` and its checks."""
         peers = range(self._size)
         if (self._rt.clock is not None or path != "mte" or dst not in peers or src not in peers
-                or dst == self._rank or src == self._rank):
+                or dst == self._rank or src == self._rank
+                or not isinstance(x, np.ndarray) or not isinstance(out, np.ndarray)):
             return None, False
         if _aliased(out, x):
             return None, False              # the send is staged per call (``call``)
@@ -151,10 +152,12 @@ class PointToPoint:
         ``_native.p2p``; it returns the stage at which the rest continues here: a wait that
         needs health checks, or a descriptor to check (mismatch, new buffer)."""
         t0 = self._modeling.entering_us() if self._rt.clock is not None else None
-        stage = x is not None and out is not None and _aliased(out, x)
-        send = self._prepare_send(x, dst, t0, path, stage) if x is not None else None
+        # the halves by operation, not by argument: a None buffer is a bad argument, rejected
+        # by its checks and reported to the peer, not a half left out
+        stage = op == "sendrecv" and isinstance(x, np.ndarray) and isinstance(out, np.ndarray) and _aliased(out, x)
+        send = self._prepare_send(x, dst, t0, path, stage) if op != "recv" else None
         stage, recv = P2P_SEND_WAIT, None
-        if out is not None:
+        if op != "send":
             try:
                 recv = self._prepare_recv(out, src, path)
             except BaseException:
@@ -209,14 +212,14 @@ class PointToPoint:
         if error is not None:        # the receiver quotes it (posted below, with the flag)
             self._protocol.put_reason(2 + dst, error)
         aux0 = to_bits(t_send) if t_send is not None else 0
-        self._send_fields = _send_descriptor(code, x.size, inp, error is not None, aux0, seq)
+        self._send_fields = _send_descriptor(code, x.size if error is None else 0, inp, error is not None, aux0, seq)
         return dst, seq, error, x, t_send
 
     def _check_send(self, x: np.ndarray, stage: bool = False) -> tuple[tuple, bool]:
         """A send's checks and what they decided (runtime/_prepared.py): dtype code, the input,
         the error that rejects the send (reported to both sides after the handshake)."""
         try:
-            code = _reduce.dtype_code(x.dtype, "send")
+            code = _reduce.dtype_code(_dtype_of(x, "send", "input"), "send")
             inp = self._buffers.as_input(x, "send", stage)
         except Exception as e:
             return (0, None, e), False
@@ -277,11 +280,12 @@ class PointToPoint:
         arguments and the plan, or (None, None) when the common case does not apply (a bad
         argument, which _recv raises after telling the sender; an output not written in place)."""
         try:
-            code = _reduce.dtype_code(x.dtype, "recv")
             xf = _flat(x, "recv", "buffer", writable=True)
+            code = _reduce.dtype_code(xf.dtype, "recv")
+            self._buffers.check_mapped(xf, "recv", "buffer")
+            if self._buffers.output(xf) is not xf:
+                return (None, None), False
         except Exception:
-            return (None, None), False
-        if self._buffers.output(xf) is not xf:
             return (None, None), False
         nb = x.nbytes
         plan = None
@@ -311,8 +315,9 @@ class PointToPoint:
         d = self._rt.ctl.i64[off:off + P2P_DESC].tolist()
         status, error = 0, None
         try:
-            code = _reduce.dtype_code(x.dtype, "recv")
             xf = _flat(x, "recv", "buffer", writable=True)
+            code = _reduce.dtype_code(xf.dtype, "recv")
+            self._buffers.check_mapped(xf, "recv", "buffer")
             if path is not self._default_path:
                 self._executor.check_path(op, path)
             if d[F_FLAGS] & FLAG_REJECTED:
@@ -344,7 +349,8 @@ class PointToPoint:
             self._protocol.put_reason(2 + self._protocol.lay.world + src, e)
         received = None
         if t_recv is not None:
-            received = self._rt.clock.received(self._members[src], self._members[self._rank], x.nbytes,
+            received = self._rt.clock.received(self._members[src], self._members[self._rank],
+                                               x.nbytes if isinstance(x, np.ndarray) else 0,
                                                us_from_bits(d[F_AUX0]), t_recv)
             self._rt.ctl.i64[off + F_AUX1] = to_bits(received)
         _native.received(self._recv_status[src], status, self._recv_done[src], seq)

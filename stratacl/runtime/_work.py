@@ -85,13 +85,16 @@ class Work:
 class Worker:
     """The FIFO thread that runs one communicator's operations once any of them is asynchronous."""
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, start: bool = True):
+        """``start=False``: a worker already stopped, with no thread, which refuses every
+        operation (a communicator's after ``finalize()``)."""
         self._queue: collections.deque = collections.deque()
         self._cond = threading.Condition()
         self._failed: BaseException | None = None
-        self._stopping = False
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
+        self._stopping = not start
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True) if start else None
+        if start:
+            self._thread.start()
 
     def submit(self, operation: str, fn: Callable[[], Any], work: Work | None = None) -> Work:
         work = work if work is not None else Work(operation)
@@ -127,7 +130,8 @@ class Worker:
         with self._cond:
             self._stopping = True
             self._cond.notify()
-        self._thread.join(timeout)
+        if self._thread is not None:
+            self._thread.join(timeout)
 
 
 def collective(fn: Callable) -> Callable:

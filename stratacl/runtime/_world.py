@@ -11,10 +11,13 @@ import array
 import atexit
 import json
 import logging
+import math
+import operator
 import os
 import secrets
 import threading
 import time
+import weakref
 from typing import Any
 
 import numpy as np
@@ -112,6 +115,7 @@ class Runtime:
                       if config.clock != "off" or config.profile else None)
         self.profiler = Profiler(rank) if config.profile else None
         self.workers: list = []          # asynchronous-operation threads of this rank's communicators
+        self.communicators: weakref.WeakSet = weakref.WeakSet()   # every one made here, for close()
         self.in_flight: list = []        # asynchronous operations under a modeled clock, for charge_compute
         self.sdma = None                 # the SDMA engine (--path sdma), started on first use
         self._next_slot = 1
@@ -192,6 +196,13 @@ class Runtime:
             self._next_slot += 1
             return self._next_slot - 1
 
+    def release_slot(self, slot: int) -> None:
+        """Give back a slot ``reserve_slot`` returned, for a split that failed: the last one
+        reserved, as a failed split's is unless another communicator split meanwhile."""
+        with self._slot_lock:
+            if slot == self._next_slot - 1:
+                self._next_slot -= 1
+
     def own_segment(self, addr: int, nbytes: int):
         """What descriptors name for [addr, addr + nbytes) of this rank's HBM (a segment, a chunk
         or a run of chunks), or None if the range is not in this rank's mapped HBM."""
@@ -201,16 +212,24 @@ class Runtime:
 
     def empty(self, shape, dtype) -> np.ndarray:
         dtype = np.dtype(dtype)
-        shape = (int(shape),) if np.isscalar(shape) else tuple(int(s) for s in shape)
+        if dtype.hasobject:
+            # peers would read pointers into this process; numpy would own references it never took
+            raise TypeError(f"empty: HBM arrays hold plain data, not Python objects (dtype {dtype})")
+        try:
+            shape = (operator.index(shape),) if np.isscalar(shape) else tuple(operator.index(s) for s in shape)
+        except TypeError:
+            raise TypeError(f"empty: the shape must be an int or a sequence of ints, got {shape!r}") from None
         if any(s < 0 for s in shape):
-            raise ValueError(f"negative dimensions are not allowed: {shape}")
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+            raise ValueError(f"empty: negative dimensions are not allowed: {shape}")
+        nbytes = math.prod(shape) * dtype.itemsize      # Python ints: a huge shape cannot wrap
         block = self.allocator.malloc(nbytes)
         return array_from_block(self.allocator, block, shape, dtype)
 
     def close(self) -> None:
         for w in self.workers:
             w.stop(self.config.timeout)
+        for comm in list(self.communicators):
+            comm._shut()
         if self.sdma is not None:
             self.sdma.stop(self.config.timeout)
         if self.profiler is not None:
@@ -289,7 +308,8 @@ def _setup_logging(rank: int, level: str) -> None:
 def finalize() -> None:
     """Leave the job: stop background threads and mark this rank finalized. Not collective.
 
-    Arrays in HBM stay readable until the process exits; no further operation may be issued.
+    Arrays in HBM stay readable until the process exits; no further operation may be issued:
+    every communicator's operations raise NotInitialized from then on.
     """
     global _RUNTIME
     with _LOCK:

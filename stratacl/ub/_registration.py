@@ -39,14 +39,16 @@ the mailbox only carries them.
 from __future__ import annotations
 
 import collections
+import math
 import mmap
+import operator
 import threading
 import time
 from typing import Callable, Protocol
 
 import numpy as np
 
-from .._errors import RegistrationError, StrataError
+from .._errors import NotInitialized, RegistrationError
 
 # message kinds of the registration protocol, in the kind byte of a mailbox header
 MSG_REGISTER, MSG_RELEASE, MSG_ACK = 1, 2, 3
@@ -380,8 +382,13 @@ class RegistrationUnit:
     def view(self, address: int, shape, dtype) -> np.ndarray:
         """``ub.view`` on this rank (see there)."""
         dtype = np.dtype(dtype)
-        shape = (int(shape),) if np.isscalar(shape) else tuple(int(s) for s in shape)
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        try:
+            shape = (operator.index(shape),) if np.isscalar(shape) else tuple(operator.index(s) for s in shape)
+        except TypeError:
+            raise TypeError(f"ub.view: the shape must be an int or a sequence of ints, got {shape!r}") from None
+        if any(s < 0 for s in shape):
+            raise ValueError(f"ub.view: negative dimensions are not allowed: {shape}")
+        nbytes = math.prod(shape) * dtype.itemsize      # Python ints: a huge shape cannot wrap
         window = self.window
         owner = window.owner(address)
         if owner < 0 or window.owner(address + max(nbytes, 1) - 1) != owner:
@@ -473,5 +480,5 @@ def activate(unit: RegistrationUnit | None) -> None:
 def active() -> RegistrationUnit:
     unit = _active
     if unit is None:
-        raise StrataError("stratacl is not initialised in this process: call stratacl.init() first")
+        raise NotInitialized("stratacl is not initialised in this process: call stratacl.init() first")
     return unit
