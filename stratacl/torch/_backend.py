@@ -47,6 +47,10 @@ _STEP = {dist.ReduceOp.SUM: torch.Tensor.add_, dist.ReduceOp.AVG: torch.Tensor.a
          dist.ReduceOp.BXOR: torch.Tensor.bitwise_xor_}
 
 
+# (op, dtype, operation) -> what _reduce_op decided: the same few recur on every call
+_REDUCE_NAMES: dict[tuple, str | None] = {}
+
+
 def _red_op(op) -> dist.ReduceOp.RedOpType:
     return op.op if hasattr(op, "op") else op
 
@@ -97,7 +101,14 @@ class ProcessGroupStrataCL(dist.ProcessGroup):
 
     def _reduce_op(self, opts, dtype: torch.dtype, operation: str):
         """The communicator's op name, or None: torch folds (bfloat16, bitwise)."""
-        op = _red_op(opts.reduceOp)
+        key = (_red_op(opts.reduceOp), dtype, operation)
+        got = _REDUCE_NAMES.get(key, _REDUCE_NAMES)
+        if got is _REDUCE_NAMES:
+            got = _REDUCE_NAMES[key] = self._decide_reduce_op(*key)
+        return got
+
+    @staticmethod
+    def _decide_reduce_op(op, dtype: torch.dtype, operation: str):
         if op in _BITWISE:
             if dtype.is_floating_point or dtype.is_complex:
                 raise TypeError(f"stratacl {operation}: {op.name} needs an integer or bool tensor, got {dtype}")
@@ -143,8 +154,8 @@ class ProcessGroupStrataCL(dist.ProcessGroup):
 
     def _all_reduce_one(self, x: torch.Tensor, opts, operation: str = "allreduce"):
         name = self._reduce_op(opts, x.dtype, operation)
-        op = _red_op(opts.reduceOp)
         if name is None:
+            op = _red_op(opts.reduceOp)
             return lambda: self._all_reduce_folded(x, op)
         a = _tensors.array(x)
         return lambda: self.comm.all_reduce(a, name)
