@@ -60,7 +60,7 @@ def check(t: torch.Tensor, operation: str, what: str = "tensor") -> None:
 # the HBM array behind each live tensor storage made by empty(), by storage address; the array
 # lives exactly as long as the storage (torch.from_numpy holds it), so its entry goes with it
 _HBM: weakref.WeakValueDictionary[int, np.ndarray] = weakref.WeakValueDictionary()
-# id(tensor) -> (weak reference to it, its data address, its shape, its view): see the module
+# id(tensor) -> (weak reference to it, its data address, shape, strides, its view): see the module
 # docstring; an entry goes when its tensor does, and the whole table when it passes VIEWS_LIMIT
 _VIEWS: dict[int, tuple] = {}
 VIEWS_LIMIT = 256
@@ -68,17 +68,31 @@ VIEWS_LIMIT = 256
 _MOVED = {**NATIVE, torch.bfloat16: np.int16, torch.complex64: np.float32, torch.complex128: np.float64}
 
 
+def checked(t: torch.Tensor, operation: str, what: str = "tensor") -> np.ndarray:
+    """``check(t)``, then ``array(t)``; a tensor whose view is kept, unchanged since (same
+    object, data address, shape and strides), passed the checks then and skips them."""
+    e = _VIEWS.get(id(t))
+    if e is not None and e[0]() is t and e[1] == t.data_ptr() and e[2] == t.shape and e[3] == t.stride():
+        return e[4]
+    check(t, operation, what)
+    return _keep(t)
+
+
 def array(t: torch.Tensor) -> np.ndarray:
     """The numpy view of ``t``'s bytes the communicator moves (see the module docstring),
     1-D; the same array object on every call while ``t`` is unchanged. ``t`` passed ``check``."""
-    key = id(t)
-    e = _VIEWS.get(key)
-    if e is not None and e[0]() is t and e[1] == t.data_ptr() and e[2] == t.shape:
-        return e[3]
+    e = _VIEWS.get(id(t))
+    if e is not None and e[0]() is t and e[1] == t.data_ptr() and e[2] == t.shape and e[3] == t.stride():
+        return e[4]
+    return _keep(t)
+
+
+def _keep(t: torch.Tensor) -> np.ndarray:
     a = _view(t)
     if len(_VIEWS) >= VIEWS_LIMIT:
         _VIEWS.clear()
-    _VIEWS[key] = (weakref.ref(t, lambda ref, key=key: _forget(key, ref)), t.data_ptr(), t.shape, a)
+    key = id(t)
+    _VIEWS[key] = (weakref.ref(t, lambda ref, key=key: _forget(key, ref)), t.data_ptr(), t.shape, t.stride(), a)
     return a
 
 
