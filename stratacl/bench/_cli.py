@@ -43,6 +43,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
 import sys
 import time
 
@@ -195,6 +196,9 @@ def format_table(header: dict, rows: list[dict], peers: dict[str, list[dict] | s
              f"# host {header['host']['host']}: {header['host']['cores']} cores ({header['host']['cpu']}), "
              f"{header['host']['memory_gib']} GiB; python {header['host']['python']}, numpy {header['host']['numpy']}",
              "#"]
+    if header.get("load_before") and header.get("load_after"):
+        lines.insert(3, "# host load average (1/5/15 min): before " + "/".join(f"{v:.1f}" for v in header["load_before"])
+                     + ", after " + "/".join(f"{v:.1f}" for v in header["load_after"]))
     if estimated:
         lines.insert(3, "# estimate only: modeled time from the fabric model; no rank ran, no data was checked")
     limit = any("limit_busbw" in r for r in rows)
@@ -319,6 +323,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--topology", default=None)
     p.add_argument("--hbm-size", default=None, help="per-rank HBM (default: enough for the sweep, at least 1G)")
     p.add_argument("--vs", default="", help="comma-separated peers to run the same sweep with: mpi, gloo")
+    p.add_argument("--peers-first", action="store_true",
+                   help="run the --vs peers before StrataCL's sweep, not after (alternate it across repeats)")
     p.add_argument("--no-limit", action="store_true", help="skip measuring the host copy limit")
     p.add_argument("-J", "--json", default=None, help="also write the results as JSON to this file")
     p.add_argument("--api", default="numpy", choices=("numpy", "torch"),
@@ -370,7 +376,11 @@ def main(argv: list[str] | None = None) -> int:
                   registration=config.registration, algo=config.algo, clock=config.clock,
                   **({"dilation": config.dilation} if config.clock == "throttled" else {}),
                   buffers=a.buffers, topology=config.topology, host=host_facts(),
-                  command=command, started=time.strftime("%Y-%m-%dT%H:%M:%S"), api=a.api, rounds=a.rounds)
+                  command=command, started=time.strftime("%Y-%m-%dT%H:%M:%S"), api=a.api, rounds=a.rounds,
+                  load_before=os.getloadavg())
+    peers: dict = {}
+    if a.peers_first:
+        _run_peers(a.vs, a.nranks, spec, peers)
     print(f"stratacl-bench: {a.operator} on {a.nranks} ranks, {len(sizes)} size(s)", file=sys.stderr, flush=True)
     numpy_rows = None
     if a.api == "torch":
@@ -400,11 +410,9 @@ def main(argv: list[str] | None = None) -> int:
             r["limit_copy_gbps"] = b
             r["limit_busbw"] = (r["size"] * _cases.bus_factor(a.operator, a.nranks) * b / vol) if vol else 0.0
             r["limit_fraction"] = r["busbw"] / r["limit_busbw"] if r["limit_busbw"] else 0.0
-    peers: dict = {}
-    for peer in [p.strip() for p in a.vs.split(",") if p.strip()]:
-        from ._peers import run_peer
-        print(f"stratacl-bench: running the same sweep with {peer}", file=sys.stderr, flush=True)
-        peers[peer] = run_peer(peer, a.nranks, spec)
+    if not a.peers_first:
+        _run_peers(a.vs, a.nranks, spec, peers)
+    header["load_after"] = os.getloadavg()
     print(format_table(dict(header, numpy_rows=numpy_rows), rows, peers))
     if a.json:
         doc = {"header": header, "rows": rows}
@@ -417,6 +425,13 @@ def main(argv: list[str] | None = None) -> int:
     wrong = any(r["wrong"] for r in rows + (numpy_rows or [])) or any(
         not isinstance(p, str) and any(r["wrong"] for r in p) for p in peers.values())
     return 1 if wrong else 0
+
+
+def _run_peers(names: str, nranks: int, spec: _cases.Spec, peers: dict) -> None:
+    for peer in [p.strip() for p in names.split(",") if p.strip()]:
+        from ._peers import run_peer
+        print(f"stratacl-bench: running the same sweep with {peer}", file=sys.stderr, flush=True)
+        peers[peer] = run_peer(peer, nranks, spec)
 
 
 def _main_estimate(a, sizes: list[int], command: str) -> int:
