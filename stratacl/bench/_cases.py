@@ -3,7 +3,9 @@
 A ``Backend`` moves the bytes; everything else (sizes, data, timing, checking) is here, so the
 three libraries run the identical sweep. Conventions are nccl-tests' (sizes, counts and bus
 bandwidth: ``stratacl._sizes``, which estimate-only mode shares). Time is the per-iteration
-average of each rank, averaged over ranks (nccl-tests' default).
+average of each rank, averaged over ranks (nccl-tests' default); with ``Spec.rounds`` > 1, the
+median of that over the rounds. ``sweep_alternating`` runs several backends (StrataCL's numpy
+API and its torch backend) on the same ranks, in alternating order.
 
 A backend with a modeled clock (``clock()``: this rank's modeled time in seconds, ``maximum``:
 the largest value over ranks) also gets ``model_time_us``: the modeled time per iteration,

@@ -4,7 +4,7 @@
                    [--op sum] [--root 0] [--registration roa|jit|pool|staged] [--buffers hbm|plain]
                    [--algo mesh|ring|auto] [--clock off|virtual|throttled] [--dilation D]
                    [--topology cm384|flat|FILE] [--vs mpi,gloo] [--no-limit] [-J out.json]
-                   [--api numpy|torch] [--rounds R]
+                   [--api numpy|torch] [--rounds R] [--peers-first]
     stratacl-bench all_gather -n 256 -b 64K -e 256G --estimate [--algo auto] [--registration staged]
                    [--cores N] [--comm-cores N] [--partition naive|balanced] [--path mte|sdma] [--profile DIR]
     stratacl-bench dispatch|combine -n 32 --tokens 4096 --hidden 7168 --topk 8 --experts 256 --mode ht|ll
@@ -28,7 +28,9 @@ torch. With ``--api torch`` the ranks run the sweep through ``torch.distributed`
 alternating, so the table's rows are torch's and a second table gives the torch layer's cost
 (torch time / numpy time, same ranks, same rounds); ``--vs gloo`` compares gloo through the same
 torch calls. ``--rounds R`` times every size R times (alternating the order where two APIs run,
-peers too) and keeps the median; rows then carry ``round_times_us``.
+peers too) and keeps the median; rows then carry ``round_times_us``. ``--peers-first`` runs the
+peers before StrataCL (alternate it across repeated runs). The header records the host's load
+average before and after.
 
 Fabric-native backend. ``--cores``, ``--comm-cores``, ``--partition`` and ``--path`` set the
 model's cores, their partitioning and who moves the bytes (settings of the same names, so a
