@@ -172,6 +172,11 @@ class ProcessGroupStrataCL(dist.ProcessGroup):
             raise ValueError(f"stratacl allreduce: expects one tensor per rank, got {len(tensors)}")
         x = tensors[0]
         a = _tensors.checked(x, "allreduce")
+        if not getattr(opts, "asyncOp", True):
+            name = self._reduce_op(opts, x.dtype, "allreduce")
+            work = None if name is None else self._executor.now("allreduce", tensors, self.comm.all_reduce, a, name)
+            if work is not None:
+                return work
         return self._run("allreduce", tensors, self._all_reduce_one(x, opts, "allreduce", a), opts)
 
     def allreduce_coalesced(self, tensors, opts=None):
@@ -198,6 +203,13 @@ class ProcessGroupStrataCL(dist.ProcessGroup):
         return lambda: self.comm.all_gather(o, a)
 
     def all_gather_single(self, output, input, opts=None):
+        if not getattr(opts, "asyncOp", True):
+            o = _tensors.checked(output, "all_gather_into_tensor", "output")
+            a = _tensors.checked(input, "all_gather_into_tensor", "input")
+            if output.dtype == input.dtype:
+                work = self._executor.now("all_gather_into_tensor", [output], self.comm.all_gather, o, a)
+                if work is not None:
+                    return work
         fn = self._all_gather_one(output, input, "all_gather_into_tensor")
         return self._run("all_gather_into_tensor", [output], fn, opts)
 
@@ -254,6 +266,15 @@ class ProcessGroupStrataCL(dist.ProcessGroup):
 
     def reduce_scatter_single(self, output, input, opts=None):
         opts = opts if opts is not None else dist.ReduceScatterOptions()
+        if not getattr(opts, "asyncOp", True):
+            o = _tensors.checked(output, "reduce_scatter_tensor", "output")
+            a = _tensors.checked(input, "reduce_scatter_tensor", "input")
+            if output.dtype == input.dtype:
+                name = self._reduce_op(opts, input.dtype, "reduce_scatter_tensor")
+                work = None if name is None else self._executor.now("reduce_scatter_tensor", [output],
+                                                                    self.comm.reduce_scatter, o, a, name)
+                if work is not None:
+                    return work
         fn = self._reduce_scatter_one(output, input, opts, "reduce_scatter_tensor")
         return self._run("reduce_scatter_tensor", [output], fn, opts)
 
@@ -295,6 +316,10 @@ class ProcessGroupStrataCL(dist.ProcessGroup):
         if output.dtype != input.dtype:
             raise TypeError(f"stratacl {op}: output dtype {output.dtype} differs from input dtype {input.dtype}")
         if not output_split_sizes and not input_split_sizes:
+            if not getattr(opts, "asyncOp", True):
+                work = self._executor.now(op, [output], self.comm.all_to_all, o, a)
+                if work is not None:
+                    return work
             return self._run(op, [output], lambda: self.comm.all_to_all(o, a), opts)
         send = self._counts(input, a, input_split_sizes, op, "input")
         recv = self._counts(output, o, output_split_sizes, op, "output")
