@@ -64,6 +64,38 @@ def test_bench_rows_follow_nccl_tests(op, tmp_path):
     assert "Out of bounds values : 0 OK" in run.stdout
 
 
+TORCH_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("op", TORCH_OPS)
+def test_bench_api_torch_rows_and_the_numpy_twin(op, tmp_path):
+    pytest.importorskip("torch")
+    out = tmp_path / "bench.json"
+    run = _bench(op, "-n", "2", "-b", "4K", "-e", "16K", "-f", "4", "-w", "1", "-i", "2", "--api", "torch",
+                 "--rounds", "2", "--no-limit", "-J", str(out), timeout=150)
+    assert run.returncode == 0, run.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    head = doc["header"]
+    assert head["api"] == "torch" and head["rounds"] == 2 and head["torch"]
+    assert head["torch_call"] in {"all_reduce": ("all_reduce",), "all_gather": ("all_gather_single", "all_gather_into_tensor"),
+                                  "reduce_scatter": ("reduce_scatter_single", "reduce_scatter_tensor"),
+                                  "all_to_all": ("all_to_all_single",)}[op]
+    assert len(head["load_before"]) == 3 and len(head["load_after"]) == 3
+    rows, twins = doc["rows"], doc["numpy_rows"]
+    assert [r["size"] for r in rows] == [r["size"] for r in twins] == list(SIZES)
+    for row, twin in zip(rows, twins):
+        assert set(row) == KEYS | MODEL_KEYS | {"api", "round_times_us"}, row
+        assert set(twin) == KEYS | {"api", "round_times_us"}, twin
+        assert (row["api"], twin["api"]) == ("torch", "numpy")
+        assert row["wrong"] == 0 and twin["wrong"] == 0
+        for r in (row, twin):       # the median of two rounds; nccl-tests' bus factor at N = 2
+            assert len(r["round_times_us"]) == 2 and r["time_us"] == pytest.approx(sum(r["round_times_us"]) / 2)
+            assert r["busbw"] == pytest.approx(r["size"] / r["time_us"] / 1e3 * (1.0 if op == "all_reduce" else 0.5))
+    assert f"through torch.distributed.{head['torch_call']}" in run.stdout
+    assert "# torch layer (same ranks" in run.stdout and "Out of bounds values : 0 OK" in run.stdout
+
+
 SPEC = Spec("all_reduce", [4096], warmup=1, iters=2)
 
 

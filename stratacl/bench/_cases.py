@@ -3,7 +3,9 @@
 A ``Backend`` moves the bytes; everything else (sizes, data, timing, checking) is here, so the
 three libraries run the identical sweep. Conventions are nccl-tests' (sizes, counts and bus
 bandwidth: ``stratacl._sizes``, which estimate-only mode shares). Time is the per-iteration
-average of each rank, averaged over ranks (nccl-tests' default).
+average of each rank, averaged over ranks (nccl-tests' default); with ``Spec.rounds`` > 1, the
+median of that over the rounds. ``sweep_alternating`` runs several backends (StrataCL's numpy
+API and its torch backend) on the same ranks, in alternating order.
 
 A backend with a modeled clock (``clock()``: this rank's modeled time in seconds, ``maximum``:
 the largest value over ranks) also gets ``model_time_us``: the modeled time per iteration,
@@ -14,6 +16,7 @@ follows modeled time with sleeps (``late()``: calls so far that ended behind sch
 from __future__ import annotations
 
 import dataclasses
+import statistics
 import time
 from typing import Callable, Protocol
 
@@ -133,75 +136,115 @@ class Spec:
     iters: int = 10
     check: int = 1
     warmup_seconds: float = 0.0     # then keep warming up (10 calls at a time) until this much wall time passed
+    rounds: int = 1                 # timed rounds of ``iters`` calls per size; a row's time is their median
 
 
 def sweep(backend: Backend, spec: Spec, progress=None) -> list[dict]:
     """Run the sweep on this rank; every rank gets the same rows back (times averaged over ranks)."""
-    n, me = backend.size, backend.rank
+    return sweep_alternating([backend], spec, progress=progress)[0]
+
+
+def sweep_alternating(backends: list[Backend], spec: Spec, progress=None) -> list[list[dict]]:
+    """The sweep through several backends on the same ranks (the same communicator underneath:
+    StrataCL's numpy API and its torch.distributed backend), one list of rows per backend.
+
+    Per size, every backend gets its own buffers, settle and warm-up; then ``spec.rounds``
+    rounds each time every backend's ``spec.iters`` iterations, in alternating order (round 0 in the
+    given order, round 1 reversed, ...), so that a slow moment of a shared host falls on all of
+    them alike. A row's time is the median over rounds of the per-iteration time averaged over
+    ranks (with one round: that time, as ``sweep`` always gave). Checks follow the rounds.
+    """
+    n, me = backends[0].size, backends[0].rank
     dtype = np.dtype(spec.dtype)
     root = spec.root if spec.op == "broadcast" else -1
     redop = spec.redop if spec.op in ("all_reduce", "reduce_scatter") else "none"
-    rows = []
+    rounds = max(spec.rounds, 1)
+    rows: list[list[dict]] = [[] for _ in backends]
     seen = set()
-    clock = getattr(backend, "clock", None)
-    late = getattr(backend, "late", None)       # throttled clock: calls that ended behind schedule so far
     for size in spec.sizes:
         sh = shape(spec.op, n, size, dtype.itemsize)
         if sh.size in seen:
             continue
         seen.add(sh.size)
-        x = backend.alloc(sh.n_in, dtype)
-        out = backend.alloc(sh.n_out, dtype) if sh.n_out else None
-        fill_input(x, spec.op, me, n, sh, dtype, redop)
-        run = backend.call(spec.op, out, x, redop, root)
-        settle = getattr(backend, "settle", None)       # let the new buffers' registration finish
-        if settle is not None:
-            settle()
-        for _ in range(spec.warmup):
-            run()
-        if spec.warmup_seconds > 0:
-            # the ranks agree on when to stop: the decision is a collective mean of elapsed time
-            w0 = time.perf_counter()
-            while backend.mean(time.perf_counter() - w0) < spec.warmup_seconds:
-                for _ in range(10):
-                    run()
-        backend.barrier()
-        m0 = clock() if clock is not None else None
-        l0 = late() if late is not None else 0
-        t0 = time.perf_counter()
-        for _ in range(spec.iters):
-            run()
-        elapsed = (time.perf_counter() - t0) / max(spec.iters, 1)
-        m1 = clock() if clock is not None else None
-        l1 = late() if late is not None else 0
-        # ranks that are done wait here: the data check and the next size are work that, on
-        # shared cores, would otherwise delay the ranks still in their last iterations (a
-        # 1 MiB sendrecv ring at N = 8 whose early ranks went on: a last call of 2.5-8 ms
-        # instead of about 0.2 ms)
-        backend.barrier()
-        wrong = 0
-        if spec.check and spec.op != "barrier":
-            for _ in range(spec.check):
-                fill_input(x, spec.op, me, n, sh, dtype, redop)
-                if out is not None:
-                    out[...] = 0
+        points = []
+        for backend in backends:
+            x = backend.alloc(sh.n_in, dtype)
+            out = backend.alloc(sh.n_out, dtype) if sh.n_out else None
+            fill_input(x, spec.op, me, n, sh, dtype, redop)
+            points.append((backend, x, out, backend.call(spec.op, out, x, redop, root)))
+        for backend, _, _, run in points:
+            settle = getattr(backend, "settle", None)       # let the new buffers' registration finish
+            if settle is not None:
+                settle()
+            for _ in range(spec.warmup):
                 run()
-                got = (x if out is None else out).reshape(-1)
-                wrong += count_wrong(got, spec.op, me, n, sh, dtype, redop, root)
-        t = backend.mean(elapsed)
-        wrong = backend.total(wrong)
-        algbw = sh.size / t / 1e9 if t > 0 else 0.0
-        rows.append(dict(op=spec.op, size=sh.size, count=sh.count, type=str(dtype), redop=redop, root=root,
-                         time_us=t * 1e6, algbw=algbw, busbw=algbw * bus_factor(spec.op, n), wrong=wrong))
-        if m0 is not None:
-            mt = (backend.maximum(m1) - backend.maximum(m0)) / max(spec.iters, 1)
-            rows[-1].update(model_row(spec.op, n, sh.size, mt * 1e6))
-        if late is not None:
-            rows[-1]["late_calls"] = backend.total(l1 - l0)
-        cores = getattr(backend, "core_figures", None)     # a modeled clock: per-core figures of one call
-        if cores is not None and m0 is not None:
-            rows[-1].update(cores(spec.op, sh.n_in * dtype.itemsize, max(root, 0), dtype.itemsize))
-        if progress is not None and me == 0:
-            progress(rows[-1])
-        del x, out
+            if spec.warmup_seconds > 0:
+                # the ranks agree on when to stop: the decision is a collective mean of elapsed time
+                w0 = time.perf_counter()
+                while backend.mean(time.perf_counter() - w0) < spec.warmup_seconds:
+                    for _ in range(10):
+                        run()
+        times: list[list[float]] = [[] for _ in backends]
+        marks: list[list[tuple]] = [[] for _ in backends]
+        for r in range(rounds):
+            order = list(range(len(points))) if r % 2 == 0 else list(reversed(range(len(points))))
+            for i in order:
+                backend, _, _, run = points[i]
+                elapsed, mark = _timed(backend, run, spec.iters)
+                times[i].append(backend.mean(elapsed))
+                marks[i].append(mark)
+        for i, (backend, x, out, run) in enumerate(points):
+            wrong = 0
+            if spec.check and spec.op != "barrier":
+                for _ in range(spec.check):
+                    fill_input(x, spec.op, me, n, sh, dtype, redop)
+                    if out is not None:
+                        out[...] = 0
+                    run()
+                    got = (x if out is None else out).reshape(-1)
+                    wrong += count_wrong(got, spec.op, me, n, sh, dtype, redop, root)
+            t = statistics.median(times[i])
+            wrong = backend.total(wrong)
+            algbw = sh.size / t / 1e9 if t > 0 else 0.0
+            row = dict(op=spec.op, size=sh.size, count=sh.count, type=str(dtype), redop=redop, root=root,
+                       time_us=t * 1e6, algbw=algbw, busbw=algbw * bus_factor(spec.op, n), wrong=wrong)
+            if len(backends) > 1:
+                row["api"] = backend.name
+            if rounds > 1:
+                row["round_times_us"] = [v * 1e6 for v in times[i]]
+            m0, m1, l0, l1 = marks[i][-1]
+            if m0 is not None:
+                mt = (backend.maximum(m1) - backend.maximum(m0)) / max(spec.iters, 1)
+                row.update(model_row(spec.op, n, sh.size, mt * 1e6))
+            if l0 is not None:
+                row["late_calls"] = backend.total(l1 - l0)
+            cores = getattr(backend, "core_figures", None)     # a modeled clock: per-core figures of one call
+            if cores is not None and m0 is not None:
+                row.update(cores(spec.op, sh.n_in * dtype.itemsize, max(root, 0), dtype.itemsize))
+            rows[i].append(row)
+            if progress is not None and me == 0:
+                progress(row)
+        del points, x, out
     return rows
+
+
+def _timed(backend: Backend, run: Callable[[], object], iters: int) -> tuple[float, tuple]:
+    """This rank's time per iteration of ``iters`` calls of ``run``, between two barriers, and
+    the backend's modeled clock and late-call count around them (None where it has none)."""
+    clock = getattr(backend, "clock", None)
+    late = getattr(backend, "late", None)       # throttled clock: calls that ended behind schedule so far
+    backend.barrier()
+    m0 = clock() if clock is not None else None
+    l0 = late() if late is not None else None
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        run()
+    elapsed = (time.perf_counter() - t0) / max(iters, 1)
+    m1 = clock() if clock is not None else None
+    l1 = late() if late is not None else None
+    # ranks that are done wait here: the data check and the next size are work that, on
+    # shared cores, would otherwise delay the ranks still in their last iterations (a
+    # 1 MiB sendrecv ring at N = 8 whose early ranks went on: a last call of 2.5-8 ms
+    # instead of about 0.2 ms)
+    backend.barrier()
+    return elapsed, (m0, m1, l0, l1)

@@ -4,6 +4,7 @@
                    [--op sum] [--root 0] [--registration roa|jit|pool|staged] [--buffers hbm|plain]
                    [--algo mesh|ring|auto] [--clock off|virtual|throttled] [--dilation D]
                    [--topology cm384|flat|FILE] [--vs mpi,gloo] [--no-limit] [-J out.json]
+                   [--api numpy|torch] [--rounds R] [--peers-first]
     stratacl-bench all_gather -n 256 -b 64K -e 256G --estimate [--algo auto] [--registration staged]
                    [--cores N] [--comm-cores N] [--partition naive|balanced] [--path mte|sdma] [--profile DIR]
     stratacl-bench dispatch|combine -n 32 --tokens 4096 --hidden 7168 --topk 8 --experts 256 --mode ht|ll
@@ -21,6 +22,16 @@ counts beyond the host's memory; its wall fields ``time_us``, ``algbw``, ``busbw
 was timed (what ``auto`` picked). Rows of a run without a modeled clock carry the model fields
 as null.
 
+torch. With ``--api torch`` the ranks run the sweep through ``torch.distributed`` with backend
+"stratacl" (bench/_torchapi.py: ``dist.all_reduce``, ``all_gather_single``, ``reduce_scatter_single``,
+``all_to_all_single``, ...), and the same sweep through the numpy API on the same communicator,
+alternating, so the table's rows are torch's and a second table gives the torch layer's cost
+(torch time / numpy time, same ranks, same rounds); ``--vs gloo`` compares gloo through the same
+torch calls. ``--rounds R`` times every size R times (alternating the order where two APIs run,
+peers too) and keeps the median; rows then carry ``round_times_us``. ``--peers-first`` runs the
+peers before StrataCL (alternate it across repeated runs). The header records the host's load
+average before and after.
+
 Fabric-native backend. ``--cores``, ``--comm-cores``, ``--partition`` and ``--path`` set the
 model's cores, their partitioning and who moves the bytes (settings of the same names, so a
 data-moving run's virtual clock uses them too); estimate rows gain ``core_gap`` (slowest minus
@@ -34,6 +45,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
 import sys
 import time
 
@@ -177,7 +189,8 @@ def _num(v, width: int, prec: int) -> str:
 def format_table(header: dict, rows: list[dict], peers: dict[str, list[dict] | str] | None = None) -> str:
     n = header["ranks"]
     estimated = header.get("clock") == "estimate"
-    lines = [f"# stratacl-bench {header['op']}: {n} ranks, dtype {header['dtype']}, redop {header['redop']}, "
+    api = f" through torch.distributed.{header['torch_call']}" if header.get("api") == "torch" else ""
+    lines = [f"# stratacl-bench {header['op']}{api}: {n} ranks, dtype {header['dtype']}, redop {header['redop']}, "
              f"root {header['root']}" + ("" if estimated else
                                          f", warmup {header['warmup']}, iters {header['iters']}, check {header['check']}"),
              f"# registration {header['registration']}, algo {header.get('algo', 'mesh')}, "
@@ -185,6 +198,9 @@ def format_table(header: dict, rows: list[dict], peers: dict[str, list[dict] | s
              f"# host {header['host']['host']}: {header['host']['cores']} cores ({header['host']['cpu']}), "
              f"{header['host']['memory_gib']} GiB; python {header['host']['python']}, numpy {header['host']['numpy']}",
              "#"]
+    if header.get("load_before") and header.get("load_after"):
+        lines.insert(3, "# host load average (1/5/15 min): before " + "/".join(f"{v:.1f}" for v in header["load_before"])
+                     + ", after " + "/".join(f"{v:.1f}" for v in header["load_after"]))
     if estimated:
         lines.insert(3, "# estimate only: modeled time from the fabric model; no rank ran, no data was checked")
     limit = any("limit_busbw" in r for r in rows)
@@ -237,6 +253,21 @@ def format_table(header: dict, rows: list[dict], peers: dict[str, list[dict] | s
                 lines.append(f"# throttled {r['size']:>11} B: wall / (modeled x {d:g}) = {track:.3f}; "
                              f"{late} of {calls} rank-calls ended behind schedule"
                              + ("; the host could not keep up: raise --dilation" if track > 1.1 else ""))
+    numpy_rows = header.get("numpy_rows")
+    if numpy_rows:
+        by_size = {p["size"]: p for p in numpy_rows}
+        lines.append("#")
+        lines.append("# torch layer (same ranks, same communicator, alternating rounds): ratio = torch / numpy API; "
+                     "time ratio - 1 is what the layer costs")
+        lines.append(f"#{'size':>11} {'numpy time':>10} {'torch time':>10} {'time ratio':>10} "
+                     f"{'numpy busbw':>11} {'torch busbw':>11} {'numpy #wrong':>12}")
+        for r in rows:
+            p = by_size.get(r["size"])
+            if p is None:
+                continue
+            tr = r["time_us"] / p["time_us"] if p["time_us"] else float("nan")
+            lines.append(f" {r['size']:>11} {p['time_us']:>10.1f} {r['time_us']:>10.1f} {tr:>10.2f} "
+                         f"{p['busbw']:>11.3f} {r['busbw']:>11.3f} {p['wrong']:>12}")
     for peer, prow in (peers or {}).items():
         lines.append("#")
         if isinstance(prow, str):
@@ -294,8 +325,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--topology", default=None)
     p.add_argument("--hbm-size", default=None, help="per-rank HBM (default: enough for the sweep, at least 1G)")
     p.add_argument("--vs", default="", help="comma-separated peers to run the same sweep with: mpi, gloo")
+    p.add_argument("--peers-first", action="store_true",
+                   help="run the --vs peers before StrataCL's sweep, not after (alternate it across repeats)")
     p.add_argument("--no-limit", action="store_true", help="skip measuring the host copy limit")
     p.add_argument("-J", "--json", default=None, help="also write the results as JSON to this file")
+    p.add_argument("--api", default="numpy", choices=("numpy", "torch"),
+                   help="numpy: the communicator's calls; torch: torch.distributed with backend stratacl, "
+                        "and the numpy API alternating with it (default numpy)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="timed rounds per size, alternating APIs; a row's time is their median (default 1)")
     return p
 
 
@@ -313,10 +351,15 @@ def main(argv: list[str] | None = None) -> int:
     if a.estimate:
         if a.vs:
             parser.error("--vs runs peers on the host: it needs a data-moving run, not --estimate")
+        if a.api != "numpy":
+            parser.error("--api torch moves data through torch.distributed: it needs a data-moving run, not --estimate")
         return _main_estimate(a, sizes, command)
-    spec = _cases.Spec(a.operator, sizes, a.dtype, a.op, a.root, a.warmup, a.iters, a.check, a.warmup_seconds)
+    spec = _cases.Spec(a.operator, sizes, a.dtype, a.op, a.root, a.warmup, a.iters, a.check, a.warmup_seconds,
+                       a.rounds)
     itemsize = np.dtype(a.dtype).itemsize
-    need = max((footprint(a.operator, a.nranks, s, itemsize) // a.nranks for s in sizes), default=0)
+    # --api torch: the torch sweep's buffers and the numpy sweep's, side by side
+    need = max((footprint(a.operator, a.nranks, s, itemsize) // a.nranks for s in sizes), default=0) * (
+        2 if a.api == "torch" else 1)
     settings = {"hbm_size": a.hbm_size or max(parse_size("1G"), 1 << (3 * need).bit_length())}
     if a.registration:
         settings["registration"] = a.registration
@@ -335,9 +378,25 @@ def main(argv: list[str] | None = None) -> int:
                   registration=config.registration, algo=config.algo, clock=config.clock,
                   **({"dilation": config.dilation} if config.clock == "throttled" else {}),
                   buffers=a.buffers, topology=config.topology, host=host_facts(),
-                  command=command, started=time.strftime("%Y-%m-%dT%H:%M:%S"))
+                  command=command, started=time.strftime("%Y-%m-%dT%H:%M:%S"), api=a.api, rounds=a.rounds,
+                  load_before=os.getloadavg())
+    peers: dict = {}
+    if a.peers_first:
+        _run_peers(a.vs, a.nranks, spec, peers)
     print(f"stratacl-bench: {a.operator} on {a.nranks} ranks, {len(sizes)} size(s)", file=sys.stderr, flush=True)
-    rows = stratacl.spawn(rank_main, a.nranks, args=(spec, a.buffers, modeled), **settings)[0]
+    numpy_rows = None
+    if a.api == "torch":
+        from . import _torchapi
+        try:
+            import torch
+        except ImportError:
+            print("stratacl-bench: --api torch needs torch: pip install torch (a CPU build is enough); "
+                  "see docs/performance.md, 'Peers'", file=sys.stderr)
+            return 2
+        header.update(torch=torch.__version__, torch_call=_torchapi.torch_call(a.operator))
+        rows, numpy_rows = stratacl.spawn(_torchapi.rank_main, a.nranks, args=(spec, a.buffers), **settings)[0]
+    else:
+        rows = stratacl.spawn(rank_main, a.nranks, args=(spec, a.buffers, modeled), **settings)[0]
     for r in rows:
         for k in MODEL_COLUMNS + CORE_COLUMNS:
             r.setdefault(k, None)
@@ -353,21 +412,28 @@ def main(argv: list[str] | None = None) -> int:
             r["limit_copy_gbps"] = b
             r["limit_busbw"] = (r["size"] * _cases.bus_factor(a.operator, a.nranks) * b / vol) if vol else 0.0
             r["limit_fraction"] = r["busbw"] / r["limit_busbw"] if r["limit_busbw"] else 0.0
-    peers: dict = {}
-    for peer in [p.strip() for p in a.vs.split(",") if p.strip()]:
-        from ._peers import run_peer
-        print(f"stratacl-bench: running the same sweep with {peer}", file=sys.stderr, flush=True)
-        peers[peer] = run_peer(peer, a.nranks, spec)
-    print(format_table(header, rows, peers))
+    if not a.peers_first:
+        _run_peers(a.vs, a.nranks, spec, peers)
+    header["load_after"] = os.getloadavg()
+    print(format_table(dict(header, numpy_rows=numpy_rows), rows, peers))
     if a.json:
         doc = {"header": header, "rows": rows}
+        if numpy_rows is not None:
+            doc["numpy_rows"] = numpy_rows
         if peers:
             doc["peers"] = peers
         with open(a.json, "w") as f:
             json.dump(doc, f, indent=1)
-    wrong = any(r["wrong"] for r in rows) or any(
+    wrong = any(r["wrong"] for r in rows + (numpy_rows or [])) or any(
         not isinstance(p, str) and any(r["wrong"] for r in p) for p in peers.values())
     return 1 if wrong else 0
+
+
+def _run_peers(names: str, nranks: int, spec: _cases.Spec, peers: dict) -> None:
+    for peer in [p.strip() for p in names.split(",") if p.strip()]:
+        from ._peers import run_peer
+        print(f"stratacl-bench: running the same sweep with {peer}", file=sys.stderr, flush=True)
+        peers[peer] = run_peer(peer, nranks, spec)
 
 
 def _main_estimate(a, sizes: list[int], command: str) -> int:

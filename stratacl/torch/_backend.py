@@ -47,6 +47,10 @@ _STEP = {dist.ReduceOp.SUM: torch.Tensor.add_, dist.ReduceOp.AVG: torch.Tensor.a
          dist.ReduceOp.BXOR: torch.Tensor.bitwise_xor_}
 
 
+# (op, dtype, operation) -> what _reduce_op decided: the same few recur on every call
+_REDUCE_NAMES: dict[tuple, str | None] = {}
+
+
 def _red_op(op) -> dist.ReduceOp.RedOpType:
     return op.op if hasattr(op, "op") else op
 
@@ -97,7 +101,15 @@ class ProcessGroupStrataCL(dist.ProcessGroup):
 
     def _reduce_op(self, opts, dtype: torch.dtype, operation: str):
         """The communicator's op name, or None: torch folds (bfloat16, bitwise)."""
-        op = _red_op(opts.reduceOp)
+        op = opts.reduceOp
+        key = (getattr(op, "op", op), dtype, operation)
+        got = _REDUCE_NAMES.get(key, _REDUCE_NAMES)
+        if got is _REDUCE_NAMES:
+            got = _REDUCE_NAMES[key] = self._decide_reduce_op(*key)
+        return got
+
+    @staticmethod
+    def _decide_reduce_op(op, dtype: torch.dtype, operation: str):
         if op in _BITWISE:
             if dtype.is_floating_point or dtype.is_complex:
                 raise TypeError(f"stratacl {operation}: {op.name} needs an integer or bool tensor, got {dtype}")
@@ -141,19 +153,31 @@ class ProcessGroupStrataCL(dist.ProcessGroup):
         self.comm.all_gather(_tensors.array(whole), _tensors.array(chunk))
         x.view(-1).copy_(whole[:c])
 
-    def _all_reduce_one(self, x: torch.Tensor, opts, operation: str = "allreduce"):
+    def _all_reduce_one(self, x: torch.Tensor, opts, operation: str = "allreduce", a: np.ndarray | None = None):
         name = self._reduce_op(opts, x.dtype, operation)
-        op = _red_op(opts.reduceOp)
         if name is None:
+            op = _red_op(opts.reduceOp)
             return lambda: self._all_reduce_folded(x, op)
-        a = _tensors.array(x)
+        a = _tensors.array(x) if a is None else a
         return lambda: self.comm.all_reduce(a, name)
 
     # --- collectives ------------------------------------------------------------------------
+    # The four operations a training step repeats (allreduce, all_gather_single,
+    # reduce_scatter_single, all_to_all_single) take each tensor's kept view with its checks
+    # (_tensors.checked): at N = 8 on two cores, a rank's Python per call costs about four
+    # times as much of the call's wall time (docs/performance.md, "torch.distributed").
     def allreduce(self, tensors, opts=None):
         opts = opts if opts is not None else dist.AllreduceOptions()
-        x = self._single(tensors, "allreduce")
-        return self._run("allreduce", tensors, self._all_reduce_one(x, opts), opts)
+        if len(tensors) != 1:
+            raise ValueError(f"stratacl allreduce: expects one tensor per rank, got {len(tensors)}")
+        x = tensors[0]
+        a = _tensors.checked(x, "allreduce")
+        if not getattr(opts, "asyncOp", True):
+            name = self._reduce_op(opts, x.dtype, "allreduce")
+            work = None if name is None else self._executor.now("allreduce", tensors, self.comm.all_reduce, a, name)
+            if work is not None:
+                return work
+        return self._run("allreduce", tensors, self._all_reduce_one(x, opts, "allreduce", a), opts)
 
     def allreduce_coalesced(self, tensors, opts=None):
         opts = opts if opts is not None else dist.AllreduceCoalescedOptions()
@@ -172,14 +196,20 @@ class ProcessGroupStrataCL(dist.ProcessGroup):
         return self._run("barrier", [], self.comm.barrier, opts if opts is not None else dist.BarrierOptions())
 
     def _all_gather_one(self, out: torch.Tensor, x: torch.Tensor, operation: str):
-        _tensors.check(out, operation, "output")
-        _tensors.check(x, operation, "input")
+        o = _tensors.checked(out, operation, "output")
+        a = _tensors.checked(x, operation, "input")
         if out.dtype != x.dtype:
             raise TypeError(f"stratacl {operation}: output dtype {out.dtype} differs from input dtype {x.dtype}")
-        o, a = _tensors.array(out), _tensors.array(x)
         return lambda: self.comm.all_gather(o, a)
 
     def all_gather_single(self, output, input, opts=None):
+        if not getattr(opts, "asyncOp", True):
+            o = _tensors.checked(output, "all_gather_into_tensor", "output")
+            a = _tensors.checked(input, "all_gather_into_tensor", "input")
+            if output.dtype == input.dtype:
+                work = self._executor.now("all_gather_into_tensor", [output], self.comm.all_gather, o, a)
+                if work is not None:
+                    return work
         fn = self._all_gather_one(output, input, "all_gather_into_tensor")
         return self._run("all_gather_into_tensor", [output], fn, opts)
 
@@ -221,8 +251,8 @@ class ProcessGroupStrataCL(dist.ProcessGroup):
         return self._run("allgather_coalesced", output_lists, lambda: [c() for c in calls], opts)
 
     def _reduce_scatter_one(self, out: torch.Tensor, x: torch.Tensor, opts, operation: str):
-        _tensors.check(out, operation, "output")
-        _tensors.check(x, operation, "input")
+        o = _tensors.checked(out, operation, "output")
+        a = _tensors.checked(x, operation, "input")
         if out.dtype != x.dtype:
             raise TypeError(f"stratacl {operation}: output dtype {out.dtype} differs from input dtype {x.dtype}")
         name = self._reduce_op(opts, x.dtype, operation)
@@ -232,11 +262,19 @@ class ProcessGroupStrataCL(dist.ProcessGroup):
                 raise ValueError(f"stratacl {operation}: input has {x.numel()} elements, expected "
                                  f"{self.comm.size} x {out.numel()}")
             return lambda: self._reduce_scatter_folded(out, x, op)
-        o, a = _tensors.array(out), _tensors.array(x)
         return lambda: self.comm.reduce_scatter(o, a, name)
 
     def reduce_scatter_single(self, output, input, opts=None):
         opts = opts if opts is not None else dist.ReduceScatterOptions()
+        if not getattr(opts, "asyncOp", True):
+            o = _tensors.checked(output, "reduce_scatter_tensor", "output")
+            a = _tensors.checked(input, "reduce_scatter_tensor", "input")
+            if output.dtype == input.dtype:
+                name = self._reduce_op(opts, input.dtype, "reduce_scatter_tensor")
+                work = None if name is None else self._executor.now("reduce_scatter_tensor", [output],
+                                                                    self.comm.reduce_scatter, o, a, name)
+                if work is not None:
+                    return work
         fn = self._reduce_scatter_one(output, input, opts, "reduce_scatter_tensor")
         return self._run("reduce_scatter_tensor", [output], fn, opts)
 
@@ -273,12 +311,15 @@ class ProcessGroupStrataCL(dist.ProcessGroup):
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         op = "all_to_all_single"
-        _tensors.check(output, op, "output")
-        _tensors.check(input, op, "input")
+        o = _tensors.checked(output, op, "output")
+        a = _tensors.checked(input, op, "input")
         if output.dtype != input.dtype:
             raise TypeError(f"stratacl {op}: output dtype {output.dtype} differs from input dtype {input.dtype}")
-        o, a = _tensors.array(output), _tensors.array(input)
         if not output_split_sizes and not input_split_sizes:
+            if not getattr(opts, "asyncOp", True):
+                work = self._executor.now(op, [output], self.comm.all_to_all, o, a)
+                if work is not None:
+                    return work
             return self._run(op, [output], lambda: self.comm.all_to_all(o, a), opts)
         send = self._counts(input, a, input_split_sizes, op, "input")
         recv = self._counts(output, o, output_split_sizes, op, "output")

@@ -42,8 +42,17 @@ def backend_error(operation: str, e: BaseException) -> BaseException:
     return e
 
 
+# guards a Work's completion against a concurrent first get_future(): the future is made
+# only when asked for (most blocking calls never are), and completed exactly once
+_COMPLETION = threading.Lock()
+
+
 class Work(dist._Work):
-    """One operation of a stratacl process group: torch's Work, completed with its Future."""
+    """One operation of a stratacl process group: torch's Work, completed with its Future.
+
+    Cheap to make, since a blocking call makes one per call: its Future is made on the first
+    ``get_future()`` (completed then if the operation already ran), and a wait for an operation
+    that has not run sleeps on its executor's condition, which every completion notifies."""
 
     def __init__(self, operation: str, outputs: list, executor: Executor, p2p: bool = False):
         super().__init__()
@@ -51,60 +60,79 @@ class Work(dist._Work):
         self._outputs = outputs
         self._executor = executor
         self._p2p = p2p
-        self._future: torch.futures.Future = torch.futures.Future()
-        self._done = threading.Event()
+        self._future: torch.futures.Future | None = None
+        self._done = False
         self._error: BaseException | None = None
 
     def _run(self, fn: Callable[[], Any]) -> None:
         try:
             fn()
         except BaseException as e:          # delivered by wait() and the Future
-            self._error = backend_error(self.operation, e)
-            self._future.set_exception(self._error)
+            self._complete(backend_error(self.operation, e))
         else:
-            self._future.set_result(self._outputs)
-        self._done.set()
+            self._complete(None)
 
     def _fail(self, error: BaseException) -> None:
-        self._error = error
-        self._future.set_exception(error)
-        self._done.set()
+        self._complete(error)
+
+    def _complete(self, error: BaseException | None) -> None:
+        # called inside Executor._execute, which then notifies the executor's waiters
+        with _COMPLETION:
+            self._error = error
+            self._done = True
+            future = self._future
+        if future is not None:
+            _settle(future, error, self._outputs)
 
     def wait(self, timeout: timedelta = timedelta(0)) -> bool:
         """Block until the operation has run; raise its error. Host-blocking, as gloo's."""
-        if not self._done.is_set():
+        if not self._done:
             if self._p2p:
                 self._executor.flush()
             self._executor.help(self)
-            self._done.wait()
+            self._executor.wait_for(self)
         if self._error is not None:
             raise self._error
         return True
 
     def is_completed(self) -> bool:
-        if self._p2p and not self._done.is_set():
+        if self._p2p and not self._done:
             self._executor.flush()
-        return self._done.is_set()
+        return self._done
 
     def is_success(self) -> bool:
-        return self._done.is_set() and self._error is None
+        return self._done and self._error is None
 
     def exception(self):
         return self._error
 
     def get_future(self) -> torch.futures.Future:
         """Completes with the operation's output tensors (a list), or its error."""
-        if self._p2p and not self._done.is_set():
+        if self._p2p and not self._done:
             self._executor.flush()
-        return self._future
+        with _COMPLETION:
+            future, made = self._future, False
+            if future is None:
+                future = self._future = torch.futures.Future()
+                made = self._done
+        if made:
+            _settle(future, self._error, self._outputs)
+        return future
 
     def result(self) -> list:
         self.wait()
         return self._outputs
 
     def __repr__(self) -> str:
-        state = "failed" if self._error is not None else "completed" if self._done.is_set() else "pending"
+        state = "failed" if self._error is not None else "completed" if self._done else "pending"
         return f"stratacl.torch.Work({self.operation}, {state})"
+
+
+def _settle(future: torch.futures.Future, error: BaseException | None, outputs: list) -> None:
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(outputs)
 
 
 class Executor:
@@ -113,9 +141,13 @@ class Executor:
 
     def __init__(self, name: str):
         self._name = name
-        self._cond = threading.Condition()
+        # the fast paths take the condition's lock directly (a C call, not Condition's Python
+        # __enter__/__exit__): a blocking call passes here twice
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._queue: collections.deque = collections.deque()
         self._busy = False
+        self._sleepers = 0                      # threads in _cond.wait(): the worker, waiters
         self._thread: threading.Thread | None = None
         self._p2p: list = []                     # (is_send, array, peer, work), in issue order
         self._p2p_lock = threading.Lock()
@@ -124,7 +156,7 @@ class Executor:
     def submit(self, work: Work, fn: Callable[[], Any], async_op: bool) -> Work:
         if self._p2p:
             self.flush()
-        with self._cond:
+        with self._lock:
             inline = not async_op and not self._queue and not self._busy
             if inline:
                 self._busy = True
@@ -135,6 +167,41 @@ class Executor:
         if inline:
             self._execute(work, fn)
         return work
+
+    def now(self, operation: str, outputs: list, fn: Callable[..., Any], *args: Any) -> Work | None:
+        """A blocking operation run here and now, when nothing is queued, running or collected
+        (None otherwise: the caller goes through ``submit``): ``fn(*args)``, then its Work,
+        completed. The common case of a training loop, with the least Python between the
+        caller and the communicator: at N = 8 on two cores each microsecond of it costs about
+        four of the call's wall time (docs/performance.md, "torch.distributed")."""
+        if self._p2p:
+            return None
+        with self._lock:
+            if self._queue or self._busy:
+                return None
+            self._busy = True
+        work = Work(operation, outputs, self)
+        try:
+            fn(*args)
+        except BaseException as e:      # nobody else sees the Work yet: no completion lock
+            work._error = backend_error(operation, e)
+        finally:
+            work._done = True
+            with self._lock:
+                self._busy = False
+                if self._sleepers:
+                    self._cond.notify_all()
+        return work
+
+    def wait_for(self, work: Work) -> None:
+        """Sleep until ``work`` has completed (on the worker thread)."""
+        with self._cond:
+            while not work._done:
+                self._sleepers += 1
+                try:
+                    self._cond.wait()
+                finally:
+                    self._sleepers -= 1
 
     def post_p2p(self, is_send: bool, array, peer: int, work: Work, run_batch: Callable[[list], None]) -> Work:
         with self._p2p_lock:
@@ -155,7 +222,7 @@ class Executor:
 
     def help(self, work: Work) -> None:
         """Run the queue's head in this thread while the worker is idle, up to ``work``."""
-        while not work._done.is_set():
+        while not work._done:
             with self._cond:
                 if not self._queue or self._busy:
                     return
@@ -173,9 +240,10 @@ class Executor:
             else:
                 work._run(fn)
         finally:
-            with self._cond:
+            with self._lock:
                 self._busy = False
-                self._cond.notify_all()
+                if self._sleepers:
+                    self._cond.notify_all()
 
     def _start(self) -> None:
         if self._thread is None:
@@ -186,7 +254,11 @@ class Executor:
         while True:
             with self._cond:
                 while not self._queue or self._busy:
-                    self._cond.wait()
+                    self._sleepers += 1
+                    try:
+                        self._cond.wait()
+                    finally:
+                        self._sleepers -= 1
                 work, fn = self._queue.popleft()
                 self._busy = True
             self._execute(work, fn)
