@@ -73,7 +73,8 @@ def test_the_tree_is_seen():
     assert "stratacl/runtime/_comm.py" in _tree_files("*.py")
     assert "launcher/_cli.py" in _tree_files("*.py")
     assert sorted(_native_modules()) == sorted(
-        ["stratacl/runtime/_native", "stratacl/collectives/_kernels", "stratacl/collectives/_lpt"])
+        ["stratacl/runtime/_native", "stratacl/collectives/_kernels", "stratacl/collectives/_lpt",
+         "stratacl/collectives/_eproute"])
 
 
 def test_wheel_has_every_module(dists):
