@@ -385,15 +385,7 @@ class ProcessGroupStrataCL(dist.ProcessGroup):
         op, n, me, root = "gather", self.comm.size, self.comm.rank, opts.rootRank
         x = self._single(input_tensors, op)
         a = _tensors.array(x)
-        outs = output_tensors[0] if me == root else []
-        if me == root:
-            if len(outs) != n:
-                raise ValueError(f"stratacl {op}: root needs {n} output tensors, got {len(outs)}")
-            for o in outs:
-                _tensors.check(o, op, "output")
-                if o.numel() != x.numel() or o.dtype != x.dtype:
-                    raise ValueError(f"stratacl {op}: every output must have the input's {x.numel()} elements of "
-                                     f"{x.dtype}, got {o.numel()} of {o.dtype}")
+        outs = _root_list(output_tensors[0], n, x, op, "output", "input") if me == root else []
         send = [a.size if j == root else 0 for j in range(n)]
         recv = [a.size if me == root else 0] * n
 
@@ -409,15 +401,7 @@ class ProcessGroupStrataCL(dist.ProcessGroup):
         op, n, me, root = "scatter", self.comm.size, self.comm.rank, opts.rootRank
         out = self._single(output_tensors, op)
         o = _tensors.array(out)
-        parts = input_tensors[0] if me == root else []
-        if me == root:
-            if len(parts) != n:
-                raise ValueError(f"stratacl {op}: root needs {n} input tensors, got {len(parts)}")
-            for p in parts:
-                _tensors.check(p, op, "input")
-                if p.numel() != out.numel() or p.dtype != out.dtype:
-                    raise ValueError(f"stratacl {op}: every input must have the output's {out.numel()} elements "
-                                     f"of {out.dtype}, got {p.numel()} of {p.dtype}")
+        parts = _root_list(input_tensors[0], n, out, op, "input", "output") if me == root else []
         send = [o.size if me == root else 0] * n
         recv = [o.size if j == root else 0 for j in range(n)]
 
@@ -465,3 +449,16 @@ class ProcessGroupStrataCL(dist.ProcessGroup):
                 s[3]._run(lambda s=s: self.comm.send(s[1], s[2]))
             else:
                 r[3]._run(lambda r=r: self.comm.recv(r[1], r[2]))
+
+
+def _root_list(tensors: list, n: int, like, op: str, what: str, other: str) -> list:
+    """The root's list of a gather (outputs) or scatter (inputs): ``n`` tensors, each checked,
+    each with ``like``'s (the ``other`` side's) element count and dtype."""
+    if len(tensors) != n:
+        raise ValueError(f"stratacl {op}: root needs {n} {what} tensors, got {len(tensors)}")
+    for t in tensors:
+        _tensors.check(t, op, what)
+        if t.numel() != like.numel() or t.dtype != like.dtype:
+            raise ValueError(f"stratacl {op}: every {what} must have the {other}'s {like.numel()} elements of "
+                             f"{like.dtype}, got {t.numel()} of {t.dtype}")
+    return tensors
