@@ -134,7 +134,7 @@ def rank_main(comm, spec, buffers: str, with_numpy: bool = True):
 
     import torch.distributed as dist
 
-    from ._cli import StrataBackend
+    from ._numpyapi import StrataBackend
 
     def progress(row):
         print(f"stratacl-bench: {row['op']} {row['size']} B done ({row['time_us']:.1f} us)", file=sys.stderr,
