@@ -50,3 +50,12 @@ def place(a: np.ndarray, in_hbm: bool) -> np.ndarray:
     h = stratacl.empty(a.shape, a.dtype)
     h[...] = a
     return h
+
+
+def attempt(fn):
+    """``(exception class name, message)`` of what ``fn()`` raised, or None if it returned."""
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001 - the caller inspects whatever was raised
+        return type(e).__name__, str(e)
+    return None

@@ -9,16 +9,9 @@ import numpy as np
 import pytest
 
 import stratacl
+from helpers import attempt
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def _attempt(fn):
-    try:
-        fn()
-    except Exception as e:  # noqa: BLE001 - the test inspects whatever was raised
-        return type(e).__name__, str(e)
-    return None
 
 
 def _good_all_reduce(comm) -> bool:
@@ -33,12 +26,12 @@ def not_arrays(comm):
     x = stratacl.zeros((4,), np.float32)
     out = stratacl.zeros((8,), np.float32)
     got = [
-        _attempt(lambda: comm.all_reduce(None if me == 0 else x)),
-        _attempt(lambda: comm.all_gather(out, [1, 2, 3, 4] if me == 0 else x)),
-        _attempt(lambda: comm.broadcast("buffer" if me == 0 else x)),
-        _attempt(lambda: comm.reduce_scatter(out[:4], None if me == 0 else out)),
-        _attempt(lambda: comm.send(None, 1) if me == 0 else comm.recv(x, 0)),
-        _attempt(lambda: comm.recv(None, 1) if me == 0 else comm.send(x, 0)),
+        attempt(lambda: comm.all_reduce(None if me == 0 else x)),
+        attempt(lambda: comm.all_gather(out, [1, 2, 3, 4] if me == 0 else x)),
+        attempt(lambda: comm.broadcast("buffer" if me == 0 else x)),
+        attempt(lambda: comm.reduce_scatter(out[:4], None if me == 0 else out)),
+        attempt(lambda: comm.send(None, 1) if me == 0 else comm.recv(x, 0)),
+        attempt(lambda: comm.recv(None, 1) if me == 0 else comm.send(x, 0)),
     ]
     return got, _good_all_reduce(comm)
 
@@ -63,12 +56,12 @@ def bad_counts(comm):
     out = stratacl.zeros((4,), np.int32)
     good = [1] * n
     got = [
-        _attempt(lambda: comm.all_to_all_v(out, x, [1.5, 1] if me == 0 else good, good)),    # was cut to 1
-        _attempt(lambda: comm.all_to_all_v(out, x, good, ["1", "1"] if me == 0 else good)),  # was parsed
-        _attempt(lambda: comm.all_to_all_v(out, x, [2**64, 1] if me == 0 else good, good)),  # was OverflowError
+        attempt(lambda: comm.all_to_all_v(out, x, [1.5, 1] if me == 0 else good, good)),    # was cut to 1
+        attempt(lambda: comm.all_to_all_v(out, x, good, ["1", "1"] if me == 0 else good)),  # was parsed
+        attempt(lambda: comm.all_to_all_v(out, x, [2**64, 1] if me == 0 else good, good)),  # was OverflowError
         # every rank agrees on counts whose int64 sum wraps negative: the size check passed, then
         # the plan pulled 2**62 elements
-        _attempt(lambda: comm.all_to_all_v(out, x, [2**62] * n, [2**62] * n)),
+        attempt(lambda: comm.all_to_all_v(out, x, [2**62] * n, [2**62] * n)),
     ]
     y = stratacl.empty((n,), np.int32)
     y[:] = 100 * me + np.arange(n)
@@ -102,14 +95,14 @@ def freed_views(comm):
     x = stratacl.zeros((16,), np.float32)
     out = stratacl.zeros((32,), np.float32)
     got = [
-        _attempt(lambda: comm.all_reduce(_freed_view(16) if me == 0 else x)),                 # eager, in place
-        _attempt(lambda: comm.all_reduce(_freed_view(100000) if me == 0 else stratacl.zeros((100000,)))),
-        _attempt(lambda: comm.all_gather(_freed_view(32) if me == 0 else out, x)),
-        _attempt(lambda: comm.all_gather(out, _freed_view(16) if me == 0 else x)),
-        _attempt(lambda: comm.all_to_all(out, _freed_view(32)[::-1] if me == 0 else out.copy())),   # staged
-        _attempt(lambda: comm.broadcast(_freed_view(16) if me == 0 else x, root=1)),
-        _attempt(lambda: comm.send(_freed_view(16), 1) if me == 0 else comm.recv(x, 0)),
-        _attempt(lambda: comm.recv(_freed_view(16), 1) if me == 0 else comm.send(x, 0)),
+        attempt(lambda: comm.all_reduce(_freed_view(16) if me == 0 else x)),                 # eager, in place
+        attempt(lambda: comm.all_reduce(_freed_view(100000) if me == 0 else stratacl.zeros((100000,)))),
+        attempt(lambda: comm.all_gather(_freed_view(32) if me == 0 else out, x)),
+        attempt(lambda: comm.all_gather(out, _freed_view(16) if me == 0 else x)),
+        attempt(lambda: comm.all_to_all(out, _freed_view(32)[::-1] if me == 0 else out.copy())),   # staged
+        attempt(lambda: comm.broadcast(_freed_view(16) if me == 0 else x, root=1)),
+        attempt(lambda: comm.send(_freed_view(16), 1) if me == 0 else comm.recv(x, 0)),
+        attempt(lambda: comm.recv(_freed_view(16), 1) if me == 0 else comm.send(x, 0)),
     ]
     return got, _good_all_reduce(comm)
 
@@ -136,7 +129,7 @@ def after_finalize(comm):
     calls = [lambda: comm.all_reduce(x), lambda: comm.sendrecv(x, peer, out[:4], peer), comm.barrier,
              lambda: comm.all_gather(out, x, async_op=True), lambda: comm.send(x, peer), lambda: sub.all_reduce(x),
              lambda: comm.split(0), lambda: stratacl.ub.view(x.__array_interface__["data"][0], (4,), np.float32)]
-    return [_attempt(fn) for fn in calls], me
+    return [attempt(fn) for fn in calls], me
 
 
 def test_every_operation_after_finalize_raises_not_initialized():
@@ -149,7 +142,7 @@ def test_every_operation_after_finalize_raises_not_initialized():
 
 def failed_splits(comm):
     for i in range(200):
-        got = _attempt(lambda: comm.split("red" if comm.rank == 1 else 0))
+        got = attempt(lambda: comm.split("red" if comm.rank == 1 else 0))
         if got is None or got[0] != ("ValueError" if comm.rank == 1 else "CollectiveMismatch"):
             return i, got
     sub = comm.split(0)
@@ -168,13 +161,13 @@ def shapes(comm):
     from stratacl import ub
     a = stratacl.empty((4,), np.int64)
     addr = a.__array_interface__["data"][0]
-    got = [_attempt(lambda: stratacl.empty(float("inf"))),         # was OverflowError
-           _attempt(lambda: stratacl.empty(2.5)),                  # was an array of 2
-           _attempt(lambda: stratacl.empty((2**70,), np.uint8)),   # was OverflowError
-           _attempt(lambda: stratacl.empty((2**40, 2**40), np.uint8)),   # the int64 product wrapped to 0
-           _attempt(lambda: stratacl.empty((3,), object)),         # pointers in HBM
-           _attempt(lambda: ub.view(addr, (2**70,), np.uint8)),
-           _attempt(lambda: ub.view(addr, (-4,), np.uint8))]
+    got = [attempt(lambda: stratacl.empty(float("inf"))),         # was OverflowError
+           attempt(lambda: stratacl.empty(2.5)),                  # was an array of 2
+           attempt(lambda: stratacl.empty((2**70,), np.uint8)),   # was OverflowError
+           attempt(lambda: stratacl.empty((2**40, 2**40), np.uint8)),   # the int64 product wrapped to 0
+           attempt(lambda: stratacl.empty((3,), object)),         # pointers in HBM
+           attempt(lambda: ub.view(addr, (2**70,), np.uint8)),
+           attempt(lambda: ub.view(addr, (-4,), np.uint8))]
     b = stratacl.empty((6,), np.float64)
     b[:] = 1.5
     return got, b.sum()

@@ -8,14 +8,7 @@ import numpy as np
 import pytest
 
 import stratacl
-
-
-def _attempt(fn):
-    try:
-        fn()
-    except Exception as e:  # noqa: BLE001 - the test inspects whatever was raised
-        return type(e).__name__, str(e)
-    return None
+from helpers import attempt
 
 
 def mismatches(comm):
@@ -26,25 +19,25 @@ def mismatches(comm):
     results = {}
     barriers = stratacl.stats()["calls"].get("barrier", 0)
     # operation: rank 1 calls all_gather, the others all_reduce
-    results["op"] = _attempt(lambda: comm.all_gather(out, x) if me == 1 else comm.all_reduce(x))
+    results["op"] = attempt(lambda: comm.all_gather(out, x) if me == 1 else comm.all_reduce(x))
     # a barrier (its own native fast path) against a collective with a buffer
-    results["barrier"] = _attempt(lambda: comm.barrier() if me == n - 1 else comm.all_reduce(x))
+    results["barrier"] = attempt(lambda: comm.barrier() if me == n - 1 else comm.all_reduce(x))
     # dtype
     y = stratacl.empty((8,), np.float64 if me == 0 else np.float32)
-    results["dtype"] = _attempt(lambda: comm.all_reduce(y))
+    results["dtype"] = attempt(lambda: comm.all_reduce(y))
     # count
     z = stratacl.empty((8 + (me == n - 1),), np.float32)
-    results["count"] = _attempt(lambda: comm.all_reduce(z))
+    results["count"] = attempt(lambda: comm.all_reduce(z))
     # root
-    results["root"] = _attempt(lambda: comm.broadcast(x, root=0 if me else 1))
+    results["root"] = attempt(lambda: comm.broadcast(x, root=0 if me else 1))
     # reduce op
-    results["redop"] = _attempt(lambda: comm.all_reduce(x, op="max" if me == 0 else "sum"))
+    results["redop"] = attempt(lambda: comm.all_reduce(x, op="max" if me == 0 else "sum"))
     # wrong output size on one rank: ValueError there, CollectiveMismatch elsewhere
     bad = stratacl.empty((8 * n - (me == 0),), np.float32)
-    results["outsize"] = _attempt(lambda: comm.all_gather(bad, x))
+    results["outsize"] = attempt(lambda: comm.all_gather(bad, x))
     # avg on an integer dtype: a TypeError everywhere
     i = stratacl.empty((4,), np.int32)
-    results["avg_int"] = _attempt(lambda: comm.all_reduce(i, op="avg"))
+    results["avg_int"] = attempt(lambda: comm.all_reduce(i, op="avg"))
     # all_to_all_v with counts that do not pair up
     send = [1] * n
     recv = [1] * n
@@ -52,7 +45,7 @@ def mismatches(comm):
         recv[n - 1] = 2
     v = stratacl.empty((n,), np.float32)
     o = stratacl.empty((n + 1,), np.float32)
-    results["a2av"] = _attempt(lambda: comm.all_to_all_v(o, v, send, recv))
+    results["a2av"] = attempt(lambda: comm.all_to_all_v(o, v, send, recv))
     # the inputs were never touched and the communicator still works, every operator's
     # synchronisation still in step (barrier numbers, the roots' departure counts)
     x[:] = me
@@ -110,10 +103,10 @@ def test_disagreeing_calls_raise_on_every_rank(n):
 def p2p_mismatch(comm):
     a = stratacl.empty((10,), np.int32)
     if comm.rank == 0:
-        first = _attempt(lambda: comm.send(a, 1))
+        first = attempt(lambda: comm.send(a, 1))
     else:
         b = np.empty(11, np.int32)
-        first = _attempt(lambda: comm.recv(b, 0))
+        first = attempt(lambda: comm.recv(b, 0))
     a[:] = 5
     if comm.rank == 0:
         comm.send(a, 1)
@@ -145,7 +138,7 @@ def p2p_slow_paths(comm):
         log.append(got.tolist() == list(range(1000)))
     # sendrecv with a bad source: the send half still reaches its receiver, the call raises
     if comm.rank == 0:
-        log.append(_attempt(lambda: comm.sendrecv(x, 1, got, 0)))
+        log.append(attempt(lambda: comm.sendrecv(x, 1, got, 0)))
     else:
         got[:] = 0
         comm.recv(got, 0)
@@ -173,13 +166,13 @@ def test_point_to_point_paths_the_native_call_hands_back():
 def bad_arguments(comm):
     x = stratacl.empty((4,), np.float32)
     return [
-        _attempt(lambda: comm.all_reduce(x, op="median")),
-        _attempt(lambda: comm.all_gather(np.empty(4 * comm.size, np.float64), x)),
-        _attempt(lambda: comm.broadcast(x, root=comm.size)),
-        _attempt(lambda: comm.all_reduce(x.astype(np.complex64))),
-        _attempt(lambda: comm.send(x, comm.rank)),
-        _attempt(lambda: comm.all_gather([1, 2], x)),
-        _attempt(lambda: stratacl.empty((-1,), np.float32)),
+        attempt(lambda: comm.all_reduce(x, op="median")),
+        attempt(lambda: comm.all_gather(np.empty(4 * comm.size, np.float64), x)),
+        attempt(lambda: comm.broadcast(x, root=comm.size)),
+        attempt(lambda: comm.all_reduce(x.astype(np.complex64))),
+        attempt(lambda: comm.send(x, comm.rank)),
+        attempt(lambda: comm.all_gather([1, 2], x)),
+        attempt(lambda: stratacl.empty((-1,), np.float32)),
     ]
 
 
@@ -195,7 +188,7 @@ def test_bad_arguments_are_clear_errors():
 def late_peer(comm):
     """Rank 1 is slow (simulated by a sleep longer than the timeout), rank 0 gives up on it."""
     if comm.rank == 0:
-        return _attempt(comm.barrier)
+        return attempt(comm.barrier)
     time.sleep(2.0)
     comm.barrier()                     # completes with rank 0's earlier arrival
     return None
@@ -218,24 +211,24 @@ def rejections(comm):
     x[:] = me
     got = {}
     out = stratacl.empty((4 * n - (me == 1),), np.float32)
-    got["all_gather"] = _attempt(lambda: comm.all_gather(out, x))
+    got["all_gather"] = attempt(lambda: comm.all_gather(out, x))
     # several ranks reject (the others quote every one), then a prepared call's native path
     y = stratacl.empty((4,), np.float32 if me == 0 else np.complex64)
-    got["several"] = _attempt(lambda: comm.all_reduce(y, op="max" if me != 1 else "median"))
+    got["several"] = attempt(lambda: comm.all_reduce(y, op="max" if me != 1 else "median"))
     z = stratacl.empty((4,), np.float32)
     for _ in range(3):
         comm.all_reduce(z, "sum")               # prepared: the peers' next call is native
-    got["prepared"] = _attempt(lambda: comm.all_reduce(z, "median" if me == 1 else "sum"))
-    got["split"] = _attempt(lambda: comm.split("red" if me == 1 else 0))
+    got["prepared"] = attempt(lambda: comm.all_reduce(z, "median" if me == 1 else "sum"))
+    got["split"] = attempt(lambda: comm.split("red" if me == 1 else 0))
     # point to point between ranks 0 and 1: a rejected send, then a rejected receive
     if me == 0:
-        got["send"] = _attempt(lambda: comm.recv(np.empty(4, np.float32), 1))
+        got["send"] = attempt(lambda: comm.recv(np.empty(4, np.float32), 1))
         ro = np.empty(4, np.float32)
         ro.flags.writeable = False
-        got["recv"] = _attempt(lambda: comm.recv(ro, 1))
+        got["recv"] = attempt(lambda: comm.recv(ro, 1))
     elif me == 1:
-        got["send"] = _attempt(lambda: comm.send(np.empty(4, np.complex64), 0))
-        got["recv"] = _attempt(lambda: comm.send(x, 0))
+        got["send"] = attempt(lambda: comm.send(np.empty(4, np.complex64), 0))
+        got["recv"] = attempt(lambda: comm.send(x, 0))
     # every rank still in step
     x[:] = me
     comm.all_reduce(x)

@@ -28,6 +28,7 @@ import numpy as np
 import pytest
 
 import stratacl
+from helpers import attempt
 from stratacl import ep
 
 hypothesis = pytest.importorskip("hypothesis")
@@ -195,14 +196,6 @@ def _mutate(case: dict, name: str, good: np.ndarray):
     return good
 
 
-def _attempt(fn):
-    try:
-        fn()
-    except Exception as e:  # noqa: BLE001 - the outcome is inspected
-        return type(e).__name__, str(e)
-    return None
-
-
 class Runner:
     """Every rank's side of the cases (the bad call, then the good ones and their checks)."""
 
@@ -213,7 +206,7 @@ class Runner:
     def run(self, case: dict) -> dict:
         op = case["op"]
         bad_call = getattr(self, "_" + op)(case)
-        got = _attempt(bad_call) if bad_call is not None else "idle"
+        got = attempt(bad_call) if bad_call is not None else "idle"
         wrong: list[str] = []
         self._good(case, wrong)
         return dict(got=got, wrong=wrong)
@@ -736,7 +729,7 @@ def after_finalize(comm, runner) -> list:
         "empty_cache": stratacl.empty_cache, "ub.view": lambda: stratacl.ub.view(x.__array_interface__["data"][0], (4,),
                                                                                  np.float32),
     }
-    return [(name, _attempt(fn)) for name, fn in calls.items()]
+    return [(name, attempt(fn)) for name, fn in calls.items()]
 
 
 def test_fuzzed_bad_input_never_hangs_nor_corrupts():

@@ -124,7 +124,28 @@ class MpiBackend:
         self.comm.Abort(1)
 
 
-class GlooBackend:
+class TorchReductions:
+    """The sweep's bookkeeping reductions over torch.distributed (the gloo peer's and the
+    ``--api torch`` ranks'): one-element float64 / int64 tensors ``_f64``, ``_i64`` reduced
+    through ``dist`` over ``size`` ranks."""
+
+    def mean(self, value):
+        self._f64[0] = value
+        self.dist.all_reduce(self._f64)
+        return float(self._f64[0]) / self.size
+
+    def total(self, value):
+        self._i64[0] = value
+        self.dist.all_reduce(self._i64)
+        return int(self._i64[0])
+
+    def maximum(self, value):
+        self._f64[0] = value
+        self.dist.all_reduce(self._f64, op=self.dist.ReduceOp.MAX)
+        return float(self._f64[0])
+
+
+class GlooBackend(TorchReductions):
     """torch.distributed with the gloo backend: TCP over loopback (gloo has no shared-memory transport).
 
     Buffers are numpy arrays; each call wraps them with ``torch.from_numpy`` (no copy, ~1 us).
@@ -243,16 +264,6 @@ class GlooBackend:
 
     def barrier(self):
         self.dist.barrier()
-
-    def mean(self, value):
-        self._f64[0] = value
-        self.dist.all_reduce(self._f64)
-        return float(self._f64[0]) / self.size
-
-    def total(self, value):
-        self._i64[0] = value
-        self.dist.all_reduce(self._i64)
-        return int(self._i64[0])
 
     def close(self):
         self.dist.destroy_process_group()

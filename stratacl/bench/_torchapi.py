@@ -26,6 +26,7 @@ import functools
 import numpy as np
 
 from . import _cases
+from ._peer_rank import TorchReductions
 
 # the bench's operators as torch.distributed calls, in order of preference (the first that
 # torch has): torch 2.13 names the single-tensor forms all_gather_single / reduce_scatter_single
@@ -42,7 +43,7 @@ def torch_call(op: str) -> str:
     return next((f for f in TORCH_CALLS[op] if hasattr(dist, f)), TORCH_CALLS[op][-1])
 
 
-class TorchBackend:
+class TorchBackend(TorchReductions):
     """The bench's Backend through torch.distributed on the world group of backend "stratacl"."""
 
     name = "torch"
@@ -111,20 +112,6 @@ class TorchBackend:
         stratacl.ub.wait_registered()
         self.comm.barrier()
 
-    def mean(self, value):
-        self._f64[0] = value
-        self.dist.all_reduce(self._f64)
-        return float(self._f64[0]) / self.size
-
-    def total(self, value):
-        self._i64[0] = value
-        self.dist.all_reduce(self._i64)
-        return int(self._i64[0])
-
-    def maximum(self, value):
-        self._f64[0] = value
-        self.dist.all_reduce(self._f64, op=self.dist.ReduceOp.MAX)
-        return float(self._f64[0])
 
 
 def rank_main(comm, spec, buffers: str, with_numpy: bool = True):
