@@ -1,9 +1,9 @@
 """The flight recorder: the launcher's root-cause block names what each rank was doing.
 
-Every rank records its last collective calls in the control segment (runtime/_flight.py); when
-a job fails the launcher reads them and says which ranks are behind the others or in another
+Every rank records its last calls in the control segment (runtime/_flight.py); when a job
+fails the launcher reads them and says which ranks are behind the others or in another
 operation: a rank in a different collective, a rank that never arrived, a rank waiting on
-another communicator.
+another communicator, a rank waiting on its peer in a point-to-point call.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.timeout(120)
 
 def _flight_block(run) -> str:
     err = run.stderr
-    assert "Flight recorder (each rank's newest collective call):" in err, run.explain()
+    assert "Flight recorder (each rank's newest call):" in err, run.explain()
     return err[err.index("Flight recorder"):]
 
 
@@ -51,9 +51,68 @@ def test_a_rank_waiting_on_another_communicator_is_named_there():
     run = launch("-n", "4", "--timeout", "3", "--grace", "1", script("flight_cases.py"), "elsewhere", timeout=90)
     assert run.returncode == 1, run.explain()
     block = _flight_block(run)
-    assert re.search(r"^  rank 1: barrier \(call #1 on a communicator of 2, 0 elements\): entered ", block, re.M), block
+    assert re.search(r"^  rank 1: barrier \(call #1 on a communicator of 2 \[1, 3\], 0 elements\): entered ",
+                     block, re.M), block
     assert re.search(r"^  - rank 1 never entered all_gather, call #\d+ on the communicator of 4 ranks \(world\): "
                      r"its newest call is barrier #1 on another communicator, entered$", block, re.M), block
     # on the half communicator its partner (rank 3, waiting in the world's all_gather) never came
-    assert ("  - 1 of the 2 members of the communicator of rank(s) [1] made no call on it: it never entered "
-            "barrier, call #1 there") in block, block
+    assert re.search(r"^  - rank 3 never entered barrier, call #1 on the communicator of 2 ranks \[1, 3\]: "
+                     r"its newest call is all_gather #\d+ on another communicator, entered$", block, re.M), block
+
+
+def test_a_rank_waiting_on_its_peer_in_a_recv_is_named_with_what_the_peer_does():
+    run = launch("-n", "4", "--timeout", "3", "--grace", "1", script("flight_cases.py"), "p2p", timeout=90)
+    assert run.returncode == 1, run.explain()
+    block = _flight_block(run)
+    assert re.search(r"^  rank 0: recv from rank 3 #1 \(1024 elements\): entered ", block, re.M), block
+    assert re.search(r"^  rank 3: split \(call #\d+ on a communicator of 4, \d+ elements\): (arrived|departed) ",
+                     block, re.M), block
+    assert re.search(r"^  - rank 0 waits in recv from rank 3 #1: rank 3's newest call is split #\d+, "
+                     r"(arrived|departed)$", block, re.M), block
+
+
+def _recorded(comm, half):
+    """This rank's flight entries after point-to-point calls on the world and on ``half``."""
+    import numpy as np
+
+    import stratacl
+    from stratacl.runtime import _flight
+
+    x = stratacl.empty((256,), np.float32)
+    y = stratacl.empty_like(x)
+    peer = comm.size - 1 - comm.rank
+    x[:] = comm.rank
+    for _ in range(3):                   # the first through Python, then prepared (native replay)
+        comm.sendrecv(x, peer, y, peer)
+    if comm.rank == 0:
+        comm.send(x, 1)
+    elif comm.rank == 1:
+        comm.recv(y, 0)
+    hp = half.size - 1 - half.rank
+    half.sendrecv(x, hp, y, hp)
+    rt = comm._rt
+    return [(e.op, e.state, e.dst, e.src, e.call, e.recv_call, e.count, e.members)
+            for e in _flight.read(rt.ctl, rt.rank) if e.p2p]
+
+
+def _run_recorded(comm):
+    half = comm.split(color=comm.rank % 2, key=comm.rank)
+    return _recorded(comm, half)
+
+
+def test_point_to_point_calls_are_recorded_with_their_peers_as_world_ranks():
+    import stratacl
+
+    got = stratacl.spawn(_run_recorded, 4)
+    for rank, entries in enumerate(got):
+        peer = 3 - rank
+        world = tuple(range(4))
+        want = [("sendrecv", "departed", peer, peer, i, i, 256, world) for i in (1, 2, 3)]
+        if rank == 0:
+            want.append(("send", "departed", 1, None, 2 if peer == 1 else 1, 0, 256, world))
+        elif rank == 1:
+            want.append(("recv", "departed", None, 0, 0, 2 if peer == 0 else 1, 256, world))
+        half = (rank % 2, rank % 2 + 2)             # split by parity: world ranks [0, 2] and [1, 3]
+        hpeer = half[1] if rank == half[0] else half[0]
+        want.append(("sendrecv", "departed", hpeer, hpeer, 1, 1, 256, half))
+        assert entries == want, (rank, entries)

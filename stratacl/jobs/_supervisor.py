@@ -153,14 +153,14 @@ def format_failure(outcome: JobOutcome) -> str:
 
 
 def _flight_lines(outcome: JobOutcome) -> list[str]:
-    """The flight recorder's part of the root-cause block: each rank's newest collective call
+    """The flight recorder's part of the root-cause block: each rank's newest call
     and its state, then the ranks behind the others or in another operation."""
     records = outcome.flight or {}
     if not any(records.values()):
         return []
-    lines = ["Flight recorder (each rank's newest collective call):"]
+    lines = ["Flight recorder (each rank's newest call):"]
     for rank, recs in sorted(records.items()):
-        lines.append(f"  rank {rank}: " + (recs[-1].describe(outcome.flight_read_at) if recs else "no collective call"))
+        lines.append(f"  rank {rank}: " + (recs[-1].describe(outcome.flight_read_at) if recs else "no call"))
     odd = _flight.stragglers(records, len(outcome.ranks))
     if odd:
         lines.append("  so:")

@@ -7,8 +7,10 @@ process it starts. It holds, in fixed places computed by ``Layout``:
                       ranks asleep on a communicator word (so that wakes can be skipped)
     region[r]         one per rank: pid and state, a doorbell, the inbound mailbox rings
                       (one single-producer ring per sender, the daemon's last), its flight
-                      recorder (runtime/_flight.py), and the rank's communicator slots (barrier words, descriptors, and the text of why the
-                      rank rejected its arguments, written only then: Layout.slot_reason)
+                      recorder (runtime/_flight.py), and the rank's communicator slots (barrier
+                      words, descriptors, the text of why the rank rejected its arguments,
+                      written only then: Layout.slot_reason, and the members' list of the
+                      communicators whose index 0 the rank is: Layout.slot_members)
     daemon region     the daemon's doorbell and one inbound ring per rank (the relay path)
 
 Every word has exactly one writer except the central barrier counter and the sleepers' count
@@ -71,7 +73,7 @@ class Layout:
     def __init__(self, world: int):
         self.world = world
         self.desc_words = DESC_FIXED + 2 * world + EXT_WORDS_EXTRA
-        self.slot_bytes = _align(self.slot_reason(2 + 2 * world), 4096)
+        self.slot_bytes = _align(self.slot_members() + 4 * (1 + world), 4096)
         self.rings_bytes = (world + 1) * RING_BYTES
         self.flight_offset = _align(R_RINGS + self.rings_bytes)
         self.slots_offset = _align(self.flight_offset + FLIGHT_BYTES, 4096)
@@ -129,6 +131,12 @@ class Layout:
         next receive from p comes after p's next send)."""
         return _align(self.slot_desc(2)) + which * REASON_BYTES
 
+    def slot_members(self) -> int:
+        """i32 words: how many members the communicator whose barrier counter this slot holds
+        has, then their world ranks; written by that member (its index 0) as it makes the
+        communicator, read by the flight recorder's reader (runtime/_flight.py)."""
+        return _align(self.slot_reason(2 + 2 * self.world))
+
 
 class Control:
     """One process's mapping of the control segment, with typed views and raw addresses."""
@@ -140,6 +148,7 @@ class Control:
         self.u8 = np.frombuffer(self._mm, dtype=np.uint8)
         self.base = self.u8.ctypes.data
         self.u32 = self.u8.view(np.uint32)
+        self.i32 = self.u8.view(np.int32)
         self.u64 = self.u8.view(np.uint64)
         self.i64 = self.u8.view(np.int64)
 

@@ -300,29 +300,75 @@ static int64_t *flight_entry(int64_t *fl, uint64_t seq) {
     return fl + FLIGHT_HEADER + (seq % FLIGHT_ENTRIES) * FL_WORDS;
 }
 
-/* Open the entry of the call whose descriptor is `fields` (F_CALL set), entering at barrier k. */
-void flight_open(const int64_t *cx, const int64_t *fields, uint64_t k) {
+/* Take the next entry and fill what every entry has; the caller fills the rest and publishes
+ * it (flight_publish). NULL: this communicator has no recorder. */
+static int64_t *flight_begin(const int64_t *cx, uint64_t *seq) {
     int64_t *fl = (int64_t *)(uintptr_t)cx[CX_FLIGHT];
-    if (fl == NULL) return;
-    uint64_t seq = __atomic_add_fetch((uint64_t *)fl, 1, __ATOMIC_RELAXED);
-    int64_t *e = flight_entry(fl, seq);
+    if (fl == NULL) return NULL;
+    *seq = __atomic_add_fetch((uint64_t *)fl, 1, __ATOMIC_RELAXED);
+    int64_t *e = flight_entry(fl, *seq);
     __atomic_store_n(&e[FL_SEQ], 0, __ATOMIC_RELAXED);        /* not valid while it is written */
     e[FL_COMM] = cx[CX_COUNTER] - cx[CX_CTL];
     e[FL_N] = cx[CX_N];
     e[FL_ME] = cx[CX_ME];
+    e[FL_K_LAST] = 0;
+    e[FL_T_LAST] = 0;
+    e[FL_T_ENTER] = now_ns();
+    return e;
+}
+
+static void flight_publish(int64_t *e, uint64_t seq) {
+    __atomic_store_n(&e[FL_SEQ], (int64_t)seq, __ATOMIC_RELEASE);
+}
+
+/* Open the entry of the collective call whose descriptor is `fields` (F_CALL set), entering at
+ * barrier k (k >= 1: a point-to-point entry's FL_K_ENTRY is 0). */
+void flight_open(const int64_t *cx, const int64_t *fields, uint64_t k) {
+    uint64_t seq;
+    int64_t *e = flight_begin(cx, &seq);
+    if (e == NULL) return;
     e[FL_OP] = fields[F_OP];
     e[FL_CALL] = fields[F_CALL];
     e[FL_COUNT] = fields[F_COUNT];
     e[FL_NBYTES] = fields[F_NBYTES];
     e[FL_ROOT] = fields[F_ROOT];
     e[FL_K_ENTRY] = (int64_t)k;
-    e[FL_K_LAST] = 0;
-    e[FL_T_ENTER] = now_ns();
-    e[FL_T_LAST] = 0;
-    __atomic_store_n(&e[FL_SEQ], (int64_t)seq, __ATOMIC_RELEASE);
+    e[FL_DST] = e[FL_SRC] = -1;
+    e[FL_RECV_CALL] = 0;
+    flight_publish(e, seq);
 }
 
-/* Note arriving at barrier k in the newest entry of this communicator. */
+/* Open the entry of a point-to-point call (`op`: OP_*) to member `dst` and from member `src`
+ * (-1: none) with their sequence numbers; returns its number for flight_close (0: none). */
+uint64_t flight_p2p(const int64_t *cx, int64_t op, int64_t dst, uint32_t send_seq, int64_t src, uint32_t recv_seq,
+                    int64_t count, int64_t nbytes) {
+    uint64_t seq;
+    int64_t *e = flight_begin(cx, &seq);
+    if (e == NULL) return 0;
+    e[FL_OP] = op;
+    e[FL_CALL] = send_seq;
+    e[FL_RECV_CALL] = recv_seq;
+    e[FL_COUNT] = count;
+    e[FL_NBYTES] = nbytes;
+    e[FL_ROOT] = -1;
+    e[FL_K_ENTRY] = 0;
+    e[FL_DST] = dst;
+    e[FL_SRC] = src;
+    flight_publish(e, seq);
+    return seq;
+}
+
+/* The point-to-point call of entry `seq` completed (unless the entry was reused since). */
+void flight_close(const int64_t *cx, uint64_t seq) {
+    int64_t *fl = (int64_t *)(uintptr_t)cx[CX_FLIGHT];
+    if (fl == NULL || seq == 0) return;
+    int64_t *e = flight_entry(fl, seq);
+    if (__atomic_load_n(&e[FL_SEQ], __ATOMIC_ACQUIRE) != (int64_t)seq) return;
+    e[FL_T_LAST] = now_ns();
+    __atomic_store_n(&e[FL_K_LAST], (int64_t)FL_K_DONE, __ATOMIC_RELEASE);
+}
+
+/* Note arriving at barrier k in the newest collective entry of this communicator. */
 static void flight_arrive(const int64_t *cx, uint64_t k) {
     int64_t *fl = (int64_t *)(uintptr_t)cx[CX_FLIGHT];
     if (fl == NULL) return;
@@ -330,7 +376,8 @@ static void flight_arrive(const int64_t *cx, uint64_t k) {
     int64_t comm = cx[CX_COUNTER] - cx[CX_CTL];
     for (uint64_t back = 0; back < FLIGHT_ENTRIES && back < seq; back++) {
         int64_t *e = flight_entry(fl, seq - back);
-        if (__atomic_load_n(&e[FL_SEQ], __ATOMIC_ACQUIRE) == (int64_t)(seq - back) && e[FL_COMM] == comm) {
+        if (__atomic_load_n(&e[FL_SEQ], __ATOMIC_ACQUIRE) == (int64_t)(seq - back) && e[FL_COMM] == comm &&
+            e[FL_K_ENTRY] > 0) {                               /* a collective's */
             e[FL_T_LAST] = now_ns();
             e[FL_K_LAST] = (int64_t)k;
             return;
@@ -501,6 +548,34 @@ done:
 
 /* next_seq(cx, which, peer) -> the next point-to-point sequence number with member `peer`:
  * `which` CX_SENT (a send to it) or CX_RECEIVED (a receive from it). */
+/* flight_p2p(cx, op, dst, send_seq, src, recv_seq, count, nbytes) -> the entry's number (0:
+ * no recorder) and flight_close(cx, number): a point-to-point call's flight entry (FL_*). */
+static PyObject *flight_p2p_py(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    if (n != 8) {
+        PyErr_SetString(PyExc_TypeError, "flight_p2p(cx, op, dst, send_seq, src, recv_seq, count, nbytes)");
+        return NULL;
+    }
+    long long v[7];
+    for (int i = 0; i < 7; i++) v[i] = PyLong_AsLongLong(args[i + 1]);
+    if (PyErr_Occurred()) return NULL;
+    Py_buffer cx;
+    if (get_i64_buffer(args[0], &cx, 0, "flight_p2p") < 0) return NULL;
+    uint64_t seq = flight_p2p((const int64_t *)cx.buf, v[0], v[1], (uint32_t)v[2], v[3], (uint32_t)v[4], v[5], v[6]);
+    PyBuffer_Release(&cx);
+    return PyLong_FromUnsignedLongLong(seq);
+}
+
+static PyObject *flight_close_py(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    if (n != 2) { PyErr_SetString(PyExc_TypeError, "flight_close(cx, seq)"); return NULL; }
+    unsigned long long seq = PyLong_AsUnsignedLongLong(args[1]);
+    if (PyErr_Occurred()) return NULL;
+    Py_buffer cx;
+    if (get_i64_buffer(args[0], &cx, 0, "flight_close") < 0) return NULL;
+    flight_close((const int64_t *)cx.buf, seq);
+    PyBuffer_Release(&cx);
+    Py_RETURN_NONE;
+}
+
 static PyObject *next_seq_py(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     if (n != 3) { PyErr_SetString(PyExc_TypeError, "next_seq(cx, which, peer)"); return NULL; }
     long which = PyLong_AsLong(args[1]);
@@ -863,6 +938,8 @@ PyMethodDef native_methods[] = {
     {"count", (PyCFunction)(void (*)(void))count, METH_FASTCALL, "Count a phase's bytes (outside the mesh machine)."},
     {"seq_reached", (PyCFunction)(void (*)(void))seq_reached, METH_FASTCALL, "Has a u32 sequence number reached a target?"},
     {"p2p", (PyCFunction)(void (*)(void))p2p, METH_FASTCALL, "One point-to-point call's common case (see _p2p.py)."},
+    {"flight_p2p", (PyCFunction)(void (*)(void))flight_p2p_py, METH_FASTCALL, "Open a point-to-point call's flight entry."},
+    {"flight_close", (PyCFunction)(void (*)(void))flight_close_py, METH_FASTCALL, "A point-to-point call completed."},
     {"data_address", data_address, METH_O, "Address of a buffer's first byte."},
     {"mmap_at", (PyCFunction)(void (*)(void))mmap_at, METH_FASTCALL, "mmap at a fixed address."},
     {"munmap_at", (PyCFunction)(void (*)(void))munmap_at, METH_FASTCALL, "munmap a range."},
@@ -881,7 +958,8 @@ static const struct { const char *name; long value; } constants[] = {
     CONSTANT(CX_FLIGHT), CONSTANT(CX_CTL), CONSTANT(CX_DESC),
     CONSTANT(FL_SEQ), CONSTANT(FL_COMM), CONSTANT(FL_N), CONSTANT(FL_ME), CONSTANT(FL_OP), CONSTANT(FL_CALL),
     CONSTANT(FL_COUNT), CONSTANT(FL_NBYTES), CONSTANT(FL_ROOT), CONSTANT(FL_K_ENTRY), CONSTANT(FL_K_LAST),
-    CONSTANT(FL_T_ENTER), CONSTANT(FL_T_LAST), CONSTANT(FL_WORDS), CONSTANT(FLIGHT_HEADER), CONSTANT(FLIGHT_ENTRIES),
+    CONSTANT(FL_T_ENTER), CONSTANT(FL_T_LAST), CONSTANT(FL_DST), CONSTANT(FL_SRC), CONSTANT(FL_RECV_CALL),
+    CONSTANT(FL_K_DONE), CONSTANT(OP_SEND), CONSTANT(OP_RECV), CONSTANT(OP_SENDRECV), CONSTANT(FL_WORDS), CONSTANT(FLIGHT_HEADER), CONSTANT(FLIGHT_ENTRIES),
     CONSTANT(T_CALLS), CONSTANT(T_SYNCS), CONSTANT(T_NATIVE), CONSTANT(T_WORDS),
     CONSTANT(F_OP), CONSTANT(F_DTYPE), CONSTANT(F_COUNT), CONSTANT(F_ROOT), CONSTANT(F_REDOP), CONSTANT(F_FLAGS),
     CONSTANT(F_ADDR), CONSTANT(F_NBYTES), CONSTANT(F_SEG_VA), CONSTANT(F_SEG_SIZE), CONSTANT(F_SEG_OFF),

@@ -45,9 +45,18 @@ enum { F_OP, F_DTYPE, F_COUNT, F_ROOT, F_REDOP, F_FLAGS, F_ADDR, F_NBYTES, F_SEG
  * FLIGHT_HEADER words) holds call s: FL_* words. flight_open writes one as a call publishes its
  * descriptor; every barrier this rank arrives at notes its number and time in the newest entry
  * of its communicator. FL_COMM is the communicator's barrier counter as an offset in the
- * control segment: whether barrier k has completed is that counter >= k * FL_N. */
+ * control segment: whether barrier k has completed is that counter >= k * FL_N; the slot it is
+ * in also lists the communicator's members (runtime/_control.py, Layout.slot_members). */
 enum { FL_SEQ, FL_COMM, FL_N, FL_ME, FL_OP, FL_CALL, FL_COUNT, FL_NBYTES, FL_ROOT, FL_K_ENTRY, FL_K_LAST,
-       FL_T_ENTER, FL_T_LAST, FL_WORDS = 16 };
+       FL_T_ENTER, FL_T_LAST, FL_DST, FL_SRC, FL_RECV_CALL, FL_WORDS };
+/* A point-to-point call's entry (flight_p2p): FL_OP one of OP_* below, FL_K_ENTRY 0, FL_K_LAST 0
+ * while it runs and FL_K_DONE once it completed; FL_DST, FL_SRC the members it sends to and
+ * receives from (-1: none), FL_CALL and FL_RECV_CALL its sequence numbers with them. A
+ * collective's entry has FL_DST = FL_SRC = -1. */
+enum { FL_K_DONE = -1 };
+/* The point-to-point operations' codes: a send descriptor's F_OP is OP_SEND (runtime/_p2p.py);
+ * runtime/_protocol.py names them beside the collectives' codes. */
+enum { OP_SEND = 100, OP_RECV, OP_SENDRECV };
 enum { FLIGHT_HEADER = 8, FLIGHT_ENTRIES = 32 };
 
 /* A communicator's per-peer point-to-point words, (n, PX_WORDS) addresses (runtime/_p2p.py),
@@ -89,6 +98,9 @@ int load_kernels(void);
 int get_i64_buffer(PyObject *o, Py_buffer *view, int writable, const char *what);
 int barrier(const int64_t *cx, uint64_t k, long polls, double seconds);
 void flight_open(const int64_t *cx, const int64_t *fields, uint64_t k);
+uint64_t flight_p2p(const int64_t *cx, int64_t op, int64_t dst, uint32_t send_seq, int64_t src, uint32_t recv_seq,
+                    int64_t count, int64_t nbytes);
+void flight_close(const int64_t *cx, uint64_t seq);
 int descriptors_agree(const int64_t *cx, int parity);
 int p2p_core(const int64_t *w, int64_t n, long me, long dst, uint32_t send_seq, const int64_t *fields, long src,
              uint32_t recv_seq, int dtype, long long count, long long itemsize, int64_t out_addr,

@@ -33,7 +33,9 @@ from ._sync import SLICE, SPIN_POLLS, wait_until
 from ._work import agreed
 
 _NO_RECV = (0, 0, 0, 0, None)
-OP_SEND = 100                # a send descriptor's F_OP
+# a send descriptor's F_OP, and the flight recorder's codes of the three calls (_native.h, OP_*)
+OP_SEND = _native.OP_SEND
+_FLIGHT_OPS = {"send": _native.OP_SEND, "recv": _native.OP_RECV, "sendrecv": _native.OP_SENDRECV}
 # a receive's status word, read by its sender (native code only tests for 0)
 RECV_OK, RECV_MISMATCH, RECV_REJECTED, RECV_FAILED = 0, 1, 2, 3
 
@@ -98,7 +100,7 @@ class PointToPoint:
     def replayed(self, call: tuple, r: tuple, x: np.ndarray, dst: int, out: np.ndarray, src: int) -> None:
         """A prepared sendrecv on from where _native.p2p_replay stopped (``r``), as ``call``
         would (``Communicator._p2p_replayed``; on the default path, where prepared calls run)."""
-        stage, send_seq, recv_seq = r
+        stage, send_seq, recv_seq, entry = r
         self._send_fields = (*call[0][:P2P_DESC - 1].tolist(), send_seq)
         send = (dst, send_seq, None, x, None)
         if stage == P2P_RECV_WAIT or stage == P2P_RECV_CHECK:
@@ -108,6 +110,7 @@ class PointToPoint:
                 self._abandon(send)
                 raise
         self._complete_send(send)
+        _native.flight_close(self._cx, entry)
 
     def check_sendrecv(self, x: np.ndarray, dst: int, out: np.ndarray, src: int,
                        path: str) -> tuple[tuple | None, bool]:
@@ -165,6 +168,10 @@ class PointToPoint:
                     self._abandon(send)
                 raise
             stage = P2P_RECV_WAIT
+        shown = x if send is not None else out
+        size, nbytes = (shown.size, shown.nbytes) if isinstance(shown, np.ndarray) else (0, 0)
+        entry = _native.flight_p2p(self._cx, _FLIGHT_OPS[op], dst if send is not None else -1, send[1] if send else 0,
+                                   src if recv is not None else -1, recv[1] if recv else 0, size, nbytes)
         fast = (self._rt.clock is None and path == "mte" and (send is None or send[2] is None)
                 and (recv is None or recv[2] is not None))
         if fast:
@@ -195,6 +202,7 @@ class PointToPoint:
                 sent = self._complete_send(send)
         if t0 is not None:
             self._modeling.ended(op, t0, max(t for t in (sent, received) if t is not None))
+        _native.flight_close(self._cx, entry)
 
     def _prepare_send(self, x: np.ndarray, dst: int, t_send: float | None, path: str, stage: bool = False) -> tuple:
         """Check a send's arguments and fill ``self._send_fields`` with its descriptor (an

@@ -132,6 +132,10 @@ class Protocol:
         cx[_native.CX_FLIGHT] = base + lay.flight(rt.rank)       # runtime/_flight.py
         cx[_native.CX_CTL] = base
         cx[_native.CX_DESC:] = desc_addrs
+        if rank == 0:                   # who the members are, for the flight recorder's reader
+            at = (self.slot_offs[0] + lay.slot_members()) // 4
+            rt.ctl.i32[at + 1:at + 1 + n] = members
+            rt.ctl.i32[at] = n
 
     # read-only here: native code numbers (see the module docstring)
     calls = int64_word("tally", T_CALLS, "Operations called on this communicator; they number the descriptors.",

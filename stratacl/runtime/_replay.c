@@ -135,11 +135,12 @@ static PyObject *barrier_call(PyObject *self, PyObject *const *args, Py_ssize_t 
 }
 
 /* ---- a prepared sendrecv, replayed --------------------------------------------------------
- * p2p_replay(comm, call) -> None once done, else (stage, send_seq, recv_seq)
+ * p2p_replay(comm, call) -> None once done, else (stage, send_seq, recv_seq, flight entry)
  * sendrecv repeated on the same arrays and peers (runtime/_p2p.py, check_sendrecv): number
  * the send and the receive (the communicator's words at CX_SENT and CX_RECEIVED), then
  * p2p_core, the receive's byte counts and both halves' call counts. A stage other than
- * P2P_DONE is returned with the sequence numbers, for the Python path to go on from.
+ * P2P_DONE is returned with the sequence numbers and the call's flight entry (flight_p2p), for
+ * the Python path to go on from (and close the entry).
  *   call = (params, cx, px, bases, ready, plan, params' address)
  *   params (int64): the send's DESC_FIXED fields (F_CALL: its sequence number, set here), then PP_*
  *   (_native.h) */
@@ -174,6 +175,8 @@ static PyObject *p2p_replay_impl(PyObject *call) {
     int64_t fields[DESC_FIXED];
     memcpy(fields, p, sizeof fields);
     fields[F_CALL] = send_seq;
+    uint64_t entry = flight_p2p(c, OP_SENDRECV, p[PP_DST], send_seq, p[PP_SRC], recv_seq, p[PP_COUNT],
+                                p[PP_COUNT] * p[PP_ITEMSIZE]);
     int stage;
     Py_BEGIN_ALLOW_THREADS
     stage = p2p_core((const int64_t *)(uintptr_t)p[PP_PX], n, (long)p[PP_ME], (long)p[PP_DST], send_seq, fields,
@@ -185,8 +188,10 @@ static PyObject *p2p_replay_impl(PyObject *call) {
         count_moved(c, p + PP_BYTES, 0);
         ++*(int64_t *)(uintptr_t)p[PP_RECVS];
     }
-    if (stage != P2P_DONE) return Py_BuildValue("(iLL)", stage, (long long)send_seq, (long long)recv_seq);
+    if (stage != P2P_DONE)
+        return Py_BuildValue("(iLLK)", stage, (long long)send_seq, (long long)recv_seq, (unsigned long long)entry);
     ++*(int64_t *)(uintptr_t)p[PP_SENDS];
+    flight_close(c, entry);
     Py_RETURN_NONE;
 }
 
