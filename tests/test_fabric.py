@@ -51,6 +51,22 @@ def test_new_topology_fields_are_optional_with_neutral_defaults():
     assert "dedicated link" in text and "uplink 3136 GB/s" in text and "fan-in efficiency" in text
 
 
+def test_a_compute_kernel_costs_its_roofline():
+    # tiny: HBM (the local tier) 1000 GB/s = 1e6 bytes per us
+    t = _topo(compute={"peak_tflops": 100.0, "efficiency": 0.5})
+    assert t.kernel_us(0, 5e5) == pytest.approx(5e5 / (1e6 * 0.5))           # memory-bound: 1 us
+    assert t.kernel_us(1e9, 10) == pytest.approx(1e9 / (100e6 * 0.5))        # compute-bound: 20 us
+    assert t.kernel_us(1e8, 1e7) == pytest.approx(max(1e8 / 50e6, 1e7 / 5e5))  # the larger: 20 us
+    assert _topo().kernel_us(1e12, 1e6) == pytest.approx(1.0)                 # no peak: FLOPs are free
+    with pytest.raises(ValueError, match="kernel_us"):
+        t.kernel_us(-1, 0)
+    cm = stratacl.ub.load_topology("cm384")
+    assert (cm.compute.peak_tflops, cm.compute.efficiency) == (390.0, 0.5)
+    # a 4096^3 BF16 matmul (2 x 4096^3 FLOPs, three 32 MiB operands) on one die: compute-bound
+    assert cm.kernel_us(2 * 4096 ** 3, 3 * 2 * 4096 ** 2) == pytest.approx(2 * 4096 ** 3 / (390e6 * 0.5))
+    assert "roofline: 390 TFLOPS peak, HBM 1600 GB/s, efficiency 0.5" in cm.describe(32)
+
+
 @pytest.mark.parametrize("patch, field", [
     ({"port": {"fan_in_efficiency": 1.5}}, r"port\.'fan_in_efficiency'"),
     ({"port": {"fan_in_efficiency": "high"}}, r"port\.'fan_in_efficiency' must be float"),
@@ -58,6 +74,9 @@ def test_new_topology_fields_are_optional_with_neutral_defaults():
     ({"port": 7}, r"field 'port' must be an object"),
     ({"sync": {"flag_us": -0.5}}, r"sync\.'flag_us'"),
     ({"registration": {"map_us": "slow"}}, r"registration\.'map_us' must be float"),
+    ({"compute": {"peak_tflops": 0}}, r"compute\.'peak_tflops' must be > 0"),
+    ({"compute": {"efficiency": 1.5}}, r"compute\.'efficiency' must be in \(0, 1\]"),
+    ({"compute": {"efficiency": "most"}}, r"compute\.'efficiency' must be float"),
 ])
 def test_malformed_contention_fields_name_the_field(patch, field):
     with pytest.raises(stratacl.ConfigError, match=field):

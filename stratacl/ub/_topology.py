@@ -52,6 +52,11 @@ Optional fields, all with defaults that add no constraint:
     sdma.doorbell_us                    0.1      core time to ring the doorbell once per queue
     sdma.poll_cores                     1        cores that poll the tail flag (in-kernel mode)
     sdma.notify_us                      2.0      notify event -> waiting operation (cross-kernel)
+    compute.peak_tflops                 null     a rank's dense peak (TFLOPS) for compute kernels
+                                                 charged by roofline (Topology.kernel_us); null:
+                                                 FLOPs cost nothing, only bytes do
+    compute.efficiency                  1.0      fraction of the peak and of the HBM bandwidth a
+                                                 kernel reaches (one number for every kernel)
 
 A malformed value raises ConfigError naming the field.
 """
@@ -119,17 +124,26 @@ class Sdma:
     notify_us: float = 2.0
 
 
+@dataclasses.dataclass(frozen=True)
+class Compute:
+    """What a rank's compute kernels cost in the model: a roofline over its peak and its HBM."""
+    peak_tflops: float | None = None    # None: FLOPs are free, only the bytes cost time
+    efficiency: float = 1.0
+
+
 class Topology:
     """A supernode as data: nested ``levels`` (innermost first; rank r is die r, packed in that
     order), the ``tiers`` they talk over (``beyond``: between ranks sharing no level), and the
     cost model's contention, cores and SDMA parameters. Made by ``ub.load_topology``."""
 
     def __init__(self, name: str, levels: list[Level], tiers: dict[str, Tier], beyond: str,
-                 contention: Contention | None = None, cores: Cores | None = None, sdma: Sdma | None = None):
+                 contention: Contention | None = None, cores: Cores | None = None, sdma: Sdma | None = None,
+                 compute: Compute | None = None):
         self.name, self.levels, self.tiers, self.beyond = name, levels, tiers, beyond
         self.contention = contention or Contention()
         self.cores = cores or Cores()
         self.sdma = sdma or Sdma()
+        self.compute = compute or Compute()
         self._span = []
         span = 1
         for lv in levels:
@@ -146,6 +160,19 @@ class Topology:
             if a // span == b // span:
                 return self.tiers[lv.tier]
         return self.tiers[self.beyond]
+
+    def kernel_us(self, flops: float, nbytes: float) -> float:
+        """A compute kernel's modeled time on one rank with all its cores: the roofline of the
+        rank's peak FLOP rate and its HBM bandwidth (the first level's tier), each derated by
+        ``compute.efficiency``. ``nbytes``: what the kernel reads and writes in HBM. Feed it to
+        ``Communicator.charge_compute``."""
+        if flops < 0 or nbytes < 0:
+            raise ValueError(f"kernel_us: flops and bytes must be >= 0, got {flops}, {nbytes}")
+        c = self.compute
+        hbm = self.tiers[self.levels[0].tier].bandwidth_gbps * 1e3 * c.efficiency       # bytes per us
+        t_bytes = nbytes / hbm
+        t_flops = flops / (c.peak_tflops * 1e6 * c.efficiency) if c.peak_tflops else 0.0
+        return max(t_flops, t_bytes)
 
     @property
     def spans(self) -> list[int]:
@@ -175,6 +202,10 @@ class Topology:
         d = self.sdma
         lines.append(f"  sdma      {d.descriptor_us:g} us per descriptor (<= {d.max_descriptor_bytes} B), "
                      f"{d.channels} channel(s), doorbell {d.doorbell_us:g} us, notify {d.notify_us:g} us")
+        c = self.compute
+        peak = f"{c.peak_tflops:g} TFLOPS peak" if c.peak_tflops else "FLOPs not modeled"
+        lines.append(f"  compute   roofline: {peak}, HBM {self.tiers[self.levels[0].tier].bandwidth_gbps:g} GB/s, "
+                     f"efficiency {c.efficiency:g}")
         if world is not None:
             lines.append(f"  {world} rank(s) in this job")
         return "\n".join(lines)
@@ -245,6 +276,15 @@ _CM384 = {
         "doorbell_us": 0.1,        # ASSUMED: one MMIO store per queue
         "poll_cores": 1,           # paper 6.3: "a few NPU cores poll local status flags"
         "notify_us": 2.0,          # ASSUMED: AI CPU sees the notify record and releases the waiter
+    },
+    "compute": {
+        # CloudMatrix384: ~300 PFLOPS of dense BF16 over 384 Ascend 910C (SemiAnalysis' figure, as
+        # reported by TechForge and TechPowerUp, April 2025: "780 TeraFLOPS in BF16" per 910C);
+        # two dies per 910C (paper section 2.1): 390 TFLOPS per die. HBM: the local tier above.
+        "peak_tflops": 390.0,
+        # ASSUMED, no public source and nothing fitted: a kernel reaches half the roofline, for
+        # matmuls and memory-bound kernels alike
+        "efficiency": 0.5,
     },
     "registration": {
         # paper Fig. 5a (per-rank jit registration of an N-rank group, log-log, ~linear in N):
@@ -352,8 +392,15 @@ def from_dict(data: dict, source: str = "topology") -> Topology:
         if v < low:
             raise ConfigError(f"{source}: field sdma.{key!r} must be >= {low}, got {v}")
         sv[key] = v
+    cp = section("compute")
+    peak = optional(cp, "peak_tflops", float, "compute.", None)
+    if peak is not None and peak <= 0:
+        raise ConfigError(f"{source}: field compute.'peak_tflops' must be > 0 (or null), got {peak}")
+    eff = optional(cp, "efficiency", float, "compute.", 1.0)
+    if not 0 < eff <= 1:
+        raise ConfigError(f"{source}: field compute.'efficiency' must be in (0, 1], got {eff}")
     return Topology(name, levels, tiers, beyond, Contention(port_gbps, fan_in, **values),
-                    Cores(count, comm, issue), Sdma(**sv))
+                    Cores(count, comm, issue), Sdma(**sv), Compute(peak, eff))
 
 
 def load(spec: str) -> Topology:
