@@ -40,3 +40,19 @@ def test_moe_layer_example_matches_the_layer_computed_in_one_process(n, mode):
     lines = run.stdout.splitlines()
     assert lines[0].startswith(f"MoE layer ({mode}): {n} ranks, {4 * n} experts (top-4), 24 tokens of 256 per rank")
     assert lines[1].endswith("on every rank: yes"), run.explain()
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("n, clock", [(8, "virtual"), (3, "off")])
+def test_dlrm_example_trains_exactly_as_one_process(n, clock):
+    run = launch("-n", str(n), "--clock", clock, "--timeout", "90", str(EXAMPLES / "dlrm.py"), "--steps", "2",
+                 "--batch", "8", "--rows", "64", timeout=200)
+    assert run.returncode == 0, run.explain()
+    lines = run.stdout.splitlines()
+    assert lines[0] == f"DLRM: {n} ranks, {2 * n} tables of 64 x 16 (2 per rank), 8 samples per rank, bags of 4"
+    assert lines[1] == "exact against the job computed in one process, on every rank: yes", run.explain()
+    steps = [re.fullmatch(r"step (\d): loss ([\d.]+)   (modeled|wall) ([\d.]+) us \(slowest rank\)", x) for x in lines[2:]]
+    assert [m.group(1) for m in steps if m] == ["1", "2"], run.explain()
+    assert {m.group(3) for m in steps} == {"modeled" if clock == "virtual" else "wall"}
+    if clock == "virtual":       # deterministic: the same step costs the same modeled time
+        assert steps[0].group(4) == steps[1].group(4) and float(steps[0].group(4)) > 0

@@ -1,0 +1,204 @@
+"""A DLRM-like recommendation model trained through torch.distributed on the emulated supernode.
+
+    stratacl-launch -n 8 [--clock virtual] examples/dlrm.py [--steps 3] [--batch 16] [--rows 512]
+
+The embedding tables are sharded table-wise (rank r owns tables r*P .. r*P+P-1, P per rank)
+and the dense MLPs are replicated (data parallel), as TorchRec deploys DLRM. One step:
+
+    this rank's samples' bag indices --all_to_all--> the tables' owners, which look the rows
+        up and sum each bag
+    pooled embeddings --all_to_all--> the samples' owners: bottom MLP on the dense features,
+        concatenation with the pooled embeddings, top MLP, binary cross-entropy
+    backward: the MLPs' gradients --all_reduce(AVG)-- (asynchronous, overlapping the next
+        exchange); the pooled embeddings' gradients --all_to_all--> the owners, which add them
+        into the rows they looked up (SGD)
+
+Every exchanged tensor lives in HBM (``stratacl.torch.empty``): peers pull from it in place.
+Then every rank computes the same steps for the whole job alone, in this process (every
+rank's samples, the same operations in the same order) and compares bit for bit: its losses,
+the MLPs, and the tables it owns. Under ``--clock virtual`` every kernel is charged its
+roofline time on the die (``Topology.kernel_us``: FLOPs and HBM bytes, float32 here), so the
+modeled step time is printed too. Rank 0 prints what happened.
+"""
+import argparse
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+import stratacl
+import stratacl.torch
+
+p = argparse.ArgumentParser()
+p.add_argument("--steps", type=int, default=3)
+p.add_argument("--batch", type=int, default=16, help="samples per rank")
+p.add_argument("--tables-per-rank", type=int, default=2)
+p.add_argument("--rows", type=int, default=512, help="rows per embedding table")
+p.add_argument("--dim", type=int, default=16, help="embedding dimension")
+p.add_argument("--pooling", type=int, default=4, help="indices per bag")
+p.add_argument("--dense", type=int, default=13, help="dense features (Criteo has 13)")
+p.add_argument("--hidden", type=int, default=32, help="top MLP's hidden width")
+p.add_argument("--lr", type=float, default=0.05)
+args = p.parse_args()
+
+torch.set_num_threads(1)              # the same kernels, so the same bits, in the check below
+dist.init_process_group("stratacl")
+comm = stratacl.init()
+n, me = dist.get_world_size(), dist.get_rank()
+P, B, L, D, R = args.tables_per_rank, args.batch, args.pooling, args.dim, args.rows
+T, FD, H = P * n, args.dense, args.hidden
+topo, modeled = comm.topology, stratacl.config.clock != "off"
+
+
+def charge(flops: float, nbytes: float) -> None:
+    """A kernel's roofline time on the modeled clock (nothing without one)."""
+    comm.charge_compute(topo.kernel_us(flops, nbytes))
+
+
+def table_init(t: int) -> torch.Tensor:
+    return torch.randn(R, D, generator=torch.Generator().manual_seed(1000 + t)) * 0.1
+
+
+def mlp_init() -> dict:
+    g = torch.Generator().manual_seed(7)
+    shapes = {"w1": (FD, D), "b1": (D,), "w2": ((T + 1) * D, H), "b2": (H,), "w3": (H, 1), "b3": (1,)}
+    return {k: torch.randn(*s, generator=g) * 0.1 for k, s in shapes.items()}
+
+
+def samples(step: int, rank: int):
+    """Rank ``rank``'s samples at ``step``: dense features, bag indices [T, B, L], labels."""
+    g = torch.Generator().manual_seed(step * 100003 + rank)
+    dense = torch.randn(B, FD, generator=g)
+    idx = torch.randint(0, R, (T, B, L), generator=g)
+    labels = torch.randint(0, 2, (B,), generator=g).float()
+    return dense, idx, labels
+
+
+def pool(table: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """Sum of each bag's rows (idx [..., L] -> [..., D]), added in bag order."""
+    rows = table[idx]
+    acc = rows[..., 0, :].clone()
+    for k in range(1, L):
+        acc += rows[..., k, :]
+    return acc
+
+
+def dense_forward(params: dict, dense, pooled, labels):
+    """Bottom MLP, interaction (concatenation), top MLP, loss: [B, T, D] pooled -> scalar."""
+    bottom = torch.relu(dense @ params["w1"] + params["b1"])
+    z = torch.cat([bottom, pooled.reshape(B, T * D)], dim=1)
+    h = torch.relu(z @ params["w2"] + params["b2"])
+    return F.binary_cross_entropy_with_logits((h @ params["w3"] + params["b3"]).squeeze(1), labels)
+
+
+def dense_backward(params: dict, dense, pooled, labels):
+    """The loss, the MLPs' gradients and the pooled embeddings' gradient [B, T, D]."""
+    leaves = {k: v.detach().requires_grad_() for k, v in params.items()}
+    pooled = pooled.detach().requires_grad_()
+    loss = dense_forward(leaves, dense, pooled, labels)
+    loss.backward()
+    return loss.detach(), {k: v.grad for k, v in leaves.items()}, pooled.grad
+
+
+def scatter_grads(grad: torch.Tensor, idx: torch.Tensor, g: torch.Tensor) -> None:
+    """Add each bag's gradient g [B, D] into the rows it looked up (idx [B, L]), bag slot by slot."""
+    for k in range(L):
+        grad.index_add_(0, idx[:, k], g)
+
+
+FLAT = sum(v.numel() for v in mlp_init().values())
+dense_flops = 2 * B * (FD * D + (T + 1) * D * H + H)          # one forward; a backward costs twice that
+
+
+def step_distributed(step: int, params: dict, tables: list, bufs: dict) -> torch.Tensor:
+    dense, idx, labels = samples(step, me)
+    bufs["idx_out"].copy_(idx.view(n, P, B, L))
+    dist.all_to_all_single(bufs["idx_in"], bufs["idx_out"])       # [s, j]: rank s's bags for my table j
+    for j in range(P):
+        bufs["pooled_out"][:, j] = pool(tables[j], bufs["idx_in"][:, j])
+    charge(n * P * B * (L - 1) * D, 4 * n * P * B * D * (L + 1))
+    dist.all_to_all_single(bufs["pooled_in"], bufs["pooled_out"])  # [o, j]: owner o's table j, my bags
+    pooled = bufs["pooled_in"].permute(2, 0, 1, 3).reshape(B, T, D)
+    loss, grads, gpooled = dense_backward(params, dense, pooled, labels)
+    charge(3 * dense_flops, 4 * 3 * (FLAT + B * (FD + (T + 1) * D + H)))
+    flat = bufs["flat"]
+    torch.cat([grads[k].reshape(-1) for k in params], out=flat)
+    work = dist.all_reduce(flat, op=dist.ReduceOp.AVG, async_op=True)       # overlaps the exchange below
+    bufs["grad_out"].copy_((gpooled / n).permute(1, 0, 2).reshape(n, P, B, D))
+    dist.all_to_all_single(bufs["grad_in"], bufs["grad_out"])      # [s, j]: rank s's gradients for my table j
+    for j in range(P):
+        grad = torch.zeros(R, D)
+        for s in range(n):
+            scatter_grads(grad, bufs["idx_in"][s, j], bufs["grad_in"][s, j])
+        tables[j] -= args.lr * grad
+    charge(n * P * B * L * D + 2 * P * R * D, 4 * (2 * n * P * B * L * D + 3 * P * R * D))
+    work.wait()
+    at = 0
+    for k, v in params.items():
+        v -= args.lr * flat[at:at + v.numel()].view_as(v)
+        at += v.numel()
+    charge(2 * FLAT, 4 * 3 * FLAT)
+    return loss
+
+
+def step_alone(step: int, params: dict, tables: list) -> list:
+    """The same step for the whole job in one process: every rank's share, in rank order."""
+    losses, grads, gpooled, idxs = [], [], [], []
+    for r in range(n):
+        dense, idx, labels = samples(step, r)
+        pooled = torch.stack([pool(tables[t], idx[t]) for t in range(T)], dim=1)      # [B, T, D]
+        loss, g, gp = dense_backward(params, dense, pooled, labels)
+        losses.append(loss)
+        grads.append(torch.cat([g[k].reshape(-1) for k in params]))
+        gpooled.append(gp / n)
+        idxs.append(idx)
+    avg = grads[0].clone()
+    for g in grads[1:]:
+        avg += g
+    avg /= n
+    for t in range(T):
+        grad = torch.zeros(R, D)
+        for r in range(n):
+            scatter_grads(grad, idxs[r][t], gpooled[r][:, t])
+        tables[t] -= args.lr * grad
+    at = 0
+    for k, v in params.items():
+        v -= args.lr * avg[at:at + v.numel()].view_as(v)
+        at += v.numel()
+    return losses
+
+
+params = mlp_init()
+tables = [table_init(me * P + j) for j in range(P)]
+bufs = {"idx_out": stratacl.torch.empty((n, P, B, L), dtype=torch.int64),
+        "idx_in": stratacl.torch.empty((n, P, B, L), dtype=torch.int64),
+        "pooled_out": stratacl.torch.empty((n, P, B, D)), "pooled_in": stratacl.torch.empty((n, P, B, D)),
+        "grad_out": stratacl.torch.empty((n, P, B, D)), "grad_in": stratacl.torch.empty((n, P, B, D)),
+        "flat": stratacl.torch.empty((FLAT,))}
+losses, step_us = [], []
+for step in range(args.steps):
+    t0 = comm.clock() if modeled else 0.0
+    w0 = time.perf_counter()
+    losses.append(step_distributed(step, params, tables, bufs))
+    step_us.append(((comm.clock() - t0) if modeled else time.perf_counter() - w0) * 1e6)
+
+ref_params, ref_tables = mlp_init(), [table_init(t) for t in range(T)]
+ref_losses = [step_alone(step, ref_params, ref_tables) for step in range(args.steps)]
+exact = (all(torch.equal(losses[s], ref_losses[s][me]) for s in range(args.steps))
+         and all(torch.equal(params[k], ref_params[k]) for k in params)
+         and all(torch.equal(tables[j], ref_tables[me * P + j]) for j in range(P)))
+verdict = torch.tensor([int(exact)], dtype=torch.int32)
+dist.all_reduce(verdict, op=dist.ReduceOp.MIN)
+slowest = torch.tensor(step_us, dtype=torch.float64)
+dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+if me == 0:
+    print(f"DLRM: {n} ranks, {T} tables of {R} x {D} ({P} per rank), {B} samples per rank, bags of {L}")
+    print(f"exact against the job computed in one process, on every rank: {'yes' if verdict.item() else 'NO'}")
+    for s in range(args.steps):
+        mean = sum(x.item() for x in ref_losses[s]) / n
+        what = "modeled" if modeled else "wall"
+        print(f"step {s + 1}: loss {mean:.6f}   {what} {slowest[s].item():.1f} us (slowest rank)")
+dist.destroy_process_group()
+if not verdict.item():
+    raise SystemExit(1)
