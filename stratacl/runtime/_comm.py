@@ -61,7 +61,7 @@ from ._prepared import (AllGatherArgs, AllReduceArgs, AllToAllArgs, BroadcastArg
 from ._protocol import OPS, Protocol
 from ._ringsteps import RingSteps
 from ._sync import SLICE, SPIN_POLLS
-from ._work import Worker, collective
+from ._work import Work, Worker, collective, on_behalf, stand_in
 
 log = logging.getLogger("stratacl")
 
@@ -169,6 +169,22 @@ class Communicator:
         have completed, since their modeled times are needed. When profiling, the kernel is
         recorded on its cores. Not collective; a no-op without a modeled clock."""
         self._modeling.charge_compute(duration_us, cores)
+
+    def stand_in(self, operation: str, async_op: bool = True) -> Work | None:
+        """For a front end that runs this communicator's calls later, on a thread of its own
+        (stratacl.torch queues a group's asynchronous operations on its worker): under a
+        modeled clock, a ``Work`` that holds ``operation``'s place in modeled time from now,
+        in program order; the calls made inside ``with comm.on_behalf(work):`` enter at the
+        program's clock of this moment (or when this communicator's previous operation
+        ended) and leave it alone, and ``work.wait()`` joins them, as for ``async_op=True``.
+        ``async_op``: ``charge_compute`` shares the cores with it while it is in flight. None
+        without a modeled clock. Not collective."""
+        return stand_in(self, operation, async_op)
+
+    def on_behalf(self, work: Work | None):
+        """Context manager: communicator calls made on this thread inside it are ``work``'s
+        (see ``stand_in``); ``work`` completes when it exits. ``None``: no effect."""
+        return on_behalf(work)
 
     def probe(self, stage: str, core: int = 0):
         """Developer marker: record ``stage`` on ``core`` from entry to exit of the block, in

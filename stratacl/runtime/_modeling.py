@@ -119,7 +119,10 @@ class Modeling:
             c.set(op, end_us)
         else:
             c.ended(op, start_us, end_us)
-            work.modeled = (start_us, end_us, occupancy)
+            calls = [occupancy] if occupancy is not None else []
+            if work.modeled is not None:     # a front end's operation made of several calls (_work.stand_in)
+                start_us, calls = work.modeled[0], work.modeled[2] + calls
+            work.modeled = (start_us, end_us, calls)
 
     def join_work(self, work) -> None:
         """``work.wait()`` under a modeled clock: the program's clock joins the operation's end."""

@@ -27,6 +27,10 @@ from .._errors import CollectiveMismatch, NotInitialized
 
 _AGREED = "_stratacl_seen_by_every_rank"
 
+# the stand-in (a Work) of the front-end operation whose communicator calls this thread is
+# making, if any: see stand_in
+_ON_BEHALF = threading.local()
+
 
 def agreed(error: BaseException) -> BaseException:
     """Mark ``error`` as one every rank of its call raised (the call sequence stays in step)."""
@@ -39,9 +43,9 @@ class Work:
 
     __slots__ = {"operation": "The operation's name, e.g. 'all_gather'.",
                  "_done": None, "_error": None, "_result": None,
-                 "modeled": "Under a modeled clock, once done: (start_us, end_us, what its cores did); "
-                            "else None.",
-                 "_join": None}
+                 "modeled": "Under a modeled clock, once done: (start_us, end_us, what its cores did: a "
+                            "list, one entry per communicator call); else None.",
+                 "_join": None, "_issued": None}
 
     def __init__(self, operation: str, join: Callable[["Work"], None] | None = None):
         self.operation = operation
@@ -50,6 +54,7 @@ class Work:
         self._result: Any = None
         self.modeled = None     # see __slots__ and runtime/_modeling.py
         self._join = join       # called once by the first successful wait(): the program joins the operation
+        self._issued = 0.0      # a stand-in's program clock when its operation was issued (stand_in)
 
     def is_completed(self) -> bool:
         """True once the operation has finished (successfully or not). Never blocks."""
@@ -173,24 +178,65 @@ def collective(fn: Callable) -> Callable:
     return call
 
 
+def stand_in(comm, operation: str, async_op: bool) -> Work | None:
+    """Under a modeled clock, the place in modeled time of a front end's operation whose
+    communicator calls run later on a thread of the front end's own (stratacl.torch queues
+    asynchronous operations on its group's worker): a Work issued at the program's clock now,
+    kept for ``charge_compute`` while in flight if ``async_op``. The calls made inside
+    ``on_behalf(work)`` enter at that clock (or when the communicator's previous operation
+    ended) and leave the program's clock alone; ``work.wait()`` joins it, as for the
+    communicator's own asynchronous operations. None without a modeled clock."""
+    clock = comm._rt.clock
+    if clock is None:
+        return None
+    work = Work(operation, comm._modeling.join_work)
+    work._issued = clock.entering()
+    if async_op:
+        comm._rt.track(work)
+    return work
+
+
+class on_behalf:
+    """Communicator calls made in this block (on this thread) are ``work``'s (see stand_in);
+    ``work`` is done when the block ends. ``work`` None: nothing changes."""
+
+    def __init__(self, work: Work | None):
+        self._work = work
+
+    def __enter__(self) -> None:
+        if self._work is not None:
+            _ON_BEHALF.work = self._work
+
+    def __exit__(self, *exc) -> None:
+        if self._work is not None:
+            _ON_BEHALF.work = None
+            self._work._done.set()
+
+
 def _deferred(self, fn: Callable, body: Callable[[], Any], async_op: bool, path: str | None) -> Any:
     """A call other than the common one: under a modeled clock (the program's clock when it
-    was called), or through the communicator's worker (asynchronous, or queued behind one)."""
+    was called, or its stand-in's: see stand_in), or through the communicator's worker
+    (asynchronous, or queued behind one)."""
     clock = self._rt.clock
     worker = self._worker
+    behalf = getattr(_ON_BEHALF, "work", None) if clock is not None else None
     if worker is None and not async_op:
         self._path = self._default_path if path is None else path
-        self._modeling.issue(clock.entering())
+        if behalf is not None:
+            self._modeling.issue(behalf._issued, behalf)
+        else:
+            self._modeling.issue(clock.entering())
         return body()
-    issued = clock.entering() if clock is not None else 0.0
+    issued = behalf._issued if behalf is not None else clock.entering() if clock is not None else 0.0
 
     def run(work: Work):
         self._path = self._default_path if path is None else path
-        self._modeling.issue(issued, work)
+        self._modeling.issue(issued, behalf if behalf is not None and not async_op else work)
         return body()
     if worker is None:
         worker = self._start_worker()
-    work = Work(fn.__name__, self._modeling.join_work if clock is not None else None)
+    join = self._modeling.join_work if clock is not None and (behalf is None or async_op) else None
+    work = Work(fn.__name__, join)
     if async_op and clock is not None:
         self._rt.track(work)
     worker.submit(fn.__name__, lambda: run(work), work)

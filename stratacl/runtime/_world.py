@@ -178,9 +178,7 @@ class Runtime:
             if work.modeled is None or work.modeled[1] <= t0:
                 continue               # failed, or over before t0
             keep.append(work)
-            call = work.modeled[2]
-            if call is not None:
-                model, plan, members, clocks, me = call
+            for model, plan, members, clocks, me in work.modeled[2]:
                 prof = profile_plan(model, plan, members, clocks_in=clocks, ranks=[me])[0]
                 steps.append(occupied(prof, model.path))
         self.in_flight[:] = keep

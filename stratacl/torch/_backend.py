@@ -63,7 +63,7 @@ class ProcessGroupStrataCL(dist.ProcessGroup):
     def __init__(self, comm, timeout=None):
         super().__init__(comm.rank, comm.size)
         self.comm = comm
-        self._executor = Executor(f"{comm.members[comm.rank]}-{len(comm.members)}")
+        self._executor = Executor(f"{comm.members[comm.rank]}-{len(comm.members)}", comm)
 
     def getBackendName(self) -> str:
         return "stratacl"

@@ -63,6 +63,7 @@ class Work(dist._Work):
         self._future: torch.futures.Future | None = None
         self._done = False
         self._error: BaseException | None = None
+        self._stand_in = None        # under a modeled clock, its place in modeled time (Executor.submit)
 
     def _run(self, fn: Callable[[], Any]) -> None:
         try:
@@ -93,6 +94,9 @@ class Work(dist._Work):
             self._executor.wait_for(self)
         if self._error is not None:
             raise self._error
+        if self._stand_in is not None:           # the program's modeled clock joins the operation
+            stand_in, self._stand_in = self._stand_in, None
+            stand_in.wait()
         return True
 
     def is_completed(self) -> bool:
@@ -139,8 +143,9 @@ class Executor:
     """One process group's operations, in program order: inline, on its worker thread, or
     batched (point-to-point); see the module docstring."""
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, comm=None):
         self._name = name
+        self._comm = comm                        # its modeled clock, for operations run later (_queued)
         # the fast paths take the condition's lock directly (a C call, not Condition's Python
         # __enter__/__exit__): a blocking call passes here twice
         self._lock = threading.Lock()
@@ -158,15 +163,33 @@ class Executor:
             self.flush()
         with self._lock:
             inline = not async_op and not self._queue and not self._busy
-            if inline:
-                self._busy = True
-            else:
+            if not inline:
+                fn = self._queued([work], fn, async_op)
                 self._queue.append((work, fn))
                 self._start()
                 self._cond.notify_all()
+            else:
+                self._busy = True
         if inline:
             self._execute(work, fn)
         return work
+
+    def _queued(self, works: list, fn: Callable[[], Any], async_op: bool) -> Callable[[], Any]:
+        """``fn`` for the queue. Under a modeled clock its communicator calls take their place
+        in modeled time now, in program order, not when a thread runs them: they enter at the
+        program's clock of this moment and move it only when the program waits (``Communicator.stand_in``), so an asynchronous operation overlaps the compute the
+        program charges meanwhile, as the communicator's own ``async_op=True`` does."""
+        comm = self._comm
+        stand_in = comm.stand_in(works[0].operation, async_op) if comm is not None else None
+        if stand_in is None:
+            return fn
+        for w in works:
+            w._stand_in = stand_in
+
+        def on_behalf() -> Any:
+            with comm.on_behalf(stand_in):
+                return fn()
+        return on_behalf
 
     def now(self, operation: str, outputs: list, fn: Callable[..., Any], *args: Any) -> Work | None:
         """A blocking operation run here and now, when nothing is queued, running or collected
@@ -215,8 +238,10 @@ class Executor:
             batch, self._p2p = self._p2p, []
             run_batch = self._run_batch
         if batch:
+            works = [w for *_, w in batch]
+            fn = self._queued(works, lambda: run_batch(batch), True)
             with self._cond:
-                self._queue.append(([w for *_, w in batch], lambda: run_batch(batch)))
+                self._queue.append((works, fn))
                 self._start()
                 self._cond.notify_all()
 
