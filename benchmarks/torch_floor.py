@@ -16,6 +16,9 @@ calls of these sides, in an order that rotates from round to round:
                  fake_pg; in torch 2.13 it copies input to output for all_gather,
                  reduce_scatter and all_to_all, so it is above the floor there)
     torch        ``dist.<op>`` on backend "stratacl" (what the bench's --api torch measures)
+    numpy+direct the numpy call, then the "noop" backend's own method called from Python
+                 (``backend.allreduce([x]).wait()``, ...): torch's ``dist.*`` Python and its
+                 dispatcher skipped, the pybind call into the C++ backend kept
     numpy+spin   the numpy call, then ``--spin`` us of this thread's CPU spent in a loop (a control:
                  what that much CPU per call and rank, from any source, costs in wall time)
     noop         the "noop" call alone (no communication: its ratio is not a floor; its CPU is
@@ -42,7 +45,7 @@ import stratacl
 from stratacl._config import parse_size
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
-SIDES = ("numpy", "numpy+noop", "numpy+fake", "torch", "noop", "numpy+spin")
+SIDES = ("numpy", "numpy+noop", "numpy+fake", "torch", "noop", "numpy+spin", "numpy+direct")
 
 
 def rank(comm, ops, sizes, iters, rounds, warmup, spin_s):
@@ -80,6 +83,11 @@ def rank(comm, ops, sizes, iters, rounds, warmup, spin_s):
                         "reduce_scatter": lambda: dist.reduce_scatter_single(out, x, group=g),
                         "all_to_all": lambda: dist.all_to_all_single(out, x, group=g)}[op]
             noop_call, fake_call = torch_call(groups["noop"]), torch_call(groups["fake"])
+            be = groups["noop"]._get_backend(torch.device("cpu"))
+            direct_call = {"all_reduce": lambda: be.allreduce([x]).wait(),
+                           "all_gather": lambda: be._allgather_base(out, x).wait(),
+                           "reduce_scatter": lambda: be._reduce_scatter_base(out, x).wait(),
+                           "all_to_all": lambda: be.alltoall_base(out, x, [], []).wait()}[op]
 
             inner = [0.0]
 
@@ -96,7 +104,8 @@ def rank(comm, ops, sizes, iters, rounds, warmup, spin_s):
                 while time.thread_time() < end:
                     pass
             calls = {"numpy": numpy_call, "numpy+noop": both(noop_call), "numpy+fake": both(fake_call),
-                     "torch": torch_call(None), "noop": noop_call, "numpy+spin": both(spin)}
+                     "torch": torch_call(None), "noop": noop_call, "numpy+spin": both(spin),
+                     "numpy+direct": both(direct_call)}
 
             def block(f):
                 comm.barrier()
