@@ -63,12 +63,9 @@ def main() -> int:
     args = arguments()
     rank, n = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     temp = args.temp_dir or f"/tmp/stratacl-torch-suite-{os.environ['MASTER_PORT']}"
-    for sub in ("barrier", "test_dir"):
-        os.makedirs(os.path.join(temp, sub), exist_ok=True)
     # what torch's harness sets before a test process imports the module
     os.environ.update(BACKEND="gloo", TEMP_DIR=temp, INIT_METHOD="env://", TORCH_SHOW_CPP_STACKTRACES="1")
-
-    os.environ.setdefault("PYTORCH_PRINT_REPRO_ON_FAILURE", "0")
+    os.environ.setdefault("PYTORCH_PRINT_REPRO_ON_FAILURE", "0")    # keep the report lines short
     import torch
     import torch.distributed as dist
     from torch.testing._internal import common_distributed, common_utils
@@ -88,6 +85,8 @@ def main() -> int:
             print("\n".join(f"{name} {plan[name][0]}" for name in names))
         return 0
 
+    for sub in ("barrier", "test_dir"):
+        os.makedirs(os.path.join(temp, sub), exist_ok=True)
     cases = {}
     for flavour, module in modules.items():
         class Case(common_utils.TestCase, module.DistributedTest._DistTestBase):
