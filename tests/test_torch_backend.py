@@ -113,6 +113,12 @@ def matrix(comm, dtypes, sizes):
             lst = [torch.zeros(c, dtype=dt) for _ in range(n)]
             dist.all_gather(lst, place(mine[me], hbm))
             same(f"all_gather {tag}", torch.cat(lst), torch.cat(mine), bad)
+            # all_gather_coalesced: one list per rank, each with one tensor per input (gloo's layout)
+            two = [data(p, (c + 1,), dt, "agc" + tag) for p in range(n)]
+            lists = [[torch.zeros(c, dtype=dt), torch.zeros(c + 1, dtype=dt)] for _ in range(n)]
+            dist.all_gather_coalesced(lists, [place(mine[me], hbm), place(two[me], not hbm)])
+            same(f"all_gather_coalesced {tag}", torch.cat([t for lst in lists for t in lst]),
+                 torch.cat([t for p in range(n) for t in (mine[p], two[p])]), bad)
             # all_to_all_single, equal splits and uneven ones along dim 0 of a 2-D tensor
             src = [data(p, (n * c,), dt, "a2a" + tag) for p in range(n)]
             out = place(torch.zeros(n * c, dtype=dt), not hbm)

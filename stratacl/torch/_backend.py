@@ -245,10 +245,36 @@ class ProcessGroupStrataCL(dist.ProcessGroup):
         return self._run("allgather", output_tensors, fn, opts)
 
     def allgather_coalesced(self, output_lists, input_tensors, opts=None):
+        """``output_lists[r][i]`` takes rank r's ``input_tensors[i]`` (as gloo: one list per
+        rank, each as long as the inputs), through one packed all_gather."""
+        op, n = "allgather_coalesced", self.comm.size
+        if len(output_lists) != n:
+            raise ValueError(f"stratacl {op}: expects {n} output lists (one per rank), got {len(output_lists)}")
         for t in input_tensors:
-            _tensors.check(t, "allgather_coalesced")
-        calls = [self._all_gather_list(o, x, "allgather_coalesced") for o, x in zip(output_lists, input_tensors)]
-        return self._run("allgather_coalesced", output_lists, lambda: [c() for c in calls], opts)
+            _tensors.check(t, op, "input")
+        dtype = input_tensors[0].dtype if input_tensors else torch.float32
+        for outs in output_lists:
+            if len(outs) != len(input_tensors):
+                raise ValueError(f"stratacl {op}: every output list must have {len(input_tensors)} tensors "
+                                 f"(one per input), got {len(outs)}")
+            for o, x in zip(outs, input_tensors):
+                _tensors.check(o, op, "output")
+                if o.numel() != x.numel() or o.dtype != x.dtype or x.dtype != dtype:
+                    raise ValueError(f"stratacl {op}: output {tuple(o.shape)} {o.dtype} does not match input "
+                                     f"{tuple(x.shape)} {x.dtype} (inputs must share one dtype)")
+        counts = [t.numel() for t in input_tensors]
+
+        def run():
+            total = sum(counts)
+            packed = _tensors.empty(total, dtype=dtype)
+            for piece, x in zip(packed.split(counts), input_tensors):
+                piece.copy_(x.reshape(-1))
+            whole = torch.empty((n, total), dtype=dtype)
+            self.comm.all_gather(_tensors.array(whole), _tensors.array(packed))
+            for r, outs in enumerate(output_lists):
+                for piece, o in zip(whole[r].split(counts), outs):
+                    o.view(-1).copy_(piece)
+        return self._run(op, output_lists, run, opts)
 
     def _reduce_scatter_one(self, out: torch.Tensor, x: torch.Tensor, opts, operation: str):
         o = _tensors.checked(out, operation, "output")
