@@ -121,6 +121,9 @@ SETTINGS: tuple[Setting, ...] = (
             "fed by descriptors the cores post (`sdma`; reductions stay on the cores). Per call: `path=`."),
     Setting("profile", str, "", "--profile",
             "Directory for per-core profiler traces (Chrome trace-event JSON, opens in Perfetto); empty: off."),
+    Setting("trace", str, "", "--trace",
+            "Directory for per-rank traces of the calls in modeled time (needs `--clock virtual`), which "
+            "`stratacl.ub.replay` times again without ranks, also at other rank counts; empty: off."),
     Setting("metadata_path", _choice("direct", "relay"), "direct", "--metadata-path",
             "How registration metadata travels: written by the owner into every peer's mailbox ring, "
             "or relayed by the bootstrap daemon."),

@@ -87,3 +87,8 @@ class RankFailure(StrataError):
 
     def __reduce__(self):
         return (type(self), (self.args[0], self.rank, self.traceback_text))
+
+
+class ReplayError(StrataError):
+    """Traces that cannot be replayed (``stratacl.ub.replay``): missing ranks, events it does not
+    support, members that never reach a call the others made, recordings that do not extrapolate."""

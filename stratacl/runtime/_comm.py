@@ -115,6 +115,7 @@ class Communicator:
         self.counters = _backend.Counters()      # summed over the rank's communicators by stats()
         rt.byte_counters.append(self.counters)
         self._protocol = Protocol(rt, self.members, self.rank, slots, self.counters.words, self._modeling)
+        self._modeling.key = self._protocol.slot_offs[0]
         self._executor = Executor(rt, self.members, self.rank, self._protocol)
         self._buffers = Buffers(rt, self._protocol)
         self._ring = RingSteps(rt, self.members, self.rank, self._protocol, self._executor, self._buffers)

@@ -56,6 +56,8 @@ class Modeling:
         self._free_us = 0.0           # when this communicator's previous operation ended
         self._algo = rt.config.algo
         self._mapped = None           # jit: (reader, owner) -> (seg_va, epoch) mapped
+        self.key = 0                  # the communicator in a trace: its barrier counter's offset (_comm.py)
+        self._calls = 0               # calls timed on this communicator, for the trace
 
     def now(self) -> float:
         """``comm.clock()``: the program's clock, in seconds."""
@@ -74,6 +76,8 @@ class Modeling:
         k = total if cores is None else int(cores)
         if not 1 <= k <= total:
             raise ValueError(f"charge_compute: cores must be in 1..{total}, got {cores}")
+        if self._rt.trace is not None:
+            self._rt.trace.compute(duration_us, k)
         t0 = c.entering()
         times, busy = combine(self._rt.busy_cores(t0, "charge_compute"))
         end = run_job(ComputeJob(k, duration_us, t0), total, times, busy)[0] if times.size else t0 + duration_us
@@ -115,6 +119,8 @@ class Modeling:
         ub._profile.profile_plan walks) for wait() and charge_compute."""
         self._free_us = end_us
         c, work = self._rt.clock, self._running
+        if occupancy is None and self._rt.trace is not None:
+            self._rt.trace.p2p(op)
         if work is None:
             c.set(op, end_us)
         else:
@@ -126,6 +132,8 @@ class Modeling:
 
     def join_work(self, work) -> None:
         """``work.wait()`` under a modeled clock: the program's clock joins the operation's end."""
+        if self._rt.trace is not None:
+            self._rt.trace.wait(work)
         if work.modeled is not None:
             self._rt.clock.join(work.modeled[1])
 
@@ -144,6 +152,9 @@ class Modeling:
         entering = from_bits(descs[:, F_AUX0])
         extra = self._jit_extra(descs, op, algo, root) if self._rt.config.registration == "jit" else None
         model = self._rt.model_for(path)
+        if self._rt.trace is not None:
+            self._record(dict(op=op, algo=algo, nbytes=int(nbytes), root=int(root), itemsize=int(itemsize)), path,
+                         extra)
         self._timed(op, model, model.plan(op, algo, tuple(self._members), nbytes, root, itemsize), entering, extra)
 
     def tick_exchange(self, op: str, descs: np.ndarray, phases: list, staging, path: str) -> None:
@@ -160,7 +171,17 @@ class Modeling:
             np.fill_diagonal(reads, False)
             extra = self._jit_extra(descs, op, "mesh", 0, reads)
         model = self._rt.model_for(path)
+        if self._rt.trace is not None:
+            self._record(dict(op=op, phases=[(np.asarray(b, dtype=np.int64), int(k)) for b, k in phases],
+                              staging=None if staging is None else [np.asarray(a, dtype=np.int64) for a in staging]),
+                         path, extra)
         self._timed(op, model, model.plan_exchange(tuple(self._members), phases, staging), entering, extra)
+
+    def _record(self, inputs: dict, path: str, extra) -> None:
+        """A call's model inputs, into the rank's trace (runtime/_trace.py)."""
+        self._calls += 1
+        self._rt.trace.call(self._running, dict(comm=self.key, members=self._members, k=self._calls, path=path,
+                                                extra=None if extra is None else np.asarray(extra), **inputs))
 
     def _timed(self, op: str, model, plan: list, entering: np.ndarray, extra) -> None:
         """This member's end of a call whose timed ``plan`` every member entered at ``entering``

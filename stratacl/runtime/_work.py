@@ -45,7 +45,7 @@ class Work:
                  "_done": None, "_error": None, "_result": None,
                  "modeled": "Under a modeled clock, once done: (start_us, end_us, what its cores did: a "
                             "list, one entry per communicator call); else None.",
-                 "_join": None, "_issued": None}
+                 "_join": None, "_issued": None, "_traced": None}
 
     def __init__(self, operation: str, join: Callable[["Work"], None] | None = None):
         self.operation = operation
@@ -55,6 +55,7 @@ class Work:
         self.modeled = None     # see __slots__ and runtime/_modeling.py
         self._join = join       # called once by the first successful wait(): the program joins the operation
         self._issued = 0.0      # a stand-in's program clock when its operation was issued (stand_in)
+        self._traced = None     # its event in the rank's trace (runtime/_trace.py), if one is kept
 
     def is_completed(self) -> bool:
         """True once the operation has finished (successfully or not). Never blocks."""
@@ -193,6 +194,8 @@ def stand_in(comm, operation: str, async_op: bool) -> Work | None:
     work._issued = clock.entering()
     if async_op:
         comm._rt.track(work)
+    if comm._rt.trace is not None:
+        comm._rt.trace.issue(work, async_op)
     return work
 
 
@@ -239,5 +242,7 @@ def _deferred(self, fn: Callable, body: Callable[[], Any], async_op: bool, path:
     work = Work(fn.__name__, join)
     if async_op and clock is not None:
         self._rt.track(work)
+    if self._rt.trace is not None and (behalf is None or async_op):
+        self._rt.trace.issue(work, async_op)
     worker.submit(fn.__name__, lambda: run(work), work)
     return work if async_op else work.result()

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from .._config import Config, check_environment
-from .._errors import BootstrapError, CommTimeout, NotInitialized, TooManyCommunicators
+from .._errors import BootstrapError, CommTimeout, ConfigError, NotInitialized, TooManyCommunicators
 from ..ub import _topology
 from ..ub._clock import FabricModel
 from ..ub._compute import occupied
@@ -39,6 +39,7 @@ from ._comm import Communicator
 from ._control import (COMM_SLOTS, H_HBM_SIZE, H_MAGIC, H_SLICE, H_VA_BASE, MAGIC, STATE_FINALIZED,
                        STATE_RUNNING, Control)
 from ._hbm import Hbm
+from ._trace import Trace
 from ._mailbox import Mailbox
 from ._sync import SLICE, JobHealth
 from ._window import ShadowWindow, round_up
@@ -65,6 +66,9 @@ IN_FLIGHT_LIMIT = 1024      # asynchronous operations kept for charge_compute's 
 class Runtime:
     def __init__(self, rank: int, world: int, job_id: str, config: Config, ctl: Control, hbm_fds: list[int]):
         self.rank, self.world, self.job_id, self.config, self.ctl = rank, world, job_id, config, ctl
+        if config.trace and config.clock != "virtual":
+            raise ConfigError(f"trace={config.trace!r} records calls in modeled time: it needs --clock virtual "
+                              f"(STRATACL_CLOCK=virtual), not {config.clock!r}")
         if _native.load_u64(ctl.base + H_MAGIC) != MAGIC:
             raise BootstrapError(f"rank {rank}: the control segment of job {job_id} is not initialised")
         self.topology = _topology.load(config.topology)
@@ -114,6 +118,11 @@ class Runtime:
         self.clock = (RankClock(self.topology, config.registration, modeled, config.dilation, EAGER_BYTES)
                       if config.clock != "off" or config.profile else None)
         self.profiler = Profiler(rank) if config.profile else None
+        # what ub.replay needs to rebuild this rank's fabric model (runtime/_trace.py)
+        self.trace = (Trace(rank, world, dict(topology=config.topology, registration=config.registration,
+                                              cores=config.cores, comm_cores=config.comm_cores,
+                                              partition=config.partition, path=config.path, eager_bytes=EAGER_BYTES))
+                      if config.trace else None)
         self.workers: list = []          # asynchronous-operation threads of this rank's communicators
         self.communicators: weakref.WeakSet = weakref.WeakSet()   # every one made here, for close()
         self.in_flight: list = []        # asynchronous operations under a modeled clock, for charge_compute
@@ -233,6 +242,9 @@ class Runtime:
         if self.profiler is not None:
             path = write_chrome_trace(os.path.join(self.config.profile, f"rank{self.rank}.json"), [self.profiler])
             log.info("rank %d: profile written to %s", self.rank, path)
+        if self.trace is not None:
+            path = self.trace.write(self.config.trace, self.clock.now_us)
+            log.info("rank %d: trace written to %s", self.rank, path)
         self.reg.stop()
         self.ctl.set_state(self.rank, STATE_FINALIZED)
 

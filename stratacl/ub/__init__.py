@@ -1,14 +1,20 @@
-"""The fabric: topology and tiers, the registration unit, shadow mappings."""
+"""The fabric: topology and tiers, the registration unit, shadow mappings, trace replay."""
 from __future__ import annotations
 
 import numpy as np
 
+from .._errors import ReplayError as ReplayError
 from ._registration import active as _active_unit
+from ._replay import Replay as Replay
+from ._replay import extrapolate as extrapolate
+from ._replay import load as load_traces
+from ._replay import replay as replay
 from ._topology import Tier as Tier
 from ._topology import Topology as Topology
 from ._topology import load as load_topology
 
-__all__ = ["Tier", "Topology", "load_topology", "view", "wait_registered"]
+__all__ = ["Replay", "ReplayError", "Tier", "Topology", "extrapolate", "load_topology", "load_traces", "replay", "view",
+           "wait_registered"]
 
 
 def wait_registered() -> None:

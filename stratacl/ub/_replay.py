@@ -1,0 +1,294 @@
+"""Replay of recorded traces through the fabric model: a job's modeled time without ranks.
+
+    traces (``--trace DIR``: runtime/_trace.py, one per rank, program order)
+        |   every rank walks its events; a call is timed once every member has reached it
+        v
+    the timing the ranks did under ``--clock virtual``: ``FabricModel.plan`` or ``plan_exchange``
+    run on every member's entering clock (+ the jit mappings recorded), a call entering when
+    the program issued it or when its communicator's previous call ended; ``charge_compute``
+    sharing the rank's cores with its asynchronous operations in flight (ub/_compute.py)
+        v
+    Replay: every rank's final clock, and the calls timed
+
+Replaying a job's traces at the rank count they were recorded at gives the modeled times the
+ranks had (the same functions on the same inputs). ``extrapolate`` makes the traces of a
+larger job from two recordings of an SPMD program at two rank counts, for the paper's scales
+(see its docstring for what it assumes).
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import glob
+import json
+import os
+
+import numpy as np
+
+from .._errors import ReplayError
+from ._clock import FabricModel, run_plan
+from ._compute import ComputeJob, combine, occupied, run_job
+from ._profile import profile_plan
+from ._topology import load as load_topology
+
+FORMAT = "stratacl-trace-1"
+
+
+@dataclasses.dataclass
+class Replay:
+    """``end_us``: every rank's modeled clock after its last event; ``recorded_us``: what the
+    ranks' own clocks said when the traces were written (None for extrapolated traces);
+    ``calls``: collective calls timed."""
+    end_us: np.ndarray
+    recorded_us: np.ndarray | None
+    calls: int
+
+    @property
+    def time_us(self) -> float:
+        """The job's modeled time: the last rank's final clock."""
+        return float(self.end_us.max())
+
+
+def load(directory: str) -> list[dict]:
+    """The traces ``--trace DIRECTORY`` wrote, by rank."""
+    paths = glob.glob(os.path.join(directory, "rank*.json"))
+    if not paths:
+        raise ReplayError(f"replay: no rank*.json traces in {directory!r} (run the job with --trace {directory} "
+                          f"--clock virtual)")
+    traces = []
+    for p in paths:
+        with open(p) as f:
+            traces.append(json.load(f))
+    traces.sort(key=lambda t: t["rank"])
+    world = traces[0]["world"]
+    if [t["rank"] for t in traces] != list(range(world)) or any(t.get("format") != FORMAT for t in traces):
+        raise ReplayError(f"replay: {directory!r} holds traces of ranks {[t['rank'] for t in traces]}, expected "
+                          f"every rank of {world} in format {FORMAT}")
+    return traces
+
+
+class _Call:
+    """One collective call as its members reach it."""
+
+    def __init__(self, record: dict):
+        self.record = record
+        self.members = tuple(record["members"])
+        self.entering: dict[int, float] = {}
+        self.ends: np.ndarray | None = None
+        self.occupancy = None           # (model, plan, members, clocks) once timed
+
+
+class _Rank:
+    def __init__(self, trace: dict):
+        self.rank = trace["rank"]
+        self.events = trace["events"]
+        self.at = 0                      # next event
+        self.now = 0.0                   # the program's clock
+        self.free: dict[int, float] = {}     # communicator -> end of its previous call here
+        self.done_k: dict[int, int] = {}     # communicator -> number of its last timed call here
+        self.issues: dict[int, dict] = {}    # issue id -> its state
+        self.open: list[dict] = []           # issues with calls not yet timed, in issue order
+        self.in_flight: list[dict] = []      # asynchronous issues, for compute
+
+
+def replay(traces: list[dict]) -> Replay:
+    """Time the traces' calls again, as the ranks did (see the module docstring)."""
+    if not traces:
+        raise ReplayError("replay: no traces")
+    settings = traces[0]["settings"]
+    base = FabricModel(load_topology(settings["topology"]), settings["registration"], cores=settings["cores"],
+                       comm_cores=settings["comm_cores"], partition=settings["partition"], path=settings["path"],
+                       eager_bytes=settings["eager_bytes"])
+    models = {base.path: base}
+
+    def model_for(path: str) -> FabricModel:
+        if path not in models:
+            models[path] = base.with_path(path)
+        return models[path]
+
+    ranks = [_Rank(t) for t in traces]
+    calls: dict[tuple[int, int], _Call] = {}
+    timed = 0
+
+    def call_of(record: dict) -> _Call:
+        key = (record["comm"], record["k"])
+        c = calls.get(key)
+        if c is None:
+            c = calls[key] = _Call(record)
+        return c
+
+    def ready(r: _Rank, record: dict) -> bool:
+        """Whether this rank's previous call on the communicator has been timed."""
+        return r.done_k.get(record["comm"], 0) == record["k"] - 1
+
+    def enter(r: _Rank, record: dict, issued: float) -> _Call:
+        c = call_of(record)
+        c.entering[r.rank] = max(issued, r.free.get(record["comm"], 0.0))
+        return c
+
+    def time_call(c: _Call) -> None:
+        rec = c.record
+        model = model_for(rec["path"])
+        if "phases" in rec:
+            staging = None if rec["staging"] is None else tuple(np.asarray(a, dtype=np.int64) for a in rec["staging"])
+            plan = model.plan_exchange(c.members, [(np.asarray(b, dtype=np.int64), int(k)) for b, k in rec["phases"]],
+                                       staging)
+        else:
+            plan = model.plan(rec["op"], rec["algo"], c.members, rec["nbytes"], rec["root"], rec["itemsize"])
+        clocks = np.array([c.entering[m] for m in c.members], dtype=np.float64)
+        if rec.get("extra") is not None:
+            clocks = clocks + np.asarray(rec["extra"], dtype=np.float64)
+        c.ends = run_plan(plan, clocks)
+        c.occupancy = (model, plan, list(c.members), clocks)
+        for i, m in enumerate(c.members):
+            rm = ranks[m]
+            rm.free[rec["comm"]] = float(c.ends[i])
+            rm.done_k[rec["comm"]] = rec["k"]
+
+    def advance_issues(r: _Rank) -> bool:
+        moved = False
+        for issue in list(r.open):
+            while issue["next"] < len(issue["calls"]):
+                rec = issue["calls"][issue["next"]]
+                c = calls.get((rec["comm"], rec["k"]))
+                if c is not None and r.rank in c.entering:
+                    if c.ends is None:
+                        break
+                    i = c.members.index(r.rank)
+                    issue["start"] = c.entering[r.rank] if issue["start"] is None else issue["start"]
+                    issue["end"] = float(c.ends[i])
+                    issue["occupancy"].append((*c.occupancy, i))
+                    issue["next"] += 1
+                    moved = True
+                    continue
+                if not ready(r, rec):
+                    break
+                enter(r, rec, issue["issued"])
+                moved = True
+            if issue["next"] == len(issue["calls"]):
+                r.open.remove(issue)
+        return moved
+
+    def advance_program(r: _Rank) -> bool:
+        moved = False
+        while r.at < len(r.events):
+            ev = r.events[r.at]
+            kind = ev["e"]
+            if kind == "call":
+                c = calls.get((ev["comm"], ev["k"]))
+                if c is None or r.rank not in c.entering:
+                    if not ready(r, ev):
+                        return moved
+                    c = enter(r, ev, r.now)
+                    moved = True
+                if c.ends is None:
+                    return moved
+                r.now = float(c.ends[c.members.index(r.rank)])
+            elif kind == "issue":
+                issue = {"id": ev["id"], "calls": ev["calls"], "next": 0, "issued": r.now, "start": None, "end": None,
+                         "occupancy": []}
+                r.issues[ev["id"]] = issue
+                r.open.append(issue)
+                if ev["async"]:
+                    r.in_flight.append(issue)
+                advance_issues(r)
+            elif kind == "wait":
+                issue = r.issues[ev["id"]]
+                if issue["next"] < len(issue["calls"]):
+                    return moved
+                if issue["end"] is not None:
+                    r.now = max(r.now, issue["end"])
+            elif kind == "compute":
+                if any(i["next"] < len(i["calls"]) for i in r.in_flight):
+                    return moved
+                t0, total = r.now, base.cores
+                keep = [i for i in r.in_flight if i["end"] is not None and i["end"] > t0]
+                steps = [occupied(profile_plan(m, plan, members, clocks_in=clocks, ranks=[me])[0], m.path)
+                         for i in keep for m, plan, members, clocks, me in i["occupancy"]]
+                r.in_flight = keep
+                times, busy = combine(steps)
+                r.now = (run_job(ComputeJob(ev["cores"], ev["us"], t0), total, times, busy)[0] if times.size
+                         else t0 + ev["us"])
+            elif kind == "p2p":
+                raise ReplayError(f"replay: rank {r.rank} made a point-to-point call ({ev['op']}); traces with "
+                                  f"send/recv are not replayed yet")
+            else:
+                raise ReplayError(f"replay: rank {r.rank}: unknown event {kind!r}")
+            r.at += 1
+            moved = True
+        return moved
+
+    while True:
+        moved = False
+        for r in ranks:
+            moved |= advance_issues(r)
+            moved |= advance_program(r)
+        for c in calls.values():
+            if c.ends is None and len(c.entering) == len(c.members):
+                time_call(c)
+                timed += 1
+                moved = True
+        if all(r.at == len(r.events) and not r.open for r in ranks):
+            break
+        if not moved:
+            stuck = [(r.rank, r.events[r.at] if r.at < len(r.events) else "open issues") for r in ranks
+                     if r.at < len(r.events) or r.open]
+            raise ReplayError(f"replay: the traces do not complete; ranks stuck at {stuck[:4]}")
+    recorded = [t.get("end_us") for t in traces]
+    return Replay(np.array([r.now for r in ranks]), None if None in recorded else np.array(recorded, dtype=np.float64),
+                  timed)
+
+
+def extrapolate(small: list[dict], large: list[dict], nranks: int) -> list[dict]:
+    """The traces of an ``nranks``-rank job, from traces of the same SPMD program recorded at
+    two smaller rank counts (``small`` at N1, ``large`` at N2 > N1).
+
+    Assumes what weak scaling of a data- and expert-parallel step gives: every rank runs the
+    same events (rank 0's are taken for all), every call is on the world communicator, and
+    each number in an event (bytes of a call, microseconds of a kernel) is a + b x N, fitted
+    through the two recordings (an all_to_all's input grows with N, an all_reduce's does not).
+    Calls timed from traffic matrices (all_to_all_v, stratacl.ep) and jit registration are
+    refused: their matrices and mappings do not follow a line."""
+    n1, n2 = small[0]["world"], large[0]["world"]
+    if not n1 < n2 or nranks < 2:
+        raise ReplayError(f"extrapolate: needs two recordings at N1 < N2, got {n1} and {n2}, and nranks >= 2")
+    a, b = small[0]["events"], large[0]["events"]
+    if len(a) != len(b):
+        raise ReplayError(f"extrapolate: the two recordings differ in shape ({len(a)} and {len(b)} events on rank 0)")
+
+    def line(x1: float, x2: float) -> float:
+        return x1 + (x2 - x1) * (nranks - n1) / (n2 - n1)
+
+    def world_call(r1: dict, r2: dict, where: str) -> dict:
+        for r in (r1, r2):
+            if "phases" in r or r.get("extra") is not None:
+                raise ReplayError(f"extrapolate: {where}: {r['op']} is timed from traffic matrices or paid jit "
+                                  f"mappings; only calls of FabricModel.plan without jit extrapolate")
+            if len(r["members"]) != (n1 if r is r1 else n2):
+                raise ReplayError(f"extrapolate: {where}: {r['op']} is on a sub-communicator; only world calls "
+                                  f"extrapolate")
+        if (r1["op"], r1["algo"], r1["root"], r1["itemsize"]) != (r2["op"], r2["algo"], r2["root"], r2["itemsize"]):
+            raise ReplayError(f"extrapolate: {where}: the recordings call {r1['op']} and {r2['op']}")
+        out = dict(r2, members=list(range(nranks)), extra=None)
+        nbytes = line(r1["nbytes"], r2["nbytes"])
+        out["nbytes"] = int(round(nbytes / r1["itemsize"])) * r1["itemsize"]
+        return out
+
+    events = []
+    for i, (e1, e2) in enumerate(zip(a, b)):
+        where = f"event {i}"
+        if e1["e"] != e2["e"]:
+            raise ReplayError(f"extrapolate: {where} is {e1['e']} at N={n1} and {e2['e']} at N={n2}")
+        if e1["e"] == "call":
+            events.append({"e": "call", **world_call(e1, e2, where)})
+        elif e1["e"] == "issue":
+            if len(e1["calls"]) != len(e2["calls"]):
+                raise ReplayError(f"extrapolate: {where}: the recordings' operation makes different calls")
+            events.append(dict(e2, calls=[world_call(c1, c2, where) for c1, c2 in zip(e1["calls"], e2["calls"])]))
+        elif e1["e"] == "compute":
+            events.append(dict(e2, us=max(0.0, line(e1["us"], e2["us"]))))
+        else:
+            events.append(copy.deepcopy(e2))
+    settings = large[0]["settings"]
+    return [{"format": FORMAT, "rank": r, "world": nranks, "settings": settings, "end_us": None, "events": events}
+            for r in range(nranks)]
