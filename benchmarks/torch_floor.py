@@ -127,7 +127,7 @@ def rank(comm, ops, sizes, iters, rounds, warmup, spin_s):
                     got[r, SIDES.index(s)] = block(calls[s])
             comm.all_reduce(got, "sum")
             results.append((op, sh.size, (got / n).tolist()))
-            del x, out, xa, oa, calls
+            x = out = xa = oa = calls = None      # the HBM blocks go before the next size
     load.append(os.getloadavg()[0])
     dist.destroy_process_group()
     return (results, load) if comm.rank == 0 else None
