@@ -247,8 +247,9 @@ def extrapolate(small: list[dict], large: list[dict], nranks: int) -> list[dict]
     same events (rank 0's are taken for all), every call is on the world communicator, and
     each number in an event (bytes of a call, microseconds of a kernel) is a + b x N, fitted
     through the two recordings (an all_to_all's input grows with N, an all_reduce's does not).
-    Calls timed from traffic matrices (all_to_all_v, stratacl.ep) and jit registration are
-    refused: their matrices and mappings do not follow a line."""
+    The jit mappings a call pays, the same for every member of an SPMD step, follow the same
+    line. Calls timed from traffic matrices (all_to_all_v, stratacl.ep) are refused: their
+    matrices do not follow a line."""
     n1, n2 = small[0]["world"], large[0]["world"]
     if not n1 < n2 or nranks < 2:
         raise ReplayError(f"extrapolate: needs two recordings at N1 < N2, got {n1} and {n2}, and nranks >= 2")
@@ -261,9 +262,9 @@ def extrapolate(small: list[dict], large: list[dict], nranks: int) -> list[dict]
 
     def world_call(r1: dict, r2: dict, where: str) -> dict:
         for r in (r1, r2):
-            if "phases" in r or r.get("extra") is not None:
-                raise ReplayError(f"extrapolate: {where}: {r['op']} is timed from traffic matrices or paid jit "
-                                  f"mappings; only calls of FabricModel.plan without jit extrapolate")
+            if "phases" in r:
+                raise ReplayError(f"extrapolate: {where}: {r['op']} is timed from traffic matrices; only calls of "
+                                  f"FabricModel.plan extrapolate")
             if len(r["members"]) != (n1 if r is r1 else n2):
                 raise ReplayError(f"extrapolate: {where}: {r['op']} is on a sub-communicator; only world calls "
                                   f"extrapolate")
@@ -272,6 +273,14 @@ def extrapolate(small: list[dict], large: list[dict], nranks: int) -> list[dict]
         out = dict(r2, members=list(range(nranks)), extra=None)
         nbytes = line(r1["nbytes"], r2["nbytes"])
         out["nbytes"] = int(round(nbytes / r1["itemsize"])) * r1["itemsize"]
+        extras = [r.get("extra") for r in (r1, r2)]
+        if extras != [None, None]:
+            # jit mappings: every member maps its N - 1 peers alike in an SPMD step, so the cost,
+            # the same for every member, follows N as the mappings' count does
+            if None in extras or any(len(set(e)) != 1 for e in extras):
+                raise ReplayError(f"extrapolate: {where}: {r1['op']}'s jit mappings differ between members or "
+                                  f"recordings; they do not extrapolate")
+            out["extra"] = [max(0.0, line(extras[0][0], extras[1][0]))] * nranks
         return out
 
     events = []

@@ -1,0 +1,135 @@
+"""End-to-end workloads under the paper's configurations, at host scale and at the paper's scale.
+
+    python benchmarks/e2e.py [--workloads dlrm] [--configs all] [--ranks 8] [--scale 128]
+                             [--scale-from 4,8] [--steps 3] [--json FILE] [-- workload arguments]
+
+For every workload (a program under examples/) and configuration (one launcher switch each,
+as the paper's baselines and ablation, CONFIGS below) it runs the program under
+``stratacl-launch -n RANKS --clock virtual`` and takes the modeled time of its last step (the
+first steps pay one-time costs: jit registration of the buffers, the plans' first use). With
+``--scale N`` it also records the program with ``--trace`` at the two rank counts of
+``--scale-from``, once with one step and once with two, extrapolates each pair to N ranks
+(``stratacl.ub.extrapolate``: every number of an SPMD step follows a + b x ranks) and replays
+them through the fabric model (``stratacl.ub.replay``): the step at N ranks is the difference.
+No ranks run at N. Rows (``--json``): {"workload", "config", "ranks", "scale", "modeled_step_us",
+"throughput", "p99_ttft_us", "p99_tpot_us", "batch"}, null where a field does not apply;
+"scale" is "host" (a real run) or "replay" (extrapolated).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# the paper's baselines and ablation (section 9, Fig. 13a), each one launcher switch away from
+# the previous: HCCL copies through its buffers; +JIT registers user buffers at first use;
+# RoA registers on allocation (naive core partitioning, cores move the bytes); +Part. balances
+# the cores (LPT); +SDMA hands the copies to the engine (StrataCL). HCCL-zerocopy: everything
+# pre-registered in one pool, on the non-expandable allocator, operators as RoA's.
+CONFIGS = {
+    "staged": ["--registration", "staged", "--partition", "naive", "--path", "mte"],
+    "jit": ["--registration", "jit", "--partition", "naive", "--path", "mte"],
+    "roa": ["--registration", "roa", "--partition", "naive", "--path", "mte"],
+    "balanced": ["--registration", "roa", "--partition", "balanced", "--path", "mte"],
+    "sdma": ["--registration", "roa", "--partition", "balanced", "--path", "sdma"],
+    "pool": ["--registration", "pool", "--partition", "naive", "--path", "mte"],
+}
+
+# workload -> (program, its arguments for sweeps, what its last step's line looks like)
+WORKLOADS = {
+    "dlrm": ("examples/dlrm.py", ["--no-check"],
+             re.compile(r"^step (\d+): loss [\d.]+\s+modeled ([\d.]+) us \(slowest rank\)$", re.M)),
+}
+
+
+def _launch(program: str, n: int, config: str, steps: int, extra: list[str], trace: str | None = None) -> str:
+    cmd = [sys.executable, "-m", "stratacl_launcher", "-n", str(n), "--clock", "virtual", "--timeout", "300",
+           *CONFIGS[config], *(["--trace", trace] if trace else []), os.path.join(ROOT, program),
+           "--steps", str(steps), *extra]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+    if proc.returncode != 0:
+        raise SystemExit(f"e2e: {' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return proc.stdout
+
+
+def _last_step(stdout: str, pattern: re.Pattern) -> float:
+    steps = pattern.findall(stdout)
+    if not steps:
+        raise SystemExit(f"e2e: no step lines in the output:\n{stdout[-2000:]}")
+    return float(steps[-1][1])
+
+
+def _batch(extra: list[str]) -> int:
+    return int(extra[extra.index("--batch") + 1]) if "--batch" in extra else 16
+
+
+def _row(workload: str, config: str, ranks: int, scale: str, step_us: float, extra: list[str]) -> dict:
+    batch = _batch(extra)
+    return {"workload": workload, "config": config, "ranks": ranks, "scale": scale, "modeled_step_us": step_us,
+            "throughput": ranks * batch / (step_us * 1e-6), "p99_ttft_us": None, "p99_tpot_us": None,
+            "batch": batch}
+
+
+def _at_scale(workload: str, config: str, n: int, sizes: tuple[int, int], extra: list[str]) -> float:
+    from stratacl import ub
+
+    program = WORKLOADS[workload][0]
+    times = []
+    with tempfile.TemporaryDirectory(prefix="stratacl-e2e-") as tmp:
+        for steps in (1, 2):
+            recorded = []
+            for size in sizes:
+                d = os.path.join(tmp, f"{steps}-{size}")
+                _launch(program, size, config, steps, extra, trace=d)
+                recorded.append(ub.load_traces(d))
+            times.append(ub.replay(ub.extrapolate(recorded[0], recorded[1], n)).time_us)
+    return times[1] - times[0]
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    extra = argv[argv.index("--") + 1:] if "--" in argv else []
+    argv = argv[:argv.index("--")] if "--" in argv else argv
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--workloads", default="dlrm")
+    p.add_argument("--configs", default="all", help=f"comma-separated, or all ({', '.join(CONFIGS)})")
+    p.add_argument("--ranks", default="8", help="comma-separated rank counts run on the host")
+    p.add_argument("--scale", type=int, default=0, help="also replay at this many ranks (0: no)")
+    p.add_argument("--scale-from", default="4,8", help="the two rank counts recorded for --scale")
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--json", default=None)
+    a = p.parse_args(argv)
+    configs = list(CONFIGS) if a.configs == "all" else a.configs.split(",")
+    sizes = tuple(int(x) for x in a.scale_from.split(","))
+    rows = []
+    print(f"{'workload':<10}{'config':<10}{'ranks':>6}  {'scale':<7}{'modeled step (us)':>18}{'throughput (/s)':>17}")
+    for workload in a.workloads.split(","):
+        program, fixed, pattern = WORKLOADS[workload]
+        args = fixed + extra
+        for config in configs:
+            found = []
+            for n in (int(x) for x in a.ranks.split(",")):
+                found.append(_row(workload, config, n, "host",
+                                  _last_step(_launch(program, n, config, a.steps, args), pattern), args))
+            if a.scale:
+                found.append(_row(workload, config, a.scale, "replay", _at_scale(workload, config, a.scale, sizes,
+                                                                                 args), args))
+            for r in found:
+                print(f"{r['workload']:<10}{r['config']:<10}{r['ranks']:>6}  {r['scale']:<7}"
+                      f"{r['modeled_step_us']:>18.2f}{r['throughput']:>17.4g}", flush=True)
+            rows += found
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"command": " ".join(["python", "benchmarks/e2e.py", *sys.argv[1:]]), "rows": rows}, f,
+                      indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
