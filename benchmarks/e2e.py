@@ -2,6 +2,7 @@
 
     python benchmarks/e2e.py [--workloads dlrm] [--configs all] [--ranks 8] [--scale 128]
                              [--scale-from 4,8] [--steps 3] [--json FILE] [-- workload arguments]
+    python benchmarks/e2e.py --gaps [--workloads dlrm] [--ranks 8] [--json FILE]
 
 For every workload (a program under examples/) and configuration (one launcher switch each,
 as the paper's baselines and ablation, CONFIGS below) it runs the program under
@@ -13,7 +14,8 @@ first steps pay one-time costs: jit registration of the buffers, the plans' firs
 them through the fabric model (``stratacl.ub.replay``): the step at N ranks is the difference.
 No ranks run at N. Rows (``--json``): {"workload", "config", "ranks", "scale", "modeled_step_us",
 "throughput", "p99_ttft_us", "p99_tpot_us", "batch"}, null where a field does not apply;
-"scale" is "host" (a real run) or "replay" (extrapolated).
+"scale" is "host" (a real run) or "replay" (extrapolated). ``--gaps``: the distribution of
+every call's allocation-to-communication gap in one run (StrataCL's configuration).
 """
 from __future__ import annotations
 
@@ -92,6 +94,23 @@ def _at_scale(workload: str, config: str, n: int, sizes: tuple[int, int], extra:
     return times[1] - times[0]
 
 
+def _gaps(workload: str, n: int, steps: int, extra: list[str]) -> list[float]:
+    """Every call's allocation-to-communication gap (wall seconds, runtime/_trace.py) in a run
+    of ``workload`` at ``n`` ranks, registration on allocation."""
+    from stratacl import ub
+
+    with tempfile.TemporaryDirectory(prefix="stratacl-e2e-") as tmp:
+        _launch(WORKLOADS[workload][0], n, "sdma", steps, extra, trace=tmp)
+        traces = ub.load_traces(tmp)
+    gaps = []
+    for t in traces:
+        for e in t["events"]:
+            for c in ([e] if e["e"] == "call" else e.get("calls", [])):
+                if c.get("gap_s") is not None:
+                    gaps.append(c["gap_s"])
+    return gaps
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
@@ -104,7 +123,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--scale-from", default="4,8", help="the two rank counts recorded for --scale")
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--json", default=None)
+    p.add_argument("--gaps", action="store_true",
+                   help="instead: the allocation-to-communication gap of every call (paper Fig. 15a)")
     a = p.parse_args(argv)
+    if a.gaps:
+        import numpy as np
+        print(f"{'workload':<10}{'ranks':>6}{'calls':>7}   allocation -> call, wall s: min / p10 / p50 / p90 / max")
+        found = {}
+        for workload in a.workloads.split(","):
+            for n in (int(x) for x in a.ranks.split(",")):
+                g = np.array(_gaps(workload, n, a.steps, WORKLOADS[workload][1] + extra))
+                q = np.percentile(g, [0, 10, 50, 90, 100])
+                print(f"{workload:<10}{n:>6}{g.size:>7}   " + " / ".join(f"{v:.3f}" for v in q))
+                found[f"{workload}-{n}"] = g.tolist()
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump({"command": " ".join(["python", "benchmarks/e2e.py", *sys.argv[1:]]), "gaps_s": found}, f)
+        return 0
+    from stratacl import ub
+
     configs = list(CONFIGS) if a.configs == "all" else a.configs.split(",")
     sizes = tuple(int(x) for x in a.scale_from.split(","))
     rows = []
@@ -118,8 +155,11 @@ def main(argv: list[str] | None = None) -> int:
                 found.append(_row(workload, config, n, "host",
                                   _last_step(_launch(program, n, config, a.steps, args), pattern), args))
             if a.scale:
-                found.append(_row(workload, config, a.scale, "replay", _at_scale(workload, config, a.scale, sizes,
-                                                                                 args), args))
+                try:
+                    found.append(_row(workload, config, a.scale, "replay",
+                                      _at_scale(workload, config, a.scale, sizes, args), args))
+                except ub.ReplayError as e:
+                    print(f"{workload:<10}{config:<10}{a.scale:>6}  replay: not extrapolated: {e}", flush=True)
             for r in found:
                 print(f"{r['workload']:<10}{r['config']:<10}{r['ranks']:>6}  {r['scale']:<7}"
                       f"{r['modeled_step_us']:>18.2f}{r['throughput']:>17.4g}", flush=True)

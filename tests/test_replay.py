@@ -95,3 +95,20 @@ def test_what_does_not_replay_says_why(tmp_path):
         ub.load_traces(str(tmp_path / "nothing"))
     with pytest.raises(stratacl.ConfigError, match="needs --clock virtual"):
         stratacl.spawn(with_sendrecv, 2, trace=str(tmp_path / "off"), timeout=60)
+
+
+def gap_program(comm) -> None:
+    import time
+
+    x = stratacl.zeros((1 << 16,), np.float32)       # its HBM is mapped here
+    time.sleep(0.2)                                   # the program does something else meanwhile
+    comm.all_reduce(x)
+    comm.all_reduce(x)
+
+
+def test_every_call_records_its_allocation_to_communication_gap(tmp_path):
+    traces, _ = _record(tmp_path, gap_program, 2)
+    for t in traces:
+        reduces = [e for e in t["events"] if e["e"] == "call" and e["op"] == "all_reduce"]
+        assert len(reduces) == 2, t["events"]
+        assert 0.2 <= reduces[0]["gap_s"] <= reduces[1]["gap_s"] < 60, reduces

@@ -30,6 +30,7 @@ the compute job gets what is left (``ub._compute``: "comm first").
 from __future__ import annotations
 
 import contextlib
+import time
 
 import numpy as np
 
@@ -154,7 +155,7 @@ class Modeling:
         model = self._rt.model_for(path)
         if self._rt.trace is not None:
             self._record(dict(op=op, algo=algo, nbytes=int(nbytes), root=int(root), itemsize=int(itemsize)), path,
-                         extra)
+                         extra, descs)
         self._timed(op, model, model.plan(op, algo, tuple(self._members), nbytes, root, itemsize), entering, extra)
 
     def tick_exchange(self, op: str, descs: np.ndarray, phases: list, staging, path: str) -> None:
@@ -174,14 +175,18 @@ class Modeling:
         if self._rt.trace is not None:
             self._record(dict(op=op, phases=[(np.asarray(b, dtype=np.int64), int(k)) for b, k in phases],
                               staging=None if staging is None else [np.asarray(a, dtype=np.int64) for a in staging]),
-                         path, extra)
+                         path, extra, descs)
         self._timed(op, model, model.plan_exchange(tuple(self._members), phases, staging), entering, extra)
 
-    def _record(self, inputs: dict, path: str, extra) -> None:
-        """A call's model inputs, into the rank's trace (runtime/_trace.py)."""
+    def _record(self, inputs: dict, path: str, extra, descs: np.ndarray) -> None:
+        """A call's model inputs, into the rank's trace (runtime/_trace.py), with the wall
+        seconds since this rank's input was physically allocated (None: not in HBM)."""
         self._calls += 1
+        own = descs[self._rank]
+        born = self._rt.reg.allocated_at(int(own[F_SEG_VA]), int(own[F_SEG_SIZE])) if own[F_SEG_VA] else None
         self._rt.trace.call(self._running, dict(comm=self.key, members=self._members, k=self._calls, path=path,
-                                                extra=None if extra is None else np.asarray(extra), **inputs))
+                                                extra=None if extra is None else np.asarray(extra),
+                                                gap_s=None if born is None else time.monotonic() - born, **inputs))
 
     def _timed(self, op: str, model, plan: list, entering: np.ndarray, extra) -> None:
         """This member's end of a call whose timed ``plan`` every member entered at ``entering``

@@ -19,7 +19,9 @@ communicator (``comm``: the offset of its barrier counter, the same on every mem
 ``members``' world ranks; ``k``: the call's number on it at this rank), and either
 ``op, algo, nbytes, root, itemsize`` (``FabricModel.plan``) or the traffic ``phases`` and
 ``staging`` (``plan_exchange``), the data ``path``, and ``extra``: the jit mappings each
-member paid in it. Entering times are not recorded: the replay derives them, as the ranks
+member paid in it. ``gap_s``: wall seconds from the physical allocation of this rank's input
+(the HBM under it: its segment, or its latest chunk) to the call, the paper's
+allocation-to-communication gap (None: an input outside HBM). Entering times are not recorded: the replay derives them, as the ranks
 did, from program order and the other members' calls.
 """
 from __future__ import annotations

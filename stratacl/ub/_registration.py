@@ -112,6 +112,7 @@ class RegistrationUnit:
         self.mailbox = mailbox
         self.cond = threading.Condition()
         self._mapped: list[dict[int, tuple[int, int]]] = [dict() for _ in range(world)]  # owner -> va -> (epoch, size)
+        self._mapped_at: dict[int, float] = {}     # own segment (chunk) va -> when last mapped (allocated_at)
         # chunk mode: (va, epoch) of runs found wholly mapped here, per owner (cleared on its releases)
         self._runs_ready: list[set] = [set() for _ in range(world)]
         self._tables: list[np.ndarray] = []       # chunk mode: every rank's chunk table
@@ -160,6 +161,7 @@ class RegistrationUnit:
     def map_pools(self, pool_bytes: int) -> None:
         """``pool`` mode: every peer's whole pre-registered region, mapped once at start-up."""
         self.pool_bytes = pool_bytes
+        self._pool_mapped_at = time.monotonic()
         for owner in range(self.world):
             self.window.map(self.window.slice_start(owner), pool_bytes, self.hbm_fds[owner], 0)
         self._count_owned(pool_bytes, 1)
@@ -178,7 +180,19 @@ class RegistrationUnit:
             o["deregistered_bytes_total"] -= nbytes
 
     # --- interception layer (called by the allocator, on physical events only) --------------
+    def allocated_at(self, va: int, size: int) -> float | None:
+        """When the physical memory under this rank's segment [va, va + size) was last mapped
+        (``time.monotonic()``; the latest of its chunks'): the start of the allocation-to-
+        communication gap (paper section 9.4). ``pool``: when the pool was mapped. None: unknown."""
+        if self.mode == "pool":
+            return getattr(self, "_pool_mapped_at", None)
+        if self.chunk:
+            times = [self._mapped_at[c] for c in range(va, va + max(size, 1), self.chunk) if c in self._mapped_at]
+            return max(times) if times else None
+        return self._mapped_at.get(va)
+
     def segment_mapped(self, seg) -> None:
+        self._mapped_at[seg.va] = time.monotonic()
         if self.mode == "pool":
             return                       # inside the pre-registered pool: not a registration
         self._count_owned(seg.size, 1)
