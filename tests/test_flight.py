@@ -16,16 +16,17 @@ from launch_helpers import launch, script
 pytestmark = pytest.mark.timeout(120)
 
 
-def _flight_block(run) -> str:
+def _flight_block(case: str, timeout: str = "3") -> str:
+    """The launcher's flight-recorder block for flight_cases.py CASE at N = 4 (the job fails)."""
+    run = launch("-n", "4", "--timeout", timeout, "--grace", "1", script("flight_cases.py"), case, timeout=90)
+    assert run.returncode == 1, run.explain()
     err = run.stderr
     assert "Flight recorder (each rank's newest call):" in err, run.explain()
     return err[err.index("Flight recorder"):]
 
 
 def test_a_rank_in_a_different_collective_is_named():
-    run = launch("-n", "4", "--timeout", "30", "--grace", "1", script("flight_cases.py"), "mismatch", timeout=90)
-    assert run.returncode == 1, run.explain()
-    block = _flight_block(run)
+    block = _flight_block("mismatch", "30")
     assert re.search(r"^  rank 2: broadcast \(call #(\d+) on a communicator of 4, 1024 elements, root 0\): arrived ",
                      block, re.M), block
     call = re.search(r"^  rank 0: all_reduce \(call #(\d+) on a communicator of 4", block, re.M).group(1)
@@ -34,9 +35,7 @@ def test_a_rank_in_a_different_collective_is_named():
 
 
 def test_a_rank_that_never_arrived_is_named_with_what_it_did_last():
-    run = launch("-n", "4", "--timeout", "3", "--grace", "1", script("flight_cases.py"), "absent", timeout=90)
-    assert run.returncode == 1, run.explain()
-    block = _flight_block(run)
+    block = _flight_block("absent")
     for r in (0, 2, 3):
         assert re.search(rf"^  rank {r}: all_gather \(call #\d+ on a communicator of 4, 1024 elements\): entered ",
                          block, re.M), block
@@ -48,9 +47,7 @@ def test_a_rank_that_never_arrived_is_named_with_what_it_did_last():
 
 
 def test_a_rank_waiting_on_another_communicator_is_named_there():
-    run = launch("-n", "4", "--timeout", "3", "--grace", "1", script("flight_cases.py"), "elsewhere", timeout=90)
-    assert run.returncode == 1, run.explain()
-    block = _flight_block(run)
+    block = _flight_block("elsewhere")
     assert re.search(r"^  rank 1: barrier \(call #1 on a communicator of 2 \[1, 3\], 0 elements\): entered ",
                      block, re.M), block
     assert re.search(r"^  - rank 1 never entered all_gather, call #\d+ on the communicator of 4 ranks \(world\): "
@@ -61,9 +58,7 @@ def test_a_rank_waiting_on_another_communicator_is_named_there():
 
 
 def test_a_rank_waiting_on_its_peer_in_a_recv_is_named_with_what_the_peer_does():
-    run = launch("-n", "4", "--timeout", "3", "--grace", "1", script("flight_cases.py"), "p2p", timeout=90)
-    assert run.returncode == 1, run.explain()
-    block = _flight_block(run)
+    block = _flight_block("p2p")
     assert re.search(r"^  rank 0: recv from rank 3 #1 \(1024 elements\): entered ", block, re.M), block
     assert re.search(r"^  rank 3: split \(call #\d+ on a communicator of 4, \d+ elements\): (arrived|departed) ",
                      block, re.M), block
