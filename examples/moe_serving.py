@@ -1,0 +1,440 @@
+"""A DeepSeek-like MoE model served on the emulated supernode: continuous batching, prefill and
+decode steps, two-micro-batch overlap (TBO), expert parallelism through ``stratacl.ep``.
+
+    stratacl-launch -n 8 --clock virtual examples/moe_serving.py [--rate 2000] [--requests 32]
+
+The deployment is the paper's serving stack scaled down (SGLang, DeepSeek V4 Flash; paper §8.1,
+"Workloads"): attention data-parallel (rank r serves requests r, r + N, r + 2N, ... as SGLang's
+DP controller deals them round robin) and the MoE layers expert-parallel over all N ranks
+(experts [r*L, (r+1)*L) on rank r). One instance here runs both phases (SGLang without
+prefill/decode disaggregation; the paper's is disaggregated, see docs/end-to-end.md).
+
+    requests: seeded Poisson arrivals (modeled time); input and output lengths lognormal with
+        means in the Splitwise conversation trace's 8:1 ratio
+    every iteration, all ranks agree on the time (all_reduce MAX of their modeled clocks) and
+        so, from the same seeded stream, on who is in the batch: a prefill step if any rank can
+        admit a waiting request (up to --max-batch running per rank and --prefill-tokens per
+        step), else a decode step of every running request's next token
+    a step: per layer, token mixing (a causal running mean, standing in for attention and
+        charged as the attention it stands for), a top-k gate, dispatch, experts, combine
+        (prefill: high-throughput ``dispatch``/``combine``; decode: ``low_latency_*``), a
+        residual add; then the output head picks each request's next token (argmax)
+    TBO: each rank's requests split into micro-batches A and B; A's dispatch and combine run
+        asynchronously (``async_op=True``) while B's attention or experts run, and vice versa
+
+Under ``--clock virtual`` every kernel is charged its roofline time on the die
+(``Topology.kernel_us``, float32 at these dimensions) through ``charge_compute``, which shares
+the die's cores with the dispatches and combines in flight: MTE copies hold their cores for
+the whole call, SDMA only for posting. Under ``--registration pool`` a rank admits fewer
+requests at once: the pre-registered pool's caching allocator fits 359 of the 394 requests
+the expandable allocator fits (docs/memory.md, docs/fragmentation-2026-12-02.json).
+
+Then every rank computes all the iterations alone, in this process (every rank's micro-batches,
+the rows each expert received in the order the dispatch documents, the combine's sums in its
+documented order) and compares bit for bit: the tokens its requests generated and their states.
+Rank 0 prints the metrics, from the agreed times: throughput (generated tokens per second),
+normalized latency (mean of end-to-end latency / generated tokens), P99 time to first token,
+P99 time per output token.
+"""
+import argparse
+import collections
+import math
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+import stratacl
+import stratacl.torch
+from stratacl import ep
+
+p = argparse.ArgumentParser()
+p.add_argument("--rate", type=float, default=2000.0, help="request arrivals per second of modeled time (0: all at once)")
+p.add_argument("--requests", type=int, default=32)
+p.add_argument("--seed", type=int, default=1)
+p.add_argument("--mean-input", type=float, default=64.0, help="mean prompt length (tokens)")
+p.add_argument("--ratio", type=float, default=8.0, help="mean input / mean output length (Splitwise conversation: ~8)")
+p.add_argument("--max-batch", type=int, default=16, help="running requests per rank (before the pool's tax)")
+p.add_argument("--prefill-tokens", type=int, default=256, help="prompt tokens per rank per prefill step")
+p.add_argument("--layers", type=int, default=4)
+p.add_argument("--hidden", type=int, default=512)
+p.add_argument("--ffn", type=int, default=128, help="each expert's intermediate size")
+p.add_argument("--experts-per-rank", type=int, default=4)
+p.add_argument("--topk", type=int, default=8)
+p.add_argument("--vocab", type=int, default=1024)
+args = p.parse_args()
+
+torch.set_num_threads(1)              # the same kernels, so the same bits, in the check below
+dist.init_process_group("stratacl")
+comm = stratacl.init()                # the world group's communicator (stratacl/torch/_groups.py)
+n, me = comm.size, comm.rank
+NL, H, F, V = args.layers, args.hidden, args.ffn, args.vocab
+LX = args.experts_per_rank
+E = LX * n
+K = min(args.topk, E)
+topo, modeled = comm.topology, stratacl.config.clock != "off"
+# the pool's tax on the batch: docs/fragmentation-2026-12-02.json, serving, largest batch 359
+# (caching allocator, registration pool) against 394 (expandable, roa)
+POOL_FITS = 359 / 394
+MAX_BATCH = args.max_batch if stratacl.config.registration != "pool" else max(2, int(args.max_batch * POOL_FITS))
+LL_CAP = (MAX_BATCH + 1) // 2         # low-latency buffers: tokens per rank per micro-batch
+
+
+def charge(flops: float, nbytes: float) -> None:
+    """A kernel's roofline time on the modeled clock (nothing without one)."""
+    if modeled and (flops or nbytes):
+        comm.charge_compute(topo.kernel_us(flops, nbytes))
+
+
+# --- the request stream (the same on every rank) -------------------------------------------
+def lognormal(rng, mean: float, sigma: float, size: int) -> np.ndarray:
+    return rng.lognormal(math.log(mean) - sigma * sigma / 2, sigma, size)
+
+
+rng = np.random.default_rng(args.seed)
+R = args.requests
+gaps = rng.exponential(1.0 / args.rate, R) if args.rate > 0 else np.zeros(R)
+ARRIVAL = np.cumsum(gaps) - gaps[0]                        # seconds; the first request at 0
+# lognormal: positive and right-skewed, as request lengths are; sigma 0.6 is this example's
+# choice, the means are the Splitwise conversation trace's ratio (input:output ~8:1)
+IN_LEN = np.clip(np.rint(lognormal(rng, args.mean_input, 0.6, R)), 2, 4 * args.mean_input).astype(int)
+OUT_LEN = np.clip(np.rint(lognormal(rng, args.mean_input / args.ratio, 0.6, R)), 1,
+                  4 * args.mean_input / args.ratio).astype(int)
+OWNER = np.arange(R) % n
+
+
+def prompt(q: int) -> torch.Tensor:
+    return torch.from_numpy(np.random.default_rng([5, q]).integers(0, V, IN_LEN[q]))
+
+
+# --- the model (the same weights on every rank, seeded) --------------------------------------
+g = torch.Generator().manual_seed(7)
+EMBED = torch.randn(V, H, generator=g)
+GATE = [torch.randn(H, E, generator=g) / math.sqrt(H) for _ in range(NL)]
+HEAD = torch.randn(H, V, generator=g) / math.sqrt(H)
+_experts: dict = {}
+
+
+def expert_weights(layer: int, e: int):
+    if (layer, e) not in _experts:
+        ge = torch.Generator().manual_seed(1000 * layer + e + 17)
+        _experts[layer, e] = (torch.randn(H, F, generator=ge) / math.sqrt(H),
+                              torch.randn(F, H, generator=ge) / math.sqrt(F))
+    return _experts[layer, e]
+
+
+def mlp(layer: int, e: int, rows: torch.Tensor) -> torch.Tensor:
+    w1, w2 = expert_weights(layer, e)
+    return torch.relu(rows @ w1) @ w2
+
+
+class States:
+    """Every request's token-mixing state: per layer the running sum of its inputs, and the
+    tokens it has seen (the KV cache's stand-in)."""
+
+    def __init__(self):
+        self.sums, self.seen, self.tokens = {}, collections.Counter(), collections.defaultdict(list)
+
+    def attend(self, layer: int, reqs: list, lens: list, x: torch.Tensor, prefill: bool) -> torch.Tensor:
+        """x [tokens, H] -> x plus the running mean of each request's inputs so far."""
+        if prefill:
+            out, at = [], 0
+            for q, t in zip(reqs, lens):
+                s = torch.cumsum(x[at:at + t], 0)
+                self.sums.setdefault(q, torch.zeros(NL, H))[layer] = s[-1]
+                out.append(x[at:at + t] + s / torch.arange(1, t + 1, dtype=torch.float32)[:, None])
+                at += t
+            return torch.cat(out) if out else x.clone()
+        if not reqs:
+            return x.clone()
+        s = torch.stack([self.sums[q][layer] for q in reqs]) + x
+        for i, q in enumerate(reqs):
+            self.sums[q][layer] = s[i]
+        seen = torch.tensor([self.seen[q] + 1 for q in reqs], dtype=torch.float32)[:, None]
+        return x + s / seen
+
+
+def attention_cost(lens: list, prefill: bool, ctx: list) -> tuple:
+    """FLOPs and HBM bytes of the causal attention the token mixing stands for (float32 K and V
+    of H each per token): a prompt of t attends t(t+1)/2 pairs; a decode token its context."""
+    if prefill:
+        pairs = sum(t * (t + 1) / 2 for t in lens)
+        return 4 * H * pairs, 4 * H * (4 * sum(lens))          # read q, write k, v, out
+    return 4 * H * sum(ctx), 4 * H * (2 * sum(ctx) + 2 * len(ctx))
+
+
+def gate(layer: int, a: torch.Tensor):
+    """Top-k experts of each row (int64) and their softmax weights (float32)."""
+    top, idx = torch.topk(a @ GATE[layer], K, dim=1)
+    return idx, torch.softmax(top, dim=1)
+
+
+def experts_ht(layer: int, d: int, recv_x: torch.Tensor, recv_idx: torch.Tensor, recv_w: torch.Tensor):
+    """Rank d's experts on the rows a high-throughput dispatch delivered: each row's outputs
+    of its local experts, weighted, added expert by expert."""
+    y = torch.zeros_like(recv_x)
+    for e in range(LX):
+        rows, ks = torch.nonzero(recv_idx == e, as_tuple=True)
+        if rows.numel():
+            y[rows] += recv_w[rows, ks][:, None] * mlp(layer, d * LX + e, recv_x[rows])
+    return y
+
+
+def experts_cost(counts) -> tuple:
+    """Expert MLPs on ``counts`` rows each: FLOPs and bytes (weights read once per expert used)."""
+    m = sum(counts)
+    used = sum(1 for c in counts if c)
+    return 4 * m * H * F, 4 * (2 * H * F * used + m * (2 * H + F))
+
+
+# --- the schedule (identical on every rank: it depends only on the agreed times) -----------
+def agreed_now() -> float:
+    t = torch.tensor([comm.clock() if modeled else time.time() - WALL0], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()
+
+
+WALL0 = 0.0
+if not modeled:
+    w = torch.tensor([time.time()], dtype=torch.float64)
+    dist.all_reduce(w, op=dist.ReduceOp.MAX)
+    WALL0 = w.item()
+
+# one buffer per micro-batch, each with its own dispatch/combine pair in flight
+BUFS = [ep.Buffer(comm, E), ep.Buffer(comm, E)]
+
+
+def split(reqs: list) -> list:
+    half = (len(reqs) + 1) // 2
+    return [reqs[:half], reqs[half:]]
+
+
+def hbm(t: torch.Tensor) -> torch.Tensor:
+    """``t`` copied into this rank's HBM (peers pull from it in place)."""
+    out = stratacl.torch.empty(t.shape, dtype=t.dtype)
+    out.copy_(t)
+    return out
+
+
+def step(states: States, kind: str, reqs: list) -> None:
+    """One iteration on this rank: its requests ``reqs`` (maybe none) in two micro-batches."""
+    prefill = kind == "prefill"
+    mbs = split(reqs)
+    lens = [[int(IN_LEN[q]) if prefill else 1 for q in mb] for mb in mbs]
+    x = [torch.cat([prompt(q) for q in mb]) if prefill and mb else
+         torch.tensor([states.tokens[q][-1] for q in mb], dtype=torch.int64) if mb else
+         torch.zeros(0, dtype=torch.int64) for mb in mbs]
+    x = [EMBED[t] for t in x]
+    a, pending, disp = [None, None], [None, None], [None, None]
+    route = [None, None]
+    for layer in range(NL):
+        for m in range(2):
+            if pending[m] is not None:          # the previous layer's combine of this micro-batch
+                x[m] = a[m] + combined(pending[m], prefill)
+            ctx = [states.seen[q] + 1 for q in mbs[m]]
+            a[m] = states.attend(layer, mbs[m], lens[m], x[m], prefill)
+            idx, w = gate(layer, a[m])
+            charge(*attention_cost(lens[m], prefill, ctx))
+            charge(2 * a[m].shape[0] * H * E, 4 * (a[m].shape[0] * (H + E) + H * E))
+            rows = hbm(a[m])
+            route[m] = (rows, idx.numpy().copy(), w.numpy().copy())
+            if prefill:
+                disp[m] = BUFS[m].dispatch(rows.numpy(), route[m][1], route[m][2], async_op=True)
+            else:
+                disp[m] = BUFS[m].low_latency_dispatch(rows.numpy(), route[m][1], LL_CAP, async_op=True)
+        for m in range(2):
+            got = disp[m].result()
+            if prefill:
+                recv_x, recv_idx, recv_w, per_expert, handle = got
+                y = stratacl.torch.empty((recv_x.shape[0], H))
+                y.copy_(experts_ht(layer, me, torch.from_numpy(recv_x), torch.from_numpy(recv_idx),
+                                   torch.from_numpy(recv_w)))
+                charge(*experts_cost(per_expert.tolist()))
+                pending[m] = BUFS[m].combine(y.numpy(), handle, async_op=True)
+            else:
+                recv_x, count, handle = got
+                y = stratacl.torch.zeros((LX, n * LL_CAP, H))
+                for e in range(LX):
+                    c = int(count[e])
+                    if c:
+                        y[e, :c] = mlp(layer, me * LX + e, torch.from_numpy(recv_x[e, :c]))
+                charge(*experts_cost(count.tolist()))
+                pending[m] = BUFS[m].low_latency_combine(y.numpy(), route[m][1], route[m][2], handle,
+                                                         async_op=True)
+    for m in range(2):
+        x[m] = a[m] + combined(pending[m], prefill)
+        finish_tokens(states, mbs[m], lens[m], x[m])
+
+
+def combined(work, prefill: bool) -> torch.Tensor:
+    out = work.result()
+    return torch.from_numpy(np.array(out[0] if prefill else out))
+
+
+def finish_tokens(states: States, mb: list, lens: list, x: torch.Tensor, timed: bool = True) -> None:
+    """The output head on each request's last row: its next token (argmax)."""
+    if not mb:
+        return
+    last = torch.tensor(np.cumsum(lens) - 1)
+    logits = x[last] @ HEAD
+    if timed:
+        charge(2 * len(mb) * H * V, 4 * (H * V + len(mb) * (H + V)))
+    for q, tok, t in zip(mb, torch.argmax(logits, dim=1).tolist(), lens):
+        states.tokens[q].append(tok)
+        states.seen[q] += t
+
+
+def schedule_and_run(states: States) -> tuple:
+    """Serve every request; returns the log [(kind, per-rank request lists)] and, per request,
+    its first-token and finish times (seconds, agreed)."""
+    waiting = [collections.deque() for _ in range(n)]
+    running = [[] for _ in range(n)]
+    arrived, done = 0, 0
+    first, finish = np.zeros(R), np.zeros(R)
+    generated = np.zeros(R, dtype=int)
+    log, last = [], None
+    now = agreed_now()
+    while True:
+        if last is not None:                   # the previous iteration ended at `now`
+            kind, per_rank = last
+            for r in range(n):
+                for q in per_rank[r]:
+                    generated[q] += 1
+                    if kind == "prefill":
+                        first[q] = now
+                        running[r].append(q)
+                    if generated[q] == OUT_LEN[q]:
+                        finish[q] = now
+                        running[r].remove(q)
+                        done += 1
+        if done == R:
+            return log, first, finish
+        while arrived < R and ARRIVAL[arrived] <= now:
+            waiting[OWNER[arrived]].append(arrived)
+            arrived += 1
+        admit = [[] for _ in range(n)]
+        for r in range(n):
+            budget = args.prefill_tokens
+            while (waiting[r] and len(running[r]) + len(admit[r]) < MAX_BATCH
+                   and (not admit[r] or IN_LEN[waiting[r][0]] <= budget)):
+                budget -= IN_LEN[waiting[r][0]]
+                admit[r].append(waiting[r].popleft())
+        if any(admit):
+            last = ("prefill", admit)
+        elif any(running):
+            last = ("decode", [list(x) for x in running])
+        else:                                  # nothing to do until the next arrival
+            if modeled:
+                comm.charge_compute(max(0.0, ARRIVAL[arrived] - comm.clock()) * 1e6, cores=1)
+            else:
+                time.sleep(max(0.0, ARRIVAL[arrived] - (time.time() - WALL0)))
+            now, last = agreed_now(), None
+            continue
+        log.append(last)
+        step(states, last[0], last[1][me])
+        now = agreed_now()
+
+
+# --- the same iterations in one process -------------------------------------------------------
+def moe_alone(layer: int, prefill: bool, a: list, route: list) -> list:
+    """One micro-batch's MoE on every rank (a[r] [T_r, H], route[r] = (idx, w)), as dispatch,
+    the experts and combine compute it: the rows each rank receives in the documented order,
+    the combine's sums in its documented order. Returns each rank's combined rows."""
+    if prefill:
+        ys = []
+        for d in range(n):             # rank d receives, source by source, its tokens with an expert on d
+            sel = [(s, torch.nonzero((route[s][0] // LX == d).any(dim=1)).flatten()) for s in range(n)]
+            recv_x = torch.cat([a[s][t] for s, t in sel])
+            ridx = torch.cat([torch.where(route[s][0][t] // LX == d, route[s][0][t] - d * LX, -1) for s, t in sel])
+            rw = torch.cat([torch.where(route[s][0][t] // LX == d, route[s][1][t], 0.0) for s, t in sel])
+            y = experts_ht(layer, d, recv_x, ridx, rw)
+            at, mine = 0, {}
+            for s, t in sel:
+                mine[s] = (t, y[at:at + t.numel()])
+                at += t.numel()
+            ys.append(mine)
+        out = []
+        for s in range(n):
+            acc = torch.zeros(a[s].shape[0], H)
+            for d in range(n):         # destination-rank order, float32 from 0
+                t, rows = ys[d][s]
+                acc[t] = acc[t] + rows
+            out.append(acc)
+        return out
+    outs, base = [], 0                 # every expert's output rows, one after the other
+    pos = [torch.full(route[s][0].shape, -1, dtype=torch.int64) for s in range(n)]
+    for g_ in range(E):                # expert g_ receives, source by source, the tokens that picked it
+        rows = []
+        for s in range(n):
+            hit = route[s][0] == g_
+            t = torch.nonzero(hit.any(dim=1)).flatten()
+            pos[s][hit] = base + torch.arange(t.numel())       # at most one k per token: token order
+            base += t.numel()
+            rows.append(a[s][t])
+        m = torch.cat(rows)
+        if m.shape[0]:
+            outs.append(mlp(layer, g_, m))
+    ys = torch.cat(outs) if outs else torch.zeros(0, H)
+    out = []
+    for s in range(n):
+        w = route[s][1]
+        acc = torch.zeros(a[s].shape[0], H)
+        for k in range(K):             # k in order, weighted, float32 from 0
+            acc = acc + w[:, k:k + 1] * ys[pos[s][:, k]]
+        out.append(acc)
+    return out
+
+
+def run_alone(log: list) -> States:
+    states = States()
+    for kind, per_rank in log:
+        prefill = kind == "prefill"
+        mbs = [split(per_rank[r]) for r in range(n)]
+        lens = [[[int(IN_LEN[q]) if prefill else 1 for q in mb] for mb in mbs[r]] for r in range(n)]
+        x = [[EMBED[torch.cat([prompt(q) for q in mb]) if prefill and mb else
+                    torch.tensor([states.tokens[q][-1] for q in mb], dtype=torch.int64) if mb else
+                    torch.zeros(0, dtype=torch.int64)] for mb in mbs[r]] for r in range(n)]
+        for layer in range(NL):
+            for m in range(2):
+                a = [states.attend(layer, mbs[r][m], lens[r][m], x[r][m], prefill) for r in range(n)]
+                route = [gate(layer, a[r]) for r in range(n)]
+                y = moe_alone(layer, prefill, a, route)
+                for r in range(n):
+                    x[r][m] = a[r] + y[r]
+        for r in range(n):
+            for m in range(2):
+                finish_tokens(states, mbs[r][m], lens[r][m], x[r][m], timed=False)
+    return states
+
+
+states = States()
+log, first, finish = schedule_and_run(states)
+ref = run_alone(log)
+mine = [q for q in range(R) if OWNER[q] == me]
+exact = all(states.tokens[q] == ref.tokens[q] and len(ref.tokens[q]) == OUT_LEN[q]
+            and torch.equal(states.sums[q], ref.sums[q]) for q in mine)
+verdict = torch.tensor([int(exact)], dtype=torch.int32)
+dist.all_reduce(verdict, op=dist.ReduceOp.MIN)
+
+if me == 0:
+    end = finish.max()
+    tokens = int(OUT_LEN.sum())
+    ttft = first - ARRIVAL
+    multi = OUT_LEN > 1
+    tpot = (finish[multi] - first[multi]) / (OUT_LEN[multi] - 1)
+    norm = (finish - ARRIVAL) / OUT_LEN
+    prefills = sum(1 for kind, _ in log if kind == "prefill")
+    what = "modeled" if modeled else "wall"
+    print(f"MoE serving: {n} ranks, {E} experts (top-{K}, {LX} per rank), {NL} layers, hidden {H}; "
+          f"{R} requests at {args.rate:g} req/s (seed {args.seed}), max batch {MAX_BATCH} per rank")
+    print(f"request lengths: input mean {IN_LEN.mean():.1f}, output mean {OUT_LEN.mean():.1f} "
+          f"(ratio {IN_LEN.mean() / OUT_LEN.mean():.1f}:1); {len(log)} iterations "
+          f"({prefills} prefill, {len(log) - prefills} decode)")
+    print(f"exact against the job computed in one process, on every rank: {'yes' if verdict.item() else 'NO'}")
+    print(f"throughput {tokens / end:.1f} tokens/s   normalized latency {norm.mean() * 1e6:.1f} us/token   "
+          f"P99 TTFT {np.percentile(ttft, 99) * 1e6:.1f} us   "
+          f"P99 TPOT {np.percentile(tpot, 99) * 1e6 if tpot.size else 0.0:.1f} us   ({what})")
+dist.destroy_process_group()
+if not verdict.item():
+    raise SystemExit(1)
