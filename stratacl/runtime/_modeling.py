@@ -56,7 +56,7 @@ class Modeling:
         self._running = None          # the Work it runs for, or None (blocking, caller's thread)
         self._free_us = 0.0           # when this communicator's previous operation ended
         self._algo = rt.config.algo
-        self._mapped = None           # jit: (reader, owner) -> (seg_va, epoch) mapped
+        self._mapped = None           # jit: (an owner's seg_va, epoch) -> the members that mapped it
         self.key = 0                  # the communicator in a trace: its barrier counter's offset (_comm.py)
         self._calls = 0               # calls timed on this communicator, for the trace
 
@@ -206,7 +206,7 @@ class Modeling:
         not mapped before."""
         n = self._size
         if self._mapped is None:
-            self._mapped = np.full((n, n, 2), -1, dtype=np.int64)
+            self._mapped = {}
         if op in ("barrier", "split") or n == 1:
             return None
         if reads is not None:
@@ -221,10 +221,17 @@ class Modeling:
             reads = ~np.eye(n, dtype=bool)
         reads &= (descs[:, F_NBYTES] != 0)[None, :]
         seg, epoch = descs[:, F_SEG_VA], descs[:, F_EPOCH]
-        new = reads & ((self._mapped[:, :, 0] != seg[None, :]) | (self._mapped[:, :, 1] != epoch[None, :]))
+        new = np.zeros_like(reads)
+        for j in np.flatnonzero(reads.any(axis=0)):
+            # an owner's segment (its VA is in the owner's slice of the window; the epoch tells a
+            # reallocation at the same address apart) stays mapped in every reader that mapped it
+            key = (int(seg[j]), int(epoch[j]))
+            have = self._mapped.get(key)
+            col = reads[:, j] if have is None else reads[:, j] & ~have
+            if col.any():
+                new[:, j] = col
+                self._mapped[key] = col.copy() if have is None else have | col
         if not new.any():
             return None
-        self._mapped[new, 0] = np.broadcast_to(seg[None, :], (n, n))[new]
-        self._mapped[new, 1] = np.broadcast_to(epoch[None, :], (n, n))[new]
         cost = self._rt.model.registration_us(new.astype(np.float64), descs[:, F_SEG_SIZE][None, :])
         return cost.sum(axis=1)
