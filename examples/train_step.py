@@ -100,9 +100,14 @@ tp_group, fsdp_group = tp_groups[dp_rank], fsdp_groups[tp_rank]
 buf = ep.Buffer(comm, E)
 
 
+charged_us = [0.0]                   # the compute charged so far, for the summary
+
+
 def charge(flops: float, nbytes: float) -> None:
     """A kernel's roofline time on the modeled clock (nothing without one)."""
-    comm.charge_compute(topo.kernel_us(flops, nbytes))
+    us = topo.kernel_us(flops, nbytes)
+    charged_us[0] += us
+    comm.charge_compute(us)
 
 
 def matmul(m: int, k: int, n_: int, backward: bool = False) -> None:
@@ -380,12 +385,13 @@ for layer in range(NL):
     s.copy_(flat_init(layer, tp_rank)[dp_rank * S:(dp_rank + 1) * S])
     shards.append(s)
 experts = [[w for e in range(LE) for w in expert_init(layer, me * LE + e)] for layer in range(NL)]
-losses, step_us = [], []
+losses, step_us, compute_us = [], [], []
 for step in range(args.steps):
     t0 = comm.clock() if modeled else 0.0
-    w0 = time.perf_counter()
+    w0, c0 = time.perf_counter(), charged_us[0]
     losses.append(step_distributed(step, shards, experts))
     step_us.append(((comm.clock() - t0) if modeled else time.perf_counter() - w0) * 1e6)
+    compute_us.append(charged_us[0] - c0)
 
 ref_flats = [[flat_init(layer, t) for t in range(TP)] for layer in range(NL)]
 ref_experts = [[[w for e in range(LE) for w in expert_init(layer, d * LE + e)] for d in range(n)] for layer in range(NL)]
@@ -398,6 +404,8 @@ verdict = torch.tensor([int(exact)], dtype=torch.int32)
 dist.all_reduce(verdict, op=dist.ReduceOp.MIN)
 slowest = torch.tensor(step_us, dtype=torch.float64)
 dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+most = torch.tensor(compute_us, dtype=torch.float64)
+dist.all_reduce(most, op=dist.ReduceOp.MAX)
 if me == 0:
     print(f"training step: {n} ranks (TP {TP} x FSDP {DP}, EP {n}), {NL} layers, hidden {H}, {E} experts "
           f"(top-{K}), {T} tokens per replica; registration {cfg.registration}, partition {cfg.partition}, "
@@ -409,6 +417,8 @@ if me == 0:
         for x in ref_losses[s][1:]:
             total += x
         print(f"step {s + 1}: loss {total.item():.6f}   {what} {slowest[s].item():.1f} us (slowest rank)")
+    print(f"roofline compute per step (most loaded rank): "
+          + ", ".join(f"{most[s].item():.1f} us" for s in range(args.steps)))
 dist.destroy_process_group()
 if not verdict.item():
     raise SystemExit(1)

@@ -56,3 +56,19 @@ def test_dlrm_example_trains_exactly_as_one_process(n, clock):
     assert {m.group(3) for m in steps} == {"modeled" if clock == "virtual" else "wall"}
     if clock == "virtual":       # deterministic: the same step costs the same modeled time
         assert steps[0].group(4) == steps[1].group(4) and float(steps[0].group(4)) > 0
+
+
+@pytest.mark.timeout(150)
+def test_train_step_example_trains_exactly_as_one_process():
+    run = launch("-n", "8", "--clock", "virtual", "--timeout", "90", str(EXAMPLES / "train_step.py"), "--steps", "2",
+                 "--layers", "2", "--hidden", "32", "--ffn", "64", "--tokens", "8", timeout=140)
+    assert run.returncode == 0, run.explain()
+    lines = run.stdout.splitlines()
+    assert lines[0] == ("training step: 8 ranks (TP 2 x FSDP 4, EP 8), 2 layers, hidden 32, 16 experts (top-4), "
+                        "8 tokens per replica; registration roa, partition balanced, path mte, clock virtual")
+    assert lines[1] == "exact against the job computed in one process, on every rank: yes", run.explain()
+    steps = [re.fullmatch(r"step (\d): loss ([\d.]+)   modeled ([\d.]+) us \(slowest rank\)", x) for x in lines[2:4]]
+    assert [m.group(1) for m in steps if m] == ["1", "2"], run.explain()
+    assert all(float(m.group(3)) > 0 for m in steps)
+    assert re.fullmatch(r"roofline compute per step \(most loaded rank\): [\d.]+ us, [\d.]+ us", lines[4])
+    assert len(lines) == 5, run.explain()
