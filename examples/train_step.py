@@ -184,11 +184,15 @@ def loss_fwd(out, target):
 
 
 def vjp(fn, inputs: list, needs: list, grad_out):
-    """The gradients of ``fn(*inputs)`` against ``grad_out`` for the inputs with ``needs`` (None for the others)."""
+    """The gradients of ``fn(*inputs)`` against ``grad_out`` for the inputs with ``needs`` (None for the others);
+    zeros for an input the output does not depend on (an expert no token picked)."""
     leaves = [x.detach().requires_grad_(need) for x, need in zip(inputs, needs)]
     with torch.enable_grad():
         out = fn(*leaves)
-        got = iter(torch.autograd.grad(out, [x for x, need in zip(leaves, needs) if need], grad_out))
+        if not out.requires_grad:                  # a rank no token's expert is on
+            return [torch.zeros_like(x) if need else None for x, need in zip(inputs, needs)]
+        got = iter(torch.autograd.grad(out, [x for x, need in zip(leaves, needs) if need], grad_out,
+                                       allow_unused=True, materialize_grads=True))
     return [next(got) if need else None for need in needs]
 
 
