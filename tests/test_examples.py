@@ -74,3 +74,19 @@ def test_moe_serving_example_generates_exactly_as_one_process():
     metrics = re.fullmatch(r"throughput ([\d.]+) tokens/s   normalized latency ([\d.]+) us/token   "
                            r"P99 TTFT ([\d.]+) us   P99 TPOT ([\d.]+) us   \(modeled\)", lines[3])
     assert metrics and all(float(x) > 0 for x in metrics.groups()), run.explain()
+
+
+@pytest.mark.timeout(150)
+def test_train_step_example_trains_exactly_as_one_process():
+    run = launch("-n", "8", "--clock", "virtual", "--timeout", "90", str(EXAMPLES / "train_step.py"), "--steps", "2",
+                 "--layers", "2", "--hidden", "32", "--ffn", "64", "--tokens", "8", timeout=140)
+    assert run.returncode == 0, run.explain()
+    lines = run.stdout.splitlines()
+    assert lines[0] == ("training step: 8 ranks (TP 2 x FSDP 4, EP 8), 2 layers, hidden 32, 16 experts (top-4), "
+                        "8 tokens per replica; registration roa, partition balanced, path mte, clock virtual")
+    assert lines[1] == "exact against the job computed in one process, on every rank: yes", run.explain()
+    steps = [re.fullmatch(r"step (\d): loss ([\d.]+)   modeled ([\d.]+) us \(slowest rank\)", x) for x in lines[2:4]]
+    assert [m.group(1) for m in steps if m] == ["1", "2"], run.explain()
+    assert all(float(m.group(3)) > 0 for m in steps)
+    assert re.fullmatch(r"roofline compute per step \(most loaded rank\): [\d.]+ us, [\d.]+ us", lines[4])
+    assert len(lines) == 5, run.explain()

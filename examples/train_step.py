@@ -1,0 +1,428 @@
+"""A DeepSeek-V3-like training step, scaled down, through torch.distributed on the emulated supernode.
+
+    stratacl-launch -n 8 [--clock virtual] examples/train_step.py [--steps 2] [--layers 2] [--hidden 64]
+
+The paper trains DeepSeek V3.2 with TorchTitan on 512 dies, FSDP=128 x TP=4, EP=64 (section
+9.1, "LLM training"). Here the N ranks form the same three kinds of groups, sized from N:
+
+    TP groups     ranks [g*TP, (g+1)*TP): the dies of one NPU when TP=2 (--tp, default 2)
+    FSDP groups   ranks {t, t+TP, t+2*TP, ...}: FSDP = N/TP; the TP group g is data-parallel
+                  replica g and holds its own batch of --tokens tokens
+    EP group      the world: --experts-per-rank experts on every rank, so the experts are not
+                  replicated (the paper's EP=64 on 512 dies leaves 8 FSDP copies of each expert;
+                  here that degree is 1, so expert weights are local and need no reduction)
+
+One layer (--layers of them) is a tensor-parallel dense block standing in for attention, then a
+mixture-of-experts block, each with a residual (no norms, no embedding or output head):
+
+    x [T, H], the same on the TP group's ranks
+      dense:  p_t = relu(x @ W1[:, shard t]) @ W2[shard t, :]      column- then row-parallel
+              h = x + all_reduce_TP(p_t)
+      MoE:    c = h's rows of TP rank t (T/TP tokens; the TP ranks split the tokens so that no
+              token is dispatched twice); gate: sigmoid(c @ Wg), top-k, weights normalised over
+              the k (DeepSeek-V3's gate without the bias); stratacl.ep dispatch -> each expert a
+              two-layer MLP on its rows, times the token's weight -> combine
+              out = c + combine(...);   next layer's x = all_gather_TP(out)
+    loss:   the squared error of the last layer's rows against a target, summed over the job
+            and divided by its elements (each rank adds its own rows' share)
+
+FSDP: a layer's dense weights (W1 and W2 of TP shard t, and the gate Wg) are one flat vector
+sharded over the FSDP group t. Before a layer's forward its weights are all-gathered
+(``all_gather_single``, torch 2.13's name for ``all_gather_into_tensor``; async), and the
+gather of layer i+1 is issued before layer i's compute, so it overlaps it; after the forward the gathered weights are dropped, except the last
+layer's, and the backward gathers them again, prefetching layer i-1 during layer i (TorchTitan
+does not reshard the last block either). The backward runs the same chain in reverse:
+
+    d out --dispatch--> the experts' rows (combine's backward); the experts' backward; their
+    rows' gradients and the gradients of the token weights --combine--> the tokens' owners
+    (dispatch's backward; a weight's gradient comes from its expert's rank alone); the gate's
+    backward; d h = all_gather_TP(d c); the dense block's backward, its input gradient
+    all_reduce_TP'd; the gate's gradient all_reduce_TP'd (Wg is the same on the TP ranks)
+
+and each layer's flat gradient is reduce-scattered (``reduce_scatter_single``, async) over the
+FSDP group onto its shard as soon as the layer's backward is done. Then SGD on the shards and
+on the local experts. Every exchanged tensor lives in HBM (``stratacl.torch.empty``).
+
+Under ``--clock virtual`` every kernel is charged its roofline time on the die
+(``Topology.kernel_us``: FLOPs and HBM bytes, float32; a matmul is one kernel with its
+elementwise epilogue fused; its backward two), so communication in flight shares the die's
+cores with compute and the modeled step time is printed. After the steps every rank computes
+the whole job alone, in this process (every rank's share, the same operations on the same
+arrays, every reduction in the library's order: all_reduce and reduce_scatter in group rank
+order, the combine's sum from 0 in destination-rank order) and compares bit for bit its losses,
+its parameter shards and its experts. Rank 0 prints what happened; exit 1 if not exact.
+"""
+import argparse
+import time
+
+import torch
+import torch.distributed as dist
+
+import stratacl
+import stratacl.torch
+from stratacl import ep
+
+p = argparse.ArgumentParser()
+p.add_argument("--steps", type=int, default=2)
+p.add_argument("--layers", type=int, default=2)
+p.add_argument("--hidden", type=int, default=64)
+p.add_argument("--ffn", type=int, default=128, help="the dense block's inner width (split over TP)")
+p.add_argument("--expert-ffn", type=int, default=32, help="each expert's inner width")
+p.add_argument("--experts-per-rank", type=int, default=2)
+p.add_argument("--topk", type=int, default=4)
+p.add_argument("--tokens", type=int, default=16, help="tokens per data-parallel replica (TP group)")
+p.add_argument("--tp", type=int, default=2)
+p.add_argument("--lr", type=float, default=0.05)
+args = p.parse_args()
+
+torch.set_num_threads(1)              # the same kernels, so the same bits, in the check below
+dist.init_process_group("stratacl")
+comm = stratacl.init()
+n, me = dist.get_world_size(), dist.get_rank()
+TP, NL, H, T = args.tp, args.layers, args.hidden, args.tokens
+if n % TP or T % TP or args.ffn % TP:
+    raise SystemExit(f"--tp {TP} must divide the ranks ({n}), --tokens ({T}) and --ffn ({args.ffn})")
+DP = n // TP                                     # FSDP degree = data-parallel replicas
+tp_rank, dp_rank = me % TP, me // TP
+Tc, Ft, Fe, LE = T // TP, args.ffn // TP, args.expert_ffn, args.experts_per_rank
+E = LE * n
+K = min(args.topk, E)
+P = 2 * H * Ft + H * E                           # a layer's flat dense weights (one TP shard)
+S = -(-P // DP)                                  # its FSDP shard
+M = DP * T * H                                   # the loss's elements
+topo, cfg = comm.topology, stratacl.config
+modeled = cfg.clock != "off"
+
+# every rank makes every group, in the same order (torch.distributed requires it)
+tp_groups = [dist.new_group(list(range(g * TP, (g + 1) * TP))) for g in range(DP)]
+fsdp_groups = [dist.new_group(list(range(t, n, TP))) for t in range(TP)]
+tp_group, fsdp_group = tp_groups[dp_rank], fsdp_groups[tp_rank]
+buf = ep.Buffer(comm, E)
+
+
+charged_us = [0.0]                   # the compute charged so far, for the summary
+
+
+def charge(flops: float, nbytes: float) -> None:
+    """A kernel's roofline time on the modeled clock (nothing without one)."""
+    us = topo.kernel_us(flops, nbytes)
+    charged_us[0] += us
+    comm.charge_compute(us)
+
+
+def matmul(m: int, k: int, n_: int, backward: bool = False) -> None:
+    """Charge [m, k] @ [k, n]: forward one kernel; backward two (the input's and the weight's gradients)."""
+    if not backward:
+        charge(2 * m * k * n_, 4 * (m * k + k * n_ + m * n_))
+    else:
+        charge(2 * m * n_ * k, 4 * (m * n_ + k * n_ + m * k))
+        charge(2 * k * m * n_, 4 * (m * k + m * n_ + k * n_))
+
+
+def elementwise(elements: int, arrays: int = 3) -> None:
+    charge(elements, 4 * arrays * elements)
+
+
+# --- the model's weights, data and local kernels (both the job and the one-process check use them)
+def dense_init(layer: int):
+    g = torch.Generator().manual_seed(100 + layer)
+    return (torch.randn(H, args.ffn, generator=g) / H ** 0.5, torch.randn(args.ffn, H, generator=g) / args.ffn ** 0.5,
+            torch.randn(H, E, generator=g) / H ** 0.5)
+
+
+def flat_init(layer: int, t: int) -> torch.Tensor:
+    """Layer ``layer``'s flat dense weights as TP rank t holds them, padded to DP * S."""
+    w1, w2, wg = dense_init(layer)
+    parts = [w1[:, t * Ft:(t + 1) * Ft].reshape(-1), w2[t * Ft:(t + 1) * Ft].reshape(-1), wg.reshape(-1)]
+    return torch.cat(parts + [torch.zeros(DP * S - P)])
+
+
+def unflat(flat: torch.Tensor):
+    return (flat[:H * Ft].view(H, Ft), flat[H * Ft:2 * H * Ft].view(Ft, H), flat[2 * H * Ft:P].view(H, E))
+
+
+def expert_init(layer: int, expert: int):
+    g = torch.Generator().manual_seed(10007 * (layer + 1) + expert)
+    return [torch.randn(H, Fe, generator=g) / H ** 0.5, torch.randn(Fe, H, generator=g) / Fe ** 0.5]
+
+
+def batch(step: int, replica: int):
+    """Replica ``replica``'s tokens [T, H] and targets [T, H] at ``step``."""
+    g = torch.Generator().manual_seed(step * 100003 + replica)
+    return torch.randn(T, H, generator=g), torch.randn(T, H, generator=g)
+
+
+def dense_fwd(x, w1, w2):
+    return torch.relu(x @ w1) @ w2
+
+
+def gate_fwd(c, wg):
+    """Each token's top-k experts and their weights (sigmoid affinities normalised over the k)."""
+    top, idx = torch.topk(torch.sigmoid(c @ wg), K, dim=1)
+    return idx, top / top.sum(1, keepdim=True)
+
+
+def gate_weights(c, wg):
+    return gate_fwd(c, wg)[1]
+
+
+def experts_fwd(recv_x, recv_idx, recv_w, *weights):
+    """The local experts on the rows a dispatch delivered: per expert e (ascending), the rows
+    that picked it, through its MLP, times their weight, added into the row's output."""
+    y = torch.zeros_like(recv_x)
+    for e in range(LE):
+        hit = recv_idx == e
+        rows = hit.any(1).nonzero().squeeze(1)
+        if rows.numel():
+            o = torch.relu(recv_x[rows] @ weights[2 * e]) @ weights[2 * e + 1]
+            y = y.index_add(0, rows, (recv_w[rows] * hit[rows]).sum(1, keepdim=True) * o)
+    return y
+
+
+def loss_fwd(out, target):
+    return ((out - target) ** 2).sum() / M
+
+
+def vjp(fn, inputs: list, needs: list, grad_out):
+    """The gradients of ``fn(*inputs)`` against ``grad_out`` for the inputs with ``needs`` (None for the others);
+    zeros for an input the output does not depend on (an expert no token picked)."""
+    leaves = [x.detach().requires_grad_(need) for x, need in zip(inputs, needs)]
+    with torch.enable_grad():
+        out = fn(*leaves)
+        if not out.requires_grad:                  # a rank no token's expert is on
+            return [torch.zeros_like(x) if need else None for x, need in zip(inputs, needs)]
+        got = iter(torch.autograd.grad(out, [x for x, need in zip(leaves, needs) if need], grad_out,
+                                       allow_unused=True, materialize_grads=True))
+    return [next(got) if need else None for need in needs]
+
+
+def hbm(t: torch.Tensor) -> torch.Tensor:
+    """``t`` copied into this rank's HBM: peers pull it in place."""
+    out = stratacl.torch.empty(tuple(t.shape), dtype=t.dtype)
+    out.copy_(t)
+    return out
+
+
+def rows_routed(recv_idx) -> list:
+    return [int((recv_idx == e).any(1).sum()) for e in range(LE)]
+
+
+# --- the step, distributed -------------------------------------------------------------------
+def gather(shards: list, layer: int):
+    full = stratacl.torch.empty((DP * S,))
+    return dist.all_gather_single(full, shards[layer], group=fsdp_group, async_op=True), full
+
+
+def step_distributed(step: int, shards: list, experts: list) -> torch.Tensor:
+    x, target = batch(step, dp_rank)
+    x = hbm(x)
+    mine = slice(tp_rank * Tc, (tp_rank + 1) * Tc)
+    saved, pending = [], {0: gather(shards, 0)}
+    for layer in range(NL):
+        work, full = pending.pop(layer)
+        work.wait()
+        if layer + 1 < NL:                         # prefetch: overlaps this layer's compute
+            pending[layer + 1] = gather(shards, layer + 1)
+        w1, w2, wg = unflat(full)
+        part = hbm(dense_fwd(x, w1, w2))
+        matmul(T, H, Ft)
+        matmul(T, Ft, H)
+        dist.all_reduce(part, group=tp_group)
+        h = x + part
+        elementwise(T * H)
+        c = hbm(h[mine])
+        idx, w = gate_fwd(c, wg)
+        matmul(Tc, H, E)
+        recv_x, recv_idx, recv_w, _, handle = buf.dispatch(c.numpy(), idx.numpy(), w.numpy())
+        rx, ri, rw = torch.from_numpy(recv_x), torch.from_numpy(recv_idx), torch.from_numpy(recv_w)
+        y = hbm(experts_fwd(rx, ri, rw, *experts[layer]))
+        for rows in rows_routed(ri):
+            matmul(rows, H, Fe)
+            matmul(rows, Fe, H)
+        moe, _ = buf.combine(y.numpy(), handle)
+        out = hbm(c + torch.from_numpy(moe))
+        elementwise(Tc * H)
+        saved.append((x, c, idx, w, rx, ri, rw, full if layer == NL - 1 else None))
+        if layer + 1 < NL:
+            x = stratacl.torch.empty((T, H))
+            dist.all_gather_single(x, out, group=tp_group)
+    loss = loss_fwd(out, target[mine])
+    d_out = vjp(loss_fwd, [out, target[mine]], [True, False], torch.tensor(1.0))[0]
+    elementwise(Tc * H, 4)
+
+    reducing = []
+    for layer in reversed(range(NL)):
+        x, c, idx, w, rx, ri, rw, full = saved[layer]
+        if full is None:
+            work, full = pending.pop(layer)
+            work.wait()
+        if layer > 0:                              # prefetch the next layer of the backward
+            pending[layer - 1] = gather(shards, layer - 1)
+        w1, w2, wg = unflat(full)
+        # combine's backward: each expert row gets its token's output gradient (a dispatch)
+        d_y, _, _, _, back = buf.dispatch(hbm(d_out).numpy(), idx.numpy(), w.numpy())
+        grads = vjp(experts_fwd, [rx, ri, rw, *experts[layer]], [True, False, True] + [True] * 2 * LE,
+                    torch.from_numpy(d_y))
+        for rows in rows_routed(ri):
+            matmul(rows, Fe, H, backward=True)
+            matmul(rows, H, Fe, backward=True)
+        # dispatch's backward: the rows' and the weights' gradients back to the tokens (a combine)
+        d_rows = hbm(torch.cat([grads[0], grads[2]], dim=1))
+        d_back, _ = buf.combine(d_rows.numpy(), back)
+        d_back = torch.from_numpy(d_back)
+        d_c_gate, d_wg = vjp(gate_weights, [c, wg], [True, True], d_back[:, H:])
+        matmul(Tc, H, E, backward=True)
+        d_c = hbm(d_out + d_back[:, :H] + d_c_gate)
+        elementwise(Tc * H, 4)
+        d_h = stratacl.torch.empty((T, H))
+        dist.all_gather_single(d_h, d_c, group=tp_group)
+        d_x, d_w1, d_w2 = vjp(dense_fwd, [x, w1, w2], [True, True, True], d_h)
+        matmul(T, Ft, H, backward=True)
+        matmul(T, H, Ft, backward=True)
+        d_x = hbm(d_x)
+        dist.all_reduce(d_x, group=tp_group)
+        d_wg = hbm(d_wg)
+        dist.all_reduce(d_wg, group=tp_group)
+        flat = stratacl.torch.zeros((DP * S,))
+        torch.cat([d_w1.reshape(-1), d_w2.reshape(-1), d_wg.reshape(-1)], out=flat[:P])
+        shard = stratacl.torch.empty((S,))
+        reducing.append((dist.reduce_scatter_single(shard, flat, group=fsdp_group, async_op=True), shard, flat))
+        for e in range(2 * LE):
+            experts[layer][e] -= args.lr * grads[3 + e]
+        elementwise(2 * LE * H * Fe)
+        d_out = (d_h + d_x)[mine]
+        elementwise(T * H)
+    for (work, grad, _), layer in zip(reducing, reversed(range(NL))):
+        work.wait()
+        shards[layer] -= args.lr * grad
+        elementwise(2 * S)
+    return loss
+
+
+# --- the same steps for the whole job in one process -----------------------------------------
+def fold(parts: list) -> torch.Tensor:
+    """An all_reduce's sum: in group rank order, from the first."""
+    acc = parts[0].clone()
+    for x in parts[1:]:
+        acc += x
+    return acc
+
+
+def dispatch_alone(rows: list, idxs: list, ws: list):
+    """Every destination's received rows, local expert ids and weights, and where each came
+    from, as ``Buffer.dispatch`` delivers them: grouped by source rank ascending, token order."""
+    got = []
+    for d in range(n):
+        xs, ids, wts, src = [], [], [], []
+        for s in range(n):
+            here = idxs[s] // LE == d
+            tok = here.any(1).nonzero().squeeze(1)
+            xs.append(rows[s][tok])
+            ids.append(torch.where(here[tok], idxs[s][tok] - d * LE, -1))
+            wts.append(torch.where(here[tok], ws[s][tok], 0.0))
+            src.append((s, tok))
+        got.append((torch.cat(xs), torch.cat(ids), torch.cat(wts), src))
+    return got
+
+
+def combine_alone(ys: list, routed: list, width: int) -> list:
+    """Every source's combined rows: the rows of each destination (ascending) added into its
+    tokens, in float32 from 0, as ``Buffer.combine`` sums them."""
+    out = [torch.zeros(Tc, width) for _ in range(n)]
+    for d in range(n):
+        at = 0
+        for s, tok in routed[d][3]:
+            out[s][tok] += ys[d][at:at + tok.numel()]
+            at += tok.numel()
+    return out
+
+
+def step_alone(step: int, flats: list, experts: list) -> list:
+    """One step of the job: every rank's share, rank r = (replica r // TP, TP rank r % TP)."""
+    chunk = [slice(t * Tc, (t + 1) * Tc) for t in range(TP)]
+    data = [batch(step, g) for g in range(DP)]
+    xs = [d[0] for d in data]
+    saved = []
+    for layer in range(NL):
+        ws = [unflat(flats[layer][t]) for t in range(TP)]
+        hs = [xs[g] + fold([dense_fwd(xs[g], *ws[t][:2]) for t in range(TP)]) for g in range(DP)]
+        cs = [hs[r // TP][chunk[r % TP]].clone() for r in range(n)]
+        gated = [gate_fwd(cs[r], ws[r % TP][2]) for r in range(n)]
+        routed = dispatch_alone(cs, [g[0] for g in gated], [g[1] for g in gated])
+        ys = [experts_fwd(*routed[d][:3], *experts[layer][d]) for d in range(n)]
+        moe = combine_alone(ys, routed, H)
+        outs = [cs[r] + moe[r] for r in range(n)]
+        saved.append((xs, ws, cs, gated, routed))
+        xs = [torch.cat([outs[g * TP + t] for t in range(TP)]) for g in range(DP)]
+    targets = [data[r // TP][1][chunk[r % TP]] for r in range(n)]
+    losses = [loss_fwd(outs[r], targets[r]) for r in range(n)]
+    d_outs = [vjp(loss_fwd, [outs[r], targets[r]], [True, False], torch.tensor(1.0))[0] for r in range(n)]
+    flat_grads = [None] * NL
+    for layer in reversed(range(NL)):
+        xs, ws, cs, gated, routed = saved[layer]
+        back = dispatch_alone(d_outs, [g[0] for g in gated], [g[1] for g in gated])
+        grads = [vjp(experts_fwd, [*routed[d][:3], *experts[layer][d]], [True, False, True] + [True] * 2 * LE,
+                     back[d][0]) for d in range(n)]
+        d_back = combine_alone([torch.cat([gr[0], gr[2]], dim=1) for gr in grads], back, H + K)
+        gate_grads = [vjp(gate_weights, [cs[r], ws[r % TP][2]], [True, True], d_back[r][:, H:]) for r in range(n)]
+        d_cs = [d_outs[r] + d_back[r][:, :H] + gate_grads[r][0] for r in range(n)]
+        d_hs = [torch.cat([d_cs[g * TP + t] for t in range(TP)]) for g in range(DP)]
+        dense = [vjp(dense_fwd, [xs[r // TP], *ws[r % TP][:2]], [True, True, True], d_hs[r // TP]) for r in range(n)]
+        d_xs = [fold([dense[g * TP + t][0] for t in range(TP)]) for g in range(DP)]
+        d_wgs = [fold([gate_grads[g * TP + t][1] for t in range(TP)]) for g in range(DP)]
+        per_rank = [torch.cat([dense[r][1].reshape(-1), dense[r][2].reshape(-1), d_wgs[r // TP].reshape(-1),
+                               torch.zeros(DP * S - P)]) for r in range(n)]
+        flat_grads[layer] = [fold([per_rank[g * TP + t] for g in range(DP)]) for t in range(TP)]
+        for d in range(n):
+            for e in range(2 * LE):
+                experts[layer][d][e] -= args.lr * grads[d][3 + e]
+        d_outs = [(d_hs[r // TP] + d_xs[r // TP])[chunk[r % TP]] for r in range(n)]
+    for layer in range(NL):
+        for t in range(TP):
+            flats[layer][t] -= args.lr * flat_grads[layer][t]
+    return losses
+
+
+shards = []
+for layer in range(NL):
+    s = stratacl.torch.empty((S,))
+    s.copy_(flat_init(layer, tp_rank)[dp_rank * S:(dp_rank + 1) * S])
+    shards.append(s)
+experts = [[w for e in range(LE) for w in expert_init(layer, me * LE + e)] for layer in range(NL)]
+losses, step_us, compute_us = [], [], []
+for step in range(args.steps):
+    t0 = comm.clock() if modeled else 0.0
+    w0, c0 = time.perf_counter(), charged_us[0]
+    losses.append(step_distributed(step, shards, experts))
+    step_us.append(((comm.clock() - t0) if modeled else time.perf_counter() - w0) * 1e6)
+    compute_us.append(charged_us[0] - c0)
+
+ref_flats = [[flat_init(layer, t) for t in range(TP)] for layer in range(NL)]
+ref_experts = [[[w for e in range(LE) for w in expert_init(layer, d * LE + e)] for d in range(n)] for layer in range(NL)]
+ref_losses = [step_alone(step, ref_flats, ref_experts) for step in range(args.steps)]
+mine = slice(dp_rank * S, (dp_rank + 1) * S)
+exact = (all(torch.equal(losses[s], ref_losses[s][me]) for s in range(args.steps))
+         and all(torch.equal(shards[layer], ref_flats[layer][tp_rank][mine]) for layer in range(NL))
+         and all(torch.equal(a, b) for layer in range(NL) for a, b in zip(experts[layer], ref_experts[layer][me])))
+verdict = torch.tensor([int(exact)], dtype=torch.int32)
+dist.all_reduce(verdict, op=dist.ReduceOp.MIN)
+slowest = torch.tensor(step_us, dtype=torch.float64)
+dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+most = torch.tensor(compute_us, dtype=torch.float64)
+dist.all_reduce(most, op=dist.ReduceOp.MAX)
+if me == 0:
+    print(f"training step: {n} ranks (TP {TP} x FSDP {DP}, EP {n}), {NL} layers, hidden {H}, {E} experts "
+          f"(top-{K}), {T} tokens per replica; registration {cfg.registration}, partition {cfg.partition}, "
+          f"path {cfg.path}, clock {cfg.clock}")
+    print(f"exact against the job computed in one process, on every rank: {'yes' if verdict.item() else 'NO'}")
+    what = "modeled" if modeled else "wall"
+    for s in range(args.steps):
+        total = ref_losses[s][0].clone()
+        for x in ref_losses[s][1:]:
+            total += x
+        print(f"step {s + 1}: loss {total.item():.6f}   {what} {slowest[s].item():.1f} us (slowest rank)")
+    print("roofline compute per step (most loaded rank): "
+          + ", ".join(f"{most[s].item():.1f} us" for s in range(args.steps)))
+dist.destroy_process_group()
+if not verdict.item():
+    raise SystemExit(1)
