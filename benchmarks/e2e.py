@@ -1,10 +1,10 @@
 """End-to-end workloads under the paper's configurations, at host scale and at the paper's scale.
 
-    python benchmarks/e2e.py [--workloads dlrm] [--configs all] [--ranks 8] [--scale 128]
+    python benchmarks/e2e.py [--workloads dlrm,train,serve] [--configs all] [--ranks 8] [--scale 128]
                              [--scale-from 4,8] [--steps 3] [--json FILE] [-- workload arguments]
     python benchmarks/e2e.py --gaps [--workloads dlrm] [--ranks 8] [--json FILE]
 
-For every workload (a program under examples/) and configuration (one launcher switch each,
+For every workload (a program under examples/: dlrm, train, serve) and configuration (one launcher switch each,
 as the paper's baselines and ablation, CONFIGS below) it runs the program under
 ``stratacl-launch -n RANKS --clock virtual`` and takes the modeled time of its last step (the
 first steps pay one-time costs: jit registration of the buffers, the plans' first use). With
@@ -14,7 +14,9 @@ first steps pay one-time costs: jit registration of the buffers, the plans' firs
 them through the fabric model (``stratacl.ub.replay``): the step at N ranks is the difference.
 No ranks run at N. Rows (``--json``): {"workload", "config", "ranks", "scale", "modeled_step_us",
 "throughput", "p99_ttft_us", "p99_tpot_us", "batch"}, null where a field does not apply;
-"scale" is "host" (a real run) or "replay" (extrapolated). ``--gaps``: the distribution of
+"scale" is "host" (a real run) or "replay" (extrapolated; training and serving use
+sub-communicators and MoE traffic matrices, which the extrapolation refuses for now: their
+rows say so). Serving rows also carry "normalized_latency_us". ``--gaps``: the distribution of
 every call's allocation-to-communication gap in one run (StrataCL's configuration).
 """
 from __future__ import annotations
@@ -43,42 +45,56 @@ CONFIGS = {
     "pool": ["--registration", "pool", "--partition", "naive", "--path", "mte"],
 }
 
-# workload -> (program, its arguments for sweeps, what its last step's line looks like)
+_STEP = re.compile(r"^step (\d+): loss [\d.]+\s+modeled ([\d.]+) us \(slowest rank\)$", re.M)
+_SERVING = re.compile(r"^throughput ([\d.]+) tokens/s   normalized latency ([\d.]+) us/token   "
+                      r"P99 TTFT ([\d.]+) us   P99 TPOT ([\d.]+) us   \(modeled\)$", re.M)
+
+
+def _last_step(stdout: str) -> dict:
+    steps = _STEP.findall(stdout)
+    if not steps:
+        raise SystemExit(f"e2e: no step lines in the output:\n{stdout[-2000:]}")
+    return {"modeled_step_us": float(steps[-1][1])}
+
+
+def _serving(stdout: str) -> dict:
+    m = _SERVING.search(stdout)
+    if m is None:
+        raise SystemExit(f"e2e: no metrics line in the output:\n{stdout[-2000:]}")
+    return {"throughput": float(m.group(1)), "p99_ttft_us": float(m.group(3)), "p99_tpot_us": float(m.group(4)),
+            "normalized_latency_us": float(m.group(2))}
+
+
+# workload -> (program, its arguments for sweeps, what its output gives, what "batch" is (argument,
+# default), samples per rank and step for a throughput, or None)
 WORKLOADS = {
-    "dlrm": ("examples/dlrm.py", ["--no-check"],
-             re.compile(r"^step (\d+): loss [\d.]+\s+modeled ([\d.]+) us \(slowest rank\)$", re.M)),
+    "dlrm": ("examples/dlrm.py", ["--no-check"], _last_step, ("--batch", 16), True),
+    "train": ("examples/train_step.py", [], _last_step, ("--tokens", 16), False),
+    "serve": ("examples/moe_serving.py", [], _serving, ("--max-batch", 16), False),
 }
 
 
-def _launch(program: str, n: int, config: str, steps: int, extra: list[str], trace: str | None = None) -> str:
+def _launch(program: str, n: int, config: str, steps: list[str], extra: list[str], trace: str | None = None) -> str:
     cmd = [sys.executable, "-m", "stratacl_launcher", "-n", str(n), "--clock", "virtual", "--timeout", "300",
            *CONFIGS[config], *(["--trace", trace] if trace else []), os.path.join(ROOT, program),
-           "--steps", str(steps), *extra]
+           *steps, *extra]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
     if proc.returncode != 0:
         raise SystemExit(f"e2e: {' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     return proc.stdout
 
 
-def _last_step(stdout: str, pattern: re.Pattern) -> float:
-    steps = pattern.findall(stdout)
-    if not steps:
-        raise SystemExit(f"e2e: no step lines in the output:\n{stdout[-2000:]}")
-    return float(steps[-1][1])
+def _row(workload: str, config: str, ranks: int, scale: str, found: dict, extra: list[str]) -> dict:
+    flag, default = WORKLOADS[workload][3]
+    batch = int(extra[extra.index(flag) + 1]) if flag in extra else default
+    row = {"workload": workload, "config": config, "ranks": ranks, "scale": scale, "modeled_step_us": None,
+           "throughput": None, "p99_ttft_us": None, "p99_tpot_us": None, "batch": batch, **found}
+    if WORKLOADS[workload][4] and row["modeled_step_us"]:      # samples per second, every rank's batch
+        row["throughput"] = ranks * batch / (row["modeled_step_us"] * 1e-6)
+    return row
 
 
-def _batch(extra: list[str]) -> int:
-    return int(extra[extra.index("--batch") + 1]) if "--batch" in extra else 16
-
-
-def _row(workload: str, config: str, ranks: int, scale: str, step_us: float, extra: list[str]) -> dict:
-    batch = _batch(extra)
-    return {"workload": workload, "config": config, "ranks": ranks, "scale": scale, "modeled_step_us": step_us,
-            "throughput": ranks * batch / (step_us * 1e-6), "p99_ttft_us": None, "p99_tpot_us": None,
-            "batch": batch}
-
-
-def _at_scale(workload: str, config: str, n: int, sizes: tuple[int, int], extra: list[str]) -> float:
+def _at_scale(workload: str, config: str, n: int, sizes: tuple[int, int], extra: list[str]) -> dict:
     from stratacl import ub
 
     program = WORKLOADS[workload][0]
@@ -88,10 +104,10 @@ def _at_scale(workload: str, config: str, n: int, sizes: tuple[int, int], extra:
             recorded = []
             for size in sizes:
                 d = os.path.join(tmp, f"{steps}-{size}")
-                _launch(program, size, config, steps, extra, trace=d)
+                _launch(program, size, config, ["--steps", str(steps)], extra, trace=d)
                 recorded.append(ub.load_traces(d))
             times.append(ub.replay(ub.extrapolate(recorded[0], recorded[1], n)).time_us)
-    return times[1] - times[0]
+    return {"modeled_step_us": times[1] - times[0]}
 
 
 def _gaps(workload: str, n: int, steps: int, extra: list[str]) -> list[float]:
@@ -100,7 +116,8 @@ def _gaps(workload: str, n: int, steps: int, extra: list[str]) -> list[float]:
     from stratacl import ub
 
     with tempfile.TemporaryDirectory(prefix="stratacl-e2e-") as tmp:
-        _launch(WORKLOADS[workload][0], n, "sdma", steps, extra, trace=tmp)
+        _launch(WORKLOADS[workload][0], n, "sdma", ["--steps", str(steps)] if workload != "serve" else [], extra,
+                trace=tmp)
         traces = ub.load_traces(tmp)
     gaps = []
     for t in traces:
@@ -145,24 +162,31 @@ def main(argv: list[str] | None = None) -> int:
     configs = list(CONFIGS) if a.configs == "all" else a.configs.split(",")
     sizes = tuple(int(x) for x in a.scale_from.split(","))
     rows = []
-    print(f"{'workload':<10}{'config':<10}{'ranks':>6}  {'scale':<7}{'modeled step (us)':>18}{'throughput (/s)':>17}")
+    print(f"{'workload':<10}{'config':<10}{'ranks':>6}  {'scale':<7}{'modeled step (us)':>18}{'throughput (/s)':>17}"
+          f"{'P99 TTFT (us)':>15}{'P99 TPOT (us)':>15}")
     for workload in a.workloads.split(","):
-        program, fixed, pattern = WORKLOADS[workload]
+        program, fixed, parse = WORKLOADS[workload][:3]
         args = fixed + extra
+        steps = ["--steps", str(a.steps)] if parse is _last_step else []
         for config in configs:
             found = []
             for n in (int(x) for x in a.ranks.split(",")):
-                found.append(_row(workload, config, n, "host",
-                                  _last_step(_launch(program, n, config, a.steps, args), pattern), args))
-            if a.scale:
+                found.append(_row(workload, config, n, "host", parse(_launch(program, n, config, steps, args)), args))
+            if a.scale and parse is not _last_step:
+                print(f"{workload:<10}{config:<10}{a.scale:>6}  replay: not extrapolated: a request stream has no "
+                      f"steps to difference", flush=True)
+            elif a.scale:
                 try:
                     found.append(_row(workload, config, a.scale, "replay",
                                       _at_scale(workload, config, a.scale, sizes, args), args))
                 except ub.ReplayError as e:
                     print(f"{workload:<10}{config:<10}{a.scale:>6}  replay: not extrapolated: {e}", flush=True)
             for r in found:
-                print(f"{r['workload']:<10}{r['config']:<10}{r['ranks']:>6}  {r['scale']:<7}"
-                      f"{r['modeled_step_us']:>18.2f}{r['throughput']:>17.4g}", flush=True)
+                cells = [f"{r[k]:.2f}" if isinstance(r[k], float) and k != "throughput" else
+                         f"{r[k]:.4g}" if r[k] is not None else "-"
+                         for k in ("modeled_step_us", "throughput", "p99_ttft_us", "p99_tpot_us")]
+                print(f"{r['workload']:<10}{r['config']:<10}{r['ranks']:>6}  {r['scale']:<7}{cells[0]:>18}{cells[1]:>17}"
+                      f"{cells[2]:>15}{cells[3]:>15}", flush=True)
             rows += found
     if a.json:
         with open(a.json, "w") as f:
