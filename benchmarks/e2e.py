@@ -2,6 +2,7 @@
 
     python benchmarks/e2e.py [--workloads dlrm,train,serve] [--configs all] [--ranks 8] [--scale 128]
                              [--scale-from 4,8] [--steps 3] [--json FILE] [-- workload arguments]
+    python benchmarks/e2e.py --workloads serve --rates 5000,20000,80000 --plot FILE.png
     python benchmarks/e2e.py --gaps [--workloads dlrm] [--ranks 8] [--json FILE]
 
 For every workload (a program under examples/: dlrm, train, serve) and configuration (one launcher switch each,
@@ -140,6 +141,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--scale-from", default="4,8", help="the two rank counts recorded for --scale")
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--json", default=None)
+    p.add_argument("--rates", default="", help="serve: comma-separated request rates (req/s of modeled time), one "
+                                               "run each; rows carry 'rate'")
+    p.add_argument("--plot", default=None, help="serve with --rates: draw normalized latency against rate here (PNG)")
     p.add_argument("--gaps", action="store_true",
                    help="instead: the allocation-to-communication gap of every call (paper Fig. 15a)")
     a = p.parse_args(argv)
@@ -170,8 +174,15 @@ def main(argv: list[str] | None = None) -> int:
         steps = ["--steps", str(a.steps)] if parse is _last_step else []
         for config in configs:
             found = []
+            rates = [float(r) for r in a.rates.split(",")] if a.rates and workload == "serve" else [None]
             for n in (int(x) for x in a.ranks.split(",")):
-                found.append(_row(workload, config, n, "host", parse(_launch(program, n, config, steps, args)), args))
+                for rate in rates:
+                    more = ["--rate", f"{rate:g}"] if rate is not None else []
+                    row = _row(workload, config, n, "host", parse(_launch(program, n, config, steps, args + more)),
+                               args)
+                    if rate is not None:
+                        row["rate"] = rate
+                    found.append(row)
             if a.scale and parse is not _last_step:
                 print(f"{workload:<10}{config:<10}{a.scale:>6}  replay: not extrapolated: a request stream has no "
                       f"steps to difference", flush=True)
@@ -192,7 +203,30 @@ def main(argv: list[str] | None = None) -> int:
         with open(a.json, "w") as f:
             json.dump({"command": " ".join(["python", "benchmarks/e2e.py", *sys.argv[1:]]), "rows": rows}, f,
                       indent=1)
+    if a.plot:
+        _plot(rows, a.plot)
     return 0
+
+
+def _plot(rows: list[dict], path: str) -> None:
+    """Serving: normalized latency against request rate, one line per configuration (the
+    paper's Fig. 11a axes)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for config in CONFIGS:
+        pts = sorted((r["rate"], r["normalized_latency_us"]) for r in rows
+                     if r["workload"] == "serve" and r["config"] == config and "rate" in r)
+        if pts:
+            ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=config)
+    ax.set_xlabel("request rate (req/s, modeled)")
+    ax.set_ylabel("normalized latency (us per generated token)")
+    ax.set_title(f"MoE serving, N = {rows[0]['ranks']} (examples/moe_serving.py)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 if __name__ == "__main__":
