@@ -190,11 +190,17 @@ def stand_in(comm, operation: str, async_op: bool) -> Work | None:
     clock = comm._rt.clock
     if clock is None:
         return None
-    work = Work(operation, comm._modeling.join_work)
-    work._issued = clock.entering()
-    if async_op:
+    return _issue(comm, operation, async_op, comm._modeling.join_work, clock.entering())
+
+
+def _issue(comm, operation: str, async_op: bool, join, issued: float, record: bool = True) -> Work:
+    """The Work of an operation issued now at modeled time ``issued``, to run later: kept for
+    ``charge_compute`` while in flight if asynchronous, and (``record``) in the rank's trace."""
+    work = Work(operation, join)
+    work._issued = issued
+    if async_op and comm._rt.clock is not None:
         comm._rt.track(work)
-    if comm._rt.trace is not None:
+    if record and comm._rt.trace is not None:
         comm._rt.trace.issue(work, async_op)
     return work
 
@@ -238,11 +244,8 @@ def _deferred(self, fn: Callable, body: Callable[[], Any], async_op: bool, path:
         return body()
     if worker is None:
         worker = self._start_worker()
-    join = self._modeling.join_work if clock is not None and (behalf is None or async_op) else None
-    work = Work(fn.__name__, join)
-    if async_op and clock is not None:
-        self._rt.track(work)
-    if self._rt.trace is not None and (behalf is None or async_op):
-        self._rt.trace.issue(work, async_op)
+    own = behalf is None or async_op      # else the stand-in joins and is traced, not this Work
+    work = _issue(self, fn.__name__, async_op, self._modeling.join_work if clock is not None and own else None,
+                  issued, own)
     worker.submit(fn.__name__, lambda: run(work), work)
     return work if async_op else work.result()
