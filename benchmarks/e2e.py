@@ -9,15 +9,16 @@ For every workload (a program under examples/: dlrm, train, serve) and configura
 as the paper's baselines and ablation, CONFIGS below) it runs the program under
 ``stratacl-launch -n RANKS --clock virtual`` and takes the modeled time of its last step (the
 first steps pay one-time costs: jit registration of the buffers, the plans' first use). With
-``--scale N`` it also records the program with ``--trace`` at the two rank counts of
-``--scale-from``, once with one step and once with two, extrapolates each pair to N ranks
-(``stratacl.ub.extrapolate``: every number of an SPMD step follows a + b x ranks) and replays
-them through the fabric model (``stratacl.ub.replay``): the step at N ranks is the difference.
-No ranks run at N. Rows (``--json``): {"workload", "config", "ranks", "scale", "modeled_step_us",
-"throughput", "p99_ttft_us", "p99_tpot_us", "batch"}, null where a field does not apply;
-"scale" is "host" (a real run) or "replay" (extrapolated; training and serving use
-sub-communicators and MoE traffic matrices, which the extrapolation refuses for now: their
-rows say so). Serving rows also carry "normalized_latency_us". ``--gaps``: the distribution of
+``--scale N`` it also records the program with ``--trace`` at the two or three rank counts of
+``--scale-from``, once with one step and once with two, extrapolates each set to N ranks
+(``stratacl.ub.extrapolate``: every number of an SPMD step follows a + b x ranks, or
+a + b x ranks + c / ranks from three recordings; groups keep their tiling; MoE routings are
+drawn anew at N) and replays them through the fabric model (``stratacl.ub.replay``): the step
+at N ranks is the difference. No ranks run at N. Rows (``--json``): {"workload", "config",
+"ranks", "scale", "modeled_step_us", "throughput", "p99_ttft_us", "p99_tpot_us", "batch"}, null
+where a field does not apply; "scale" is "host" (a real run) or "replay" (extrapolated; serving
+is not: a request stream has no steps of one shape). Serving rows also carry
+"normalized_latency_us". ``--gaps``: the distribution of
 every call's allocation-to-communication gap in one run (StrataCL's configuration).
 """
 from __future__ import annotations
@@ -95,7 +96,7 @@ def _row(workload: str, config: str, ranks: int, scale: str, found: dict, extra:
     return row
 
 
-def _at_scale(workload: str, config: str, n: int, sizes: tuple[int, int], extra: list[str]) -> dict:
+def _at_scale(workload: str, config: str, n: int, sizes: tuple[int, ...], extra: list[str]) -> dict:
     from stratacl import ub
 
     program = WORKLOADS[workload][0]
@@ -107,7 +108,7 @@ def _at_scale(workload: str, config: str, n: int, sizes: tuple[int, int], extra:
                 d = os.path.join(tmp, f"{steps}-{size}")
                 _launch(program, size, config, ["--steps", str(steps)], extra, trace=d)
                 recorded.append(ub.load_traces(d))
-            times.append(ub.replay(ub.extrapolate(recorded[0], recorded[1], n)).time_us)
+            times.append(ub.replay(ub.extrapolate(*recorded, n)).time_us)
     return {"modeled_step_us": times[1] - times[0]}
 
 
@@ -138,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--configs", default="all", help=f"comma-separated, or all ({', '.join(CONFIGS)})")
     p.add_argument("--ranks", default="8", help="comma-separated rank counts run on the host")
     p.add_argument("--scale", type=int, default=0, help="also replay at this many ranks (0: no)")
-    p.add_argument("--scale-from", default="4,8", help="the two rank counts recorded for --scale")
+    p.add_argument("--scale-from", default="4,8", help="the two or three rank counts recorded for --scale (three: "
+                                                        "numbers may also shrink as 1 / ranks, as FSDP shards do)")
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--json", default=None)
     p.add_argument("--rates", default="", help="serve: comma-separated request rates (req/s of modeled time), one "

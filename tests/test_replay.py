@@ -1,8 +1,9 @@
 """Traces (``--trace DIR``) and their replay through the fabric model (``stratacl.ub.replay``).
 
 A job run under ``--clock virtual`` records its calls; replaying the traces without ranks must
-give every rank the modeled clock it had, and traces extrapolated from two smaller runs of an
-SPMD program must give what a real run at the larger size gives.
+give every rank the modeled clock it had, and traces extrapolated from smaller runs of an SPMD
+program (sub-communicators, shards that shrink as 1 / N, MoE calls with their routing drawn
+anew) must give what a real run at the larger size gives.
 """
 from __future__ import annotations
 
@@ -45,6 +46,45 @@ def with_split(comm) -> float:
     return comm.clock() * 1e6
 
 
+def groups_and_shards(comm) -> float:
+    """Tensor-parallel pairs (blocks of 2), FSDP-like strided groups whose all_gather shard
+    shrinks as 1 / N, a kernel that grows with N: each number needs the a + bN + c/N fit."""
+    n = comm.size
+    tp = comm.split(comm.rank // 2, comm.rank)
+    fsdp = comm.split(comm.rank % 2, comm.rank)
+    shard = stratacl.zeros((3072 // n,), np.float32)
+    full = stratacl.empty((fsdp.size * shard.size,), np.float32)
+    x = stratacl.zeros((512,), np.float32)
+    for _ in range(2):
+        work = fsdp.all_gather(full, shard, async_op=True)
+        comm.charge_compute(20.0 + 0.5 * n)
+        work.wait()
+        tp.all_reduce(x)
+        comm.charge_compute(4.0, cores=12)
+    comm.barrier()
+    return comm.clock() * 1e6
+
+
+def moe_step(comm) -> float:
+    """Dispatch and combine (one async, overlapping a kernel) with ``ep.routing``'s draw j for
+    the program's j-th dispatch: what ``ub.extrapolate`` draws anew with seed 0."""
+    from stratacl import ep
+
+    n, tokens, hidden = comm.size, 6, 32
+    buf = ep.Buffer(comm, 2 * n)
+    x = stratacl.zeros((tokens, hidden), np.float32)
+    w = np.full((tokens, 3), 1 / 3, np.float32)
+    for j in range(2):
+        idx = ep.routing(tokens, 2 * n, 3, n, 0.0, j)[comm.rank]
+        recv, _, _, per_expert, handle = buf.dispatch(x, idx, w)
+        comm.charge_compute(1.0 + 0.25 * int(per_expert.sum()))      # the experts' rows: data-dependent
+        work = buf.combine(recv, handle, async_op=True)
+        comm.charge_compute(3.0)
+        work.wait()
+    comm.barrier()
+    return comm.clock() * 1e6
+
+
 def with_sendrecv(comm) -> None:
     x = stratacl.zeros((64,), np.float32)
     peer = (comm.rank + 1) % comm.size
@@ -71,8 +111,52 @@ def test_sub_communicators_replay_with_their_members(tmp_path):
     traces, _ = _record(tmp_path, with_split, 4)
     r = ub.replay(traces)
     np.testing.assert_allclose(r.end_us, r.recorded_us, rtol=1e-12)
-    with pytest.raises(stratacl.ub.ReplayError, match="sub-communicator"):
-        ub.extrapolate(traces, _record(tmp_path, with_split, 6)[0], 8)
+    # and extrapolate: the halves are groups of N / 2 ranks 2 apart at every N
+    guess = ub.replay(ub.extrapolate(traces, _record(tmp_path, with_split, 6)[0], 8))
+    real = ub.replay(_record(tmp_path, with_split, 8)[0])
+    np.testing.assert_allclose(guess.end_us, real.recorded_us, rtol=1e-9)
+
+
+def test_groups_and_shrinking_shards_extrapolate_from_three_runs(tmp_path):
+    t2, t4, t6 = (_record(tmp_path, groups_and_shards, n)[0] for n in (2, 4, 6))
+    real = ub.replay(_record(tmp_path, groups_and_shards, 8)[0])
+    np.testing.assert_allclose(ub.replay(ub.extrapolate(t2, t4, t6, 8)).end_us, real.recorded_us, rtol=1e-9)
+    # two recordings fit a + bN only: the 1 / N shard is then wrong at 8
+    two = ub.replay(ub.extrapolate(t4, t6, 8)).end_us
+    assert not np.allclose(two, real.recorded_us, rtol=1e-6)
+
+
+def test_moe_calls_extrapolate_with_their_routing_drawn_anew(tmp_path):
+    t2, t3 = (_record(tmp_path, moe_step, n)[0] for n in (2, 3))
+    real, _ = _record(tmp_path, moe_step, 4)
+    assert all("routing" in c for e in real[0]["events"] for c in ([e] if e["e"] == "call" else e.get("calls", []))
+               if c.get("op", "").endswith(("dispatch", "combine")))
+    guess = ub.extrapolate(t2, t3, 4)
+    # the draw is the program's own: the same traffic matrices as the real run, call by call
+    for e, f in zip(guess[1]["events"], real[1]["events"]):
+        for c, d in zip([e] if e["e"] == "call" else e.get("calls", []), [f] if f["e"] == "call" else f.get("calls", [])):
+            if "phases" in d:
+                assert [np.asarray(b).tolist() for b, _ in c["phases"]] == [np.asarray(b).tolist() for b, _ in d["phases"]]
+    # the experts' kernels depend on the rows each rank got: at 4 ranks every rank keeps the
+    # deviation rank r mod 3 had at N = 3, so only the mean of those kernels carries over
+    r = ub.replay(guess)
+    assert r.time_us == pytest.approx(ub.replay(real).time_us, rel=0.05)
+    # at a size no run had, every call of the program is timed once, on all 64 ranks
+    calls = [c for e in guess[0]["events"] for c in ([e] if e["e"] == "call" else e.get("calls", []))]
+    assert ub.replay(ub.extrapolate(t2, t3, 64)).calls == len(calls)
+
+
+def rank_dependent(comm) -> None:
+    x = stratacl.zeros((64,), np.float32)
+    comm.all_reduce(x)
+    if comm.rank == 0:
+        comm.charge_compute(1.0)
+
+
+def with_all_to_all_v(comm) -> None:
+    n = comm.size
+    x = stratacl.zeros((n,), np.float32)
+    comm.all_to_all_v(stratacl.empty_like(x), x, [1] * n, [1] * n)
 
 
 def test_traces_extrapolated_from_two_small_runs_match_a_real_larger_run(tmp_path):
@@ -85,6 +169,19 @@ def test_traces_extrapolated_from_two_small_runs_match_a_real_larger_run(tmp_pat
     assert guess.time_us == pytest.approx(real.recorded_us.max(), rel=1e-9)
     # and a size no run had: the model is consulted, nothing was recorded there
     assert ub.replay(ub.extrapolate(t2, t3, 64)).time_us > real.time_us
+
+
+def test_what_does_not_extrapolate_says_why(tmp_path):
+    a, b = (_record(tmp_path, rank_dependent, n)[0] for n in (2, 3))
+    with pytest.raises(stratacl.ub.ReplayError, match="not SPMD in shape"):
+        ub.extrapolate(a, b, 8)
+    a, b = (_record(tmp_path, with_all_to_all_v, n)[0] for n in (2, 3))
+    with pytest.raises(stratacl.ub.ReplayError, match="no routing behind them"):
+        ub.extrapolate(a, b, 8)
+    with pytest.raises(stratacl.ub.ReplayError, match="increasing rank counts"):
+        ub.extrapolate(b, a, 8)
+    with pytest.raises(stratacl.ub.ReplayError, match="two or three recordings"):
+        ub.extrapolate(a, 8)
 
 
 def test_what_does_not_replay_says_why(tmp_path):

@@ -25,6 +25,9 @@ destination's outputs; SCRATCH: every member's routing block; OUT: this rank's d
 buffer of the phase). Rows are transfer units of ``row`` bytes; runs of consecutive rows from
 one member are merged into one slice (the partitioner cuts slices back into units).
 
+``traffic`` gives a whole call's matrices from every member's routing at once: the model's view
+of a call, for ``ep.estimate`` and for ``ub.extrapolate``, which draws routings anew.
+
 The per-call passes over the routing (checking and counting it, writing the routing block,
 reading the records received, the row slices, the low-latency slots) are native
 (``_eproute.c``): one loop each, where numpy needed a dozen passes and two sorts.
@@ -216,3 +219,21 @@ def staging(op: str, tokens: np.ndarray, received: np.ndarray, row: int) -> tupl
     ``tokens``: each member's tokens; ``received``: the rows each received in the dispatch."""
     tokens, received = (np.asarray(a, dtype=np.int64) * row for a in (tokens, received))
     return (tokens, received) if op.endswith("dispatch") else (received, tokens)
+
+
+def traffic(op: str, mode: str, topk_idx: list[np.ndarray], experts: int, row: int) -> tuple[list, np.ndarray, tuple]:
+    """The call's phases (traffic matrices) for the ranks' ``topk_idx``, the rows each rank
+    receives in the dispatch, and the bytes each copies in and out when staged."""
+    n = len(topk_idx)
+    routes = [route(idx, n, experts) for idx in topk_idx]
+    counts = np.stack([r.per_rank for r in routes])
+    per_expert = np.stack([r.per_expert for r in routes])
+    low_latency = mode == "ll"
+    sent = rows_to_members(per_expert, n) if low_latency else counts
+    k = topk_idx[0].shape[1] if topk_idx else 0
+    if op == "dispatch":
+        phases = dispatch_traffic(counts, per_expert, k, row, low_latency)
+    else:
+        phases = combine_traffic(sent, row)
+    received = sent.sum(axis=0)
+    return phases, received, staging(op, [idx.shape[0] for idx in topk_idx], received, row)

@@ -262,6 +262,13 @@ class Buffer:
         comm._executor.run(operation, plan, comm._path)
         comm._buffers.output_done(flat, target)
 
+    def _routing(self, mode: str, tokens: np.ndarray, topk: int, row: int, dispatch: int) -> dict:
+        """What made a call's traffic, for its trace record (``ub.extrapolate`` draws a routing
+        of this shape at another rank count): the mode, every member's tokens, top-k, the
+        experts, a row's bytes, and which dispatch of this Buffer (a combine: the one it undoes)."""
+        return {"buffer": self._id, "dispatch": int(dispatch), "mode": mode, "tokens": [int(t) for t in tokens],
+                "topk": int(topk), "experts": self.num_experts, "row": int(row)}
+
     def _scratch(self, name: str, shape: tuple, dtype) -> np.ndarray:
         """A scratch array used within one call (the rows a combine pulls, its float32
         accumulator), kept across calls and grown as needed: a new one per call would fault in
@@ -357,7 +364,7 @@ class Buffer:
             comm._protocol.finish(operation)
             if timed:
                 comm._tick_exchange(operation, parity, _ep.dispatch_traffic(counts, per_expert, topk, row, True),
-                                    staging)
+                                    staging, self._routing("ll", every[:, E_TOKENS], topk, row, self._calls))
             handle = Handle(self._id, self._calls, "ll", tokens, int(got_per_expert.sum()), per_expert.copy(),
                             every[:, E_TOKENS].copy(), idx, slots=_ep.expert_slots(per_expert, me, idx),
                             max_tokens=int(max_tokens))
@@ -366,7 +373,8 @@ class Buffer:
         self._rows(operation, plan, recv_x)
         comm._protocol.finish(operation)
         if timed:
-            comm._tick_exchange(operation, parity, _ep.dispatch_traffic(counts, per_expert, topk, row, False), staging)
+            comm._tick_exchange(operation, parity, _ep.dispatch_traffic(counts, per_expert, topk, row, False), staging,
+                                self._routing("ht", every[:, E_TOKENS], topk, row, self._calls))
         handle = Handle(self._id, self._calls, "ht", tokens, tids.size, counts.copy(), every[:, E_TOKENS].copy(),
                         idx, sent=sent, weights=weights)
         return recv_x, got_idx, got_w, got_per_expert, handle
@@ -427,7 +435,8 @@ class Buffer:
             comm._executor.run(operation, plan, comm._path)
             comm._protocol.finish(operation)
             if timed:
-                comm._tick_exchange(operation, parity, _ep.combine_traffic(sent_rows, row), staging)
+                comm._tick_exchange(operation, parity, _ep.combine_traffic(sent_rows, row), staging,
+                                    self._routing("ll", handle.tokens_all, idx.shape[1], row, call))
             token = np.where(valid, np.arange(idx.shape[0])[:, None], -1).reshape(-1)
             return self._reduced(got, token, weights.reshape(-1), idx.shape[0], code)
         mine = counts[me]
@@ -436,7 +445,8 @@ class Buffer:
         self._phase(operation, ("ep_combine", row, counts.tobytes()), lambda: _ep.combine_blocks(me, counts, row), got)
         comm._protocol.finish(operation)
         if timed:
-            comm._tick_exchange(operation, parity, _ep.combine_traffic(counts, row), staging)
+            comm._tick_exchange(operation, parity, _ep.combine_traffic(counts, row), staging,
+                                self._routing("ht", handle.tokens_all, handle.topk_idx.shape[1], row, call))
         # the rows are grouped by destination ascending: each token's sum follows that order
         out = self._reduced(got, handle.sent, None, handle.tokens, code)
         # each weight comes back from its expert's rank alone (0 from the others): summed from 0

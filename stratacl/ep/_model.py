@@ -18,11 +18,11 @@ from typing import Any
 
 import numpy as np
 
-from ..collectives import _ep
+from ..collectives._ep import traffic
 from ..runtime._buffers import EAGER_BYTES
 from ..ub._clock import FabricModel, model_exchange
 from ..ub._profile import profile_plan, profiles_cores
-from ._routing import routing
+from ..ub._routing import routing
 
 OPS = ("dispatch", "combine")
 MODES = ("ht", "ll")
@@ -61,24 +61,6 @@ class MoeEstimate:
 @functools.lru_cache(maxsize=16)
 def _model(topology: str, registration: str, partition: str, path: str) -> FabricModel:
     return FabricModel(topology, registration, partition=partition, path=path, eager_bytes=EAGER_BYTES)
-
-
-def traffic(op: str, mode: str, topk_idx: list[np.ndarray], experts: int, row: int) -> tuple[list, np.ndarray, tuple]:
-    """The call's phases (traffic matrices) for the ranks' ``topk_idx``, the rows each rank
-    receives in the dispatch, and the bytes each copies in and out when staged."""
-    n = len(topk_idx)
-    routes = [_ep.route(idx, n, experts) for idx in topk_idx]
-    counts = np.stack([r.per_rank for r in routes])
-    per_expert = np.stack([r.per_expert for r in routes])
-    low_latency = mode == "ll"
-    sent = _ep.rows_to_members(per_expert, n) if low_latency else counts
-    k = topk_idx[0].shape[1] if topk_idx else 0
-    if op == "dispatch":
-        phases = _ep.dispatch_traffic(counts, per_expert, k, row, low_latency)
-    else:
-        phases = _ep.combine_traffic(sent, row)
-    received = sent.sum(axis=0)
-    return phases, received, _ep.staging(op, [idx.shape[0] for idx in topk_idx], received, row)
 
 
 def estimate(op: str, nranks: int, tokens: int, hidden: int, topk: int, experts: int, mode: str = "ht",

@@ -197,10 +197,11 @@ class Communicator:
         if self._rt.clock is not None:
             self._modeling.tick(op, self._protocol.descriptors(parity), nbytes, algo, root, itemsize, self._path)
 
-    def _tick_exchange(self, op: str, parity: int, phases: list, staging=None) -> None:
-        """``_tick`` for a call given by its traffic matrices (all_to_all_v, stratacl.ep)."""
+    def _tick_exchange(self, op: str, parity: int, phases: list, staging=None, routing: dict | None = None) -> None:
+        """``_tick`` for a call given by its traffic matrices (all_to_all_v, stratacl.ep;
+        ``routing``: what made an ep call's matrices, for a trace's extrapolation)."""
         if self._rt.clock is not None:
-            self._modeling.tick_exchange(op, self._protocol.descriptors(parity), phases, staging, self._path)
+            self._modeling.tick_exchange(op, self._protocol.descriptors(parity), phases, staging, self._path, routing)
 
     # --- collectives ------------------------------------------------------------------------
     @collective

@@ -158,11 +158,13 @@ class Modeling:
                          extra, descs)
         self._timed(op, model, model.plan(op, algo, tuple(self._members), nbytes, root, itemsize), entering, extra)
 
-    def tick_exchange(self, op: str, descs: np.ndarray, phases: list, staging, path: str) -> None:
+    def tick_exchange(self, op: str, descs: np.ndarray, phases: list, staging, path: str,
+                      routing: dict | None = None) -> None:
         """``tick`` for a call given by its traffic matrices (collectives._schedule.exchange):
         all_to_all_v, MoE dispatch and combine; ``staging``: (input, output) bytes per member
         that the staged registration copies, or None (ub._clock.FabricModel.plan_exchange). A
-        jit member maps every owner it reads from in any phase."""
+        jit member maps every owner it reads from in any phase. ``routing`` (MoE calls): the
+        routing's shape, recorded with the call so that ``ub.extrapolate`` can draw it anew."""
         entering = from_bits(descs[:, F_AUX0])
         extra = None
         if self._rt.config.registration == "jit":
@@ -174,7 +176,8 @@ class Modeling:
         model = self._rt.model_for(path)
         if self._rt.trace is not None:
             self._record(dict(op=op, phases=[(np.asarray(b, dtype=np.int64), int(k)) for b, k in phases],
-                              staging=None if staging is None else [np.asarray(a, dtype=np.int64) for a in staging]),
+                              staging=None if staging is None else [np.asarray(a, dtype=np.int64) for a in staging],
+                              **({} if routing is None else {"routing": routing})),
                          path, extra, descs)
         self._timed(op, model, model.plan_exchange(tuple(self._members), phases, staging), entering, extra)
 

@@ -6,7 +6,7 @@ import numpy as np
 from .._errors import ReplayError as ReplayError
 from ._registration import active as _active_unit
 from ._replay import Replay as Replay
-from ._replay import extrapolate as extrapolate
+from ._extrapolate import extrapolate as extrapolate
 from ._replay import load as load_traces
 from ._replay import replay as replay
 from ._topology import Tier as Tier

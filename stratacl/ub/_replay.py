@@ -11,13 +11,12 @@
     Replay: every rank's final clock, and the calls timed
 
 Replaying a job's traces at the rank count they were recorded at gives the modeled times the
-ranks had (the same functions on the same inputs). ``extrapolate`` makes the traces of a
-larger job from two recordings of an SPMD program at two rank counts, for the paper's scales
-(see its docstring for what it assumes).
+ranks had (the same functions on the same inputs). ``extrapolate`` (ub/_extrapolate.py) makes
+the traces of a larger job from recordings of an SPMD program at smaller rank counts, for the
+paper's scales.
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 import glob
 import json
@@ -237,66 +236,3 @@ def replay(traces: list[dict]) -> Replay:
     recorded = [t.get("end_us") for t in traces]
     return Replay(np.array([r.now for r in ranks]), None if None in recorded else np.array(recorded, dtype=np.float64),
                   timed)
-
-
-def extrapolate(small: list[dict], large: list[dict], nranks: int) -> list[dict]:
-    """The traces of an ``nranks``-rank job, from traces of the same SPMD program recorded at
-    two smaller rank counts (``small`` at N1, ``large`` at N2 > N1).
-
-    Assumes what weak scaling of a data- and expert-parallel step gives: every rank runs the
-    same events (rank 0's are taken for all), every call is on the world communicator, and
-    each number in an event (bytes of a call, microseconds of a kernel) is a + b x N, fitted
-    through the two recordings (an all_to_all's input grows with N, an all_reduce's does not).
-    The jit mappings a call pays follow the same line, as their mean over the members (exact
-    when every member pays alike, as in tests/test_replay.py and DLRM's default sizes). Calls timed from traffic matrices (all_to_all_v, stratacl.ep) are refused: their
-    matrices do not follow a line."""
-    n1, n2 = small[0]["world"], large[0]["world"]
-    if not n1 < n2 or nranks < 2:
-        raise ReplayError(f"extrapolate: needs two recordings at N1 < N2, got {n1} and {n2}, and nranks >= 2")
-    a, b = small[0]["events"], large[0]["events"]
-    if len(a) != len(b):
-        raise ReplayError(f"extrapolate: the two recordings differ in shape ({len(a)} and {len(b)} events on rank 0)")
-
-    def line(x1: float, x2: float) -> float:
-        return x1 + (x2 - x1) * (nranks - n1) / (n2 - n1)
-
-    def world_call(r1: dict, r2: dict, where: str) -> dict:
-        for r in (r1, r2):
-            if "phases" in r:
-                raise ReplayError(f"extrapolate: {where}: {r['op']} is timed from traffic matrices; only calls of "
-                                  f"FabricModel.plan extrapolate")
-            if len(r["members"]) != (n1 if r is r1 else n2):
-                raise ReplayError(f"extrapolate: {where}: {r['op']} is on a sub-communicator; only world calls "
-                                  f"extrapolate")
-        if (r1["op"], r1["algo"], r1["root"], r1["itemsize"]) != (r2["op"], r2["algo"], r2["root"], r2["itemsize"]):
-            raise ReplayError(f"extrapolate: {where}: the recordings call {r1['op']} and {r2['op']}")
-        out = dict(r2, members=list(range(nranks)), extra=None)
-        nbytes = line(r1["nbytes"], r2["nbytes"])
-        out["nbytes"] = int(round(nbytes / r1["itemsize"])) * r1["itemsize"]
-        extras = [r.get("extra") for r in (r1, r2)]
-        if extras != [None, None]:
-            # jit mappings: every member maps its N - 1 peers in an SPMD step, so the cost follows
-            # N as the mappings' count does; members that paid differently (a buffer sharing a
-            # segment another call mapped already) are averaged, so then it is an approximation
-            mean = [float(np.mean(e)) if e is not None else 0.0 for e in extras]
-            out["extra"] = [max(0.0, line(mean[0], mean[1]))] * nranks
-        return out
-
-    events = []
-    for i, (e1, e2) in enumerate(zip(a, b)):
-        where = f"event {i}"
-        if e1["e"] != e2["e"]:
-            raise ReplayError(f"extrapolate: {where} is {e1['e']} at N={n1} and {e2['e']} at N={n2}")
-        if e1["e"] == "call":
-            events.append({"e": "call", **world_call(e1, e2, where)})
-        elif e1["e"] == "issue":
-            if len(e1["calls"]) != len(e2["calls"]):
-                raise ReplayError(f"extrapolate: {where}: the recordings' operation makes different calls")
-            events.append(dict(e2, calls=[world_call(c1, c2, where) for c1, c2 in zip(e1["calls"], e2["calls"])]))
-        elif e1["e"] == "compute":
-            events.append(dict(e2, us=max(0.0, line(e1["us"], e2["us"]))))
-        else:
-            events.append(copy.deepcopy(e2))
-    settings = large[0]["settings"]
-    return [{"format": FORMAT, "rank": r, "world": nranks, "settings": settings, "end_us": None, "events": events}
-            for r in range(nranks)]

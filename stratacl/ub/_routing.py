@@ -1,4 +1,5 @@
-"""Seeded expert routing for benchmarks and examples: what a gate would pick, without a model.
+"""Seeded expert routing for benchmarks, examples and trace extrapolation: what a gate would
+pick, without a model.
 
     routing(tokens, experts, topk, nranks, skew, seed)  -> one topk_idx [T, K] per rank
 
