@@ -38,6 +38,12 @@ setup(
             extra_compile_args=["-O2"],
         ),
         Extension(
+            "stratacl.ub._fill",
+            sources=["stratacl/ub/_fill.c"],
+            # no fused multiply-add: the rates must round as the numpy formulation's
+            extra_compile_args=["-O2", "-ffp-contract=off"],
+        ),
+        Extension(
             "stratacl.collectives._lpt",
             sources=["stratacl/collectives/_lpt.c"],
             extra_compile_args=["-O2"],

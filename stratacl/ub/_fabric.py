@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ._fill import fill as _native_fill
 from ._topology import Topology
 
 LOAD, LOAD_REDUCE, LOCAL_COPY = 0, 1, 2
@@ -143,22 +144,13 @@ class Fabric:
 
     @staticmethod
     def _fill(res, w, cap, tier_cap, active) -> np.ndarray:
-        """Max-min fair rates (bytes/us) of the active transfers by progressive filling."""
-        x = np.zeros(len(active))
-        free = active.copy()
-        load = np.zeros(cap.size)
-        while free.any():
-            rf, wf = res[free], w[free]
-            wsum = np.bincount(rf.ravel(), wf.ravel(), minlength=cap.size)
-            with np.errstate(divide="ignore", invalid="ignore"):
-                level = np.where(wsum > 0, (cap - load) / wsum, np.inf)
-            lam = min(level.min(), tier_cap[free].min())
-            saturated = level <= lam * (1 + 1e-12)
-            stop = (saturated[rf] & (wf > 0)).any(axis=1) | (tier_cap[free] <= lam * (1 + 1e-12))
-            idx = np.nonzero(free)[0][stop]
-            x[idx] = lam
-            load += np.bincount(res[idx].ravel(), (w[idx] * lam).ravel(), minlength=cap.size)
-            free[idx] = False
+        """Max-min fair rates (bytes/us) of the active transfers by progressive filling: all
+        unfrozen transfers' rates rise together; a resource that fills freezes the transfers on
+        it, a transfer stops at its tier cap (native: ``_fill.c``)."""
+        x = np.empty(len(active))
+        _native_fill(np.ascontiguousarray(res, dtype=np.int64), np.ascontiguousarray(w, dtype=np.float64),
+                     res.shape[1], np.ascontiguousarray(cap, dtype=np.float64),
+                     np.ascontiguousarray(tier_cap, dtype=np.float64), np.ascontiguousarray(active, dtype=bool), x)
         return x
 
     def rates(self, reader, owner, nbytes, kind) -> tuple[np.ndarray, np.ndarray]:
