@@ -1,6 +1,7 @@
 """A DLRM-like recommendation model trained through torch.distributed on the emulated supernode.
 
     stratacl-launch -n 8 [--clock virtual] examples/dlrm.py [--steps 3] [--batch 16] [--rows 512]
+        [--cache-rows C] [--zipf A]
 
 The embedding tables are sharded table-wise (rank r owns tables r*P .. r*P+P-1, P per rank)
 and the dense MLPs are replicated (data parallel), as TorchRec deploys DLRM. One step:
@@ -13,6 +14,21 @@ and the dense MLPs are replicated (data parallel), as TorchRec deploys DLRM. One
         exchange); the pooled embeddings' gradients --all_to_all--> the owners, which add them
         into the rows they looked up (SGD)
 
+Embedding cache (``--cache-rows C``, paper section 9, Fig. 12b). C = 0 (default): every row
+of the owner's tables is in HBM. C > 0: each owner keeps its tables' full contents in host
+memory (CPU DRAM, which CloudMatrix384's dies reach over UB) and C rows of each table in an
+HBM cache. Before looking rows up, the owner brings the step's missing rows into the cache
+with one ``comm.host_rows`` call per table, which first writes back the dirty rows it evicts
+(training updates every row it looks up, so the cache holds a row's only current copy until
+it is written back: one owner, one copy, coherent). Policy: LRU over the whole cache (fully
+associative), ties broken by slot number, chosen because it is deterministic, needs no
+per-table tuning, and keeps the heavy tail's hot rows resident; a step's rows are pinned for
+the step, so C must hold the distinct rows one step touches (checked). ``--zipf A`` draws
+indices from a seeded Zipf-like law, P(k-th most popular row) ~ 1/k^A over a fixed random
+order of each table's rows (this example's choice: A = 1.05 for the cache sweeps, a heavy
+tail like Criteo's; 0, the default, is uniform). Rank 0 reports the hit rate: the fraction
+of lookups whose row was in HBM when the step began.
+
 Every exchanged tensor lives in HBM (``stratacl.torch.empty``): peers pull from it in place.
 Then every rank computes the same steps for the whole job alone, in this process (every
 rank's samples, the same operations in the same order) and compares bit for bit: its losses,
@@ -23,6 +39,7 @@ modeled step time is printed too. Rank 0 prints what happened.
 import argparse
 import time
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -40,6 +57,10 @@ p.add_argument("--pooling", type=int, default=4, help="indices per bag")
 p.add_argument("--dense", type=int, default=13, help="dense features (Criteo has 13)")
 p.add_argument("--hidden", type=int, default=32, help="top MLP's hidden width")
 p.add_argument("--lr", type=float, default=0.05)
+p.add_argument("--cache-rows", type=int, default=0,
+               help="HBM cache rows per table, the rest in host memory (0: every row in HBM)")
+p.add_argument("--zipf", type=float, default=0.0,
+               help="index skew: P(k-th most popular row) ~ 1/k^A (0: uniform)")
 p.add_argument("--no-check", dest="check", action="store_false",
                help="skip the one-process recomputation (for sweeps at sizes where it is slow)")
 args = p.parse_args()
@@ -50,6 +71,9 @@ comm = stratacl.init()
 n, me = dist.get_world_size(), dist.get_rank()
 P, B, L, D, R = args.tables_per_rank, args.batch, args.pooling, args.dim, args.rows
 T, FD, H = P * n, args.dense, args.hidden
+C = args.cache_rows
+if not 0 <= C <= R or args.zipf < 0:
+    raise SystemExit(f"dlrm: --cache-rows must be in 0..{R} (--rows) and --zipf >= 0, got {C}, {args.zipf}")
 topo, modeled = comm.topology, stratacl.config.clock != "off"
 
 
@@ -68,11 +92,22 @@ def mlp_init() -> dict:
     return {k: torch.randn(*s, generator=g) * 0.1 for k, s in shapes.items()}
 
 
+# Zipf-like popularity: the CDF over popularity ranks, and each table's rows in popularity order
+_cdf = torch.cumsum(torch.arange(1, R + 1, dtype=torch.float64) ** -args.zipf, 0)
+_cdf /= _cdf[-1].clone()
+_order = [torch.randperm(R, generator=torch.Generator().manual_seed(2000 + t)) for t in range(T)]
+
+
 def samples(step: int, rank: int):
     """Rank ``rank``'s samples at ``step``: dense features, bag indices [T, B, L], labels."""
     g = torch.Generator().manual_seed(step * 100003 + rank)
     dense = torch.randn(B, FD, generator=g)
-    idx = torch.randint(0, R, (T, B, L), generator=g)
+    if args.zipf == 0:
+        idx = torch.randint(0, R, (T, B, L), generator=g)
+    else:
+        u = torch.rand(T, B * L, generator=g, dtype=torch.float64)
+        ranks = torch.searchsorted(_cdf, u).clamp_(max=R - 1)
+        idx = torch.stack([_order[t][ranks[t]] for t in range(T)]).view(T, B, L)
     labels = torch.randint(0, 2, (B,), generator=g).float()
     return dense, idx, labels
 
@@ -109,6 +144,56 @@ def scatter_grads(grad: torch.Tensor, idx: torch.Tensor, g: torch.Tensor) -> Non
         grad.index_add_(0, idx[:, k], g)
 
 
+class Cache:
+    """One table's HBM cache of C rows over its full contents in host memory (LRU, see above)."""
+
+    def __init__(self, t: int):
+        self.host = table_init(t)                          # host memory: an ordinary tensor
+        self.rows = stratacl.torch.empty((C, D))           # HBM
+        self.slot_row = np.full(C, -1, dtype=np.int64)     # row held by each slot (-1: empty)
+        self.row_slot = np.full(R, -1, dtype=np.int64)     # slot holding each row (-1: in host memory)
+        self.used = np.full(C, -1, dtype=np.int64)         # step of each slot's last use
+        self.dirty = np.zeros(C, dtype=bool)
+        self.hits = self.lookups = self.fetched = self.written = 0
+
+    def fetch(self, step: int, idx: torch.Tensor) -> torch.Tensor:
+        """Make every row of ``idx`` resident (one host_rows call) and return their slots."""
+        ids = idx.reshape(-1).numpy()
+        rows = np.unique(ids)
+        if rows.size > C:
+            raise SystemExit(f"dlrm: a step touches {rows.size} distinct rows of one table; --cache-rows {C} "
+                             "cannot hold them (raise it)")
+        resident = self.row_slot[ids] >= 0
+        self.hits += int(resident.sum())
+        self.lookups += ids.size
+        self.used[self.row_slot[rows[self.row_slot[rows] >= 0]]] = step
+        miss = rows[self.row_slot[rows] < 0]
+        free = np.flatnonzero(self.used < step)            # slots this step does not use
+        victims = free[np.lexsort((free, self.used[free]))[:miss.size]]
+        old = self.slot_row[victims]
+        back = victims[(old >= 0) & self.dirty[victims]]
+        comm.host_rows(self.rows.numpy(), self.host.numpy(), miss, victims, back, self.slot_row[back])
+        self.row_slot[old[old >= 0]] = -1
+        self.slot_row[victims], self.row_slot[miss] = miss, victims
+        self.used[victims], self.dirty[victims] = step, False
+        self.fetched += miss.size
+        self.written += back.size
+        return torch.from_numpy(self.row_slot[ids]).view(idx.shape)
+
+    def update(self, rows: np.ndarray, grad: torch.Tensor) -> None:
+        """SGD on the step's rows, in the cache (the same arithmetic as on the whole table)."""
+        slots = torch.from_numpy(self.row_slot[rows])
+        self.rows[slots] -= args.lr * grad[torch.from_numpy(rows)]
+        self.dirty[self.row_slot[rows]] = True
+
+    def flush(self) -> torch.Tensor:
+        """Write every dirty row back; the host table is then the whole table."""
+        back = np.flatnonzero(self.dirty & (self.slot_row >= 0))
+        comm.host_rows(self.rows.numpy(), self.host.numpy(), store_slots=back, store_rows=self.slot_row[back])
+        self.dirty[back] = False
+        return self.host
+
+
 FLAT = sum(v.numel() for v in mlp_init().values())
 dense_flops = 2 * B * (FD * D + (T + 1) * D * H + H)          # one forward; a backward costs twice that
 
@@ -118,7 +203,10 @@ def step_distributed(step: int, params: dict, tables: list, bufs: dict) -> torch
     bufs["idx_out"].copy_(idx.view(n, P, B, L))
     dist.all_to_all_single(bufs["idx_in"], bufs["idx_out"])       # [s, j]: rank s's bags for my table j
     for j in range(P):
-        bufs["pooled_out"][:, j] = pool(tables[j], bufs["idx_in"][:, j])
+        if C:
+            bufs["pooled_out"][:, j] = pool(tables[j].rows, tables[j].fetch(step, bufs["idx_in"][:, j]))
+        else:
+            bufs["pooled_out"][:, j] = pool(tables[j], bufs["idx_in"][:, j])
     charge(n * P * B * (L - 1) * D, 4 * n * P * B * D * (L + 1))
     dist.all_to_all_single(bufs["pooled_in"], bufs["pooled_out"])  # [o, j]: owner o's table j, my bags
     pooled = bufs["pooled_in"].permute(2, 0, 1, 3).reshape(B, T, D)
@@ -133,7 +221,10 @@ def step_distributed(step: int, params: dict, tables: list, bufs: dict) -> torch
         grad = torch.zeros(R, D)
         for s in range(n):
             scatter_grads(grad, bufs["idx_in"][s, j], bufs["grad_in"][s, j])
-        tables[j] -= args.lr * grad
+        if C:
+            tables[j].update(np.unique(bufs["idx_in"][:, j].numpy()), grad)
+        else:
+            tables[j] -= args.lr * grad
     charge(n * P * B * L * D + 2 * P * R * D, 4 * (2 * n * P * B * L * D + 3 * P * R * D))
     work.wait()
     at = 0
@@ -172,7 +263,7 @@ def step_alone(step: int, params: dict, tables: list) -> list:
 
 
 params = mlp_init()
-tables = [table_init(me * P + j) for j in range(P)]
+tables = [Cache(me * P + j) if C else table_init(me * P + j) for j in range(P)]
 bufs = {"idx_out": stratacl.torch.empty((n, P, B, L), dtype=torch.int64),
         "idx_in": stratacl.torch.empty((n, P, B, L), dtype=torch.int64),
         "pooled_out": stratacl.torch.empty((n, P, B, D)), "pooled_in": stratacl.torch.empty((n, P, B, D)),
@@ -185,6 +276,9 @@ for step in range(args.steps):
     losses.append(step_distributed(step, params, tables, bufs))
     step_us.append(((comm.clock() - t0) if modeled else time.perf_counter() - w0) * 1e6)
 
+if C:
+    cached = tables
+    tables = [c.flush() for c in cached]
 exact = True
 if args.check:
     ref_params, ref_tables = mlp_init(), [table_init(t) for t in range(T)]
@@ -196,6 +290,9 @@ verdict = torch.tensor([int(exact)], dtype=torch.int32)
 dist.all_reduce(verdict, op=dist.ReduceOp.MIN)
 slowest = torch.tensor(step_us, dtype=torch.float64)
 dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+hits = torch.tensor([sum(getattr(c, k) for c in cached) if C else 0
+                     for k in ("hits", "lookups", "fetched", "written")], dtype=torch.int64)
+dist.all_reduce(hits)
 mean_loss = torch.stack(losses).to(torch.float64)
 dist.all_reduce(mean_loss)
 if me == 0:
@@ -204,6 +301,10 @@ if me == 0:
         print(f"exact against the job computed in one process, on every rank: {'yes' if verdict.item() else 'NO'}")
     else:
         print("exact against the job computed in one process, on every rank: not checked (--no-check)")
+    if C:
+        print(f"embedding cache: {C} of {R} rows per table in HBM (LRU), indices Zipf {args.zipf:g}: hit rate "
+              f"{hits[0].item() / max(hits[1].item(), 1):.4f} ({hits[0].item()} of {hits[1].item()} lookups); "
+              f"{hits[2].item()} rows fetched from host memory, {hits[3].item()} written back on eviction")
     for s in range(args.steps):
         what = "modeled" if modeled else "wall"
         print(f"step {s + 1}: loss {mean_loss[s].item() / n:.6f}   {what} {slowest[s].item():.1f} us (slowest rank)")

@@ -58,6 +58,25 @@ def test_dlrm_example_trains_exactly_as_one_process(n, clock):
         assert steps[0].group(4) == steps[1].group(4) and float(steps[0].group(4)) > 0
 
 
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("n, clock, registration", [(3, "virtual", "staged"), (3, "off", "roa")])
+def test_dlrm_with_an_embedding_cache_trains_exactly_as_one_process(n, clock, registration):
+    # 256 rows per table, 80 in HBM: skewed lookups both hit and miss, and dirty rows get evicted
+    run = launch("-n", str(n), "--clock", clock, "--registration", registration, "--timeout", "90",
+                 str(EXAMPLES / "dlrm.py"), "--steps", "3", "--batch", "8", "--rows", "256", "--cache-rows", "80",
+                 "--zipf", "1.05", timeout=200)
+    assert run.returncode == 0, run.explain()
+    lines = run.stdout.splitlines()
+    assert lines[1] == "exact against the job computed in one process, on every rank: yes", run.explain()
+    m = re.fullmatch(r"embedding cache: 80 of 256 rows per table in HBM \(LRU\), indices Zipf 1.05: hit rate ([\d.]+) "
+                     r"\((\d+) of (\d+) lookups\); (\d+) rows fetched from host memory, (\d+) written back on eviction",
+                     lines[2])
+    assert m, run.explain()
+    hits, lookups = int(m.group(2)), int(m.group(3))
+    assert lookups == 3 * n * 8 * 4 * 2 * n and 0 < hits < lookups
+    assert 0.0 < float(m.group(1)) < 1.0 and int(m.group(4)) > 0 and int(m.group(5)) > 0
+
+
 @pytest.mark.timeout(180)
 def test_moe_serving_example_generates_exactly_as_one_process():
     run = launch("-n", "8", "--clock", "virtual", "--timeout", "90", str(EXAMPLES / "moe_serving.py"),

@@ -19,8 +19,8 @@ from stratacl.bench import _cases, _cli
 from stratacl.collectives import _schedule as S
 from stratacl.runtime._buffers import EAGER_BYTES
 from stratacl.ub import _topology
-from stratacl.ub._clock import FabricModel, choose_algo, model_call, model_send_recv
-from stratacl.ub._fabric import LOAD, LOCAL_COPY, Fabric
+from stratacl.ub._clock import FabricModel, choose_algo, model_call, model_exchange, model_send_recv
+from stratacl.ub._fabric import HOST_LOAD, HOST_STORE, LOAD, LOCAL_COPY, Fabric
 
 KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
 GB = 1e3                      # bytes per microsecond in one GB/s
@@ -516,3 +516,47 @@ def test_sweep_reports_modeled_time_from_the_clock():
     assert rows[0]["model_time_us"] == pytest.approx(7.0)
     assert rows[0]["model_algbw"] == pytest.approx(4096 / 7.0 / 1e3)
     assert rows[0]["model_busbw"] == pytest.approx(rows[0]["model_algbw"] / 2)
+
+
+# --- the host tier (a rank's own host memory) ---------------------------------------------------
+def test_the_host_tier_is_optional_and_named_by_field_host():
+    assert _topo().host is None and _topology.load("flat").host is None
+    cm = _topology.load("cm384")
+    assert cm.host == "host" and cm.tiers["host"].bandwidth_gbps == 40.0 and cm.tiers["host"].latency_us == 1.0
+    assert "host      tier host: 1 us, 40 GB/s" in cm.describe()
+    with pytest.raises(stratacl.ConfigError, match="field 'host' names unknown tier 'dram'"):
+        _topo(host="dram")
+    with pytest.raises(stratacl.ConfigError, match="field 'host' must be str"):
+        _topo(host=3)
+    with pytest.raises(stratacl.ConfigError, match="no 'host' tier"):
+        Fabric(_topo()).phase([0], [0], MIB, HOST_LOAD)
+
+
+def test_host_transfers_cost_the_host_tier_and_share_the_readers_port():
+    tiers = {"local": {"latency_us": 0.0, "bandwidth_gbps": 1000}, "near": {"latency_us": 1.0, "bandwidth_gbps": 100},
+             "far": {"latency_us": 3.0, "bandwidth_gbps": 50}, "dram": {"latency_us": 2.0, "bandwidth_gbps": 40}}
+    f = Fabric(_topo(tiers=tiers, host="dram", port={"gbps": 60}))
+    m = MIB
+    # alone: alpha + bytes at the tier's 40 GB/s; a load and a store of one rank run side by side
+    assert f.phase([1], [1], m, HOST_LOAD) == pytest.approx([2.0 + m / (40 * GB)])
+    assert f.phase([1, 1], [1, 1], m, [HOST_LOAD, HOST_STORE]) == pytest.approx([2.0 + m / (40 * GB)] * 2)
+    # a host load and a peer load into rank 0 share its 60 GB/s port in: 30 each
+    assert f.phase([0, 0], [0, 1], m, [HOST_LOAD, LOAD]) == pytest.approx([2.0 + m / (30 * GB), 1.0 + m / (30 * GB)])
+    # a host store leaves by the port out, so it does not slow a load into the same rank
+    assert f.phase([0, 0], [0, 1], m, [HOST_STORE, LOAD]) == pytest.approx([2.0 + m / (40 * GB), 1.0 + m / (60 * GB)])
+
+
+def test_host_phases_stay_host_transfers_and_staged_adds_the_buffer_copies():
+    steps = S.exchange([(np.array([[MIB]]), HOST_LOAD)])
+    assert [type(s).__name__ for s in steps] == ["Barrier", "Mesh", "Barrier"] and steps[1].kind.tolist() == [HOST_LOAD]
+    phases = [(np.array([[MIB // 4]]), HOST_STORE), (np.array([[MIB]]), HOST_LOAD)]
+    staging = (np.array([MIB // 4]), np.array([MIB]))
+    t = {reg: model_exchange(FabricModel("cm384", reg, path="mte", eager_bytes=EAGER_BYTES), (5,), phases, [0.0],
+                             staging=staging)[0] for reg in ("roa", "staged")}
+    # staged: the evicted rows copied into the buffer first, the fetched ones out of it after (HBM / 2)
+    assert t["staged"] - t["roa"] == pytest.approx(MIB * 5 / 4 / (800 * GB), rel=1e-6)
+    # zero copy: each phase its latency and its bytes at 40 GB/s (6 cores of 7.76 GB/s fill the tier)
+    assert t["roa"] == pytest.approx(2 * 1.0 + MIB * 5 / 4 / (40 * GB))
+    sdma = model_exchange(FabricModel("cm384", "roa", path="sdma", eager_bytes=EAGER_BYTES), (5,), phases, [0.0],
+                          staging=staging)[0]
+    assert sdma > t["roa"]       # one peer: few descriptors, each streaming on one channel

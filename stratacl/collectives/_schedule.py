@@ -72,7 +72,7 @@ import dataclasses
 
 import numpy as np
 
-LOAD, LOAD_REDUCE, LOCAL_COPY = 0, 1, 2    # transfer kinds (same codes as ub._fabric)
+LOAD, LOAD_REDUCE, LOCAL_COPY, HOST_LOAD, HOST_STORE = 0, 1, 2, 3, 4   # transfer kinds (same codes as ub._fabric)
 
 OPS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "broadcast", "barrier", "sendrecv")
 RING_OPS = ("all_gather", "reduce_scatter", "all_reduce")
@@ -214,12 +214,14 @@ def exchange(phases: list[tuple[np.ndarray, int]]) -> list:
     arrival barrier, then per phase a full-mesh step in which member i pulls ``B[i, j]`` bytes
     from member j (``phases``: (B, transfer kind) pairs; B[i, i] is a local copy), then the
     departure barrier. The phases follow each other without a barrier: each reads only what
-    its owners published before the arrival (runtime: ep/_buffer.py, all_to_all_v)."""
+    its owners published before the arrival (runtime: ep/_buffer.py, all_to_all_v). A phase of
+    kind HOST_LOAD or HOST_STORE moves B[i, i] bytes between member i's HBM and its host DRAM
+    (runtime/_host.py: one member, so no barrier is timed)."""
     steps: list = [Barrier()]
     for b, kind in phases:
         b = np.asarray(b, dtype=np.int64)
         reader, owner = np.nonzero(b)
-        kinds = np.where(reader == owner, LOCAL_COPY, kind)
+        kinds = np.where((reader == owner) & (kind < HOST_LOAD), LOCAL_COPY, kind)
         steps.append(Mesh(reader, owner, b[reader, owner], kinds))
     return steps + [Barrier()]
 

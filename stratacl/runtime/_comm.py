@@ -203,6 +203,21 @@ class Communicator:
         if self._rt.clock is not None:
             self._modeling.tick_exchange(op, self._protocol.descriptors(parity), phases, staging, self._path, routing)
 
+    # --- host memory -----------------------------------------------------------------------
+    def host_rows(self, cache: np.ndarray, host: np.ndarray, fetch_rows=None, fetch_slots=None,
+                  store_slots=None, store_rows=None, *, path: str | None = None) -> None:
+        """Move whole rows between ``host``, a table in this rank's host memory (any array outside
+        HBM), and ``cache``, an array of rows in its HBM: first ``host[store_rows] =
+        cache[store_slots]`` (write-back), then ``cache[fetch_slots] = host[fetch_rows]``.
+        Index arrays pair up one to one; a destination row may appear once. Rows move on
+        ``path`` (default: the setting), through a communication buffer under ``--registration
+        staged``, zero copy otherwise. Under a modeled clock it is timed on the topology's
+        ``host`` tier (runtime/_host.py). Not collective; host-blocking."""
+        if self._rt.host is None:
+            from ._host import HostRows
+            self._rt.host = HostRows(self._rt)
+        self._rt.host.move(cache, host, fetch_rows, fetch_slots, store_slots, store_rows, path)
+
     # --- collectives ------------------------------------------------------------------------
     @collective
     def barrier(self) -> None:

@@ -40,7 +40,8 @@ class Executor:
     descriptors name the peers' inputs and whose ``cx`` counts the bytes)."""
 
     def __init__(self, rt, members: list[int], rank: int, protocol):
-        self._rt, self._protocol, self._cx = rt, protocol, protocol.cx
+        # protocol None: a rank's own copies with no peers (runtime/_host.py), which only execute
+        self._rt, self._protocol, self._cx = rt, protocol, protocol.cx if protocol is not None else None
         self._members, self._rank = members, rank
         n = len(members)
         self.bases = np.zeros((BUFFERS, n), dtype=np.int64)

@@ -181,6 +181,20 @@ class Modeling:
                          path, extra, descs)
         self._timed(op, model, model.plan_exchange(tuple(self._members), phases, staging), entering, extra)
 
+    def tick_host(self, op: str, phases: list, staging, path: str) -> None:
+        """``tick_exchange`` for a rank's own transfers to and from its host memory
+        (runtime/_host.py): this one-member timeline enters at the program's clock or its
+        previous call's end; no descriptors, no peers, no jit mappings."""
+        entering = np.array([self.entering_us()])
+        model = self._rt.model_for(path)
+        if self._rt.trace is not None:
+            self._calls += 1
+            self._rt.trace.call(self._running, dict(
+                comm=self.key, members=self._members, k=self._calls, path=path, extra=None, gap_s=None, op=op,
+                phases=[(np.asarray(b, dtype=np.int64), int(k)) for b, k in phases],
+                staging=[np.asarray(a, dtype=np.int64) for a in staging]))
+        self._timed(op, model, model.plan_exchange(tuple(self._members), phases, staging), entering, None)
+
     def _record(self, inputs: dict, path: str, extra, descs: np.ndarray) -> None:
         """A call's model inputs, into the rank's trace (runtime/_trace.py), with the wall
         seconds since this rank's input was physically allocated (None: not in HBM)."""

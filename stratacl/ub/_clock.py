@@ -173,8 +173,7 @@ class FabricModel:
         """Per-member duration of one phase whose transfers the fabric timed (``done``, us from
         the phase start, per transfer) once the members' cores execute them."""
         f, n = self.fabric, m.size
-        tier = f.tier_of(m[reader], m[owner])
-        tier[kind == S.LOCAL_COPY] = f.local_tier
+        tier = f.tier_by_kind(m[reader], m[owner], kind)
         alpha = f.latency[tier]
         dur, runs = np.zeros(n), [None] * n
         order = np.argsort(reader, kind="stable")

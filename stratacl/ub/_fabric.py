@@ -3,12 +3,16 @@
 A phase is a set of transfers that run at the same time (one full-mesh step, one ring step),
 given as arrays: reader and owner (global ranks: the tiers depend on where ranks sit), bytes,
 and kind (a remote ``LOAD``, a remote ``LOAD_REDUCE`` into the reader's SRAM, priced like a load
-since the accumulation happens on chip, or a ``LOCAL_COPY`` inside the reader's HBM). Pull mode:
-bytes flow owner -> reader.
+since the accumulation happens on chip, a ``LOCAL_COPY`` inside the reader's HBM, or a
+``HOST_LOAD`` / ``HOST_STORE`` between the reader's HBM and its host's DRAM over the topology's
+``host`` tier, whose owner is the reader itself). Pull mode: bytes flow owner -> reader, except
+for a host store (reader's HBM -> its host DRAM).
 
     transfers --route--> resources each one crosses, with a weight per byte/us
         |                  reader's HBM (writes) and owner's HBM (reads)      [local tier bandwidth]
         |                  reader's port in, owner's port out                  [unless the tier is dedicated]
+        |                  (host transfers: the reader's HBM and its port in for a load, out
+        |                   for a store; the host DRAM is capped by the host tier alone)
         |                  for each level with an uplink the pair straddles:
         |                      owner's unit uplink out, reader's unit uplink in
         |              and a cap: the tier's bandwidth (what one pair achieves, Table 1)
@@ -43,10 +47,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from .._errors import ConfigError
 from ._fill import fill as _native_fill
 from ._topology import Topology
 
-LOAD, LOAD_REDUCE, LOCAL_COPY = 0, 1, 2
+LOAD, LOAD_REDUCE, LOCAL_COPY, HOST_LOAD, HOST_STORE = 0, 1, 2, 3, 4
 
 _GBPS = 1e3          # 1 GB/s in bytes per microsecond
 _SAME = 1e-9         # relative tolerance: transfers finishing this close together finish together
@@ -75,6 +80,7 @@ class Fabric:
         self.local_tier = int(self.level_tier[0])
         self.hbm = self.bandwidth[self.local_tier]
         self.uplinks = [(i, lv.uplink_gbps * _GBPS) for i, lv in enumerate(topology.levels) if lv.uplink_gbps]
+        self.host_tier = self._tier_id[topology.host] if topology.host else -1
 
     # --- tiers ------------------------------------------------------------------------------
     def tier_of(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -88,6 +94,20 @@ class Fabric:
             todo &= ~same
         return out
 
+    def tier_by_kind(self, reader: np.ndarray, owner: np.ndarray, kind: np.ndarray) -> np.ndarray:
+        """Tier index of each transfer: between reader and owner, the local tier for a local
+        copy, the host tier for a host load or store."""
+        tier = self.tier_of(reader, owner)
+        kind = np.broadcast_to(np.asarray(kind, dtype=np.int64), tier.shape)
+        tier[kind == LOCAL_COPY] = self.local_tier
+        host = kind >= HOST_LOAD
+        if host.any():
+            if self.host_tier < 0:
+                raise ConfigError(f"topology {self.topology.name}: no 'host' tier, so transfers to and from "
+                                  "host memory cannot be timed; name one (see ub/_topology.py)")
+            tier[host] = self.host_tier
+        return tier
+
     def flag_us(self, signaller: np.ndarray, waiter: np.ndarray) -> np.ndarray:
         """Time from a flag's store to its waiter seeing it: the tier latency plus ``sync.flag_us``."""
         return self.latency[self.tier_of(signaller, waiter)] + self.flag_extra
@@ -98,9 +118,9 @@ class Fabric:
         capacity of every resource. Ports are marked: their capacity depends on their load."""
         f = reader.size
         world = int(max(reader.max(initial=0), owner.max(initial=0))) + 1
-        tier = self.tier_of(reader, owner)
+        tier = self.tier_by_kind(reader, owner, kind)
         local = kind == LOCAL_COPY
-        tier[local] = self.local_tier
+        host = kind >= HOST_LOAD
         remote = ~local
         via_port = remote & ~self.dedicated[tier]
         nlev = len(self.uplinks)
@@ -109,10 +129,13 @@ class Fabric:
         hbm0, pin0, pout0 = 1, 1 + world, 1 + 2 * world
         caps = [np.full(1, np.inf), np.full(world, self.hbm), np.ones(world), np.ones(world)]
         res[:, 0], w[:, 0] = hbm0 + reader, np.where(local, 2.0, 1.0)   # a copy reads and writes
-        res[remote, 1], w[remote, 1] = hbm0 + owner[remote], 1.0
+        peer = remote & ~host          # a host transfer's other end is host DRAM, not an HBM
+        res[peer, 1], w[peer, 1] = hbm0 + owner[peer], 1.0
         rate = self.port_rate[tier]
-        res[via_port, 2], w[via_port, 2] = pin0 + reader[via_port], 1.0 / rate[via_port]
-        res[via_port, 3], w[via_port, 3] = pout0 + owner[via_port], 1.0 / rate[via_port]
+        port_in = via_port & (kind != HOST_STORE)
+        port_out = via_port & (kind != HOST_LOAD)
+        res[port_in, 2], w[port_in, 2] = pin0 + reader[port_in], 1.0 / rate[port_in]
+        res[port_out, 3], w[port_out, 3] = pout0 + owner[port_out], 1.0 / rate[port_out]
         base = 1 + 3 * world
         for j, (lvl, cap) in enumerate(self.uplinks):
             span = self.spans[lvl]

@@ -17,7 +17,8 @@ A file (JSON) describes other machines::
      "beyond": "nvlink"}
 
 ``size`` is how many units of the previous level one unit of this level holds (the first
-level counts ranks). ``beyond`` is the tier between ranks that share no level. The first
+level counts ranks). ``beyond`` is the tier between ranks that share no level. ``host``
+(optional) is the tier between a rank and its host's DRAM (``Communicator.host_rows``). The first
 level's tier is a rank's own memory (HBM): local copies move at half its bandwidth, since a
 copy reads and writes every byte.
 
@@ -35,6 +36,10 @@ Optional fields, all with defaults that add no constraint:
                                                  for that tier's traffic
     port.fan_in_efficiency              1.0      fraction of a port's rate left when it carries
                                                  many concurrent flows (see _fabric.py); 1: none lost
+    host                                null     tier a rank reaches its host memory (CPU DRAM) over;
+                                                 null: the machine has no host tier, host_rows
+                                                 refuses. Its transfers cross the rank's own port
+                                                 (in for loads, out for stores) unless dedicated
     sync.flag_us                        0.0      cost of one flag (a flag costs the tier latency plus
                                                  this); barriers are made of flags
     registration.map_us                 100.0    just-in-time registration: one peer mapping
@@ -138,8 +143,9 @@ class Topology:
 
     def __init__(self, name: str, levels: list[Level], tiers: dict[str, Tier], beyond: str,
                  contention: Contention | None = None, cores: Cores | None = None, sdma: Sdma | None = None,
-                 compute: Compute | None = None):
+                 compute: Compute | None = None, host: str | None = None):
         self.name, self.levels, self.tiers, self.beyond = name, levels, tiers, beyond
+        self.host = host          # the tier to the rank's host memory, or None
         self.contention = contention or Contention()
         self.cores = cores or Cores()
         self.sdma = sdma or Sdma()
@@ -191,6 +197,9 @@ class Topology:
         if self.beyond:
             t = self.tiers[self.beyond]
             lines.append(f"  beyond    tier {t.name}: {t.latency_us:g} us, {t.bandwidth_gbps:g} GB/s")
+        if self.host:
+            t = self.tiers[self.host]
+            lines.append(f"  host      tier {t.name}: {t.latency_us:g} us, {t.bandwidth_gbps:g} GB/s (rank <-> its host DRAM)")
         c = self.contention
         port = f"{c.port_gbps:g} GB/s" if c.port_gbps else "the tier's bandwidth"
         lines.append(f"  port      {port} per direction, fan-in efficiency {c.fan_in_efficiency:g}")
@@ -237,8 +246,19 @@ _CM384 = {
         # of the tier's bandwidth, and as many cores per peer as fill the pair's bandwidth
         "intra-node": {"latency_us": 0.7, "bandwidth_gbps": 170.0},  # Table 1
         "inter-node": {"latency_us": 2.1, "bandwidth_gbps": 150.0},  # Table 1
+        # A die <-> its node's host DRAM, over UB: the Kunpeng CPUs sit on the UB plane beside the
+        # NPUs. Bandwidth: a die's share of its node's CPU-side UB bandwidth, as port.gbps is a
+        # die's share of its NPU's: 4 Kunpeng CPUs per node of 8 NPUs, "each providing
+        # approximately 160 GB/s of UB bandwidth" (CloudMatrix384 paper, arXiv 2506.12708,
+        # section 3, as summarised by emergentmind.com), 4 x 160 / 16 dies = 40 GB/s, what each
+        # die gets when all of them fetch at once (a DLRM step's embedding-cache misses do).
+        # Latency: ASSUMED 1.0 us, no public figure: the intra-node UB latency (0.7 us, Table 1:
+        # CPUs and NPUs meet at the node's L1 switches) plus ~0.3 us for the DRAM access behind
+        # the CPU's memory controller.
+        "host": {"latency_us": 1.0, "bandwidth_gbps": 40.0},
     },
     "beyond": "inter-node",
+    "host": "host",
     "port": {
         # a die's share of its NPU's UB links: "each Ascend 910C contributes over 392 GB/s of
         # unidirectional UB bandwidth" (CloudMatrix384 paper, arXiv 2506.12708, section 3), 2 dies
@@ -357,6 +377,9 @@ def from_dict(data: dict, source: str = "topology") -> Topology:
     beyond = need(data, "beyond", str, "")
     if beyond not in tiers:
         raise ConfigError(f"{source}: field 'beyond' names unknown tier {beyond!r}")
+    host = optional(data, "host", str, "", None)
+    if host is not None and host not in tiers:
+        raise ConfigError(f"{source}: field 'host' names unknown tier {host!r}")
 
     port, sync, reg = section("port"), section("sync"), section("registration")
     d = Contention()
@@ -400,7 +423,7 @@ def from_dict(data: dict, source: str = "topology") -> Topology:
     if not 0 < eff <= 1:
         raise ConfigError(f"{source}: field compute.'efficiency' must be in (0, 1], got {eff}")
     return Topology(name, levels, tiers, beyond, Contention(port_gbps, fan_in, **values),
-                    Cores(count, comm, issue), Sdma(**sv), Compute(peak, eff))
+                    Cores(count, comm, issue), Sdma(**sv), Compute(peak, eff), host)
 
 
 def load(spec: str) -> Topology:
