@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--workloads", default="dlrm")
     p.add_argument("--configs", default="all", help=f"comma-separated, or all ({', '.join(CONFIGS)})")
-    p.add_argument("--ranks", default="8", help="comma-separated rank counts run on the host")
+    p.add_argument("--ranks", default="8", help="comma-separated rank counts run on the host (none: only --scale)")
     p.add_argument("--scale", type=int, default=0, help="also replay at this many ranks (0: no)")
     p.add_argument("--scale-from", default="4,8", help="the two or three rank counts recorded for --scale (three: "
                                                         "numbers may also shrink as 1 / ranks, as FSDP shards do)")
@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         for config in configs:
             found = []
             rates = [float(r) for r in a.rates.split(",")] if a.rates and workload == "serve" else [None]
-            for n in (int(x) for x in a.ranks.split(",")):
+            for n in ([] if a.ranks == "none" else [int(x) for x in a.ranks.split(",")]):
                 for rate in rates:
                     more = ["--rate", f"{rate:g}"] if rate is not None else []
                     row = _row(workload, config, n, "host", parse(_launch(program, n, config, steps, args + more)),
