@@ -146,6 +146,26 @@ def test_moe_calls_extrapolate_with_their_routing_drawn_anew(tmp_path):
     assert ub.replay(ub.extrapolate(t2, t3, 64)).calls == len(calls)
 
 
+def fetches_and_exchanges(comm) -> float:
+    """Each rank fetches 2N rows from its host memory into an HBM cache (a call with itself
+    alone), then an all_to_all: the fetch's bytes are numbers like any other."""
+    n = comm.size
+    cache = stratacl.empty((4 * n, 16), np.float32)
+    host = np.ones((64, 16), np.float32)
+    a = stratacl.zeros((n * 64,), np.float32)
+    for _ in range(2):
+        comm.host_rows(cache, host, np.arange(2 * n), np.arange(2 * n))
+        comm.all_to_all(stratacl.empty_like(a), a)
+    comm.barrier()
+    return comm.clock() * 1e6
+
+
+def test_calls_of_a_rank_with_itself_extrapolate(tmp_path):
+    t2, t3 = (_record(tmp_path, fetches_and_exchanges, n)[0] for n in (2, 3))
+    real = ub.replay(_record(tmp_path, fetches_and_exchanges, 5)[0])
+    np.testing.assert_allclose(ub.replay(ub.extrapolate(t2, t3, 5)).end_us, real.recorded_us, rtol=1e-9)
+
+
 def rank_dependent(comm) -> None:
     x = stratacl.zeros((64,), np.float32)
     comm.all_reduce(x)

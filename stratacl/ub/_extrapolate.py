@@ -23,8 +23,9 @@
     every rank's events at N, for ``ub.replay``
 
 What is assumed is weak scaling of one step: each rank's work keeps its shape as ranks are
-added. Refused, with the reason: recordings of different shapes, groups that do not tile the
-world in that way, calls timed from traffic matrices with no routing behind them
+added. A rank's calls with itself alone (``host_rows``) fit their bytes as numbers. Refused,
+with the reason: recordings of different shapes, groups that do not tile the world in that
+way, calls among several ranks timed from traffic matrices with no routing behind them
 (all_to_all_v), point-to-point calls.
 """
 from __future__ import annotations
@@ -153,11 +154,13 @@ class _Extrapolation:
         members = _tile(rank, s, d)
         out = {k: v for k, v in rec.items() if k not in ("gap_s", "routing", "members", "comm", "extra")}
         out.update(comm=f"{rec['comm']}:{block}:{offset}", members=members, extra=None)
-        if "phases" in rec:
-            if "routing" not in rec:
-                raise ReplayError(f"extrapolate: event {i}: {rec['op']} is timed from traffic matrices with no "
-                                  f"routing behind them; only MoE calls (stratacl.ep) are drawn anew")
+        if "phases" in rec and "routing" in rec:
             out.update(self.exchange(i, j, rec, members, block, offset))
+        elif "phases" in rec and s == 1:
+            out.update(self.own(i, j, rec, rank))
+        elif "phases" in rec:
+            raise ReplayError(f"extrapolate: event {i}: {rec['op']} is timed from traffic matrices with no "
+                              f"routing behind them; only MoE calls (stratacl.ep) are drawn anew")
         else:
             for t in (r[0] for r in self.recs):
                 r0 = _calls(t["events"][i])[j]
@@ -200,6 +203,20 @@ class _Extrapolation:
         row = int(round(float(self.number(self.per_rank(i, j, lambda c, r: c["routing"]["row"]))[0])))
         phases, _, staging = traffic(op, route["mode"], idx, experts, row)
         return {"phases": phases, "staging": None if rec.get("staging") is None else list(staging)}
+
+    def own(self, i: int, j: int, rec: dict, rank: int) -> dict:
+        """A rank's call with itself alone (``host_rows``: its HBM and its host memory): each
+        phase's one entry and the staged bytes are numbers like any other."""
+        if any(len(_calls(t["events"][i])[j]["phases"]) != len(rec["phases"]) for r in self.recs for t in r):
+            raise ReplayError(f"extrapolate: event {i}: {rec['op']} has different phases in the recordings")
+
+        def entry(read):
+            return max(0, int(round(float(self.number(self.per_rank(i, j, read))[rank]))))
+        phases = [(np.array([[entry(lambda c, r, p=p: c["phases"][p][0][0][0])]], dtype=np.int64), kind)
+                  for p, (_, kind) in enumerate(rec["phases"])]
+        staging = None if rec.get("staging") is None else [
+            np.array([entry(lambda c, r, a=a: c["staging"][a][0])], dtype=np.int64) for a in range(2)]
+        return {"phases": phases, "staging": staging}
 
     def traces(self) -> list[dict]:
         settings = self.recs[-1][0]["settings"]
