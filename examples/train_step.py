@@ -72,6 +72,9 @@ p.add_argument("--experts-per-rank", type=int, default=2)
 p.add_argument("--topk", type=int, default=4)
 p.add_argument("--tokens", type=int, default=16, help="tokens per data-parallel replica (TP group)")
 p.add_argument("--tp", type=int, default=2)
+p.add_argument("--micro-batches", type=int, default=0,
+               help="gradient accumulation: the replica's tokens in this many micro-batches per step "
+                    "(default 1, or as many as the pool's smaller fit needs under --registration pool)")
 p.add_argument("--lr", type=float, default=0.05)
 args = p.parse_args()
 
@@ -83,14 +86,36 @@ TP, NL, H, T = args.tp, args.layers, args.hidden, args.tokens
 if n % TP or T % TP or args.ffn % TP:
     raise SystemExit(f"--tp {TP} must divide the ranks ({n}), --tokens ({T}) and --ffn ({args.ffn})")
 DP = n // TP                                     # FSDP degree = data-parallel replicas
+topo, cfg = comm.topology, stratacl.config
+# HCCL-zerocopy's pre-registered pool runs on the caching (non-expandable) allocator, which
+# fragments: in the training trace of docs/fragmentation-2026-12-02.json one die fits 17
+# sequences under it ("caching (pool)", max_batch 17) where the expandable allocator fits 27
+# ("expandable (roa)", max_batch 27); docs/memory.md. The replica's batch stays --tokens (the
+# global batch is the job's), so under pool it runs as several smaller micro-batches whose
+# gradients accumulate: the largest that fits is the largest multiple of TP (every micro-batch
+# splits over the TP ranks) not above tokens x 17/27.
+POOL_FITS = (17, 27)
+need = 1
+if cfg.registration == "pool":
+    fits = max(TP, T * POOL_FITS[0] // POOL_FITS[1] // TP * TP)
+    need = -(-T // fits)
+MB = args.micro_batches or need
+if MB < need or MB > T // TP:
+    why = (f"registration pool fits {fits} of them (17/27, docs/memory.md)" if cfg.registration == "pool"
+           else f"registration {cfg.registration}")
+    raise SystemExit(f"--micro-batches {MB}: {T} tokens per replica need from {need} ({why}) to {T // TP} "
+                     f"(one token per TP rank) micro-batches")
+# equal micro-batches that cover the tokens exactly (multiples of TP, sizes differing by at most
+# TP), rather than full ones and a smaller rest: each fits, and the steps are balanced
+_units = [T // TP // MB + (j < T // TP % MB) for j in range(MB)]
+MICRO = [(TP * sum(_units[:j]), TP * sum(_units[:j + 1])) for j in range(MB)]
 tp_rank, dp_rank = me % TP, me // TP
-Tc, Ft, Fe, LE = T // TP, args.ffn // TP, args.expert_ffn, args.experts_per_rank
+Ft, Fe, LE = args.ffn // TP, args.expert_ffn, args.experts_per_rank
 E = LE * n
 K = min(args.topk, E)
 P = 2 * H * Ft + H * E                           # a layer's flat dense weights (one TP shard)
 S = -(-P // DP)                                  # its FSDP shard
 M = DP * T * H                                   # the loss's elements
-topo, cfg = comm.topology, stratacl.config
 modeled = cfg.clock != "off"
 
 # every rank makes every group, in the same order (torch.distributed requires it)
@@ -214,7 +239,23 @@ def gather(shards: list, layer: int):
 
 
 def step_distributed(step: int, shards: list, experts: list) -> torch.Tensor:
-    x, target = batch(step, dp_rank)
+    """One step: the replica's micro-batches one after the other, each a forward and a backward
+    (FSDP gathers the weights again for each, as FSDP2 does between micro-batches), their
+    gradients summed locally; the last micro-batch's backward reduce-scatters the sums (no
+    reduce-scatter before: FSDP2's ``set_requires_gradient_sync(False)``) and applies SGD."""
+    xs, targets = batch(step, dp_rank)
+    grad_sums = ([None] * NL, [None] * NL)          # per layer: flat dense gradient, expert gradients
+    loss = None
+    for j, (lo, hi) in enumerate(MICRO):
+        part = micro_step(xs[lo:hi], targets[lo:hi], shards, experts, grad_sums, j == MB - 1)
+        loss = part if loss is None else loss + part
+    return loss
+
+
+def micro_step(x, target, shards: list, experts: list, grad_sums: tuple, last: bool) -> torch.Tensor:
+    """A micro-batch's forward and backward; ``grad_sums`` holds the earlier micro-batches' gradients."""
+    T = x.shape[0]
+    Tc = T // TP
     x = hbm(x)
     mine = slice(tp_rank * Tc, (tp_rank + 1) * Tc)
     saved, pending = [], {0: gather(shards, 0)}
@@ -285,11 +326,20 @@ def step_distributed(step: int, shards: list, experts: list) -> torch.Tensor:
         dist.all_reduce(d_wg, group=tp_group)
         flat = stratacl.torch.zeros((DP * S,))
         torch.cat([d_w1.reshape(-1), d_w2.reshape(-1), d_wg.reshape(-1)], out=flat[:P])
-        shard = stratacl.torch.empty((S,))
-        reducing.append((dist.reduce_scatter_single(shard, flat, group=fsdp_group, async_op=True), shard, flat))
-        for e in range(2 * LE):
-            experts[layer][e] -= args.lr * grads[3 + e]
-        elementwise(2 * LE * H * Fe)
+        d_experts = grads[3:]
+        if grad_sums[0][layer] is not None:        # accumulate: earlier micro-batches' sum + this one's
+            flat += grad_sums[0][layer]
+            d_experts = [a + b for a, b in zip(grad_sums[1][layer], d_experts)]
+            elementwise(DP * S + 2 * LE * H * Fe)
+        if last:
+            shard = stratacl.torch.empty((S,))
+            reducing.append((dist.reduce_scatter_single(shard, flat, group=fsdp_group, async_op=True), shard,
+                             flat))
+            for e in range(2 * LE):
+                experts[layer][e] -= args.lr * d_experts[e]
+            elementwise(2 * LE * H * Fe)
+        else:
+            grad_sums[0][layer], grad_sums[1][layer] = flat, d_experts
         d_out = (d_h + d_x)[mine]
         elementwise(T * H)
     for (work, grad, _), layer in zip(reducing, reversed(range(NL))):
@@ -325,10 +375,10 @@ def dispatch_alone(rows: list, idxs: list, ws: list):
     return got
 
 
-def combine_alone(ys: list, routed: list, width: int) -> list:
+def combine_alone(ys: list, routed: list, rows: int, width: int) -> list:
     """Every source's combined rows: the rows of each destination (ascending) added into its
     tokens, in float32 from 0, as ``Buffer.combine`` sums them."""
-    out = [torch.zeros(Tc, width) for _ in range(n)]
+    out = [torch.zeros(rows, width) for _ in range(n)]
     for d in range(n):
         at = 0
         for s, tok in routed[d][3]:
@@ -338,45 +388,61 @@ def combine_alone(ys: list, routed: list, width: int) -> list:
 
 
 def step_alone(step: int, flats: list, experts: list) -> list:
-    """One step of the job: every rank's share, rank r = (replica r // TP, TP rank r % TP)."""
-    chunk = [slice(t * Tc, (t + 1) * Tc) for t in range(TP)]
+    """One step of the job: every rank's share, rank r = (replica r // TP, TP rank r % TP), the
+    micro-batches in order, their gradients summed as the ranks sum them."""
     data = [batch(step, g) for g in range(DP)]
-    xs = [d[0] for d in data]
-    saved = []
-    for layer in range(NL):
-        ws = [unflat(flats[layer][t]) for t in range(TP)]
-        hs = [xs[g] + fold([dense_fwd(xs[g], *ws[t][:2]) for t in range(TP)]) for g in range(DP)]
-        cs = [hs[r // TP][chunk[r % TP]].clone() for r in range(n)]
-        gated = [gate_fwd(cs[r], ws[r % TP][2]) for r in range(n)]
-        routed = dispatch_alone(cs, [g[0] for g in gated], [g[1] for g in gated])
-        ys = [experts_fwd(*routed[d][:3], *experts[layer][d]) for d in range(n)]
-        moe = combine_alone(ys, routed, H)
-        outs = [cs[r] + moe[r] for r in range(n)]
-        saved.append((xs, ws, cs, gated, routed))
-        xs = [torch.cat([outs[g * TP + t] for t in range(TP)]) for g in range(DP)]
-    targets = [data[r // TP][1][chunk[r % TP]] for r in range(n)]
-    losses = [loss_fwd(outs[r], targets[r]) for r in range(n)]
-    d_outs = [vjp(loss_fwd, [outs[r], targets[r]], [True, False], torch.tensor(1.0))[0] for r in range(n)]
+    losses = None
+    flat_sums, expert_sums = [None] * NL, [None] * NL     # per layer, per rank
     flat_grads = [None] * NL
-    for layer in reversed(range(NL)):
-        xs, ws, cs, gated, routed = saved[layer]
-        back = dispatch_alone(d_outs, [g[0] for g in gated], [g[1] for g in gated])
-        grads = [vjp(experts_fwd, [*routed[d][:3], *experts[layer][d]], [True, False, True] + [True] * 2 * LE,
-                     back[d][0]) for d in range(n)]
-        d_back = combine_alone([torch.cat([gr[0], gr[2]], dim=1) for gr in grads], back, H + K)
-        gate_grads = [vjp(gate_weights, [cs[r], ws[r % TP][2]], [True, True], d_back[r][:, H:]) for r in range(n)]
-        d_cs = [d_outs[r] + d_back[r][:, :H] + gate_grads[r][0] for r in range(n)]
-        d_hs = [torch.cat([d_cs[g * TP + t] for t in range(TP)]) for g in range(DP)]
-        dense = [vjp(dense_fwd, [xs[r // TP], *ws[r % TP][:2]], [True, True, True], d_hs[r // TP]) for r in range(n)]
-        d_xs = [fold([dense[g * TP + t][0] for t in range(TP)]) for g in range(DP)]
-        d_wgs = [fold([gate_grads[g * TP + t][1] for t in range(TP)]) for g in range(DP)]
-        per_rank = [torch.cat([dense[r][1].reshape(-1), dense[r][2].reshape(-1), d_wgs[r // TP].reshape(-1),
-                               torch.zeros(DP * S - P)]) for r in range(n)]
-        flat_grads[layer] = [fold([per_rank[g * TP + t] for g in range(DP)]) for t in range(TP)]
-        for d in range(n):
-            for e in range(2 * LE):
-                experts[layer][d][e] -= args.lr * grads[d][3 + e]
-        d_outs = [(d_hs[r // TP] + d_xs[r // TP])[chunk[r % TP]] for r in range(n)]
+    for j, (lo, hi) in enumerate(MICRO):
+        last = j == MB - 1
+        Tc = (hi - lo) // TP
+        chunk = [slice(t * Tc, (t + 1) * Tc) for t in range(TP)]
+        xs = [d[0][lo:hi] for d in data]
+        saved = []
+        for layer in range(NL):
+            ws = [unflat(flats[layer][t]) for t in range(TP)]
+            hs = [xs[g] + fold([dense_fwd(xs[g], *ws[t][:2]) for t in range(TP)]) for g in range(DP)]
+            cs = [hs[r // TP][chunk[r % TP]].clone() for r in range(n)]
+            gated = [gate_fwd(cs[r], ws[r % TP][2]) for r in range(n)]
+            routed = dispatch_alone(cs, [g[0] for g in gated], [g[1] for g in gated])
+            ys = [experts_fwd(*routed[d][:3], *experts[layer][d]) for d in range(n)]
+            moe = combine_alone(ys, routed, Tc, H)
+            outs = [cs[r] + moe[r] for r in range(n)]
+            saved.append((xs, ws, cs, gated, routed))
+            xs = [torch.cat([outs[g * TP + t] for t in range(TP)]) for g in range(DP)]
+        targets = [data[r // TP][1][lo:hi][chunk[r % TP]] for r in range(n)]
+        part = [loss_fwd(outs[r], targets[r]) for r in range(n)]
+        losses = part if losses is None else [a + b for a, b in zip(losses, part)]
+        d_outs = [vjp(loss_fwd, [outs[r], targets[r]], [True, False], torch.tensor(1.0))[0] for r in range(n)]
+        for layer in reversed(range(NL)):
+            xs, ws, cs, gated, routed = saved[layer]
+            back = dispatch_alone(d_outs, [g[0] for g in gated], [g[1] for g in gated])
+            grads = [vjp(experts_fwd, [*routed[d][:3], *experts[layer][d]], [True, False, True] + [True] * 2 * LE,
+                         back[d][0]) for d in range(n)]
+            d_back = combine_alone([torch.cat([gr[0], gr[2]], dim=1) for gr in grads], back, Tc, H + K)
+            gate_grads = [vjp(gate_weights, [cs[r], ws[r % TP][2]], [True, True], d_back[r][:, H:])
+                          for r in range(n)]
+            d_cs = [d_outs[r] + d_back[r][:, :H] + gate_grads[r][0] for r in range(n)]
+            d_hs = [torch.cat([d_cs[g * TP + t] for t in range(TP)]) for g in range(DP)]
+            dense = [vjp(dense_fwd, [xs[r // TP], *ws[r % TP][:2]], [True, True, True], d_hs[r // TP])
+                     for r in range(n)]
+            d_xs = [fold([dense[g * TP + t][0] for t in range(TP)]) for g in range(DP)]
+            d_wgs = [fold([gate_grads[g * TP + t][1] for t in range(TP)]) for g in range(DP)]
+            per_rank = [torch.cat([dense[r][1].reshape(-1), dense[r][2].reshape(-1), d_wgs[r // TP].reshape(-1),
+                                   torch.zeros(DP * S - P)]) for r in range(n)]
+            d_experts = [grads[d][3:] for d in range(n)]
+            if flat_sums[layer] is not None:
+                per_rank = [new + before for new, before in zip(per_rank, flat_sums[layer])]
+                d_experts = [[a + b for a, b in zip(expert_sums[layer][d], d_experts[d])] for d in range(n)]
+            if last:
+                flat_grads[layer] = [fold([per_rank[g * TP + t] for g in range(DP)]) for t in range(TP)]
+                for d in range(n):
+                    for e in range(2 * LE):
+                        experts[layer][d][e] -= args.lr * d_experts[d][e]
+            else:
+                flat_sums[layer], expert_sums[layer] = per_rank, d_experts
+            d_outs = [(d_hs[r // TP] + d_xs[r // TP])[chunk[r % TP]] for r in range(n)]
     for layer in range(NL):
         for t in range(TP):
             flats[layer][t] -= args.lr * flat_grads[layer][t]
@@ -412,7 +478,8 @@ most = torch.tensor(compute_us, dtype=torch.float64)
 dist.all_reduce(most, op=dist.ReduceOp.MAX)
 if me == 0:
     print(f"training step: {n} ranks (TP {TP} x FSDP {DP}, EP {n}), {NL} layers, hidden {H}, {E} experts "
-          f"(top-{K}), {T} tokens per replica; registration {cfg.registration}, partition {cfg.partition}, "
+          f"(top-{K}), {T} tokens per replica in {MB} micro-batch{'es' if MB > 1 else ''}"
+          f"{' of ' + ', '.join(str(hi - lo) for lo, hi in MICRO) if MB > 1 else ''}; registration {cfg.registration}, partition {cfg.partition}, "
           f"path {cfg.path}, clock {cfg.clock}")
     print(f"exact against the job computed in one process, on every rank: {'yes' if verdict.item() else 'NO'}")
     what = "modeled" if modeled else "wall"

@@ -77,13 +77,17 @@ def test_moe_serving_example_generates_exactly_as_one_process():
 
 
 @pytest.mark.timeout(150)
-def test_train_step_example_trains_exactly_as_one_process():
-    run = launch("-n", "8", "--clock", "virtual", "--timeout", "90", str(EXAMPLES / "train_step.py"), "--steps", "2",
+@pytest.mark.parametrize("registration, batches", [("roa", "1 micro-batch"), ("pool", "2 micro-batches of 4, 4")])
+def test_train_step_example_trains_exactly_as_one_process(registration, batches):
+    # under pool the caching allocator fits 8 x 17/27 -> 4 tokens: two micro-batches, accumulated
+    run = launch("-n", "8", "--clock", "virtual", "--timeout", "90", "--registration", registration,
+                 str(EXAMPLES / "train_step.py"), "--steps", "2",
                  "--layers", "2", "--hidden", "32", "--ffn", "64", "--tokens", "8", timeout=140)
     assert run.returncode == 0, run.explain()
     lines = run.stdout.splitlines()
     assert lines[0] == ("training step: 8 ranks (TP 2 x FSDP 4, EP 8), 2 layers, hidden 32, 16 experts (top-4), "
-                        "8 tokens per replica; registration roa, partition balanced, path mte, clock virtual")
+                        f"8 tokens per replica in {batches}; registration {registration}, partition balanced, "
+                        "path mte, clock virtual"), run.explain()
     assert lines[1] == "exact against the job computed in one process, on every rank: yes", run.explain()
     steps = [re.fullmatch(r"step (\d): loss ([\d.]+)   modeled ([\d.]+) us \(slowest rank\)", x) for x in lines[2:4]]
     assert [m.group(1) for m in steps if m] == ["1", "2"], run.explain()
