@@ -29,7 +29,12 @@ the whole call, SDMA only for posting. Under ``--registration pool`` a rank admi
 requests at once: the pre-registered pool's caching allocator fits 359 of the 394 requests
 the expandable allocator fits (docs/memory.md, docs/fragmentation-2026-12-02.json).
 
-Then every rank computes all the iterations alone, in this process (every rank's micro-batches,
+With ``--warmup W``, W requests of their own seed, all arriving at once, are served first
+through the same code (so their shapes are allocated and, under ``--registration jit``, the
+peers' buffers mapped, as a serving engine warms up before it takes traffic); the measured
+stream's arrivals start when the warm-up is done, and only its requests count in the metrics.
+
+Then every rank computes all the iterations alone (the warm-up's too), in this process (every rank's micro-batches,
 the rows each expert received in the order the dispatch documents, the combine's sums in its
 documented order) and compares bit for bit: the tokens its requests generated and their states.
 Rank 0 prints the metrics, from the agreed times: throughput (generated tokens per second),
@@ -52,6 +57,9 @@ from stratacl import ep
 p = argparse.ArgumentParser()
 p.add_argument("--rate", type=float, default=2000.0, help="request arrivals per second of modeled time (0: all at once)")
 p.add_argument("--requests", type=int, default=32)
+p.add_argument("--warmup", type=int, default=0,
+               help="requests served before the measured stream (all arriving at once, their own seed); "
+                    "the metrics' clock starts when they are done")
 p.add_argument("--seed", type=int, default=1)
 p.add_argument("--mean-input", type=float, default=64.0, help="mean prompt length (tokens)")
 p.add_argument("--ratio", type=float, default=8.0, help="mean input / mean output length (Splitwise conversation: ~8)")
@@ -92,20 +100,33 @@ def lognormal(rng, mean: float, sigma: float, size: int) -> np.ndarray:
     return rng.lognormal(math.log(mean) - sigma * sigma / 2, sigma, size)
 
 
+def lengths(rng, count: int) -> tuple:
+    # lognormal: positive and right-skewed, as request lengths are; sigma 0.6 is this example's
+    # choice, the means are the Splitwise conversation trace's ratio (input:output ~8:1)
+    ins = np.clip(np.rint(lognormal(rng, args.mean_input, 0.6, count)), 2, 4 * args.mean_input).astype(int)
+    outs = np.clip(np.rint(lognormal(rng, args.mean_input / args.ratio, 0.6, count)), 1,
+                   4 * args.mean_input / args.ratio).astype(int)
+    return ins, outs
+
+
+# requests 0 .. R-1 are the measured stream, R .. R+W-1 the warm-up (served first, all arriving
+# at once, so the batch and the allocator reach the sizes a busy stream needs, and under jit the
+# peers map the buffers); the warm-up has its own seed, so the measured stream is the same with
+# or without it
 rng = np.random.default_rng(args.seed)
-R = args.requests
+R, W = args.requests, args.warmup
 gaps = rng.exponential(1.0 / args.rate, R) if args.rate > 0 else np.zeros(R)
-ARRIVAL = np.cumsum(gaps) - gaps[0]                        # seconds; the first request at 0
-# lognormal: positive and right-skewed, as request lengths are; sigma 0.6 is this example's
-# choice, the means are the Splitwise conversation trace's ratio (input:output ~8:1)
-IN_LEN = np.clip(np.rint(lognormal(rng, args.mean_input, 0.6, R)), 2, 4 * args.mean_input).astype(int)
-OUT_LEN = np.clip(np.rint(lognormal(rng, args.mean_input / args.ratio, 0.6, R)), 1,
-                  4 * args.mean_input / args.ratio).astype(int)
-OWNER = np.arange(R) % n
+STREAM = np.cumsum(gaps) - gaps[0]                         # seconds after the origin; the first at 0
+IN_LEN, OUT_LEN = lengths(rng, R)
+warm_in, warm_out = lengths(np.random.default_rng([args.seed, 1]), W)
+IN_LEN, OUT_LEN = np.concatenate([IN_LEN, warm_in]), np.concatenate([OUT_LEN, warm_out])
+OWNER = np.concatenate([np.arange(R) % n, np.arange(W) % n])
+ARRIVAL = np.zeros(R + W)                                  # absolute (the clock's seconds), set when served
 
 
 def prompt(q: int) -> torch.Tensor:
-    return torch.from_numpy(np.random.default_rng([5, q]).integers(0, V, IN_LEN[q]))
+    seed = [5, q] if q < R else [6, q - R]
+    return torch.from_numpy(np.random.default_rng(seed).integers(0, V, IN_LEN[q]))
 
 
 # --- the model (the same weights on every rank, seeded) --------------------------------------
@@ -285,14 +306,16 @@ def finish_tokens(states: States, mb: list, lens: list, x: torch.Tensor, timed: 
         states.seen[q] += t
 
 
-def schedule_and_run(states: States) -> tuple:
-    """Serve every request; returns the log [(kind, per-rank request lists)] and, per request,
-    its first-token and finish times (seconds, agreed)."""
+FIRST, FINISH = np.zeros(R + W), np.zeros(R + W)   # per request: first-token and finish times (agreed)
+
+
+def schedule_and_run(states: States, reqs: list) -> tuple:
+    """Serve requests ``reqs`` (in order of ARRIVAL) to the end; fills FIRST and FINISH and
+    returns the log [(kind, per-rank request lists)] and the agreed time it ended."""
     waiting = [collections.deque() for _ in range(n)]
     running = [[] for _ in range(n)]
     arrived, done = 0, 0
-    first, finish = np.zeros(R), np.zeros(R)
-    generated = np.zeros(R, dtype=int)
+    first, finish, generated = FIRST, FINISH, np.zeros(R + W, dtype=int)
     log, last = [], None
     now = agreed_now()
     while True:
@@ -308,10 +331,10 @@ def schedule_and_run(states: States) -> tuple:
                         finish[q] = now
                         running[r].remove(q)
                         done += 1
-        if done == R:
-            return log, first, finish
-        while arrived < R and ARRIVAL[arrived] <= now:
-            waiting[OWNER[arrived]].append(arrived)
+        if done == len(reqs):
+            return log, now
+        while arrived < len(reqs) and ARRIVAL[reqs[arrived]] <= now:
+            waiting[OWNER[reqs[arrived]]].append(reqs[arrived])
             arrived += 1
         admit = [[] for _ in range(n)]
         for r in range(n):
@@ -326,9 +349,9 @@ def schedule_and_run(states: States) -> tuple:
             last = ("decode", [list(x) for x in running])
         else:                                  # nothing to do until the next arrival
             if modeled:
-                comm.charge_compute(max(0.0, ARRIVAL[arrived] - comm.clock()) * 1e6, cores=1)
+                comm.charge_compute(max(0.0, ARRIVAL[reqs[arrived]] - comm.clock()) * 1e6, cores=1)
             else:
-                time.sleep(max(0.0, ARRIVAL[arrived] - (time.time() - WALL0)))
+                time.sleep(max(0.0, ARRIVAL[reqs[arrived]] - (time.time() - WALL0)))
             now, last = agreed_now(), None
             continue
         log.append(last)
@@ -409,27 +432,34 @@ def run_alone(log: list) -> States:
 
 
 states = States()
-log, first, finish = schedule_and_run(states)
-ref = run_alone(log)
-mine = [q for q in range(R) if OWNER[q] == me]
+warm_log, ORIGIN = [], 0.0
+if W:                        # all at once, then the metrics' origin moves to the warm-up's end
+    ARRIVAL[R:] = agreed_now()
+    warm_log, ORIGIN = schedule_and_run(states, list(range(R, R + W)))
+ARRIVAL[:R] = ORIGIN + STREAM
+log, _ = schedule_and_run(states, list(range(R)))
+ref = run_alone(warm_log + log)                # the warm-up's iterations are checked too
+mine = [q for q in range(R + W) if OWNER[q] == me]
 exact = all(states.tokens[q] == ref.tokens[q] and len(ref.tokens[q]) == OUT_LEN[q]
             and torch.equal(states.sums[q], ref.sums[q]) for q in mine)
 verdict = torch.tensor([int(exact)], dtype=torch.int32)
 dist.all_reduce(verdict, op=dist.ReduceOp.MIN)
 
 if me == 0:
-    end = finish.max()
-    tokens = int(OUT_LEN.sum())
-    ttft = first - ARRIVAL
-    multi = OUT_LEN > 1
-    tpot = (finish[multi] - first[multi]) / (OUT_LEN[multi] - 1)
-    norm = (finish - ARRIVAL) / OUT_LEN
+    first, finish, arrival, out_len = FIRST[:R], FINISH[:R], ARRIVAL[:R], OUT_LEN[:R]   # the measured stream
+    end = finish.max() - ORIGIN
+    tokens = int(out_len.sum())
+    ttft = first - arrival
+    multi = out_len > 1
+    tpot = (finish[multi] - first[multi]) / (out_len[multi] - 1)
+    norm = (finish - arrival) / out_len
     prefills = sum(1 for kind, _ in log if kind == "prefill")
     what = "modeled" if modeled else "wall"
     print(f"MoE serving: {n} ranks, {E} experts (top-{K}, {LX} per rank), {NL} layers, hidden {H}; "
-          f"{R} requests at {args.rate:g} req/s (seed {args.seed}), max batch {MAX_BATCH} per rank")
-    print(f"request lengths: input mean {IN_LEN.mean():.1f}, output mean {OUT_LEN.mean():.1f} "
-          f"(ratio {IN_LEN.mean() / OUT_LEN.mean():.1f}:1); {len(log)} iterations "
+          f"{R} requests at {args.rate:g} req/s (seed {args.seed}), max batch {MAX_BATCH} per rank"
+          + (f", after a warm-up of {W} requests ({len(warm_log)} iterations)" if W else ""))
+    print(f"request lengths: input mean {IN_LEN[:R].mean():.1f}, output mean {OUT_LEN[:R].mean():.1f} "
+          f"(ratio {IN_LEN[:R].mean() / OUT_LEN[:R].mean():.1f}:1); {len(log)} iterations "
           f"({prefills} prefill, {len(log) - prefills} decode)")
     print(f"exact against the job computed in one process, on every rank: {'yes' if verdict.item() else 'NO'}")
     print(f"throughput {tokens / end:.1f} tokens/s   normalized latency {norm.mean() * 1e6:.1f} us/token   "

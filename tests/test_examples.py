@@ -81,11 +81,13 @@ def test_dlrm_with_an_embedding_cache_trains_exactly_as_one_process(n, clock, re
 def test_moe_serving_example_generates_exactly_as_one_process():
     run = launch("-n", "8", "--clock", "virtual", "--timeout", "90", str(EXAMPLES / "moe_serving.py"),
                  "--requests", "8", "--rate", "20000", "--layers", "2", "--hidden", "64", "--ffn", "32",
-                 "--experts-per-rank", "2", "--topk", "4", "--vocab", "128", "--mean-input", "16", timeout=170)
+                 "--experts-per-rank", "2", "--topk", "4", "--vocab", "128", "--mean-input", "16", "--warmup", "2",
+                 timeout=170)
     assert run.returncode == 0, run.explain()
     lines = run.stdout.splitlines()
     assert lines[0] == ("MoE serving: 8 ranks, 16 experts (top-4, 2 per rank), 2 layers, hidden 64; "
-                        "8 requests at 20000 req/s (seed 1), max batch 16 per rank"), run.explain()
+                        "8 requests at 20000 req/s (seed 1), max batch 16 per rank, after a warm-up of 2 requests "
+                        "(2 iterations)"), run.explain()
     m = re.fullmatch(r"request lengths: input mean ([\d.]+), output mean ([\d.]+) \(ratio ([\d.]+):1\); "
                      r"(\d+) iterations \((\d+) prefill, (\d+) decode\)", lines[1])
     assert m and int(m.group(5)) >= 1 and int(m.group(6)) >= 1, run.explain()
