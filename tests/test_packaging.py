@@ -74,7 +74,7 @@ def test_the_tree_is_seen():
     assert "launcher/_cli.py" in _tree_files("*.py")
     assert sorted(_native_modules()) == sorted(
         ["stratacl/runtime/_native", "stratacl/collectives/_kernels", "stratacl/collectives/_lpt",
-         "stratacl/collectives/_eproute"])
+         "stratacl/collectives/_eproute", "stratacl/ub/_fill"])
 
 
 def test_wheel_has_every_module(dists):
