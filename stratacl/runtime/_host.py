@@ -84,17 +84,9 @@ class HostRows:
         nstore, nfetch = sr.size * width, fr.size * width
         # write-backs first: a slot evicted by this call may be refilled by it
         if ss.size:
-            if staged:
-                self._run(OUT, ss * width, SCRATCH, np.arange(ss.size) * width, width, path)
-                self._run(SCRATCH, np.arange(ss.size) * width, IN, sr * width, width, path)
-            else:
-                self._run(OUT, ss * width, IN, sr * width, width, path)
+            self._rows(OUT, ss * width, IN, sr * width, width, path, staged)
         if fr.size:
-            if staged:
-                self._run(IN, fr * width, SCRATCH, np.arange(fr.size) * width, width, path)
-                self._run(SCRATCH, np.arange(fr.size) * width, OUT, fs * width, width, path)
-            else:
-                self._run(IN, fr * width, OUT, fs * width, width, path)
+            self._rows(IN, fr * width, OUT, fs * width, width, path, staged)
         if rt.clock is not None:
             phases = [(np.array([[nstore]], dtype=np.int64), HOST_STORE),
                       (np.array([[nfetch]], dtype=np.int64), HOST_LOAD)]
@@ -129,6 +121,16 @@ class HostRows:
         if self._staging is None or self._staging.nbytes < nbytes:
             self._staging = self._rt.empty((buffer_size(nbytes),), np.uint8)
         return self._staging
+
+    def _rows(self, src: int, src_off: np.ndarray, dst: int, dst_off: np.ndarray, width: int, path: str,
+              staged: bool) -> None:
+        """Rows src -> dst, through the communication buffer (SCRATCH) when staged."""
+        if staged:
+            through = np.arange(src_off.size) * width
+            self._run(src, src_off, SCRATCH, through, width, path)
+            self._run(SCRATCH, through, dst, dst_off, width, path)
+        else:
+            self._run(src, src_off, dst, dst_off, width, path)
 
     def _run(self, src_buf: int, src: np.ndarray, dst_buf: int, dst: np.ndarray, width: int, path: str) -> None:
         smap = _slices.make(0, np.zeros(src.size, dtype=np.int64), src_buf, src, dst_buf, dst, width, _slices.LOAD)
