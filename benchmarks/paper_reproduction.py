@@ -2,7 +2,7 @@
 
     python benchmarks/paper_reproduction.py                    # every table (markdown, stdout) + PNGs
     python benchmarks/paper_reproduction.py --only fig6a       # one comparison
-    python benchmarks/paper_reproduction.py --calibrate        # re-derive cm384's fan-in efficiency
+    python benchmarks/paper_reproduction.py --calibrate        # re-derive cm384's calibrated parameters
 
 Every number comes from ``stratacl.estimate`` (estimate-only mode: the schedules and cost model
 the virtual clock uses, no ranks), on the built-in ``cm384`` topology. Figures go to
@@ -300,8 +300,11 @@ def fig16(out: str | None) -> str:
 
 
 def calibrate() -> str:
-    """The fan-in efficiency that makes the 32-rank, 1 GiB-per-rank all_gather ring 6% ahead of the
-    full mesh in bus bandwidth (paper section 8.1: ~6% for large payloads); bisection."""
+    """cm384's two calibrated fabric parameters, by bisection on the paper's numbers:
+    the fan-in efficiency that makes the 32-rank, 1 GiB-per-rank all_gather ring 6% ahead of the
+    full mesh in bus bandwidth (paper section 8.1: ~6% for large payloads), and the SDMA engine
+    rate that makes the 32-rank, 128 MiB-per-rank all_gather 9% slower on the SDMA path than on
+    the MTE path (paper section 9.5, Fig. 15b)."""
     base = _topology._CM384
 
     def lead(e: float) -> float:
@@ -310,19 +313,33 @@ def calibrate() -> str:
         r = stratacl.estimate("all_gather", 32, 32 * GIB, algo="ring", topology=topo)
         return m.time_us / r.time_us
 
-    lo, hi = 0.05, 1.0
-    for _ in range(40):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if lead(mid) > 1.06 else (lo, mid)
-    return (f"fan_in_efficiency for a 6% ring lead at 1 GiB per rank, 32 ranks: {lo:.4f} "
-            f"(cm384 uses {_topology.FAN_IN_EFFICIENCY}; lead with it: {100 * (lead(_topology.FAN_IN_EFFICIENCY) - 1):.2f}%)")
+    def penalty(gbps: float) -> float:
+        topo = _topology.from_dict(dict(base, sdma=dict(base["sdma"], gbps=gbps)))
+        s = stratacl.estimate("all_gather", 32, 32 * 128 * MIB, path="sdma", topology=topo)
+        m = stratacl.estimate("all_gather", 32, 32 * 128 * MIB, path="mte", topology=topo)
+        return s.time_us / m.time_us
+
+    def bisect(f, lo: float, hi: float, target: float) -> float:
+        for _ in range(40):             # f falls as its argument grows
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if f(mid) > target else (lo, mid)
+        return lo
+
+    fan_in = bisect(lead, 0.05, 1.0, 1.06)
+    gbps = bisect(penalty, 10.0, 1000.0, 1.09)
+    return "\n".join([
+        f"fan_in_efficiency for a 6% ring lead at 1 GiB per rank, 32 ranks: {fan_in:.4f} "
+        f"(cm384 uses {_topology.FAN_IN_EFFICIENCY}; lead with it: {100 * (lead(_topology.FAN_IN_EFFICIENCY) - 1):.2f}%)",
+        f"sdma.gbps for a 9% SDMA penalty at 128 MiB per rank, 32 ranks: {gbps:.2f} "
+        f"(cm384 uses {_topology.SDMA_GBPS}; penalty with it: "
+        f"{100 * (penalty(_topology.SDMA_GBPS) - 1) if _topology.SDMA_GBPS else float('nan'):.2f}%)"])
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated: {', '.join(SECTIONS)}")
     p.add_argument("--out", default=os.path.join("docs", "figures"), help="directory for the PNGs ('' for none)")
-    p.add_argument("--calibrate", action="store_true", help="re-derive cm384's port fan-in efficiency and stop")
+    p.add_argument("--calibrate", action="store_true", help="re-derive cm384's calibrated parameters (fan-in efficiency, SDMA rate) and stop")
     a = p.parse_args(argv)
     if a.calibrate:
         print(calibrate())

@@ -1,6 +1,7 @@
 """The fabric-native backend: slice maps, data executor, partitioners, core model, SDMA, profiler."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -387,6 +388,42 @@ def test_sdma_is_a_little_slower_and_frees_the_cores():
     sdma = stratacl.estimate("all_gather", 32, 32 * 128 * MIB, path="sdma")
     assert 1.0 < sdma.time_us / mte.time_us < 1.2
     assert sdma.core_busy_us < 0.1 * mte.core_busy_us
+
+
+def test_sdma_engine_is_one_pipelined_stream_at_the_share_up_to_its_rate():
+    from stratacl.sdma._model import run_sdma
+    from stratacl.ub._topology import Sdma
+    eng = Sdma(descriptor_us=0.5, max_descriptor_bytes=1000, doorbell_us=0.1, gbps=None)
+    bell = 0.5 + 0.1
+    # a lone descriptor streams at the whole share (100 bytes/us) and exposes its latency once
+    one = run_sdma(np.array([400]), np.array([2.0]), np.array([0]), np.array([0]), 4, 100.0, eng)
+    assert one.end == pytest.approx(bell + 400 / 100 + 2.0)
+    # two queues rung together: the second descriptor's requests follow the first's, its latency
+    # overlaps the first's; a unit over max_descriptor_bytes becomes two back-to-back descriptors
+    two = run_sdma(np.array([400, 1500]), np.array([2.0, 3.0]), np.array([0, 1]), np.array([0, 0]), 4, 100.0, eng)
+    assert two.desc_core.tolist() == [0, 1, 1]
+    assert two.desc_end.tolist() == pytest.approx([bell + 4 + 2.0, bell + 14 + 3.0, bell + 19 + 3.0])
+    # a queue rung later finds the engine idle: its descriptor starts at its own doorbell
+    late = run_sdma(np.array([10, 100, 100]), np.array([1.0] * 3), np.array([0, 1, 1]), np.array([0, 0, 1]), 4,
+                    100.0, eng)
+    assert late.desc_start.tolist() == pytest.approx([bell, 2 * 0.5 + 0.1, 2 * 0.5 + 0.1 + 1.0])
+    # the engine's own top rate caps the share: 0.05 GB/s = 50 bytes/us
+    capped = run_sdma(np.array([400]), np.array([2.0]), np.array([0]), np.array([0]), 4, 100.0,
+                      dataclasses.replace(eng, gbps=0.05))
+    assert capped.end == pytest.approx(bell + 400 / 50 + 2.0)
+    # notify mode: the notify record's delay on top; no core polls
+    note = run_sdma(np.array([400]), np.array([2.0]), np.array([0]), np.array([0]), 4, 100.0, eng, "notify")
+    assert note.end == pytest.approx(one.end + eng.notify_us) and np.isnan(note.poll_end).all()
+
+
+def test_a_topology_naming_sdma_channels_is_refused():
+    from stratacl._errors import ConfigError
+    from stratacl.ub import _topology
+    data = dict(_topology._CM384, sdma=dict(_topology._CM384["sdma"], channels=4))
+    with pytest.raises(ConfigError, match="sdma.'channels' is gone"):
+        _topology.from_dict(data)
+    with pytest.raises(ConfigError, match="sdma.'gbps' must be > 0"):
+        _topology.from_dict(dict(_topology._CM384, sdma={"gbps": 0}))
 
 
 def test_compute_overlap_slows_less_with_sdma():

@@ -9,27 +9,29 @@
         of ``sdma.poll_cores`` cores polls the tail flag until it flips
         |
         v
-    engine: descriptors of the rung queues, round-robin over queues in post order; ``channels``
-        in flight; a descriptor of tier t waits for a free channel, pays alpha_t (the access
-        latency of its first request) and streams its bytes at S / channels (S: the rank's
-        fabric share, as the MTE path gets). After a queue's last data descriptor its tail
-        descriptor writes the completion flag (flag mode) or a notify record (notify mode).
+    engine: descriptors of the rung queues, round-robin over queues in post order, as one
+        pipelined stream: it issues a descriptor's read requests at R = min(S, ``sdma.gbps``)
+        (S: the rank's fabric share, as the MTE path gets) as soon as the previous
+        descriptor's requests are out and its queue's doorbell has rung; the descriptor's
+        data is complete alpha_t (the pair's access latency) after its last request. The
+        latencies of back-to-back descriptors overlap, as a core's double-buffered units do
+        on the MTE path; only a descriptor issued into an idle engine exposes its own.
+        After a queue's last data descriptor its tail descriptor writes the completion flag
+        (flag mode) or a notify record (notify mode).
         |
         v
     completion: flag: the polling core sees the last tail flag; notify: ``sdma.notify_us`` later
         the waiting operation is released
 
 What the model does NOT write in: the latency penalty against the MTE path comes from the
-descriptors' build time before the doorbell and from each descriptor's exposed access latency
-beyond what ``channels`` overlap; the cores' occupation falls because they spend
+descriptors' build time before the doorbell and from the engine's rate cap (``sdma.gbps``, when
+the rank's share is above it); the cores' occupation falls because they spend
 ``descriptor_us`` per descriptor instead of the whole transfer. Both follow from the
 parameters in the topology's ``sdma`` section (their sources are noted there).
 """
 from __future__ import annotations
 
 import dataclasses
-import heapq
-
 import numpy as np
 
 PATHS = ("mte", "sdma")
@@ -82,20 +84,19 @@ def run_sdma(nbytes: np.ndarray, alpha: np.ndarray, core: np.ndarray, slot: np.n
     has = count > 0
     build_end = np.where(has, count * sdma.descriptor_us, np.nan)
     bell = np.where(has, build_end + sdma.doorbell_us, np.nan)
-    # engine side: round-robin over queues (index in queue, then core), available at the doorbell
+    # engine side: round-robin over queues (index in queue, then core), available at the doorbell;
+    # issue ends by the max-plus recurrence e_i = max(e_(i-1), avail_i) + d_i, in closed form
     eorder = np.lexsort((dcore, idx))
     avail = bell[dcore][eorder]
-    dur = (dalpha + db / (share / sdma.channels))[eorder] if share > 0 else dalpha[eorder]
-    ends = np.empty(eorder.size)
-    chans = [0.0] * int(sdma.channels)
-    for i, (a, d) in enumerate(zip(avail.tolist(), dur.tolist())):
-        free = heapq.heappop(chans)
-        e = max(free, a) + d
-        ends[i] = e
-        heapq.heappush(chans, e)
-    desc_end = np.empty(du.size)
-    desc_end[eorder] = ends
-    desc_start = desc_end - (dalpha + db / (share / sdma.channels) if share > 0 else dalpha)
+    rate = share if share > 0 else np.inf
+    if sdma.gbps:
+        rate = min(rate, sdma.gbps * 1e3)                       # bytes/us
+    d = db[eorder] / rate
+    issued = np.cumsum(d)
+    issued += np.maximum.accumulate(avail - (issued - d))
+    ends = issued + dalpha[eorder]
+    desc_start, desc_end = np.empty(du.size), np.empty(du.size)
+    desc_start[eorder], desc_end[eorder] = issued - d, ends
     data_end = float(ends.max())
     poll = nan.copy()
     busy = np.where(has, bell, 0.0)

@@ -129,8 +129,8 @@ class FabricModel:
         """Transfer units of one member's step and the partitioner's assignment of them to its
         communication cores (cached by shape); the data path's SDMA queues use the same. On the
         SDMA path a unit becomes descriptors and a core only posts them, so small phases are not
-        cut finer for the cores' balance: that would only add descriptors, each paying its
-        access latency on the engine."""
+        cut finer for the cores' balance: that would only add descriptors, each costing its core
+        ``sdma.descriptor_us`` before the doorbell."""
         path = path or self.path
         peers, nbytes, tiers = (np.asarray(a, dtype=np.int64).reshape(-1) for a in (peers, nbytes, tiers))
         # a unit's modeled cost on one core: alpha_t + s / beta_t, with beta_t no faster than a core issues
