@@ -390,10 +390,10 @@ def test_sdma_is_a_little_slower_and_frees_the_cores():
     assert sdma.core_busy_us < 0.1 * mte.core_busy_us
 
 
-def test_sdma_engine_is_one_pipelined_stream_at_the_share_up_to_its_rate():
+def test_sdma_engine_is_one_pipelined_stream_at_its_fraction_of_the_share():
     from stratacl.sdma._model import run_sdma
     from stratacl.ub._topology import Sdma
-    eng = Sdma(descriptor_us=0.5, max_descriptor_bytes=1000, doorbell_us=0.1, gbps=None)
+    eng = Sdma(descriptor_us=0.5, max_descriptor_bytes=1000, doorbell_us=0.1, efficiency=1.0)
     bell = 0.5 + 0.1
     # a lone descriptor streams at the whole share (100 bytes/us) and exposes its latency once
     one = run_sdma(np.array([400]), np.array([2.0]), np.array([0]), np.array([0]), 4, 100.0, eng)
@@ -407,10 +407,10 @@ def test_sdma_engine_is_one_pipelined_stream_at_the_share_up_to_its_rate():
     late = run_sdma(np.array([10, 100, 100]), np.array([1.0] * 3), np.array([0, 1, 1]), np.array([0, 0, 1]), 4,
                     100.0, eng)
     assert late.desc_start.tolist() == pytest.approx([bell, 2 * 0.5 + 0.1, 2 * 0.5 + 0.1 + 1.0])
-    # the engine's own top rate caps the share: 0.05 GB/s = 50 bytes/us
-    capped = run_sdma(np.array([400]), np.array([2.0]), np.array([0]), np.array([0]), 4, 100.0,
-                      dataclasses.replace(eng, gbps=0.05))
-    assert capped.end == pytest.approx(bell + 400 / 50 + 2.0)
+    # an engine at half efficiency streams at half the share: 50 bytes/us
+    half = run_sdma(np.array([400]), np.array([2.0]), np.array([0]), np.array([0]), 4, 100.0,
+                    dataclasses.replace(eng, efficiency=0.5))
+    assert half.end == pytest.approx(bell + 400 / 50 + 2.0)
     # notify mode: the notify record's delay on top; no core polls
     note = run_sdma(np.array([400]), np.array([2.0]), np.array([0]), np.array([0]), 4, 100.0, eng, "notify")
     assert note.end == pytest.approx(one.end + eng.notify_us) and np.isnan(note.poll_end).all()
@@ -422,8 +422,8 @@ def test_a_topology_naming_sdma_channels_is_refused():
     data = dict(_topology._CM384, sdma=dict(_topology._CM384["sdma"], channels=4))
     with pytest.raises(ConfigError, match="sdma.'channels' is gone"):
         _topology.from_dict(data)
-    with pytest.raises(ConfigError, match="sdma.'gbps' must be > 0"):
-        _topology.from_dict(dict(_topology._CM384, sdma={"gbps": 0}))
+    with pytest.raises(ConfigError, match=r"sdma.'efficiency' must be in \(0, 1\]"):
+        _topology.from_dict(dict(_topology._CM384, sdma={"efficiency": 1.5}))
 
 
 def test_compute_overlap_slows_less_with_sdma():

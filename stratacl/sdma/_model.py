@@ -10,7 +10,7 @@
         |
         v
     engine: descriptors of the rung queues, round-robin over queues in post order, as one
-        pipelined stream: it issues a descriptor's read requests at R = min(S, ``sdma.gbps``)
+        pipelined stream: it issues a descriptor's read requests at R = ``sdma.efficiency`` x S
         (S: the rank's fabric share, as the MTE path gets) as soon as the previous
         descriptor's requests are out and its queue's doorbell has rung; the descriptor's
         data is complete alpha_t (the pair's access latency) after its last request. The
@@ -24,8 +24,8 @@
         the waiting operation is released
 
 What the model does NOT write in: the latency penalty against the MTE path comes from the
-descriptors' build time before the doorbell and from the engine's rate cap (``sdma.gbps``, when
-the rank's share is above it); the cores' occupation falls because they spend
+descriptors' build time before the doorbell and from the engine's rate (``sdma.efficiency`` of
+the share); the cores' occupation falls because they spend
 ``descriptor_us`` per descriptor instead of the whole transfer. Both follow from the
 parameters in the topology's ``sdma`` section (their sources are noted there).
 """
@@ -88,9 +88,7 @@ def run_sdma(nbytes: np.ndarray, alpha: np.ndarray, core: np.ndarray, slot: np.n
     # issue ends by the max-plus recurrence e_i = max(e_(i-1), avail_i) + d_i, in closed form
     eorder = np.lexsort((dcore, idx))
     avail = bell[dcore][eorder]
-    rate = share if share > 0 else np.inf
-    if sdma.gbps:
-        rate = min(rate, sdma.gbps * 1e3)                       # bytes/us
+    rate = share * sdma.efficiency if share > 0 else np.inf     # bytes/us
     d = db[eorder] / rate
     issued = np.cumsum(d)
     issued += np.maximum.accumulate(avail - (issued - d))
