@@ -58,13 +58,23 @@ def _kinds(events: list[dict]) -> list:
     return [(e["e"], e.get("op"), len(e.get("calls", ()))) for e in events]
 
 
+def _name(kinds: list, i: int) -> str:
+    if i >= len(kinds):
+        return f"the end (after {len(kinds)} events)"
+    e, op, calls = kinds[i]
+    return f"{e} {op}" if op else f"{e} of {calls} call(s)" if e == "issue" else e
+
+
 def _check_shape(recs: list, ns: list[int]) -> None:
     shape = _kinds(recs[-1][0]["events"])
     for rec, n in zip(recs, ns):
         for t in rec:
-            if _kinds(t["events"]) != shape:
+            got = _kinds(t["events"])
+            if got != shape:
+                i = next((j for j, (x, y) in enumerate(zip(got, shape)) if x != y), min(len(got), len(shape)))
                 raise ReplayError(f"extrapolate: rank {t['rank']} at N={n} made other events than rank 0 at "
-                                  f"N={ns[-1]}: the program is not SPMD in shape (its events differ by rank or by N)")
+                                  f"N={ns[-1]}: the program is not SPMD in shape (its events differ by rank or by N); "
+                                  f"first at event {i}: {_name(got, i)} against {_name(shape, i)}")
             for e in t["events"]:
                 if e["e"] == "p2p":
                     raise ReplayError(f"extrapolate: rank {t['rank']} made a point-to-point call ({e['op']}); only "
