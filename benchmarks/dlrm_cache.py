@@ -5,9 +5,11 @@
 
 Runs examples/dlrm.py under ``--clock virtual`` once per (configuration, cache size), with the
 configurations' launcher switches from benchmarks/e2e.py, and keeps the last step's modeled
-time (slowest rank) and the hit rate the program reports. ``--cache-rows 0`` is the run with
-every row in HBM. Rows: {"workload": "dlrm", "config", "ranks", "cache_rows", "rows",
-"hit_rate", "fetched", "written_back", "modeled_step_us", "extra"}.
+time (slowest rank) and the hit rates the program reports: over every step (the cold first
+one included; with ``fetched`` and ``written_back``) and over the last step alone, the one
+timed. ``--cache-rows 0`` is the run with every row in HBM. Rows: {"workload": "dlrm", "config",
+"ranks", "cache_rows", "rows", "hit_rate", "fetched", "written_back", "last_step_hit_rate",
+"modeled_step_us", "extra"}.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from e2e import CONFIGS, _last_step, _launch
 
 _CACHE = re.compile(r"hit rate ([\d.]+) \((\d+) of (\d+) lookups\); (\d+) rows fetched from host memory, "
                     r"(\d+) written back")
+_LAST = re.compile(r"last step only: hit rate ([\d.]+) ")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,10 +44,13 @@ def main(argv: list[str] | None = None) -> int:
             out = _launch("examples/dlrm.py", a.ranks, config, ["--steps", str(a.steps), "--no-check"],
                           [*extra, "--cache-rows", str(c)])
             row = {"workload": "dlrm", "config": config, "ranks": a.ranks, "cache_rows": c, "rows": rows_per_table,
-                   "hit_rate": None, "fetched": 0, "written_back": 0, **_last_step(out), "extra": " ".join(extra)}
-            m = _CACHE.search(out)
+                   "hit_rate": None, "fetched": 0, "written_back": 0, "last_step_hit_rate": None, **_last_step(out),
+                   "extra": " ".join(extra)}
+            m, last = _CACHE.search(out), _LAST.search(out)
             if m:
                 row.update(hit_rate=float(m.group(1)), fetched=int(m.group(4)), written_back=int(m.group(5)))
+            if last:
+                row.update(last_step_hit_rate=float(last.group(1)))
             rows.append(row)
             print(json.dumps(row), flush=True)
     if a.json:

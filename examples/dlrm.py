@@ -269,12 +269,22 @@ bufs = {"idx_out": stratacl.torch.empty((n, P, B, L), dtype=torch.int64),
         "pooled_out": stratacl.torch.empty((n, P, B, D)), "pooled_in": stratacl.torch.empty((n, P, B, D)),
         "grad_out": stratacl.torch.empty((n, P, B, D)), "grad_in": stratacl.torch.empty((n, P, B, D)),
         "flat": stratacl.torch.empty((FLAT,))}
+COUNTERS = ("hits", "lookups", "fetched", "written")
+
+
+def counted() -> list[int]:
+    """This rank's cache counters so far, summed over its tables (zeros without a cache)."""
+    return [sum(getattr(c, k) for c in tables) if C else 0 for k in COUNTERS]
+
+
 losses, step_us = [], []
 for step in range(args.steps):
     t0 = comm.clock() if modeled else 0.0
     w0 = time.perf_counter()
+    before = counted()
     losses.append(step_distributed(step, params, tables, bufs))
     step_us.append(((comm.clock() - t0) if modeled else time.perf_counter() - w0) * 1e6)
+last = [a - b for a, b in zip(counted(), before)]        # the last step's own counts
 
 if C:
     cached = tables
@@ -290,8 +300,8 @@ verdict = torch.tensor([int(exact)], dtype=torch.int32)
 dist.all_reduce(verdict, op=dist.ReduceOp.MIN)
 slowest = torch.tensor(step_us, dtype=torch.float64)
 dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-hits = torch.tensor([sum(getattr(c, k) for c in cached) if C else 0
-                     for k in ("hits", "lookups", "fetched", "written")], dtype=torch.int64)
+hits = torch.tensor([sum(getattr(c, k) for c in cached) if C else 0 for k in COUNTERS] + last,
+                    dtype=torch.int64)
 dist.all_reduce(hits)
 mean_loss = torch.stack(losses).to(torch.float64)
 dist.all_reduce(mean_loss)
@@ -305,6 +315,9 @@ if me == 0:
         print(f"embedding cache: {C} of {R} rows per table in HBM (LRU), indices Zipf {args.zipf:g}: hit rate "
               f"{hits[0].item() / max(hits[1].item(), 1):.4f} ({hits[0].item()} of {hits[1].item()} lookups); "
               f"{hits[2].item()} rows fetched from host memory, {hits[3].item()} written back on eviction")
+        print(f"embedding cache, last step only: hit rate {hits[4].item() / max(hits[5].item(), 1):.4f} "
+              f"({hits[4].item()} of {hits[5].item()} lookups); {hits[6].item()} rows fetched, "
+              f"{hits[7].item()} written back")
     for s in range(args.steps):
         what = "modeled" if modeled else "wall"
         print(f"step {s + 1}: loss {mean_loss[s].item() / n:.6f}   {what} {slowest[s].item():.1f} us (slowest rank)")

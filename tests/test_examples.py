@@ -75,6 +75,13 @@ def test_dlrm_with_an_embedding_cache_trains_exactly_as_one_process(n, clock, re
     hits, lookups = int(m.group(2)), int(m.group(3))
     assert lookups == 3 * n * 8 * 4 * 2 * n and 0 < hits < lookups
     assert 0.0 < float(m.group(1)) < 1.0 and int(m.group(4)) > 0 and int(m.group(5)) > 0
+    last = re.fullmatch(r"embedding cache, last step only: hit rate ([\d.]+) \((\d+) of (\d+) lookups\); (\d+) rows "
+                        r"fetched, (\d+) written back", lines[3])
+    assert last, run.explain()
+    # the last step is one of three equal-sized steps, and its counts are part of the totals
+    assert int(last.group(3)) == lookups // 3 and int(last.group(2)) <= hits
+    assert float(last.group(1)) == pytest.approx(int(last.group(2)) / int(last.group(3)), abs=1e-4)
+    assert int(last.group(4)) <= int(m.group(4)) and int(last.group(5)) <= int(m.group(5))
 
 
 @pytest.mark.timeout(180)
