@@ -303,8 +303,8 @@ def calibrate() -> str:
     """cm384's two calibrated fabric parameters, by bisection on the paper's numbers:
     the fan-in efficiency that makes the 32-rank, 1 GiB-per-rank all_gather ring 6% ahead of the
     full mesh in bus bandwidth (paper section 8.1: ~6% for large payloads), and the SDMA engine's
-    efficiency (its rate over the fabric share) that makes the 32-rank, 128 MiB-per-rank all_gather 9% slower on the SDMA path than on
-    the MTE path (paper section 9.5, Fig. 15b)."""
+    efficiency (its rate over the fabric share) that makes the 32-rank, 128 MiB-per-rank
+    all_gather 9% slower on the SDMA path than on the MTE path (paper section 9.5, Fig. 15b)."""
     base = _topology._CM384
 
     def lead(e: float) -> float:
@@ -338,7 +338,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated: {', '.join(SECTIONS)}")
     p.add_argument("--out", default=os.path.join("docs", "figures"), help="directory for the PNGs ('' for none)")
-    p.add_argument("--calibrate", action="store_true", help="re-derive cm384's calibrated parameters (fan-in efficiency, SDMA efficiency) and stop")
+    p.add_argument("--calibrate", action="store_true",
+                   help="re-derive cm384's calibrated parameters (fan-in efficiency, SDMA efficiency) and stop")
     a = p.parse_args(argv)
     if a.calibrate:
         print(calibrate())

@@ -32,6 +32,7 @@ parameters in the topology's ``sdma`` section (their sources are noted there).
 from __future__ import annotations
 
 import dataclasses
+
 import numpy as np
 
 PATHS = ("mte", "sdma")
