@@ -14,16 +14,20 @@ first steps pay one-time costs: jit registration of the buffers, the plans' firs
 (``stratacl.ub.extrapolate``: every number of an SPMD step follows a + b x ranks, or
 a + b x ranks + c / ranks from three recordings; groups keep their tiling; MoE routings are
 drawn anew at N) and replays them through the fabric model (``stratacl.ub.replay``): the step
-at N ranks is the difference. No ranks run at N. Rows (``--json``): {"workload", "config",
-"ranks", "scale", "modeled_step_us", "throughput", "p99_ttft_us", "p99_tpot_us", "batch"}, null
-where a field does not apply; "scale" is "host" (a real run) or "replay" (extrapolated; serving
-is not: a request stream has no steps of one shape). Serving rows also carry
-"normalized_latency_us". ``--gaps``: the distribution of
+at N ranks is the difference. Serving has no steps: it extrapolates only under ``--per-rank``
+(every rank the same requests' lengths, so its iterations have one shape at every N), is
+recorded once per rank count with its ``--timeline``, and its metrics at N come from the
+replay's clocks at the reads the timeline names (``serving_metrics``). No ranks run at N.
+Rows (``--json``): {"workload", "config", "ranks", "scale", "modeled_step_us", "throughput",
+"p99_ttft_us", "p99_tpot_us", "batch"}, null where a field does not apply; "scale" is "host"
+(a real run) or "replay" (extrapolated). Serving rows also carry "normalized_latency_us".
+``--gaps``: the distribution of
 every call's allocation-to-communication gap in one run (StrataCL's configuration).
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import re
@@ -96,11 +100,11 @@ def _row(workload: str, config: str, ranks: int, scale: str, found: dict, extra:
     return row
 
 
-def _at_scale(workload: str, config: str, n: int, sizes: tuple[int, ...], extra: list[str]) -> dict:
+def _at_scale(workload: str, config: str, ns: list[int], sizes: tuple[int, ...], extra: list[str]) -> list[dict]:
     from stratacl import ub
 
     program = WORKLOADS[workload][0]
-    times = []
+    times = {n: [] for n in ns}
     with tempfile.TemporaryDirectory(prefix="stratacl-e2e-") as tmp:
         for steps in (1, 2):
             recorded = []
@@ -108,8 +112,57 @@ def _at_scale(workload: str, config: str, n: int, sizes: tuple[int, ...], extra:
                 d = os.path.join(tmp, f"{steps}-{size}")
                 _launch(program, size, config, ["--steps", str(steps)], extra, trace=d)
                 recorded.append(ub.load_traces(d))
-            times.append(ub.replay(ub.extrapolate(*recorded, n)).time_us)
-    return {"modeled_step_us": times[1] - times[0]}
+            for n in ns:
+                times[n].append(ub.replay(ub.extrapolate(*recorded, n)).time_us)
+    return [{"modeled_step_us": times[n][1] - times[n][0]} for n in ns]
+
+
+def _serve_at_scale(config: str, ns: list[int], sizes: tuple[int, ...], extra: list[str]) -> list[dict]:
+    """Serving at each of ``ns`` ranks: the program recorded at ``sizes`` with ``--per-rank`` (every rank
+    the same requests' lengths, so its iterations have one shape at every N), extrapolated and
+    replayed; the metrics from the replay's clocks at the reads its timeline names."""
+    from stratacl import ub
+
+    if "--per-rank" not in extra:
+        raise ub.ReplayError("a request stream extrapolates only under --per-rank (pass it after --): otherwise its "
+                             "iterations depend on N")
+    with tempfile.TemporaryDirectory(prefix="stratacl-e2e-") as tmp:
+        recorded = []
+        for size in sizes:
+            d = os.path.join(tmp, str(size))
+            _launch(WORKLOADS["serve"][0], size, config, ["--timeline", os.path.join(d, "timeline.json")], extra,
+                    trace=d)
+            recorded.append(ub.load_traces(d))
+        with open(os.path.join(d, "timeline.json")) as f:
+            timeline = json.load(f)
+    return [serving_metrics(ub.replay(ub.extrapolate(*recorded, n)), timeline, n) for n in ns]
+
+
+def serving_metrics(replay, timeline: dict, n: int) -> dict:
+    """examples/moe_serving.py's metrics at ``n`` ranks from a replay of its traces (``clocks``:
+    the agreed time at a read is the latest rank's) and its ``--timeline`` (recorded at any N
+    under ``--per-rank``, where rank 0's requests stand for every rank's; or at ``n``)."""
+    import numpy as np
+
+    agreed = np.max(np.array(replay.clocks), axis=0) * 1e-6
+    mine = np.arange(len(timeline["out_len"])) % timeline["ranks"] == 0
+    if timeline["ranks"] == n:
+        mine[:] = True
+    elif not timeline["per_rank"]:
+        raise ValueError(f"a timeline recorded at N={timeline['ranks']} without --per-rank gives no metrics at N={n}")
+    copies = 1 if timeline["ranks"] == n else n
+
+    def per_request(key):
+        return np.tile(np.asarray(timeline[key])[mine], copies)
+    origin = 0.0 if timeline["origin_read"] is None else agreed[timeline["origin_read"]]
+    first, finish = agreed[per_request("first_read")], agreed[per_request("finish_read")]
+    arrival, out_len = origin + per_request("stream_s"), per_request("out_len")
+    multi = out_len > 1
+    tpot = (finish[multi] - first[multi]) / (out_len[multi] - 1)
+    return {"throughput": float(out_len.sum() / (finish.max() - origin)),
+            "p99_ttft_us": float(np.percentile(first - arrival, 99) * 1e6),
+            "p99_tpot_us": float(np.percentile(tpot, 99) * 1e6) if tpot.size else 0.0,
+            "normalized_latency_us": float(np.mean((finish - arrival) / out_len) * 1e6)}
 
 
 def _gaps(workload: str, n: int, steps: int, extra: list[str]) -> list[float]:
@@ -138,7 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workloads", default="dlrm")
     p.add_argument("--configs", default="all", help=f"comma-separated, or all ({', '.join(CONFIGS)})")
     p.add_argument("--ranks", default="8", help="comma-separated rank counts run on the host (none: only --scale)")
-    p.add_argument("--scale", type=int, default=0, help="also replay at this many ranks (0: no)")
+    p.add_argument("--scale", default="", help="also replay at these rank counts, comma-separated (each from the "
+                                                "same recordings)")
     p.add_argument("--scale-from", default="4,8", help="the two or three rank counts recorded for --scale (three: "
                                                         "numbers may also shrink as 1 / ranks, as FSDP shards do)")
     p.add_argument("--steps", type=int, default=3)
@@ -167,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
 
     configs = list(CONFIGS) if a.configs == "all" else a.configs.split(",")
     sizes = tuple(int(x) for x in a.scale_from.split(","))
+    scales = [int(x) for x in a.scale.split(",")] if a.scale not in ("", "0") else []
     rows = []
     print(f"{'workload':<10}{'config':<10}{'ranks':>6}  {'scale':<7}{'modeled step (us)':>18}{'throughput (/s)':>17}"
           f"{'P99 TTFT (us)':>15}{'P99 TPOT (us)':>15}")
@@ -185,15 +240,18 @@ def main(argv: list[str] | None = None) -> int:
                     if rate is not None:
                         row["rate"] = rate
                     found.append(row)
-            if a.scale and parse is not _last_step:
-                print(f"{workload:<10}{config:<10}{a.scale:>6}  replay: not extrapolated: a request stream has no "
-                      f"steps to difference", flush=True)
-            elif a.scale:
+            for rate in (rates if scales else []):
+                more = ["--rate", f"{rate:g}"] if rate is not None else []
+                at_scale = _serve_at_scale if workload == "serve" else functools.partial(_at_scale, workload)
                 try:
-                    found.append(_row(workload, config, a.scale, "replay",
-                                      _at_scale(workload, config, a.scale, sizes, args), args))
+                    got = at_scale(config, scales, sizes, args + more)
                 except ub.ReplayError as e:
                     print(f"{workload:<10}{config:<10}{a.scale:>6}  replay: not extrapolated: {e}", flush=True)
+                    continue
+                for n, one in zip(scales, got):
+                    found.append(_row(workload, config, n, "replay", one, args))
+                    if rate is not None:
+                        found[-1]["rate"] = rate
             for r in found:
                 cells = [f"{r[k]:.2f}" if isinstance(r[k], float) and k != "throughput" else
                          f"{r[k]:.4g}" if r[k] is not None else "-"

@@ -43,7 +43,9 @@ P99 time per output token.
 """
 import argparse
 import collections
+import json
 import math
+import os
 import time
 
 import numpy as np
@@ -60,6 +62,13 @@ p.add_argument("--requests", type=int, default=32)
 p.add_argument("--warmup", type=int, default=0,
                help="requests served before the measured stream (all arriving at once, their own seed); "
                     "the metrics' clock starts when they are done")
+p.add_argument("--per-rank", action="store_true",
+               help="--requests and --warmup count requests per rank, and every rank's k-th request has the "
+                    "same lengths and arrival (--rate: per rank): a DP balancer's even load, whose iterations "
+                    "have one shape on every rank and at every N, so the traces extrapolate (ub.extrapolate)")
+p.add_argument("--timeline", default=None,
+               help="rank 0 writes here (JSON) which of its comm.clock() reads each measured request arrived, "
+                    "got its first token and finished at: with ub.replay's clocks, the metrics at any scale")
 p.add_argument("--seed", type=int, default=1)
 p.add_argument("--mean-input", type=float, default=64.0, help="mean prompt length (tokens)")
 p.add_argument("--ratio", type=float, default=8.0, help="mean input / mean output length (Splitwise conversation: ~8)")
@@ -82,6 +91,8 @@ LX = args.experts_per_rank
 E = LX * n
 K = min(args.topk, E)
 topo, modeled = comm.topology, stratacl.config.clock != "off"
+if args.timeline and not modeled:
+    raise SystemExit("moe_serving: --timeline names comm.clock() reads: launch with --clock virtual")
 # the pool's tax on the batch: docs/fragmentation-2026-12-02.json, serving, largest batch 359
 # (caching allocator, registration pool) against 394 (expandable, roa)
 POOL_FITS = 359 / 394
@@ -90,8 +101,9 @@ LL_CAP = (MAX_BATCH + 1) // 2         # low-latency buffers: tokens per rank per
 
 
 def charge(flops: float, nbytes: float) -> None:
-    """A kernel's roofline time on the modeled clock (nothing without one)."""
-    if modeled and (flops or nbytes):
+    """A kernel's roofline time on the modeled clock (nothing without one). A kernel with no
+    work takes no time, but is charged all the same, so that every rank's trace has one shape."""
+    if modeled:
         comm.charge_compute(topo.kernel_us(flops, nbytes))
 
 
@@ -113,12 +125,18 @@ def lengths(rng, count: int) -> tuple:
 # at once, so the batch and the allocator reach the sizes a busy stream needs, and under jit the
 # peers map the buffers); the warm-up has its own seed, so the measured stream is the same with
 # or without it
+# (--per-rank: the stream is drawn for one rank's requests and dealt to every rank alike, request
+# q = k N + r being rank r's k-th)
 rng = np.random.default_rng(args.seed)
 R, W = args.requests, args.warmup
 gaps = rng.exponential(1.0 / args.rate, R) if args.rate > 0 else np.zeros(R)
 STREAM = np.cumsum(gaps) - gaps[0]                         # seconds after the origin; the first at 0
 IN_LEN, OUT_LEN = lengths(rng, R)
 warm_in, warm_out = lengths(np.random.default_rng([args.seed, 1]), W)
+if args.per_rank:
+    STREAM, IN_LEN, OUT_LEN, warm_in, warm_out = (np.repeat(v, n) for v in (STREAM, IN_LEN, OUT_LEN, warm_in,
+                                                                            warm_out))
+    R, W = R * n, W * n
 IN_LEN, OUT_LEN = np.concatenate([IN_LEN, warm_in]), np.concatenate([OUT_LEN, warm_out])
 OWNER = np.concatenate([np.arange(R) % n, np.arange(W) % n])
 ARRIVAL = np.zeros(R + W)                                  # absolute (the clock's seconds), set when served
@@ -210,10 +228,25 @@ def experts_cost(counts) -> tuple:
 
 
 # --- the schedule (identical on every rank: it depends only on the agreed times) -----------
+READS = 0          # this rank's comm.clock() reads so far: the same count on every rank
+
+
+def clock_now() -> float:
+    global READS
+    READS += 1
+    return comm.clock()
+
+
 def agreed_now() -> float:
-    t = torch.tensor([comm.clock() if modeled else time.time() - WALL0], dtype=torch.float64)
+    """The iteration boundary's time, the same on every rank (the latest of their clocks);
+    AT[-1] is the read it came from."""
+    t = torch.tensor([clock_now() if modeled else time.time() - WALL0], dtype=torch.float64)
+    AT.append(READS - 1)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return t.item()
+
+
+AT: list = []
 
 
 WALL0 = 0.0
@@ -307,6 +340,7 @@ def finish_tokens(states: States, mb: list, lens: list, x: torch.Tensor, timed: 
 
 
 FIRST, FINISH = np.zeros(R + W), np.zeros(R + W)   # per request: first-token and finish times (agreed)
+FIRST_AT, FINISH_AT = np.zeros(R + W, dtype=int), np.zeros(R + W, dtype=int)     # ... and their reads
 
 
 def schedule_and_run(states: States, reqs: list) -> tuple:
@@ -325,10 +359,10 @@ def schedule_and_run(states: States, reqs: list) -> tuple:
                 for q in per_rank[r]:
                     generated[q] += 1
                     if kind == "prefill":
-                        first[q] = now
+                        first[q], FIRST_AT[q] = now, AT[-1]
                         running[r].append(q)
                     if generated[q] == OUT_LEN[q]:
-                        finish[q] = now
+                        finish[q], FINISH_AT[q] = now, AT[-1]
                         running[r].remove(q)
                         done += 1
         if done == len(reqs):
@@ -349,7 +383,7 @@ def schedule_and_run(states: States, reqs: list) -> tuple:
             last = ("decode", [list(x) for x in running])
         else:                                  # nothing to do until the next arrival
             if modeled:
-                comm.charge_compute(max(0.0, ARRIVAL[reqs[arrived]] - comm.clock()) * 1e6, cores=1)
+                comm.charge_compute(max(0.0, ARRIVAL[reqs[arrived]] - clock_now()) * 1e6, cores=1)
             else:
                 time.sleep(max(0.0, ARRIVAL[reqs[arrived]] - (time.time() - WALL0)))
             now, last = agreed_now(), None
@@ -436,6 +470,7 @@ warm_log, ORIGIN = [], 0.0
 if W:                        # all at once, then the metrics' origin moves to the warm-up's end
     ARRIVAL[R:] = agreed_now()
     warm_log, ORIGIN = schedule_and_run(states, list(range(R, R + W)))
+ORIGIN_AT = AT[-1] if W else None
 ARRIVAL[:R] = ORIGIN + STREAM
 log, _ = schedule_and_run(states, list(range(R)))
 ref = run_alone(warm_log + log)                # the warm-up's iterations are checked too
@@ -445,6 +480,14 @@ exact = all(states.tokens[q] == ref.tokens[q] and len(ref.tokens[q]) == OUT_LEN[
 verdict = torch.tensor([int(exact)], dtype=torch.int32)
 dist.all_reduce(verdict, op=dist.ReduceOp.MIN)
 
+if me == 0 and args.timeline:
+    # the measured requests' times as reads of comm.clock(): with ub.replay's clocks (the latest of
+    # the ranks' at each read, as agreed_now takes), the metrics below at any scale
+    os.makedirs(os.path.dirname(os.path.abspath(args.timeline)), exist_ok=True)
+    with open(args.timeline, "w") as f:
+        json.dump({"ranks": n, "per_rank": args.per_rank, "origin_read": ORIGIN_AT, "stream_s": STREAM[:R].tolist(),
+                   "first_read": FIRST_AT[:R].tolist(), "finish_read": FINISH_AT[:R].tolist(),
+                   "out_len": OUT_LEN[:R].tolist()}, f)
 if me == 0:
     first, finish, arrival, out_len = FIRST[:R], FINISH[:R], ARRIVAL[:R], OUT_LEN[:R]   # the measured stream
     end = finish.max() - ORIGIN

@@ -36,6 +36,24 @@ def spmd_step(comm, steps: int) -> float:
     return comm.clock() * 1e6
 
 
+def reads_its_clock(comm) -> list[float]:
+    """``spmd_step``'s calls with the program reading its clock between them, as a serving loop
+    times its iterations."""
+    n = comm.size
+    x = stratacl.zeros((4096,), np.float32)
+    a = stratacl.zeros((n * 256,), np.float32)
+    b = stratacl.empty_like(a)
+    reads = [comm.clock() * 1e6]
+    for _ in range(2):
+        work = comm.all_reduce(x, async_op=True)
+        comm.charge_compute(30.0 + 2.0 * n)
+        reads.append(comm.clock() * 1e6)
+        comm.all_to_all(b, a)
+        work.wait()
+        reads.append(comm.clock() * 1e6)
+    return reads
+
+
 def with_split(comm) -> float:
     half = comm.split(comm.rank % 2, comm.rank)
     x = stratacl.zeros((2048,), np.float32)
@@ -105,6 +123,17 @@ def test_replaying_a_jobs_traces_gives_every_rank_its_modeled_clock(tmp_path):
     # the ranks' clocks when the program returned are where the replay's last call ended, or earlier
     assert all(c <= e * (1 + 1e-12) for c, e in zip(clocks, r.end_us))
     assert r.time_us > 2 * (30.0 + 2.0 * 3)        # the kernels alone take that long
+
+
+def test_the_replay_gives_back_what_each_clock_read_returned(tmp_path):
+    traces, reads = _record(tmp_path, reads_its_clock, 3)
+    np.testing.assert_allclose(np.array(ub.replay(traces).clocks), np.array(reads), rtol=1e-12)
+    # the reads keep their place through extrapolation: at 5 ranks, what a real 5-rank run read
+    t2, _ = _record(tmp_path, reads_its_clock, 2)
+    _, real = _record(tmp_path, reads_its_clock, 5)
+    guess = ub.replay(ub.extrapolate(t2, traces, 5)).clocks
+    assert len(guess) == 5 and all(len(g) == 5 for g in guess)
+    np.testing.assert_allclose(np.array(guess), np.array(real), rtol=1e-9)
 
 
 def test_sub_communicators_replay_with_their_members(tmp_path):

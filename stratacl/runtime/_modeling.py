@@ -64,6 +64,8 @@ class Modeling:
         """``comm.clock()``: the program's clock, in seconds."""
         if self._rt.config.clock == "off":
             raise ConfigError("comm.clock(): the clock is off; launch with --clock virtual (or STRATACL_CLOCK)")
+        if self._rt.trace is not None:
+            self._rt.trace.clock()
         return self._rt.clock.now_us * 1e-6
 
     def charge_compute(self, duration_us: float, cores: int | None = None) -> None:

@@ -13,6 +13,9 @@ modeled clock was made of, and writes it to ``DIR/rank<r>.json`` at ``finalize()
     {"e": "compute", "us", "cores"}             _modeling.py charge_compute
     {"e": "wait", "id"}                         _modeling.py join_work: the program joins an issue
     {"e": "p2p", "op"}                          _modeling.py ended: a send/recv (not replayable yet)
+    {"e": "clock"}                              _modeling.py now: the program read its clock
+                                                (``comm.clock()``); the replay gives the value it
+                                                read there (``Replay.clocks``)
 
 A call's model inputs are what ``ub._clock.FabricModel`` needs to time it again: the
 communicator (``comm``: the offset of its barrier counter, the same on every member; its
@@ -69,6 +72,9 @@ class Trace:
 
     def p2p(self, op: str) -> None:
         self.events.append({"e": "p2p", "op": op})
+
+    def clock(self) -> None:
+        self.events.append({"e": "clock"})
 
     def write(self, directory: str, end_us: float) -> str:
         os.makedirs(directory, exist_ok=True)

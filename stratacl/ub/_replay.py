@@ -8,7 +8,7 @@
     the program issued it or when its communicator's previous call ended; ``charge_compute``
     sharing the rank's cores with its asynchronous operations in flight (ub/_compute.py)
         v
-    Replay: every rank's final clock, and the calls timed
+    Replay: every rank's final clock, what it read at each ``comm.clock()``, and the calls timed
 
 Replaying a job's traces at the rank count they were recorded at gives the modeled times the
 ranks had (the same functions on the same inputs). ``extrapolate`` (ub/_extrapolate.py) makes
@@ -37,10 +37,13 @@ FORMAT = "stratacl-trace-1"
 class Replay:
     """``end_us``: every rank's modeled clock after its last event; ``recorded_us``: what the
     ranks' own clocks said when the traces were written (None for extrapolated traces);
-    ``calls``: collective calls timed."""
+    ``calls``: collective calls timed; ``clocks``: per rank, in microseconds, what each of its
+    ``comm.clock()`` reads would have returned, in program order (a program that times
+    itself, such as a serving loop's iterations, gets its times back at any scale)."""
     end_us: np.ndarray
     recorded_us: np.ndarray | None
     calls: int
+    clocks: list[np.ndarray] = dataclasses.field(default_factory=list)
 
     @property
     def time_us(self) -> float:
@@ -83,6 +86,7 @@ class _Rank:
         self.events = trace["events"]
         self.at = 0                      # next event
         self.now = 0.0                   # the program's clock
+        self.reads: list[float] = []     # its value at each comm.clock() read
         self.free: dict[int, float] = {}     # communicator -> end of its previous call here
         self.done_k: dict[int, int] = {}     # communicator -> number of its last timed call here
         self.issues: dict[int, dict] = {}    # issue id -> its state
@@ -208,6 +212,8 @@ def replay(traces: list[dict]) -> Replay:
                 times, busy = combine(steps)
                 r.now = (run_job(ComputeJob(ev["cores"], ev["us"], t0), total, times, busy)[0] if times.size
                          else t0 + ev["us"])
+            elif kind == "clock":
+                r.reads.append(r.now)
             elif kind == "p2p":
                 raise ReplayError(f"replay: rank {r.rank} made a point-to-point call ({ev['op']}); traces with "
                                   f"send/recv are not replayed yet")
@@ -235,4 +241,4 @@ def replay(traces: list[dict]) -> Replay:
             raise ReplayError(f"replay: the traces do not complete; ranks stuck at {stuck[:4]}")
     recorded = [t.get("end_us") for t in traces]
     return Replay(np.array([r.now for r in ranks]), None if None in recorded else np.array(recorded, dtype=np.float64),
-                  timed)
+                  timed, [np.array(r.reads) for r in ranks])
