@@ -1,7 +1,8 @@
 """End-to-end workloads under the paper's configurations, at host scale and at the paper's scale.
 
-    python benchmarks/e2e.py [--workloads dlrm,train,serve] [--configs all] [--ranks 8] [--scale 128]
+    python benchmarks/e2e.py [--workloads dlrm,train,serve] [--configs all] [--ranks 8] [--scale 128[,512]]
                              [--scale-from 4,8] [--steps 3] [--json FILE] [-- workload arguments]
+    python benchmarks/e2e.py --workloads serve --ranks none --scale 32,192 --rates 0 -- --per-rank ...
     python benchmarks/e2e.py --workloads serve --rates 5000,20000,80000 --plot FILE.png
     python benchmarks/e2e.py --gaps [--workloads dlrm] [--ranks 8] [--json FILE]
 
@@ -9,8 +10,8 @@ For every workload (a program under examples/: dlrm, train, serve) and configura
 as the paper's baselines and ablation, CONFIGS below) it runs the program under
 ``stratacl-launch -n RANKS --clock virtual`` and takes the modeled time of its last step (the
 first steps pay one-time costs: jit registration of the buffers, the plans' first use). With
-``--scale N`` it also records the program with ``--trace`` at the two or three rank counts of
-``--scale-from``, once with one step and once with two, extrapolates each set to N ranks
+``--scale N[,N...]`` it also records the program with ``--trace`` at the two or three rank counts of
+``--scale-from``, once with one step and once with two, extrapolates each set to each N
 (``stratacl.ub.extrapolate``: every number of an SPMD step follows a + b x ranks, or
 a + b x ranks + c / ranks from three recordings; groups keep their tiling; MoE routings are
 drawn anew at N) and replays them through the fabric model (``stratacl.ub.replay``): the step

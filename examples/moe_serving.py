@@ -34,6 +34,13 @@ through the same code (so their shapes are allocated and, under ``--registration
 peers' buffers mapped, as a serving engine warms up before it takes traffic); the measured
 stream's arrivals start when the warm-up is done, and only its requests count in the metrics.
 
+With ``--per-rank``, ``--requests`` and ``--warmup`` count each rank's requests, and every rank's
+k-th request has the same lengths and arrival (request k N + r is rank r's k-th): the even load a
+DP balancer aims at. Its iterations then have one shape on every rank and at every N, so its
+traces (``--trace``) extrapolate to the paper's scale (``ub.extrapolate``), and ``--timeline``
+names the ``comm.clock()`` reads each measured request's times came from, for the metrics at
+that scale (``benchmarks/e2e.py --scale``).
+
 Then every rank computes all the iterations alone (the warm-up's too), in this process (every rank's micro-batches,
 the rows each expert received in the order the dispatch documents, the combine's sums in its
 documented order) and compares bit for bit: the tokens its requests generated and their states.

@@ -1,7 +1,9 @@
 """The programs under ``examples/`` run and report what they promise (the README's first command)."""
 from __future__ import annotations
 
+import json
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -102,6 +104,46 @@ def test_moe_serving_example_generates_exactly_as_one_process():
     metrics = re.fullmatch(r"throughput ([\d.]+) tokens/s   normalized latency ([\d.]+) us/token   "
                            r"P99 TTFT ([\d.]+) us   P99 TPOT ([\d.]+) us   \(modeled\)", lines[3])
     assert metrics and all(float(x) > 0 for x in metrics.groups()), run.explain()
+
+
+SERVE_SMALL = ("--layers", "2", "--hidden", "64", "--ffn", "32", "--experts-per-rank", "2", "--topk", "4", "--vocab",
+               "128", "--mean-input", "16")
+
+
+@pytest.mark.timeout(180)
+def test_serving_per_rank_replays_to_its_metrics_and_extrapolates(tmp_path):
+    """Under --per-rank the iterations have one shape on every rank and at every N: the traces
+    replay to the printed metrics (from the timeline's reads) and extrapolate to a larger N."""
+    from stratacl import ub
+
+    sys.path.insert(0, str(EXAMPLES.parent / "benchmarks"))
+    import e2e
+
+    traces, printed = {}, {}
+    for n in (2, 4):
+        d = tmp_path / f"t{n}"
+        run = launch("-n", str(n), "--clock", "virtual", "--trace", str(d), "--timeout", "90",
+                     str(EXAMPLES / "moe_serving.py"), "--per-rank", "--requests", "3", "--warmup", "1", "--rate", "0",
+                     "--max-batch", "2", "--timeline", str(d / "timeline.json"), *SERVE_SMALL, timeout=170)
+        assert run.returncode == 0, run.explain()
+        lines = run.stdout.splitlines()
+        assert lines[0].endswith(f"{3 * n} requests at 0 req/s (seed 1), max batch 2 per rank, after a warm-up of "
+                                 f"{n} requests (4 iterations)"), run.explain()
+        # every rank alike: the same lengths and iterations at every N
+        assert lines[1] == "request lengths: input mean 18.0, output mean 2.0 (ratio 9.0:1); 4 iterations (2 prefill, " \
+                           "2 decode)", run.explain()
+        assert lines[2] == "exact against the job computed in one process, on every rank: yes", run.explain()
+        traces[n], printed[n] = ub.load_traces(str(d)), lines[3]
+        with open(d / "timeline.json") as f:
+            timeline = json.load(f)
+        m = e2e.serving_metrics(ub.replay(traces[n]), timeline, n)
+        assert printed[n] == (f"throughput {m['throughput']:.1f} tokens/s   normalized latency "
+                              f"{m['normalized_latency_us']:.1f} us/token   P99 TTFT {m['p99_ttft_us']:.1f} us   "
+                              f"P99 TPOT {m['p99_tpot_us']:.1f} us   (modeled)"), (printed[n], m)
+    wider = ub.replay(ub.extrapolate(traces[2], traces[4], 8))
+    assert [len(c) for c in wider.clocks] == [len(ub.replay(traces[4]).clocks[0])] * 8
+    m8 = e2e.serving_metrics(wider, timeline, 8)
+    assert m8["throughput"] > e2e.serving_metrics(ub.replay(traces[4]), timeline, 4)["throughput"]
 
 
 @pytest.mark.timeout(150)
