@@ -49,6 +49,9 @@ CONFIGS = {
     "roa": ["--registration", "roa", "--partition", "naive", "--path", "mte"],
     "balanced": ["--registration", "roa", "--partition", "balanced", "--path", "mte"],
     "sdma": ["--registration", "roa", "--partition", "balanced", "--path", "sdma"],
+    # StrataCL's path policy: the cores (MTE, the default path) for calls the program waits
+    # on, SDMA for the asynchronous ones that overlap its compute (paper §6.3)
+    "auto": ["--registration", "roa", "--partition", "balanced", "--path", "auto"],
     "pool": ["--registration", "pool", "--partition", "naive", "--path", "mte"],
 }
 

@@ -116,9 +116,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("partition", _choice("naive", "balanced"), "balanced", "--partition",
             "Core partitioning of transfer units: `naive` (each peer pinned to a fixed core group) or `balanced` "
             "(LPT list scheduling under a per-tier fan-out cap)."),
-    Setting("path", _choice("mte", "sdma"), "mte", "--path",
+    Setting("path", _choice("mte", "sdma", "auto"), "mte", "--path",
             "Who moves each phase's copies, for real and in the model: the cores (`mte`), or the rank's SDMA engine "
-            "fed by descriptors the cores post (`sdma`; reductions stay on the cores). Per call: `path=`."),
+            "fed by descriptors the cores post (`sdma`; reductions stay on the cores), or `auto`: the cores for "
+            "blocking calls, SDMA for asynchronous ones (`async_op=True`), which overlap the program's compute. "
+            "Per call: `path=`."),
     Setting("profile", str, "", "--profile",
             "Directory for per-core profiler traces (Chrome trace-event JSON, opens in Perfetto); empty: off."),
     Setting("trace", str, "", "--trace",

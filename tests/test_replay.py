@@ -136,6 +136,35 @@ def test_the_replay_gives_back_what_each_clock_read_returned(tmp_path):
     np.testing.assert_allclose(np.array(guess), np.array(real), rtol=1e-9)
 
 
+def overlapped_and_blocking(comm) -> list:
+    """An asynchronous all_reduce beside a kernel, a blocking all_gather, a blocking one with
+    ``path=`` of its own: under ``path=auto`` the first moves on SDMA, the others as asked."""
+    x = stratacl.empty((4096,), np.float32)
+    x[:] = comm.rank + 1
+    work = comm.all_reduce(x, async_op=True)
+    comm.charge_compute(20.0)
+    work.wait()
+    y = stratacl.empty((256,), np.int32)
+    y[:] = comm.rank
+    g = stratacl.empty((comm.size * 256,), np.int32)
+    comm.all_gather(g, y)
+    h = stratacl.empty_like(g)
+    comm.all_gather(h, y, path="sdma")
+    return [float(x[0]), g[::256].tolist(), h[::256].tolist()]
+
+
+def test_path_auto_offloads_the_overlapped_calls_to_sdma(tmp_path):
+    out = tmp_path / "auto"
+    got = stratacl.spawn(overlapped_and_blocking, 3, clock="virtual", trace=str(out), path="auto", timeout=90)
+    assert got == [[6.0, [0, 1, 2], [0, 1, 2]]] * 3
+    for t in ub.load_traces(str(out)):
+        assert t["settings"]["path"] == "mte"
+        calls = [c for e in t["events"] for c in ([e] if e["e"] == "call" else e.get("calls", []))
+                 if c["op"] != "barrier"]
+        assert [(c["op"], c["path"]) for c in calls] == [("all_reduce", "sdma"), ("all_gather", "mte"),
+                                                          ("all_gather", "sdma")], calls
+
+
 def test_sub_communicators_replay_with_their_members(tmp_path):
     traces, _ = _record(tmp_path, with_split, 4)
     r = ub.replay(traces)

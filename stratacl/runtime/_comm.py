@@ -129,6 +129,7 @@ class Communicator:
         self._replayed = self._mesh.resume
         self._p2p_replayed = self._p2p.replayed
         self._default_path = self._executor.default_path
+        self._overlap_path = self._executor.overlap_path
         self._path = self._default_path
 
     def _shut(self) -> None:

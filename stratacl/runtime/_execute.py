@@ -26,7 +26,7 @@ from ..collectives import _backend
 from ..collectives._kernels import BUFFERS, run_plan
 from ..collectives._slices import IN
 from ..sdma._engine import SdmaEngine
-from ..sdma._model import PATHS
+from ..sdma._model import PATHS, paths_of
 from . import _native
 from ._control import F_EPOCH, F_SEG_OFF, F_SEG_SIZE, F_SEG_VA
 from ._sync import SLICE
@@ -48,7 +48,8 @@ class Executor:
         self.src = self.bases[IN]            # filled by peer_sources (a view: no copy per call)
         self.ready = np.full((n, 2), -1, dtype=np.int64)   # last (seg_va, epoch) checked per member
         self._plans = _backend.Plans()
-        self.default_path = rt.config.path
+        # a blocking call's path and an asynchronous one's (they differ under path=auto)
+        self.default_path, self.overlap_path = paths_of(rt.config.path)
 
     def check_path(self, operation: str, path: str) -> None:
         """Argument check of the call's ``path=`` (raised inside the operation's checks, so every

@@ -35,7 +35,7 @@ from .._errors import ConfigError
 from ..collectives import _backend, _slices
 from ..collectives._schedule import HOST_LOAD, HOST_STORE
 from ..collectives._slices import IN, OUT, SCRATCH
-from ..sdma._model import PATHS
+from ..sdma._model import PATHS, paths_of
 from . import _native
 from ._allocator import hbm_base
 from ._buffers import buffer_size
@@ -60,7 +60,7 @@ class HostRows:
     def move(self, cache: np.ndarray, host: np.ndarray, fetch_rows, fetch_slots, store_slots, store_rows,
              path: str | None) -> None:
         rt = self._rt
-        path = rt.config.path if path is None else path
+        path = paths_of(rt.config.path)[0] if path is None else path       # host-blocking
         if path not in PATHS:
             raise ValueError(f"{OP}: path must be one of {', '.join(PATHS)}, got {path!r}")
         width = self._check_tables(cache, host)

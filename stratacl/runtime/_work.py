@@ -45,7 +45,7 @@ class Work:
                  "_done": None, "_error": None, "_result": None,
                  "modeled": "Under a modeled clock, once done: (start_us, end_us, what its cores did: a "
                             "list, one entry per communicator call); else None.",
-                 "_join": None, "_issued": None, "_traced": None}
+                 "_join": None, "_issued": None, "_traced": None, "_overlaps": None}
 
     def __init__(self, operation: str, join: Callable[["Work"], None] | None = None):
         self.operation = operation
@@ -56,6 +56,7 @@ class Work:
         self._join = join       # called once by the first successful wait(): the program joins the operation
         self._issued = 0.0      # a stand-in's program clock when its operation was issued (stand_in)
         self._traced = None     # its event in the rank's trace (runtime/_trace.py), if one is kept
+        self._overlaps = False  # asynchronous: the program computes meanwhile (path=auto takes SDMA for it)
 
     def is_completed(self) -> bool:
         """True once the operation has finished (successfully or not). Never blocks."""
@@ -198,6 +199,7 @@ def _issue(comm, operation: str, async_op: bool, join, issued: float, record: bo
     ``charge_compute`` while in flight if asynchronous, and (``record``) in the rank's trace."""
     work = Work(operation, join)
     work._issued = issued
+    work._overlaps = async_op
     if async_op and comm._rt.clock is not None:
         comm._rt.track(work)
     if record and comm._rt.trace is not None:
@@ -229,8 +231,10 @@ def _deferred(self, fn: Callable, body: Callable[[], Any], async_op: bool, path:
     clock = self._rt.clock
     worker = self._worker
     behalf = getattr(_ON_BEHALF, "work", None) if clock is not None else None
+    if path is None:            # an asynchronous operation's calls overlap compute (path=auto: SDMA)
+        path = self._overlap_path if async_op or (behalf is not None and behalf._overlaps) else self._default_path
     if worker is None and not async_op:
-        self._path = self._default_path if path is None else path
+        self._path = path
         if behalf is not None:
             self._modeling.issue(behalf._issued, behalf)
         else:
@@ -239,7 +243,7 @@ def _deferred(self, fn: Callable, body: Callable[[], Any], async_op: bool, path:
     issued = behalf._issued if behalf is not None else clock.entering() if clock is not None else 0.0
 
     def run(work: Work):
-        self._path = self._default_path if path is None else path
+        self._path = path
         self._modeling.issue(issued, behalf if behalf is not None and not async_op else work)
         return body()
     if worker is None:

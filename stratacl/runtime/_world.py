@@ -24,6 +24,7 @@ import numpy as np
 
 from .._config import Config, check_environment
 from .._errors import BootstrapError, CommTimeout, ConfigError, NotInitialized, TooManyCommunicators
+from ..sdma._model import paths_of
 from ..ub import _topology
 from ..ub._clock import FabricModel
 from ..ub._compute import occupied
@@ -121,7 +122,8 @@ class Runtime:
         # what ub.replay needs to rebuild this rank's fabric model (runtime/_trace.py)
         self.trace = (Trace(rank, world, dict(topology=config.topology, registration=config.registration,
                                               cores=config.cores, comm_cores=config.comm_cores,
-                                              partition=config.partition, path=config.path, eager_bytes=EAGER_BYTES))
+                                              partition=config.partition, path=paths_of(config.path)[0],
+                                              eager_bytes=EAGER_BYTES))
                       if config.trace else None)
         self.workers: list = []          # asynchronous-operation threads of this rank's communicators
         self.communicators: weakref.WeakSet = weakref.WeakSet()   # every one made here, for close()

@@ -39,6 +39,14 @@ PATHS = ("mte", "sdma")
 COMPLETIONS = ("flag", "notify")
 
 
+def paths_of(setting: str) -> tuple[str, str]:
+    """The data paths of a blocking call and of an asynchronous one (``async_op=True``) under
+    the ``path`` setting. ``auto``: the cores' MTEs for calls the program waits on, the SDMA
+    engine for calls that overlap its compute (the paper's default path and its offload for
+    compute-communication overlap, §6.3); ``mte`` and ``sdma``: that path for every call."""
+    return ("mte", "sdma") if setting == "auto" else (setting, setting)
+
+
 @dataclasses.dataclass(frozen=True)
 class SdmaRun:
     """One phase on the SDMA path, us from the phase's start."""

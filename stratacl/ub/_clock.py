@@ -109,11 +109,12 @@ class FabricModel:
     @classmethod
     def from_settings(cls, topology: Topology | str, registration: str, eager_bytes: int) -> "FabricModel":
         """The model a rank's virtual clock uses: the backend settings (cores, comm_cores,
-        partition, path) from ``stratacl.config`` (``STRATACL_*``)."""
+        partition, path) from ``stratacl.config`` (``STRATACL_*``); under ``path=auto``, a
+        blocking call's path (an asynchronous call's model is its sibling, ``with_path``)."""
         from .._config import Config
         c = Config()
-        return cls(topology, registration, cores=c.cores, comm_cores=c.comm_cores, partition=c.partition, path=c.path,
-                   eager_bytes=eager_bytes)
+        return cls(topology, registration, cores=c.cores, comm_cores=c.comm_cores, partition=c.partition,
+                   path=sdma_model.paths_of(c.path)[0], eager_bytes=eager_bytes)
 
     def with_path(self, path: str) -> "FabricModel":
         """The same model with another data path (mte | sdma)."""
