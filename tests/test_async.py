@@ -152,3 +152,11 @@ def never_waited(comm):
 def test_operations_never_waited_for_are_not_kept_without_bound():
     for kept, limit, moved in stratacl.spawn(never_waited, 2, clock="virtual", timeout=120):
         assert kept <= limit and moved
+
+
+def test_a_kernel_with_no_work_takes_no_time_even_with_every_core_busy():
+    from stratacl.ub._compute import ComputeJob, run_job
+    times, busy = np.array([0.0, 5.0]), np.array([48, 0])          # every core busy until t = 5
+    assert run_job(ComputeJob(48, 0.0, 1.0), 48, times, busy) == (1.0, 48)
+    end, fewest = run_job(ComputeJob(48, 2.0, 1.0), 48, times, busy)  # with work it waits for them
+    assert end == 7.0 and fewest == 0

@@ -61,8 +61,11 @@ def combine(steps: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.
 
 
 def run_job(job: ComputeJob, total_cores: int, times: np.ndarray, busy: np.ndarray) -> tuple[float, int]:
-    """End of ``job`` given the busy-core step function; also the fewest cores it had."""
+    """End of ``job`` given the busy-core step function; also the fewest cores it had. A job
+    with no work ends where it starts, whatever holds the cores."""
     work = job.cores * job.duration_us
+    if work <= 0:
+        return job.start_us, job.cores
     t, fewest = job.start_us, job.cores
     edges = np.r_[times[times > t], np.inf]
     for edge in edges:
