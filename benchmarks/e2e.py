@@ -2,7 +2,7 @@
 
     python benchmarks/e2e.py [--workloads dlrm,train,serve] [--configs all] [--ranks 8] [--scale 128[,512]]
                              [--scale-from 4,8] [--steps 3] [--json FILE] [-- workload arguments]
-    python benchmarks/e2e.py --workloads serve --ranks none --scale 32,192 --rates 0 -- --per-rank ...
+    python benchmarks/e2e.py --workloads serve --ranks none --scale 16,32 --rates 0 -- --per-rank ...
     python benchmarks/e2e.py --workloads serve --rates 5000,20000,80000 --plot FILE.png
     python benchmarks/e2e.py --gaps [--workloads dlrm] [--ranks 8] [--json FILE]
 
