@@ -11,6 +11,8 @@ import pytest
 from launch_helpers import launch
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+sys.path.insert(0, str(EXAMPLES.parent / "benchmarks"))
+import e2e  # noqa: E402  (benchmarks/e2e.py: serving_metrics)
 
 
 @pytest.mark.parametrize("n, clock, source", [(4, "virtual", "virtual clock"), (3, "off", "estimate")])
@@ -115,9 +117,6 @@ def test_serving_per_rank_replays_to_its_metrics_and_extrapolates(tmp_path):
     """Under --per-rank the iterations have one shape on every rank and at every N: the traces
     replay to the printed metrics (from the timeline's reads) and extrapolate to a larger N."""
     from stratacl import ub
-
-    sys.path.insert(0, str(EXAMPLES.parent / "benchmarks"))
-    import e2e
 
     traces, printed = {}, {}
     for n in (2, 4):
