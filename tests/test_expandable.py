@@ -281,3 +281,52 @@ def test_chunk_size_must_be_a_multiple_of_4k():
         stratacl.Config({"STRATACL_CHUNK_SIZE": "3000"})
     assert stratacl.Config({"STRATACL_CHUNK_SIZE": "64K"}).chunk_size == 64 * KiB
     assert stratacl.Config({}).allocator == "expandable" and stratacl.Config({}).chunk_size == 2 * MiB
+
+
+
+def inside_a_mapped_run(comm):
+    """Under jit, a block inside one chunk of a run of chunks every peer has mapped is found
+    there, as a registration cache finds a buffer inside a range it registered: its chunk was
+    mapped with the run and is named no later, so nothing is mapped (modeled time: a warm
+    call's). A block over a new run of two of those chunks is a registration of its own: its
+    name is newer than the run's, and descriptors do not say whether its chunks were remapped
+    in between."""
+    n, me = comm.size, comm.rank
+
+    def timed_all_gather(x):
+        out = np.empty((n * x.size,), x.dtype)
+        t0 = comm.clock()
+        comm.all_gather(out, x)
+        ok = bool((out.reshape(n, -1) == np.stack([_pattern(r, x.size, x.size) for r in range(n)])).all())
+        return comm.clock() - t0, ok
+
+    big = stratacl.empty((3 * CHUNK // 4 - 1024,), np.uint32)     # over three chunks: a run of its own
+    big[:] = _pattern(me, big.size, big.size)
+    run = _registration(big)
+    first, ok0 = timed_all_gather(big)                           # every peer maps the run
+    warm, ok1 = timed_all_gather(big)
+    del big
+    part = stratacl.empty((3 * CHUNK // 8,), np.uint32)          # over two of its chunks
+    lone = stratacl.empty((3 * CHUNK // 32,), np.uint32)         # next to it, inside one chunk (not eager)
+    part[:], lone[:] = _pattern(me, part.size, part.size), _pattern(me, lone.size, lone.size)
+    part_reg, lone_reg = _registration(part), _registration(lone)
+    placed = (type(run).__name__ == type(part_reg).__name__ == "ChunkRange" and type(lone_reg).__name__ == "Chunk"
+              and run.va <= part_reg.va and part_reg.va + part_reg.size <= run.va + run.size
+              and part_reg.size == 2 * CHUNK < run.size and part_reg.epoch > run.epoch >= lone_reg.epoch
+              and run.va <= lone.ctypes.data and lone.ctypes.data + lone.nbytes <= run.va + run.size)
+    part_time, ok2 = timed_all_gather(part)
+    part_warm, _ = timed_all_gather(part)
+    lone_time, ok3 = timed_all_gather(lone)
+    lone_warm, _ = timed_all_gather(lone)
+    return placed, ok0 and ok1 and ok2 and ok3, first - warm, part_time - part_warm, lone_time - lone_warm
+
+
+def test_jit_finds_a_block_inside_a_chunk_of_a_run_its_peers_mapped():
+    n = 4
+    map_us = ub.load_topology("cm384").contention.map_us
+    for placed, ok, first, part, lone in stratacl.spawn(inside_a_mapped_run, n, registration="jit", clock="virtual",
+                                                        chunk_size=CHUNK, hbm_size="64M", timeout=120):
+        assert placed and ok
+        assert first * 1e6 >= (n - 1) * map_us           # the run's first read maps it from every peer
+        assert part * 1e6 >= (n - 1) * map_us            # a new run inside it: mapped again
+        assert abs(lone) < 1e-9                          # a chunk of it: nothing mapped

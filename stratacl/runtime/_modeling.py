@@ -11,7 +11,8 @@ slot protocol publishes its entering clock, the full-mesh driver and point-to-po
 
 jit mappings are derived from the descriptors, the same way on every member: member i maps
 owner j's input segment in a call if i reads j in it (collectives._schedule.peers_read's
-pattern) and has not mapped that (segment, epoch) before. That is what jit registration does;
+pattern) and has not mapped that (segment, epoch) before, nor a run of chunks holding it
+(``_held``). That is what jit registration with a registration cache does;
 the host's own mapping work does not enter modeled time.
 
 Asynchronous operations (runtime/_work.py) and compute:
@@ -218,14 +219,30 @@ class Modeling:
         if prof is not None:
             prof.absorb(profile_plan(model, plan, self._members, clocks_in=clocks, ranks=[me])[0])
 
+    def _held(self, key: tuple[int, int], size: int) -> np.ndarray:
+        """The members that mapped a run of chunks holding ``key``'s [va, va + size), as a
+        registration cache finds a buffer inside a range it registered (NCCL's ncclRegFind).
+        Only a run named no earlier than ``key`` counts: ``key``'s segment, live now, has had
+        the same memory since it was named (a name is dropped once any of its chunks is
+        unmapped), so the run covered that memory when it was mapped. A run named later may
+        hold remapped chunks, which descriptors do not tell apart: mapped again."""
+        va, epoch = key
+        held = np.zeros(self._size, dtype=bool)
+        for lo, hi, e, k in self._runs:
+            if lo <= va and va + size <= hi and e >= epoch and k != key:
+                held |= self._mapped[k]
+        return held
+
     def _jit_extra(self, descs: np.ndarray, op: str, algo: str, root: int,
                    reads: np.ndarray | None = None) -> np.ndarray | None:
         """Every member's cost of the jit mappings it makes in this call: of each owner's input
         segment it reads (``reads[i, j]``: i reads j; default: the operator's pattern) and has
-        not mapped before."""
+        not mapped before, itself or inside a run of chunks (``_held``)."""
         n = self._size
         if self._mapped is None:
-            self._mapped = {}
+            self._mapped, self._runs = {}, []
+            cfg = self._rt.config       # runs of chunks: the expandable allocator's segments over several
+            self._chunk = cfg.chunk_size if cfg.allocator == "expandable" else 1 << 62
         if op in ("barrier", "split") or n == 1:
             return None
         if reads is not None:
@@ -239,7 +256,7 @@ class Modeling:
         else:
             reads = ~np.eye(n, dtype=bool)
         reads &= (descs[:, F_NBYTES] != 0)[None, :]
-        seg, epoch = descs[:, F_SEG_VA], descs[:, F_EPOCH]
+        seg, size, epoch = descs[:, F_SEG_VA], descs[:, F_SEG_SIZE], descs[:, F_EPOCH]
         new = np.zeros_like(reads)
         for j in np.flatnonzero(reads.any(axis=0)):
             # an owner's segment (its VA is in the owner's slice of the window; the epoch tells a
@@ -247,9 +264,13 @@ class Modeling:
             key = (int(seg[j]), int(epoch[j]))
             have = self._mapped.get(key)
             col = reads[:, j] if have is None else reads[:, j] & ~have
+            if col.any() and self._runs:
+                col = col & ~self._held(key, int(size[j]))
             if col.any():
                 new[:, j] = col
                 self._mapped[key] = col.copy() if have is None else have | col
+                if have is None and int(size[j]) > self._chunk:
+                    self._runs.append((key[0], key[0] + int(size[j]), key[1], key))
         if not new.any():
             return None
         cost = self._rt.model.registration_us(new.astype(np.float64), descs[:, F_SEG_SIZE][None, :])
