@@ -24,6 +24,8 @@ Rows (``--json``): {"workload", "config", "ranks", "scale", "modeled_step_us", "
 (a real run) or "replay" (extrapolated). Serving rows also carry "normalized_latency_us".
 ``--gaps``: the distribution of
 every call's allocation-to-communication gap in one run (StrataCL's configuration).
+``--configs nocomm`` runs a workload with communication free (``_nocomm_topology``): its compute
+alone, which bounds what any communication library can gain in it.
 """
 from __future__ import annotations
 
@@ -54,6 +56,33 @@ CONFIGS = {
     "auto": ["--registration", "roa", "--partition", "balanced", "--path", "auto"],
     "pool": ["--registration", "pool", "--partition", "naive", "--path", "mte"],
 }
+# Not a baseline: the workload with communication free (cm384 with every tier, port, core issue
+# rate and SDMA cost made free; compute as cm384's), i.e. its compute alone. Its speed over a
+# configuration's bounds what any communication library could gain in that workload (Amdahl).
+NOCOMM = "nocomm"
+
+
+def _nocomm_topology(directory: str) -> str:
+    """cm384 with free communication, as a topology file in ``directory``."""
+    import copy
+
+    from stratacl.ub import _topology
+
+    free = 1e9                       # GB/s: no transfer of these workloads takes a measurable time
+    t = copy.deepcopy(_topology._CM384)
+    t["name"] = "cm384-nocomm"
+    for level in t["levels"]:
+        if "uplink_gbps" in level:
+            level["uplink_gbps"] = free
+    for tier in t["tiers"].values():
+        tier["latency_us"], tier["bandwidth_gbps"] = 0.0, free
+    t["port"]["gbps"], t["cores"]["issue_gbps"] = free, free
+    t["sdma"].update(descriptor_us=0.0, doorbell_us=0.0, notify_us=0.0)
+    t["registration"].update(map_us=0.0, map_us_per_gib=0.0)
+    path = os.path.join(directory, "cm384-nocomm.json")
+    with open(path, "w") as f:
+        json.dump(t, f)
+    return path
 
 _STEP = re.compile(r"^step (\d+): loss [\d.]+\s+modeled ([\d.]+) us \(slowest rank\)$", re.M)
 _SERVING = re.compile(r"^throughput ([\d.]+) tokens/s   normalized latency ([\d.]+) us/token   "
@@ -85,10 +114,11 @@ WORKLOADS = {
 
 
 def _launch(program: str, n: int, config: str, steps: list[str], extra: list[str], trace: str | None = None) -> str:
-    cmd = [sys.executable, "-m", "stratacl_launcher", "-n", str(n), "--clock", "virtual", "--timeout", "300",
-           *CONFIGS[config], *(["--trace", trace] if trace else []), os.path.join(ROOT, program),
-           *steps, *extra]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+    with tempfile.TemporaryDirectory(prefix="stratacl-e2e-") as tmp:
+        switches = CONFIGS["roa"] + ["--topology", _nocomm_topology(tmp)] if config == NOCOMM else CONFIGS[config]
+        cmd = [sys.executable, "-m", "stratacl_launcher", "-n", str(n), "--clock", "virtual", "--timeout", "300",
+               *switches, *(["--trace", trace] if trace else []), os.path.join(ROOT, program), *steps, *extra]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
     if proc.returncode != 0:
         raise SystemExit(f"e2e: {' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     return proc.stdout
@@ -193,7 +223,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = argv[:argv.index("--")] if "--" in argv else argv
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--workloads", default="dlrm")
-    p.add_argument("--configs", default="all", help=f"comma-separated, or all ({', '.join(CONFIGS)})")
+    p.add_argument("--configs", default="all", help=f"comma-separated, or all ({', '.join(CONFIGS)}); also {NOCOMM}: "
+                                                     "communication free, the workload's compute alone")
     p.add_argument("--ranks", default="8", help="comma-separated rank counts run on the host (none: only --scale)")
     p.add_argument("--scale", default="", help="also replay at these rank counts, comma-separated (each from the "
                                                 "same recordings)")

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+import stratacl
 from launch_helpers import launch
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -163,3 +164,16 @@ def test_train_step_example_trains_exactly_as_one_process(registration, batches)
     assert all(float(m.group(3)) > 0 for m in steps)
     assert re.fullmatch(r"roofline compute per step \(most loaded rank\): [\d.]+ us, [\d.]+ us", lines[4])
     assert len(lines) == 5, run.explain()
+
+
+def test_e2e_nocomm_topology_frees_communication_and_keeps_the_compute(tmp_path):
+    """benchmarks/e2e.py --configs nocomm: cm384 with communication free bounds a library's
+    gain only if its compute is cm384's and its calls take (next to) no time."""
+    from stratacl import ub
+
+    path = e2e._nocomm_topology(str(tmp_path))
+    assert ub.load_topology(path).compute == ub.load_topology("cm384").compute
+    for op in ("all_gather", "all_reduce", "all_to_all"):
+        for route in ("mte", "sdma"):
+            free = stratacl.estimate(op, 32, 64 << 20, topology=path, path=route).time_us
+            assert free < 1e-3 * stratacl.estimate(op, 32, 64 << 20, path=route).time_us
