@@ -24,8 +24,9 @@ Rows (``--json``): {"workload", "config", "ranks", "scale", "modeled_step_us", "
 (a real run) or "replay" (extrapolated). Serving rows also carry "normalized_latency_us".
 ``--gaps``: the distribution of
 every call's allocation-to-communication gap in one run (StrataCL's configuration).
-``--configs nocomm`` runs a workload with communication free (``_nocomm_topology``): its compute
-alone, which bounds what any communication library can gain in it.
+``--configs nocomm`` runs a workload with the fabric free (``_nocomm_topology``; the die's HBM
+kept): its compute and the HBM traffic of its calls, which bounds what any communication
+library can gain in it.
 """
 from __future__ import annotations
 
@@ -56,14 +57,15 @@ CONFIGS = {
     "auto": ["--registration", "roa", "--partition", "balanced", "--path", "auto"],
     "pool": ["--registration", "pool", "--partition", "naive", "--path", "mte"],
 }
-# Not a baseline: the workload with communication free (cm384 with every tier, port, core issue
-# rate and SDMA cost made free; compute as cm384's), i.e. its compute alone. Its speed over a
-# configuration's bounds what any communication library could gain in that workload (Amdahl).
+# Not a baseline: the workload with the fabric free (cm384 with every fabric tier, port, core
+# issue rate and SDMA cost made free; compute and the die's HBM as cm384's, so a call still
+# reads and writes its bytes there): its compute plus the least any library's calls can take.
+# Its speed over a configuration's bounds what a communication library could gain (Amdahl).
 NOCOMM = "nocomm"
 
 
 def _nocomm_topology(directory: str) -> str:
-    """cm384 with free communication, as a topology file in ``directory``."""
+    """cm384 with the fabric free (HBM kept), as a topology file in ``directory``."""
     import copy
 
     from stratacl.ub import _topology
@@ -74,8 +76,10 @@ def _nocomm_topology(directory: str) -> str:
     for level in t["levels"]:
         if "uplink_gbps" in level:
             level["uplink_gbps"] = free
-    for tier in t["tiers"].values():
-        tier["latency_us"], tier["bandwidth_gbps"] = 0.0, free
+    hbm = t["levels"][0]["tier"]     # the die's own memory: a kernel's roofline reads it (Topology.kernel_us)
+    for name, tier in t["tiers"].items():
+        if name != hbm:
+            tier["latency_us"], tier["bandwidth_gbps"] = 0.0, free
     t["port"]["gbps"], t["cores"]["issue_gbps"] = free, free
     t["sdma"].update(descriptor_us=0.0, doorbell_us=0.0, notify_us=0.0)
     t["registration"].update(map_us=0.0, map_us_per_gib=0.0)
@@ -224,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--workloads", default="dlrm")
     p.add_argument("--configs", default="all", help=f"comma-separated, or all ({', '.join(CONFIGS)}); also {NOCOMM}: "
-                                                     "communication free, the workload's compute alone")
+                                                     "the fabric free, the workload's compute and its calls' HBM traffic")
     p.add_argument("--ranks", default="8", help="comma-separated rank counts run on the host (none: only --scale)")
     p.add_argument("--scale", default="", help="also replay at these rank counts, comma-separated (each from the "
                                                 "same recordings)")

@@ -167,13 +167,22 @@ def test_train_step_example_trains_exactly_as_one_process(registration, batches)
 
 
 def test_e2e_nocomm_topology_frees_communication_and_keeps_the_compute(tmp_path):
-    """benchmarks/e2e.py --configs nocomm: cm384 with communication free bounds a library's
-    gain only if its compute is cm384's and its calls take (next to) no time."""
+    """benchmarks/e2e.py --configs nocomm: cm384 with the fabric free bounds a library's gain
+    only if its kernels take cm384's time and its calls are bound by nothing but the die's
+    HBM (every byte moved is still read and written there)."""
     from stratacl import ub
 
     path = e2e._nocomm_topology(str(tmp_path))
-    assert ub.load_topology(path).compute == ub.load_topology("cm384").compute
+    free, cm384 = ub.load_topology(path), ub.load_topology("cm384")
+    assert free.compute == cm384.compute
+    for flops, nbytes in ((1e9, 1e3), (1e3, 1e9)):                 # compute-bound, memory-bound
+        assert free.kernel_us(flops, nbytes) == cm384.kernel_us(flops, nbytes) > 0
+    faster = json.load(open(path))
+    faster["tiers"][faster["levels"][0]["tier"]]["bandwidth_gbps"] *= 2
+    path2 = tmp_path / "hbm-x2.json"
+    path2.write_text(json.dumps(faster))
     for op in ("all_gather", "all_reduce", "all_to_all"):
         for route in ("mte", "sdma"):
-            free = stratacl.estimate(op, 32, 64 << 20, topology=path, path=route).time_us
-            assert free < 1e-3 * stratacl.estimate(op, 32, 64 << 20, path=route).time_us
+            t = stratacl.estimate(op, 32, 64 << 20, topology=path, path=route).time_us
+            assert t < 0.25 * stratacl.estimate(op, 32, 64 << 20, path=route).time_us
+            assert stratacl.estimate(op, 32, 64 << 20, topology=str(path2), path=route).time_us == pytest.approx(t / 2, rel=1e-3)
