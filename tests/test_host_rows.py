@@ -65,7 +65,44 @@ def test_host_rows_take_the_models_time_on_the_host_tier(registration, path):
     assert want >= 2 * 1.0 + 27 * row / 40e3
 
 
-def bad_calls(comm):
+def overlapped(comm, compute_us):
+    """A fetch issued with async_op=True, a kernel charged meanwhile, then wait(): the bytes,
+    and the modeled times of the fetch alone, the kernel alone and the two overlapped."""
+    modeled = stratacl.config.clock != "off"
+    cache = stratacl.empty((64, 16), np.float32)
+    host = np.arange(256 * 16, dtype=np.float32).reshape(256, 16) + 10000 * comm.rank
+    now = comm.clock if modeled else (lambda: 0.0)
+    t0 = now()
+    comm.host_rows(cache, host, np.arange(64), np.arange(64))
+    alone = now() - t0
+    t0 = now()
+    comm.charge_compute(compute_us)
+    kernel = now() - t0
+    rows = np.arange(64) + 100
+    t0 = now()
+    work = comm.host_rows(cache, host, rows, np.arange(64)[::-1].copy(), async_op=True)
+    comm.charge_compute(compute_us)
+    work.wait()
+    both = now() - t0
+    return type(work).__name__, bool(np.array_equal(cache[::-1], host[rows])), alone, kernel, both
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("settings", [dict(path="mte"), dict(path="auto"), dict(path="sdma", registration="staged"),
+                                      dict(clock="off")])
+def test_an_asynchronous_fetch_overlaps_the_kernels_charged_meanwhile(settings):
+    settings = {"clock": "virtual", **settings}
+    for kind, exact, alone, kernel, both in stratacl.spawn(overlapped, 2, args=(20.0,), timeout=60, **settings):
+        assert kind == "Work" and exact
+        if settings["clock"] == "off":
+            continue
+        assert 0 < alone < kernel == pytest.approx(20e-6)
+        assert kernel <= both < alone + kernel            # the fetch ran beside the kernel
+        if settings.get("path") == "auto":                # on SDMA: the kernel keeps nearly every core
+            assert both - kernel < 0.1 * alone
+
+
+def bad_calls(comm, async_op=False):
     cache = stratacl.empty((4, 3), np.float32)
     host = np.zeros((10, 3), np.float32)
     errors = []
@@ -81,7 +118,7 @@ def bad_calls(comm):
                      ((cache, host, [1], [0]), {"path": "dma"}),
                      ((cache, "host", [1], [0]), {})]:
         try:
-            comm.host_rows(*args, **kw)
+            comm.host_rows(*args, async_op=async_op, **kw)     # asynchronous: refused at the call too
             errors.append(None)
         except Exception as e:
             errors.append((type(e).__name__, str(e)))
@@ -89,8 +126,9 @@ def bad_calls(comm):
 
 
 @pytest.mark.timeout(60)
-def test_bad_arguments_are_clear_errors_and_move_nothing():
-    errors, cache = stratacl.spawn(bad_calls, 1, timeout=30)[0]
+@pytest.mark.parametrize("async_op", [False, True])
+def test_bad_arguments_are_clear_errors_and_move_nothing(async_op):
+    errors, cache = stratacl.spawn(bad_calls, 1, args=(async_op,), timeout=30)[0]
     kinds = [e[0] if e else None for e in errors]
     assert kinds == ["IndexError", "IndexError", "ValueError", "ValueError", "TypeError", "ValueError",
                      "ValueError", "ValueError", "ValueError", "ValueError", "TypeError"], errors

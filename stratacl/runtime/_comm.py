@@ -206,18 +206,22 @@ class Communicator:
 
     # --- host memory -----------------------------------------------------------------------
     def host_rows(self, cache: np.ndarray, host: np.ndarray, fetch_rows=None, fetch_slots=None,
-                  store_slots=None, store_rows=None, *, path: str | None = None) -> None:
+                  store_slots=None, store_rows=None, *, async_op: bool = False, path: str | None = None):
         """Move whole rows between ``host``, a table in this rank's host memory (any array outside
         HBM), and ``cache``, an array of rows in its HBM: first ``host[store_rows] =
         cache[store_slots]`` (write-back), then ``cache[fetch_slots] = host[fetch_rows]``.
         Index arrays pair up one to one; a destination row may appear once. Rows move on
-        ``path`` (default: the setting), through a communication buffer under ``--registration
-        staged``, zero copy otherwise. Under a modeled clock it is timed on the topology's
-        ``host`` tier (runtime/_host.py). Not collective; host-blocking."""
+        ``path`` (default: the setting; under ``auto`` the cores, or SDMA when asynchronous),
+        through a communication buffer under ``--registration staged``, zero copy otherwise.
+        Under a modeled clock it is timed on the topology's ``host`` tier (runtime/_host.py).
+        Not collective. ``async_op=True``: the arguments are checked at once, the rows move on
+        the rank's host-transfer thread and a ``Work`` is returned, as for an asynchronous
+        collective (the rows, tables and index arrays belong to it until ``wait()``); such
+        transfers run in call order. Else host-blocking."""
         if self._rt.host is None:
             from ._host import HostRows
             self._rt.host = HostRows(self._rt)
-        self._rt.host.move(cache, host, fetch_rows, fetch_slots, store_slots, store_rows, path)
+        return self._rt.host.move(cache, host, fetch_rows, fetch_slots, store_slots, store_rows, path, async_op)
 
     # --- collectives ------------------------------------------------------------------------
     @collective

@@ -41,6 +41,7 @@ from ._allocator import hbm_base
 from ._buffers import buffer_size
 from ._execute import Executor
 from ._modeling import Modeling
+from ._work import Work, Worker, _deferred
 
 OP = "host_rows"
 
@@ -56,12 +57,23 @@ class HostRows:
         # a communicator key no real communicator has (theirs are slot offsets, >= 0)
         self._modeling.key = -1 - rt.rank
         self._staging = None
+        self._worker: Worker | None = None
+        self._default_path, self._overlap_path = paths_of(rt.config.path)
+        self._path = self._default_path
+
+    def _start_worker(self) -> Worker:
+        """The thread that runs this rank's host transfers once one is asynchronous (in call
+        order, as a communicator's worker runs its operations)."""
+        self._worker = Worker(f"stratacl-host-{self._rt.rank}")
+        self._rt.workers.append(self._worker)
+        return self._worker
 
     def move(self, cache: np.ndarray, host: np.ndarray, fetch_rows, fetch_slots, store_slots, store_rows,
-             path: str | None) -> None:
+             path: str | None, async_op: bool) -> Work | None:
+        """Check the arguments here, on the caller's thread, then move the rows: at once, or
+        (``async_op``, or once a transfer was asynchronous) on the worker, returning its Work."""
         rt = self._rt
-        path = paths_of(rt.config.path)[0] if path is None else path       # host-blocking
-        if path not in PATHS:
+        if path is not None and path not in PATHS:
             raise ValueError(f"{OP}: path must be one of {', '.join(PATHS)}, got {path!r}")
         width = self._check_tables(cache, host)
         fr, fs = _indices(fetch_rows, "fetch_rows", host.shape[0]), _indices(fetch_slots, "fetch_slots", cache.shape[0])
@@ -75,6 +87,17 @@ class HostRows:
         if rt.topology.host is None and rt.clock is not None:
             raise ConfigError(f"{OP}: topology {rt.topology.name} has no 'host' tier to time host memory "
                               "transfers on; name one (ub/_topology.py) or run with --clock off")
+        checked = (cache, host, fr, fs, ss, sr, width)
+        if async_op or self._worker is not None or rt.clock is not None:
+            return _deferred(self, self.host_rows, lambda: self.host_rows(*checked), async_op, path)
+        self._path = self._default_path if path is None else path
+        self.host_rows(*checked)
+        return None
+
+    def host_rows(self, cache: np.ndarray, host: np.ndarray, fr: np.ndarray, fs: np.ndarray, ss: np.ndarray,
+                  sr: np.ndarray, width: int) -> None:
+        """The checked rows' moves on ``self._path`` (set for this call) and their modeled time."""
+        rt, path = self._rt, self._path
         staged = rt.config.registration == "staged"
         bases = self._exec.bases
         bases[IN, 0], bases[OUT, 0] = _native.data_address(host), _native.data_address(cache)
@@ -91,7 +114,6 @@ class HostRows:
             phases = [(np.array([[nstore]], dtype=np.int64), HOST_STORE),
                       (np.array([[nfetch]], dtype=np.int64), HOST_LOAD)]
             staging = (np.array([nstore], dtype=np.int64), np.array([nfetch], dtype=np.int64))
-            self._modeling.issue(rt.clock.entering())
             self._modeling.tick_host(OP, phases, staging, path)
 
     def _check_tables(self, cache: np.ndarray, host: np.ndarray) -> int:
