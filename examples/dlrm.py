@@ -1,7 +1,7 @@
 """A DLRM-like recommendation model trained through torch.distributed on the emulated supernode.
 
     stratacl-launch -n 8 [--clock virtual] examples/dlrm.py [--steps 3] [--batch 16] [--rows 512]
-        [--cache-rows C] [--zipf A]
+        [--cache-rows C] [--zipf A] [--prefetch]
 
 The embedding tables are sharded table-wise (rank r owns tables r*P .. r*P+P-1, P per rank)
 and the dense MLPs are replicated (data parallel), as TorchRec deploys DLRM. One step:
@@ -27,7 +27,15 @@ the step, so C must hold the distinct rows one step touches (checked). ``--zipf 
 indices from a seeded Zipf-like law, P(k-th most popular row) ~ 1/k^A over a fixed random
 order of each table's rows (this example's choice: A = 1.05 for the cache sweeps, a heavy
 tail like Criteo's; 0, the default, is uniform). Rank 0 reports the hit rate: the fraction
-of lookups whose row was in HBM when the step began.
+of lookups whose row was in HBM when the step's rows were brought in.
+
+``--prefetch`` (with a cache): the next step's rows are brought in while this step runs, as
+TorchRec's prefetch pipeline does. Right after its lookups, a step sends the next step's
+indices to their owners (the all_to_all the next step would have made) and each owner starts
+an asynchronous ``host_rows`` for them (``async_op=True``; on SDMA under ``--path auto``),
+choosing victims among slots neither step uses; the next step waits for it before its
+lookups. The cache must then hold two steps' rows (checked). The same rows hit, miss and are
+written back as without it whenever the LRU's choices agree; the arithmetic is the same.
 
 Every exchanged tensor lives in HBM (``stratacl.torch.empty``): peers pull from it in place.
 Then every rank computes the same steps for the whole job alone, in this process (every
@@ -61,6 +69,9 @@ p.add_argument("--cache-rows", type=int, default=0,
                help="HBM cache rows per table, the rest in host memory (0: every row in HBM)")
 p.add_argument("--zipf", type=float, default=0.0,
                help="index skew: P(k-th most popular row) ~ 1/k^A (0: uniform)")
+p.add_argument("--prefetch", action="store_true",
+               help="bring the next step's missing rows into the cache during this step (asynchronous "
+                    "host_rows), as TorchRec's prefetch pipeline does (nothing to bring without --cache-rows)")
 p.add_argument("--no-check", dest="check", action="store_false",
                help="skip the one-process recomputation (for sweeps at sizes where it is slow)")
 args = p.parse_args()
@@ -148,37 +159,47 @@ class Cache:
     """One table's HBM cache of C rows over its full contents in host memory (LRU, see above)."""
 
     def __init__(self, t: int):
+        self.table = t
         self.host = table_init(t)                          # host memory: an ordinary tensor
         self.rows = stratacl.torch.empty((C, D))           # HBM
         self.slot_row = np.full(C, -1, dtype=np.int64)     # row held by each slot (-1: empty)
         self.row_slot = np.full(R, -1, dtype=np.int64)     # slot holding each row (-1: in host memory)
         self.used = np.full(C, -1, dtype=np.int64)         # step of each slot's last use
         self.dirty = np.zeros(C, dtype=bool)
-        self.hits = self.lookups = self.fetched = self.written = 0
+        # per step (and the one after the last, which --prefetch brings in too): hits, lookups,
+        # rows fetched, rows written back
+        self.counts = np.zeros((args.steps + 1, 4), dtype=np.int64)
 
-    def fetch(self, step: int, idx: torch.Tensor) -> torch.Tensor:
-        """Make every row of ``idx`` resident (one host_rows call) and return their slots."""
+    def fetch(self, step: int, idx: torch.Tensor, pinned: int | None = None):
+        """Make every row of ``idx`` resident (one host_rows call): the slots step ``step`` looks
+        its rows up in. Rows used by steps from ``pinned`` on (default: ``step``) stay; with
+        ``pinned`` < ``step`` (a prefetch while step ``pinned`` runs) the rows move
+        asynchronously and the call's Work comes back too: wait for it before the lookups."""
         ids = idx.reshape(-1).numpy()
         rows = np.unique(ids)
+        pinned = step if pinned is None else pinned
         if rows.size > C:
             raise SystemExit(f"dlrm: a step touches {rows.size} distinct rows of one table; --cache-rows {C} "
                              "cannot hold them (raise it)")
         resident = self.row_slot[ids] >= 0
-        self.hits += int(resident.sum())
-        self.lookups += ids.size
+        self.counts[step, :2] += int(resident.sum()), ids.size
         self.used[self.row_slot[rows[self.row_slot[rows] >= 0]]] = step
         miss = rows[self.row_slot[rows] < 0]
-        free = np.flatnonzero(self.used < step)            # slots this step does not use
+        free = np.flatnonzero(self.used < pinned)          # slots no running or coming step uses
+        if free.size < miss.size:
+            raise SystemExit(f"dlrm: table {self.table}: {miss.size} rows to bring in and {free.size} slots free; "
+                             f"--cache-rows {C} cannot hold two steps' rows (raise it, or drop --prefetch)")
         victims = free[np.lexsort((free, self.used[free]))[:miss.size]]
         old = self.slot_row[victims]
         back = victims[(old >= 0) & self.dirty[victims]]
-        comm.host_rows(self.rows.numpy(), self.host.numpy(), miss, victims, back, self.slot_row[back])
+        work = comm.host_rows(self.rows.numpy(), self.host.numpy(), miss, victims, back, self.slot_row[back],
+                              async_op=pinned < step)
         self.row_slot[old[old >= 0]] = -1
         self.slot_row[victims], self.row_slot[miss] = miss, victims
         self.used[victims], self.dirty[victims] = step, False
-        self.fetched += miss.size
-        self.written += back.size
-        return torch.from_numpy(self.row_slot[ids]).view(idx.shape)
+        self.counts[step, 2:] += miss.size, back.size
+        slots = torch.from_numpy(self.row_slot[ids]).view(idx.shape)
+        return (slots, work) if pinned < step else slots
 
     def update(self, rows: np.ndarray, grad: torch.Tensor) -> None:
         """SGD on the step's rows, in the cache (the same arithmetic as on the whole table)."""
@@ -198,15 +219,33 @@ FLAT = sum(v.numel() for v in mlp_init().values())
 dense_flops = 2 * B * (FD * D + (T + 1) * D * H + H)          # one forward; a backward costs twice that
 
 
-def step_distributed(step: int, params: dict, tables: list, bufs: dict) -> torch.Tensor:
+def step_distributed(step: int, params: dict, tables: list, bufs: dict, ahead: list | None):
+    """One step; returns its loss and, under --prefetch, the next step's prefetch (``ahead``
+    next time: its rows' slots and Work per table, its indices already in bufs["idx_next"])."""
     dense, idx, labels = samples(step, me)
-    bufs["idx_out"].copy_(idx.view(n, P, B, L))
-    dist.all_to_all_single(bufs["idx_in"], bufs["idx_out"])       # [s, j]: rank s's bags for my table j
+    if ahead is None:
+        bufs["idx_out"].copy_(idx.view(n, P, B, L))
+        dist.all_to_all_single(bufs["idx_in"], bufs["idx_out"])   # [s, j]: rank s's bags for my table j
+    else:
+        bufs["idx_in"], bufs["idx_next"] = bufs["idx_next"], bufs["idx_in"]
     for j in range(P):
         if C:
-            bufs["pooled_out"][:, j] = pool(tables[j].rows, tables[j].fetch(step, bufs["idx_in"][:, j]))
+            if ahead is None:
+                slots = tables[j].fetch(step, bufs["idx_in"][:, j])
+            else:
+                slots, fetching = ahead[j]
+                fetching.wait()
+            bufs["pooled_out"][:, j] = pool(tables[j].rows, slots)
         else:
             bufs["pooled_out"][:, j] = pool(tables[j], bufs["idx_in"][:, j])
+    ahead = None
+    if args.prefetch and C:
+        # the next step's indices to their owners now, and its missing rows brought in while
+        # this step runs (this step's rows stay pinned); after the last step too, as a training
+        # loop's pipeline would, so that every step has the same shape
+        bufs["idx_out"].copy_(samples(step + 1, me)[1].view(n, P, B, L))
+        dist.all_to_all_single(bufs["idx_next"], bufs["idx_out"])
+        ahead = [tables[j].fetch(step + 1, bufs["idx_next"][:, j], pinned=step) for j in range(P)]
     charge(n * P * B * (L - 1) * D, 4 * n * P * B * D * (L + 1))
     dist.all_to_all_single(bufs["pooled_in"], bufs["pooled_out"])  # [o, j]: owner o's table j, my bags
     pooled = bufs["pooled_in"].permute(2, 0, 1, 3).reshape(B, T, D)
@@ -232,7 +271,7 @@ def step_distributed(step: int, params: dict, tables: list, bufs: dict) -> torch
         v -= args.lr * flat[at:at + v.numel()].view_as(v)
         at += v.numel()
     charge(2 * FLAT, 4 * 3 * FLAT)
-    return loss
+    return loss, ahead
 
 
 def step_alone(step: int, params: dict, tables: list) -> list:
@@ -269,23 +308,21 @@ bufs = {"idx_out": stratacl.torch.empty((n, P, B, L), dtype=torch.int64),
         "pooled_out": stratacl.torch.empty((n, P, B, D)), "pooled_in": stratacl.torch.empty((n, P, B, D)),
         "grad_out": stratacl.torch.empty((n, P, B, D)), "grad_in": stratacl.torch.empty((n, P, B, D)),
         "flat": stratacl.torch.empty((FLAT,))}
-COUNTERS = ("hits", "lookups", "fetched", "written")
-
-
-def counted() -> list[int]:
-    """This rank's cache counters so far, summed over its tables (zeros without a cache)."""
-    return [sum(getattr(c, k) for c in tables) if C else 0 for k in COUNTERS]
-
-
-losses, step_us = [], []
+if args.prefetch:
+    bufs["idx_next"] = stratacl.torch.empty((n, P, B, L), dtype=torch.int64)
+losses, step_us, ahead = [], [], None
 for step in range(args.steps):
     t0 = comm.clock() if modeled else 0.0
     w0 = time.perf_counter()
-    before = counted()
-    losses.append(step_distributed(step, params, tables, bufs))
+    loss, ahead = step_distributed(step, params, tables, bufs, ahead)
+    losses.append(loss)
     step_us.append(((comm.clock() - t0) if modeled else time.perf_counter() - w0) * 1e6)
-total = counted()
-last = [a - b for a, b in zip(total, before)]            # the last step's own counts
+for _, fetching in ahead or ():
+    fetching.wait()
+# this rank's cache counts (hits, lookups, fetched, written), summed over its tables: every
+# step's, and the last step's own (counted when its rows were brought in)
+counts = sum(c.counts[:args.steps] for c in tables) if C else np.zeros((args.steps, 4), dtype=np.int64)
+total, last = counts.sum(axis=0).tolist(), counts[-1].tolist()
 
 if C:
     tables = [c.flush() for c in tables]

@@ -89,6 +89,28 @@ def test_dlrm_with_an_embedding_cache_trains_exactly_as_one_process(n, clock, re
     assert int(last.group(4)) <= int(m.group(4)) and int(last.group(5)) <= int(m.group(5))
 
 
+@pytest.mark.timeout(300)
+def test_dlrm_prefetching_the_next_steps_rows_trains_exactly_and_takes_the_misses_off_the_step():
+    # 96 of 256 rows: two steps' rows fit, and dirty rows are evicted and written back
+    runs = [launch("-n", "3", "--clock", "virtual", "--timeout", "90", str(EXAMPLES / "dlrm.py"), "--steps", "5",
+                   "--batch", "8", "--rows", "256", "--cache-rows", "96", "--zipf", "1.05", *flag, timeout=200)
+            for flag in ((), ("--prefetch",))]
+    steps = []
+    for run in runs:
+        assert run.returncode == 0, run.explain()
+        lines = run.stdout.splitlines()
+        assert lines[1] == "exact against the job computed in one process, on every rank: yes", run.explain()
+        assert int(re.search(r"(\d+) written back on eviction", lines[2]).group(1)) > 0, run.explain()
+        found = re.findall(r"^step (\d): loss ([\d.]+)   modeled ([\d.]+) us", run.stdout, re.M)
+        assert [int(k) for k, _, _ in found] == [1, 2, 3, 4, 5], run.explain()
+        steps.append(found)
+    plain, ahead = runs[0].stdout.splitlines(), runs[1].stdout.splitlines()
+    assert plain[2:4] == ahead[2:4]                          # the same rows hit, missed and written back
+    assert [loss for _, loss, _ in steps[0]] == [loss for _, loss, _ in steps[1]]
+    # from step 2 on a step finds its rows already brought in while the step before ran
+    assert all(float(a[2]) < float(p[2]) for p, a in zip(steps[0][1:], steps[1][1:])), steps
+
+
 @pytest.mark.timeout(180)
 def test_moe_serving_example_generates_exactly_as_one_process():
     run = launch("-n", "8", "--clock", "virtual", "--timeout", "90", str(EXAMPLES / "moe_serving.py"),
