@@ -171,10 +171,10 @@ class Cache:
         self.counts = np.zeros((args.steps + 1, 4), dtype=np.int64)
 
     def fetch(self, step: int, idx: torch.Tensor, pinned: int | None = None):
-        """Make every row of ``idx`` resident (one host_rows call): the slots step ``step`` looks
-        its rows up in. Rows used by steps from ``pinned`` on (default: ``step``) stay; with
-        ``pinned`` < ``step`` (a prefetch while step ``pinned`` runs) the rows move
-        asynchronously and the call's Work comes back too: wait for it before the lookups."""
+        """Make every row of ``idx`` resident (one host_rows call); returns the slots step
+        ``step`` looks its rows up in, and the call's Work. Rows used by steps from ``pinned`` on
+        (default: ``step``) stay; with ``pinned`` < ``step`` (a prefetch while step ``pinned``
+        runs) the rows move asynchronously: wait for the Work before the lookups (else None)."""
         ids = idx.reshape(-1).numpy()
         rows = np.unique(ids)
         pinned = step if pinned is None else pinned
@@ -198,8 +198,7 @@ class Cache:
         self.slot_row[victims], self.row_slot[miss] = miss, victims
         self.used[victims], self.dirty[victims] = step, False
         self.counts[step, 2:] += miss.size, back.size
-        slots = torch.from_numpy(self.row_slot[ids]).view(idx.shape)
-        return (slots, work) if pinned < step else slots
+        return torch.from_numpy(self.row_slot[ids]).view(idx.shape), work
 
     def update(self, rows: np.ndarray, grad: torch.Tensor) -> None:
         """SGD on the step's rows, in the cache (the same arithmetic as on the whole table)."""
@@ -230,10 +229,8 @@ def step_distributed(step: int, params: dict, tables: list, bufs: dict, ahead: l
         bufs["idx_in"], bufs["idx_next"] = bufs["idx_next"], bufs["idx_in"]
     for j in range(P):
         if C:
-            if ahead is None:
-                slots = tables[j].fetch(step, bufs["idx_in"][:, j])
-            else:
-                slots, fetching = ahead[j]
+            slots, fetching = tables[j].fetch(step, bufs["idx_in"][:, j]) if ahead is None else ahead[j]
+            if fetching is not None:
                 fetching.wait()
             bufs["pooled_out"][:, j] = pool(tables[j].rows, slots)
         else:
@@ -308,7 +305,7 @@ bufs = {"idx_out": stratacl.torch.empty((n, P, B, L), dtype=torch.int64),
         "pooled_out": stratacl.torch.empty((n, P, B, D)), "pooled_in": stratacl.torch.empty((n, P, B, D)),
         "grad_out": stratacl.torch.empty((n, P, B, D)), "grad_in": stratacl.torch.empty((n, P, B, D)),
         "flat": stratacl.torch.empty((FLAT,))}
-if args.prefetch:
+if args.prefetch and C:
     bufs["idx_next"] = stratacl.torch.empty((n, P, B, L), dtype=torch.int64)
 losses, step_us, ahead = [], [], None
 for step in range(args.steps):
