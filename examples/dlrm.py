@@ -89,8 +89,9 @@ topo, modeled = comm.topology, stratacl.config.clock != "off"
 
 
 def charge(flops: float, nbytes: float) -> None:
-    """A kernel's roofline time on the modeled clock (nothing without one)."""
-    comm.charge_compute(topo.kernel_us(flops, nbytes))
+    """A kernel's roofline time on the modeled clock (nothing without one); its HBM bytes
+    compete with the communication in flight for the die's HBM bandwidth."""
+    comm.charge_compute(topo.kernel_us(flops, nbytes), hbm_bytes=nbytes)
 
 
 def table_init(t: int) -> torch.Tensor:

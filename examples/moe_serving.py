@@ -111,7 +111,7 @@ def charge(flops: float, nbytes: float) -> None:
     """A kernel's roofline time on the modeled clock (nothing without one). A kernel with no
     work takes no time, but is charged all the same, so that every rank's trace has one shape."""
     if modeled:
-        comm.charge_compute(topo.kernel_us(flops, nbytes))
+        comm.charge_compute(topo.kernel_us(flops, nbytes), hbm_bytes=nbytes)
 
 
 # --- the request stream (the same on every rank) -------------------------------------------

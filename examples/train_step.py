@@ -129,10 +129,11 @@ charged_us = [0.0]                   # the compute charged so far, for the summa
 
 
 def charge(flops: float, nbytes: float) -> None:
-    """A kernel's roofline time on the modeled clock (nothing without one)."""
+    """A kernel's roofline time on the modeled clock (nothing without one); its HBM bytes
+    compete with the communication in flight for the die's HBM bandwidth."""
     us = topo.kernel_us(flops, nbytes)
     charged_us[0] += us
-    comm.charge_compute(us)
+    comm.charge_compute(us, hbm_bytes=nbytes)
 
 
 def matmul(m: int, k: int, n_: int, backward: bool = False) -> None:

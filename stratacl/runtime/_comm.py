@@ -162,15 +162,17 @@ class Communicator:
         clock, which an asynchronous operation moves only when it is waited for. Not collective."""
         return self._modeling.now()
 
-    def charge_compute(self, duration_us: float, cores: int | None = None) -> None:
+    def charge_compute(self, duration_us: float, cores: int | None = None, hbm_bytes: float = 0) -> None:
         """Charge a compute kernel to the modeled clock: ``duration_us`` when it has ``cores`` of
-        this rank's NPU cores (default: all of them) to itself. Operations in flight
-        (``async_op=True``, not yet waited for) keep the cores they occupy; the kernel runs on
-        what is left, so it takes longer where they overlap (MTE: the communication cores for
-        the whole call; SDMA: only descriptor posting and polling). Waits until those operations
-        have completed, since their modeled times are needed. When profiling, the kernel is
-        recorded on its cores. Not collective; a no-op without a modeled clock."""
-        self._modeling.charge_compute(duration_us, cores)
+        this rank's NPU cores (default: all of them) and the die's HBM to itself. Operations in
+        flight (``async_op=True``, not yet waited for) keep the cores they occupy and the HBM
+        bandwidth they draw; the kernel runs on what is left, so it takes longer where they
+        overlap (MTE: the communication cores for the whole call; SDMA: only descriptor posting
+        and polling; HBM: the kernel draws ``hbm_bytes / duration_us`` alone and is slowed
+        while the operations' reads, writes and staging copies leave it less). Waits until those
+        operations have completed, since their modeled times are needed. When profiling, the
+        kernel is recorded on its cores. Not collective; a no-op without a modeled clock."""
+        self._modeling.charge_compute(duration_us, cores, hbm_bytes)
 
     def stand_in(self, operation: str, async_op: bool = True) -> Work | None:
         """For a front end that runs this communicator's calls later, on a thread of its own

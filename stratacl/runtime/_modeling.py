@@ -38,7 +38,7 @@ import numpy as np
 from .._errors import ConfigError
 from ..collectives import _schedule
 from ..ub._clock import choose_algo, run_plan
-from ..ub._compute import ComputeJob, combine, run_job
+from ..ub._compute import ComputeJob, kernel_end
 from ..ub._profile import profile_plan
 from ..ub._rankclock import from_bits, to_bits
 from ._control import F_AUX0, F_EPOCH, F_NBYTES, F_SEG_SIZE, F_SEG_VA
@@ -69,22 +69,29 @@ class Modeling:
             self._rt.trace.clock()
         return self._rt.clock.now_us * 1e-6
 
-    def charge_compute(self, duration_us: float, cores: int | None = None) -> None:
+    def charge_compute(self, duration_us: float, cores: int | None = None, hbm_bytes: float = 0.0) -> None:
         """``comm.charge_compute``: a compute kernel on the modeled clock (see the module docstring)."""
         c, prof = self._rt.clock, self._rt.profiler
         if c is None:
             return
-        total = self._rt.model.cores
+        model = self._rt.model
+        total = model.cores
         if duration_us < 0:
             raise ValueError(f"charge_compute: duration_us must be >= 0, got {duration_us}")
         k = total if cores is None else int(cores)
         if not 1 <= k <= total:
             raise ValueError(f"charge_compute: cores must be in 1..{total}, got {cores}")
+        if hbm_bytes < 0:
+            raise ValueError(f"charge_compute: hbm_bytes must be >= 0, got {hbm_bytes}")
+        if hbm_bytes > 0 and duration_us > 0 and hbm_bytes / duration_us > model.fabric.hbm * (1 + 1e-9):
+            raise ValueError(f"charge_compute: {hbm_bytes:g} bytes in {duration_us:g} us draw "
+                             f"{hbm_bytes / duration_us / 1e3:g} GB/s, more than the die's HBM "
+                             f"({model.fabric.hbm / 1e3:g} GB/s); Topology.kernel_us gives a kernel's time")
         if self._rt.trace is not None:
-            self._rt.trace.compute(duration_us, k)
+            self._rt.trace.compute(duration_us, k, hbm_bytes)
         t0 = c.entering()
-        times, busy = combine(self._rt.busy_cores(t0, "charge_compute"))
-        end = run_job(ComputeJob(k, duration_us, t0), total, times, busy)[0] if times.size else t0 + duration_us
+        job = ComputeJob(k, duration_us, t0, float(hbm_bytes))
+        end = kernel_end(job, total, self._rt.in_flight_occupancy(t0, "charge_compute"), model.fabric.hbm)
         c.set("compute", end)
         if prof is not None:
             prof.record_many(np.arange(k), "compute", t0, end)

@@ -27,8 +27,7 @@ from .._errors import BootstrapError, CommTimeout, ConfigError, NotInitialized, 
 from ..sdma._model import paths_of
 from ..ub import _topology
 from ..ub._clock import FabricModel
-from ..ub._compute import occupied
-from ..ub._profile import Profiler, profile_plan, write_chrome_trace
+from ..ub._profile import Profiler, write_chrome_trace
 from ..ub._rankclock import RankClock
 from ..ub import _registration
 from ..ub._registration import RegistrationUnit
@@ -162,7 +161,7 @@ class Runtime:
         return got
 
     def track(self, work) -> None:
-        """Keep an asynchronous operation for ``busy_cores`` while it may still overlap compute:
+        """Keep an asynchronous operation for ``in_flight_occupancy`` while it may still overlap compute:
         until it has completed and ended before the program's clock. A program that never waits
         nor charges compute keeps its clock still, so at most IN_FLIGHT_LIMIT are kept (the
         oldest completed ones go first)."""
@@ -175,11 +174,12 @@ class Runtime:
         keep.append(work)
         self.in_flight[:] = keep
 
-    def busy_cores(self, t0: float, operation: str) -> list:
-        """Busy-core step functions (ub._compute.occupied) of this rank's asynchronous operations
-        that end after modeled time ``t0``; waits until each has completed (its modeled times
+    def in_flight_occupancy(self, t0: float, operation: str) -> list:
+        """What this rank's asynchronous operations that end after modeled time ``t0`` do to its
+        cores and HBM: their (model, timed plan, members, entering clocks, this member), as
+        ub._compute.kernel_end takes them; waits until each has completed (its modeled times
         are known then), within the timeout."""
-        steps, keep = [], []
+        calls, keep = [], []
         deadline = time.monotonic() + self.config.timeout
         for work in self.in_flight:
             while not work._done.wait(SLICE):
@@ -190,11 +190,9 @@ class Runtime:
             if work.modeled is None or work.modeled[1] <= t0:
                 continue               # failed, or over before t0
             keep.append(work)
-            for model, plan, members, clocks, me in work.modeled[2]:
-                prof = profile_plan(model, plan, members, clocks_in=clocks, ranks=[me])[0]
-                steps.append(occupied(prof, model.path))
+            calls += work.modeled[2]
         self.in_flight[:] = keep
-        return steps
+        return calls
 
     def reserve_slot(self) -> int:
         with self._slot_lock:

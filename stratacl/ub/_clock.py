@@ -121,6 +121,14 @@ class FabricModel:
         return FabricModel(self.topology, self.registration, self.staged_buffer, self.cores, self.comm_cores,
                            self.partition, path, self.completion, eager_bytes=self.eager_bytes)
 
+    def with_hbm(self, gbps: float) -> "FabricModel":
+        """The same model with ``gbps`` of every die's HBM left to communication (a kernel beside
+        the call holds the rest: ``ub._compute.overlap`` with ``compute_first``)."""
+        m = FabricModel(self.topology, self.registration, self.staged_buffer, self.cores, self.comm_cores,
+                        self.partition, self.path, self.completion, eager_bytes=self.eager_bytes)
+        m.fabric.hbm_for_comm = float(gbps) * 1e3
+        return m
+
     def __repr__(self) -> str:
         return (f"FabricModel({self.topology.name!r}, registration={self.registration!r}, "
                 f"comm_cores={self.comm_cores}/{self.cores}, partition={self.partition!r}, path={self.path!r})")
@@ -256,7 +264,7 @@ class FabricModel:
         nbytes = np.asarray(nbytes, dtype=np.int64)
         done = self.fabric.phase(m, m, nbytes, S.LOCAL_COPY)
         dur, runs = self._through_cores(m, me, me, nbytes, np.full(n, S.LOCAL_COPY), done)
-        return [("add", dur, runs)]
+        return [("add", dur, runs, 2.0 * nbytes)]
 
     def _timed(self, op, algo, m, nbytes, root, itemsize) -> list:
         return self._timed_steps(m, S.schedule(op, algo, m.size, nbytes, root, itemsize, eager_bytes=self.eager_bytes))
@@ -271,7 +279,7 @@ class FabricModel:
             elif isinstance(step, S.Mesh):
                 done = f.phase(m[step.reader], m[step.owner], step.nbytes, step.kind)
                 dur, runs = self._through_cores(m, step.reader, step.owner, step.nbytes, step.kind, done)
-                out.append(("add", dur, runs))
+                out.append(("add", dur, runs, f.hbm_bytes(step.reader, step.owner, step.nbytes, step.kind, n)))
             elif isinstance(step, S.Local):
                 out += self._timed_local(m, step.nbytes)
             elif isinstance(step, S.Ring):
@@ -287,11 +295,14 @@ class FabricModel:
                             r = self.core_run(one, step.nbytes[s, i:i + 1].astype(np.int64), tier[i:i + 1], float(x[i]))
                             runs[s][i] = r
                             dur[s, i] = r[0].end
+                # step s: i writes what it pulls from i-1, i-1's HBM is read for it
+                hbm = step.nbytes + np.roll(step.nbytes, -1, axis=1)
                 if step.local is not None:     # the own-block copy runs beside step 0's pull, on other cores' time
                     loc = self._timed_local(m, step.local)
                     if loc:
                         dur[0] = np.maximum(dur[0], loc[0][1])
-                out.append(("ring", dur, f.flag_us(left, m), runs))
+                        hbm[0] = hbm[0] + loc[0][3]
+                out.append(("ring", dur, f.flag_us(left, m), runs, hbm.astype(np.float64)))
             elif isinstance(step, S.RootWait):
                 if n > 1:
                     lat = f.flag_us(m, np.full(n, m[step.root]))
@@ -303,7 +314,7 @@ class FabricModel:
                 nb = np.full(n, step.nbytes, dtype=np.int64)
                 done = f.phase(m, left, nb, S.LOAD)
                 dur, runs = self._through_cores(m, me, np.roll(me, 1), nb, np.full(n, S.LOAD), done)
-                out.append(("shift", dur, f.flag_us(left, m), f.flag_us(right, m), runs))
+                out.append(("shift", dur, f.flag_us(left, m), f.flag_us(right, m), runs, 2.0 * nb))
         return out
 
     def _barrier(self, m: np.ndarray) -> np.ndarray:

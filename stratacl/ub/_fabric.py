@@ -79,6 +79,9 @@ class Fabric:
         self.beyond = self._tier_id[topology.beyond]
         self.local_tier = int(self.level_tier[0])
         self.hbm = self.bandwidth[self.local_tier]
+        # what of a die's HBM communication may use: all of it, unless a kernel beside the call
+        # holds part of it (``FabricModel.with_hbm``: the die's HBM as a shared resource)
+        self.hbm_for_comm = self.hbm
         self.uplinks = [(i, lv.uplink_gbps * _GBPS) for i, lv in enumerate(topology.levels) if lv.uplink_gbps]
         self.host_tier = self._tier_id[topology.host] if topology.host else -1
 
@@ -127,7 +130,7 @@ class Fabric:
         res = np.zeros((f, 4 + 2 * nlev), dtype=np.int64)      # 0: a dummy of infinite capacity
         w = np.zeros(res.shape)
         hbm0, pin0, pout0 = 1, 1 + world, 1 + 2 * world
-        caps = [np.full(1, np.inf), np.full(world, self.hbm), np.ones(world), np.ones(world)]
+        caps = [np.full(1, np.inf), np.full(world, self.hbm_for_comm), np.ones(world), np.ones(world)]
         res[:, 0], w[:, 0] = hbm0 + reader, np.where(local, 2.0, 1.0)   # a copy reads and writes
         peer = remote & ~host          # a host transfer's other end is host DRAM, not an HBM
         res[peer, 1], w[peer, 1] = hbm0 + owner[peer], 1.0
@@ -152,6 +155,19 @@ class Fabric:
         tier_cap = np.where(local, np.inf, self.bandwidth[tier])
         alpha = self.latency[tier]
         return res, w, cap, is_port, tier_cap, alpha
+
+    def hbm_bytes(self, reader, owner, nbytes, kind, n: int) -> np.ndarray:
+        """Bytes each of ranks 0..n-1 reads and writes in its own HBM for these transfers, as
+        ``_route`` charges them: a reader writes what it pulls (a local copy reads and writes
+        it), an owner is read for a peer's load, a host load writes and a host store reads the
+        reader's HBM."""
+        reader, owner, nbytes, kind = _arrays(reader, owner, nbytes, kind)
+        nb = nbytes.astype(np.float64)
+        local, host = kind == LOCAL_COPY, kind >= HOST_LOAD
+        out = np.bincount(reader, weights=np.where(local, 2.0, 1.0) * nb, minlength=n)
+        peer = ~local & ~host
+        out += np.bincount(owner[peer], weights=nb[peer], minlength=n)
+        return out[:n]
 
     # --- sharing ----------------------------------------------------------------------------
     def _port_capacity(self, res, w, active, cap, is_port):

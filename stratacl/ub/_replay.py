@@ -26,8 +26,7 @@ import numpy as np
 
 from .._errors import ReplayError
 from ._clock import FabricModel, run_plan
-from ._compute import ComputeJob, combine, occupied, run_job
-from ._profile import profile_plan
+from ._compute import ComputeJob, kernel_end
 from ._topology import load as load_topology
 
 FORMAT = "stratacl-trace-1"
@@ -204,14 +203,11 @@ def replay(traces: list[dict]) -> Replay:
             elif kind == "compute":
                 if any(i["next"] < len(i["calls"]) for i in r.in_flight):
                     return moved
-                t0, total = r.now, base.cores
+                t0 = r.now
                 keep = [i for i in r.in_flight if i["end"] is not None and i["end"] > t0]
-                steps = [occupied(profile_plan(m, plan, members, clocks_in=clocks, ranks=[me])[0], m.path)
-                         for i in keep for m, plan, members, clocks, me in i["occupancy"]]
                 r.in_flight = keep
-                times, busy = combine(steps)
-                r.now = (run_job(ComputeJob(ev["cores"], ev["us"], t0), total, times, busy)[0] if times.size
-                         else t0 + ev["us"])
+                job = ComputeJob(ev["cores"], ev["us"], t0, ev.get("hbm", 0.0))
+                r.now = kernel_end(job, base.cores, [o for i in keep for o in i["occupancy"]], base.fabric.hbm)
             elif kind == "clock":
                 r.reads.append(r.now)
             elif kind == "p2p":
