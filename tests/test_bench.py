@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -29,10 +30,10 @@ FACTOR = {"all_gather": (N - 1) / N, "reduce_scatter": (N - 1) / N, "all_to_all"
           "all_reduce": 2 * (N - 1) / N, "broadcast": 1.0, "sendrecv": 1.0, "barrier": 0.0}
 
 
-def _bench(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+def _bench(*args: str, timeout: float = 120, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     exe = shutil.which("stratacl-bench")
     cmd = [exe] if exe else [sys.executable, "-c", "import sys; from stratacl.bench._cli import main; sys.exit(main())"]
-    return subprocess.run(cmd + list(args), capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(cmd + list(args), capture_output=True, text=True, timeout=timeout, env=env)
 
 
 @pytest.mark.parametrize("op", OPS)
@@ -95,6 +96,72 @@ def test_bench_api_torch_rows_and_the_numpy_twin(op, tmp_path):
             assert r["busbw"] == pytest.approx(r["size"] / r["time_us"] / 1e3 * (1.0 if op == "all_reduce" else 0.5))
     assert f"through torch.distributed.{head['torch_call']}" in run.stdout
     assert "# torch layer (same ranks" in run.stdout and "Out of bounds values : 0 OK" in run.stdout
+
+
+# --- what the README promises of stratacl-bench: --warmup-seconds, the host copy limit, --buffers plain
+
+WARM_SECONDS = 0.2
+
+
+@pytest.fixture(scope="module")
+def warm_run(tmp_path_factory):
+    """One real run on 2 ranks with --warmup-seconds, --buffers plain and the host copy limit
+    (no --no-limit), every library call logged (STRATACL_DEBUG=detail logs each call as it is
+    entered, one line per call, and turns the native fast paths off)."""
+    out = tmp_path_factory.mktemp("warm") / "bench.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STRATACL_")} | {"STRATACL_DEBUG": "detail"}
+    run = _bench("all_gather", "-n", "2", "-b", "8K", "-e", "8K", "-w", "1", "-i", "2", "-c", "1",
+                 "--warmup-seconds", str(WARM_SECONDS), "--buffers", "plain", "-J", str(out), timeout=150, env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return run, json.loads(out.read_text())
+
+
+@pytest.mark.timeout(200)
+def test_warmup_seconds_keeps_every_rank_warming_up_in_rounds_of_ten(warm_run):
+    run, doc = warm_run
+    assert doc["header"]["warmup_seconds"] == WARM_SECONDS
+    calls = [len(re.findall(rf"^\[rank {r}\] DEBUG stratacl: all_gather call \d+: ", run.stderr, re.M)) for r in (0, 1)]
+    # -w 1, then rounds of 10 until the ranks' mean elapsed time reaches the bound (at least one
+    # round: the first test comes right after -w), -i 2 timed, -c 1 checked; the ranks agree
+    assert calls[0] == calls[1], calls
+    assert calls[0] >= 1 + 10 + 2 + 1 and (calls[0] - (1 + 2 + 1)) % 10 == 0, calls
+
+
+@pytest.mark.timeout(200)
+def test_host_copy_limit_column_is_the_copy_bound_of_the_same_sweep(warm_run):
+    run, doc = warm_run
+    assert "measuring the host copy limit" in run.stderr
+    (row,) = doc["rows"]
+    b = row["limit_copy_gbps"]
+    assert b > 0
+    # all_gather on N ranks copies at least (N - 1) x size bytes and its busbw counts
+    # size x (N - 1) / N: at b GB/s of copying, the bound on busbw is b / N
+    assert row["limit_busbw"] == pytest.approx(b / 2)
+    assert row["limit_fraction"] == pytest.approx(row["busbw"] / row["limit_busbw"])
+    head = next(ln for ln in run.stdout.splitlines() if ln.startswith("#") and "busbw" in ln and "size" in ln)
+    assert head.split()[-2:] == ["limit", "%limit"], head
+    line = next(ln for ln in run.stdout.splitlines() if ln.split()[:1] == [str(row["size"])])
+    assert line.split()[-2:] == [f"{row['limit_busbw']:.3f}", f"{100 * row['limit_fraction']:.0f}%"], line
+
+
+def _staged_by_the_sweep(comm, buffers: str):
+    """What the bench's own rank function (the one --buffers reaches) stages: a 128 KiB
+    all_gather (64 KiB per rank, above the eager size), -w 1 -i 2 -c 1."""
+    import stratacl
+    from stratacl.bench import _cli
+    before = stratacl.stats()["bytes_staged"]
+    rows = _cli.rank_main(comm, Spec("all_gather", [1 << 17], warmup=1, iters=2, check=1), buffers)
+    return stratacl.stats()["bytes_staged"] - before, rows and rows[0]["wrong"]
+
+
+@pytest.mark.timeout(150)
+def test_buffers_plain_takes_the_staged_path_and_hbm_buffers_do_not(warm_run):
+    import stratacl
+    assert warm_run[1]["header"]["buffers"] == "plain" and "buffers plain" in warm_run[0].stdout
+    # plain: each of the 4 calls copies the rank's 64 KiB input into a communication buffer
+    for buffers, staged in (("hbm", 0), ("plain", 4 * (1 << 16))):
+        got = stratacl.spawn(_staged_by_the_sweep, 2, args=(buffers,), timeout=60)
+        assert got == [(staged, 0), (staged, None)], (buffers, got)
 
 
 SPEC = Spec("all_reduce", [4096], warmup=1, iters=2)
