@@ -24,11 +24,15 @@ def _check_info(run, n: int, argv: list[str]) -> None:
     assert sorted(info) == list(range(n)), run.explain()
     jobs = {rec["env"]["STRATACL_JOB_ID"] for rec in info.values()}
     assert len(jobs) == 1 and re.fullmatch(r"[0-9a-f]+", jobs.pop())
+    # torch's env:// rendezvous: one TCPStore port for the whole job, a real port number
+    ports = {rec["env"]["MASTER_PORT"] for rec in info.values()}
+    assert len(ports) == 1 and re.fullmatch(r"[1-9][0-9]*", port := ports.pop()) and 0 < int(port) < 65536, ports
     for r, rec in info.items():
         assert (rec["comm_rank"], rec["comm_size"]) == (r, n)
         assert rec["env"] | {"STRATACL_JOB_ID": None} == {
             "STRATACL_RANK": str(r), "STRATACL_WORLD_SIZE": str(n), "RANK": str(r), "WORLD_SIZE": str(n),
-            "LOCAL_RANK": str(r), "STRATACL_JOB_ID": None}, rec
+            "LOCAL_RANK": str(r), "LOCAL_WORLD_SIZE": str(n), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
+            "STRATACL_JOB_ID": None}, rec
         assert rec["argv"] == argv, rec
         assert rec["gather_ok"], rec
     assert len({rec["pid"] for rec in info.values()}) == n

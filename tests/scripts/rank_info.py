@@ -19,7 +19,8 @@ comm.all_gather(out, x)
 expected = (np.arange(comm.size)[:, None] * 100 + np.arange(8)).reshape(-1)
 emit(kind="info", comm_rank=comm.rank, comm_size=comm.size,
      env={k: os.environ.get(k) for k in ("STRATACL_RANK", "STRATACL_WORLD_SIZE", "RANK", "WORLD_SIZE",
-                                          "LOCAL_RANK", "STRATACL_JOB_ID")},
+                                          "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                                          "STRATACL_JOB_ID")},
      argv=sys.argv[1:], gather_ok=bool(np.array_equal(out, expected)),
      session=os.getsid(0), group=os.getpgid(0), stdin_is_terminal=os.isatty(0))
 # one write per line (print() writes the newline separately when output is unbuffered), so lines
