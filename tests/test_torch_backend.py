@@ -201,6 +201,31 @@ def test_complex_sums_and_hbm_tensors_move_with_zero_copy():
         assert plain_staged > 0           # an ordinary tensor is staged
 
 
+def empty_like_in_hbm(comm):
+    _init()
+    import stratacl.torch as st
+    me = dist.get_rank()
+    src = torch.zeros(128, 128, dtype=torch.float64)     # both above the eager size (16 KiB): staged if not HBM
+    before = stratacl.stats()["bytes_staged"]
+    like = st.empty_like(src)
+    like.fill_(me + 1)
+    dist.all_reduce(like)
+    half = st.empty_like(src, dtype=torch.bfloat16)
+    half.fill_(0.5 * (me + 1))
+    dist.all_reduce(half)
+    staged = stratacl.stats()["bytes_staged"] - before
+    dist.destroy_process_group()
+    return ((tuple(like.shape), like.dtype, sorted(set(like.reshape(-1).tolist()))),
+            (tuple(half.shape), half.dtype, sorted(set(half.reshape(-1).tolist()))), staged)
+
+
+def test_empty_like_gives_hbm_tensors_of_the_shape_and_dtype():
+    for like, half, staged in stratacl.spawn(empty_like_in_hbm, 2, timeout=60):
+        assert like == ((128, 128), torch.float64, [3.0])           # every element 1 + 2
+        assert half == ((128, 128), torch.bfloat16, [1.5])          # the dtype given: 0.5 + 1.0
+        assert staged == 0                # peers read them in place: their storage is HBM
+
+
 def futures_and_groups(comm):
     _init()
     n, me = dist.get_world_size(), dist.get_rank()
