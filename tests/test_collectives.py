@@ -266,3 +266,38 @@ def test_outputs_overlapping_inputs_give_exact_bytes(n, settings):
     for block in (100, 20000):                  # below and above the eager size (16 KiB)
         for rank, bad in enumerate(stratacl.spawn(overlapping, n, args=(block,), timeout=120, **settings)):
             assert bad == [], f"block {block}, rank {rank}: {bad}"
+
+
+def in_place_staging(comm, block: int):
+    """bytes_staged around each in-place form (all_gather from the rank's own chunk of ``out``,
+    reduce_scatter into the rank's own chunk of ``x``) and around an overlap that is not one
+    (all_gather from chunk 0), with whether each gave the exact bytes."""
+    n, me = comm.size, comm.rank
+    buf = stratacl.empty((n * block,), np.float64)
+    own = slice(me * block, (me + 1) * block)
+    got = {}
+
+    def staged(case, call, result, want):
+        before = stratacl.stats()["bytes_staged"]
+        call()
+        got[case] = (stratacl.stats()["bytes_staged"] - before, result().tobytes() == want.tobytes())
+
+    buf[own] = _vals(me, 0, block)
+    staged("all_gather in place", lambda: comm.all_gather(buf, buf[own]), lambda: buf,
+           np.concatenate([_vals(p, 0, block) for p in range(n)]))
+    buf[:] = _vals(me, 1, n * block)
+    staged("reduce_scatter in place", lambda: comm.reduce_scatter(buf[own], buf), lambda: buf[own],
+           functools.reduce(np.add, [_vals(p, 1, n * block)[own] for p in range(n)]))
+    buf[:block] = _vals(me, 2, block)
+    staged("all_gather from chunk 0", lambda: comm.all_gather(buf, buf[:block]), lambda: buf,
+           np.concatenate([_vals(p, 2, block) for p in range(n)]))
+    return got
+
+
+def test_in_place_forms_stay_zero_copy():
+    """The README: the in-place forms that need no copy stay zero copy (bytes_staged unchanged);
+    an overlap that is not such a form is staged, on the ranks where the chunks differ."""
+    block = 20000                                   # 160 KB a chunk: above the eager size
+    for rank, got in enumerate(stratacl.spawn(in_place_staging, 3, args=(block,), timeout=60)):
+        assert got == {"all_gather in place": (0, True), "reduce_scatter in place": (0, True),
+                       "all_gather from chunk 0": (0 if rank == 0 else block * 8, True)}, (rank, got)
