@@ -103,6 +103,42 @@ def test_tag_output_forwards_every_line_before_the_launcher_exits():
             f"rank {r}: {len(per_rank[r])} of {count} lines arrived"
 
 
+def _lines_by_rank(text: str, stream: str, tagged: bool) -> dict[int, list[int]]:
+    """Line numbers each rank's ``print_pieces.py`` lines carry; a line that is not one whole
+    line of that script (cut, merged with another, tagged with another rank) fails."""
+    pattern = (r"\[(\d+)\]: r\1 " if tagged else r"r(\d+) ") + stream + r" (\d+) \.{40}"
+    seen: dict[int, list[int]] = {}
+    for line in text.splitlines():
+        m = re.fullmatch(pattern, line)
+        assert m, f"not a whole {stream} line: {line!r}"
+        seen.setdefault(int(m.group(1)), []).append(int(m.group(2)))
+    return seen
+
+
+@pytest.mark.parametrize("tagged", [False, True], ids=["untagged", "tagged"])
+def test_every_line_of_every_rank_arrives_whole_when_ranks_write_in_pieces(tagged):
+    # unbuffered Python writes a print's text and its newline in two writes: 32 ranks sharing
+    # one pipe cut each other's lines; each rank's output must come through line by line
+    n, count = 32, 1000
+    run = launch("-n", str(n), *(["--tag-output"] if tagged else []), script("print_pieces.py"), str(count),
+                 env=clean_env(PYTHONUNBUFFERED="1"), timeout=200)
+    assert run.returncode == 0, run.explain()
+    for text, stream in ((run.stdout, "out"), (run.stderr, "err")):
+        seen = _lines_by_rank(text, stream, tagged)
+        assert sorted(seen) == list(range(n)), (stream, sorted(seen))
+        for r, numbers in seen.items():
+            assert numbers == list(range(count)), f"rank {r} {stream}: {len(numbers)} of {count} lines, in order?"
+
+
+def test_a_partial_last_line_is_forwarded_as_a_line_of_its_own(tmp_path):
+    # a rank ending without a newline must not glue its text to another rank's next line
+    body = "import os, sys\nsys.stdout.write('tail of ' + os.environ['STRATACL_RANK'])\n"
+    (tmp_path / "tail.py").write_text(body)
+    run = launch("-n", "3", str(tmp_path / "tail.py"), timeout=120)
+    assert run.returncode == 0, run.explain()
+    assert sorted(run.stdout.splitlines()) == ["tail of 0", "tail of 1", "tail of 2"], run.explain()
+
+
 def test_module_mode_runs_the_module_in_every_rank_with_its_args():
     n = 3
     run = launch("-n", str(n), "-m", "rank_info", "x", "-y", cwd=SCRIPTS, timeout=120)

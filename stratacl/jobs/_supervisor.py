@@ -3,7 +3,8 @@
     Job.run()
       create segments (named, mode 0600, unlinked at once)  -> descriptors
       start daemon  (pipe: EOF = launcher gone -> daemon kills ranks and sweeps /dev/shm)
-      start ranks   (spawned with python -m stratacl.jobs._rankboot, die with the launcher)
+      start ranks   (spawned with python -m stratacl.jobs._rankboot, die with the launcher;
+                     stdout and stderr are pipes of their own, forwarded line by line: _output)
       loop: read reports, reap exits
         first failure -> recorded in the control segment (peers raise PeerFailure)
                       -> after `grace` s SIGTERM the rest, after another `grace` s SIGKILL
@@ -37,6 +38,7 @@ from stratacl.runtime._control import (FAILED_DAEMON, FAILED_EXIT, FAILED_SIGNAL
 from stratacl.runtime._segments import create_job_segments
 
 from . import _wire
+from ._output import OutputForwarder
 from ._resources import sweep
 
 # each rank leads a process group: set before exec where Popen can (Python >= 3.11), and by
@@ -189,6 +191,7 @@ class Job:
         self.job_id = secrets.token_hex(4)
         self._signal = 0
         self._master_port = _free_port()
+        self._interactive = os.isatty(1)
 
     # --- start ------------------------------------------------------------------------------
     def _rank_env(self, rank: int, boot: dict) -> dict[str, str]:
@@ -209,8 +212,11 @@ class Job:
             # the TCPStore on this port (a port free when the job started)
             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(self._master_port),
         })
-        if self.config.tag_output:
-            env["PYTHONUNBUFFERED"] = "1"
+        if self.config.tag_output or self._interactive:
+            # a rank's stdout is a pipe, which Python buffers in blocks: unbuffered, each line
+            # reaches a terminal (or the tagged stream) when printed, as a terminal's line
+            # buffering would give. The forwarder puts the pieces back into whole lines.
+            env.setdefault("PYTHONUNBUFFERED", "1")
         return env
 
     def _argv(self) -> list[str]:
@@ -229,7 +235,7 @@ class Job:
         procs: list[subprocess.Popen] = []
         socks: list[socket.socket] = []
         daemon = None
-        forwarders: list[threading.Thread] = []
+        output = OutputForwarder(sys.stdout, sys.stderr, tag=self.config.tag_output)
         old_handlers = {}
         try:
             if self.handle_signals:
@@ -240,25 +246,31 @@ class Job:
                  str(pipe_r)], pass_fds=(ctl_fd, pipe_r), start_new_session=True, stdin=subprocess.DEVNULL)
             os.close(pipe_r)
             pipe_r = -1
-            tag = self.config.tag_output
+            output.start()
             # a rank outside the foreground group that read the terminal would be stopped (SIGTTIN)
             stdin = subprocess.DEVNULL if os.isatty(0) else None
             for rank in range(self.n):
                 mine, theirs = socket.socketpair()
                 boot = {"ctl": ctl_fd, "hbm": hbm_fds, "report": theirs.fileno()}
-                p = subprocess.Popen(self._argv(), env=self._rank_env(rank, boot),
-                                     pass_fds=(ctl_fd, *hbm_fds, theirs.fileno()), **_OWN_GROUP,
-                                     stdin=stdin, stdout=subprocess.PIPE if tag else None,
-                                     stderr=subprocess.PIPE if tag else None)
-                theirs.close()
+                # pipes of the rank's own: in one shared pipe, lines written in pieces interleave
+                out_r, out_w = os.pipe()
+                err_r, err_w = os.pipe()
+                try:
+                    p = subprocess.Popen(self._argv(), env=self._rank_env(rank, boot),
+                                         pass_fds=(ctl_fd, *hbm_fds, theirs.fileno()), **_OWN_GROUP,
+                                         stdin=stdin, stdout=out_w, stderr=err_w)
+                except BaseException:
+                    for fd in (out_r, err_r):
+                        os.close(fd)
+                    raise
+                finally:
+                    theirs.close()
+                    os.close(out_w)
+                    os.close(err_w)
+                output.add(rank, out_r, err_r)
                 procs.append(p)
                 socks.append(mine)
                 ctl.set_pid(rank, p.pid)
-                if tag:
-                    for stream, out in ((p.stdout, sys.stdout), (p.stderr, sys.stderr)):
-                        t = threading.Thread(target=_forward, args=(stream, out, f"[{rank}]: "), daemon=True)
-                        t.start()
-                        forwarders.append(t)
             for fd in hbm_fds:
                 os.close(fd)
             hbm_fds = []
@@ -272,8 +284,7 @@ class Job:
                     p.wait()
             # the ranks are gone, but their last lines may still sit in the pipes: forward them
             # before returning (a process the rank left behind may hold a pipe open, so bounded)
-            for t in forwarders:
-                t.join(timeout=10)
+            output.finish(timeout=10)
             for s in socks:
                 s.close()
             os.close(pipe_w)
@@ -414,28 +425,3 @@ def _send_payload(socks: list[socket.socket], payload: tuple) -> None:
             _wire.send(s, payload)
         except OSError:
             pass
-
-
-_FORWARD_LOCK = threading.Lock()   # one writer at a time: a text stream's write is not atomic
-
-
-def _forward(stream, out, prefix: str) -> None:
-    """Copy a rank's pipe to ``out`` with every line prefixed, a chunk (many lines) per write."""
-    fd = stream.fileno()
-    pending = b""
-    while True:
-        data = os.read(fd, 1 << 16)
-        if not data:
-            break
-        lines = (pending + data).split(b"\n")
-        pending = lines.pop()
-        if lines:
-            text = "".join(f"{prefix}{ln.decode(errors='replace')}\n" for ln in lines)
-            with _FORWARD_LOCK:
-                out.write(text)
-                out.flush()
-    if pending:
-        with _FORWARD_LOCK:
-            out.write(prefix + pending.decode(errors="replace"))
-            out.flush()
-    stream.close()
