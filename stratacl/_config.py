@@ -206,7 +206,8 @@ def check_environment(environ: dict[str, str] | None = None) -> None:
     """Reject STRATACL_* variables that name no setting: a typo must not be silently ignored."""
     environ = os.environ if environ is None else environ
     internal = {"STRATACL_JOB_ID", "STRATACL_RANK", "STRATACL_WORLD_SIZE", "STRATACL_BOOT",
-                "STRATACL_LAUNCHER_PID", "STRATACL_NPROCS"}
+                "STRATACL_LAUNCHER_PID", "STRATACL_NPROCS",
+                "STRATACL_TEST_HOST_MEMORY"}   # a test hook: stratacl/jobs/_memory.py
     known = {s.env for s in SETTINGS} | internal
     for key in environ:
         if key.startswith("STRATACL_") and key not in known:

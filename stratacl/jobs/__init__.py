@@ -7,6 +7,8 @@ call that runs ``Job`` in the caller's process). Inside each rank only ``_rankbo
     _supervisor   Job: segments, daemon, ranks, reports, the first failure, teardown
     _daemon       the bootstrap daemon: relays registration metadata, cleans up after the job
     _rankboot     every rank process's entry point
+    _output       every rank's stdout and stderr, forwarded line by line from one thread
+    _memory       host memory: the pre-launch warning, the ranks' footprint, the OOM verdict
     _wire         length-prefixed pickle frames between the supervisor and a rank
     _resources    the sweep of a job's leftover names in /dev/shm
 """

@@ -3,9 +3,10 @@
     Job.run()
       create segments (named, mode 0600, unlinked at once)  -> descriptors
       start daemon  (pipe: EOF = launcher gone -> daemon kills ranks and sweeps /dev/shm)
+      warn          when N ranks' footprint would not fit in MemAvailable (_memory)
       start ranks   (spawned with python -m stratacl.jobs._rankboot, die with the launcher;
                      stdout and stderr are pipes of their own, forwarded line by line: _output)
-      loop: read reports, reap exits
+      loop: read reports, reap exits, sample the ranks' memory once a second
         first failure -> recorded in the control segment (peers raise PeerFailure)
                       -> after `grace` s SIGTERM the rest, after another `grace` s SIGKILL
       stop daemon, close everything, return a JobOutcome
@@ -38,6 +39,7 @@ from stratacl.runtime._control import (FAILED_DAEMON, FAILED_EXIT, FAILED_SIGNAL
 from stratacl.runtime._segments import create_job_segments
 
 from . import _wire
+from ._memory import MemoryReport, MemoryWatch, memory_lines, short_memory_warning
 from ._output import OutputForwarder
 from ._resources import sweep
 
@@ -85,6 +87,7 @@ class JobOutcome:
     shutdown_at: float | None = None    # when the launcher began ending the ranks still running
     flight: dict | None = None          # a failed job's flight records, rank -> [FlightEntry] (runtime/_flight.py)
     flight_read_at: float = 0.0         # time.monotonic() when they were read
+    memory: MemoryReport | None = None  # the ranks' memory and the OOM kill counters (_memory.py)
 
     @property
     def ok(self) -> bool:
@@ -136,6 +139,7 @@ def format_failure(outcome: JobOutcome) -> str:
         lines += ["Root cause (first failure):",
                   f"  rank      : {root.rank} (pid {root.pid})",
                   f"  ended by  : {root.how()}"]
+        lines += memory_lines(root.rank, root.returncode, root.killed_by_launcher, outcome.memory)
         if root.error:
             lines.append(f"  error     : {root.error['type']}: {root.error['message']}")
             lines.append("  traceback :")
@@ -246,6 +250,10 @@ class Job:
                  str(pipe_r)], pass_fds=(ctl_fd, pipe_r), start_new_session=True, stdin=subprocess.DEVNULL)
             os.close(pipe_r)
             pipe_r = -1
+            warning = short_memory_warning(self.n)
+            if warning:
+                print(warning, file=sys.stderr, flush=True)
+            watch = MemoryWatch()
             output.start()
             # a rank outside the foreground group that read the terminal would be stopped (SIGTTIN)
             stdin = subprocess.DEVNULL if os.isatty(0) else None
@@ -271,12 +279,11 @@ class Job:
                 procs.append(p)
                 socks.append(mine)
                 ctl.set_pid(rank, p.pid)
-            for fd in hbm_fds:
-                os.close(fd)
-            hbm_fds = []
             if self.target[0] == "spawn":
                 threading.Thread(target=_send_payload, args=(socks, self.target[1:]), daemon=True).start()
-            return self._supervise(ctl, procs, socks, daemon)
+            # the launcher keeps the HBM descriptors until the end: their size on disk is what
+            # the job's HBM holds (MemoryWatch)
+            return self._supervise(ctl, procs, socks, daemon, watch, hbm_fds)
         finally:
             for p in procs:
                 if p.poll() is None:
@@ -309,7 +316,7 @@ class Job:
 
     # --- supervise --------------------------------------------------------------------------
     def _supervise(self, ctl: Control, procs: list[subprocess.Popen], socks: list[socket.socket],
-                   daemon: subprocess.Popen) -> JobOutcome:
+                   daemon: subprocess.Popen, watch: MemoryWatch, hbm_fds: list[int]) -> JobOutcome:
         ends = [RankEnd(r, p.pid) for r, p in enumerate(procs)]
         outcome = JobOutcome(self.job_id, ends)
         sel = selectors.DefaultSelector()
@@ -353,6 +360,9 @@ class Job:
                                 failed_at, outcome.reason = now, outcome.reason or "failure"
                     elif ctl.state(r) != STATE_FINALIZED:
                         ctl.set_state(r, STATE_FINALIZED)
+            if watch.due(now) or failed_at == now:
+                # also at the first failure: what the job held when a rank died (its HBM stays)
+                watch.sample({r: p.pid for r, p in enumerate(procs) if ends[r].returncode is None}, hbm_fds)
             if all(e.returncode is not None for e in ends):
                 # drain what the last ranks wrote before they exited
                 for key in list(sel.get_map().values()):
@@ -382,6 +392,7 @@ class Job:
                 killed = True
                 self._terminate(procs, ends, signal.SIGKILL)
         sel.close()
+        outcome.memory = watch.report()
         if not outcome.ok:
             outcome.flight, outcome.flight_read_at = _flight.read_all(ctl), time.monotonic()
         return outcome
