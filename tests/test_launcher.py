@@ -5,6 +5,7 @@ one all_gather as an ``@@ {json}`` line; tests compare that with what was asked 
 """
 from __future__ import annotations
 
+import json
 import os
 import pty
 import re
@@ -137,6 +138,29 @@ def test_a_partial_last_line_is_forwarded_as_a_line_of_its_own(tmp_path):
     run = launch("-n", "3", str(tmp_path / "tail.py"), timeout=120)
     assert run.returncode == 0, run.explain()
     assert sorted(run.stdout.splitlines()) == ["tail of 0", "tail of 1", "tail of 2"], run.explain()
+
+
+@pytest.mark.parametrize("stdout, tag, expected", [("terminal", False, "1"), ("pipe", True, "1"),
+                                                     ("pipe", False, None)])
+def test_ranks_run_unbuffered_when_their_lines_should_show_at_once(tmp_path, stdout, tag, expected):
+    # a rank's stdout is a pipe, which Python would buffer in blocks; a terminal (or the tagged
+    # stream) should see each line when printed, as it would with the terminal's line buffering
+    (tmp_path / "env.py").write_text("import json, os, sys\nopen(sys.argv[1] + os.environ['STRATACL_RANK'], 'w')"
+                                     ".write(json.dumps(os.environ.get('PYTHONUNBUFFERED')))\n")
+    parent, child = pty.openpty() if stdout == "terminal" else (None, subprocess.PIPE)
+    env = clean_env()
+    env.pop("PYTHONUNBUFFERED", None)
+    try:
+        p = subprocess.run(launcher_command() + ["-n", "2", *(["--tag-output"] if tag else []),
+                                                 str(tmp_path / "env.py"), str(tmp_path / "rank")],
+                           stdout=child, stderr=subprocess.PIPE, text=True, timeout=120, env=env)
+    finally:
+        if parent is not None:
+            os.close(parent)
+            os.close(child)
+    assert p.returncode == 0, p.stderr
+    seen = [json.loads((tmp_path / f"rank{r}").read_text()) for r in range(2)]
+    assert seen == [expected] * 2
 
 
 def test_module_mode_runs_the_module_in_every_rank_with_its_args():
