@@ -9,6 +9,7 @@ import json
 import os
 import pty
 import re
+import resource
 import shutil
 import subprocess
 
@@ -161,6 +162,19 @@ def test_ranks_run_unbuffered_when_their_lines_should_show_at_once(tmp_path, std
     assert p.returncode == 0, p.stderr
     seen = [json.loads((tmp_path / f"rank{r}").read_text()) for r in range(2)]
     assert seen == [expected] * 2
+
+
+def test_the_launcher_makes_room_for_its_descriptors_under_a_low_limit():
+    # 4 descriptors a rank (HBM segment, report socket, two output pipes): 12 ranks under a soft
+    # limit of 40 need the launcher to raise it, as 300 ranks would under the common 1024
+    def low_limit():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (40, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    if resource.getrlimit(resource.RLIMIT_NOFILE)[1] < 200:
+        pytest.skip("the hard descriptor limit is too low to raise the soft one")
+    p = subprocess.run(launcher_command() + ["-n", "12", script("print_pieces.py"), "2"], preexec_fn=low_limit,
+                       capture_output=True, text=True, timeout=120, env=clean_env())
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert len(p.stdout.splitlines()) == 24 and len(p.stderr.splitlines()) == 24, p.stderr[-3000:]
 
 
 def test_module_mode_runs_the_module_in_every_rank_with_its_args():

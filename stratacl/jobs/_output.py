@@ -34,7 +34,7 @@ class _Sink:
 
     def __init__(self, stream):
         self.stream = stream
-        self.broken = False
+        self.broken = stream is None         # e.g. sys.stdout of a process without one
 
     def write(self, data: bytes) -> None:
         if self.broken or not data:
@@ -48,8 +48,8 @@ class _Sink:
             else:                            # e.g. a notebook's stream: text only
                 self.stream.write(data.decode(errors="replace"))
                 self.stream.flush()
-        except (OSError, ValueError):
-            self.broken = True               # closed or broken: drop rank output from now on
+        except Exception:                    # noqa: BLE001 - closed, broken, or not a stream at all:
+            self.broken = True               # drop rank output from now on, but keep draining the pipes
 
 
 class _Pipe:

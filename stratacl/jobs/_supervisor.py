@@ -23,6 +23,7 @@ import dataclasses
 import json
 import os
 import pickle
+import resource
 import secrets
 import selectors
 import signal
@@ -233,6 +234,7 @@ class Job:
         return base + list(self.target[2])   # target[2] is the rank's argv: [path or module, *args]
 
     def run(self) -> JobOutcome:
+        _raise_descriptor_limit(self.n)
         ctl_fd, hbm_fds = create_job_segments(self.job_id, self.n, self.config)
         ctl = Control(ctl_fd, self.n)
         pipe_r, pipe_w = os.pipe()
@@ -403,6 +405,19 @@ class Job:
             if p.poll() is None:
                 e.killed_by_launcher = True
                 _kill(p, sig)
+
+
+def _raise_descriptor_limit(nranks: int) -> None:
+    """Make room for the launcher's 4 descriptors a rank (its HBM segment, its report socket,
+    its two output pipes): a common soft limit of 1024 would stop a job at about 250 ranks.
+    The soft limit is raised toward the hard one, never lowered."""
+    need = 4 * nranks + 64
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= need:
+        return
+    new = need if hard == resource.RLIM_INFINITY else min(need, hard)
+    if new > soft:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
 
 
 def _kill(p: subprocess.Popen, sig: int) -> None:
