@@ -89,8 +89,11 @@ def test_hbm_buffers_move_with_zero_staged_bytes_and_each_output_byte_written_on
         assert hbm["bytes_staged"] == 0
         # all_gather writes n * count * 4 output bytes; all_reduce rewrites x (count * 4) once
         assert hbm["output_bytes_written"] == n * count * 4 + count * 4
-        # pulled: (n-1) peers' inputs, plus (n-1)/n of x for each all_reduce phase
-        assert hbm["bytes_pulled"] > 0
+        # pulled: all_gather reads the (n-1) peers' inputs; the full-mesh all_reduce reads (n-1)
+        # of the n blocks of x from peers twice (reduce-scatter, then all_gather of the sums)
+        per = count * 4
+        assert count % n == 0
+        assert hbm["bytes_pulled"] == (n - 1) * per + 2 * (n - 1) * (per // n)
         assert staged_plain == count * 4 and staged_calls == 1 and ok
 
 
