@@ -102,9 +102,14 @@ def test_an_asynchronous_fetch_overlaps_the_kernels_charged_meanwhile(settings):
             assert both - kernel < 0.1 * alone
 
 
+CACHE_BEFORE = -np.arange(12, dtype=np.float32).reshape(4, 3) - 1      # distinct from every host row
+HOST_BEFORE = np.arange(30, dtype=np.float32).reshape(10, 3) + 1
+
+
 def bad_calls(comm, async_op=False):
     cache = stratacl.empty((4, 3), np.float32)
-    host = np.zeros((10, 3), np.float32)
+    cache[:] = CACHE_BEFORE
+    host = HOST_BEFORE.copy()
     errors = []
     for args, kw in [((cache, host, [10], [0]), {}),                        # row outside the table
                      ((cache, host, [1], [4]), {}),                         # slot outside the cache
@@ -122,16 +127,19 @@ def bad_calls(comm, async_op=False):
             errors.append(None)
         except Exception as e:
             errors.append((type(e).__name__, str(e)))
-    return errors, cache.copy()
+    return errors, cache.copy(), host
 
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("async_op", [False, True])
 def test_bad_arguments_are_clear_errors_and_move_nothing(async_op):
-    errors, cache = stratacl.spawn(bad_calls, 1, args=(async_op,), timeout=30)[0]
+    errors, cache, host = stratacl.spawn(bad_calls, 1, args=(async_op,), timeout=30)[0]
     kinds = [e[0] if e else None for e in errors]
     assert kinds == ["IndexError", "IndexError", "ValueError", "ValueError", "TypeError", "ValueError",
                      "ValueError", "ValueError", "ValueError", "ValueError", "TypeError"], errors
     assert all(e[1].startswith("host_rows: ") for e in errors)
     assert "fetch_rows[0] = 10 is outside 0..9" in errors[0][1]
     assert "not in this rank's HBM" in errors[7][1] and "host table is in HBM" in errors[8][1]
+    # every call was refused before a byte moved: the cache and the host table are as they were
+    assert np.array_equal(cache, CACHE_BEFORE), cache
+    assert np.array_equal(host, HOST_BEFORE), host
