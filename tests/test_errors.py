@@ -16,6 +16,7 @@ def mismatches(comm):
     x = stratacl.empty((8,), np.float32)
     x[:] = me
     out = stratacl.empty((8 * n,), np.float32)
+    out[:] = -1.0
     results = {}
     barriers = stratacl.stats()["calls"].get("barrier", 0)
     # operation: rank 1 calls all_gather, the others all_reduce
@@ -24,9 +25,11 @@ def mismatches(comm):
     results["barrier"] = attempt(lambda: comm.barrier() if me == n - 1 else comm.all_reduce(x))
     # dtype
     y = stratacl.empty((8,), np.float64 if me == 0 else np.float32)
+    y[:] = 100 + me
     results["dtype"] = attempt(lambda: comm.all_reduce(y))
     # count
     z = stratacl.empty((8 + (me == n - 1),), np.float32)
+    z[:] = 200 + me
     results["count"] = attempt(lambda: comm.all_reduce(z))
     # root
     results["root"] = attempt(lambda: comm.broadcast(x, root=0 if me else 1))
@@ -34,9 +37,11 @@ def mismatches(comm):
     results["redop"] = attempt(lambda: comm.all_reduce(x, op="max" if me == 0 else "sum"))
     # wrong output size on one rank: ValueError there, CollectiveMismatch elsewhere
     bad = stratacl.empty((8 * n - (me == 0),), np.float32)
+    bad[:] = -2.0
     results["outsize"] = attempt(lambda: comm.all_gather(bad, x))
     # avg on an integer dtype: a TypeError everywhere
     i = stratacl.empty((4,), np.int32)
+    i[:] = 300 + me
     results["avg_int"] = attempt(lambda: comm.all_reduce(i, op="avg"))
     # all_to_all_v with counts that do not pair up
     send = [1] * n
@@ -44,11 +49,16 @@ def mismatches(comm):
     if me == 0:
         recv[n - 1] = 2
     v = stratacl.empty((n,), np.float32)
+    v[:] = 400 + me
     o = stratacl.empty((n + 1,), np.float32)
+    o[:] = -3.0
     results["a2av"] = attempt(lambda: comm.all_to_all_v(o, v, send, recv))
-    # the inputs were never touched and the communicator still works, every operator's
-    # synchronisation still in step (barrier numbers, the roots' departure counts)
-    x[:] = me
+    # every call above was refused: no input and no output was written, whether the rank
+    # rejected its own arguments or a peer did (each array still holds what was put in it)
+    results["untouched"] = {name: a.tolist() for name, a in
+                            (("x", x), ("out", out), ("y", y), ("z", z), ("bad", bad), ("i", i), ("v", v), ("o", o))}
+    # the communicator still works, every operator's synchronisation still in step (barrier
+    # numbers, the roots' departure counts)
     comm.all_reduce(x)
     results["after"] = x.tolist()
     later = []
@@ -98,6 +108,10 @@ def test_disagreeing_calls_raise_on_every_rank(n):
         assert r["a2av"][0] == "CollectiveMismatch"
         assert f"rank 0 expects 2 elements from rank {n - 1}" in r["a2av"][1]
         assert r["after"] == [total] * 8
+        assert r["untouched"] == {
+            "x": [float(rank)] * 8, "out": [-1.0] * 8 * n, "y": [100.0 + rank] * 8,
+            "z": [200.0 + rank] * (8 + (rank == n - 1)), "bad": [-2.0] * (8 * n - (rank == 0)),
+            "i": [300 + rank] * 4, "v": [400.0 + rank] * n, "o": [-3.0] * (n + 1)}, r["untouched"]
 
 
 def p2p_mismatch(comm):
