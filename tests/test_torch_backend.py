@@ -284,29 +284,49 @@ def errors(comm):
     got["avg_int"] = _attempt(lambda: dist.all_reduce(torch.zeros(4, dtype=torch.int32), op=R.AVG))
     w = dist.all_reduce(torch.zeros(3 + me), async_op=True)
     got["async_mismatch"] = _attempt(w.wait)
-    got["future"] = type(w.get_future().exception() if hasattr(w.get_future(), "exception") else None).__name__
+    future = w.get_future()
+    got["future"] = (future.done(), _attempt(future.wait))     # the future holds the same error
     x = torch.ones(4)
     dist.all_reduce(x)                       # still in step after errors every rank saw
     got["after"] = x.tolist()
-    if me == 0:
-        got["timeout"] = _attempt(dist.barrier)
-    else:
-        time.sleep(2.0)                      # a slow rank (longer than the timeout), not a wait on a peer
-        dist.barrier()
     return got
 
 
 def test_errors_reach_torch_as_dist_backend_error():
-    res = stratacl.spawn(errors, 2, timeout=1.0)
+    res = stratacl.spawn(errors, 2, timeout=60)
     for me, got in enumerate(res):
         assert got["mismatch"][:2] == ("DistBackendError", "CollectiveMismatch"), got["mismatch"]
         assert "all_reduce" in got["mismatch"][2]
         assert got["non_contiguous"][:2] == ("ValueError", None) and "not contiguous" in got["non_contiguous"][2]
         assert got["bitwise_float"][0] == "TypeError" and got["avg_int"][0] == "TypeError"
         assert got["async_mismatch"][:2] == ("DistBackendError", "CollectiveMismatch")
+        done, err = got["future"]
+        assert done and err is not None and err[:2] == ("DistBackendError", "CollectiveMismatch"), got["future"]
+        assert "all_reduce" in err[2] and "element count" in err[2], err
         assert got["after"] == [2.0] * 4
-    assert res[0]["timeout"][:2] == ("DistBackendError", "CommTimeout"), res[0]["timeout"]
-    assert "barrier" in res[0]["timeout"][2]
+
+
+def late_barrier(comm, flag):
+    """Rank 1 comes to the barrier only once rank 0 has given up on it (a file rank 0 writes),
+    so rank 0's timeout is certain whatever the host's load, and no sleep sets the pace."""
+    _init()
+    if dist.get_rank() == 0:
+        err = _attempt(dist.barrier)
+        flag.write_text("timed out")
+        return err
+    deadline = time.monotonic() + 120
+    while not flag.exists():
+        assert time.monotonic() < deadline, "rank 0 never reported its timeout"
+        time.sleep(0.05)
+    dist.barrier()                           # completes with rank 0's earlier arrival
+    return None
+
+
+def test_a_timeout_reaches_torch_as_dist_backend_error(tmp_path):
+    # the communication timeout is the feature here: short, in a job that does nothing else
+    err, _ = stratacl.spawn(late_barrier, 2, args=(tmp_path / "rank0-timed-out",), timeout=3.0)
+    assert err[:2] == ("DistBackendError", "CommTimeout"), err
+    assert "barrier" in err[2] and "rank 0 waited 3 s" in err[2] and "still missing: [1]" in err[2], err
 
 
 def dies(comm, outdir):
