@@ -4,12 +4,13 @@ No ranks: everything here is arithmetic on numpy arrays. Expected values are wri
 the model's definitions (alpha + bytes / rate, max-min sharing, max(own, signaller + latency)),
 not taken from the model itself. The paper comparisons at the end are regression tests of what
 benchmarks/paper_reproduction.py reports in docs/paper-reproduction.md; where the model misses
-the paper, a strict xfail says by how much and fails loudly if that ever changes.
+the paper, the test's bound is the model's and its comment says by how much it misses (e.g.
+Fig. 3a, 25% where the paper says 30%). How long the model takes to evaluate is a benchmark
+(benchmarks/model_cost.py), not a test.
 """
 from __future__ import annotations
 
 import json
-import time
 
 import numpy as np
 import pytest
@@ -153,12 +154,16 @@ def test_local_copies_move_at_half_the_hbm_bandwidth_and_zero_bytes_cost_nothing
     assert done == pytest.approx([16 * MIB / (800 * GB), 0.0])
 
 
-def test_a_32_rank_full_mesh_phase_is_cheap_to_model():
-    f = Fabric(_topology.load("cm384"))
+def test_a_32_rank_full_mesh_phase_models_every_transfer():
+    # its cost to evaluate (about 1 ms) is measured by benchmarks/model_cost.py
+    topo = _topology.load("cm384")
+    f = Fabric(topo)
     r, o = np.meshgrid(np.arange(32), np.arange(32), indexing="ij")
     off = r != o
-    best = min(_timed(lambda: f.phase(r[off], o[off], GIB, LOAD)) for _ in range(3))
-    assert off.sum() == 992 and best < 0.010
+    done = np.asarray(f.phase(r[off], o[off], GIB, LOAD))
+    assert done.shape == (992,) and np.isfinite(done).all() and (done > 0).all()
+    # each rank pulls 31 GiB in through its own port: no faster than the port's line rate
+    assert done.max() >= 31 * GIB / (topo.contention.port_gbps * GB)
 
 
 def _fill_reference(res, w, cap, tier_cap, active) -> np.ndarray:
@@ -198,12 +203,6 @@ def test_the_native_fill_gives_the_reference_rates(seed):
     ref = _fill_reference(res, w, cap, tier_cap, active)
     np.testing.assert_allclose(got, ref, rtol=1e-13)
     assert (got > 0).sum() == active.sum()
-
-
-def _timed(fn) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
 
 
 # --- schedules ----------------------------------------------------------------------------------
@@ -362,11 +361,10 @@ def test_estimate_follows_nccl_tests_size_conventions(op):
     assert json.loads(json.dumps(e.as_dict()))["op"] == op
 
 
+@pytest.mark.timeout(120)          # a deadline against a hang; the time itself: benchmarks/model_cost.py
 def test_estimate_reaches_256_ranks_at_1_gib_per_rank():
-    t0 = time.perf_counter()
     e = stratacl.estimate("all_gather", 256, 256 * GIB, algo="auto")
     assert e.times_us.shape == (256,) and e.algo == "ring" and 100 < e.busbw < 200
-    assert time.perf_counter() - t0 < 20
 
 
 def test_estimate_rejects_bad_arguments():
@@ -426,9 +424,11 @@ def test_fig3a_zero_copy_beats_staged_above_8_mib():
 
 
 def test_fig3a_zero_copy_gains_about_30_percent_with_the_ring():
-    # paper 2.2: "more than 30%" above 8 MiB; 9.1: "~1.3x on average". Staging copies run on
-    # the communication cores but cross no fabric, so the HBM bounds them (half its bandwidth
-    # for a copy), not the cores' remote issue rate; nothing was fitted to this figure
+    """Paper 2.2: "more than 30%" above 8 MiB; 9.1: "~1.3x on average". The model gives +27..30%
+    with the ring above 8 MiB (docs/paper-reproduction.md, "Fig. 3a"), so the bound is 25%, not
+    the paper's 30%: the model misses by a few points because its staging copies run at the
+    HBM's copy rate (half its bandwidth: a copy reads and writes) and are not pipelined with the
+    transfers. Nothing was fitted to this figure; raise the bound only if the model earns it."""
     ring = _fig3a_gains("ring")
     assert 0.25 <= min(ring) and 0.25 <= sum(ring) / len(ring) <= 0.40
 
