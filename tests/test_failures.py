@@ -217,8 +217,9 @@ def test_cli_rank_sigkilled_mid_collective():
     run = launch("-n", str(n), "--timeout", str(timeout), script("kill_in_collective.py"), str(victim),
                  timeout=120)
     assert run.returncode == 1, run.explain()
-    # far sooner than the communication timeout: the dead peer is reported, not waited for
-    assert run.elapsed < 30, f"job took {run.elapsed:.1f} s with --timeout {timeout}"
+    # sooner than the communication timeout: the dead peer is reported, not waited for (and the
+    # messages below say "killed by SIGKILL", which a timeout would not know)
+    assert run.elapsed < timeout, f"job took {run.elapsed:.1f} s with --timeout {timeout}"
 
     dying = run.by_rank("dying")
     assert list(dying) == [victim], run.explain()
@@ -230,7 +231,7 @@ def test_cli_rank_sigkilled_mid_collective():
         assert rec["peer"] == victim and rec["operation"] == "all_gather", rec
         assert rec["message"] == (f"all_gather: rank {rank}: peer rank {victim} killed by SIGKILL; "
                                   f"this operation cannot complete"), rec
-        assert rec["t"] - killed_at < 10, f"rank {rank} noticed after {rec['t'] - killed_at:.1f} s"
+        assert rec["t"] - killed_at < timeout, f"rank {rank} noticed after {rec['t'] - killed_at:.1f} s"
 
     block = run.stderr[run.stderr.index("Root cause (first failure):"):]
     assert f"\n  rank      : {victim} (pid {dying[victim]['pid']})\n" in block, block
@@ -274,13 +275,15 @@ def test_ranks_outside_collectives_are_ended_after_the_grace_period(mode, ender)
 
 # --- 3. the launcher SIGKILLed --------------------------------------------------------------
 
-def _start_blocking_job(n: int, tmp_path: Path, own_group: bool = False
+def _start_blocking_job(n: int, tmp_path: Path, own_group: bool = False, grace: float | None = None
                         ) -> tuple[subprocess.Popen, list[int], str, Path]:
     """``own_group``: the launcher leads a process group, as a terminal's foreground job does
-    (here in a session of its own, which keeps its ranks' groups in that session too)."""
+    (here in a session of its own, which keeps its ranks' groups in that session too).
+    ``grace``: the launcher's --grace (None: its default)."""
     err = tmp_path / "launcher.stderr"
+    extra = [] if grace is None else ["--grace", str(grace)]
     with open(err, "wb") as ef:
-        proc = subprocess.Popen(launcher_command() + ["-n", str(n), "--timeout", "600",
+        proc = subprocess.Popen(launcher_command() + ["-n", str(n), "--timeout", "600", *extra,
                                                       script("block_in_collectives.py")],
                                 stdout=subprocess.PIPE, stderr=ef, env=clean_env(),
                                 start_new_session=own_group)
@@ -341,17 +344,16 @@ def test_daemon_sigkilled_ends_the_job_with_peer_failure_everywhere(tmp_path):
 def test_launcher_signal_orderly_shutdown(tmp_path, sig, code, to_group):
     # to_group: a terminal's Ctrl-C signals the launcher's whole process group; the ranks, each in
     # a group of its own, must hear of it only from the launcher
-    n = 4
-    proc, pids, job, err = _start_blocking_job(n, tmp_path, own_group=to_group)
-    t0 = time.monotonic()
+    # SIGTERM reaches ranks at once: no need to wait out the grace period before SIGKILL. The
+    # grace is long, so a launcher that waited it out would miss the deadline by far
+    n, grace = 4, 600
+    proc, pids, job, err = _start_blocking_job(n, tmp_path, own_group=to_group, grace=grace)
     if to_group:
         os.killpg(proc.pid, sig)
     else:
         os.kill(proc.pid, sig)
-    proc.communicate(timeout=60)
+    proc.communicate(timeout=grace / 10)
     assert proc.returncode == code, err.read_text()
-    # SIGTERM reaches ranks at once: no need to wait out the grace period before SIGKILL
-    assert time.monotonic() - t0 < 5 + 10
     stderr = err.read_text()
     assert f"the launcher received {sig.name} and shut the job down" in stderr, stderr
     assert "Root cause" not in stderr, stderr     # no rank failed on its own
