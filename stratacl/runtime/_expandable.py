@@ -113,7 +113,10 @@ class ExpandableAllocator(HbmAllocator):
         r = self._ranges[small]
         place = self._place(r, size)
         if place is None and wait:
-            place = self._wait_for_acks(lambda: self._place(r, size))
+            # _wait_for_acks answers only whether ready() came true: keep what _place found
+            got: list = []
+            if self._wait_for_acks(lambda: got.append(self._place(r, size)) or got[-1] is not None):
+                place = got[-1]
         if place is None:
             return None
         ws, pieces = place
