@@ -577,13 +577,18 @@ def expectation(case: dict, rank: int, n: int):
             return "idle"
         if kind in ("noncontig", "readonly_input"):
             return None
+        # the bad argument is the send's input (send) or the receive's buffer (recv, sendrecv);
+        # the partner's error comes from its own half of the pair
+        half, other = ("send", "recv") if op == "send" else ("recv", "send")
         if kind == "size":
-            return ("CollectiveMismatch",), ""
+            if rank == partner:
+                return ("CollectiveMismatch",), f"send: rank {fault} posted a recv that does not match this send"
+            return ("CollectiveMismatch",), f"recv: rank {partner} sends "
         if rank == partner:
-            return ("CollectiveMismatch",), f"rank {fault}"
+            return ("CollectiveMismatch",), f"{other}: rank {fault} "
         if kind == "freed_view":
-            return ("RegistrationError",), ""
-        return ("TypeError", "ValueError"), ""
+            return ("RegistrationError",), f"{half}: "
+        return ("TypeError", "ValueError"), f"{half}: "
     if kind in ("noncontig", "readonly_input", "any_shape", "overlap"):
         return None
     if kind == "disagree":
@@ -670,11 +675,20 @@ def local_api_properties() -> None:
                            st.text(max_size=2), st.none(), st.floats()),
            dtype=st.sampled_from(DTYPES + ["complex64", "object", "V3", None, "nonsense"]))
     def allocation(shape, dtype):
+        dims = (shape,) if isinstance(shape, int) else tuple(shape) if isinstance(shape, list) else None
         try:
             a = stratacl.empty(shape, dtype)
-        except (ValueError, TypeError, OutOfMemory) as e:
-            assert str(e)
+        except OutOfMemory as e:
+            assert dims is not None and min(dims, default=0) >= 0, (shape, str(e))
+            assert "out of HBM allocating" in str(e) and "STRATACL_HBM_SIZE" in str(e), str(e)
+        except (ValueError, TypeError) as e:
+            if dtype == "nonsense":
+                assert "nonsense" in str(e), str(e)                    # numpy's own words
+            else:
+                assert dims is None or min(dims, default=0) < 0 or dtype == "object", (shape, dtype, str(e))
+                assert str(e).startswith("empty: "), str(e)
         else:
+            assert dims is not None and a.shape == dims and a.dtype == np.dtype(dtype), (shape, dtype, a.shape)
             assert a.nbytes <= stratacl.memory_stats()["reserved_bytes.all.current"] or a.nbytes == 0
         b = stratacl.empty((5,), np.int64)            # the allocator is still consistent
         b[:] = 7
@@ -685,18 +699,29 @@ def local_api_properties() -> None:
     def views(offset, count):
         va = stratacl.config.va_base
         try:
-            stratacl.ub.view(va + offset, (count,), np.uint8)
+            v = stratacl.ub.view(va + offset, (count,), np.uint8)
         except (RegistrationError, ValueError) as e:
-            assert str(e)
+            assert str(e).startswith("ub.view: "), str(e)
+            if count < 0:
+                assert type(e) is ValueError and "negative dimensions" in str(e), str(e)
+        else:
+            assert v.shape == (count,) and v.__array_interface__["data"][0] == va + offset
 
     @settings(max_examples=60, deadline=None, database=None, derandomize=True)
     @given(name=st.sampled_from(["timeout", "hbm_size", "registration", "algo", "chunk_size", "nonsense_name"]),
            value=st.one_of(st.text(max_size=4), st.integers(-5, 5)))
     def config(name, value):
         try:
-            stratacl.Config(**{name: value})
+            c = stratacl.Config(**{name: value})
         except ConfigError as e:
-            assert str(e)
+            if name == "nonsense_name":
+                assert str(e).startswith("unknown setting 'nonsense_name'"), str(e)
+            else:
+                assert repr(value) in str(e), str(e)                  # the message quotes the value
+        else:
+            assert name != "nonsense_name", "an unknown setting was accepted"
+            got = getattr(c, name)
+            assert getattr(stratacl.Config(**{name: got}), name) == got   # what was kept is accepted again
 
     allocation()
     views()
