@@ -351,19 +351,30 @@ def test_native_balanced_rejects_bad_input():
 
     core, slot, stripe = call()
     assert sorted(zip(core.tolist(), slot.tolist())) == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1)]
-    bad = [dict(cores=0), dict(cores=-3), dict(cores=10**30), dict(order=np.arange(U - 1)), dict(cost=np.ones(U + 1)),
-           dict(order=np.array([0, 1, 2, 3, 3])), dict(order=np.array([0, 1, 2, 3, 5])),
-           dict(peer=np.array([0, 0, 0, 0, U])), dict(peer=np.array([0, -1, 0, 0, 0])),
-           dict(cap=np.zeros(U, dtype=np.int64)), dict(cost=np.ones(U, dtype=np.float32)),
-           dict(order=np.arange(U, dtype=np.int32)), dict(order=np.repeat(np.arange(U), 2)[::2]), dict(cost=[1.0] * U),
-           dict(out=[np.empty(U, dtype=np.int64), np.empty(U - 1, dtype=np.int64), np.empty(U, dtype=np.int64)])]
     ro = np.empty(U, dtype=np.int64)
     ro.flags.writeable = False
-    bad.append(dict(out=[ro, np.empty(U, dtype=np.int64), np.empty(U, dtype=np.int64)]))
-    for kw in bad:
-        with pytest.raises(ValueError):
+    # each bad argument is refused by its own check, named in the message
+    bad = [(dict(cores=0), r"cores must be >= 1 .*got 0$"), (dict(cores=-3), r"cores must be >= 1 .*got -3$"),
+           (dict(cores=10**30), r"cores must be >= 1 \(and fit in memory\)"),
+           (dict(order=np.arange(U - 1)), r"cost has 5 elements, expected 4"),
+           (dict(cost=np.ones(U + 1)), r"cost has 6 elements, expected 5"),
+           (dict(order=np.array([0, 1, 2, 3, 3])), r"permutation of 0\.\.4, got 3 a second time"),
+           (dict(order=np.array([0, 1, 2, 3, 5])), r"permutation of 0\.\.4, got 5 at position 4"),
+           (dict(peer=np.array([0, 0, 0, 0, U])), r"peer must be dense indices in \[0, 5\), got 5 for unit 4"),
+           (dict(peer=np.array([0, -1, 0, 0, 0])), r"peer must be dense indices in \[0, 5\), got -1 for unit 1"),
+           (dict(cap=np.zeros(U, dtype=np.int64)), r"cap must be >= 1 .*got 0 for unit 0"),
+           (dict(cost=np.ones(U, dtype=np.float32)), r"cost must be float64"),
+           (dict(order=np.arange(U, dtype=np.int32)), r"order must be int64"),
+           (dict(order=np.repeat(np.arange(U), 2)[::2]), r"order must be a C-contiguous int64 array"),
+           (dict(cost=[1.0] * U), r"cost must be a C-contiguous float64 array, got list"),
+           (dict(out=[np.empty(U, dtype=np.int64), np.empty(U - 1, dtype=np.int64), np.empty(U, dtype=np.int64)]),
+            r"slot has 4 elements, expected 5"),
+           (dict(out=[ro, np.empty(U, dtype=np.int64), np.empty(U, dtype=np.int64)]),
+            r"core must be a C-contiguous writable int64 array")]
+    for kw, words in bad:
+        with pytest.raises(ValueError, match="^lpt: .*" + words):
             call(**kw)
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match=r"takes 8 arguments, got 1"):
         _lpt.lpt(np.arange(U))
 
 
