@@ -199,17 +199,23 @@ def test_bad_arguments_are_clear_errors():
         assert "not supported" in r[3][1]
 
 
-def late_peer(comm):
-    """Rank 1 is slow (simulated by a sleep longer than the timeout), rank 0 gives up on it."""
+def late_peer(comm, flag):
+    """Rank 1 is slow: it comes to the barrier only once rank 0 has given up on it (a file rank 0
+    writes then), so the timeout happens whatever the host's load, with no sleep setting the pace."""
     if comm.rank == 0:
-        return attempt(comm.barrier)
-    time.sleep(2.0)
+        err = attempt(comm.barrier)
+        flag.write_text("timed out")
+        return err
+    deadline = time.monotonic() + 120
+    while not flag.exists():
+        assert time.monotonic() < deadline, "rank 0 never reported its timeout"
+        time.sleep(0.05)
     comm.barrier()                     # completes with rank 0's earlier arrival
     return None
 
 
-def test_a_missing_peer_is_a_timeout_naming_it():
-    err, _ = stratacl.spawn(late_peer, 2, timeout=1.0)
+def test_a_missing_peer_is_a_timeout_naming_it(tmp_path):
+    err, _ = stratacl.spawn(late_peer, 2, args=(tmp_path / "rank0-timed-out",), timeout=1.0)
     assert err[0] == "CommTimeout"
     assert "barrier: rank 0 waited 1 s" in err[1] and "still missing: [1]" in err[1]
 
