@@ -270,7 +270,8 @@ _CM384 = {
         # contention from concurrent remote accesses"). No public source measures it, so it is
         # CALIBRATED to one number: the paper's ~6% bus-bandwidth lead of the multi-step ring over
         # the full mesh for large all_gather payloads at 32 ranks (section 8.1), taken at 1 GiB per
-        # rank; benchmarks/paper_reproduction.py --calibrate re-derives it. Nothing else was fitted.
+        # rank; benchmarks/paper_reproduction.py --calibrate re-derives it. The other fitted and
+        # assumed values are marked CALIBRATED or ASSUMED below; docs/model.md lists them all.
         "fan_in_efficiency": FAN_IN_EFFICIENCY,
     },
     "sync": {
