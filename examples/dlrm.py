@@ -41,7 +41,7 @@ Every exchanged tensor lives in HBM (``stratacl.torch.empty``): peers pull from 
 Then every rank computes the same steps for the whole job alone, in this process (every
 rank's samples, the same operations in the same order) and compares bit for bit: its losses,
 the MLPs, and the tables it owns. Under ``--clock virtual`` every kernel is charged its
-roofline time on the die (``Topology.kernel_us``: FLOPs and HBM bytes, float32 here), so the
+roofline time on the die (``comm.charge_kernel``: FLOPs and HBM bytes, float32 here), so the
 modeled step time is printed too. Rank 0 prints what happened.
 """
 import argparse
@@ -85,13 +85,13 @@ T, FD, H = P * n, args.dense, args.hidden
 C = args.cache_rows
 if not 0 <= C <= R or args.zipf < 0:
     raise SystemExit(f"dlrm: --cache-rows must be in 0..{R} (--rows) and --zipf >= 0, got {C}, {args.zipf}")
-topo, modeled = comm.topology, stratacl.config.clock != "off"
+modeled = stratacl.config.clock != "off"
 
 
 def charge(flops: float, nbytes: float) -> None:
     """A kernel's roofline time on the modeled clock (nothing without one); its HBM bytes
     compete with the communication in flight for the die's HBM bandwidth."""
-    comm.charge_compute(topo.kernel_us(flops, nbytes), hbm_bytes=nbytes)
+    comm.charge_kernel(flops, nbytes)
 
 
 def table_init(t: int) -> torch.Tensor:

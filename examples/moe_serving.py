@@ -23,7 +23,7 @@ prefill/decode disaggregation; the paper's is disaggregated, see docs/end-to-end
         asynchronously (``async_op=True``) while B's attention or experts run, and vice versa
 
 Under ``--clock virtual`` every kernel is charged its roofline time on the die
-(``Topology.kernel_us``, float32 at these dimensions) through ``charge_compute``, which shares
+(``Topology.kernel_us``, float32 at these dimensions) through ``charge_kernel``, which shares
 the die's cores with the dispatches and combines in flight: MTE copies hold their cores for
 the whole call, SDMA only for posting. Under ``--registration pool`` a rank admits fewer
 requests at once: the pre-registered pool's caching allocator fits 359 of the 394 requests
@@ -97,7 +97,7 @@ NL, H, F, V = args.layers, args.hidden, args.ffn, args.vocab
 LX = args.experts_per_rank
 E = LX * n
 K = min(args.topk, E)
-topo, modeled = comm.topology, stratacl.config.clock != "off"
+modeled = stratacl.config.clock != "off"
 if args.timeline and not modeled:
     raise SystemExit("moe_serving: --timeline names comm.clock() reads: launch with --clock virtual")
 # the pool's tax on the batch: docs/fragmentation-2026-12-02.json, serving, largest batch 359
@@ -111,7 +111,7 @@ def charge(flops: float, nbytes: float) -> None:
     """A kernel's roofline time on the modeled clock (nothing without one). A kernel with no
     work takes no time, but is charged all the same, so that every rank's trace has one shape."""
     if modeled:
-        comm.charge_compute(topo.kernel_us(flops, nbytes), hbm_bytes=nbytes)
+        comm.charge_kernel(flops, nbytes)
 
 
 # --- the request stream (the same on every rank) -------------------------------------------

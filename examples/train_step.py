@@ -44,7 +44,7 @@ FSDP group onto its shard as soon as the layer's backward is done. Then SGD on t
 on the local experts. Every exchanged tensor lives in HBM (``stratacl.torch.empty``).
 
 Under ``--clock virtual`` every kernel is charged its roofline time on the die
-(``Topology.kernel_us``: FLOPs and HBM bytes, float32; a matmul is one kernel with its
+(``comm.charge_kernel``: FLOPs and HBM bytes, float32; a matmul is one kernel with its
 elementwise epilogue fused; its backward two), so communication in flight shares the die's
 cores with compute and the modeled step time is printed. After the steps every rank computes
 the whole job alone, in this process (every rank's share, the same operations on the same
@@ -86,7 +86,7 @@ TP, NL, H, T = args.tp, args.layers, args.hidden, args.tokens
 if n % TP or T % TP or args.ffn % TP:
     raise SystemExit(f"--tp {TP} must divide the ranks ({n}), --tokens ({T}) and --ffn ({args.ffn})")
 DP = n // TP                                     # FSDP degree = data-parallel replicas
-topo, cfg = comm.topology, stratacl.config
+cfg = stratacl.config
 # HCCL-zerocopy's pre-registered pool runs on the caching (non-expandable) allocator, which
 # fragments: in the training trace of docs/fragmentation-2026-12-02.json one die fits 17
 # sequences under it ("caching (pool)", max_batch 17) where the expandable allocator fits 27
@@ -131,9 +131,7 @@ charged_us = [0.0]                   # the compute charged so far, for the summa
 def charge(flops: float, nbytes: float) -> None:
     """A kernel's roofline time on the modeled clock (nothing without one); its HBM bytes
     compete with the communication in flight for the die's HBM bandwidth."""
-    us = topo.kernel_us(flops, nbytes)
-    charged_us[0] += us
-    comm.charge_compute(us, hbm_bytes=nbytes)
+    charged_us[0] += comm.charge_kernel(flops, nbytes)
 
 
 def matmul(m: int, k: int, n_: int, backward: bool = False) -> None:

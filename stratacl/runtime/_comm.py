@@ -174,6 +174,14 @@ class Communicator:
         kernel is recorded on its cores. Not collective; a no-op without a modeled clock."""
         self._modeling.charge_compute(duration_us, cores, hbm_bytes)
 
+    def charge_kernel(self, flops: float, hbm_bytes: float, cores: int | None = None) -> float:
+        """``charge_compute`` of a kernel given by its work: ``flops`` and the bytes it reads and
+        writes in HBM, timed by the roofline ``self.topology.kernel_us(flops, hbm_bytes)`` (the
+        same modeled time, bit for bit). The trace records the FLOPs too, so that
+        ``ub.extrapolate_dimension`` can time the kernel at other model dimensions. Returns the
+        kernel's roofline time in us (also without a modeled clock). Not collective."""
+        return self._modeling.charge_kernel(flops, hbm_bytes, cores)
+
     def stand_in(self, operation: str, async_op: bool = True) -> Work | None:
         """For a front end that runs this communicator's calls later, on a thread of its own
         (stratacl.torch queues a group's asynchronous operations on its worker): under a

@@ -69,8 +69,18 @@ class Modeling:
             self._rt.trace.clock()
         return self._rt.clock.now_us * 1e-6
 
-    def charge_compute(self, duration_us: float, cores: int | None = None, hbm_bytes: float = 0.0) -> None:
-        """``comm.charge_compute``: a compute kernel on the modeled clock (see the module docstring)."""
+    def charge_kernel(self, flops: float, hbm_bytes: float, cores: int | None = None) -> float:
+        """``comm.charge_kernel``: ``charge_compute`` of the kernel's roofline time
+        (``Topology.kernel_us``), recorded with its FLOPs so that ``ub.extrapolate_dimension``
+        can time it again at other model dimensions. Returns that time."""
+        us = self._rt.topology.kernel_us(flops, hbm_bytes)
+        self.charge_compute(us, cores, hbm_bytes, flops=flops)
+        return us
+
+    def charge_compute(self, duration_us: float, cores: int | None = None, hbm_bytes: float = 0.0,
+                       flops: float | None = None) -> None:
+        """``comm.charge_compute``: a compute kernel on the modeled clock (see the module docstring);
+        ``flops``: the kernel's, for the trace, when ``charge_kernel`` derived the time from them."""
         c, prof = self._rt.clock, self._rt.profiler
         if c is None:
             return
@@ -88,7 +98,7 @@ class Modeling:
                              f"{hbm_bytes / duration_us / 1e3:g} GB/s, more than the die's HBM "
                              f"({model.fabric.hbm / 1e3:g} GB/s); Topology.kernel_us gives a kernel's time")
         if self._rt.trace is not None:
-            self._rt.trace.compute(duration_us, k, hbm_bytes)
+            self._rt.trace.compute(duration_us, k, hbm_bytes, flops)
         t0 = c.entering()
         job = ComputeJob(k, duration_us, t0, float(hbm_bytes))
         end = kernel_end(job, total, self._rt.in_flight_occupancy(t0, "charge_compute"), model.fabric.hbm)

@@ -10,8 +10,10 @@ modeled clock was made of, and writes it to ``DIR/rank<r>.json`` at ``finalize()
                                                 (async_op=True, queued behind one, or a front
                                                 end's stand-in); its calls join "calls" when
                                                 they run, on whichever thread
-    {"e": "compute", "us", "cores"[, "hbm"]}    _modeling.py charge_compute ("hbm": the kernel's
-                                                HBM bytes, when it counted them)
+    {"e": "compute", "us", "cores"[, "hbm"]     _modeling.py charge_compute ("hbm": the kernel's
+        [, "flops"]}                            HBM bytes, when it counted them; "flops": a
+                                                kernel charged by charge_kernel, whose "us" is
+                                                Topology.kernel_us(flops, hbm))
     {"e": "wait", "id"}                         _modeling.py join_work: the program joins an issue
     {"e": "p2p", "op"}                          _modeling.py ended: a send/recv (not replayable yet)
     {"e": "clock"}                              _modeling.py now: the program read its clock
@@ -63,10 +65,12 @@ class Trace:
         else:
             self.events.append({"e": "call", **record})
 
-    def compute(self, duration_us: float, cores: int, hbm_bytes: float = 0.0) -> None:
+    def compute(self, duration_us: float, cores: int, hbm_bytes: float = 0.0, flops: float | None = None) -> None:
         ev = {"e": "compute", "us": float(duration_us), "cores": int(cores)}
         if hbm_bytes:
             ev["hbm"] = float(hbm_bytes)
+        if flops is not None:
+            ev["flops"] = float(flops)
         self.events.append(ev)
 
     def wait(self, work) -> None:
