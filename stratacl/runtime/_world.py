@@ -119,7 +119,7 @@ class Runtime:
                       if config.clock != "off" or config.profile else None)
         self.profiler = Profiler(rank) if config.profile else None
         # what ub.replay needs to rebuild this rank's fabric model (runtime/_trace.py)
-        self.trace = (Trace(rank, world, dict(topology=config.topology, registration=config.registration,
+        self.trace = (Trace(rank, world, dict(topology=config.topology, registration=config.registration, algo=config.algo,
                                               cores=config.cores, comm_cores=config.comm_cores,
                                               partition=config.partition, path=paths_of(config.path)[0],
                                               eager_bytes=EAGER_BYTES))

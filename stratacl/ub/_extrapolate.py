@@ -50,7 +50,7 @@ def extrapolate(*args, seed: int = 0, skew: float = 0.0) -> list[dict]:
     if any(a >= b for a, b in zip(ns, ns[1:])) or ns[0] < 1 or nranks < 2:
         raise ReplayError(f"extrapolate: needs recordings at increasing rank counts and nranks >= 2, got {ns} "
                           f"and {nranks}")
-    _check_shape(recs, ns)
+    _check_shape(recs, [f"N={n}" for n in ns], "extrapolate", "N")
     return _Extrapolation(recs, ns, nranks, seed, skew).traces()
 
 
@@ -65,19 +65,22 @@ def _name(kinds: list, i: int) -> str:
     return f"{e} {op}" if op else f"{e} of {calls} call(s)" if e == "issue" else e
 
 
-def _check_shape(recs: list, ns: list[int]) -> None:
+def _check_shape(recs: list, labels: list[str], who: str, across: str) -> None:
+    """Refuse recordings (``labels``: what each was recorded at, e.g. "N=4") whose ranks did not
+    all make rank 0's events of the last one, in kind and order (``across``: what the
+    recordings vary), or that hold point-to-point calls."""
     shape = _kinds(recs[-1][0]["events"])
-    for rec, n in zip(recs, ns):
+    for rec, label in zip(recs, labels):
         for t in rec:
             got = _kinds(t["events"])
             if got != shape:
                 i = next((j for j, (x, y) in enumerate(zip(got, shape)) if x != y), min(len(got), len(shape)))
-                raise ReplayError(f"extrapolate: rank {t['rank']} at N={n} made other events than rank 0 at "
-                                  f"N={ns[-1]}: the program is not SPMD in shape (its events differ by rank or by N); "
-                                  f"first at event {i}: {_name(got, i)} against {_name(shape, i)}")
+                raise ReplayError(f"{who}: rank {t['rank']} at {label} made other events than rank 0 at "
+                                  f"{labels[-1]}: the program is not SPMD in shape (its events differ by rank or by "
+                                  f"{across}); first at event {i}: {_name(got, i)} against {_name(shape, i)}")
             for e in t["events"]:
                 if e["e"] == "p2p":
-                    raise ReplayError(f"extrapolate: rank {t['rank']} made a point-to-point call ({e['op']}); only "
+                    raise ReplayError(f"{who}: rank {t['rank']} made a point-to-point call ({e['op']}); only "
                                       f"collectives extrapolate")
 
 

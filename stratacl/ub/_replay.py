@@ -68,6 +68,13 @@ def load(directory: str) -> list[dict]:
     return traces
 
 
+def fabric_model(settings: dict) -> FabricModel:
+    """The fabric model the ranks of a job timed its calls with, from its traces' ``settings``."""
+    return FabricModel(load_topology(settings["topology"]), settings["registration"], cores=settings["cores"],
+                       comm_cores=settings["comm_cores"], partition=settings["partition"], path=settings["path"],
+                       eager_bytes=settings["eager_bytes"])
+
+
 class _Call:
     """One collective call as its members reach it."""
 
@@ -97,10 +104,7 @@ def replay(traces: list[dict]) -> Replay:
     """Time the traces' calls again, as the ranks did (see the module docstring)."""
     if not traces:
         raise ReplayError("replay: no traces")
-    settings = traces[0]["settings"]
-    base = FabricModel(load_topology(settings["topology"]), settings["registration"], cores=settings["cores"],
-                       comm_cores=settings["comm_cores"], partition=settings["partition"], path=settings["path"],
-                       eager_bytes=settings["eager_bytes"])
+    base = fabric_model(traces[0]["settings"])
     models = {base.path: base}
 
     def model_for(path: str) -> FabricModel:
