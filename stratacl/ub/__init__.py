@@ -6,6 +6,7 @@ import numpy as np
 from .._errors import ReplayError as ReplayError
 from ._registration import active as _active_unit
 from ._replay import Replay as Replay
+from ._dimension import extrapolate_dimension as extrapolate_dimension
 from ._extrapolate import extrapolate as extrapolate
 from ._replay import load as load_traces
 from ._replay import replay as replay
@@ -13,8 +14,8 @@ from ._topology import Tier as Tier
 from ._topology import Topology as Topology
 from ._topology import load as load_topology
 
-__all__ = ["Replay", "ReplayError", "Tier", "Topology", "extrapolate", "load_topology", "load_traces", "replay", "view",
-           "wait_registered"]
+__all__ = ["Replay", "ReplayError", "Tier", "Topology", "extrapolate", "extrapolate_dimension", "load_topology",
+           "load_traces", "replay", "view", "wait_registered"]
 
 
 def wait_registered() -> None:
