@@ -90,6 +90,32 @@ def test_two_recordings_fit_a_linear_dimension(tmp_path):
     np.testing.assert_allclose(got.end_us, [t["end_us"] for t in real], rtol=1e-9)
 
 
+def gathers(comm, h: int) -> float:
+    """All_gathers of 1 KiB x h per rank: on 3 ranks of cm384 ``--algo auto`` takes the mesh up
+    to 256 KiB and the ring from 1 MiB."""
+    x = stratacl.zeros((256 * h,), np.float32)
+    g = stratacl.empty((comm.size * x.size,), np.float32)
+    work = comm.all_gather(g, x, async_op=True)
+    comm.charge_kernel(4 * TOKENS * h * h, 4 * TOKENS * h)
+    work.wait()
+    comm.all_gather(g, x)
+    comm.all_reduce(x)
+    return comm.clock() * 1e6
+
+
+def test_an_algorithm_chosen_by_auto_is_chosen_again_at_the_target(tmp_path):
+    recs = [_record(tmp_path, gathers, 3, h, algo="auto")[0] for h in (64, 128, 256)]
+    real, _ = _record(tmp_path, gathers, 3, 1024, algo="auto")
+    guess = ub.extrapolate_dimension(recs, [64, 128, 256], 1024)
+
+    def algos(t):
+        return [(c["op"], c["algo"]) for e in t["events"] for c in ([e] if e["e"] == "call" else e.get("calls", []))
+                if c["op"] != "barrier"]
+    assert algos(recs[-1][0]) == [("all_gather", "mesh")] * 2 + [("all_reduce", "mesh")]
+    assert algos(guess[0]) == algos(real[0]) == [("all_gather", "ring")] * 2 + [("all_reduce", "mesh")]
+    np.testing.assert_allclose(ub.replay(guess).end_us, [t["end_us"] for t in real], rtol=1e-9)
+
+
 def kernels(comm, by_flops: bool) -> float:
     for flops, nbytes, cores in ((1e9, 1e6, None), (1e6, 1e8, 8), (0, 0, None), (3e9, 0, 4)):
         x = stratacl.zeros((1024,), np.float32)
