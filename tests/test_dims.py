@@ -143,12 +143,14 @@ def grows_a_call(comm, h: int) -> None:
         comm.all_gather(stratacl.empty((comm.size * h,), np.float32), x)
 
 
-def routes_by_width(comm, h: int) -> None:
+def routes_by_width(comm, h: int, tokens: bool) -> None:
+    """A routing that changes with h: its tokens (``tokens``), or, as a gate on the
+    activations does, where the same tokens go."""
     from stratacl import ep
 
-    n, t = comm.size, h // 16          # the tokens change with the dimension: a new routing
-    buf = ep.Buffer(comm, 2 * n)
-    idx = ep.routing(t, 2 * n, 2, n, 0.0, 0)[comm.rank]
+    n, t = comm.size, (h // 16 if tokens else 8)
+    buf = ep.Buffer(comm, 4 * n)
+    idx = ep.routing(t, 4 * n, 2, n, 0.0, 0 if tokens else h)[comm.rank]
     recv, _, _, _, handle = buf.dispatch(stratacl.zeros((t, 8), np.float32), idx, np.full((t, 2), 0.5, np.float32))
     buf.combine(recv, handle)
 
@@ -159,10 +161,14 @@ def test_what_does_not_extrapolate_in_a_dimension_says_why(tmp_path):
                        r"at x=128: the program is not SPMD in shape .*by the dimension\); first at event 2: the end "
                        r"\(after 2 events\) against call all_gather$"):
         ub.extrapolate_dimension([a, b], [64, 128], 512)
-    a, b = (_record(tmp_path, routes_by_width, 2, h)[0] for h in (64, 128))
+    a, b = (_record(tmp_path, routes_by_width, 2, h, True)[0] for h in (64, 128))
     with pytest.raises(ub.ReplayError, match=r"rank 0's event \d+ \(call dispatch\)\.routing\.tokens\[0\]: it changes "
                        r"with the dimension"):
         ub.extrapolate_dimension([a, b], [64, 128], 512)
+    c, d = (_record(tmp_path, routes_by_width, 3, h, False)[0] for h in (64, 128))
+    with pytest.raises(ub.ReplayError, match=r"rank 0's event \d+ \(call dispatch\)\.phases: the MoE routing changes "
+                       r"with the dimension, .*; rows sent in all \(\d+ at 64, \d+ at 128\)"):
+        ub.extrapolate_dimension([c, d], [64, 128], 512)
     with pytest.raises(ub.ReplayError, match="must increase"):
         ub.extrapolate_dimension([b, a], [128, 64], 512)
     with pytest.raises(ub.ReplayError, match="two or three recordings"):

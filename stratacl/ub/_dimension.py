@@ -26,7 +26,10 @@ What is assumed: every number is a polynomial of degree <= len(recordings) - 1 i
 dimension (a matmul's FLOPs grow as hidden^2, its bytes and an activation's all_to_all as
 hidden), and the program's events keep their shape as it grows. Refused, with the reason:
 recordings of different shapes, rank counts or settings; an MoE call whose routing changes with
-the dimension (its tokens, experts or top-k: the traffic is then a new draw, not a polynomial);
+the dimension: its tokens, experts or top-k, or where the tokens go (the rows each member sends,
+the last phase's bytes over the row size, and the headers and records must be the same in every
+recording, only the row size may grow), as with a gate that routes by the activations, whose
+traffic and experts' kernels are then new draws, not polynomials;
 under auto, a call with jit mappings whose algorithm the fit changes (its mappings follow the
 algorithm); recordings under auto made before traces recorded ``algo``, when their choices
 differ.
@@ -34,6 +37,8 @@ differ.
 from __future__ import annotations
 
 from fractions import Fraction
+
+import numpy as np
 
 from .._errors import ReplayError
 from ._clock import choose_algo
@@ -134,6 +139,8 @@ class _Fit:
                     c["extra"] = [0.0] * len(c["members"])
         algos = [c.pop("algo", None) for c in calls]
         out = self.walk(calls, where)
+        if "routing" in out:
+            self.same_routing(calls, where)
         if algos[-1] is None:
             return out
         auto = self.settings.get("algo")
@@ -148,6 +155,23 @@ class _Fit:
         else:
             out["algo"] = self.walk(algos, f"{where}.algo", "op")
         return out
+
+    def same_routing(self, calls: list[dict], where: str) -> None:
+        """Refuse an MoE call whose routing differs between the recordings: its rows (the last
+        phase's bytes over the row size) and its other phases (headers, records) must be the
+        same, only the row size may change (collectives._ep.traffic)."""
+        def rows(c):
+            payload, row = np.asarray(c["phases"][-1][0], dtype=np.int64), int(c["routing"]["row"])
+            if row <= 0 or np.any(payload % row):
+                raise self.refuse(f"{where}.phases", f"the last phase is not rows of {row} bytes", [row])
+            return payload // row, [np.asarray(b, dtype=np.int64) for b, _ in c["phases"][:-1]]
+        got = [rows(c) for c in calls]
+        for r, other in got:
+            if not np.array_equal(r, got[-1][0]) or any(not np.array_equal(a, b) for a, b in zip(other, got[-1][1])):
+                raise self.refuse(f"{where}.phases", "the MoE routing changes with the dimension, as a gate that "
+                                  "routes by the activations does, so its traffic is not a polynomial in it (record "
+                                  "with a routing that does not depend on the dimension); rows sent in all",
+                                  [int(g[0].sum()) for g in got])
 
     def compute(self, events: list[dict], where: str) -> dict:
         flops = ["flops" in e for e in events]
