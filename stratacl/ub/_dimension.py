@@ -57,7 +57,7 @@ def extrapolate_dimension(recordings: list[list[dict]], values: list[float], val
     through the recordings (linear with two, quadratic with three), kernels charged with FLOPs
     are timed again by the roofline, ``--algo auto`` chooses again. Feed the result to
     ``ub.replay``. See the module docstring for what is assumed and refused. Local; no ranks."""
-    recs, xs = list(recordings), [v for v in values]
+    recs, xs = list(recordings), list(values)
     if len(recs) not in (2, 3) or len(xs) != len(recs):
         raise ReplayError(f"extrapolate_dimension: two or three recordings and as many values, got {len(recs)} "
                           f"recording(s) and {len(xs)} value(s)")
@@ -82,6 +82,8 @@ def extrapolate_dimension(recordings: list[list[dict]], values: list[float], val
 
 
 class _Fit:
+    """Every rank's events at ``value``, walked field by field through the recordings."""
+
     def __init__(self, recs: list, xs: list, value: float, settings: dict):
         self.recs, self.xs, self.value, self.settings = recs, xs, value, settings
         self.model = fabric_model(settings)
