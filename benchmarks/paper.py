@@ -75,31 +75,38 @@ PARAMETERS = [
 # the staged communication buffer (HCCL_BUFFSIZE default, CANN reference) lives in ub/_clock.py
 
 
-def _get(d: dict, path: tuple):
+def _holder(d: dict, path: tuple) -> dict:
+    """The dict that holds the parameter at ``path`` (a level is found by its name)."""
     if path[0] == "levels":
-        return next(lv for lv in d["levels"] if lv["name"] == path[1]).get(path[2])
+        return next(lv for lv in d["levels"] if lv["name"] == path[1])
+    for k in path[:-1]:
+        d = d[k]
+    return d
+
+
+def _get(d: dict, path: tuple):
     if path[1] == "*":
         return {k: v[path[2]] for k, v in d["tiers"].items() if k in ("die-to-die", "intra-node", "inter-node")}
-    return d[path[0]][path[1]]
+    return _holder(d, path).get(path[-1])
 
 
 def _scaled(path: tuple, factor: float) -> _topology.Topology:
+    """cm384 with the parameter at ``path`` times ``factor`` (kept in its range: counts at least
+    1 and communication cores at most the cores, efficiencies at most 1)."""
     d = copy.deepcopy(_topology._CM384)
-    if path[0] == "levels":
-        lv = next(lv for lv in d["levels"] if lv["name"] == path[1])
-        lv[path[2]] *= factor
-    elif path[1] == "*":
+    if path[1] == "*":
         for k in ("die-to-die", "intra-node", "inter-node"):
             d["tiers"][k][path[2]] *= factor
-    else:
-        v = d[path[0]][path[1]] * factor
-        if isinstance(d[path[0]][path[1]], int):
-            v = max(1, int(round(v)))
-        if path[1] in ("fan_in_efficiency", "efficiency"):
-            v = min(v, 1.0)
-        if path == ("cores", "comm"):
-            v = min(v, d["cores"]["count"])
-        d[path[0]][path[1]] = v
+        return _topology.from_dict(d)
+    h, key = _holder(d, path), path[-1]
+    v = h[key] * factor
+    if isinstance(h[key], int):
+        v = max(1, int(round(v)))
+    if "efficiency" in key:
+        v = min(v, 1.0)
+    if path == ("cores", "comm"):
+        v = min(v, d["cores"]["count"])
+    h[key] = v
     return _topology.from_dict(d)
 
 
@@ -317,42 +324,45 @@ def _pick(rows, **kw):
     return None
 
 
+# the workload runs the report reads (docs/, each with the command that made it)
+SERVE = "e2e-2026-12-03-serve-hbm.json"          # serving replayed at 16 and 32 dies
+TRAIN = "e2e-2026-12-03-train-512-hbm.json"      # training replayed at 512 dies
+DLRM = "e2e-2026-12-03-dlrm-hbm.json"            # DLRM, 8 dies, embedding cache + prefetch
+FRAGMENTATION = "fragmentation-2026-12-02.json"
+GAPS = "e2e-2026-12-02-gaps.json"
+
+
 def recorded() -> list[dict]:
     out = []
-    src = "e2e-2026-12-03-serve-scale.json"
-    s = _rows_of(src)
-    auto = _rows_of("e2e-2026-12-03-auto.json")
-    b = f"recorded docs/{src} (32 dies, replayed; before the HBM model)"
-    tp = {c: _pick(s, config=c, ranks=32)["throughput"] for c in ("staged", "jit", "roa", "balanced", "sdma", "pool")}
+    s = _rows_of(SERVE)
+    b = f"recorded docs/{SERVE} (32 dies, replayed)"
+    tp = {c: _pick(s, config=c, ranks=32)["throughput"] for c in ("staged", "jit", "roa", "balanced", "sdma",
+                                                                 "auto", "pool")}
+    small = "the workload's sizes are far below the paper's (hidden 1024 against 7168, iterations of ~0.3 ms)"
     for c, p in (("jit", 1.1), ("roa", 1.4), ("balanced", 1.7), ("sdma", 1.9)):
         out.append(row(f"fig13a.{c}", p, tp[c] / tp["staged"], neutral=1.0, basis=b,
-                       why="a registration miss costs 100 us per peer against ~0.2 ms iterations at hidden 1024"
-                           if c == "jit" else "workload sizes far below the paper's (hidden 1024 against 7168)"))
-    strata = _pick(auto, workload="serve", config="auto", ranks=32)["throughput"]
-    out += [row("fig11a.strata_over_hccl", 1.9, strata / tp["staged"], neutral=1.0, basis=b,
-                why="workload sizes far below the paper's"),
+                       why="a registration miss costs 100 us per peer (Fig. 5a) against iterations of ~0.3 ms"
+                           if c == "jit" else small))
+    out += [row("fig11a.strata_over_hccl", 1.9, tp["auto"] / tp["staged"], neutral=1.0, basis=b, why=small),
             row("fig11a.zerocopy_over_hccl", 1.2, tp["pool"] / tp["staged"], neutral=1.0, basis=b,
-                why="zero copy's per-call gain is smaller than the pool's batch cap costs (7 of 8)"),
-            row("fig11a.strata_over_zerocopy", 1.6, strata / tp["pool"], neutral=1.0, basis=b)]
-    p99 = {c: _pick(s, config=c, ranks=32) for c in ("staged", "sdma")}
-    out += [row("fig11b.p99_ttft_lower", 2.2, p99["staged"]["p99_ttft_us"] / p99["sdma"]["p99_ttft_us"],
-                neutral=1.0, basis=b),
-            row("fig11b.p99_tpot_lower", 1.1, p99["staged"]["p99_tpot_us"] / p99["sdma"]["p99_tpot_us"],
+                why="zero copy's gain per call is smaller than the pool's batch tax (10 of 11 requests)"),
+            row("fig11a.strata_over_zerocopy", 1.6, tp["auto"] / tp["pool"], neutral=1.0, basis=b, why=small)]
+    p99 = {c: _pick(s, config=c, ranks=32) for c in ("staged", "auto")}
+    out += [row("fig11b.p99_ttft_lower", 2.2, p99["staged"]["p99_ttft_us"] / p99["auto"]["p99_ttft_us"],
+                neutral=1.0, basis=b, why=small),
+            row("fig11b.p99_tpot_lower", 1.1, p99["staged"]["p99_tpot_us"] / p99["auto"]["p99_tpot_us"],
                 neutral=1.0, basis=b)]
-    src = "e2e-2026-12-02-train-512.json"
-    t = {c: _pick(_rows_of(src), config=c)["modeled_step_us"] for c in ("staged", "pool", "balanced")}
-    t["auto"] = _pick(auto, workload="train", config="auto", ranks=512)["modeled_step_us"]
-    b = f"recorded docs/{src} (512 dies, replayed; before the HBM model)"
+    t = {c: _pick(_rows_of(TRAIN), config=c)["modeled_step_us"] for c in ("staged", "pool", "balanced", "auto")}
+    b = f"recorded docs/{TRAIN} (512 dies, replayed)"
     out += [row("fig12a.zerocopy_shorter_than_hccl", 0.06, 1 - t["pool"] / t["staged"], neutral=0.0, basis=b,
-                why="the pool's micro-batch cap (17 of 27) costs more than zero copy saves"),
+                why="the pool's micro-batch cap (17 of 27 fit, docs/fragmentation) costs more than zero copy saves"),
             row("fig12a.strata_shorter_than_zerocopy", 0.21, 1 - t["auto"] / t["pool"], neutral=0.0, basis=b,
-                note="paper 18-24%")]
-    src = "e2e-2026-12-03-dlrm-prefetch.json"
-    d = _rows_of(src)
-    b = f"recorded docs/{src} (8 dies, C = 2560 of 8192 rows, prefetch; before the HBM model)"
+                note="paper 18-24%", why="the pool's cap, as above, makes its step long")]
+    d = _rows_of(DLRM)
+    b = f"recorded docs/{DLRM} (8 dies, C = 2560 of 8192 rows, prefetch)"
 
     def step(c, rows):
-        return _pick(d, config=c, cache_rows=rows, prefetch=True)["modeled_step_us"]
+        return _pick(d, config=c, cache_rows=rows)["modeled_step_us"]
     out += [row("fig12b.strata_shorter_than_hccl", 0.23, 1 - step("auto", 2560) / step("staged", 2560),
                 neutral=0.0, basis=b),
             row("fig12b.strata_shorter_than_zerocopy", 0.16, 1 - step("auto", 2560) / step("pool", 2560),
@@ -360,17 +370,18 @@ def recorded() -> list[dict]:
             row("fig12b.gain_grows_as_cache_shrinks", 1.0,
                 (1 - step("auto", 2560) / step("staged", 2560)) / (1 - step("auto", 0) / step("staged", 0)),
                 neutral=1.0, kind="at_least", basis=b)]
-    frag = _rows_of("fragmentation-2026-12-02.json")
-    b = "recorded docs/fragmentation-2026-12-02.json (benchmarks/fragmentation.py)"
+    frag = _rows_of(FRAGMENTATION)
+    b = f"recorded docs/{FRAGMENTATION} (benchmarks/fragmentation.py)"
     gib = {t: _pick(frag, trace=t, allocator="caching (pool)")["fragmentation_bytes"] / GIB
            for t in ("serving", "training")}
-    out += [row("fig5b.serving_gib", 1.5, gib["serving"], neutral=0.0, basis=b, note="paper 1-2 GiB"),
+    out += [row("fig5b.serving_gib", 1.5, gib["serving"], neutral=0.0, basis=b, note="paper 1-2 GiB",
+                why="the serving trace is not the paper's model"),
             row("fig5b.training_gib", 3.5, gib["training"], neutral=0.0, basis=b, note="paper 3-4 GiB",
                 why="the training trace is not the paper's model")]
-    gaps = json.load(open(os.path.join(DOCS, "e2e-2026-12-02-gaps.json")))["gaps_s"]
+    gaps = json.load(open(os.path.join(DOCS, GAPS)))["gaps_s"]
     low = min(min(v) for v in gaps.values())
     out.append(row("fig15a.min_gap_s", 2.6, low, neutral=0.0, kind="at_least",
-                   basis="recorded docs/e2e-2026-12-02-gaps.json (wall seconds on the host)",
+                   basis=f"recorded docs/{GAPS} (wall seconds on the host)",
                    why="the host's programs run for well under a second from allocation to their calls; the "
                        "smallest gap is still longer than a rank's whole registration (0.87 ms at N = 8)"))
     return out
@@ -432,7 +443,8 @@ def report(quick: bool, topo=None) -> dict:
 def sensitivity(quick: bool) -> dict:
     """Every parameter x0.5 and x2: which model rows (computed now, not recorded, not host
     wall time) change whether they hold, and which move by more than 10%."""
-    base = {r["claim"]: r for r in report(quick)["rows"]}
+    topo = _topology.load("cm384")
+    base = {r["claim"]: r for f in SECTIONS.values() for r in f(topo, quick)}
     out = []
     for name, path, source in PARAMETERS:
         for factor in (0.5, 2.0):
