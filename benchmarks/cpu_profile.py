@@ -10,10 +10,10 @@ Needs ``perf`` (Debian: ``apt-get install linux-perf``) allowed to sample every 
 is warm, rank 0 runs ``perf record -a --call-graph dwarf`` for ``--seconds``. Each sample is
 then named after the innermost frame in one of the library's extension modules (``_native``,
 ``_kernels``, ...), with what it called from outside them (memcpy, the Python C API) counted
-in it: ``mesh_core / kernel`` is time in the kernel under mesh_core (its waits: sched_yield,
-futex, the switches), ``execute_plan`` the copies, ``method_vectorcall`` the native method
-itself. Samples with no library frame are named after their innermost function (the
-interpreter running the loop, idle, other processes).
+in it: ``mesh_advance / kernel`` is time in the kernel under mesh_advance (the full-mesh
+call's waits: sched_yield, futex, the switches), ``execute_plan`` the copies,
+``method_vectorcall`` the native method itself. Samples with no library frame are named after
+their innermost function (the interpreter running the loop, idle, other processes).
 """
 from __future__ import annotations
 

@@ -1,1 +1,2 @@
-"""What runs outside ranks: ``stratacl-launch``, process supervision, the bootstrap daemon."""
+"""``stratacl-launch``, the command line (_cli.py) over ``stratacl.jobs.Job``, which starts,
+supervises and cleans up the ranks and the bootstrap daemon (stratacl/jobs/)."""
