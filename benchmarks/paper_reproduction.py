@@ -2,12 +2,13 @@
 
     python benchmarks/paper_reproduction.py                    # every table (markdown, stdout) + PNGs
     python benchmarks/paper_reproduction.py --only fig6a       # one comparison
-    python benchmarks/paper_reproduction.py --calibrate        # re-derive cm384's calibrated parameters
+    python benchmarks/paper_reproduction.py --calibrate        # re-derive the parameters fitted by search
 
 Every number comes from ``stratacl.estimate`` (estimate-only mode: the schedules and cost model
 the virtual clock uses, no ranks), on the built-in ``cm384`` topology. Figures go to
 ``--out`` (default docs/figures) and need matplotlib (``pip install -e '.[plots]'``); without it
-the tables are still printed. docs/paper-reproduction.md holds a recorded run.
+the tables are still printed. benchmarks/paper.py computes these tables again for the
+report's details (docs/paper-reproduction.md).
 
     fig6a   ring vs full-mesh all_gather, 32 ranks, 64 KiB .. 1 GiB per rank   (paper Fig. 6a)
     fig3a   staged (buffer-centric) vs zero-copy all_gather, 32 ranks          (paper Fig. 3a)
@@ -300,11 +301,13 @@ def fig16(out: str | None) -> str:
 
 
 def calibrate() -> str:
-    """cm384's two calibrated fabric parameters, by bisection on the paper's numbers:
-    the fan-in efficiency that makes the 32-rank, 1 GiB-per-rank all_gather ring 6% ahead of the
-    full mesh in bus bandwidth (paper section 8.1: ~6% for large payloads), and the SDMA engine's
-    efficiency (its rate over the fabric share) that makes the 32-rank, 128 MiB-per-rank
-    all_gather 9% slower on the SDMA path than on the MTE path (paper section 9.5, Fig. 15b)."""
+    """Re-derives the two of cm384's calibrated parameters that are fitted by search, by
+    bisection on the paper's numbers (the others are closed formulas; docs/model.md lists them
+    all): the fan-in efficiency that makes the 32-rank, 1 GiB-per-rank all_gather ring 6% ahead
+    of the full mesh in bus bandwidth (paper section 8.1: ~6% for large payloads), and the SDMA
+    engine's efficiency (its rate over the fabric share) that makes the 32-rank, 128
+    MiB-per-rank all_gather 9% slower on the SDMA path than on the MTE path (paper section 9.5,
+    Fig. 15b)."""
     base = _topology._CM384
 
     def lead(e: float) -> float:
@@ -339,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated: {', '.join(SECTIONS)}")
     p.add_argument("--out", default=os.path.join("docs", "figures"), help="directory for the PNGs ('' for none)")
     p.add_argument("--calibrate", action="store_true",
-                   help="re-derive cm384's calibrated parameters (fan-in efficiency, SDMA efficiency) and stop")
+                   help="re-derive the parameters fitted by search (fan-in efficiency, SDMA efficiency) and stop")
     a = p.parse_args(argv)
     if a.calibrate:
         print(calibrate())

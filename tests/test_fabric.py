@@ -2,11 +2,11 @@
 
 No ranks: everything here is arithmetic on numpy arrays. Expected values are written out from
 the model's definitions (alpha + bytes / rate, max-min sharing, max(own, signaller + latency)),
-not taken from the model itself. The paper comparisons at the end are regression tests of what
-benchmarks/paper_reproduction.py reports in docs/paper-reproduction.md; where the model misses
-the paper, the test's bound is the model's and its comment says by how much it misses (e.g.
-Fig. 3a, 25% where the paper says 30%). How long the model takes to evaluate is a benchmark
-(benchmarks/model_cost.py), not a test.
+not taken from the model itself. The paper comparisons at the end are regression tests of rows
+of docs/paper-reproduction.md (benchmarks/paper.py; docs/model.md says why each comes out as it
+does); where the model misses the paper, the test's bound is the model's and its comment says
+by how much it misses (e.g. Fig. 3a, 25% where the paper says 30%). How long the model takes
+to evaluate is a benchmark (benchmarks/model_cost.py), not a test.
 """
 from __future__ import annotations
 
@@ -425,10 +425,11 @@ def test_fig3a_zero_copy_beats_staged_above_8_mib():
 
 def test_fig3a_zero_copy_gains_about_30_percent_with_the_ring():
     """Paper 2.2: "more than 30%" above 8 MiB; 9.1: "~1.3x on average". The model gives +27..30%
-    with the ring above 8 MiB (docs/paper-reproduction.md, "Fig. 3a"), so the bound is 25%, not
-    the paper's 30%: the model misses by a few points because its staging copies run at the
-    HBM's copy rate (half its bandwidth: a copy reads and writes) and are not pipelined with the
-    transfers. Nothing was fitted to this figure; raise the bound only if the model earns it."""
+    with the ring above 8 MiB (docs/paper-reproduction.md, row fig3a.zerocopy_gain_above_8m),
+    so the bound is 25%, not the paper's 30%: the model misses by a few points because its
+    staging copies run at the HBM's copy rate (half its bandwidth: a copy reads and writes) and
+    are not pipelined with the transfers. Nothing was fitted to this figure; raise the bound
+    only if the model earns it."""
     ring = _fig3a_gains("ring")
     assert 0.25 <= min(ring) and 0.25 <= sum(ring) / len(ring) <= 0.40
 
