@@ -17,10 +17,10 @@
     Policy: core[u], slot[u] (position in the core's ordered task list), stripe[u]
 
 Unit size S_t (topology data, default: what the tier moves in 20 us, rounded to 64 KiB; cm384:
-die-to-die 4 MiB, intra-node 3.19 MiB, inter-node 2.81 MiB). Appendix C trades policy-generation
+die-to-die 4 MiB, intra-node 3.25 MiB, inter-node 2.875 MiB). Appendix C trades policy-generation
 time (number of units) against residual imbalance (LPT leaves at most about one unit's cost
 between cores): 20 us units keep the residual under 0.1% of a 32-rank 128 MiB all_gather's
-~30 ms per core while that call has ~1400 units per rank. Fan-out cap H_t default: the cores
+~30 ms per core while that call has ~1300 units per rank. Fan-out cap H_t default: the cores
 whose issue rate fills one pair's bandwidth, ceil(beta_t / core rate) (more cores on one peer
 only add contention); a cap below C / (peers) is raised to it so the cap never idles a core.
 

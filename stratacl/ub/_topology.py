@@ -206,7 +206,7 @@ class Topology:
         c = self.contention
         port = f"{c.port_gbps:g} GB/s" if c.port_gbps else "the tier's bandwidth"
         lines.append(f"  port      {port} per direction, fan-in efficiency {c.fan_in_efficiency:g}")
-        lines.append(f"  sync      flag = tier latency + {c.flag_us:g} us; barrier = dissemination over flags")
+        lines.append(f"  sync      flag = tier latency + {c.flag_us:g} us; barrier = one full-mesh step of flags")
         lines.append(f"  jit map   {c.map_us:g} us per peer mapping + {c.map_us_per_gib:g} us per GiB")
         k = self.cores
         rate = f"{k.issue_gbps:.3g} GB/s each" if k.issue_gbps else "unbounded issue rate"
