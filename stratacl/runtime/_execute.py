@@ -108,7 +108,6 @@ class Executor:
         rt = self._rt
         if rt.sdma is None:
             rt.sdma = SdmaEngine(rt.model.comm_cores, rt.topology.sdma.max_descriptor_bytes,
-                                 store_u32=_native.store_u32, futex_wake=_native.futex_wake,
                                  name=f"stratacl-sdma-{rt.rank}")
         return rt.sdma
 

@@ -4,19 +4,17 @@
         a phase's copy slices --partitioner (units -> each core's ordered task list)-->
         every core appends to its own queue, in task order:
             descriptors (dst, src, nbytes), at most ``max_bytes`` each
-            then one completion record:
-                notify     cross-kernel: the operation waits on a countdown event that the last
-                           core's record sets (the AI CPU waiting for an SDMA notify)
-                tail flag  in-kernel: a u32 stored at an address, then a futex wake, so cores
-                           (here: any process) polling that flag see the data before it
+            then one notify record: cross-kernel completion, the operation waits on a
+            countdown event that the last core's record sets (the AI CPU waiting for an SDMA
+            notify)
         doorbell: one notify of the engine's condition variable; the cores are then free
     engine thread: takes the queues' records in order, round-robin over the queues; a run of
         descriptors is one ``copy_many`` call (which releases the GIL for large copies)
 
 Only copies run on the engine: reductions load-accumulate on the cores (MTE), as on the NPU.
-The engine sits below the runtime: the runtime hands it the two primitives a tail flag needs
-(an atomic u32 store and a futex wake, ``runtime._native``) when it builds the engine.
-The modeled timelines of the same descriptors are ``sdma._model.run_sdma``.
+The modeled timelines of the same descriptors are ``sdma._model.run_sdma``, which also models
+in-kernel completion (a tail flag that a core polls); the runtime only ever waits on a notify,
+so that is all the engine runs.
 """
 from __future__ import annotations
 
@@ -25,11 +23,7 @@ import threading
 
 import numpy as np
 
-from typing import Callable
-
 from ..collectives import _kernels
-
-WAKE_ALL = 0x7FFFFFFF
 
 
 class Notify:
@@ -55,23 +49,18 @@ class Notify:
 
 
 class SdmaEngine:
-    """``queues`` descriptor queues (one per communication core) and the engine thread.
+    """``queues`` descriptor queues (one per communication core) and the engine thread."""
 
-    ``store_u32(addr, value)`` and ``futex_wake(addr, count)`` write a tail flag: the store
-    must be atomic and ordered after the copies, the wake must reach waiters in any process."""
-
-    def __init__(self, queues: int, max_bytes: int, *, store_u32: Callable[[int, int], None],
-                 futex_wake: Callable[[int, int], object], name: str = "stratacl-sdma"):
+    def __init__(self, queues: int, max_bytes: int, *, name: str = "stratacl-sdma"):
         if queues < 1 or max_bytes < 1:
             raise ValueError(f"SdmaEngine: need queues >= 1 and max_bytes >= 1, got {queues}, {max_bytes}")
         self.max_bytes = int(max_bytes)
-        self._store_u32, self._futex_wake = store_u32, futex_wake
         self._queues = [collections.deque() for _ in range(queues)]
         self._bell = threading.Condition()
         self._rung = False
         self._stopping = False
         self.error: BaseException | None = None
-        self.counters = dict(descriptors=0, bytes=0, notifies=0, flags=0, doorbells=0)
+        self.counters = dict(descriptors=0, bytes=0, notifies=0, doorbells=0)
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -97,10 +86,6 @@ class SdmaEngine:
         table[:, 2] = np.minimum(self.max_bytes, nbytes[row] - off)
         self._queues[core].append(("copy", table))
         return row.size
-
-    def post_flag(self, core: int, addr: int, value: int) -> None:
-        """Tail descriptor: after this core's earlier descriptors, store ``value`` (u32) at ``addr``."""
-        self._queues[core].append(("flag", int(addr), int(value) & 0xFFFFFFFF))
 
     def post_notify(self, cores) -> Notify:
         """A notify record at the end of each listed core's queue; the Notify fires when all ran."""
@@ -148,10 +133,6 @@ class SdmaEngine:
             _kernels.copy_many(table)
             c["descriptors"] += table.shape[0]
             c["bytes"] += int(table[:, 2].sum())
-        elif kind == "flag":
-            self._store_u32(record[1], record[2])
-            self._futex_wake(record[1], WAKE_ALL)
-            c["flags"] += 1
         else:
             c["notifies"] += 1
             record[1]._one()
