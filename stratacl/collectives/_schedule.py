@@ -114,9 +114,6 @@ class Shift:
     nbytes: int             # bytes member i pulls from member i-1
 
 
-Step = Barrier | Mesh | Ring | Local | RootWait | Shift
-
-
 def chunk_bytes(count: int, n: int, itemsize: int) -> np.ndarray:
     """Bytes of chunk c = elements [count*c//n, count*(c+1)//n) (the data path's chunk_bounds)."""
     edges = count * np.arange(n + 1, dtype=np.int64) // n
