@@ -11,8 +11,6 @@ import array
 import atexit
 import json
 import logging
-import math
-import operator
 import os
 import secrets
 import threading
@@ -223,13 +221,7 @@ class Runtime:
         if dtype.hasobject:
             # peers would read pointers into this process; numpy would own references it never took
             raise TypeError(f"empty: HBM arrays hold plain data, not Python objects (dtype {dtype})")
-        try:
-            shape = (operator.index(shape),) if np.isscalar(shape) else tuple(operator.index(s) for s in shape)
-        except TypeError:
-            raise TypeError(f"empty: the shape must be an int or a sequence of ints, got {shape!r}") from None
-        if any(s < 0 for s in shape):
-            raise ValueError(f"empty: negative dimensions are not allowed: {shape}")
-        nbytes = math.prod(shape) * dtype.itemsize      # Python ints: a huge shape cannot wrap
+        shape, nbytes = _registration.array_extent(shape, dtype, "empty")
         block = self.allocator.malloc(nbytes)
         return array_from_block(self.allocator, block, shape, dtype)
 

@@ -396,13 +396,7 @@ class RegistrationUnit:
     def view(self, address: int, shape, dtype) -> np.ndarray:
         """``ub.view`` on this rank (see there)."""
         dtype = np.dtype(dtype)
-        try:
-            shape = (operator.index(shape),) if np.isscalar(shape) else tuple(operator.index(s) for s in shape)
-        except TypeError:
-            raise TypeError(f"ub.view: the shape must be an int or a sequence of ints, got {shape!r}") from None
-        if any(s < 0 for s in shape):
-            raise ValueError(f"ub.view: negative dimensions are not allowed: {shape}")
-        nbytes = math.prod(shape) * dtype.itemsize      # Python ints: a huge shape cannot wrap
+        shape, nbytes = array_extent(shape, dtype, "ub.view")
         window = self.window
         owner = window.owner(address)
         if owner < 0 or window.owner(address + max(nbytes, 1) - 1) != owner:
@@ -496,3 +490,15 @@ def active() -> RegistrationUnit:
     if unit is None:
         raise NotInitialized("stratacl is not initialised in this process: call stratacl.init() first")
     return unit
+
+
+def array_extent(shape, dtype: np.dtype, operation: str) -> tuple[tuple[int, ...], int]:
+    """``shape`` as a tuple of ints and the bytes an array of it and ``dtype`` spans; a shape
+    that is not ints, or has a negative dimension, raises naming ``operation``."""
+    try:
+        shape = (operator.index(shape),) if np.isscalar(shape) else tuple(operator.index(s) for s in shape)
+    except TypeError:
+        raise TypeError(f"{operation}: the shape must be an int or a sequence of ints, got {shape!r}") from None
+    if any(s < 0 for s in shape):
+        raise ValueError(f"{operation}: negative dimensions are not allowed: {shape}")
+    return shape, math.prod(shape) * dtype.itemsize      # Python ints: a huge shape cannot wrap
