@@ -408,15 +408,11 @@ class ProcessGroupStrataCL(dist.ProcessGroup):
 
     def gather(self, output_tensors, input_tensors, opts=None):
         opts = opts if opts is not None else dist.GatherOptions()
-        op, n, me, root = "gather", self.comm.size, self.comm.rank, opts.rootRank
-        x = self._single(input_tensors, op)
-        a = _tensors.array(x)
-        outs = _root_list(output_tensors[0], n, x, op, "output", "input") if me == root else []
-        send = [a.size if j == root else 0 for j in range(n)]
-        recv = [a.size if me == root else 0] * n
+        op, rows = "gather", self.comm.size if self.comm.rank == opts.rootRank else 0
+        x, a, outs, send, recv = self._rooted(op, opts.rootRank, input_tensors, output_tensors, "output", "input")
 
         def run():
-            whole = torch.empty((n if me == root else 0, x.numel()), dtype=x.dtype)
+            whole = torch.empty((rows, x.numel()), dtype=x.dtype)
             self.comm.all_to_all_v(_tensors.array(whole), a, send, recv)
             for j, o in enumerate(outs):
                 o.view(-1).copy_(whole[j])
@@ -424,19 +420,28 @@ class ProcessGroupStrataCL(dist.ProcessGroup):
 
     def scatter(self, output_tensors, input_tensors, opts=None):
         opts = opts if opts is not None else dist.ScatterOptions()
-        op, n, me, root = "scatter", self.comm.size, self.comm.rank, opts.rootRank
-        out = self._single(output_tensors, op)
-        o = _tensors.array(out)
-        parts = _root_list(input_tensors[0], n, out, op, "input", "output") if me == root else []
-        send = [o.size if me == root else 0] * n
-        recv = [o.size if j == root else 0 for j in range(n)]
+        op, rows = "scatter", self.comm.size if self.comm.rank == opts.rootRank else 0
+        out, o, parts, recv, send = self._rooted(op, opts.rootRank, output_tensors, input_tensors, "input", "output")
 
         def run():
-            packed = _tensors.empty((n if me == root else 0, out.numel()), dtype=out.dtype)
+            packed = _tensors.empty((rows, out.numel()), dtype=out.dtype)
             for j, p in enumerate(parts):
                 packed[j].copy_(p.reshape(-1))
             self.comm.all_to_all_v(o, _tensors.array(packed), send, recv)
         return self._run(op, output_tensors, run, opts)
+
+    def _rooted(self, op: str, root: int, mine, roots, what: str, other: str):
+        """A gather's or scatter's set-up, as one all_to_all_v between the root and every rank:
+        this rank's tensor and its array, the root's list of ``what`` tensors (``roots[0]``;
+        empty on other ranks), then the counts of every rank's block to or from the root, and
+        of the root's blocks to or from every rank (zero on other ranks)."""
+        n, me = self.comm.size, self.comm.rank
+        t = self._single(mine, op)
+        a = _tensors.array(t)
+        listed = _root_list(roots[0], n, t, op, what, other) if me == root else []
+        with_root = [a.size if j == root else 0 for j in range(n)]
+        at_root = [a.size if me == root else 0] * n
+        return t, a, listed, with_root, at_root
 
     # --- point to point (batched: _work.py) ---------------------------------------------------
     def _p2p(self, operation: str, tensors, peer: int, is_send: bool) -> Work:
