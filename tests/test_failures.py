@@ -382,6 +382,24 @@ def test_deadline_ends_a_hung_job_with_124():
     assert_all_gone([r["pid"] for r in run.by_rank("started").values()], timeout=5)
 
 
+def test_a_rank_hung_after_its_peers_finished_is_named_by_the_launcher():
+    """No peer waits on a rank that hangs before finalize, so no timeout of theirs can name it:
+    the launcher does, the communication timeout after the last peer finished, long before the
+    job's deadline."""
+    n, stuck, timeout, deadline = 3, 1, 1, 20
+    run = launch("-n", str(n), "--timeout", str(timeout), "--grace", "1", "--deadline", str(deadline),
+                 script("hang_before_finalize.py"), str(stuck), timeout=120)
+    assert run.returncode not in (0, 124), run.explain()
+    block = run.stderr[run.stderr.index("Root cause"):]
+    assert re.search(rf"^  rank      : {stuck} \(pid", block, re.M), run.explain()
+    assert re.search(r"^  hung      : still running, not finalized, [0-9.]+ s after its last peer finished \(the "
+                     r"communication timeout is 1 s\): hung in finalize or before it; its newest call: barrier #",
+                     block, re.M), run.explain()
+    assert sorted(run.by_rank("completed")) == [r for r in range(n) if r != stuck], run.explain()
+    assert run.elapsed < deadline / 2, run.elapsed
+    assert_all_gone([r["pid"] for r in run.by_rank("started").values()], timeout=5)
+
+
 def _wait_forever_on_rank(comm, who: int):
     if comm.rank == who:
         threading.Event().wait()

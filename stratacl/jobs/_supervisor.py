@@ -9,6 +9,8 @@
       loop: read reports, reap exits, sample the ranks' memory once a second
         first failure -> recorded in the control segment (peers raise PeerFailure)
                       -> after `grace` s SIGTERM the rest, after another `grace` s SIGKILL
+        every peer finished, a rank not finalized `timeout` s later
+                      -> that rank is the failure: hung in (or before) finalize; SIGTERM it
       stop daemon, close everything, return a JobOutcome
 
 Each rank leads its own process group, so a terminal's Ctrl-C reaches only the launcher, which
@@ -62,10 +64,12 @@ class RankEnd:
     error: dict | None = None
     result: bytes | None = None
     killed_by_launcher: bool = False
+    hung_at: float | None = None    # when the launcher found it hung after its peers finished (_supervise)
+    hung: str = ""                  # why, in words, with its newest call
 
     @property
     def failed(self) -> bool:
-        return self.returncode not in (0, None) or self.error is not None
+        return self.returncode not in (0, None) or self.error is not None or self.hung_at is not None
 
     def how(self) -> str:
         if self.returncode is None:
@@ -101,13 +105,13 @@ class JobOutcome:
         def on_its_own(r: RankEnd) -> bool:
             # a rank that ended, or reported an error, once the launcher had begun ending the
             # job failed because of the shutdown, not before it
-            t = (r.error or {}).get("time", r.ended_at)
+            t = _failed_at(r)
             return r.failed and (self.shutdown_at is None or (t is not None and t <= self.shutdown_at))
 
         failed = [r for r in self.ranks if on_its_own(r)]
         if not failed:
             return None
-        return min(failed, key=lambda r: (r.error or {}).get("time", r.ended_at or float("inf")))
+        return min(failed, key=lambda r: _failed_at(r) or float("inf"))
 
     @property
     def exit_code(self) -> int:
@@ -121,6 +125,13 @@ class JobOutcome:
         if root is not None and root.returncode and root.returncode > 0:
             return root.returncode
         return 1
+
+
+def _failed_at(r: RankEnd) -> float | None:
+    """When ``r`` failed: its error's time, the launcher's finding it hung, or its end."""
+    if r.error is not None:
+        return r.error.get("time", r.ended_at)
+    return r.hung_at if r.hung_at is not None else r.ended_at
 
 
 def format_failure(outcome: JobOutcome) -> str:
@@ -140,11 +151,15 @@ def format_failure(outcome: JobOutcome) -> str:
         lines += ["Root cause (first failure):",
                   f"  rank      : {root.rank} (pid {root.pid})",
                   f"  ended by  : {root.how()}"]
+        if root.hung:
+            lines.append(f"  hung      : {root.hung}")
         lines += memory_lines(root.rank, root.returncode, root.killed_by_launcher, outcome.memory)
         if root.error:
             lines.append(f"  error     : {root.error['type']}: {root.error['message']}")
             lines.append("  traceback :")
             lines += ["    " + ln for ln in root.error["traceback"].rstrip().splitlines()]
+        elif root.hung:
+            lines.append("  traceback : (none: the launcher ended it while it hung)")
         else:
             lines.append("  traceback : (none: the process did not get to report one)")
     others = [r for r in outcome.ranks if r.failed and r is not root]
@@ -362,6 +377,13 @@ class Job:
                                 failed_at, outcome.reason = now, outcome.reason or "failure"
                     elif ctl.state(r) != STATE_FINALIZED:
                         ctl.set_state(r, STATE_FINALIZED)
+            if failed_at is None and term_at is None:
+                alone = self._hung_after_peers(ctl, ends, now)
+                if alone is not None:
+                    # nothing waits on it, so no peer's timeout can name it: the launcher does
+                    failed_at, outcome.reason = now, outcome.reason or "failure"
+                    term_at = outcome.shutdown_at = now
+                    self._terminate(procs, ends, signal.SIGTERM)
             if watch.due(now) or failed_at == now:
                 # also at the first failure: what the job held when a rank died (its HBM stays)
                 watch.sample({r: p.pid for r, p in enumerate(procs) if ends[r].returncode is None}, hbm_fds)
@@ -399,12 +421,37 @@ class Job:
             outcome.flight, outcome.flight_read_at = _flight.read_all(ctl), time.monotonic()
         return outcome
 
+    def _hung_after_peers(self, ctl: Control, ends: list[RankEnd], now: float) -> RankEnd | None:
+        """The one rank still running, not finalized, the communication timeout after its last
+        peer finished normally, if there is one (marked hung, with its newest call). A rank alone
+        in the job waits on no one, so no peer's timeout or liveness check can name it: it hangs
+        in finalize or before it (after its last call), or computes that long alone; the
+        timeout is the bound any peer would have given it. A rank that did finalize is left to
+        its work."""
+        running = [e for e in ends if e.returncode is None]
+        if len(running) != 1 or len(ends) < 2 or any(e.returncode != 0 for e in ends if e.returncode is not None):
+            return None
+        r = running[0]
+        last_peer = max(e.ended_at for e in ends if e is not r)
+        if ctl.state(r.rank) == STATE_FINALIZED or now - last_peer <= self.config.timeout:
+            return None
+        recs = _flight.read(ctl, r.rank)
+        newest = recs[-1].call_name() if recs else "no call recorded"
+        r.hung_at = now
+        r.hung = (f"still running, not finalized, {now - last_peer:.1f} s after its last peer finished (the "
+                  f"communication timeout is {self.config.timeout:g} s): hung in finalize or before it; its newest "
+                  f"call: {newest}")
+        return r
+
     @staticmethod
     def _terminate(procs, ends, sig) -> None:
         for p, e in zip(procs, ends):
             if p.poll() is None:
                 e.killed_by_launcher = True
                 _kill(p, sig)
+                if sig == signal.SIGTERM:
+                    # a stopped rank (SIGSTOP, a debugger's stop) takes its SIGTERM only once continued
+                    _kill(p, signal.SIGCONT)
 
 
 def _raise_descriptor_limit(nranks: int) -> None:
