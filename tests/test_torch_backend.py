@@ -287,6 +287,9 @@ def errors(comm):
     got["async_mismatch"] = _attempt(w.wait)
     future = w.get_future()
     got["future"] = (future.done(), _attempt(future.wait))     # the future holds the same error
+    # both sides of a tagged exchange are refused at once: no peer is left waiting
+    got["tag"] = _attempt(lambda: dist.send(torch.ones(4), 1, tag=5) if me == 0
+                          else dist.recv(torch.zeros(4), 0, tag=5))
     x = torch.ones(4)
     dist.all_reduce(x)                       # still in step after errors every rank saw
     got["after"] = x.tolist()
@@ -304,6 +307,8 @@ def test_errors_reach_torch_as_dist_backend_error():
         done, err = got["future"]
         assert done and err is not None and err[:2] == ("DistBackendError", "CollectiveMismatch"), got["future"]
         assert "all_reduce" in err[2] and "element count" in err[2], err
+        side = ("send", "recv")[me]
+        assert got["tag"][0] == "ValueError" and f"stratacl {side}: tag 5 is not supported" in got["tag"][2], got
         assert got["after"] == [2.0] * 4
 
 

@@ -453,9 +453,11 @@ class ProcessGroupStrataCL(dist.ProcessGroup):
         return self._executor.post_p2p(is_send, _tensors.array(x), peer, work, self._run_p2p)
 
     def send(self, tensors, dstRank: int, tag: int = 0):
+        _untagged("send", tag)
         return self._p2p("send", tensors, dstRank, True)
 
     def recv(self, tensors, srcRank: int, tag: int = 0):
+        _untagged("recv", tag)
         return self._p2p("recv", tensors, srcRank, False)
 
     def recv_anysource(self, tensors, tag: int = 0):
@@ -493,3 +495,12 @@ def _root_list(tensors: list, n: int, like, op: str, what: str, other: str) -> l
             raise ValueError(f"stratacl {op}: every {what} must have the {other}'s {like.numel()} elements of "
                              f"{like.dtype}, got {t.numel()} of {t.dtype}")
     return tensors
+
+
+def _untagged(operation: str, tag: int) -> None:
+    """Refuse a tag: sends and receives between two ranks match in the order they were posted
+    (runtime/_p2p.py), never by tag as gloo's do, so a tagged exchange whose tags arrive out of
+    order would pair the wrong messages without a word."""
+    if tag != 0:
+        raise ValueError(f"stratacl {operation}: tag {tag} is not supported: messages between two ranks are "
+                         f"matched in the order they were posted, not by tag; leave tag at 0")
