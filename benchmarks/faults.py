@@ -448,7 +448,8 @@ def _table(rows: list[dict]) -> str:
             f"{', '.join(r['classes']) or '-'} | {'yes' if r['names_peer'] else 'no'} | "
             f"{', '.join(r['operations']) or '-'} | {'-' if r['detect_s'] is None else r['detect_s']} | "
             f"{'-' if r.get('ended_s') is None else r['ended_s']} | {r['exit']} | "
-            f"{'yes' if r['root_cause'] else 'no'} | {_intact(r.get('intact'))} | {r['left_shm']} | {r['left_procs']} | "
+            f"{'yes' if r['root_cause'] else 'no'} | {_intact(r.get('intact'))} | "
+            f"{r['left_shm']} | {r['left_procs']} | "
             f"{'yes' if r['held'] else '**no**'} | {'; '.join(r['notes'])} |")
     return "\n".join(lines)
 
