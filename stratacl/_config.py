@@ -95,7 +95,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("hbm_size", parse_size, 4 * 1024**3, "--hbm-size",
             "Capacity of each rank's HBM segment (sparse: only touched pages use host memory)."),
     Setting("timeout", _float, 120.0, "--timeout",
-            "Seconds any wait inside an operation may last before CommTimeout; a dead peer is reported sooner."),
+            "Seconds any wait inside an operation may last before CommTimeout; a dead peer is reported sooner. "
+            "Also how long the launcher lets the last rank run unfinalized after every other rank finished "
+            "before it names it hung and ends it."),
     Setting("registration", _choice("roa", "jit", "pool", "staged"), "roa", "--registration",
             "How buffers become remotely accessible: registration-on-allocation, just-in-time at first use, "
             "one pre-registered pool, or `staged` (the buffer-centric baseline: every input and output is "
