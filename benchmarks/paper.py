@@ -521,8 +521,16 @@ def main(argv: list[str] | None = None) -> int:
                                                 "docs/paper-reproduction.md)")
     p.add_argument("--doc", default=None, help="render the markdown here")
     p.add_argument("--sensitivity", action="store_true", help="vary every parameter x0.5 and x2")
+    p.add_argument("--render", action="store_true",
+                   help="only render docs/paper-reproduction.md again from docs/paper-results.json and "
+                        "docs/paper-sensitivity.json (after a --sensitivity run)")
     a = p.parse_args(argv)
     t0 = time.perf_counter()
+    if a.render:
+        with open(os.path.join(DOCS, "paper-results.json")) as f:
+            result = json.load(f)
+        _write_doc(result, a.doc or os.path.join(DOCS, "paper-reproduction.md"))
+        return 0
     if a.sensitivity:
         sens = sensitivity(a.quick)
         path = a.json or os.path.join(DOCS, "paper-sensitivity.json")
@@ -540,13 +548,16 @@ def main(argv: list[str] | None = None) -> int:
         json.dump(result, f, indent=1)
     doc = a.doc or (None if a.json else os.path.join(DOCS, "paper-reproduction.md"))
     if doc:
-        sens_path = os.path.join(DOCS, "paper-sensitivity.json")
-        sens = json.load(open(sens_path)) if os.path.exists(sens_path) else None
-        command = "python benchmarks/paper.py" + (" --quick" if a.quick else "")
-        with open(doc, "w") as f:
-            f.write(render(result, sens, command))
+        _write_doc(result, doc)
     print(f"wrote {path}{' and ' + doc if doc else ''} in {time.perf_counter() - t0:.0f} s")
     return 0
+
+
+def _write_doc(result: dict, doc: str) -> None:
+    sens_path = os.path.join(DOCS, "paper-sensitivity.json")
+    sens = json.load(open(sens_path)) if os.path.exists(sens_path) else None
+    with open(doc, "w") as f:
+        f.write(render(result, sens, "python benchmarks/paper.py" + (" --quick" if result["quick"] else "")))
 
 
 if __name__ == "__main__":
