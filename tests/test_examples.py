@@ -168,6 +168,32 @@ def test_serving_per_rank_replays_to_its_metrics_and_extrapolates(tmp_path):
     assert m8["throughput"] > e2e.serving_metrics(ub.replay(traces[4]), timeline, 4)["throughput"]
 
 
+@pytest.mark.timeout(400)
+def test_serving_seeded_routing_is_exact_and_extrapolates_in_hidden(tmp_path):
+    """--routing seeded draws the experts from the seed and the iteration, not the activations:
+    every rank is still exact, and the traces at hidden 32, 64, 128 extrapolate
+    (ub.extrapolate_dimension) to a real run's at 256, every comm.clock() read equal."""
+    from stratacl import ub
+
+    small = list(SERVE_SMALL)
+    del small[small.index("--hidden"):small.index("--hidden") + 2]
+    traces = {}
+    for h in (32, 64, 128, 256):
+        d = tmp_path / f"h{h}"
+        run = launch("-n", "3", "--clock", "virtual", "--trace", str(d), "--timeout", "90",
+                     str(EXAMPLES / "moe_serving.py"), "--routing", "seeded", "--per-rank", "--requests", "2",
+                     "--warmup", "1", "--rate", "0", "--max-batch", "2", *small, "--hidden", str(h), timeout=170)
+        assert run.returncode == 0, run.explain()
+        assert run.stdout.splitlines()[2] == "exact against the job computed in one process, on every rank: yes", \
+            run.explain()
+        traces[h] = ub.load_traces(str(d))
+    fitted = ub.replay(ub.extrapolate_dimension([traces[h] for h in (32, 64, 128)], [32, 64, 128], 256))
+    real = ub.replay(traces[256])
+    assert [len(c) for c in fitted.clocks] == [len(c) for c in real.clocks]
+    assert [x for c in fitted.clocks for x in c] == pytest.approx([x for c in real.clocks for x in c], rel=1e-9)
+    assert fitted.time_us == pytest.approx(real.time_us, rel=1e-9)
+
+
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("registration, batches", [("roa", "1 micro-batch"), ("pool", "2 micro-batches of 4, 4")])
 def test_train_step_example_trains_exactly_as_one_process(registration, batches):
