@@ -1,0 +1,161 @@
+"""Serving (examples/moe_serving.py) at the paper's model width and EP sizes, in modeled time.
+
+    python benchmarks/paper_size.py [--configs staged,roa,balanced,auto,pool] [--ranks 4,8]
+                                    [--hidden 32,64,128] [--target 7168] [--scale 16,32] [--json FILE]
+                                    [--verify] [-- more arguments for the example]
+
+For every configuration (benchmarks/e2e.py's CONFIGS; launched by its ``_launch``) the example
+runs on the host at each rank count of ``--ranks`` and each hidden size of ``--hidden``, with
+``--trace`` and ``--timeline``, and the workload below (every other dimension fixed):
+
+    --per-rank --requests 11 --warmup 11 --max-batch 11 --layers 2 --rate 0   (e2e.py's serving load)
+    --topk 8                 top-8 routing (paper section 8.1, DeepEP's setting)
+    --ffn 2048               each expert's intermediate size (DeepSeek-V3's moe_intermediate_size)
+    --routing seeded         experts drawn by stratacl.ep.routing, the same at every hidden size:
+                             a gate routing by the activations sends other rows at every hidden
+                             size, and extrapolate_dimension refuses it
+
+Then, per rank count, ``ub.extrapolate_dimension`` fits the traces in hidden (quadratic through
+the three recordings) to ``--target`` (7168: the paper's hidden size, 14 KiB bf16 rows; here
+float32, 28 KiB), and ``ub.extrapolate`` takes those to each N of ``--scale`` (16: the decode
+instances' EP, 32: the prefill instances', paper section 8.2); ``ub.replay`` times them and
+e2e.py's ``serving_metrics`` reads throughput, P99 TTFT and P99 TPOT off the replay's clocks at
+the reads the timeline names. No rank runs at the target width or at N.
+
+Rows (``--json``): e2e.py's row format, "scale": "paper-size", plus "dims" (every dimension and
+where it came from); rows at the recorded rank counts are the width-extrapolated traces replayed
+there. ``--verify H``: instead, one configuration at the recorded rank counts, the fit from
+``--hidden`` to H against a real run at H (H small enough to run): every metric's relative error.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from e2e import CONFIGS, WORKLOADS, _launch, _row, serving_metrics  # noqa: E402
+
+# the serving load of e2e.py's --scale runs, at the paper's routing and expert width
+LOAD = ["--per-rank", "--requests", "11", "--warmup", "11", "--max-batch", "11", "--layers", "2", "--rate", "0"]
+# the check against the job computed in one process costs N times the serving's compute on every
+# rank; it is skipped in these recordings (--check keeps it) and made in tests/test_examples.py
+# and, at these settings, by hand (docs/end-to-end.md, "Serving at the paper's width")
+NO_CHECK = ["--no-check"]
+PAPER = ["--topk", "8", "--ffn", "2048", "--routing", "seeded"]
+SOURCES = {
+    "hidden": "paper section 8.1 (hidden 7168, 14 KiB bf16 rows); extrapolated, float32 here",
+    "topk": "paper section 8.1 (top-8, DeepEP setting)",
+    "ffn": "DeepSeek-V3 config.json moe_intermediate_size 2048",
+    "ranks": "paper section 8.2: decode EP 16, prefill EP 32; extrapolated from the recorded rank counts",
+    "experts_per_rank": "the example's default (4); fixed across N, so experts = 4 N (paper: 256)",
+    "layers": "e2e.py's serving load (2; DeepSeek-V3: 61)",
+    "load": "e2e.py's serving load: --per-rank --requests 11 --warmup 11 --max-batch 11 --rate 0",
+    "routing": "seeded uniform top-k (stratacl.ep.routing), as DeepEP's tests draw it; not a trained gate",
+}
+
+
+def _flag(args: list[str], name: str, default):
+    return type(default)(args[args.index(name) + 1]) if name in args else default
+
+
+def record(config: str, n: int, hidden: int, args: list[str], tmp: str) -> tuple[list, dict]:
+    """The example at ``n`` ranks and ``hidden``: its traces and its timeline."""
+    from stratacl import ub
+
+    d = os.path.join(tmp, f"{config}-{n}-{hidden}")
+    _launch(WORKLOADS["serve"][0], n, config, ["--timeline", os.path.join(d, "timeline.json"),
+                                               "--hidden", str(hidden)], args, trace=d)
+    with open(os.path.join(d, "timeline.json")) as f:
+        return ub.load_traces(d), json.load(f)
+
+
+def at_width(config: str, n: int, hiddens: list[int], target: int, args: list[str], tmp: str) -> tuple[list, dict]:
+    """Every rank's traces at ``n`` ranks and hidden ``target``, fitted from ``hiddens``."""
+    from stratacl import ub
+
+    got = [record(config, n, h, args, tmp) for h in hiddens]
+    timelines = [t for _, t in got]
+    if any(t != timelines[0] for t in timelines):
+        raise ub.ReplayError(f"{config} at N={n}: the timelines differ between hidden sizes {hiddens}")
+    print(f"  {config}: recorded N={n} at hidden {hiddens}", flush=True)
+    return ub.extrapolate_dimension([r for r, _ in got], hiddens, target), timelines[0]
+
+
+def dims(args: list[str], hiddens: list[int], target: int, ranks: list[int], n: int) -> dict:
+    lx = _flag(args, "--experts-per-rank", 4)
+    return {"hidden": target, "recorded_hidden": hiddens, "recorded_ranks": ranks, "ranks": n,
+            "topk": _flag(args, "--topk", 8), "ffn": _flag(args, "--ffn", 128), "experts_per_rank": lx,
+            "experts": lx * n, "layers": _flag(args, "--layers", 4), "routing": _flag(args, "--routing", "gate"),
+            "dtype": "float32", "row_bytes": 4 * target, "sources": SOURCES}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    extra = argv[argv.index("--") + 1:] if "--" in argv else []
+    argv = argv[:argv.index("--")] if "--" in argv else argv
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--configs", default="staged,roa,balanced,auto,pool")
+    p.add_argument("--ranks", default="4,8", help="the two or three rank counts recorded")
+    p.add_argument("--hidden", default="32,64,128", help="the two or three hidden sizes recorded")
+    p.add_argument("--target", type=int, default=7168)
+    p.add_argument("--scale", default="16,32")
+    p.add_argument("--json", default=None)
+    p.add_argument("--check", action="store_true", help="every run also checks its results against the job "
+                                                        "computed in one process (N times the compute)")
+    p.add_argument("--verify", type=int, default=None, help="one configuration: the fit to this hidden size "
+                                                            "against a real run at it, at each recorded N")
+    a = p.parse_args(argv)
+    from stratacl import ub
+
+    args = LOAD + PAPER + ([] if a.check else NO_CHECK) + extra
+    configs = a.configs.split(",")
+    ranks = [int(x) for x in a.ranks.split(",")]
+    hiddens = [int(x) for x in a.hidden.split(",")]
+    scales = [int(x) for x in a.scale.split(",")] if a.scale else []
+    command = " ".join(["python", "benchmarks/paper_size.py", *sys.argv[1:]])
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="stratacl-paper-size-") as tmp:
+        if a.verify is not None:
+            config = configs[0]
+            for n in ranks:
+                traces, timeline = at_width(config, n, hiddens, a.verify, args, tmp)
+                real, real_timeline = record(config, n, a.verify, args, tmp)
+                fit_m, real_m = serving_metrics(ub.replay(traces), timeline, n), \
+                    serving_metrics(ub.replay(real), real_timeline, n)
+                err = {k: fit_m[k] / real_m[k] - 1 for k in fit_m}
+                print(f"{config} N={n} hidden {hiddens} -> {a.verify}: fitted {fit_m}\n  real {real_m}\n"
+                      f"  relative error {err}", flush=True)
+                rows.append({"config": config, "ranks": n, "hidden": a.verify, "recorded_hidden": hiddens,
+                             "fitted": fit_m, "real": real_m, "relative_error": err})
+            if a.json:
+                with open(a.json, "w") as f:
+                    json.dump({"command": command, "verify": rows}, f, indent=1)
+            return 0
+        print(f"{'config':<10}{'ranks':>6}{'throughput (tok/s)':>20}{'P99 TTFT (us)':>15}{'P99 TPOT (us)':>15}",
+              flush=True)
+        for config in configs:
+            try:
+                fitted = [at_width(config, n, hiddens, a.target, args, tmp) for n in ranks]
+            except ub.ReplayError as e:
+                print(f"{config:<10} not extrapolated: {e}", flush=True)
+                continue
+            timeline = fitted[-1][1]
+            found = [(n, ub.replay(t)) for n, (t, _) in zip(ranks, fitted)]
+            found += [(n, ub.replay(ub.extrapolate(*[t for t, _ in fitted], n))) for n in scales]
+            for n, rep in found:
+                row = _row("serve", config, n, "paper-size", serving_metrics(rep, timeline, n), args)
+                row["dims"] = dims(args, hiddens, a.target, ranks, n)
+                rows.append(row)
+                print(f"{config:<10}{n:>6}{row['throughput']:>20.1f}{row['p99_ttft_us']:>15.1f}"
+                      f"{row['p99_tpot_us']:>15.1f}", flush=True)
+            if a.json:            # after every configuration: a partial run keeps what it finished
+                with open(a.json, "w") as f:
+                    json.dump({"command": command, "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
