@@ -25,7 +25,8 @@ the reads the timeline names. No rank runs at the target width or at N.
 Rows (``--json``): e2e.py's row format, "scale": "paper-size", plus "dims" (every dimension and
 where it came from); rows at the recorded rank counts are the width-extrapolated traces replayed
 there. ``--verify H``: instead, one configuration at the recorded rank counts, the fit from
-``--hidden`` to H against a real run at H (H small enough to run): every metric's relative error.
+``--hidden`` to H against a real run at H (H small enough to run), and at each N of ``--scale``
+the fit extrapolated in N against a real run at N ranks and H: every metric's relative error.
 """
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from e2e import CONFIGS, WORKLOADS, _launch, _row, serving_metrics  # noqa: E402
+from e2e import NOCOMM, WORKLOADS, _launch, _nocomm_topology, _row, serving_metrics
 
 # the serving load of e2e.py's --scale runs, at the paper's routing and expert width
 LOAD = ["--per-rank", "--requests", "11", "--warmup", "11", "--max-batch", "11", "--layers", "2", "--rate", "0"]
@@ -68,8 +69,12 @@ def record(config: str, n: int, hidden: int, args: list[str], tmp: str) -> tuple
     d = os.path.join(tmp, f"{config}-{n}-{hidden}")
     _launch(WORKLOADS["serve"][0], n, config, ["--timeline", os.path.join(d, "timeline.json"),
                                                "--hidden", str(hidden)], args, trace=d)
+    traces = ub.load_traces(d)
+    if config == NOCOMM:     # _launch's topology file is gone with its directory: the same one, kept here
+        for t in traces:
+            t["settings"]["topology"] = _nocomm_topology(tmp)
     with open(os.path.join(d, "timeline.json")) as f:
-        return ub.load_traces(d), json.load(f)
+        return traces, json.load(f)
 
 
 def at_width(config: str, n: int, hiddens: list[int], target: int, args: list[str], tmp: str) -> tuple[list, dict]:
@@ -97,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
     argv = argv[:argv.index("--")] if "--" in argv else argv
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--configs", default="staged,roa,balanced,auto,pool")
+    p.add_argument("--configs", default="staged,roa,balanced,auto,pool",
+                   help=f"e2e.py's CONFIGS, or {NOCOMM}: the fabric free, what bounds any library's gain")
     p.add_argument("--ranks", default="4,8", help="the two or three rank counts recorded")
     p.add_argument("--hidden", default="32,64,128", help="the two or three hidden sizes recorded")
     p.add_argument("--target", type=int, default=7168)
@@ -119,9 +125,10 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     with tempfile.TemporaryDirectory(prefix="stratacl-paper-size-") as tmp:
         if a.verify is not None:
-            config = configs[0]
+            config, fitted = configs[0], []
             for n in ranks:
                 traces, timeline = at_width(config, n, hiddens, a.verify, args, tmp)
+                fitted.append(traces)
                 real, real_timeline = record(config, n, a.verify, args, tmp)
                 fit_m, real_m = serving_metrics(ub.replay(traces), timeline, n), \
                     serving_metrics(ub.replay(real), real_timeline, n)
@@ -130,6 +137,15 @@ def main(argv: list[str] | None = None) -> int:
                       f"  relative error {err}", flush=True)
                 rows.append({"config": config, "ranks": n, "hidden": a.verify, "recorded_hidden": hiddens,
                              "fitted": fit_m, "real": real_m, "relative_error": err})
+            for n in scales:            # and in N, against a real run at n ranks and the target width
+                fit_m = serving_metrics(ub.replay(ub.extrapolate(*fitted, n)), timeline, n)
+                real, real_timeline = record(config, n, a.verify, args, tmp)
+                real_m = serving_metrics(ub.replay(real), real_timeline, n)
+                err = {k: fit_m[k] / real_m[k] - 1 for k in fit_m}
+                print(f"{config} N={ranks} -> {n}, hidden {hiddens} -> {a.verify}: fitted {fit_m}\n  real {real_m}\n"
+                      f"  relative error {err}", flush=True)
+                rows.append({"config": config, "ranks": n, "recorded_ranks": ranks, "hidden": a.verify,
+                             "recorded_hidden": hiddens, "fitted": fit_m, "real": real_m, "relative_error": err})
             if a.json:
                 with open(a.json, "w") as f:
                     json.dump({"command": command, "verify": rows}, f, indent=1)
