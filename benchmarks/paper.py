@@ -330,6 +330,9 @@ def _pick(rows, **kw):
 SERVE = "e2e-2026-12-03-serve-hbm.json"          # serving replayed at 16 and 32 dies
 TRAIN = "e2e-2026-12-03-train-512-hbm.json"      # training replayed at 512 dies
 DLRM = "e2e-2026-12-03-dlrm-hbm.json"            # DLRM, 8 dies, embedding cache + prefetch
+SERVE_WIDE = ("e2e-2026-12-03-serve-paper-size.json",          # serving at hidden 7168 (paper_size.py)
+              "e2e-2026-12-03-serve-paper-size-sdma-jit.json",
+              "e2e-2026-12-03-serve-paper-size-nocomm.json")
 FRAGMENTATION = "fragmentation-2026-12-02.json"
 GAPS = "e2e-2026-12-02-gaps.json"
 
@@ -354,6 +357,7 @@ def recorded() -> list[dict]:
                 neutral=1.0, basis=b, why=small),
             row("fig11b.p99_tpot_lower", 1.1, p99["staged"]["p99_tpot_us"] / p99["auto"]["p99_tpot_us"],
                 neutral=1.0, basis=b)]
+    out += _serving_at_width()
     t = {c: _pick(_rows_of(TRAIN), config=c)["modeled_step_us"] for c in ("staged", "pool", "balanced", "auto")}
     b = f"recorded docs/{TRAIN} (512 dies, replayed)"
     out += [row("fig12a.zerocopy_shorter_than_hccl", 0.06, 1 - t["pool"] / t["staged"], neutral=0.0, basis=b,
@@ -386,6 +390,33 @@ def recorded() -> list[dict]:
                    basis=f"recorded docs/{GAPS} (wall seconds on the host)",
                    why="the host's programs run for well under a second from allocation to their calls; the "
                        "smallest gap is still longer than a rank's whole registration (0.87 ms at N = 8)"))
+    return out
+
+
+def _serving_at_width() -> list[dict]:
+    """Serving at the paper's width (hidden 7168, top-8, expert FFN 2048), 32 dies: traces
+    recorded at hidden 64/128/256 and 4/8 ranks, extrapolated in the width and in N
+    (benchmarks/paper_size.py; docs/end-to-end.md "Serving at the paper's width")."""
+    rows = [r for name in SERVE_WIDE for r in _rows_of(name) if r.get("ranks") == 32]
+    tp = {r["config"]: r for r in rows}
+    b = f"recorded docs/{SERVE_WIDE[0]} (+ sdma-jit, nocomm; hidden 7168, 32 dies, extrapolated)"
+    bound = tp["nocomm"]["throughput"] / tp["staged"]["throughput"]
+    why = (f"the fabric is a small share of this step: with communication free it would be {bound:.2f}x "
+           "HCCL's (float32 expert weights dominate every micro-batch)")
+    out = []
+    for c, p in (("jit", 1.1), ("roa", 1.4), ("balanced", 1.7), ("sdma", 1.9)):
+        out.append(row(f"fig13a.{c}.paper_width", p, tp[c]["throughput"] / tp["staged"]["throughput"], neutral=1.0,
+                       basis=b, why=why))
+    out += [row("fig11a.strata_over_hccl.paper_width", 1.9, tp["auto"]["throughput"] / tp["staged"]["throughput"],
+                neutral=1.0, basis=b, why=why),
+            row("fig11a.zerocopy_over_hccl.paper_width", 1.2, tp["pool"]["throughput"] / tp["staged"]["throughput"],
+                neutral=1.0, basis=b, why="the pool's batch tax (10 of 11) costs about what zero copy gains"),
+            row("fig11a.strata_over_zerocopy.paper_width", 1.6, tp["auto"]["throughput"] / tp["pool"]["throughput"],
+                neutral=1.0, basis=b, why=why),
+            row("fig11b.p99_ttft_lower.paper_width", 2.2, tp["staged"]["p99_ttft_us"] / tp["auto"]["p99_ttft_us"],
+                neutral=1.0, basis=b, why=why + "; and saturation here against the paper's 15 req/s"),
+            row("fig11b.p99_tpot_lower.paper_width", 1.1, tp["staged"]["p99_tpot_us"] / tp["auto"]["p99_tpot_us"],
+                neutral=1.0, basis=b)]
     return out
 
 
@@ -435,7 +466,8 @@ def report(quick: bool, topo=None) -> dict:
     held = sum(r["holds"] for r in checked)
     heads = {r["claim"]: r for r in rows}
     head = ", ".join(f"{k} {heads[k]['here']:.2f} (paper {heads[k]['paper']:g})" for k in
-                     ("fig13a.sdma", "fig11a.strata_over_hccl", "fig11b.p99_ttft_lower", "fig12a.strata_shorter_than_zerocopy",
+                     ("fig13a.sdma", "fig11a.strata_over_hccl", "fig11a.strata_over_hccl.paper_width",
+                      "fig11b.p99_ttft_lower", "fig12a.strata_shorter_than_zerocopy",
                       "fig12b.strata_shorter_than_hccl", "fig3b.staged", "fig3b.zerocopy") if k in heads and heads[k]["here"] is not None)
     summary = (f"{held} of {len(checked)} checked rows hold ({len(rows) - len(checked)} more are calibrated or read "
                f"off); headline: {head}")
