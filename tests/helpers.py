@@ -5,6 +5,7 @@ the rest, so checking one rank's chunk of a reduction costs only that chunk.
 """
 from __future__ import annotations
 
+import time
 import zlib
 
 import numpy as np
@@ -59,3 +60,13 @@ def attempt(fn):
     except Exception as e:  # noqa: BLE001 - the caller inspects whatever was raised
         return type(e).__name__, str(e)
     return None
+
+
+def after_peer_gave_up(flag, deadline_s: float = 120.0) -> None:
+    """Return once the peer that waits for this rank has written ``flag`` (a file) to say its
+    own timeout fired: the late rank then arrives for certain after it, whatever the host's
+    load, with no sleep setting the pace (the loop only polls, under a deadline)."""
+    deadline = time.monotonic() + deadline_s
+    while not flag.exists():
+        assert time.monotonic() < deadline, "the waiting rank never reported its timeout"
+        time.sleep(0.05)
