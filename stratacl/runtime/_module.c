@@ -5,12 +5,15 @@
  */
 #include "_native.h"
 
+extern PyMethodDef onesided_methods[];   /* _native.c: one-sided atomics (runtime/_onesided.py) */
+
 static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "_native", NULL, -1, NULL};
 
 PyMODINIT_FUNC PyInit__native(void) {
     PyObject *m = PyModule_Create(&moduledef);
     if (m == NULL) return NULL;
     if (PyModule_AddFunctions(m, native_methods) < 0 || PyModule_AddFunctions(m, record_methods) < 0 ||
+        PyModule_AddFunctions(m, onesided_methods) < 0 ||
         native_init(m) < 0 || replay_init(m) < 0) {
         Py_DECREF(m);
         return NULL;
