@@ -92,3 +92,25 @@ class RankFailure(StrataError):
 class ReplayError(StrataError):
     """Traces that cannot be replayed (``stratacl.ub.replay``): missing ranks, events it does not
     support, members that never reach a call the others made, recordings that do not extrapolate."""
+
+
+class OneSidedError(StrataError):
+    """A one-sided call (``stratacl.shmem``, ``stratacl.torch.symm_mem``) refused before it
+    touched any memory: a peer out of the communicator's range, an address outside every
+    registered HBM range of the peer, a misaligned or mistyped atomic word, a signal that is
+    not a word of a signal pad. ``operation``, ``peer`` (communicator rank) and ``address``
+    (the shared virtual address asked for, or None) say which."""
+
+    def __init__(self, message: str, operation: str | None = None, peer: int | None = None,
+                 address: int | None = None):
+        super().__init__(message)
+        self.operation, self.peer, self.address = operation, peer, address
+
+    def __reduce__(self):
+        return (type(self), (self.args[0], self.operation, self.peer, self.address))
+
+
+class SignalTimeout(OneSidedError, TimeoutError):
+    """``wait_until`` (or ``wait_signal``) saw no signal satisfying its condition within its
+    timeout. ``peer`` is the last rank that updated the word (None: nobody did), ``address``
+    the signal word's."""
