@@ -27,6 +27,7 @@ One call's data path, and where each step lives::
                            runtime/_modeling.py  the modeled clock (ub/) ticks
 """
 from . import ep as ep
+from . import shmem as shmem
 from . import ub as ub
 from ._arrays import empty as empty
 from ._arrays import empty_cache as empty_cache
@@ -44,10 +45,12 @@ from ._errors import CollectiveMismatch as CollectiveMismatch
 from ._errors import CommTimeout as CommTimeout
 from ._errors import ConfigError as ConfigError
 from ._errors import NotInitialized as NotInitialized
+from ._errors import OneSidedError as OneSidedError
 from ._errors import OutOfMemory as OutOfMemory
 from ._errors import PeerFailure as PeerFailure
 from ._errors import RankFailure as RankFailure
 from ._errors import RegistrationError as RegistrationError
+from ._errors import SignalTimeout as SignalTimeout
 from ._errors import StrataError as StrataError
 from ._errors import TooManyCommunicators as TooManyCommunicators
 from ._estimate import Estimate as Estimate
@@ -62,11 +65,11 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BootstrapError", "CollectiveMismatch", "CommTimeout", "Communicator", "Config", "ConfigError",
-    "Estimate", "NotInitialized", "OutOfMemory", "PeerFailure", "RankFailure", "RegistrationError", "SETTINGS",
-    "StrataError", "TooManyCommunicators",
+    "Estimate", "NotInitialized", "OneSidedError", "OutOfMemory", "PeerFailure", "RankFailure", "RegistrationError",
+    "SETTINGS", "SignalTimeout", "StrataError", "TooManyCommunicators",
     "config", "empty", "empty_cache", "empty_like", "ep", "estimate", "finalize", "init", "is_initialized",
-    "memory_stats", "memory_summary", "reset_accumulated_memory_stats", "reset_peak_memory_stats", "spawn",
-    "stats", "ub", "zeros",
+    "memory_stats", "memory_summary", "reset_accumulated_memory_stats", "reset_peak_memory_stats", "shmem",
+    "spawn", "stats", "ub", "zeros",
 ]
 
 

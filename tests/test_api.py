@@ -19,7 +19,7 @@ def test_public_names_are_exported_and_nothing_private_leaks():
     for name in stratacl.__all__:
         assert hasattr(stratacl, name) or name == "config", name
     public = {n for n in dir(stratacl) if not n.startswith("_")}
-    modules = {"ub", "runtime", "collectives", "bench", "sdma", "jobs", "ep"}
+    modules = {"ub", "runtime", "collectives", "bench", "sdma", "jobs", "ep", "shmem"}
     assert public - set(stratacl.__all__) - modules == set()
 
 
@@ -173,3 +173,16 @@ def test_every_public_name_has_a_docstring():
     for label, cls, inherited in classes:
         missing += [f"{label}.{name}" for name, obj in _public_members(cls, inherited) if not _documented(obj)]
     assert missing == []
+
+
+def test_one_sided_front_end_is_public_and_curated():
+    assert {"shmem", "OneSidedError", "SignalTimeout"} <= set(stratacl.__all__)
+    public = {n for n in dir(stratacl.shmem) if not n.startswith("_")}
+    assert public == set(stratacl.shmem.__all__)
+    assert {"put", "get", "put_signal", "wait_until", "quiet", "fence", "barrier_all", "atomic_fetch_add",
+            "atomic_compare_swap"} <= public
+    assert issubclass(stratacl.OneSidedError, stratacl.StrataError)
+    assert issubclass(stratacl.SignalTimeout, stratacl.OneSidedError) and issubclass(stratacl.SignalTimeout, TimeoutError)
+    # what the front ends may use of the runtime: its package's public names
+    import stratacl.runtime
+    assert {"SymmetricHeap", "address_of"} <= set(dir(stratacl.runtime))

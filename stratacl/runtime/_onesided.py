@@ -1,0 +1,393 @@
+"""One-sided access to a communicator's members' HBM: the runtime's interface for front ends.
+
+Shadow virtual addressing makes every rank's HBM one symmetric heap: an object allocated in
+the same order on every rank sits at the same offset of each rank's slice of the shared
+address window, and a peer's counterpart of my object is at the same offset of the peer's
+slice, mapped here by the registration unit. A front end (``stratacl.shmem``,
+``stratacl.torch.symm_mem``) goes through one ``SymmetricHeap`` per communicator:
+
+    shmem.put(dst, src, pe, comm)                   public names only (stratacl/shmem/)
+        |  heap = SymmetricHeap.of(comm)
+        |  heap.remote(addr, n, pe, op)             my address -> pe's counterpart; refused
+        |                                           (OneSidedError) unless the range is
+        |                                           registered there: nothing is written
+        |  heap.window(addr, n)[:] = bytes          the bytes, through the shadow window
+        |  heap.charge_put(op, pe, n)               the rank's modeled clock (ub.RankClock,
+        v                                           the fabric's tier between the two ranks)
+    heap.signal(op, sig, value, sig_op, pe)         data fenced before the signal; the
+    heap.wait(op, sig, cmp, value, timeout)         signaller's modeled time travels with it
+
+Signal words live in signal pads (``signal_pad``): n u64 signal words followed by four more
+rows of n u64 (``PAD_ROWS``): the modeled time the latest signal arrives at (float64 bits,
+a running maximum), a change counter whose low 32 bits are the futex word waiters sleep on,
+the number of waiters asleep (a wake is skipped when it is 0), and the last signaller's
+world rank + 1 (for a timeout's message). A signaller stores the value, then bumps the
+counter, then reads the waiters; a waiter counts itself, then sleeps only while the counter
+is unchanged: whichever comes first, no wake-up is lost.
+
+Modeled time (``--clock virtual|throttled``; nothing is charged with the clock off). Every
+transfer is timed as a point-to-point pull of its bytes between the two ranks
+(``RankClock.received``: the tier's latency, its bandwidth, the cores that move it):
+
+- ``get``: blocking, the caller's clock moves to the end of the transfer;
+- ``put``: the caller's clock moves by the transfer less its tier latency (the bytes have
+  left; the source may be reused), the bytes land a latency later: ``quiet`` joins the latest
+  landing of this rank's puts;
+- ``put_signal``: a put, then the signal, which leaves behind the data (at the caller's clock
+  after the put) and arrives a flag latency later (``Fabric.flag_us``: the tier's latency +
+  ``sync.flag_us``), so with the data's landing; that arrival is the timestamp beside it;
+- ``wait_until``: the waiter's clock becomes max(own, the timestamp), as at any flag;
+- atomics: a round trip of one word (request and reply).
+"""
+from __future__ import annotations
+
+import bisect
+import operator
+import time
+import weakref
+
+import numpy as np
+
+from .._errors import OneSidedError, SignalTimeout
+from ..ub._rankclock import to_bits, us_from_bits
+from . import _native
+from ._sync import SLICE
+from ._world import runtime
+
+# a signal pad's rows of n u64 words: the signals, then their bookkeeping (module docstring)
+PAD_SIGNAL, PAD_STAMP, PAD_SEQ, PAD_WAITERS, PAD_LAST = range(5)
+PAD_ROWS = 5
+SIGNAL_OPS = ("set", "add")
+COMPARISONS = {"eq": operator.eq, "ne": operator.ne, "gt": operator.gt, "ge": operator.ge,
+               "lt": operator.lt, "le": operator.le}
+MASK64 = (1 << 64) - 1
+ATOMICS = ("fetch_add", "compare_swap", "fetch", "set")
+
+# live signal pads of this process: own base address -> (n, weak reference to the pad's block)
+_PADS: dict[int, tuple[int, weakref.ref]] = {}
+_PAD_BASES: list[int] = []
+# the modeled time this rank's latest put lands at (quiet joins it), per runtime
+_LANDING: dict[int, float] = {}
+
+
+def address_of(a: np.ndarray) -> int:
+    """The address of an array's first byte."""
+    return int(a.__array_interface__["data"][0])
+
+
+class SymmetricHeap:
+    """One communicator's members' HBM seen as a symmetric heap (see the module docstring).
+
+    ``rank``, ``size``, ``members`` as the communicator's; ``pe`` arguments are its ranks."""
+
+    _of: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+    def __init__(self, comm):
+        self.rt = runtime()
+        self.members = list(comm.members)
+        self.rank, self.size = comm.rank, comm.size
+        self.me = self.members[self.rank]
+        self.comm = comm
+
+    @classmethod
+    def of(cls, comm=None) -> "SymmetricHeap":
+        """The heap of ``comm`` (None: the world communicator), made once per communicator."""
+        if comm is None:
+            comm = runtime().world_comm
+        heap = cls._of.get(comm)
+        if heap is None or heap.rt is not runtime():
+            heap = cls._of[comm] = cls(comm)
+        return heap
+
+    @property
+    def timeout(self) -> float:
+        """The communication timeout (``STRATACL_TIMEOUT``), the default of every wait."""
+        return float(self.rt.config.timeout)
+
+    # --- addresses ----------------------------------------------------------------------------
+    def peer(self, pe, op: str) -> int:
+        """The world rank of communicator rank ``pe``; OneSidedError if it is out of range."""
+        try:
+            p = operator.index(pe)
+        except TypeError:
+            raise OneSidedError(f"{op}: rank {self.rank}: the peer must be an int, got {pe!r}", op, None) from None
+        if not 0 <= p < self.size:
+            raise OneSidedError(f"{op}: rank {self.rank}: peer {p} is out of range: the communicator has ranks "
+                                f"0..{self.size - 1}", op, p)
+        return self.members[p]
+
+    def remote(self, addr: int, nbytes: int, pe: int, op: str, align: int = 1) -> int:
+        """The address of peer ``pe``'s counterpart of [addr, addr + nbytes): ``addr`` is in
+        this rank's slice of the window (a symmetric address: the same offset in pe's slice),
+        or already in pe's. Refused (OneSidedError naming the peer and the address) unless
+        the whole range is registered memory of pe that this rank can reach, or ``addr`` is
+        not a multiple of ``align``."""
+        world = self.peer(pe, op)
+        w = self.rt.window
+        owner = w.owner(addr)
+        if owner == self.me:
+            target = addr - w.slice_start(self.me) + w.slice_start(world)
+        elif owner == world:
+            target = addr
+        else:
+            whose = "outside the shared address window" if owner < 0 else f"in world rank {owner}'s slice"
+            raise OneSidedError(f"{op}: rank {self.rank} -> peer {pe}: address {addr:#x} is {whose}; name a "
+                                f"symmetric object by this rank's own address (or by peer {pe}'s)", op, pe, addr)
+        if target % align:
+            raise OneSidedError(f"{op}: rank {self.rank} -> peer {pe}: address {target:#x} is not aligned to "
+                                f"{align} bytes (a 64-bit atomic needs an 8-byte aligned word)", op, pe, target)
+        if nbytes <= 0:
+            return target
+        if w.owner(target + nbytes - 1) != world:
+            ok = False
+        elif world == self.me:
+            ok = self.rt.own_segment(target, nbytes) is not None
+        else:
+            ok = self.rt.reg.lookup(world, target, nbytes, op)
+        if not ok:
+            hint = ("; registration=jit maps a peer's buffer only when an operator first reads it: use roa or pool "
+                    "for one-sided calls" if self.rt.config.registration == "jit" else
+                    "; allocate symmetric objects with shmem.empty/zeros, in the same order on every rank")
+            raise OneSidedError(f"{op}: rank {self.rank} -> peer {pe}: {target:#x}+{nbytes} is not inside a "
+                                f"registered HBM range of peer {pe} (world rank {world}){hint}", op, pe, target)
+        return target
+
+    def window(self, addr: int, nbytes: int) -> np.ndarray:
+        """The bytes [addr, addr + nbytes) of the shadow window (checked by ``remote`` first)."""
+        return self.rt.window.view(addr, nbytes)
+
+    def allocate(self, shape, dtype, op: str) -> np.ndarray:
+        """A symmetric HBM array: allocated here, then checked to sit at the same offset of
+        every member's slice (an allgather of the offsets). Collective, host-blocking."""
+        a = self.rt.empty(shape, dtype)
+        self.check_symmetric(address_of(a) if a.nbytes else 0, op)
+        return a
+
+    def check_symmetric(self, addr: int, op: str) -> None:
+        """Every member's ``addr`` is at the same offset of its slice (0: an empty array, not
+        compared). Collective; raises OneSidedError on every member if not."""
+        w = self.rt.window
+        off = np.array([addr - w.slice_start(self.me) if addr else -1], dtype=np.int64)
+        offs = np.zeros(self.size, dtype=np.int64)
+        self.comm.all_gather(offs, off)
+        if len(set(offs.tolist())) > 1:
+            raise OneSidedError(f"{op}: the members' allocations are not symmetric: offsets in their slices "
+                                f"{offs.tolist()} (by rank); allocate symmetric objects in the same order and "
+                                f"sizes on every rank", op, None, addr)
+
+    # --- signal pads --------------------------------------------------------------------------
+    def signal_pad(self, n: int, op: str = "signal_pad") -> np.ndarray:
+        """``n`` u64 signal words, zeroed, symmetric across the members (collective)."""
+        n = operator.index(n)
+        if n < 1:
+            raise ValueError(f"{op}: a signal pad needs at least one word, got {n}")
+        block = self.rt.empty((PAD_ROWS, n), np.uint64)
+        block[...] = 0
+        base = address_of(block)
+        self.check_symmetric(base, op)
+        _forget_dead_pads()
+        _PADS[base] = (n, weakref.ref(block))
+        bisect.insort(_PAD_BASES, base)
+        self.comm.barrier()          # every member's pad is zero before anyone signals into it
+        return block[PAD_SIGNAL]
+
+    def pad_word(self, addr: int, op: str) -> tuple[int, int] | None:
+        """(this rank's pad base, n) of the live pad holding this rank's word ``addr``, or None."""
+        i = bisect.bisect_right(_PAD_BASES, addr) - 1
+        if i < 0:
+            return None
+        base = _PAD_BASES[i]
+        n, ref = _PADS[base]
+        if ref() is None or not base <= addr < base + 8 * n:
+            return None
+        return base, n
+
+    def signal_words(self, sig: int, pe: int, op: str) -> tuple[int, int]:
+        """(peer ``pe``'s address of signal word ``sig``, the pad's row stride in bytes): ``sig``
+        is this rank's (or pe's) address of a signal pad's word; OneSidedError otherwise."""
+        w = self.rt.window
+        mine = sig
+        if w.owner(sig) != self.me:
+            world = self.peer(pe, op)
+            if w.owner(sig) == world:
+                mine = sig - w.slice_start(world) + w.slice_start(self.me)
+        found = self.pad_word(mine, op)
+        if found is None or (mine - found[0]) % 8:
+            raise OneSidedError(f"{op}: rank {self.rank} -> peer {pe}: {sig:#x} is not a word of a live signal pad "
+                                f"(make signal words with shmem.signal_pad)", op, pe, sig)
+        base, n = found
+        pad = self.remote(base, 8 * PAD_ROWS * n, pe, op, align=8)
+        return pad + (mine - base), 8 * n
+
+    # --- modeled time -------------------------------------------------------------------------
+    def _transfer_us(self, src: int, dst: int, nbytes: int, t0: float) -> float:
+        """When ``nbytes`` moved from world rank ``src`` to ``dst`` from ``t0`` are in place."""
+        return self.rt.clock.received(src, dst, nbytes, float("-inf"), t0)
+
+    def charge_put(self, op: str, pe: int, nbytes: int) -> float | None:
+        """A put of ``nbytes`` to ``pe``: the caller's clock moves past the bytes' departure;
+        returns when they land (None with the clock off)."""
+        c = self.rt.clock
+        if c is None:
+            return None
+        world = self.members[pe]
+        t0 = c.entering()
+        land = self._transfer_us(self.me, world, nbytes, t0)
+        f = c.model.fabric
+        alpha = float(f.latency[int(f.tier_of(self.me, world))]) if nbytes else 0.0
+        c.set(op, max(t0, land - alpha))
+        key = id(self.rt)
+        _LANDING[key] = max(_LANDING.get(key, 0.0), land)
+        return land
+
+    def charge_get(self, op: str, pe: int, nbytes: int) -> None:
+        c = self.rt.clock
+        if c is not None:
+            t0 = c.entering()
+            c.set(op, self._transfer_us(self.members[pe], self.me, nbytes, t0))
+
+    def charge_atomic(self, op: str, pe: int) -> None:
+        """A remote atomic with a reply: one word there, one back."""
+        c = self.rt.clock
+        if c is not None:
+            world, t0 = self.members[pe], c.entering()
+            c.set(op, self._transfer_us(world, self.me, 8, self._transfer_us(self.me, world, 8, t0)))
+
+    @staticmethod
+    def fence() -> None:
+        """Order this rank's stores: every transfer here is complete on return, so a full
+        memory fence orders them as seen from every peer."""
+        _native.fence()
+
+    def quiet(self, op: str = "quiet") -> None:
+        """Every put of this rank has landed: a fence, and the clock joins their latest landing."""
+        _native.fence()
+        c = self.rt.clock
+        if c is not None:
+            land = _LANDING.get(id(self.rt), 0.0)
+            c.set(op, max(c.entering(), land))
+
+    # --- signals ------------------------------------------------------------------------------
+    @staticmethod
+    def check_sig_op(op: str, sig_op: str) -> None:
+        if sig_op not in SIGNAL_OPS:
+            raise ValueError(f"{op}: sig_op must be one of {SIGNAL_OPS}, got {sig_op!r}")
+
+    def signal(self, op: str, words: tuple[int, int], value: int, sig_op: str, pe: int) -> None:
+        """Update peer ``pe``'s signal word (``words``: what ``signal_words`` returned) by
+        ``sig_op`` (``set`` or ``add``) ``value``, after every store this rank made before (a
+        full fence); the signal's arrival in modeled time (now + the flag latency between the
+        ranks) goes beside it first."""
+        self.check_sig_op(op, sig_op)
+        target, stride = words
+        value = int(value) & MASK64
+        _native.fence()
+        c = self.rt.clock
+        if c is not None:
+            arrival = c.entering() + float(c.model.fabric.flag_us(self.me, self.members[pe]))
+            _max_bits(target + PAD_STAMP * stride, to_bits(arrival))
+            key = id(self.rt)
+            _LANDING[key] = max(_LANDING.get(key, 0.0), arrival)
+        _native.store_u64(target + PAD_LAST * stride, self.me + 1)
+        if sig_op == "set":
+            _native.store_u64(target, value)
+        else:
+            _native.fetch_add_u64(target, value)
+        self.bump(target, stride)
+
+    @staticmethod
+    def bump(target: int, stride: int) -> None:
+        """A signal word changed: count the change, wake its waiters if any sleep."""
+        seq = target + PAD_SEQ * stride
+        _native.fetch_add_u64(seq, 1)
+        if _native.load_u64(target + PAD_WAITERS * stride):
+            _native.futex_wake(seq, 0x7FFFFFFF)
+
+    def wait(self, op: str, sig: int, cmp: str, value: int, timeout: float | None) -> int:
+        """Sleep (in the kernel) until this rank's signal word ``sig`` compares ``cmp`` to
+        ``value``; then the clock joins the signal's arrival. Returns the value seen."""
+        test = COMPARISONS.get(cmp)
+        if test is None:
+            raise ValueError(f"{op}: cmp must be one of {sorted(COMPARISONS)}, got {cmp!r}")
+        value = int(value) & MASK64
+        w = self.rt.window
+        if w.owner(sig) != self.me:
+            raise OneSidedError(f"{op}: rank {self.rank} waits on its own signal words; {sig:#x} is not in its "
+                                f"slice", op, self.rank, sig)
+        found = self.pad_word(sig, op)
+        if found is None or (sig - found[0]) % 8:
+            raise OneSidedError(f"{op}: rank {self.rank}: {sig:#x} is not a word of a live signal pad (make signal "
+                                f"words with shmem.signal_pad)", op, self.rank, sig)
+        stride = 8 * found[1]
+        seq, waiters = sig + PAD_SEQ * stride, sig + PAD_WAITERS * stride
+        timeout = self.timeout if timeout is None else float(timeout)
+        deadline = time.monotonic() + timeout
+        health = self.rt.health
+        while True:
+            seen_seq = _native.load_u32(seq)
+            v = _native.load_u64(sig)
+            if test(v, value):
+                break
+            left = deadline - time.monotonic()
+            if left <= 0:
+                last = _native.load_u64(sig + PAD_LAST * stride)
+                peer = self.members.index(last - 1) if last and (last - 1) in self.members else None
+                by = f"last updated by peer {peer}" if peer is not None else "never updated"
+                raise SignalTimeout(f"{op}: rank {self.rank} waited {timeout:g} s for its signal word {sig:#x} to be "
+                                    f"{cmp} {value}; it holds {v} ({by})", op, peer, sig)
+            _native.fetch_add_u64(waiters, 1)
+            try:
+                _native.futex_wait(seq, seen_seq, min(SLICE, left))
+            finally:
+                _native.fetch_add_u64(waiters, MASK64)
+            health.check(op, [])
+        _native.fence()
+        c = self.rt.clock
+        if c is not None:
+            stamp = us_from_bits(_native.load_u64(sig + PAD_STAMP * stride))
+            c.set(op, max(c.entering(), stamp))
+        return v
+
+    # --- atomics ------------------------------------------------------------------------------
+    def atomic(self, op: str, kind: str, addr: int, pe: int, a: int = 0, b: int = 0) -> int:
+        """A 64-bit atomic on peer ``pe``'s word ``addr`` (8-byte aligned): ``fetch_add`` a,
+        ``compare_swap`` (expected a, desired b), ``fetch``, ``set`` a. Returns the old value.
+        On a signal pad's word it counts as a signal (its waiters wake)."""
+        target = self.remote(addr, 8, pe, op, align=8)
+        a, b = int(a) & MASK64, int(b) & MASK64
+        if kind == "fetch_add":
+            old = _native.fetch_add_u64(target, a)
+        elif kind == "compare_swap":
+            old = _native.cas_u64(target, a, b)
+        elif kind == "fetch":
+            old = _native.load_u64(target)
+        elif kind == "set":
+            old = _native.load_u64(target)
+            _native.store_u64(target, a)
+        else:
+            raise ValueError(f"{op}: unknown atomic {kind!r} (one of {ATOMICS})")
+        if kind != "fetch":
+            w = self.rt.window
+            mine = target - w.slice_start(self.members[pe]) + w.slice_start(self.me)
+            found = self.pad_word(mine, op)
+            if found is not None and (mine - found[0]) % 8 == 0:
+                self.bump(target, 8 * found[1])
+        self.charge_atomic(op, pe)
+        return int(old)
+
+
+def _max_bits(addr: int, bits: int) -> None:
+    """The u64 at ``addr`` becomes max(itself, ``bits``): non-negative float64s order as their bits."""
+    seen = _native.load_u64(addr)
+    while seen < bits:
+        got = _native.cas_u64(addr, seen, bits)
+        if got == seen:
+            return
+        seen = got
+
+
+def _forget_dead_pads() -> None:
+    dead = [b for b, (_, ref) in _PADS.items() if ref() is None]
+    for b in dead:
+        del _PADS[b]
+        _PAD_BASES.remove(b)
