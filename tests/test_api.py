@@ -184,5 +184,4 @@ def test_one_sided_front_end_is_public_and_curated():
     assert issubclass(stratacl.OneSidedError, stratacl.StrataError)
     assert issubclass(stratacl.SignalTimeout, stratacl.OneSidedError) and issubclass(stratacl.SignalTimeout, TimeoutError)
     # what the front ends may use of the runtime: its package's public names
-    import stratacl.runtime
     assert {"SymmetricHeap", "address_of"} <= set(dir(stratacl.runtime))
