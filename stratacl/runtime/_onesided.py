@@ -281,6 +281,16 @@ class SymmetricHeap:
         self.check_sig_op(op, sig_op)
         target, stride = words
         value = int(value) & MASK64
+        self._stamp(target, stride, pe)
+        if sig_op == "set":
+            _native.store_u64(target, value)
+        else:
+            _native.fetch_add_u64(target, value)
+        self.bump(target, stride)
+
+    def _stamp(self, target: int, stride: int, pe: int) -> None:
+        """Before a signal word changes: fence this rank's earlier stores, raise the word's
+        timestamp to this signal's arrival (now + the flag latency), note the signaller."""
         _native.fence()
         c = self.rt.clock
         if c is not None:
@@ -289,11 +299,6 @@ class SymmetricHeap:
             key = id(self.rt)
             _LANDING[key] = max(_LANDING.get(key, 0.0), arrival)
         _native.store_u64(target + PAD_LAST * stride, self.me + 1)
-        if sig_op == "set":
-            _native.store_u64(target, value)
-        else:
-            _native.fetch_add_u64(target, value)
-        self.bump(target, stride)
 
     @staticmethod
     def bump(target: int, stride: int) -> None:
@@ -355,23 +360,28 @@ class SymmetricHeap:
         On a signal pad's word it counts as a signal (its waiters wake)."""
         target = self.remote(addr, 8, pe, op, align=8)
         a, b = int(a) & MASK64, int(b) & MASK64
+        if kind not in ATOMICS:
+            raise ValueError(f"{op}: unknown atomic {kind!r} (one of {ATOMICS})")
+        stride = None
+        if kind != "fetch":
+            # a signal pad's word: the update is a signal (stamped, its waiters woken)
+            w = self.rt.window
+            mine = target - w.slice_start(self.members[pe]) + w.slice_start(self.me)
+            found = self.pad_word(mine, op)
+            if found is not None and (mine - found[0]) % 8 == 0:
+                stride = 8 * found[1]
+                self._stamp(target, stride, pe)
         if kind == "fetch_add":
             old = _native.fetch_add_u64(target, a)
         elif kind == "compare_swap":
             old = _native.cas_u64(target, a, b)
         elif kind == "fetch":
             old = _native.load_u64(target)
-        elif kind == "set":
+        else:
             old = _native.load_u64(target)
             _native.store_u64(target, a)
-        else:
-            raise ValueError(f"{op}: unknown atomic {kind!r} (one of {ATOMICS})")
-        if kind != "fetch":
-            w = self.rt.window
-            mine = target - w.slice_start(self.members[pe]) + w.slice_start(self.me)
-            found = self.pad_word(mine, op)
-            if found is not None and (mine - found[0]) % 8 == 0:
-                self.bump(target, 8 * found[1])
+        if stride is not None:
+            self.bump(target, stride)
         self.charge_atomic(op, pe)
         return int(old)
 
