@@ -159,7 +159,7 @@ def test_every_public_name_has_a_docstring():
     from stratacl.runtime._work import Work
     missing = []
     classes = []
-    for module in (stratacl, stratacl.ub, stratacl.ep):
+    for module in (stratacl, stratacl.ub, stratacl.ep, stratacl.shmem):
         assert _documented(module), module.__name__
         for name in module.__all__:
             obj = getattr(module, name)

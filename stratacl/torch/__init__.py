@@ -9,12 +9,14 @@
 Importing this module imports torch; ``import stratacl`` alone never does. The mapping of
 torch's operations onto the communicator is in _backend.py, how they are run and what their
 Work does in _work.py, the tensors in _tensors.py, groups in _groups.py; docs/torch.md tells
-the whole story.
+the whole story. ``symm_mem`` (_symm_mem.py) is torch.distributed._symmetric_memory's API over
+HBM (docs/one-sided.md).
 """
 from __future__ import annotations
 
 import torch.distributed as _dist
 
+from . import _symm_mem as symm_mem
 from ._backend import ProcessGroupStrataCL as ProcessGroupStrataCL
 from ._groups import create as _create
 from ._tensors import empty as empty
@@ -24,7 +26,7 @@ from ._work import Work as Work
 
 BACKEND = "stratacl"
 
-__all__ = ["BACKEND", "ProcessGroupStrataCL", "Work", "empty", "empty_like", "zeros"]
+__all__ = ["BACKEND", "ProcessGroupStrataCL", "Work", "empty", "empty_like", "symm_mem", "zeros"]
 
 if BACKEND.upper() not in _dist.Backend._plugins:
     _dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu"])
