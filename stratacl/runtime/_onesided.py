@@ -17,13 +17,14 @@ slice, mapped here by the registration unit. A front end (``stratacl.shmem``,
     heap.signal(op, sig, value, sig_op, pe)         data fenced before the signal; the
     heap.wait(op, sig, cmp, value, timeout)         signaller's modeled time travels with it
 
-Signal words live in signal pads (``signal_pad``): n u64 signal words followed by four more
-rows of n u64 (``PAD_ROWS``): the modeled time the latest signal arrives at (float64 bits,
-a running maximum), a change counter whose low 32 bits are the futex word waiters sleep on,
-the number of waiters asleep (a wake is skipped when it is 0), and the last signaller's
-world rank + 1 (for a timeout's message). A signaller stores the value, then bumps the
-counter, then reads the waiters; a waiter counts itself, then sleeps only while the counter
-is unchanged: whichever comes first, no wake-up is lost.
+Signal words live in signal pads (``signal_pad``): n u64 signal words followed by more rows of
+n u64 (``PAD_ROWS``): a change counter whose low 32 bits are the futex word waiters sleep on,
+the number of waiters asleep (a wake is skipped when it is 0), the last signaller's world
+rank + 1 (for a timeout's message), and, with a modeled clock, an arrival log: for each of
+the last ``LOG_ENTRIES`` values the word took, that value + 1 and the modeled time the update
+that made it arrives at (entry ``value % LOG_ENTRIES``). A signaller stores the value, then
+bumps the counter, then reads the waiters; a waiter counts itself, then sleeps only while the
+counter is unchanged: whichever comes first, no wake-up is lost.
 
 Modeled time (``--clock virtual|throttled``; nothing is charged with the clock off). Every
 transfer is timed as a point-to-point pull of its bytes between the two ranks
@@ -35,9 +36,15 @@ transfer is timed as a point-to-point pull of its bytes between the two ranks
   landing of this rank's puts;
 - ``put_signal``: a put, then the signal, which leaves behind the data (at the caller's clock
   after the put) and arrives a flag latency later (``Fabric.flag_us``: the tier's latency +
-  ``sync.flag_us``), so with the data's landing; that arrival is the timestamp beside it;
-- ``wait_until``: the waiter's clock becomes max(own, the timestamp), as at any flag;
-- atomics: a round trip of one word (request and reply).
+  ``sync.flag_us``), so with the data's landing; that arrival is logged under the value the
+  signal makes;
+- ``wait_until``: the waiter's clock becomes max(own, the arrival of the update that made the
+  condition true), as at any flag; for a counter several ranks add to, the latest of the
+  contributions up to that value. An update made after that one (a signaller that raced
+  ahead before the waiter looked) is not waited for: the same program gives the same
+  modeled times whatever the host's timing;
+- atomics: a round trip of one word (request and reply); on the rank's own word, nothing;
+- a rank's signal to itself arrives at once (no flag latency).
 """
 from __future__ import annotations
 
@@ -55,8 +62,9 @@ from ._sync import SLICE
 from ._world import runtime
 
 # a signal pad's rows of n u64 words: the signals, then their bookkeeping (module docstring)
-PAD_SIGNAL, PAD_STAMP, PAD_SEQ, PAD_WAITERS, PAD_LAST = range(5)
-PAD_ROWS = 5
+PAD_SIGNAL, PAD_SEQ, PAD_WAITERS, PAD_LAST, PAD_LOG = range(5)
+LOG_ENTRIES = 32            # values whose arrival a signal word remembers (a fan-in of up to 32 is exact)
+PAD_ROWS = PAD_LOG + 2 * LOG_ENTRIES
 SIGNAL_OPS = ("set", "add")
 COMPARISONS = {"eq": operator.eq, "ne": operator.ne, "gt": operator.gt, "ge": operator.ge,
                "lt": operator.lt, "le": operator.le}
@@ -247,9 +255,10 @@ class SymmetricHeap:
             c.set(op, self._transfer_us(self.members[pe], self.me, nbytes, t0))
 
     def charge_atomic(self, op: str, pe: int) -> None:
-        """A remote atomic with a reply: one word there, one back."""
+        """A remote atomic with a reply: one word there, one back. On this rank's own word
+        it is a local memory access: not charged."""
         c = self.rt.clock
-        if c is not None:
+        if c is not None and self.members[pe] != self.me:
             world, t0 = self.members[pe], c.entering()
             c.set(op, self._transfer_us(world, self.me, 8, self._transfer_us(self.me, world, 8, t0)))
 
@@ -276,29 +285,43 @@ class SymmetricHeap:
     def signal(self, op: str, words: tuple[int, int], value: int, sig_op: str, pe: int) -> None:
         """Update peer ``pe``'s signal word (``words``: what ``signal_words`` returned) by
         ``sig_op`` (``set`` or ``add``) ``value``, after every store this rank made before (a
-        full fence); the signal's arrival in modeled time (now + the flag latency between the
-        ranks) goes beside it first."""
+        full fence)."""
         self.check_sig_op(op, sig_op)
         target, stride = words
         value = int(value) & MASK64
-        self._stamp(target, stride, pe)
-        if sig_op == "set":
-            _native.store_u64(target, value)
-        else:
-            _native.fetch_add_u64(target, value)
-        self.bump(target, stride)
+        self.update(target, stride, pe, lambda old: value if sig_op == "set" else (old + value) & MASK64)
 
-    def _stamp(self, target: int, stride: int, pe: int) -> None:
-        """Before a signal word changes: fence this rank's earlier stores, raise the word's
-        timestamp to this signal's arrival (now + the flag latency), note the signaller."""
+    def update(self, target: int, stride: int, pe: int, new_value, expect: int | None = None) -> int:
+        """Change peer ``pe``'s signal word at ``target`` to ``new_value(old)`` atomically (only
+        if it holds ``expect``, when given) and return the old value. Before the word changes:
+        a fence (every earlier store of this rank is visible first), the signaller noted, and
+        with a modeled clock the new value's arrival (now + the flag latency) in the word's
+        log. After: its change counted, its waiters woken."""
         _native.fence()
         c = self.rt.clock
+        arrival = None
         if c is not None:
-            arrival = c.entering() + float(c.model.fabric.flag_us(self.me, self.members[pe]))
-            _max_bits(target + PAD_STAMP * stride, to_bits(arrival))
+            world = self.members[pe]
+            arrival = to_bits(c.entering() + (float(c.model.fabric.flag_us(self.me, world)) if world != self.me else 0.0))
             key = id(self.rt)
-            _LANDING[key] = max(_LANDING.get(key, 0.0), arrival)
+            _LANDING[key] = max(_LANDING.get(key, 0.0), us_from_bits(arrival))
         _native.store_u64(target + PAD_LAST * stride, self.me + 1)
+        old = _native.load_u64(target)
+        while True:
+            if expect is not None and old != expect:
+                return old
+            new = new_value(old)
+            if arrival is not None:
+                # logged before the word changes: a waiter that sees the value finds its arrival
+                slot = target + (PAD_LOG + 2 * (new % LOG_ENTRIES)) * stride
+                _native.store_u64(slot + stride, arrival)
+                _native.store_u64(slot, (new + 1) & MASK64)
+            got = _native.cas_u64(target, old, new)
+            if got == old:
+                break
+            old = got
+        self.bump(target, stride)
+        return old
 
     @staticmethod
     def bump(target: int, stride: int) -> None:
@@ -307,6 +330,31 @@ class SymmetricHeap:
         _native.fetch_add_u64(seq, 1)
         if _native.load_u64(target + PAD_WAITERS * stride):
             _native.futex_wake(seq, 0x7FFFFFFF)
+
+    @staticmethod
+    def arrival(sig: int, stride: int, cmp: str, value: int, seen: int) -> float | None:
+        """The modeled time the condition (``cmp`` ``value``) became true on this rank's word
+        ``sig``, which now holds ``seen``: for a rising condition (eq, ge, gt) the latest
+        arrival among the logged values up to the first that satisfies it (a fan-in's last
+        contribution; a later update, made while this rank had not looked yet, is not waited
+        for); otherwise the arrival of the value seen. None if the log holds none of them."""
+        def logged(v: int) -> float | None:
+            slot = sig + (PAD_LOG + 2 * (v % LOG_ENTRIES)) * stride
+            if _native.load_u64(slot) != (v + 1) & MASK64:
+                return None
+            return us_from_bits(_native.load_u64(slot + stride))
+        if cmp not in ("eq", "ge", "gt"):
+            return logged(seen)
+        first = value + 1 if cmp == "gt" else value
+        hit = logged(first)
+        k = first
+        while hit is None and k < min(seen, first + LOG_ENTRIES):       # the word jumped past `first`
+            k += 1
+            hit = logged(k)
+        if hit is None:
+            return None
+        below = [t for v in range(max(0, first - LOG_ENTRIES + 1), first) if (t := logged(v)) is not None]
+        return max([hit, *below])
 
     def wait(self, op: str, sig: int, cmp: str, value: int, timeout: float | None) -> int:
         """Sleep (in the kernel) until this rank's signal word ``sig`` compares ``cmp`` to
@@ -349,8 +397,8 @@ class SymmetricHeap:
         _native.fence()
         c = self.rt.clock
         if c is not None:
-            stamp = us_from_bits(_native.load_u64(sig + PAD_STAMP * stride))
-            c.set(op, max(c.entering(), stamp))
+            t = self.arrival(sig, stride, cmp, value, v)
+            c.set(op, c.entering() if t is None else max(c.entering(), t))
         return v
 
     # --- atomics ------------------------------------------------------------------------------
@@ -362,15 +410,21 @@ class SymmetricHeap:
         a, b = int(a) & MASK64, int(b) & MASK64
         if kind not in ATOMICS:
             raise ValueError(f"{op}: unknown atomic {kind!r} (one of {ATOMICS})")
-        stride = None
         if kind != "fetch":
-            # a signal pad's word: the update is a signal (stamped, its waiters woken)
+            # a signal pad's word: the update is a signal (logged, its waiters woken)
             w = self.rt.window
             mine = target - w.slice_start(self.members[pe]) + w.slice_start(self.me)
             found = self.pad_word(mine, op)
             if found is not None and (mine - found[0]) % 8 == 0:
                 stride = 8 * found[1]
-                self._stamp(target, stride, pe)
+                if kind == "fetch_add":
+                    old = self.update(target, stride, pe, lambda o: (o + a) & MASK64)
+                elif kind == "compare_swap":
+                    old = self.update(target, stride, pe, lambda o: b, expect=a)
+                else:
+                    old = self.update(target, stride, pe, lambda o: a)
+                self.charge_atomic(op, pe)
+                return int(old)
         if kind == "fetch_add":
             old = _native.fetch_add_u64(target, a)
         elif kind == "compare_swap":
@@ -380,20 +434,8 @@ class SymmetricHeap:
         else:
             old = _native.load_u64(target)
             _native.store_u64(target, a)
-        if stride is not None:
-            self.bump(target, stride)
         self.charge_atomic(op, pe)
         return int(old)
-
-
-def _max_bits(addr: int, bits: int) -> None:
-    """The u64 at ``addr`` becomes max(itself, ``bits``): non-negative float64s order as their bits."""
-    seen = _native.load_u64(addr)
-    while seen < bits:
-        got = _native.cas_u64(addr, seen, bits)
-        if got == seen:
-            return
-        seen = got
 
 
 def _forget_dead_pads() -> None:
