@@ -234,3 +234,22 @@ def test_e2e_nocomm_topology_frees_communication_and_keeps_the_compute(tmp_path)
             t = stratacl.estimate(op, 32, 64 << 20, topology=path, path=route).time_us
             assert t < 0.25 * stratacl.estimate(op, 32, 64 << 20, path=route).time_us
             assert stratacl.estimate(op, 32, 64 << 20, topology=str(path2), path=route).time_us == pytest.approx(t / 2, rel=1e-3)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("n, clock", [(8, "virtual"), (3, "off")])
+def test_symm_all_gather_example_is_exact_against_the_builtin(n, clock):
+    run = launch("-n", str(n), "--clock", clock, "--timeout", "120", str(EXAMPLES / "symm_all_gather.py"),
+                 "--count", "4096", timeout=280)
+    assert run.returncode == 0, run.explain()
+    lines = run.stdout.splitlines()
+    assert lines[0] == f"symm_mem all-gather: {n} ranks, 16 KiB per rank (float32), topology cm384, clock {clock}"
+    assert lines[-1] == "exact against dist.all_gather_into_tensor on every rank: yes", run.explain()
+    times = {m.group(1): m.group(2) for m in (re.fullmatch(r"(.+?)\s+modeled\s+([\d.]+ us|-)", x) for x in lines[1:-1]) if m}
+    assert sorted(times) == ["dist.all_gather_into_tensor", "rendezvous + get_buffer views", "rendezvous + hdl.get"]
+    if clock == "virtual":
+        assert all(float(t.split()[0]) > 0 for t in times.values()), times
+        # blocking gets one after the other cost more than the mesh's concurrent pulls
+        assert float(times["rendezvous + hdl.get"].split()[0]) > float(times["dist.all_gather_into_tensor"].split()[0])
+    else:
+        assert set(times.values()) == {"-"}
