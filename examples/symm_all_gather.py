@@ -69,9 +69,10 @@ def slowest(value: float) -> float:
 def timed(call) -> float:
     """Modeled seconds of ``call``, from the last rank in to the last rank out (0 without a clock)."""
     dist.barrier()
-    t0 = slowest(comm.clock()) if modeled else 0.0
+    t0 = comm.clock() if modeled else 0.0
     call()
-    return slowest(comm.clock()) - t0 if modeled else 0.0
+    t1 = comm.clock() if modeled else 0.0
+    return slowest(t1) - slowest(t0) if modeled else 0.0
 
 
 ref = stratacl.torch.empty(n * count, dtype=torch.float32)
