@@ -270,7 +270,7 @@ def _errors(comm):
     E = stratacl.OneSidedError
     src = np.arange(64, dtype=np.uint64)
     # a peer out of range
-    bad += _expect(lambda: shmem.put(x, src, n), E, f"peer {n}", "out of range", "shmem.put")
+    bad += _expect(lambda: shmem.put(x, src, n), E, f"peer {n}", "out of range", "shmem.put", "for address 0x")
     bad += _expect(lambda: shmem.get(np.empty(4, np.uint64), x, -1), E, "peer -1", "shmem.get")
     # an address no registered range of the peer holds
     hole = stratacl.runtime.address_of(x) - 2 * stratacl.config.hbm_size     # in my slice (4 x HBM), unmapped

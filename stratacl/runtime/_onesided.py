@@ -113,15 +113,18 @@ class SymmetricHeap:
         return float(self.rt.config.timeout)
 
     # --- addresses ----------------------------------------------------------------------------
-    def peer(self, pe, op: str) -> int:
-        """The world rank of communicator rank ``pe``; OneSidedError if it is out of range."""
+    def peer(self, pe, op: str, addr: int | None = None) -> int:
+        """The world rank of communicator rank ``pe``; OneSidedError (naming ``addr``, the
+        address the call was for, if given) if it is out of range."""
+        at = "" if addr is None else f" (for address {addr:#x})"
         try:
             p = operator.index(pe)
         except TypeError:
-            raise OneSidedError(f"{op}: rank {self.rank}: the peer must be an int, got {pe!r}", op, None) from None
+            raise OneSidedError(f"{op}: rank {self.rank}: the peer must be an int, got {pe!r}{at}", op, None,
+                                addr) from None
         if not 0 <= p < self.size:
-            raise OneSidedError(f"{op}: rank {self.rank}: peer {p} is out of range: the communicator has ranks "
-                                f"0..{self.size - 1}", op, p)
+            raise OneSidedError(f"{op}: rank {self.rank}: peer {p} is out of range{at}: the communicator has ranks "
+                                f"0..{self.size - 1}", op, p, addr)
         return self.members[p]
 
     def remote(self, addr: int, nbytes: int, pe: int, op: str, align: int = 1) -> int:
@@ -130,7 +133,7 @@ class SymmetricHeap:
         or already in pe's. Refused (OneSidedError naming the peer and the address) unless
         the whole range is registered memory of pe that this rank can reach, or ``addr`` is
         not a multiple of ``align``."""
-        world = self.peer(pe, op)
+        world = self.peer(pe, op, addr)
         w = self.rt.window
         owner = w.owner(addr)
         if owner == self.me:
@@ -216,7 +219,7 @@ class SymmetricHeap:
         w = self.rt.window
         mine = sig
         if w.owner(sig) != self.me:
-            world = self.peer(pe, op)
+            world = self.peer(pe, op, sig)
             if w.owner(sig) == world:
                 mine = sig - w.slice_start(world) + w.slice_start(self.me)
         found = self.pad_word(mine, op)
