@@ -253,3 +253,18 @@ def test_symm_all_gather_example_is_exact_against_the_builtin(n, clock):
         assert float(times["rendezvous + hdl.get"].split()[0]) > float(times["dist.all_gather_into_tensor"].split()[0])
     else:
         assert set(times.values()) == {"-"}
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("n, clock", [(4, "virtual"), (3, "off")])
+def test_shmem_ring_all_gather_example_is_exact_against_the_builtin(n, clock):
+    run = launch("-n", str(n), "--clock", clock, "--timeout", "120", str(EXAMPLES / "shmem_ring_all_gather.py"),
+                 "--count", "4096", timeout=280)
+    assert run.returncode == 0, run.explain()
+    lines = run.stdout.splitlines()
+    assert lines[0] == f"shmem ring all-gather: {n} ranks, 16 KiB per rank (float32), topology cm384, clock {clock}"
+    assert lines[-1] == "exact against comm.all_gather on every rank: yes", run.explain()
+    times = [re.fullmatch(r"(.+?)\s+modeled\s+([\d.]+) us", x) for x in lines[1:-1]]
+    if clock == "virtual":
+        assert [m.group(1) for m in times] == ["comm.all_gather (full mesh)", "put_signal ring"], run.explain()
+        assert all(float(m.group(2)) > 0 for m in times)
