@@ -85,6 +85,22 @@ def _exact(comm):
     if stratacl.ub.view(shmem.ptr(z, right), (8,), np.int32).tolist() != [right] * 8:
         bad.append("ptr")
     shmem.barrier_all()
+    # allocations that differ between ranks: a symmetric pad is refused on every rank, one made
+    # with symmetric=False exchanges its addresses and works
+    keep = stratacl.empty(1000 * (me + 1), np.uint8)       # noqa: F841  (held: the offsets differ)
+    try:
+        shmem.signal_pad(1)
+        bad.append("an asymmetric signal pad was accepted")
+    except stratacl.OneSidedError as e:
+        if "not symmetric" not in str(e):
+            bad.append(f"asymmetric pad: {e}")
+    sig = shmem.signal_pad(1, symmetric=False)
+    shmem.put_signal(sig[:0], sig[:0], sig[0:1], me + 1, shmem.SIGNAL_SET, right)
+    if shmem.wait_until(sig[0:1], shmem.CMP_EQ, (me - 1) % n + 1) != (me - 1) % n + 1:
+        bad.append("signal through a non-symmetric pad")
+    if shmem.atomic_fetch(shmem.ptr(sig, right), right) != me + 1:
+        bad.append("ptr of a non-symmetric pad")
+    shmem.barrier_all()
     return bad
 
 

@@ -71,8 +71,9 @@ COMPARISONS = {"eq": operator.eq, "ne": operator.ne, "gt": operator.gt, "ge": op
 MASK64 = (1 << 64) - 1
 ATOMICS = ("fetch_add", "compare_swap", "fetch", "set")
 
-# live signal pads of this process: own base address -> (n, weak reference to the pad's block)
-_PADS: dict[int, tuple[int, weakref.ref]] = {}
+# live signal pads of this process: own base address -> (n, weak reference to the pad's block,
+# the members' bases by world rank for a pad made with symmetric=False, else None)
+_PADS: dict[int, tuple[int, weakref.ref, dict | None]] = {}
 _PAD_BASES: list[int] = []
 # the modeled time this rank's latest put lands at (quiet joins it), per runtime
 _LANDING: dict[int, float] = {}
@@ -137,7 +138,7 @@ class SymmetricHeap:
         w = self.rt.window
         owner = w.owner(addr)
         if owner == self.me:
-            target = addr - w.slice_start(self.me) + w.slice_start(world)
+            target = self.translate(addr, world)
         elif owner == world:
             target = addr
         else:
@@ -187,31 +188,64 @@ class SymmetricHeap:
                                 f"sizes on every rank", op, None, addr)
 
     # --- signal pads --------------------------------------------------------------------------
-    def signal_pad(self, n: int, op: str = "signal_pad") -> np.ndarray:
-        """``n`` u64 signal words, zeroed, symmetric across the members (collective)."""
+    def signal_pad(self, n: int, op: str = "signal_pad", symmetric: bool = True) -> np.ndarray:
+        """``n`` u64 signal words, zeroed (collective, ends with a barrier). ``symmetric``: the
+        pad must sit at the same offset of every member's slice (checked); otherwise the
+        members' addresses are exchanged and the pad's words translate through them."""
         n = operator.index(n)
         if n < 1:
             raise ValueError(f"{op}: a signal pad needs at least one word, got {n}")
         block = self.rt.empty((PAD_ROWS, n), np.uint64)
         block[...] = 0
         base = address_of(block)
-        self.check_symmetric(base, op)
+        peers = None
+        if symmetric:
+            self.check_symmetric(base, op)
+        else:
+            bases = np.zeros(self.size, dtype=np.int64)
+            self.comm.all_gather(bases, np.array([base], dtype=np.int64))
+            peers = dict(zip(self.members, bases.tolist()))
         _forget_dead_pads()
-        _PADS[base] = (n, weakref.ref(block))
+        _PADS[base] = (n, weakref.ref(block), peers)
         bisect.insort(_PAD_BASES, base)
         self.comm.barrier()          # every member's pad is zero before anyone signals into it
         return block[PAD_SIGNAL]
 
-    def pad_word(self, addr: int, op: str) -> tuple[int, int] | None:
-        """(this rank's pad base, n) of the live pad holding this rank's word ``addr``, or None."""
+    @staticmethod
+    def _pad_at(addr: int) -> tuple[int, int, dict | None] | None:
+        """(base, n, peers' bases) of this process's live pad whose block holds ``addr``."""
         i = bisect.bisect_right(_PAD_BASES, addr) - 1
         if i < 0:
             return None
         base = _PAD_BASES[i]
-        n, ref = _PADS[base]
-        if ref() is None or not base <= addr < base + 8 * n:
+        n, ref, peers = _PADS[base]
+        if ref() is None or not base <= addr < base + 8 * PAD_ROWS * n:
             return None
-        return base, n
+        return base, n, peers
+
+    def translate(self, addr: int, world: int) -> int:
+        """World rank ``world``'s counterpart of this rank's address ``addr``: the same offset
+        of its slice, or for a pad made with symmetric=False, the same offset of its pad."""
+        w = self.rt.window
+        pad = self._pad_at(addr)
+        if pad is not None and pad[2] is not None:
+            return pad[2][world] + (addr - pad[0])
+        return addr - w.slice_start(self.me) + w.slice_start(world)
+
+    def untranslate(self, target: int, world: int) -> int:
+        """This rank's address of world rank ``world``'s address ``target`` (``translate``'s inverse)."""
+        for base, (n, ref, peers) in _PADS.items():
+            if peers is not None and ref() is not None and peers[world] <= target < peers[world] + 8 * PAD_ROWS * n:
+                return base + (target - peers[world])
+        w = self.rt.window
+        return target - w.slice_start(world) + w.slice_start(self.me)
+
+    def pad_word(self, addr: int, op: str) -> tuple[int, int] | None:
+        """(this rank's pad base, n) of the live pad whose signal words hold ``addr``, or None."""
+        pad = self._pad_at(addr)
+        if pad is None or addr >= pad[0] + 8 * pad[1]:
+            return None
+        return pad[0], pad[1]
 
     def signal_words(self, sig: int, pe: int, op: str) -> tuple[int, int]:
         """(peer ``pe``'s address of signal word ``sig``, the pad's row stride in bytes): ``sig``
@@ -221,7 +255,7 @@ class SymmetricHeap:
         if w.owner(sig) != self.me:
             world = self.peer(pe, op, sig)
             if w.owner(sig) == world:
-                mine = sig - w.slice_start(world) + w.slice_start(self.me)
+                mine = self.untranslate(sig, world)
         found = self.pad_word(mine, op)
         if found is None or (mine - found[0]) % 8:
             raise OneSidedError(f"{op}: rank {self.rank} -> peer {pe}: {sig:#x} is not a word of a live signal pad "
@@ -415,8 +449,7 @@ class SymmetricHeap:
             raise ValueError(f"{op}: unknown atomic {kind!r} (one of {ATOMICS})")
         if kind != "fetch":
             # a signal pad's word: the update is a signal (logged, its waiters woken)
-            w = self.rt.window
-            mine = target - w.slice_start(self.members[pe]) + w.slice_start(self.me)
+            mine = self.untranslate(target, self.members[pe])
             found = self.pad_word(mine, op)
             if found is not None and (mine - found[0]) % 8 == 0:
                 stride = 8 * found[1]
@@ -442,7 +475,7 @@ class SymmetricHeap:
 
 
 def _forget_dead_pads() -> None:
-    dead = [b for b, (_, ref) in _PADS.items() if ref() is None]
+    dead = [b for b, (_, ref, _) in _PADS.items() if ref() is None]
     for b in dead:
         del _PADS[b]
         _PAD_BASES.remove(b)

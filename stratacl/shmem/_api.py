@@ -70,10 +70,13 @@ def zeros(shape, dtype=np.float32, comm=None) -> np.ndarray:
     return a
 
 
-def signal_pad(n: int, comm=None) -> np.ndarray:
-    """``n`` zeroed u64 signal words, symmetric over ``comm``; a signal is one word of it,
-    passed as a one-element view (``sig[i:i+1]``). Collective (ends with a barrier)."""
-    return SymmetricHeap.of(comm).signal_pad(n, "shmem.signal_pad")
+def signal_pad(n: int, comm=None, symmetric: bool = True) -> np.ndarray:
+    """``n`` zeroed u64 signal words over ``comm``; a signal is one word of it, passed as a
+    one-element view (``sig[i:i+1]``). ``symmetric``: the pad sits at the same offset of every
+    member's slice (checked, OneSidedError otherwise); ``symmetric=False`` exchanges the
+    members' addresses instead, for programs whose allocations differ between ranks.
+    Collective (ends with a barrier)."""
+    return SymmetricHeap.of(comm).signal_pad(n, "shmem.signal_pad", symmetric)
 
 
 def ptr(dst, pe: int, comm=None) -> int:

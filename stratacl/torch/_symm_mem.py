@@ -109,7 +109,8 @@ class SymmetricMemory:
                                          "symm_mem.rendezvous")
         self.buffer_ptrs = every[0::2].tolist()
         self.buffer_size = int(nbytes)
-        self._pad = stratacl.shmem.signal_pad(CHANNELS * n, comm=comm)
+        # torch does not require the members' allocations to be alike: the pad's addresses are exchanged
+        self._pad = stratacl.shmem.signal_pad(CHANNELS * n, comm=comm, symmetric=False)
         self.signal_pad_ptrs = [stratacl.shmem.ptr(self._pad, r, comm=comm) for r in range(n)]
         self.signal_pad_size = int(self._pad.nbytes)
         self.device = torch.device("cpu")
