@@ -226,3 +226,11 @@ def test_the_native_sources_depend_one_way():
     assert all(f"{name}(" in replay or name in replay for name in replay_defines)
     used = sorted(name for name in replay_defines if re.search(rf"\b{name}\b", native))
     assert used == [], f"_native.c refers to _replay.c's {used}"
+
+
+def test_the_one_sided_front_end_uses_the_runtime_package_interface_only():
+    # stratacl.shmem reaches the runtime through the names stratacl/runtime/__init__.py exports
+    # (SymmetricHeap, runtime/_onesided.py), never through its private modules
+    assert "stratacl.runtime" in GRAPH["stratacl.shmem._api"]
+    assert _violations(lambda s, d, dst: s == "stratacl.shmem" and d == "stratacl.runtime"
+                       and dst != "stratacl.runtime") == []
