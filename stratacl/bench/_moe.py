@@ -179,7 +179,8 @@ def _core_gap(comm, spec: dict, routes: list[np.ndarray], dt) -> float:
     from stratacl.ep._model import traffic
     from stratacl.ub._profile import profile_plan, profiles_cores
     phases, _, staging = traffic(spec["op"], spec["mode"], routes, spec["experts"], spec["hidden"] * dt.itemsize)
-    model = comm._rt.model
+    from stratacl.runtime import pipeline
+    model = pipeline(comm).model
     members = tuple(comm.members)
     return profiles_cores(profile_plan(model, model.plan_exchange(members, phases, staging), members))["core_gap"]
 

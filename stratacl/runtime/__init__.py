@@ -1,1 +1,5 @@
 """What runs inside a rank: bootstrap client, HBM segments, VA window, allocators, mailbox, communicator."""
+
+from ._call import Pipeline as Pipeline, pipeline as pipeline
+
+__all__ = ["Pipeline", "pipeline"]

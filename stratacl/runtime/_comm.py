@@ -50,8 +50,9 @@ from ..collectives._slices import OUT, SCRATCH
 from . import _native
 from ._native import MESH_BARRIER, MESH_NO_DEPARTURE, MESH_ROOT, MESH_ROOT_READER, T_NATIVE
 from ._args import _aliased, _copy_back, _dtype_of, _expect, _flat
+from ._call import Pipeline
 from ._buffers import EAGER_BYTES, EAGER_CHUNKS_READ, Buffers, _Input
-from ._control import F_AUX0, F_AUX1, F_AUX2, F_DTYPE
+from ._control import F_AUX0, F_AUX1, F_AUX2
 from ._execute import Executor
 from ._mesh import MeshDriver
 from ._modeling import Modeling
@@ -124,6 +125,7 @@ class Communicator:
         self._p2p = PointToPoint(rt, self.members, self.rank, self._protocol, self._executor, self._buffers,
                                  self._modeling, self._prepared)
         self._bases = self._executor.bases      # the call's buffers, which the operators name
+        self._pipe = Pipeline(self, rt, self._executor, self._modeling, self._protocol, self._buffers)
         self._cx = self._protocol.cx            # what native code reads (see the module docstring)
         self._arrived = self._protocol.arrived
         self._replayed = self._mesh.resume
@@ -203,17 +205,6 @@ class Communicator:
         modeled time, into this rank's profile (``--profile DIR``); a no-op otherwise."""
         return self._modeling.probe(stage, core)
 
-    def _tick(self, op: str, parity: int, nbytes: int, algo: str = "mesh", root: int = 0, itemsize: int = 1) -> None:
-        """After a call, under a modeled clock: its exit time (runtime/_modeling.py)."""
-        if self._rt.clock is not None:
-            self._modeling.tick(op, self._protocol.descriptors(parity), nbytes, algo, root, itemsize, self._path)
-
-    def _tick_exchange(self, op: str, parity: int, phases: list, staging=None, routing: dict | None = None) -> None:
-        """``_tick`` for a call given by its traffic matrices (all_to_all_v, stratacl.ep;
-        ``routing``: what made an ep call's matrices, for a trace's extrapolation)."""
-        if self._rt.clock is not None:
-            self._modeling.tick_exchange(op, self._protocol.descriptors(parity), phases, staging, self._path, routing)
-
     # --- host memory -----------------------------------------------------------------------
     def host_rows(self, cache: np.ndarray, host: np.ndarray, fetch_rows=None, fetch_slots=None,
                   store_slots=None, store_rows=None, *, async_op: bool = False, path: str | None = None):
@@ -237,7 +228,7 @@ class Communicator:
     @collective
     def barrier(self) -> None:
         """Block until every rank of the communicator has called barrier. Collective."""
-        self._tick("barrier", self._protocol.enter("barrier"), 0)
+        self._pipe.tick_schedule("barrier", self._protocol.enter("barrier"), 0)
         calls = self._call_counts          # completed calls, as for every operation
         calls["barrier"] = calls.get("barrier", 0) + 1
 
@@ -274,7 +265,7 @@ class Communicator:
                                      x.size)
         if target is not None:
             self._buffers.output_done(out, target)
-        self._tick(op, parity, x.nbytes, algo, itemsize=x.itemsize)
+        self._pipe.tick_schedule(op, parity, x.nbytes, algo, itemsize=x.itemsize)
 
     _all_gather = all_gather
     all_gather = _native_method(all_gather, "aa")
@@ -333,7 +324,7 @@ class Communicator:
         parity = self._mesh.call(op, self._path, inp, plan, MESH_BARRIER, code, x.size)
         if target is not None:
             self._buffers.output_done(out, target)
-        self._tick(op, parity, x.nbytes, itemsize=x.itemsize)
+        self._pipe.tick_schedule(op, parity, x.nbytes, itemsize=x.itemsize)
 
     _all_to_all = all_to_all
     all_to_all = _native_method(all_to_all, "aa")
@@ -375,7 +366,10 @@ class Communicator:
         Under a modeled clock its transfers are timed from the counts (every member pulls
         ``recv_counts`` from each peer), as MoE dispatch is."""
         op = "all_to_all_v"
-        n = self.size
+        n, pipe = self.size, self._pipe
+        error = inp = target = None
+        code = 0
+        sc = rc = np.zeros(n, dtype=np.int64)
         try:
             code = _reduce.dtype_code(_dtype_of(x, op, "input"), op)
             o = _flat(out, op, "output", writable=True)
@@ -384,15 +378,13 @@ class Communicator:
             _expect(o.dtype == x.dtype, lambda: f"{op}: output dtype {o.dtype} differs from input dtype {x.dtype}",
                     TypeError)
             self._buffers.check_mapped(o, op, "output")
-            if self._path is not self._default_path:
-                self._executor.check_path(op, self._path)
-            inp = self._buffers.as_input(x, op, _aliased(o, x))
-            target = self._buffers.output(o)
+            pipe.check_path(op)
+            inp = pipe.input(x, op, _aliased(o, x))
+            target = pipe.output(o)
         except Exception as e:
-            self._protocol.begin(op, {}, error=e)
-        self._protocol.begin(op, {F_DTYPE: code, **self._buffers.input_fields(inp)}, ext=np.concatenate([sc, rc]))
-        parity = self._protocol.calls & 1
-        ext = self._protocol.extensions(parity)
+            error = e
+        parity = pipe.enter(op, code, inp, np.concatenate([sc, rc]), error)
+        ext = pipe.extensions(parity)
         send, recv = ext[:, :n], ext[:, n:2 * n]
         bad = np.argwhere(recv != send.T)
         if bad.size:
@@ -401,14 +393,14 @@ class Communicator:
                 f"{op}: rank {self.members[i]} expects {int(recv[i, j])} elements from rank {self.members[j]}, "
                 f"which sends it {int(send[j, i])}; no data was moved")
         me, item = self.rank, x.itemsize
-        self._executor.peer_sources(op, parity, inp.addr, need=(recv[me] > 0).astype(np.int64))
-        self._bases[OUT, me] = _native.data_address(target)
-        for plan in self._executor.phases(("all_to_all_v", item, send.tobytes(), recv[me].tobytes()),
-                                 lambda: _slices.all_to_all_v(me, n, send, recv, item)):
-            self._executor.run(op, plan, self._path)
-        self._protocol.finish(op)
-        self._buffers.output_done(out, target, int(recv[self.rank].sum()))
-        self._tick_exchange(op, parity, [(recv * item, LOAD)])
+        pipe.sources_ready(op, parity, inp.addr, need=(recv[me] > 0).astype(np.int64))
+        out_addr = _native.data_address(target)
+        for plan in pipe.phases(("all_to_all_v", item, send.tobytes(), recv[me].tobytes()),
+                                lambda: _slices.all_to_all_v(me, n, send, recv, item)):
+            pipe.run(op, plan, out_addr)
+        pipe.finish(op)
+        pipe.output_done(out, target, int(recv[me].sum()))
+        pipe.tick(op, parity, [(recv * item, LOAD)])
 
     @collective
     def broadcast(self, x: np.ndarray, root: int = 0) -> None:
@@ -423,7 +415,7 @@ class Communicator:
                                  x.size, root, only=root)
         if target is not None:
             self._buffers.output_done(x, target)
-        self._tick(op, parity, x.nbytes, root=root, itemsize=x.itemsize)
+        self._pipe.tick_schedule(op, parity, x.nbytes, root=root, itemsize=x.itemsize)
 
     _broadcast = broadcast
     broadcast = _native_method(broadcast, "as")
@@ -486,7 +478,7 @@ class Communicator:
             parity = self._mesh.call(name, self._path, inp, plan, MESH_BARRIER, code, out.size, 0, rcode, float(n))
         if target is not None:
             self._buffers.output_done(out, target)
-        self._tick(name, parity, x.nbytes, algo, itemsize=x.itemsize)
+        self._pipe.tick_schedule(name, parity, x.nbytes, algo, itemsize=x.itemsize)
 
     _reduce_scatter = reduce_scatter
     reduce_scatter = _native_method(reduce_scatter, "aas")
@@ -553,7 +545,7 @@ class Communicator:
                                      second)
             if target is not None:
                 self._buffers.output_done(x, target)
-            self._tick(name, parity, x.nbytes, algo, itemsize=item)
+            self._pipe.tick_schedule(name, parity, x.nbytes, algo, itemsize=item)
             return
         if algo == "ring":
             parity = self._ring.enter(name, SCRATCH, self._ring.scratch(x.nbytes), code, count, rcode, inp)
@@ -573,7 +565,7 @@ class Communicator:
         if target is not None:       # the input was staged: the result is in the staged copy
             _copy_back(x, target)
             self._rt.stats["bytes_staged"] += x.nbytes
-        self._tick(name, parity, x.nbytes, algo, itemsize=item)
+        self._pipe.tick_schedule(name, parity, x.nbytes, algo, itemsize=item)
 
     _all_reduce = all_reduce
     all_reduce = _native_method(all_reduce, "as")
