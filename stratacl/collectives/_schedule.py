@@ -72,10 +72,12 @@ import dataclasses
 
 import numpy as np
 
+from .._operators import names
+
 LOAD, LOAD_REDUCE, LOCAL_COPY, HOST_LOAD, HOST_STORE = 0, 1, 2, 3, 4   # transfer kinds (same codes as ub._fabric)
 
-OPS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "broadcast", "barrier", "sendrecv")
-RING_OPS = ("all_gather", "reduce_scatter", "all_reduce")
+OPS = names(schedule=True)        # the operator table (stratacl/_operators.py)
+RING_OPS = names(ring=True)
 ALGOS = ("mesh", "ring")
 
 

@@ -36,7 +36,7 @@ from ..collectives import _backend
 from ..collectives._slices import OUT, SCRATCH
 from . import _native
 from ._buffers import Buffers, _Input
-from ._control import EXT_WORDS_EXTRA, F_DTYPE
+from ._control import EXT_WORDS_EXTRA, F_COUNT, F_DTYPE, F_ROOT
 from ._execute import Executor
 from ._modeling import Modeling
 from ._work import _deferred
@@ -122,13 +122,14 @@ class Pipeline:
 
     # --- agreement --------------------------------------------------------------------------
     def enter(self, operation: str, dtype: int = 0, inp: _Input | None = None, ext: np.ndarray | None = None,
-              error: BaseException | None = None, fields: dict[int, int] | None = None) -> int:
-        """Publish this rank's descriptor of the call (its dtype code, input, ``ext`` words),
-        arrive and agree; returns the call's parity. ``error``: this rank rejected its
-        arguments: raised here once the peers know why. Collective."""
+              error: BaseException | None = None, count: int = 0, root: int = 0) -> int:
+        """Publish this rank's descriptor of the call (its dtype code, input, ``ext`` words, and
+        the element ``count`` and ``root``, which every member must agree on), arrive and
+        agree; returns the call's parity. ``error``: this rank rejected its arguments: raised
+        here once the peers know why. Collective."""
         if error is not None:
             self._protocol.begin(operation, {}, error=error)
-        desc = {F_DTYPE: dtype} if fields is None else dict(fields)
+        desc = {F_DTYPE: dtype, F_COUNT: count, F_ROOT: root}
         if inp is not None:
             desc.update(self._buffers.input_fields(inp))
         self._protocol.begin(operation, desc, ext=ext)

@@ -452,6 +452,77 @@ class Communicator:
         return BroadcastArgs(code, _Input(target, None), plan, target, None), False
 
     @collective
+    def gather(self, out: np.ndarray | None, x: np.ndarray, root: int = 0) -> None:
+        """At ``root``, ``out`` (size * x.size elements) receives every rank's ``x``, rank-major;
+        on the other ranks ``out`` is not used (None will do). Collective: one full-mesh phase
+        in which the root pulls every member's ``x``, then the departure barrier. ``x`` may be
+        the root's chunk of ``out`` (in place)."""
+        self._rooted("gather", out, x, root)
+
+    @collective
+    def scatter(self, out: np.ndarray, x: np.ndarray | None, root: int = 0) -> None:
+        """Every rank's ``out`` receives block ``rank`` of the root's ``x`` (size * out.size
+        elements); on the other ranks ``x`` is not used (None will do). Collective: one phase
+        in which every member pulls its block from the root, then the departure barrier.
+        ``out`` may be the root's block of ``x`` (in place)."""
+        self._rooted("scatter", out, x, root)
+
+    def _rooted(self, op: str, out, x, root) -> None:
+        """gather and scatter on the call pipeline: ``block`` is the array every rank has (its
+        block), ``whole`` the root's array of size x block elements."""
+        pipe, n, me = self._pipe, self.size, self.rank
+        error = inp = target = None
+        code = count = 0
+        try:
+            _expect(isinstance(root, (int, np.integer)) and not isinstance(root, bool) and 0 <= root < n,
+                    lambda: f"{op}: root {root!r} is not a rank of this communicator (size {n})")
+            block = x if op == "gather" else out
+            code = _reduce.dtype_code(_dtype_of(block, op, "input" if op == "gather" else "output"), op)
+            count = block.size
+            b = _flat(block, op, "input" if op == "gather" else "output", writable=op == "scatter")
+            self._buffers.check_mapped(b, op, "input" if op == "gather" else "output")
+            pipe.check_path(op)
+            whole = None
+            if me == root:
+                what = "output" if op == "gather" else "input"
+                whole = _flat(out if op == "gather" else x, op, what, writable=op == "gather")
+                self._buffers.check_mapped(whole, op, what)
+                _expect(whole.size == n * count, lambda: f"{op}: the root's {what} has {whole.size} elements, "
+                        f"expected {n} x {count} = {n * count}")
+                _expect(whole.dtype == block.dtype, lambda: f"{op}: the root's {what} dtype {whole.dtype} differs "
+                        f"from the {'input' if op == 'gather' else 'output'} dtype {block.dtype}", TypeError)
+            own = whole[me * count:(me + 1) * count] if whole is not None else None
+            if op == "gather":
+                inp = pipe.input(x, op, whole is not None and _aliased(whole, x, (x, own)))
+                target = pipe.output(whole) if whole is not None else None
+            else:
+                inp = pipe.input(x, op, _aliased(b, x, (b, own))) if whole is not None else None
+                target = pipe.output(b)
+        except Exception as e:
+            error = e
+        parity = pipe.enter(op, code, inp, error=error, count=count, root=int(root))
+        item, nb = block.itemsize, count * block.itemsize
+        need = np.zeros(n, dtype=np.int64)
+        if op == "scatter":
+            need[root] = 1
+        elif me == root:
+            need[:] = 1
+        need[me] = 0
+        pipe.sources_ready(op, parity, inp.addr if inp is not None else 0, need)
+        build = _slices.gather if op == "gather" else _slices.scatter
+        plan = pipe.phase((op, nb, root, me == root), lambda: build(me, n, nb, root))
+        pipe.run(op, plan, _native.data_address(target) if target is not None else 0)
+        pipe.finish(op)
+        if target is not None:
+            pipe.output_done(whole if op == "gather" else b, target)
+        traffic = np.zeros((n, n), dtype=np.int64)
+        if op == "gather":
+            traffic[root] = nb
+        else:
+            traffic[:, root] = nb
+        pipe.tick(op, parity, [(traffic, LOAD)])
+
+    @collective
     def reduce_scatter(self, out: np.ndarray, x: np.ndarray, op: str = "sum") -> None:
         """``out`` receives chunk ``rank`` of the element-wise reduction of every rank's ``x``. Collective.
 

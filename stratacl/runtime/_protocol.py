@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from .._errors import CollectiveMismatch
+from .._operators import OPERATORS
 from ..collectives import _reduce
 from ..collectives._backend import int64_word
 from . import _native
@@ -48,10 +49,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("stratacl")
 
-OPS = {"barrier": 1, "all_gather": 2, "all_reduce": 3, "reduce_scatter": 4, "all_to_all": 5,
-       "all_to_all_v": 6, "broadcast": 7, "split": 8,
-       # expert parallelism (stratacl.ep)
-       "dispatch": 9, "combine": 10, "low_latency_dispatch": 11, "low_latency_combine": 12}
+# every operation code of a call's descriptor, from the operator table (point to point has its own
+# descriptors: runtime/_p2p.py)
+OPS = {op.name: op.code for op in OPERATORS if op.family != "p2p"}
 OP_NAMES = {v: k for k, v in OPS.items()}
 
 _COMPARED = ((F_DTYPE, "dtype"), (F_COUNT, "element count"), (F_ROOT, "root"), (F_REDOP, "reduce op"))

@@ -22,6 +22,7 @@ import numpy as np
 
 from .._config import Config, check_environment
 from .._errors import BootstrapError, CommTimeout, ConfigError, NotInitialized, TooManyCommunicators
+from .._operators import names
 from ..sdma._model import paths_of
 from ..ub import _topology
 from ..ub._clock import FabricModel
@@ -43,7 +44,7 @@ from ._sync import SLICE, JobHealth
 from ._window import ShadowWindow, round_up
 
 # the operations whose completed calls the native methods count in Runtime.native_calls
-NATIVE_CALLS = ("barrier", "all_gather", "all_reduce", "reduce_scatter", "all_to_all", "broadcast", "send", "recv")
+NATIVE_CALLS = names(native=True)
 
 log = logging.getLogger("stratacl")
 
