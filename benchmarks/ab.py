@@ -41,7 +41,7 @@ def _run(python: str, op: str, n: int, sizes: list[int], warmup: int, iters: int
     with tempfile.TemporaryDirectory(prefix="stratacl-ab-") as tmp:
         out = os.path.join(tmp, "rows.json")
         factor = sizes[-1] // sizes[0] if len(sizes) > 1 and sizes[0] else 2
-        cmd = [python, "-m", "stratacl.bench._cli", op, "-n", str(n), "-b", str(sizes[0]), "-e", str(sizes[-1]),
+        cmd = [python, "-m", "stratacl.bench._command", op, "-n", str(n), "-b", str(sizes[0]), "-e", str(sizes[-1]),
                "-f", str(factor), "-w", str(warmup), "-i", str(iters), "--no-limit", "-J", out]
         # the working directory off sys.path: each side imports its own install
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, cwd=tmp)

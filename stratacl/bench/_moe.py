@@ -263,7 +263,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str]) -> int:
     import stratacl
     from stratacl._config import parse_size
-    from ._host import host_facts
+    from ._hostfacts import host_facts
 
     a = parser().parse_args(argv)
     spec = dict(op=a.operator, tokens=_sizes(a.tokens), hidden=a.hidden, topk=a.topk, experts=a.experts, mode=a.mode,

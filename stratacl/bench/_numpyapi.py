@@ -1,5 +1,5 @@
 """The sweep's backend through StrataCL's numpy API (``comm.all_reduce`` and the rest):
-stratacl-bench's own ranks (_cli.py) run it, and so do the ranks of ``--api torch``
+stratacl-bench's own ranks (_command.py) run it, and so do the ranks of ``--api torch``
 (_torchapi.py), beside the torch calls, to price the torch layer."""
 from __future__ import annotations
 

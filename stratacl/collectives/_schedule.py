@@ -215,7 +215,7 @@ def exchange(phases: list[tuple[np.ndarray, int]]) -> list:
     departure barrier. The phases follow each other without a barrier: each reads only what
     its owners published before the arrival (runtime: ep/_buffer.py, all_to_all_v). A phase of
     kind HOST_LOAD or HOST_STORE moves B[i, i] bytes between member i's HBM and its host DRAM
-    (runtime/_host.py: one member, so no barrier is timed)."""
+    (runtime/_hostrows.py: one member, so no barrier is timed)."""
     steps: list = [Barrier()]
     for b, kind in phases:
         b = np.asarray(b, dtype=np.int64)

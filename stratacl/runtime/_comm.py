@@ -1,6 +1,11 @@
-"""Communicator: the public operations, their argument checks, and what each decides. The
-rest is done by the components it is made of, each owning its state and given, when made (in
-this order), the components it uses:
+"""Communicator: the public operations, their argument checks, and what each decides. Its
+methods live in a few parts: this module (the operators the native mesh machine runs: barrier,
+all_gather, all_to_all, broadcast, reduce_scatter, all_reduce; point to point), _pipelined.py
+(all_to_all_v, gather, scatter: the call pipeline's stages alone), _program.py (modeled time,
+host rows). Every call runs through the communicator's
+pipeline (runtime/_call.py), which front ends outside the runtime use too. The rest is done by
+the components it is made of, each owning its state and given, when made (in this order), the
+components it uses:
 
     Modeling       _modeling.py   modeled clock: entering time, exit (tick); algorithm choice
     Protocol       _protocol.py   slot words, call and barrier counts; publish, barriers,
@@ -43,55 +48,47 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .._errors import CollectiveMismatch, TooManyCommunicators
+from .._errors import TooManyCommunicators
 from ..collectives import _backend, _reduce, _slices
-from ..collectives._schedule import LOAD
 from ..collectives._slices import OUT, SCRATCH
 from . import _native
-from ._native import MESH_BARRIER, MESH_NO_DEPARTURE, MESH_ROOT, MESH_ROOT_READER, T_NATIVE
 from ._args import _aliased, _copy_back, _dtype_of, _expect, _flat
-from ._call import Pipeline
 from ._buffers import EAGER_BYTES, EAGER_CHUNKS_READ, Buffers, _Input
+from ._call import Pipeline
 from ._control import F_AUX0, F_AUX1, F_AUX2
 from ._execute import Executor
 from ._mesh import MeshDriver
 from ._modeling import Modeling
+from ._native import (
+    MESH_BARRIER,
+    MESH_NO_DEPARTURE,
+    MESH_ROOT,
+    MESH_ROOT_READER,
+    T_NATIVE,
+)
 from ._p2p import PointToPoint
-from ._prepared import (AllGatherArgs, AllReduceArgs, AllToAllArgs, BroadcastArgs, PreparedCalls,
-                        ReduceScatterArgs, _native_method)
+from ._pipelined import PipelinedOperators
+from ._prepared import (
+    AllGatherArgs,
+    AllReduceArgs,
+    AllToAllArgs,
+    BroadcastArgs,
+    PreparedCalls,
+    ReduceScatterArgs,
+    _native_method,
+)
+from ._program import ProgramTime
 from ._protocol import OPS, Protocol
 from ._ringsteps import RingSteps
 from ._sync import SLICE, SPIN_POLLS
-from ._work import Work, Worker, collective, on_behalf, stand_in
+from ._work import Worker, collective
 
 log = logging.getLogger("stratacl")
 
 _native.set_barrier(OPS["barrier"], SPIN_POLLS, SLICE, log.isEnabledFor, logging.DEBUG, getattr(log, "_cache", None))
 
 
-def _counts(counts, n: int, limit: int, operation: str, what: str, buffer: str) -> np.ndarray:
-    """all_to_all_v's ``counts`` as int64 [n], checked: integers (a float is not silently cut,
-    nor a string parsed), none negative, none and their sum no more than ``limit``, the
-    elements of the ``buffer`` (each count is bounded before the sum, which so cannot wrap)."""
-    try:
-        a = np.asarray(counts)
-    except (TypeError, ValueError) as e:
-        raise TypeError(f"{operation}: {what} must be a sequence of {n} integers ({e})") from None
-    if a.size and a.dtype.kind not in "iu":
-        raise TypeError(f"{operation}: {what} must be a sequence of {n} integers, got {a.dtype} values"
-                        + (" (too large for 64 bits?)" if a.dtype == object else ""))
-    a = a.reshape(-1)
-    _expect(a.size == n, lambda: f"{operation}: {what} needs {n} entries, got {a.size}")
-    _expect(not (a < 0).any(), lambda: f"{operation}: {what} must not be negative, got {a.tolist()}")
-    _expect(not (a > limit).any(), lambda: f"{operation}: {what} has a count of {int(a.max())} elements but the "
-            f"{buffer} has {limit}")
-    a = a.astype(np.int64)
-    _expect(int(a.sum()) <= limit, lambda: f"{operation}: {what} add up to {int(a.sum())} elements but the "
-            f"{buffer} has {limit}")
-    return a
-
-
-class Communicator:
+class Communicator(ProgramTime, PipelinedOperators):
     """A group of ranks that run collectives together (MPI semantics for ``split``).
 
     Every collective method is a *collective operation*: all ranks of the communicator must
@@ -157,72 +154,6 @@ class Communicator:
 
     def __repr__(self) -> str:
         return f"Communicator(rank={self.rank}, size={self.size}, members={self.members})"
-
-    # --- modeled time -----------------------------------------------------------------------
-    def clock(self) -> float:
-        """This rank's modeled time in seconds (``--clock virtual`` or ``throttled``): the program's
-        clock, which an asynchronous operation moves only when it is waited for. Not collective."""
-        return self._modeling.now()
-
-    def charge_compute(self, duration_us: float, cores: int | None = None, hbm_bytes: float = 0) -> None:
-        """Charge a compute kernel to the modeled clock: ``duration_us`` when it has ``cores`` of
-        this rank's NPU cores (default: all of them) and the die's HBM to itself. Operations in
-        flight (``async_op=True``, not yet waited for) keep the cores they occupy and the HBM
-        bandwidth they draw; the kernel runs on what is left, so it takes longer where they
-        overlap (MTE: the communication cores for the whole call; SDMA: only descriptor posting
-        and polling; HBM: the kernel draws ``hbm_bytes / duration_us`` alone and is slowed
-        while the operations' reads, writes and staging copies leave it less). Waits until those
-        operations have completed, since their modeled times are needed. When profiling, the
-        kernel is recorded on its cores. Not collective; a no-op without a modeled clock."""
-        self._modeling.charge_compute(duration_us, cores, hbm_bytes)
-
-    def charge_kernel(self, flops: float, hbm_bytes: float, cores: int | None = None) -> float:
-        """``charge_compute`` of a kernel given by its work: ``flops`` and the bytes it reads and
-        writes in HBM, timed by the roofline ``self.topology.kernel_us(flops, hbm_bytes)`` (the
-        same modeled time, bit for bit). The trace records the FLOPs too, so that
-        ``ub.extrapolate_dimension`` can time the kernel at other model dimensions. Returns the
-        kernel's roofline time in us (also without a modeled clock). Not collective."""
-        return self._modeling.charge_kernel(flops, hbm_bytes, cores)
-
-    def stand_in(self, operation: str, async_op: bool = True) -> Work | None:
-        """For a front end that runs this communicator's calls later, on a thread of its own
-        (stratacl.torch queues a group's asynchronous operations on its worker): under a
-        modeled clock, a ``Work`` that holds ``operation``'s place in modeled time from now,
-        in program order; the calls made inside ``with comm.on_behalf(work):`` enter at the
-        program's clock of this moment (or when this communicator's previous operation
-        ended) and leave it alone, and ``work.wait()`` joins them, as for ``async_op=True``.
-        ``async_op``: ``charge_compute`` shares the cores with it while it is in flight. None
-        without a modeled clock. Not collective."""
-        return stand_in(self, operation, async_op)
-
-    def on_behalf(self, work: Work | None):
-        """Context manager: communicator calls made on this thread inside it are ``work``'s
-        (see ``stand_in``); ``work`` completes when it exits. ``None``: no effect."""
-        return on_behalf(work)
-
-    def probe(self, stage: str, core: int = 0):
-        """Developer marker: record ``stage`` on ``core`` from entry to exit of the block, in
-        modeled time, into this rank's profile (``--profile DIR``); a no-op otherwise."""
-        return self._modeling.probe(stage, core)
-
-    # --- host memory -----------------------------------------------------------------------
-    def host_rows(self, cache: np.ndarray, host: np.ndarray, fetch_rows=None, fetch_slots=None,
-                  store_slots=None, store_rows=None, *, async_op: bool = False, path: str | None = None):
-        """Move whole rows between ``host``, a table in this rank's host memory (any array outside
-        HBM), and ``cache``, an array of rows in its HBM: first ``host[store_rows] =
-        cache[store_slots]`` (write-back), then ``cache[fetch_slots] = host[fetch_rows]``.
-        Index arrays pair up one to one; a destination row may appear once. Rows move on
-        ``path`` (default: the setting; under ``auto`` the cores, or SDMA when asynchronous),
-        through a communication buffer under ``--registration staged``, zero copy otherwise.
-        Under a modeled clock it is timed on the topology's ``host`` tier (runtime/_host.py).
-        Not collective. ``async_op=True``: the arguments are checked at once, the rows move on
-        the rank's host-transfer thread and a ``Work`` is returned, as for an asynchronous
-        collective (the rows, tables and index arrays belong to it until ``wait()``); such
-        transfers run in call order. Else host-blocking."""
-        if self._rt.host is None:
-            from ._host import HostRows
-            self._rt.host = HostRows(self._rt)
-        return self._rt.host.move(cache, host, fetch_rows, fetch_slots, store_slots, store_rows, path, async_op)
 
     # --- collectives ------------------------------------------------------------------------
     @collective
@@ -357,52 +288,6 @@ class Communicator:
         return AllToAllArgs(code, inp, plan, out_addr, target, None), False
 
     @collective
-    def all_to_all_v(self, out: np.ndarray, x: np.ndarray, send_counts: Sequence[int],
-                     recv_counts: Sequence[int]) -> None:
-        """Variable splits, packed in rank order: ``send_counts[j]`` elements of ``x`` go to rank j,
-        ``recv_counts[j]`` elements from rank j land in ``out``. Collective. ``out`` may overlap
-        ``x`` (in place): ``x`` is then copied first.
-
-        Under a modeled clock its transfers are timed from the counts (every member pulls
-        ``recv_counts`` from each peer), as MoE dispatch is."""
-        op = "all_to_all_v"
-        n, pipe = self.size, self._pipe
-        error = inp = target = None
-        code = 0
-        sc = rc = np.zeros(n, dtype=np.int64)
-        try:
-            code = _reduce.dtype_code(_dtype_of(x, op, "input"), op)
-            o = _flat(out, op, "output", writable=True)
-            sc = _counts(send_counts, n, x.size, op, "send_counts", "input")
-            rc = _counts(recv_counts, n, o.size, op, "recv_counts", "output")
-            _expect(o.dtype == x.dtype, lambda: f"{op}: output dtype {o.dtype} differs from input dtype {x.dtype}",
-                    TypeError)
-            self._buffers.check_mapped(o, op, "output")
-            pipe.check_path(op)
-            inp = pipe.input(x, op, _aliased(o, x))
-            target = pipe.output(o)
-        except Exception as e:
-            error = e
-        parity = pipe.enter(op, code, inp, np.concatenate([sc, rc]), error)
-        ext = pipe.extensions(parity)
-        send, recv = ext[:, :n], ext[:, n:2 * n]
-        bad = np.argwhere(recv != send.T)
-        if bad.size:
-            i, j = (int(v) for v in bad[0])
-            raise CollectiveMismatch(
-                f"{op}: rank {self.members[i]} expects {int(recv[i, j])} elements from rank {self.members[j]}, "
-                f"which sends it {int(send[j, i])}; no data was moved")
-        me, item = self.rank, x.itemsize
-        pipe.sources_ready(op, parity, inp.addr, need=(recv[me] > 0).astype(np.int64))
-        out_addr = _native.data_address(target)
-        for plan in pipe.phases(("all_to_all_v", item, send.tobytes(), recv[me].tobytes()),
-                                lambda: _slices.all_to_all_v(me, n, send, recv, item)):
-            pipe.run(op, plan, out_addr)
-        pipe.finish(op)
-        pipe.output_done(out, target, int(recv[me].sum()))
-        pipe.tick(op, parity, [(recv * item, LOAD)])
-
-    @collective
     def broadcast(self, x: np.ndarray, root: int = 0) -> None:
         """Every rank's ``x`` receives the root's ``x``. Collective."""
         op = "broadcast"
@@ -450,77 +335,6 @@ class Communicator:
             replay = self._mesh.record(op, self._path, own, plan, MESH_ROOT_READER, code, x.size, root, only=root)
             return BroadcastArgs(code, own, plan, None, replay), True
         return BroadcastArgs(code, _Input(target, None), plan, target, None), False
-
-    @collective
-    def gather(self, out: np.ndarray | None, x: np.ndarray, root: int = 0) -> None:
-        """At ``root``, ``out`` (size * x.size elements) receives every rank's ``x``, rank-major;
-        on the other ranks ``out`` is not used (None will do). Collective: one full-mesh phase
-        in which the root pulls every member's ``x``, then the departure barrier. ``x`` may be
-        the root's chunk of ``out`` (in place)."""
-        self._rooted("gather", out, x, root)
-
-    @collective
-    def scatter(self, out: np.ndarray, x: np.ndarray | None, root: int = 0) -> None:
-        """Every rank's ``out`` receives block ``rank`` of the root's ``x`` (size * out.size
-        elements); on the other ranks ``x`` is not used (None will do). Collective: one phase
-        in which every member pulls its block from the root, then the departure barrier.
-        ``out`` may be the root's block of ``x`` (in place)."""
-        self._rooted("scatter", out, x, root)
-
-    def _rooted(self, op: str, out, x, root) -> None:
-        """gather and scatter on the call pipeline: ``block`` is the array every rank has (its
-        block), ``whole`` the root's array of size x block elements."""
-        pipe, n, me = self._pipe, self.size, self.rank
-        error = inp = target = None
-        code = count = 0
-        try:
-            _expect(isinstance(root, (int, np.integer)) and not isinstance(root, bool) and 0 <= root < n,
-                    lambda: f"{op}: root {root!r} is not a rank of this communicator (size {n})")
-            block = x if op == "gather" else out
-            code = _reduce.dtype_code(_dtype_of(block, op, "input" if op == "gather" else "output"), op)
-            count = block.size
-            b = _flat(block, op, "input" if op == "gather" else "output", writable=op == "scatter")
-            self._buffers.check_mapped(b, op, "input" if op == "gather" else "output")
-            pipe.check_path(op)
-            whole = None
-            if me == root:
-                what = "output" if op == "gather" else "input"
-                whole = _flat(out if op == "gather" else x, op, what, writable=op == "gather")
-                self._buffers.check_mapped(whole, op, what)
-                _expect(whole.size == n * count, lambda: f"{op}: the root's {what} has {whole.size} elements, "
-                        f"expected {n} x {count} = {n * count}")
-                _expect(whole.dtype == block.dtype, lambda: f"{op}: the root's {what} dtype {whole.dtype} differs "
-                        f"from the {'input' if op == 'gather' else 'output'} dtype {block.dtype}", TypeError)
-            own = whole[me * count:(me + 1) * count] if whole is not None else None
-            if op == "gather":
-                inp = pipe.input(x, op, whole is not None and _aliased(whole, x, (x, own)))
-                target = pipe.output(whole) if whole is not None else None
-            else:
-                inp = pipe.input(x, op, _aliased(b, x, (b, own))) if whole is not None else None
-                target = pipe.output(b)
-        except Exception as e:
-            error = e
-        parity = pipe.enter(op, code, inp, error=error, count=count, root=int(root))
-        item, nb = block.itemsize, count * block.itemsize
-        need = np.zeros(n, dtype=np.int64)
-        if op == "scatter":
-            need[root] = 1
-        elif me == root:
-            need[:] = 1
-        need[me] = 0
-        pipe.sources_ready(op, parity, inp.addr if inp is not None else 0, need)
-        build = _slices.gather if op == "gather" else _slices.scatter
-        plan = pipe.phase((op, nb, root, me == root), lambda: build(me, n, nb, root))
-        pipe.run(op, plan, _native.data_address(target) if target is not None else 0)
-        pipe.finish(op)
-        if target is not None:
-            pipe.output_done(whole if op == "gather" else b, target)
-        traffic = np.zeros((n, n), dtype=np.int64)
-        if op == "gather":
-            traffic[root] = nb
-        else:
-            traffic[:, root] = nb
-        pipe.tick(op, parity, [(traffic, LOAD)])
 
     @collective
     def reduce_scatter(self, out: np.ndarray, x: np.ndarray, op: str = "sum") -> None:

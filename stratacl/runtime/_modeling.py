@@ -203,7 +203,7 @@ class Modeling:
 
     def tick_host(self, op: str, phases: list, staging, path: str) -> None:
         """``tick_exchange`` for a rank's own transfers to and from its host memory
-        (runtime/_host.py): this one-member timeline enters at the program's clock or its
+        (runtime/_hostrows.py): this one-member timeline enters at the program's clock or its
         previous call's end; no descriptors, no peers, no jit mappings."""
         entering = np.array([self.entering_us()])
         model = self._rt.model_for(path)

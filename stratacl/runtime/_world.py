@@ -23,7 +23,7 @@ import numpy as np
 from .._config import Config, check_environment
 from .._errors import BootstrapError, CommTimeout, ConfigError, NotInitialized, TooManyCommunicators
 from .._operators import names
-from ..sdma._model import paths_of
+from ..sdma._offload import paths_of
 from ..ub import _topology
 from ..ub._clock import FabricModel
 from ..ub._profile import Profiler, write_chrome_trace
@@ -127,7 +127,7 @@ class Runtime:
         self.communicators: weakref.WeakSet = weakref.WeakSet()   # every one made here, for close()
         self.in_flight: list = []        # asynchronous operations under a modeled clock, for charge_compute
         self.sdma = None                 # the SDMA engine (--path sdma), started on first use
-        self.host = None                 # the channel to host memory (runtime/_host.py), made on first use
+        self.host = None                 # the channel to host memory (runtime/_hostrows.py), made on first use
         self._next_slot = 1
         self._slot_lock = threading.Lock()
         ctl.set_pid(rank, os.getpid())

@@ -34,7 +34,7 @@ import numpy as np
 
 from .._errors import ReplayError
 from ..collectives._ep import traffic
-from ._replay import FORMAT
+from ._tracereplay import FORMAT
 from ._routing import routing
 
 

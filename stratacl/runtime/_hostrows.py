@@ -35,7 +35,7 @@ from .._errors import ConfigError
 from ..collectives import _slices
 from ..collectives._schedule import HOST_LOAD, HOST_STORE
 from ..collectives._slices import IN, OUT, SCRATCH
-from ..sdma._model import PATHS, paths_of
+from ..sdma._offload import PATHS, paths_of
 from . import _native
 from ._allocator import hbm_base
 from ._buffers import buffer_size
