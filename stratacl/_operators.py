@@ -51,6 +51,8 @@ OPERATORS: tuple[Operator, ...] = (
     Operator("low_latency_combine", 12, "ep"),
     Operator("gather", 13, "collective"),
     Operator("scatter", 14, "collective"),
+    # a user's slice map run as an operator (stratacl.fabric), whatever its name
+    Operator("slice_map", 15, "fabric"),
     # point to point: codes owned by the native layer (_native.h, OP_SEND = 100, ...)
     Operator("send", 100, "p2p", native=True),
     Operator("recv", 101, "p2p", native=True),

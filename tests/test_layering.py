@@ -30,7 +30,7 @@ import re
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TREES = {"stratacl": ROOT / "stratacl", "stratacl_launcher": ROOT / "launcher"}
-SUBPACKAGES = ("runtime", "ub", "collectives", "sdma", "ep", "jobs", "bench", "torch")
+SUBPACKAGES = ("runtime", "ub", "collectives", "sdma", "ep", "fabric", "jobs", "bench", "torch")
 PUBLIC_FACE = ("_arrays", "_estimate", "_spawn")
 PUBLIC = "stratacl (public face)"
 

@@ -36,7 +36,7 @@ from ..collectives import _backend
 from ..collectives._slices import OUT, SCRATCH
 from . import _native
 from ._buffers import Buffers, _Input
-from ._control import EXT_WORDS_EXTRA, F_COUNT, F_DTYPE, F_ROOT
+from ._control import EXT_WORDS_EXTRA, F_COUNT, F_DTYPE, F_REDOP, F_ROOT
 from ._execute import Executor
 from ._modeling import Modeling
 from ._work import _deferred
@@ -122,14 +122,15 @@ class Pipeline:
 
     # --- agreement --------------------------------------------------------------------------
     def enter(self, operation: str, dtype: int = 0, inp: _Input | None = None, ext: np.ndarray | None = None,
-              error: BaseException | None = None, count: int = 0, root: int = 0) -> int:
+              error: BaseException | None = None, count: int = 0, root: int = 0, redop: int = 0) -> int:
         """Publish this rank's descriptor of the call (its dtype code, input, ``ext`` words, and
-        the element ``count`` and ``root``, which every member must agree on), arrive and
+        the element ``count``, ``root`` and reduce op code ``redop``, which every member must
+        agree on; an ``operation`` outside the operator table is a user's slice map), arrive and
         agree; returns the call's parity. ``error``: this rank rejected its arguments: raised
         here once the peers know why. Collective."""
         if error is not None:
             self._protocol.begin(operation, {}, error=error)
-        desc = {F_DTYPE: dtype, F_COUNT: count, F_ROOT: root}
+        desc = {F_DTYPE: dtype, F_COUNT: count, F_ROOT: root, F_REDOP: redop}
         if inp is not None:
             desc.update(self._buffers.input_fields(inp))
         self._protocol.begin(operation, desc, ext=ext)
@@ -160,6 +161,14 @@ class Pipeline:
     def name_scratch(self, addrs: np.ndarray) -> None:
         """Every member's SCRATCH buffer address, for the plans that read it."""
         self._bases[SCRATCH] = addrs
+
+    def name_buffers(self, row: int, addrs: np.ndarray) -> None:
+        """Every member's buffer ``row`` (collectives._slices IN, OUT, SCRATCH) for the plans."""
+        self._bases[row] = addrs
+
+    def barrier(self, operation: str) -> None:
+        """A barrier between two phases of the call. Collective."""
+        self._protocol.sync(operation)
 
     # --- phases -----------------------------------------------------------------------------
     def phase(self, key: tuple, build: Callable, itemsize: int = 1, shared: bool = False) -> _backend.Plan:

@@ -42,7 +42,7 @@ P2P_DESC = DESC_FIXED                     # a point-to-point descriptor is an op
 # a collective descriptor's extension words: 2 per member (all_to_all_v's counts; the ring's
 # extra buffer), and this many more for the operations that name a second buffer and their
 # shape (stratacl.ep: ep/_buffer.py, E_*)
-EXT_WORDS_EXTRA = 10
+EXT_WORDS_EXTRA = 12
 FLAG_REJECTED = 1                         # the rank rejected its own arguments; it raises, peers too
 
 # rank states

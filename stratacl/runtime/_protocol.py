@@ -237,7 +237,7 @@ class Protocol:
         extension words; ``error``: this rank rejected its arguments, raised here after the
         peers learned it), arrive, and return every member's descriptor."""
         desc = [0] * DESC_FIXED
-        desc[F_OP] = OPS[operation]
+        desc[F_OP] = OPS.get(operation, OPS["slice_map"])     # any other name: a user's slice map
         for f, v in fields.items():
             desc[f] = v
         if F_AUX0 not in fields and operation != "split" and self._rt.clock is not None:
