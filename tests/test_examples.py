@@ -162,7 +162,7 @@ def test_serving_per_rank_replays_to_its_metrics_and_extrapolates(tmp_path):
         assert printed[n] == (f"throughput {m['throughput']:.1f} tokens/s   normalized latency "
                               f"{m['normalized_latency_us']:.1f} us/token   P99 TTFT {m['p99_ttft_us']:.1f} us   "
                               f"P99 TPOT {m['p99_tpot_us']:.1f} us   (modeled)"), (printed[n], m)
-    wider = ub.replay(ub.extrapolate(traces[2], traces[4], 8))
+    wider = ub.replay(ub.extrapolate(traces[2], traces[4], 8, routing=stratacl.ep.routing))
     assert [len(c) for c in wider.clocks] == [len(ub.replay(traces[4]).clocks[0])] * 8
     m8 = e2e.serving_metrics(wider, timeline, 8)
     assert m8["throughput"] > e2e.serving_metrics(ub.replay(traces[4]), timeline, 4)["throughput"]
