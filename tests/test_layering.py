@@ -322,3 +322,47 @@ def test_the_private_import_rule_sees_one(tmp_path):
     (ep / "_planted.py").write_text("from ..runtime._work import _deferred, Work\nfrom ..collectives import _ep\n")
     found = _private_imports("stratacl.ep._planted", ep / "_planted.py")
     assert found == ["stratacl.ep._planted imports stratacl.runtime._work._deferred"]
+
+
+def _services_members() -> set[str]:
+    tree = ast.parse((ROOT / "stratacl" / "runtime" / "_services.py").read_text())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "RankServices")
+    return ({n.target.id for n in cls.body if isinstance(n, ast.AnnAssign)}
+            | {n.name for n in cls.body if isinstance(n, ast.FunctionDef)})
+
+
+def _rt_uses(path: pathlib.Path) -> set[tuple[str, int]]:
+    """``rt.x`` and ``self._rt.x`` in a module: the runtime's members it uses."""
+    found = set()
+    for n in ast.walk(ast.parse(path.read_text(), str(path))):
+        if not isinstance(n, ast.Attribute):
+            continue
+        v = n.value
+        if (isinstance(v, ast.Name) and v.id == "rt") or (
+                isinstance(v, ast.Attribute) and v.attr == "_rt" and isinstance(v.value, ast.Name)):
+            found.add((n.attr, n.lineno))
+    return found
+
+
+def test_components_use_the_runtime_through_its_typed_services_only():
+    members = _services_members()
+    outside = []
+    for name, path in MODULES.items():
+        if path.suffix != ".py" or name in ("stratacl.runtime._world", "stratacl.runtime._services"):
+            continue
+        if package_of(name) in ("stratacl.runtime", PUBLIC):
+            outside += [f"{path.relative_to(ROOT)}:{line}: rt.{attr}" for attr, line in _rt_uses(path)
+                        if attr not in members]
+    assert outside == []
+    assert {"ctl", "reg", "clock", "empty", "model_for"} <= members
+
+
+def test_the_runtime_provides_every_service():
+    tree = ast.parse((ROOT / "stratacl" / "runtime" / "_world.py").read_text())
+    runtime = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Runtime")
+    has = {n.name for n in runtime.body if isinstance(n, ast.FunctionDef)}
+    for n in ast.walk(runtime):
+        if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store) and isinstance(n.value, ast.Name) \
+                and n.value.id == "self":
+            has.add(n.attr)
+    assert _services_members() - has == set()

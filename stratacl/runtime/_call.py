@@ -39,6 +39,7 @@ from ._buffers import Buffers, _Input
 from ._control import EXT_WORDS_EXTRA, F_COUNT, F_DTYPE, F_REDOP, F_ROOT
 from ._execute import Executor
 from ._modeling import Modeling
+from ._services import RankServices
 from ._work import _deferred
 
 
@@ -48,7 +49,7 @@ class Pipeline:
 
     EXT_WORDS = EXT_WORDS_EXTRA      # extension words a front end may publish with its descriptor
 
-    def __init__(self, owner, rt, executor: Executor, modeling: Modeling, protocol=None,
+    def __init__(self, owner, rt: RankServices, executor: Executor, modeling: Modeling, protocol=None,
                  buffers: Buffers | None = None):
         """``owner``: the object whose calls these are; it holds the call's path (``_path``,
         ``_default_path``, ``_overlap_path``) and its worker (``_worker``, ``_start_worker``)."""

@@ -80,6 +80,7 @@ from ._prepared import (
 from ._program import ProgramTime
 from ._protocol import OPS, Protocol
 from ._ringsteps import RingSteps
+from ._services import RankServices
 from ._sync import SLICE, SPIN_POLLS
 from ._work import Worker, collective
 
@@ -98,7 +99,7 @@ class Communicator(ProgramTime, PipelinedOperators):
     ``members`` their world ranks, in communicator order.
     """
 
-    def __init__(self, rt, members: Sequence[int], slots: Sequence[int]):
+    def __init__(self, rt: RankServices, members: Sequence[int], slots: Sequence[int]):
         """The communicator of world ranks ``members`` (this process's ``rt``, the Runtime of
         runtime/_world.py, among them), each using its communicator slot ``slots[i]``. Made
         by ``init()`` and ``split``, not by users."""

@@ -27,9 +27,28 @@ from . import _native
 # an operation descriptor's DESC_FIXED int64 fields, F_* (collectives and point-to-point share
 # the layout): native code reads them, so _native.h defines them; the slot's users take them
 # from here, with the rest of the layout
-from ._native import (DESC_FIXED, F_ADDR, F_AUX0, F_AUX1, F_AUX2, F_CALL, F_COUNT, F_DTYPE, F_EPOCH,  # noqa: F401
-                      F_FLAGS, F_NBYTES, F_OP, F_REDOP, F_ROOT, F_SEG_OFF, F_SEG_SIZE, F_SEG_VA, FL_WORDS,
-                      FLIGHT_ENTRIES, FLIGHT_HEADER)
+from ._native import (  # noqa: F401
+    DESC_FIXED,
+    F_ADDR,
+    F_AUX0,
+    F_AUX1,
+    F_AUX2,
+    F_CALL,
+    F_COUNT,
+    F_DTYPE,
+    F_EPOCH,
+    F_FLAGS,
+    F_NBYTES,
+    F_OP,
+    F_REDOP,
+    F_ROOT,
+    F_SEG_OFF,
+    F_SEG_SIZE,
+    F_SEG_VA,
+    FL_WORDS,
+    FLIGHT_ENTRIES,
+    FLIGHT_HEADER,
+)
 
 MAGIC = 0x5354524154414C31  # "STRATAL1"
 HEADER_BYTES = 4096

@@ -33,9 +33,28 @@ import numpy as np
 
 from .._operators import OPERATORS
 from ._control import Control
-from ._native import (FL_CALL, FL_COMM, FL_COUNT, FL_DST, FL_K_DONE, FL_K_ENTRY, FL_K_LAST, FL_ME, FL_N, FL_NBYTES,
-                      FL_OP, FL_RECV_CALL, FL_ROOT, FL_SEQ, FL_SRC, FL_T_ENTER, FL_T_LAST, FL_WORDS, FLIGHT_ENTRIES,
-                      FLIGHT_HEADER)
+from ._native import (
+    FL_CALL,
+    FL_COMM,
+    FL_COUNT,
+    FL_DST,
+    FL_K_DONE,
+    FL_K_ENTRY,
+    FL_K_LAST,
+    FL_ME,
+    FL_N,
+    FL_NBYTES,
+    FL_OP,
+    FL_RECV_CALL,
+    FL_ROOT,
+    FL_SEQ,
+    FL_SRC,
+    FL_T_ENTER,
+    FL_T_LAST,
+    FL_WORDS,
+    FLIGHT_ENTRIES,
+    FLIGHT_HEADER,
+)
 
 _NAMES = {op.code: op.name for op in OPERATORS}
 P2P = frozenset(op.name for op in OPERATORS if op.family == "p2p")

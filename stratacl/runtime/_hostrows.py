@@ -39,9 +39,10 @@ from ..sdma._offload import PATHS, paths_of
 from . import _native
 from ._allocator import hbm_base
 from ._buffers import buffer_size
+from ._call import Pipeline
 from ._execute import Executor
 from ._modeling import Modeling
-from ._call import Pipeline
+from ._services import RankServices
 from ._work import Work, Worker
 
 OP = "host_rows"
@@ -51,7 +52,7 @@ class HostRows:
     """A rank's channel to its host memory: its own executor (buffer table IN = host, OUT =
     cache, SCRATCH = the staged path's buffer), its modeled timeline and the staging buffer."""
 
-    def __init__(self, rt):
+    def __init__(self, rt: RankServices):
         self._rt = rt
         self._exec = Executor(rt, [rt.rank], 0, None)
         self._modeling = Modeling(rt, [rt.rank], 0)

@@ -31,9 +31,20 @@ from ..collectives._kernels import BUFFERS
 from . import _native
 from ._args import _fixed_address, _fixed_table
 from ._control import DESC_FIXED
-from ._native import (MESH_BARRIER, MESH_DEPART_WAIT, MESH_DISAGREE, MESH_ENTER_WAIT, MESH_MIDDLE_WAIT,
-                      MESH_NOT_RUN, MESH_ROOT_READER, MESH_RUN_SECOND, MESH_SOURCES, T_CALLS)
+from ._native import (
+    MESH_BARRIER,
+    MESH_DEPART_WAIT,
+    MESH_DISAGREE,
+    MESH_ENTER_WAIT,
+    MESH_MIDDLE_WAIT,
+    MESH_NOT_RUN,
+    MESH_ROOT_READER,
+    MESH_RUN_SECOND,
+    MESH_SOURCES,
+    T_CALLS,
+)
 from ._protocol import descriptor
+from ._services import RankServices
 
 if TYPE_CHECKING:
     from ._buffers import _Input
@@ -67,7 +78,7 @@ class MeshDriver:
     communication buffers (eager slots) and the modeled clock (the descriptor's entering
     time)."""
 
-    def __init__(self, rt, size: int, protocol, executor, buffers, modeling):
+    def __init__(self, rt: RankServices, size: int, protocol, executor, buffers, modeling):
         self._rt, self._size = rt, size
         self._protocol, self._executor, self._buffers = protocol, executor, buffers
         self._cx, self._tally = protocol.cx, protocol.tally

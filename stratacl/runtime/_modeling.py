@@ -42,6 +42,7 @@ from ..ub._compute import ComputeJob, kernel_end
 from ..ub._profile import profile_plan
 from ..ub._rankclock import from_bits, to_bits
 from ._control import F_AUX0, F_EPOCH, F_NBYTES, F_SEG_SIZE, F_SEG_VA
+from ._services import RankServices
 
 
 class Modeling:
@@ -50,7 +51,7 @@ class Modeling:
     mappings its members made. Given the runtime and the members; the operators hand it each
     call's descriptors (``tick``)."""
 
-    def __init__(self, rt, members: list[int], rank: int):
+    def __init__(self, rt: RankServices, members: list[int], rank: int):
         self._rt = rt
         self._members, self._rank, self._size = members, rank, len(members)
         self._issued_us = 0.0         # the program's clock when the running operation was called

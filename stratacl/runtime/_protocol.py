@@ -38,9 +38,21 @@ from .._operators import OPERATORS
 from ..collectives import _reduce
 from ..collectives._backend import int64_word
 from . import _native
-from ._control import (DESC_FIXED, EXT_WORDS_EXTRA, F_AUX0, F_COUNT, F_DTYPE, F_FLAGS, F_OP, F_REDOP, F_ROOT,
-                       FLAG_REJECTED, Layout)
+from ._control import (
+    DESC_FIXED,
+    EXT_WORDS_EXTRA,
+    F_AUX0,
+    F_COUNT,
+    F_DTYPE,
+    F_FLAGS,
+    F_OP,
+    F_REDOP,
+    F_ROOT,
+    FLAG_REJECTED,
+    Layout,
+)
 from ._native import T_CALLS, T_NATIVE, T_SYNCS
+from ._services import RankServices
 from ._sync import SLICE, SPIN_POLLS, wait_until
 from ._work import agreed
 
@@ -90,7 +102,7 @@ class Protocol:
     slot offset in the control segment) name the other words of a slot (point-to-point, ring
     steps, a root's departure)."""
 
-    def __init__(self, rt, members: list[int], rank: int, slots: Sequence[int], counters: array.array, modeling):
+    def __init__(self, rt: RankServices, members: list[int], rank: int, slots: Sequence[int], counters: array.array, modeling):
         self._rt = rt
         self._entering_bits = modeling.entering_bits
         self._members, self._rank, self._size = members, rank, len(members)

@@ -17,8 +17,15 @@ from typing import Callable
 
 from .._errors import CommTimeout, PeerFailure
 from . import _native
-from ._control import (FAILED_DAEMON, FAILED_EXIT, FAILED_SHUTDOWN, FAILED_SIGNAL, STATE_DEAD, STATE_FINALIZED,
-                       Control)
+from ._control import (
+    FAILED_DAEMON,
+    FAILED_EXIT,
+    FAILED_SHUTDOWN,
+    FAILED_SIGNAL,
+    STATE_DEAD,
+    STATE_FINALIZED,
+    Control,
+)
 
 # Yielding polls before sleeping on the futex. A poll that yields hands the core to another
 # rank without the cost of a futex sleep and a wake-up, which is most of a barrier's cost once
