@@ -55,6 +55,15 @@ def _modules() -> dict[str, pathlib.Path]:
 MODULES = _modules()
 
 
+def _from_module(node: ast.ImportFrom, package: str) -> str:
+    """The module a ``from ... import`` statement in ``package`` names, relative ones resolved."""
+    if not node.level:
+        return node.module or ""
+    parts = package.split(".")
+    base = ".".join(parts[:len(parts) - node.level + 1])
+    return f"{base}.{node.module}" if node.module else base
+
+
 def _imports(name: str, path: pathlib.Path) -> set[str]:
     """The stratacl / stratacl_launcher modules that module ``name`` imports."""
     is_package = path.name == "__init__.py"
@@ -64,12 +73,7 @@ def _imports(name: str, path: pathlib.Path) -> set[str]:
         if isinstance(node, ast.Import):
             targets = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                parts = package.split(".")
-                base = ".".join(parts[:len(parts) - node.level + 1])
-                mod = f"{base}.{node.module}" if node.module else base
-            else:
-                mod = node.module or ""
+            mod = _from_module(node, package)
             # "from X import y" imports X, and X.y too when y is a module
             targets = [mod] + [f"{mod}.{a.name}" for a in node.names if f"{mod}.{a.name}" in MODULES]
         else:
@@ -276,12 +280,7 @@ def _private_imports(name: str, path: pathlib.Path) -> list[str]:
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if not isinstance(node, ast.ImportFrom):
             continue
-        if node.level:
-            parts = package.split(".")
-            base = ".".join(parts[:len(parts) - node.level + 1])
-            mod = f"{base}.{node.module}" if node.module else base
-        else:
-            mod = node.module or ""
+        mod = _from_module(node, package)
         if mod.split(".")[0] not in TREES or package_of(mod) == package_of(name):
             continue
         found += [f"{name} imports {mod}.{a.name}" for a in node.names
