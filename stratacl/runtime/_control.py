@@ -70,7 +70,7 @@ STATE_STARTING, STATE_RUNNING, STATE_FINALIZED, STATE_DEAD = 0, 1, 2, 3
 # header word offsets (bytes)
 H_MAGIC, H_WORLD, H_FAILED_RANK, H_FAILED_KIND, H_FAILED_VALUE, H_LAUNCHER_PID = 0, 8, 16, 24, 32, 40
 H_HBM_SIZE, H_VA_BASE, H_SLICE = 48, 56, 64
-H_SLEEPERS = 128                          # u32, own cache line: see set_sleepers in _native.c
+H_SLEEPERS = 128                          # u32, own cache line: see set_sleepers in _waits.c
 FAILED_EXIT, FAILED_SIGNAL, FAILED_SHUTDOWN, FAILED_DAEMON = 1, 2, 3, 4    # 0: none
 
 # rank region word offsets (bytes)
@@ -257,7 +257,7 @@ class Control:
 
     def count_sleepers(self) -> None:
         """This process's waits on communicator words count themselves in the header, and its
-        wakes of those words are skipped while nobody sleeps (_native.c, set_sleepers); its
+        wakes of those words are skipped while nobody sleeps (_waits.c, set_sleepers); its
         barriers and transfers stop once the job has failed (watch_failures)."""
         _native.set_sleepers(self.base + H_SLEEPERS)
         _native.watch_failures(self.base + H_FAILED_KIND)

@@ -4,7 +4,7 @@ A full-mesh operator (all_gather, all_reduce, reduce_scatter, all_to_all, broadc
 its checks the call's phases (compiled plans, collectives._backend), its input and how it
 departs; the communicator's ``MeshDriver`` fixes them in a ``MeshCall``: the int64 rows native
 code reads (RP_*, one per call parity, _native.h) and what Python needs where the call stops.
-The protocol has one owner, native code (_native.c, mesh_advance):
+The protocol has one owner, native code (_meshcall.c, mesh_advance):
 
     MeshCall --_native.mesh_call--> number the call, publish, entry barrier, agreement,
         |                           readiness of the peer buffers read, phase 1, [barrier,

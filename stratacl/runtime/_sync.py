@@ -92,7 +92,7 @@ def wait_until(ready: Callable[[], bool], futex_addr: int, health: JobHealth, op
                timeout: float, missing: Callable[[], list[int]], what: str) -> None:
     """Return once ``ready()``; sleep on ``futex_addr`` (a u32 whose change signals progress).
     Once the job has failed it raises at once: native code stops at its next barrier or
-    transfer and hands the wait to here (_native.c, failure_word)."""
+    transfer and hands the wait to here (_waits.c, failure_word)."""
     if health.ctl.failure() is not None:
         health.check(operation, missing())
     if ready():
