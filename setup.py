@@ -18,11 +18,13 @@ setup(
     ext_modules=[
         Extension(
             "stratacl.runtime._native",
-            sources=["stratacl/runtime/_module.c", "stratacl/runtime/_native.c", "stratacl/runtime/_replay.c"],
+            sources=["stratacl/runtime/_module.c", "stratacl/runtime/_native.c", "stratacl/runtime/_waits.c",
+                     "stratacl/runtime/_flightrec.c", "stratacl/runtime/_agree.c", "stratacl/runtime/_p2pcall.c",
+                     "stratacl/runtime/_meshcall.c", "stratacl/runtime/_maps.c", "stratacl/runtime/_replay.c"],
             depends=["stratacl/runtime/_native.h", "stratacl/collectives/_kernels.h"],
             # _replay.c reads numpy's array struct (its header only: no numpy C API table)
             include_dirs=[numpy.get_include()],
-            # the functions the two sources share stay out of the module's exported symbols
+            # the functions the sources share stay out of the module's exported symbols
             extra_compile_args=["-O2", "-fvisibility=hidden"],
         ),
         Extension(

@@ -139,7 +139,7 @@ def _row(workload: str, config: str, ranks: int, scale: str, found: dict, extra:
 
 
 def _at_scale(workload: str, config: str, ns: list[int], sizes: tuple[int, ...], extra: list[str]) -> list[dict]:
-    from stratacl import ub
+    from stratacl import ep, ub
 
     program = WORKLOADS[workload][0]
     times = {n: [] for n in ns}
@@ -151,7 +151,7 @@ def _at_scale(workload: str, config: str, ns: list[int], sizes: tuple[int, ...],
                 _launch(program, size, config, ["--steps", str(steps)], extra, trace=d)
                 recorded.append(ub.load_traces(d))
             for n in ns:
-                times[n].append(ub.replay(ub.extrapolate(*recorded, n)).time_us)
+                times[n].append(ub.replay(ub.extrapolate(*recorded, n, routing=ep.routing)).time_us)
     return [{"modeled_step_us": times[n][1] - times[n][0]} for n in ns]
 
 
@@ -159,7 +159,7 @@ def _serve_at_scale(config: str, ns: list[int], sizes: tuple[int, ...], extra: l
     """Serving at each of ``ns`` ranks: the program recorded at ``sizes`` with ``--per-rank`` (every rank
     the same requests' lengths, so its iterations have one shape at every N), extrapolated and
     replayed; the metrics from the replay's clocks at the reads its timeline names."""
-    from stratacl import ub
+    from stratacl import ep, ub
 
     if "--per-rank" not in extra:
         raise ub.ReplayError("a request stream extrapolates only under --per-rank (pass it after --): otherwise its "
@@ -173,7 +173,7 @@ def _serve_at_scale(config: str, ns: list[int], sizes: tuple[int, ...], extra: l
             recorded.append(ub.load_traces(d))
         with open(os.path.join(d, "timeline.json")) as f:
             timeline = json.load(f)
-    return [serving_metrics(ub.replay(ub.extrapolate(*recorded, n)), timeline, n) for n in ns]
+    return [serving_metrics(ub.replay(ub.extrapolate(*recorded, n, routing=ep.routing)), timeline, n) for n in ns]
 
 
 def serving_metrics(replay, timeline: dict, n: int) -> dict:

@@ -268,27 +268,13 @@ def _job_names(job: str) -> list[str]:
 
 
 def _alive(pids: list[int]) -> list[int]:
-    import psutil
-    left = []
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                left.append(pid)
-        except psutil.NoSuchProcess:
-            pass
-    return left
+    from stratacl.jobs._processes import collect, wait_gone
+    return [p.pid for p in wait_gone(collect(pids), 0)]
 
 
 def _wait_gone(pids: list[int], seconds: float) -> list[int]:
-    import psutil
-    procs = []
-    for pid in pids:
-        try:
-            procs.append(psutil.Process(pid))
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(procs, timeout=seconds)
-    return _alive(pids)
+    from stratacl.jobs._processes import collect, wait_gone
+    return [p.pid for p in wait_gone(collect(pids), seconds)]
 
 
 def run_cell(fault: str, phase: str, n: int, death_bound: float = DEATH_BOUND, hang_slack: float = HANG_SLACK) -> dict:

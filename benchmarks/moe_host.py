@@ -445,7 +445,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.mpi_rank:
         return mpi_main(*a.mpi_rank)
-    from stratacl.bench._cli import host_facts
+    from stratacl.bench._command import host_facts
 
     budget = a.memory_budget * 2**30
     cells, skipped = [], []

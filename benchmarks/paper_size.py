@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--verify", type=int, default=None, help="one configuration: the fit to this hidden size "
                                                             "against a real run at it, at each recorded N")
     a = p.parse_args(argv)
-    from stratacl import ub
+    from stratacl import ep, ub
 
     args = LOAD + PAPER + ([] if a.check else NO_CHECK) + extra
     configs = a.configs.split(",")
@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append({"config": config, "ranks": n, "hidden": a.verify, "recorded_hidden": hiddens,
                              "fitted": fit_m, "real": real_m, "relative_error": err})
             for n in scales:            # and in N, against a real run at n ranks and the target width
-                fit_m = serving_metrics(ub.replay(ub.extrapolate(*fitted, n)), timeline, n)
+                fit_m = serving_metrics(ub.replay(ub.extrapolate(*fitted, n, routing=ep.routing)), timeline, n)
                 real, real_timeline = record(config, n, a.verify, args, tmp)
                 real_m = serving_metrics(ub.replay(real), real_timeline, n)
                 err = {k: fit_m[k] / real_m[k] - 1 for k in fit_m}
@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             timeline = fitted[-1][1]
             found = [(n, ub.replay(t)) for n, (t, _) in zip(ranks, fitted)]
-            found += [(n, ub.replay(ub.extrapolate(*[t for t, _ in fitted], n))) for n in scales]
+            found += [(n, ub.replay(ub.extrapolate(*[t for t, _ in fitted], n, routing=ep.routing))) for n in scales]
             for n, rep in found:
                 row = _row("serve", config, n, "paper-size", serving_metrics(rep, timeline, n), args)
                 row["dims"] = dims(args, hiddens, a.target, ranks, n)

@@ -47,6 +47,7 @@ import psutil
 
 import stratacl
 from stratacl import ep
+from stratacl.jobs._processes import collect, wait_gone
 
 DTYPES = [np.dtype(t) for t in (np.bool_, np.uint8, np.int8, np.int16, np.int32, np.int64, np.float16,
                                 np.float32, np.float64, np.uint16, np.uint32, np.uint64)]
@@ -605,8 +606,7 @@ def run(nranks: int, calls: int, seed: int, jobs: int, timeout: float = 120.0, h
         reports = stratacl.spawn(soak_rank, nranks, args=(seed, j, per_job[j], settings), timeout=timeout,
                                  hbm_size=hbm_size, **settings)
         seconds = time.monotonic() - t0
-        children = psutil.Process().children(recursive=True)
-        _, alive = psutil.wait_procs(children, timeout=10)
+        alive = wait_gone(collect(children_of=psutil.Process()), 10)
         leftovers = sorted(_shm_names() - before) + [f"pid {p.pid}" for p in alive]
         rec = dict(job=j, settings=settings, calls=reports[0]["calls"],
                    rank_calls=sum(sum(r["ops"].values()) for r in reports),

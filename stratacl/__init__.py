@@ -27,6 +27,7 @@ One call's data path, and where each step lives::
                            runtime/_modeling.py  the modeled clock (ub/) ticks
 """
 from . import ep as ep
+from . import fabric as fabric
 from . import shmem as shmem
 from . import ub as ub
 from ._arrays import empty as empty
@@ -67,7 +68,7 @@ __all__ = [
     "BootstrapError", "CollectiveMismatch", "CommTimeout", "Communicator", "Config", "ConfigError",
     "Estimate", "NotInitialized", "OneSidedError", "OutOfMemory", "PeerFailure", "RankFailure", "RegistrationError",
     "SETTINGS", "SignalTimeout", "StrataError", "TooManyCommunicators",
-    "config", "empty", "empty_cache", "empty_like", "ep", "estimate", "finalize", "init", "is_initialized",
+    "config", "empty", "empty_cache", "empty_like", "ep", "estimate", "fabric", "finalize", "init", "is_initialized",
     "memory_stats", "memory_summary", "reset_accumulated_memory_stats", "reset_peak_memory_stats", "shmem",
     "spawn", "stats", "ub", "zeros",
 ]

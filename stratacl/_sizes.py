@@ -18,17 +18,18 @@ from __future__ import annotations
 
 import dataclasses
 
-OPS = ("all_gather", "all_reduce", "reduce_scatter", "all_to_all", "broadcast", "sendrecv", "barrier")
+from ._operators import BY_NAME, names
+
+OPS = names(schedule=True)        # the operators with a schedule (_operators.py)
+
+_BUS = {"2(N-1)/N": lambda n: 2 * (n - 1) / n, "(N-1)/N": lambda n: (n - 1) / n, "1": lambda n: 1.0}
 
 
 def bus_factor(op: str, n: int) -> float:
-    if op == "all_reduce":
-        return 2 * (n - 1) / n if n > 1 else 0.0
-    if op in ("all_gather", "reduce_scatter", "all_to_all"):
-        return (n - 1) / n if n > 1 else 0.0
-    if op in ("broadcast", "sendrecv"):
-        return 1.0
-    return 0.0
+    bus = BY_NAME[op].bus
+    if bus is None or (n < 2 and bus != "1"):
+        return 0.0
+    return _BUS[bus](n)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,17 +44,13 @@ class Shape:
 def shape(op: str, n: int, size: int, itemsize: int) -> Shape:
     """The counts of ``op`` on ``n`` ranks at nccl-tests size ``size``, rounded down to whole
     elements of ``itemsize`` bytes (and, where the op has per-rank chunks, to whole chunks)."""
-    if op == "barrier":
+    sizes = BY_NAME[op].sizes
+    if sizes == ("-", "-"):
         return Shape(0, 0, 0, 0)
-    if op in ("all_gather", "reduce_scatter", "all_to_all"):
+    if "per" in sizes or "total" in sizes:
         per = max(size // (n * itemsize), 0)
-        total = per * n
-        if op == "all_gather":
-            return Shape(total * itemsize, per, per, total)
-        if op == "reduce_scatter":
-            return Shape(total * itemsize, per, total, per)
-        return Shape(total * itemsize, per, total, total)
+        counts = {"per": per, "total": per * n}
+        return Shape(per * n * itemsize, per, counts[sizes[0]], counts[sizes[1]])
     count = size // itemsize
-    if op == "sendrecv":
-        return Shape(count * itemsize, count, count, count)
-    return Shape(count * itemsize, count, count, 0)
+    counts = {"count": count, "-": 0}
+    return Shape(count * itemsize, count, counts[sizes[0]], counts[sizes[1]])

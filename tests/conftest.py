@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 
 import psutil
+
+from stratacl.jobs._processes import collect, end, wait_gone
 import pytest
 
 SHM = "/dev/shm"
@@ -22,11 +24,8 @@ def stratacl_names() -> set[str]:
 def no_leftovers():
     before = stratacl_names()
     yield
-    me = psutil.Process()
-    children = me.children(recursive=True)
-    gone, alive = psutil.wait_procs(children, timeout=10)
-    for p in alive:
-        p.kill()
+    alive = wait_gone(collect(children_of=psutil.Process()), 10)
+    end(alive, 5)
     leaked = stratacl_names() - before
     assert not alive, f"processes left behind: {[p.pid for p in alive]}"
     assert not leaked, f"names left in /dev/shm: {sorted(leaked)}"

@@ -117,6 +117,8 @@ def test_operations_show_their_signatures_and_docs():
         "reduce_scatter": f"(self, out: 'np.ndarray', x: 'np.ndarray', op: 'str' = 'sum', {keywords}) -> 'None'",
         "all_reduce": f"(self, x: 'np.ndarray', op: 'str' = 'sum', {keywords}) -> 'None'",
         "split": f"(self, color: 'int | None', key: 'int' = 0, {keywords}) -> 'Communicator | None'",
+        "gather": f"(self, out: 'np.ndarray | None', x: 'np.ndarray', root: 'int' = 0, {keywords}) -> 'None'",
+        "scatter": f"(self, out: 'np.ndarray', x: 'np.ndarray | None', root: 'int' = 0, {keywords}) -> 'None'",
         "send": f"(self, x: 'np.ndarray', dst: 'int', {keywords}) -> 'None'",
         "recv": f"(self, x: 'np.ndarray', src: 'int', {keywords}) -> 'None'",
         "sendrecv": f"(self, x: 'np.ndarray', dst: 'int', out: 'np.ndarray', src: 'int', {keywords}) -> 'None'",

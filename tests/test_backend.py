@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import stratacl
-from stratacl.bench import _cli
+from stratacl.bench import _command as _cli
 from stratacl.collectives import _backend as B
 from stratacl.collectives import _partition as P
 from stratacl.collectives import _schedule as S
@@ -402,7 +402,7 @@ def test_sdma_is_a_little_slower_and_frees_the_cores():
 
 
 def test_sdma_engine_is_one_pipelined_stream_at_its_fraction_of_the_share():
-    from stratacl.sdma._model import run_sdma
+    from stratacl.sdma._offload import run_sdma
     from stratacl.ub._topology import Sdma
     eng = Sdma(descriptor_us=0.5, max_descriptor_bytes=1000, doorbell_us=0.1, efficiency=1.0)
     bell = 0.5 + 0.1

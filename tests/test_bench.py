@@ -32,7 +32,7 @@ FACTOR = {"all_gather": (N - 1) / N, "reduce_scatter": (N - 1) / N, "all_to_all"
 
 def _bench(*args: str, timeout: float = 120, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     exe = shutil.which("stratacl-bench")
-    cmd = [exe] if exe else [sys.executable, "-c", "import sys; from stratacl.bench._cli import main; sys.exit(main())"]
+    cmd = [exe] if exe else [sys.executable, "-c", "import sys; from stratacl.bench._command import main; sys.exit(main())"]
     return subprocess.run(cmd + list(args), capture_output=True, text=True, timeout=timeout, env=env)
 
 
@@ -148,7 +148,7 @@ def _staged_by_the_sweep(comm, buffers: str):
     """What the bench's own rank function (the one --buffers reaches) stages: a 128 KiB
     all_gather (64 KiB per rank, above the eager size), -w 1 -i 2 -c 1."""
     import stratacl
-    from stratacl.bench import _cli
+    from stratacl.bench import _command as _cli
     before = stratacl.stats()["bytes_staged"]
     rows = _cli.rank_main(comm, Spec("all_gather", [1 << 17], warmup=1, iters=2, check=1), buffers)
     return stratacl.stats()["bytes_staged"] - before, rows and rows[0]["wrong"]

@@ -151,3 +151,23 @@ def test_names_native_code_reads_exist_where_it_reads_them():
         assert missing == [] and entry_type == _prepared.PreparedCall.__name__
         assert {name for name, owner in _native.NAMES_READ if owner == "stats"} <= set(stats_keys)
     assert {name for name, owner in _native.NAMES_READ if owner == "operation"} <= set(NATIVE_CALLS)
+
+
+def test_the_operator_table_is_the_one_list_and_agrees_with_the_native_layer():
+    from stratacl import _operators, _sizes
+    from stratacl.collectives import _schedule
+    table = _operators.OPERATORS
+    # the native layer owns the point-to-point codes (_native.h): the table's rows name them
+    assert {op.name: op.code for op in table if op.family == "p2p"} == {
+        "send": NATIVE["OP_SEND"], "recv": NATIVE["OP_RECV"], "sendrecv": NATIVE["OP_SENDRECV"]}
+    assert (_native.OP_SEND, _native.OP_RECV, _native.OP_SENDRECV) == (
+        NATIVE["OP_SEND"], NATIVE["OP_RECV"], NATIVE["OP_SENDRECV"])
+    # every other list is read off the table
+    assert _protocol.OPS == {op.name: op.code for op in table if op.family != "p2p"}
+    assert NATIVE_CALLS == tuple(op.name for op in table if op.native)
+    assert _schedule.OPS == _sizes.OPS == tuple(op.name for op in table if op.schedule)
+    assert _schedule.RING_OPS == tuple(op.name for op in table if op.ring)
+    assert set(_schedule.RING_OPS) == {"all_gather", "all_reduce", "reduce_scatter"}
+    # a collective row is a communicator method; an operator has one code
+    assert all(hasattr(stratacl.Communicator, op.name) for op in table if op.family in ("collective", "p2p", "group"))
+    assert len({op.code for op in table}) == len(table)

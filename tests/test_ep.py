@@ -293,7 +293,7 @@ def test_num_experts_is_checked_on_every_rank():
 # --- the bench, the model -----------------------------------------------------------------------
 def _bench(*args: str, timeout: float = 200) -> subprocess.CompletedProcess:
     exe = shutil.which("stratacl-bench")
-    cmd = [exe] if exe else [sys.executable, "-c", "import sys; from stratacl.bench._cli import main; sys.exit(main())"]
+    cmd = [exe] if exe else [sys.executable, "-c", "import sys; from stratacl.bench._command import main; sys.exit(main())"]
     return subprocess.run(cmd + list(args), capture_output=True, text=True, timeout=timeout)
 
 

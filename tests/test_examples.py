@@ -162,7 +162,7 @@ def test_serving_per_rank_replays_to_its_metrics_and_extrapolates(tmp_path):
         assert printed[n] == (f"throughput {m['throughput']:.1f} tokens/s   normalized latency "
                               f"{m['normalized_latency_us']:.1f} us/token   P99 TTFT {m['p99_ttft_us']:.1f} us   "
                               f"P99 TPOT {m['p99_tpot_us']:.1f} us   (modeled)"), (printed[n], m)
-    wider = ub.replay(ub.extrapolate(traces[2], traces[4], 8))
+    wider = ub.replay(ub.extrapolate(traces[2], traces[4], 8, routing=stratacl.ep.routing))
     assert [len(c) for c in wider.clocks] == [len(ub.replay(traces[4]).clocks[0])] * 8
     m8 = e2e.serving_metrics(wider, timeline, 8)
     assert m8["throughput"] > e2e.serving_metrics(ub.replay(traces[4]), timeline, 4)["throughput"]
@@ -236,6 +236,21 @@ def test_e2e_nocomm_topology_frees_communication_and_keeps_the_compute(tmp_path)
             assert stratacl.estimate(op, 32, 64 << 20, topology=str(path2), path=route).time_us == pytest.approx(t / 2, rel=1e-3)
 
 
+def test_one_shot_all_reduce_example_is_exact_and_timed_beside_the_built_in():
+    run = launch("-n", "4", "--clock", "virtual", "--timeout", "60", str(EXAMPLES / "one_shot_allreduce.py"),
+                 "--bytes", "4096,262144", timeout=120)
+    assert run.returncode == 0, run.explain()
+    rows = re.findall(r"^\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)  (True|False)$", run.stdout, re.M)
+    assert [(int(b), exact) for b, _, _, _, exact in rows] == [(4096, "True"), (262144, "True")], run.explain()
+    assert all(float(a) > 0 and float(b) > 0 for _, a, b, _, _ in rows)
+
+
+def test_fused_dispatch_example_delivers_the_built_in_dispatchs_rows():
+    run = launch("-n", "3", "--clock", "virtual", "--timeout", "60", str(EXAMPLES / "fused_dispatch.py"),
+                 "--tokens", "40", "--hidden", "64", timeout=120)
+    assert run.returncode == 0, run.explain()
+    assert "rows equal to the built-in dispatch's on every rank: True" in run.stdout
+    assert re.search(r"fused slice map\s+[\d.]+", run.stdout), run.explain()
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("n, clock", [(8, "virtual"), (3, "off")])
 def test_symm_all_gather_example_is_exact_against_the_builtin(n, clock):

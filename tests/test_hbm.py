@@ -1,4 +1,4 @@
-"""The die's HBM as a shared resource of the fabric model (ub/_hbm.py, ub/_compute.py).
+"""The die's HBM as a shared resource of the fabric model (ub/_hbmshare.py, ub/_compute.py).
 
 Communication's reads and writes, the staged path's extra copies and a kernel's own bytes share
 the local tier's bandwidth: a kernel beside a call is left what the call does not draw (comm
@@ -15,7 +15,7 @@ import stratacl
 from stratacl import ub
 from stratacl.ub._clock import FabricModel, model_call
 from stratacl.ub._compute import ComputeJob, overlap, run_job
-from stratacl.ub import _hbm
+from stratacl.ub import _hbmshare as _hbm
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -15,6 +15,11 @@ function, relative ones resolved. The floors, from the bottom:
                       over jobs)
     stratacl.torch    the torch.distributed backend: uses the public face only; nothing in the
                       library imports it (torch stays optional)
+
+Import arrows do not show a front end that reaches into a communicator's private parts, so two
+rules read the code itself: outside ``stratacl/runtime`` no module touches a private attribute
+of the runtime's objects (``comm._protocol``: the call pipeline, runtime/_call.py, is the door),
+and no module imports a private name (``_deferred``) from another package.
 """
 from __future__ import annotations
 
@@ -25,7 +30,7 @@ import re
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TREES = {"stratacl": ROOT / "stratacl", "stratacl_launcher": ROOT / "launcher"}
-SUBPACKAGES = ("runtime", "ub", "collectives", "sdma", "ep", "shmem", "jobs", "bench", "torch")
+SUBPACKAGES = ("runtime", "ub", "collectives", "sdma", "ep", "fabric", "shmem", "jobs", "bench", "torch")
 PUBLIC_FACE = ("_arrays", "_estimate", "_spawn")
 PUBLIC = "stratacl (public face)"
 
@@ -50,6 +55,15 @@ def _modules() -> dict[str, pathlib.Path]:
 MODULES = _modules()
 
 
+def _from_module(node: ast.ImportFrom, package: str) -> str:
+    """The module a ``from ... import`` statement in ``package`` names, relative ones resolved."""
+    if not node.level:
+        return node.module or ""
+    parts = package.split(".")
+    base = ".".join(parts[:len(parts) - node.level + 1])
+    return f"{base}.{node.module}" if node.module else base
+
+
 def _imports(name: str, path: pathlib.Path) -> set[str]:
     """The stratacl / stratacl_launcher modules that module ``name`` imports."""
     is_package = path.name == "__init__.py"
@@ -59,12 +73,7 @@ def _imports(name: str, path: pathlib.Path) -> set[str]:
         if isinstance(node, ast.Import):
             targets = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                parts = package.split(".")
-                base = ".".join(parts[:len(parts) - node.level + 1])
-                mod = f"{base}.{node.module}" if node.module else base
-            else:
-                mod = node.module or ""
+            mod = _from_module(node, package)
             # "from X import y" imports X, and X.y too when y is a module
             targets = [mod] + [f"{mod}.{a.name}" for a in node.names if f"{mod}.{a.name}" in MODULES]
         else:
@@ -218,14 +227,153 @@ def test_no_cycle_between_modules():
 
 
 def test_the_native_sources_depend_one_way():
-    # the module file makes the extension from both; _replay.c uses _native.c, never back
+    # the module file makes the extension from all; _replay.c uses the others, never back
     runtime = ROOT / "stratacl" / "runtime"
-    native, replay = (runtime / "_native.c").read_text(), (runtime / "_replay.c").read_text()
+    replay = (runtime / "_replay.c").read_text()
     replay_defines = {"mesh_call", "mesh_resume", "replay", "p2p_replay", "prepared_method", "set_barrier",
                       "replay_init", "record_methods", "barrier_call"}
     assert all(f"{name}(" in replay or name in replay for name in replay_defines)
-    used = sorted(name for name in replay_defines if re.search(rf"\b{name}\b", native))
-    assert used == [], f"_native.c refers to _replay.c's {used}"
+    for source in ("_native.c", "_waits.c", "_flightrec.c", "_agree.c", "_p2pcall.c", "_meshcall.c", "_maps.c"):
+        text = re.sub(r"/\*.*?\*/", "", (runtime / source).read_text(), flags=re.S)     # code, not comments
+        used = sorted(name for name in replay_defines if re.search(rf"\b{name}\b", text))
+        assert used == [], f"{source} refers to _replay.c's {used}"
+
+
+def test_native_sources_stay_small():
+    # one concept per file: no C source of the library past 700 lines, no Python module past 600
+    big = [f"{p.relative_to(ROOT)}: {len(p.read_text().splitlines())}" for p in (ROOT / "stratacl").rglob("*")
+           if p.suffix in (".c", ".py") and len(p.read_text().splitlines()) > (700 if p.suffix == ".c" else 600)]
+    assert big == []
+
+
+def _private_attributes(package: str) -> set[str]:
+    """The private names a package's objects carry: ``self._x`` assigned and ``_x`` defined in
+    its classes."""
+    names = set()
+    for name, path in MODULES.items():
+        if path.suffix != ".py" or package_of(name) != package:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self"
+                    and isinstance(node.ctx, ast.Store)):
+                names.add(node.attr)
+            elif isinstance(node, ast.ClassDef):
+                for item in node.body:
+                    if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                        names.add(item.name)
+                    elif isinstance(item, ast.Assign):
+                        names.update(t.id for t in item.targets if isinstance(t, ast.Name))
+    return {n for n in names if n.startswith("_") and not n.startswith("__")}
+
+
+RUNTIME_PRIVATE = _private_attributes("stratacl.runtime")
+
+
+def _reach_through(source: str, filename: str, own: set[str]) -> list[str]:
+    """Accesses in ``source`` to a private attribute of the runtime's objects (``RUNTIME_PRIVATE``)
+    on anything but ``self``, ``cls`` or an imported module, unless the module's own package
+    defines that name too (``own``: its objects carry their own ``_done``)."""
+    tree = ast.parse(source, filename)
+    local = {a.asname or a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))
+             for a in n.names}
+    local |= {n.name for n in ast.walk(tree) if isinstance(n, ast.ClassDef)} | {"self", "cls"}
+    return [f"{filename}:{n.lineno}: {ast.unparse(n)}" for n in ast.walk(tree)
+            if isinstance(n, ast.Attribute) and n.attr in RUNTIME_PRIVATE - own
+            and not (isinstance(n.value, ast.Name) and n.value.id in local)]
+
+
+def _private_imports(name: str, path: pathlib.Path) -> list[str]:
+    """``from <another package's module> import _name``, where ``_name`` is not a module."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        mod = _from_module(node, package)
+        if mod.split(".")[0] not in TREES or package_of(mod) == package_of(name):
+            continue
+        found += [f"{name} imports {mod}.{a.name}" for a in node.names
+                  if a.name.startswith("_") and not a.name.startswith("__") and f"{mod}.{a.name}" not in MODULES]
+    return found
+
+
+def test_front_ends_go_through_the_call_pipeline_not_the_communicators_parts():
+    found = []
+    for name, path in MODULES.items():
+        package = package_of(name)
+        if path.suffix == ".py" and package != "stratacl.runtime":
+            own = _private_attributes(package)
+            found += _reach_through(path.read_text(), str(path.relative_to(ROOT)), own)
+    assert found == []
+
+
+def test_the_reach_through_rule_sees_a_front_end_that_touches_the_communicator():
+    # what stratacl/ep/_buffer.py did before the pipeline: the rule must name each access
+    planted = ("def enter(comm, op, e):\n"
+               "    comm._protocol.begin(op, {}, error=e)\n"
+               "    return comm._rt.clock is not None and comm._executor.bases\n")
+    assert {"_protocol", "_rt", "_executor"} <= RUNTIME_PRIVATE
+    assert sorted(_reach_through(planted, "planted.py", set())) == [
+        "planted.py:2: comm._protocol", "planted.py:3: comm._executor", "planted.py:3: comm._rt"]
+    # a front end's own objects may carry a name the runtime uses too
+    assert _reach_through(planted, "planted.py", {"_protocol", "_rt", "_executor"}) == []
+
+
+def test_no_module_imports_a_private_name_of_another_package():
+    found = [v for name, path in MODULES.items() if path.suffix == ".py" for v in _private_imports(name, path)]
+    assert found == []
+
+
+def test_the_private_import_rule_sees_one(tmp_path):
+    ep = tmp_path / "stratacl" / "ep"
+    ep.mkdir(parents=True)
+    (ep / "_planted.py").write_text("from ..runtime._work import _deferred, Work\nfrom ..collectives import _ep\n")
+    found = _private_imports("stratacl.ep._planted", ep / "_planted.py")
+    assert found == ["stratacl.ep._planted imports stratacl.runtime._work._deferred"]
+
+
+def _services_members() -> set[str]:
+    tree = ast.parse((ROOT / "stratacl" / "runtime" / "_services.py").read_text())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "RankServices")
+    return ({n.target.id for n in cls.body if isinstance(n, ast.AnnAssign)}
+            | {n.name for n in cls.body if isinstance(n, ast.FunctionDef)})
+
+
+def _rt_uses(path: pathlib.Path) -> set[tuple[str, int]]:
+    """``rt.x`` and ``self._rt.x`` in a module: the runtime's members it uses."""
+    found = set()
+    for n in ast.walk(ast.parse(path.read_text(), str(path))):
+        if not isinstance(n, ast.Attribute):
+            continue
+        v = n.value
+        if (isinstance(v, ast.Name) and v.id == "rt") or (
+                isinstance(v, ast.Attribute) and v.attr == "_rt" and isinstance(v.value, ast.Name)):
+            found.add((n.attr, n.lineno))
+    return found
+
+
+def test_components_use_the_runtime_through_its_typed_services_only():
+    members = _services_members()
+    outside = []
+    for name, path in MODULES.items():
+        if path.suffix != ".py" or name in ("stratacl.runtime._world", "stratacl.runtime._services"):
+            continue
+        if package_of(name) in ("stratacl.runtime", PUBLIC):
+            outside += [f"{path.relative_to(ROOT)}:{line}: rt.{attr}" for attr, line in _rt_uses(path)
+                        if attr not in members]
+    assert outside == []
+    assert {"ctl", "reg", "clock", "empty", "model_for"} <= members
+
+
+def test_the_runtime_provides_every_service():
+    tree = ast.parse((ROOT / "stratacl" / "runtime" / "_world.py").read_text())
+    runtime = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Runtime")
+    has = {n.name for n in runtime.body if isinstance(n, ast.FunctionDef)}
+    for n in ast.walk(runtime):
+        if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store) and isinstance(n.value, ast.Name) \
+                and n.value.id == "self":
+            has.add(n.attr)
+    assert _services_members() - has == set()
 
 
 def test_the_one_sided_front_end_uses_the_runtime_package_interface_only():

@@ -189,7 +189,9 @@ def test_moe_calls_extrapolate_with_their_routing_drawn_anew(tmp_path):
     real, _ = _record(tmp_path, moe_step, 4)
     assert all("routing" in c for e in real[0]["events"] for c in ([e] if e["e"] == "call" else e.get("calls", []))
                if c.get("op", "").endswith(("dispatch", "combine")))
-    guess = ub.extrapolate(t2, t3, 4)
+    with pytest.raises(ub.ReplayError, match="pass routing=stratacl.ep.routing"):
+        ub.extrapolate(t2, t3, 4)        # the fabric package holds no routing generator of its own
+    guess = ub.extrapolate(t2, t3, 4, routing=stratacl.ep.routing)
     # the draw is the program's own: the same traffic matrices as the real run, call by call
     for e, f in zip(guess[1]["events"], real[1]["events"]):
         for c, d in zip([e] if e["e"] == "call" else e.get("calls", []), [f] if f["e"] == "call" else f.get("calls", [])):
@@ -201,7 +203,7 @@ def test_moe_calls_extrapolate_with_their_routing_drawn_anew(tmp_path):
     assert r.time_us == pytest.approx(ub.replay(real).time_us, rel=0.05)
     # at a size no run had, every call of the program is timed once, on all 64 ranks
     calls = [c for e in guess[0]["events"] for c in ([e] if e["e"] == "call" else e.get("calls", []))]
-    assert ub.replay(ub.extrapolate(t2, t3, 64)).calls == len(calls)
+    assert ub.replay(ub.extrapolate(t2, t3, 64, routing=stratacl.ep.routing)).calls == len(calls)
 
 
 def fetches_and_exchanges(comm) -> float:

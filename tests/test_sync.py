@@ -48,7 +48,7 @@ def late_arrivals(comm, rounds: int):
 
 def test_sleeping_waiters_are_counted_and_woken_at_once():
     """A wake of a communicator word is skipped only while nobody is counted asleep
-    (_native.c, set_sleepers). A wake skipped wrongly leaves a sleeper to the end of its slice,
+    (_waits.c, set_sleepers). A wake skipped wrongly leaves a sleeper to the end of its slice,
     LONG_SLICE here: a wait ending half a slice after the last arrival was not woken. (How soon
     a woken waiter runs is the host's business, not this test's.)"""
     results = stratacl.spawn(late_arrivals, 4, args=(12,), timeout=60)

@@ -7,7 +7,7 @@
     stratacl-bench combine -n 32 --tokens 4096 --hidden 7168 --mode ll --estimate
 
 One row per token count. Every rank routes its tokens with ``stratacl.ep.routing`` (seeded;
-``--skew`` 0 is uniform, see ub/_routing.py). Bus bandwidth is counted as DeepEP's tests count
+``--skew`` 0 is uniform, see ep/_routing.py). Bus bandwidth is counted as DeepEP's tests count
 it: the bytes a rank receives in dispatch (high-throughput: a row per token and destination
 rank; low-latency: per token and expert), or sends back in combine (the same rows), over the
 call's time, averaged over ranks. ``size`` is those bytes (mean per rank), ``count`` the rows.
@@ -179,7 +179,8 @@ def _core_gap(comm, spec: dict, routes: list[np.ndarray], dt) -> float:
     from stratacl.ep._model import traffic
     from stratacl.ub._profile import profile_plan, profiles_cores
     phases, _, staging = traffic(spec["op"], spec["mode"], routes, spec["experts"], spec["hidden"] * dt.itemsize)
-    model = comm._rt.model
+    from stratacl.runtime import pipeline
+    model = pipeline(comm).model
     members = tuple(comm.members)
     return profiles_cores(profile_plan(model, model.plan_exchange(members, phases, staging), members))["core_gap"]
 
@@ -241,7 +242,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--topk", type=int, default=8, help="experts per token (default 8)")
     p.add_argument("--experts", type=int, default=256, help="experts in all (default 256)")
     p.add_argument("--mode", default="ht", choices=("ht", "ll"), help="high-throughput or low-latency (default ht)")
-    p.add_argument("--skew", type=float, default=0.0, help="routing skew (0: uniform; see ub/_routing.py)")
+    p.add_argument("--skew", type=float, default=0.0, help="routing skew (0: uniform; see ep/_routing.py)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", default="float16", choices=("float16", "float32"))
     p.add_argument("-w", "--warmup", type=int, default=2)
@@ -262,7 +263,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str]) -> int:
     import stratacl
     from stratacl._config import parse_size
-    from ._host import host_facts
+    from ._hostfacts import host_facts
 
     a = parser().parse_args(argv)
     spec = dict(op=a.operator, tokens=_sizes(a.tokens), hidden=a.hidden, topk=a.topk, experts=a.experts, mode=a.mode,

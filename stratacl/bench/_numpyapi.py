@@ -1,5 +1,5 @@
 """The sweep's backend through StrataCL's numpy API (``comm.all_reduce`` and the rest):
-stratacl-bench's own ranks (_cli.py) run it, and so do the ranks of ``--api torch``
+stratacl-bench's own ranks (_command.py) run it, and so do the ranks of ``--api torch``
 (_torchapi.py), beside the torch calls, to price the torch layer."""
 from __future__ import annotations
 
@@ -26,10 +26,11 @@ class StrataBackend:
     def core_figures(self, op: str, nbytes: int, root: int, itemsize: int) -> dict:
         """core_gap and core_busy_us of one call as the ranks' model times it (the same
         ub._profile.call_cores that estimate rows use)."""
+        from ..runtime import pipeline
         from ..ub._profile import call_cores
-        c = self.comm
-        algo = c._modeling.algo_for(op, nbytes, itemsize)
-        return call_cores(c._rt.model, op, algo, c.members, nbytes, root, itemsize)
+        pipe = pipeline(self.comm)
+        return call_cores(pipe.model, op, pipe.algo_for(op, nbytes, itemsize), self.comm.members, nbytes, root,
+                          itemsize)
 
     def alloc(self, count, dtype):
         return self._alloc(count, dtype)

@@ -35,8 +35,8 @@ import threading
 import time
 import uuid
 
-import psutil
 
+from ..jobs._processes import collect, end
 from . import _cases
 
 PEERS = ("mpi", "gloo")
@@ -258,33 +258,8 @@ def _forward(fd: int, peer: str, tail: collections.deque) -> None:
 
 def _end(procs: list[subprocess.Popen], job: str, grace: float = 3.0) -> None:
     """End every process of this run: the ones started here and any that carry the job's marker."""
-    mine = {p.pid for p in procs if p.poll() is None}
-    victims = []
-    for pid in mine:
-        try:
-            victims.append(psutil.Process(pid))
-        except psutil.NoSuchProcess:
-            pass
-    for p in psutil.process_iter():
-        if p.pid in mine:
-            continue
-        try:
-            if p.environ().get(MARKER) == job:
-                victims.append(p)
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
-            pass
-    for p in victims:
-        try:
-            p.terminate()
-        except psutil.NoSuchProcess:
-            pass
-    _, alive = psutil.wait_procs(victims, timeout=grace)
-    for p in alive:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(alive, timeout=grace)
+    live = [p.pid for p in procs if p.poll() is None]
+    end(collect(live, marker=(MARKER, job)), grace)
     for p in procs:
         try:
             p.wait(timeout=grace)

@@ -21,7 +21,7 @@ sources, followed by one SRC row per source, in the order the frontend listed th
 the reduction order (mesh frontends list members in rank order; ring steps: left, then own).
 The native executor validates a table before it touches memory.
 
-The modeled side (ub/_cores.py, sdma/_model.py) times the same slice maps' transfer units
+The modeled side (ub/_cores.py, sdma/_offload.py) times the same slice maps' transfer units
 per core; the host executes a phase on the calling thread in table order.
 """
 from __future__ import annotations

@@ -72,10 +72,13 @@ import dataclasses
 
 import numpy as np
 
-LOAD, LOAD_REDUCE, LOCAL_COPY, HOST_LOAD, HOST_STORE = 0, 1, 2, 3, 4   # transfer kinds (same codes as ub._fabric)
+from .._operators import names
 
-OPS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "broadcast", "barrier", "sendrecv")
-RING_OPS = ("all_gather", "reduce_scatter", "all_reduce")
+LOAD, LOAD_REDUCE, LOCAL_COPY, HOST_LOAD, HOST_STORE = 0, 1, 2, 3, 4   # transfer kinds (same codes as ub._fabric)
+BARRIER_PHASE = -1      # in an exchange's phases: a barrier between two phases (its matrix is not read)
+
+OPS = names(schedule=True)        # the operator table (stratacl/_operators.py)
+RING_OPS = names(ring=True)
 ALGOS = ("mesh", "ring")
 
 
@@ -213,9 +216,13 @@ def exchange(phases: list[tuple[np.ndarray, int]]) -> list:
     departure barrier. The phases follow each other without a barrier: each reads only what
     its owners published before the arrival (runtime: ep/_buffer.py, all_to_all_v). A phase of
     kind HOST_LOAD or HOST_STORE moves B[i, i] bytes between member i's HBM and its host DRAM
-    (runtime/_host.py: one member, so no barrier is timed)."""
+    (runtime/_hostrows.py: one member, so no barrier is timed). A phase of kind BARRIER_PHASE
+    is a barrier between the phases around it (a user's slice map, stratacl.fabric)."""
     steps: list = [Barrier()]
     for b, kind in phases:
+        if kind == BARRIER_PHASE:
+            steps.append(Barrier())
+            continue
         b = np.asarray(b, dtype=np.int64)
         reader, owner = np.nonzero(b)
         kinds = np.where((reader == owner) & (kind < HOST_LOAD), LOCAL_COPY, kind)

@@ -163,6 +163,18 @@ def broadcast(me: int, n: int, nbytes: int, root: int = 0) -> list[SliceMap]:
     return [make(me, root, IN, 0, IN, 0, nbytes, LOAD)]
 
 
+def gather(me: int, n: int, nbytes: int, root: int) -> list[SliceMap]:
+    """At ``root``: out[p*M:(p+1)*M] = x_p for every member p (M = ``nbytes``; its own block
+    copied locally). The other members pull nothing."""
+    p = _order(me, n) if me == root else np.zeros(0, dtype=np.int64)
+    return [make(me, p, IN, 0, OUT, p * nbytes, nbytes, LOAD)]
+
+
+def scatter(me: int, n: int, nbytes: int, root: int) -> list[SliceMap]:
+    """out = block ``me`` of the root's x (M = ``nbytes`` per member)."""
+    return [make(me, root, IN, me * nbytes, OUT, 0, nbytes, LOAD)]
+
+
 def recv(me: int, src: int, nbytes: int) -> list[SliceMap]:
     """Point-to-point receive: pull ``nbytes`` of member ``src``'s send buffer (IN) into this
     rank's receive buffer (OUT)."""

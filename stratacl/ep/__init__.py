@@ -16,6 +16,6 @@ from ._buffer import Buffer as Buffer
 from ._buffer import Handle as Handle
 from ._model import MoeEstimate as MoeEstimate
 from ._model import estimate as estimate
-from ..ub._routing import routing as routing
+from ._routing import routing as routing
 
 __all__ = ["Buffer", "Handle", "MoeEstimate", "estimate", "routing"]

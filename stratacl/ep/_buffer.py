@@ -34,18 +34,15 @@ import numpy as np
 
 from .._errors import CollectiveMismatch
 from ..collectives import _backend, _ep, _kernels, _reduce
-from ..collectives._slices import OUT, SCRATCH
-from ..runtime import _native
+from ..runtime import Pipeline, pipeline
 from ..runtime._buffers import buffer_size
-from ..runtime._control import EXT_WORDS_EXTRA, F_DTYPE
-from ..runtime._work import _deferred
 
 DTYPES = (np.dtype(np.float16), np.dtype(np.float32))
 # extension words of an ep descriptor: the routing block (address, segment va, size, offset,
 # epoch), then T, H, K, the mode's parameter (low-latency: max tokens per rank; combine: the
 # dispatch call it combines)
 E_ADDR, E_VA, E_SIZE, E_OFF, E_EPOCH, E_TOKENS, E_HIDDEN, E_TOPK, E_PARAM, E_WORDS = range(10)
-assert E_WORDS <= EXT_WORDS_EXTRA
+assert E_WORDS <= Pipeline.EXT_WORDS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,6 +90,7 @@ class Buffer:
 
     def __init__(self, comm, num_experts: int):
         self.comm = comm
+        self._pipe = pipeline(comm)      # every call runs through the communicator's pipeline
         n = comm.size
         ok = isinstance(num_experts, (int, np.integer)) and not isinstance(num_experts, bool)
         mine = np.array([int(num_experts) if ok else -1], dtype=np.int64)
@@ -171,11 +169,7 @@ class Buffer:
 
     # --- the calls ------------------------------------------------------------------------
     def _call(self, operation: str, body: Callable[[], Any], async_op: bool, path: str | None):
-        comm = self.comm
-        if async_op or comm._worker is not None or comm._rt.clock is not None:
-            return _deferred(comm, _named(operation), body, async_op, path)
-        comm._path = comm._default_path if path is None else path
-        return body()
+        return self._pipe.call(operation, body, async_op, path)
 
     def _check_idx(self, topk_idx: Any, operation: str, tokens: int | None = None) -> np.ndarray:
         """``topk_idx`` as a C-contiguous array after the checks of its type and shape (the
@@ -205,25 +199,22 @@ class Buffer:
         words = _ep.block_words(head, self.comm.size, idx.shape[1])
         if self._block is None or self._block.size < words:
             self._block = None
-            self._block = self.comm._rt.empty((buffer_size(words * 8) // 8,), np.int64)
+            self._block = self._pipe.empty((buffer_size(words * 8) // 8,), np.int64)
         return self._block, _ep.write_block(self._block, head, idx, weights, self.comm.size)
 
     def _enter(self, operation: str, dtype_code: int, inp, block, tokens: int, hidden: int, topk: int,
                param: int, error: BaseException | None) -> tuple[int, np.ndarray]:
         """Publish, arrive, agree (see the module docstring); returns the call's parity and
         every member's extension words [n, E_WORDS]."""
-        comm = self.comm
+        comm, pipe = self.comm, self._pipe
         if error is not None:
-            comm._protocol.begin(operation, {}, error=error)       # raises, after the peers learned why
+            pipe.reject(operation, error)       # raises, after the peers learned why
         ext = np.zeros(E_WORDS, dtype=np.int64)
         if block is not None:
-            addr = _native.data_address(block)
-            seg = comm._buffers.hbm_segment(block, addr)
-            ext[E_ADDR:E_EPOCH + 1] = (addr, seg.va, seg.size, seg.hbm_offset, seg.epoch)
+            ext[E_ADDR:E_EPOCH + 1] = pipe.block(block)
         ext[E_TOKENS:E_WORDS] = (tokens, hidden, topk, param)
-        comm._protocol.begin(operation, {F_DTYPE: dtype_code, **comm._buffers.input_fields(inp)}, ext=ext)
-        parity = comm._protocol.calls & 1
-        every = comm._protocol.extensions(parity)[:, :E_WORDS]
+        parity = pipe.enter(operation, dtype_code, inp, ext)
+        every = pipe.extensions(parity)[:, :E_WORDS]
         agree = every[:, E_HIDDEN:E_WORDS]
         if (agree != agree[0]).any():
             for word, what in ((E_HIDDEN, "hidden size"), (E_TOPK, "top-k"), (E_PARAM, _PARAM_NAMES[operation])):
@@ -235,32 +226,28 @@ class Buffer:
 
     def _blocks_ready(self, operation: str, every: np.ndarray) -> None:
         """Every member's routing block mapped here and named in the SCRATCH row of the bases."""
-        comm = self.comm
         stale = (self._ready[:, 0] != every[:, E_VA]) | (self._ready[:, 1] != every[:, E_EPOCH])
-        stale[comm.rank] = False
+        stale[self.comm.rank] = False
         for i in np.flatnonzero(stale).tolist():
             va, epoch = int(every[i, E_VA]), int(every[i, E_EPOCH])
-            comm._rt.reg.ensure_ready(comm.members[i], va, int(every[i, E_SIZE]), int(every[i, E_OFF]), epoch,
-                                      operation)
+            self._pipe.block_ready(operation, i, va, int(every[i, E_SIZE]), int(every[i, E_OFF]), epoch)
             self._ready[i] = va, epoch
-        comm._bases[SCRATCH] = every[:, E_ADDR]
+        self._pipe.name_scratch(every[:, E_ADDR])
 
     def _phase(self, operation: str, key: tuple, build, out: np.ndarray) -> None:
         """Run one phase into ``out`` (this rank's OUT) on the call's path, counted; its plan
         compiled once per ``key`` (the communicator's plan cache)."""
-        comm = self.comm
-        comm._bases[OUT, comm.rank] = _native.data_address(out)
-        comm._executor.run(operation, comm._executor.phase(key, lambda: [build()]), comm._path)
+        pipe = self._pipe
+        pipe.run(operation, pipe.phase(key, lambda: [build()]), out)
 
     def _rows(self, operation: str, plan: _backend.Plan, out: np.ndarray) -> None:
         """Run the row phase into ``out`` (HBM): straight into it, or, staged (registration
         ``staged``), into a communication buffer copied out after, as the collectives do."""
-        comm = self.comm
+        pipe = self._pipe
         flat = out.reshape(-1)
-        target = comm._buffers.output(flat)
-        comm._bases[OUT, comm.rank] = _native.data_address(target)
-        comm._executor.run(operation, plan, comm._path)
-        comm._buffers.output_done(flat, target)
+        target = pipe.output(flat)
+        pipe.run(operation, plan, target)
+        pipe.output_done(flat, target)
 
     def _routing(self, mode: str, tokens: np.ndarray, topk: int, row: int, dispatch: int) -> dict:
         """What made a call's traffic, for its trace record (``ub.extrapolate`` draws a routing
@@ -285,14 +272,14 @@ class Buffer:
         0 of its ``rows`` (``token[r]``: row r's token, -1 none), each times ``weight[r]`` if
         given, in row order, cast to the rows' dtype (native: collectives/_kernels.c, combine);
         through a communication buffer when staged."""
-        comm = self.comm
-        out = comm._rt.empty((tokens, rows.shape[-1]), rows.dtype)
+        pipe = self._pipe
+        out = pipe.empty((tokens, rows.shape[-1]), rows.dtype)
         flat = out.reshape(-1)
-        target = comm._buffers.output(flat)
+        target = pipe.output(flat)
         _kernels.combine(target.reshape(out.shape), rows.reshape(-1, rows.shape[-1]),
                          np.ascontiguousarray(token, dtype=np.int64), weight, code,
                          self._scratch("acc", (out.size,), np.float32))
-        comm._buffers.output_done(flat, target)
+        pipe.output_done(flat, target)
         return out
 
     def _row_plan(self, operation: str, key: bytes, build) -> _backend.Plan:
@@ -301,12 +288,12 @@ class Buffer:
         last = self._last_plan.get(operation)
         if last is not None and last[0] == key:
             return last[1]
-        plan = _backend.compile(build())
+        plan = self._pipe.compile(build())
         self._last_plan[operation] = (key, plan)
         return plan
 
     def _dispatch(self, operation: str, x, topk_idx, topk_weights, max_tokens: int):
-        comm = self.comm
+        comm, pipe = self.comm, self._pipe
         n, me, L = comm.size, comm.rank, self.num_local_experts
         low_latency = operation == "low_latency_dispatch"
         error = inp = block = sent = None
@@ -327,11 +314,10 @@ class Buffer:
                 weights = np.zeros(idx.shape, dtype=np.float32)
             else:
                 weights = _check_weights(topk_weights, idx.shape, operation)
-            if comm._path is not comm._default_path:
-                comm._executor.check_path(operation, comm._path)
+            pipe.check_path(operation)
             code = _reduce.dtype_code(x.dtype, operation)
             block, sent = self._routing_block(self._header(idx, operation), idx, weights)
-            inp = comm._buffers.as_input(x, operation)
+            inp = pipe.input(x, operation)
         except Exception as e:
             error = e
         parity, every = self._enter(operation, code, inp, block, tokens, hidden, topk, int(max_tokens), error)
@@ -346,10 +332,10 @@ class Buffer:
         self._phase(operation, ("ep_records", head, words, counts.tobytes()),
                     lambda: _ep.records(me, counts, head, words), rec)
         sources = counts[:, me]
-        comm._executor.peer_sources(operation, parity, inp.addr, need=(sources > 0).astype(np.int64))
+        pipe.sources_ready(operation, parity, inp.addr, need=(sources > 0).astype(np.int64))
         row = hidden * x.itemsize
         # under a modeled clock: the call's traffic, and the bytes a staged call copies
-        timed = comm._rt.clock is not None
+        timed = pipe.timed
         if timed:
             rows_in = _ep.rows_to_members(per_expert, n) if low_latency else counts
             staging = _ep.staging(operation, every[:, E_TOKENS], rows_in.sum(axis=0), row)
@@ -359,28 +345,28 @@ class Buffer:
         plan = self._row_plan(operation, rec.tobytes() + sources.tobytes() + bytes(str((n, row, cap)), "ascii"),
                               lambda: smap)
         if low_latency:
-            recv_x = comm._rt.empty((L, cap, hidden), x.dtype)
+            recv_x = pipe.empty((L, cap, hidden), x.dtype)
             self._rows(operation, plan, recv_x)
-            comm._protocol.finish(operation)
+            pipe.finish(operation)
             if timed:
-                comm._tick_exchange(operation, parity, _ep.dispatch_traffic(counts, per_expert, topk, row, True),
+                pipe.tick(operation, parity, _ep.dispatch_traffic(counts, per_expert, topk, row, True),
                                     staging, self._routing("ll", every[:, E_TOKENS], topk, row, self._calls))
             handle = Handle(self._id, self._calls, "ll", tokens, int(got_per_expert.sum()), per_expert.copy(),
                             every[:, E_TOKENS].copy(), idx, slots=_ep.expert_slots(per_expert, me, idx),
                             max_tokens=int(max_tokens))
             return recv_x, got_per_expert, handle
-        recv_x = comm._rt.empty((tids.size, hidden), x.dtype)
+        recv_x = pipe.empty((tids.size, hidden), x.dtype)
         self._rows(operation, plan, recv_x)
-        comm._protocol.finish(operation)
+        pipe.finish(operation)
         if timed:
-            comm._tick_exchange(operation, parity, _ep.dispatch_traffic(counts, per_expert, topk, row, False), staging,
+            pipe.tick(operation, parity, _ep.dispatch_traffic(counts, per_expert, topk, row, False), staging,
                                 self._routing("ht", every[:, E_TOKENS], topk, row, self._calls))
         handle = Handle(self._id, self._calls, "ht", tokens, tids.size, counts.copy(), every[:, E_TOKENS].copy(),
                         idx, sent=sent, weights=weights)
         return recv_x, got_idx, got_w, got_per_expert, handle
 
     def _combine(self, operation: str, y, handle, topk_idx, topk_weights):
-        comm = self.comm
+        comm, pipe = self.comm, self._pipe
         n, me, L = comm.size, comm.rank, self.num_local_experts
         low_latency = operation == "low_latency_combine"
         error = inp = None
@@ -406,17 +392,16 @@ class Buffer:
                     raise ValueError(f"{operation}: y must be [{handle.received}, hidden] like the dispatch's "
                                      f"recv_x, got shape {y.shape}")
             hidden = y.shape[-1]
-            if comm._path is not comm._default_path:
-                comm._executor.check_path(operation, comm._path)
+            pipe.check_path(operation)
             code = _reduce.dtype_code(y.dtype, operation)
-            inp = comm._buffers.as_input(y, operation)
+            inp = pipe.input(y, operation)
         except Exception as e:
             error = e
         parity, _ = self._enter(operation, code, inp, None, 0, hidden, 0, call, error)
         row = hidden * y.itemsize
         counts = handle.counts
         sent_rows = _ep.rows_to_members(counts, n) if low_latency else counts
-        timed = comm._rt.clock is not None
+        timed = pipe.timed
         staging = _ep.staging(operation, handle.tokens_all, sent_rows.sum(axis=0), row) if timed else None
         if low_latency:
             valid = idx >= 0
@@ -426,26 +411,25 @@ class Buffer:
             got = self._scratch("rows", (idx.size, hidden), y.dtype)
             need = np.zeros(n, dtype=np.int64)
             need[owner] = 1
-            comm._executor.peer_sources(operation, parity, inp.addr, need=need)
+            pipe.sources_ready(operation, parity, inp.addr, need=need)
             cap = n * handle.max_tokens
             key = idx.tobytes() + handle.slots.tobytes() + bytes(str((n, row, cap)), "ascii")
             plan = self._row_plan(operation, key, lambda: _ep.rows(
                 me, n, owner, (e - owner * L) * cap + handle.slots.reshape(-1)[t_k], t_k, row))
-            comm._bases[OUT, me] = _native.data_address(got)
-            comm._executor.run(operation, plan, comm._path)
-            comm._protocol.finish(operation)
+            pipe.run(operation, plan, got)
+            pipe.finish(operation)
             if timed:
-                comm._tick_exchange(operation, parity, _ep.combine_traffic(sent_rows, row), staging,
+                pipe.tick(operation, parity, _ep.combine_traffic(sent_rows, row), staging,
                                     self._routing("ll", handle.tokens_all, idx.shape[1], row, call))
             token = np.where(valid, np.arange(idx.shape[0])[:, None], -1).reshape(-1)
             return self._reduced(got, token, weights.reshape(-1), idx.shape[0], code)
         mine = counts[me]
         got = self._scratch("rows", (int(mine.sum()), hidden), y.dtype)
-        comm._executor.peer_sources(operation, parity, inp.addr, need=(mine > 0).astype(np.int64))
+        pipe.sources_ready(operation, parity, inp.addr, need=(mine > 0).astype(np.int64))
         self._phase(operation, ("ep_combine", row, counts.tobytes()), lambda: _ep.combine_blocks(me, counts, row), got)
-        comm._protocol.finish(operation)
+        pipe.finish(operation)
         if timed:
-            comm._tick_exchange(operation, parity, _ep.combine_traffic(counts, row), staging,
+            pipe.tick(operation, parity, _ep.combine_traffic(counts, row), staging,
                                 self._routing("ht", handle.tokens_all, handle.topk_idx.shape[1], row, call))
         # the rows are grouped by destination ascending: each token's sum follows that order
         out = self._reduced(got, handle.sent, None, handle.tokens, code)
@@ -472,9 +456,3 @@ def _by_value(col: np.ndarray, members: list[int]) -> str:
         groups.setdefault(v, []).append(members[i])
     return "; ".join(f"rank(s) {rs}: {v}" for v, rs in groups.items())
 
-
-def _named(operation: str) -> Callable:
-    def op():
-        pass
-    op.__name__ = operation
-    return op

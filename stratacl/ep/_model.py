@@ -22,7 +22,7 @@ from ..collectives._ep import traffic
 from ..runtime._buffers import EAGER_BYTES
 from ..ub._clock import FabricModel, model_exchange
 from ..ub._profile import profile_plan, profiles_cores
-from ..ub._routing import routing
+from ._routing import routing
 
 OPS = ("dispatch", "combine")
 MODES = ("ht", "ll")

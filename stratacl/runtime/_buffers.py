@@ -35,6 +35,7 @@ from . import _native
 from ._allocator import hbm_base
 from ._args import _copy_back, _flat
 from ._control import F_ADDR, F_EPOCH, F_NBYTES, F_SEG_OFF, F_SEG_SIZE, F_SEG_VA
+from ._services import RankServices
 
 EAGER_BYTES = 16 * 1024             # up to this, full-mesh all_gather and all_reduce take the eager path
 # an eager all_reduce whose members would each read this many bytes of copies (N x the
@@ -78,7 +79,7 @@ class Buffers:
     where each operation reads and writes. Given the runtime and the slot protocol (the next
     call's parity picks the eager slot)."""
 
-    def __init__(self, rt, protocol):
+    def __init__(self, rt: RankServices, protocol):
         self._rt, self._protocol = rt, protocol
         self._always_stage = rt.config.registration == "staged"
         self._staging = None

@@ -1,6 +1,11 @@
-"""Communicator: the public operations, their argument checks, and what each decides. The
-rest is done by the components it is made of, each owning its state and given, when made (in
-this order), the components it uses:
+"""Communicator: the public operations, their argument checks, and what each decides. Its
+methods live in a few parts: this module (the operators the native mesh machine runs: barrier,
+all_gather, all_to_all, broadcast, reduce_scatter, all_reduce; point to point), _pipelined.py
+(all_to_all_v, gather, scatter: the call pipeline's stages alone), _program.py (modeled time,
+host rows). Every call runs through the communicator's
+pipeline (runtime/_call.py), which front ends outside the runtime use too. The rest is done by
+the components it is made of, each owning its state and given, when made (in this order), the
+components it uses:
 
     Modeling       _modeling.py   modeled clock: entering time, exit (tick); algorithm choice
     Protocol       _protocol.py   slot words, call and barrier counts; publish, barriers,
@@ -43,54 +48,48 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .._errors import CollectiveMismatch, TooManyCommunicators
+from .._errors import TooManyCommunicators
 from ..collectives import _backend, _reduce, _slices
-from ..collectives._schedule import LOAD
 from ..collectives._slices import OUT, SCRATCH
 from . import _native
-from ._native import MESH_BARRIER, MESH_NO_DEPARTURE, MESH_ROOT, MESH_ROOT_READER, T_NATIVE
 from ._args import _aliased, _copy_back, _dtype_of, _expect, _flat
 from ._buffers import EAGER_BYTES, EAGER_CHUNKS_READ, Buffers, _Input
-from ._control import F_AUX0, F_AUX1, F_AUX2, F_DTYPE
+from ._call import Pipeline
+from ._control import F_AUX0, F_AUX1, F_AUX2
 from ._execute import Executor
 from ._mesh import MeshDriver
 from ._modeling import Modeling
+from ._native import (
+    MESH_BARRIER,
+    MESH_NO_DEPARTURE,
+    MESH_ROOT,
+    MESH_ROOT_READER,
+    T_NATIVE,
+)
 from ._p2p import PointToPoint
-from ._prepared import (AllGatherArgs, AllReduceArgs, AllToAllArgs, BroadcastArgs, PreparedCalls,
-                        ReduceScatterArgs, _native_method)
+from ._pipelined import PipelinedOperators
+from ._prepared import (
+    AllGatherArgs,
+    AllReduceArgs,
+    AllToAllArgs,
+    BroadcastArgs,
+    PreparedCalls,
+    ReduceScatterArgs,
+    _native_method,
+)
+from ._program import ProgramTime
 from ._protocol import OPS, Protocol
 from ._ringsteps import RingSteps
+from ._services import RankServices
 from ._sync import SLICE, SPIN_POLLS
-from ._work import Work, Worker, collective, on_behalf, stand_in
+from ._work import Worker, collective
 
 log = logging.getLogger("stratacl")
 
 _native.set_barrier(OPS["barrier"], SPIN_POLLS, SLICE, log.isEnabledFor, logging.DEBUG, getattr(log, "_cache", None))
 
 
-def _counts(counts, n: int, limit: int, operation: str, what: str, buffer: str) -> np.ndarray:
-    """all_to_all_v's ``counts`` as int64 [n], checked: integers (a float is not silently cut,
-    nor a string parsed), none negative, none and their sum no more than ``limit``, the
-    elements of the ``buffer`` (each count is bounded before the sum, which so cannot wrap)."""
-    try:
-        a = np.asarray(counts)
-    except (TypeError, ValueError) as e:
-        raise TypeError(f"{operation}: {what} must be a sequence of {n} integers ({e})") from None
-    if a.size and a.dtype.kind not in "iu":
-        raise TypeError(f"{operation}: {what} must be a sequence of {n} integers, got {a.dtype} values"
-                        + (" (too large for 64 bits?)" if a.dtype == object else ""))
-    a = a.reshape(-1)
-    _expect(a.size == n, lambda: f"{operation}: {what} needs {n} entries, got {a.size}")
-    _expect(not (a < 0).any(), lambda: f"{operation}: {what} must not be negative, got {a.tolist()}")
-    _expect(not (a > limit).any(), lambda: f"{operation}: {what} has a count of {int(a.max())} elements but the "
-            f"{buffer} has {limit}")
-    a = a.astype(np.int64)
-    _expect(int(a.sum()) <= limit, lambda: f"{operation}: {what} add up to {int(a.sum())} elements but the "
-            f"{buffer} has {limit}")
-    return a
-
-
-class Communicator:
+class Communicator(ProgramTime, PipelinedOperators):
     """A group of ranks that run collectives together (MPI semantics for ``split``).
 
     Every collective method is a *collective operation*: all ranks of the communicator must
@@ -100,7 +99,7 @@ class Communicator:
     ``members`` their world ranks, in communicator order.
     """
 
-    def __init__(self, rt, members: Sequence[int], slots: Sequence[int]):
+    def __init__(self, rt: RankServices, members: Sequence[int], slots: Sequence[int]):
         """The communicator of world ranks ``members`` (this process's ``rt``, the Runtime of
         runtime/_world.py, among them), each using its communicator slot ``slots[i]``. Made
         by ``init()`` and ``split``, not by users."""
@@ -124,6 +123,7 @@ class Communicator:
         self._p2p = PointToPoint(rt, self.members, self.rank, self._protocol, self._executor, self._buffers,
                                  self._modeling, self._prepared)
         self._bases = self._executor.bases      # the call's buffers, which the operators name
+        self._pipe = Pipeline(self, rt, self._executor, self._modeling, self._protocol, self._buffers)
         self._cx = self._protocol.cx            # what native code reads (see the module docstring)
         self._arrived = self._protocol.arrived
         self._replayed = self._mesh.resume
@@ -156,88 +156,11 @@ class Communicator:
     def __repr__(self) -> str:
         return f"Communicator(rank={self.rank}, size={self.size}, members={self.members})"
 
-    # --- modeled time -----------------------------------------------------------------------
-    def clock(self) -> float:
-        """This rank's modeled time in seconds (``--clock virtual`` or ``throttled``): the program's
-        clock, which an asynchronous operation moves only when it is waited for. Not collective."""
-        return self._modeling.now()
-
-    def charge_compute(self, duration_us: float, cores: int | None = None, hbm_bytes: float = 0) -> None:
-        """Charge a compute kernel to the modeled clock: ``duration_us`` when it has ``cores`` of
-        this rank's NPU cores (default: all of them) and the die's HBM to itself. Operations in
-        flight (``async_op=True``, not yet waited for) keep the cores they occupy and the HBM
-        bandwidth they draw; the kernel runs on what is left, so it takes longer where they
-        overlap (MTE: the communication cores for the whole call; SDMA: only descriptor posting
-        and polling; HBM: the kernel draws ``hbm_bytes / duration_us`` alone and is slowed
-        while the operations' reads, writes and staging copies leave it less). Waits until those
-        operations have completed, since their modeled times are needed. When profiling, the
-        kernel is recorded on its cores. Not collective; a no-op without a modeled clock."""
-        self._modeling.charge_compute(duration_us, cores, hbm_bytes)
-
-    def charge_kernel(self, flops: float, hbm_bytes: float, cores: int | None = None) -> float:
-        """``charge_compute`` of a kernel given by its work: ``flops`` and the bytes it reads and
-        writes in HBM, timed by the roofline ``self.topology.kernel_us(flops, hbm_bytes)`` (the
-        same modeled time, bit for bit). The trace records the FLOPs too, so that
-        ``ub.extrapolate_dimension`` can time the kernel at other model dimensions. Returns the
-        kernel's roofline time in us (also without a modeled clock). Not collective."""
-        return self._modeling.charge_kernel(flops, hbm_bytes, cores)
-
-    def stand_in(self, operation: str, async_op: bool = True) -> Work | None:
-        """For a front end that runs this communicator's calls later, on a thread of its own
-        (stratacl.torch queues a group's asynchronous operations on its worker): under a
-        modeled clock, a ``Work`` that holds ``operation``'s place in modeled time from now,
-        in program order; the calls made inside ``with comm.on_behalf(work):`` enter at the
-        program's clock of this moment (or when this communicator's previous operation
-        ended) and leave it alone, and ``work.wait()`` joins them, as for ``async_op=True``.
-        ``async_op``: ``charge_compute`` shares the cores with it while it is in flight. None
-        without a modeled clock. Not collective."""
-        return stand_in(self, operation, async_op)
-
-    def on_behalf(self, work: Work | None):
-        """Context manager: communicator calls made on this thread inside it are ``work``'s
-        (see ``stand_in``); ``work`` completes when it exits. ``None``: no effect."""
-        return on_behalf(work)
-
-    def probe(self, stage: str, core: int = 0):
-        """Developer marker: record ``stage`` on ``core`` from entry to exit of the block, in
-        modeled time, into this rank's profile (``--profile DIR``); a no-op otherwise."""
-        return self._modeling.probe(stage, core)
-
-    def _tick(self, op: str, parity: int, nbytes: int, algo: str = "mesh", root: int = 0, itemsize: int = 1) -> None:
-        """After a call, under a modeled clock: its exit time (runtime/_modeling.py)."""
-        if self._rt.clock is not None:
-            self._modeling.tick(op, self._protocol.descriptors(parity), nbytes, algo, root, itemsize, self._path)
-
-    def _tick_exchange(self, op: str, parity: int, phases: list, staging=None, routing: dict | None = None) -> None:
-        """``_tick`` for a call given by its traffic matrices (all_to_all_v, stratacl.ep;
-        ``routing``: what made an ep call's matrices, for a trace's extrapolation)."""
-        if self._rt.clock is not None:
-            self._modeling.tick_exchange(op, self._protocol.descriptors(parity), phases, staging, self._path, routing)
-
-    # --- host memory -----------------------------------------------------------------------
-    def host_rows(self, cache: np.ndarray, host: np.ndarray, fetch_rows=None, fetch_slots=None,
-                  store_slots=None, store_rows=None, *, async_op: bool = False, path: str | None = None):
-        """Move whole rows between ``host``, a table in this rank's host memory (any array outside
-        HBM), and ``cache``, an array of rows in its HBM: first ``host[store_rows] =
-        cache[store_slots]`` (write-back), then ``cache[fetch_slots] = host[fetch_rows]``.
-        Index arrays pair up one to one; a destination row may appear once. Rows move on
-        ``path`` (default: the setting; under ``auto`` the cores, or SDMA when asynchronous),
-        through a communication buffer under ``--registration staged``, zero copy otherwise.
-        Under a modeled clock it is timed on the topology's ``host`` tier (runtime/_host.py).
-        Not collective. ``async_op=True``: the arguments are checked at once, the rows move on
-        the rank's host-transfer thread and a ``Work`` is returned, as for an asynchronous
-        collective (the rows, tables and index arrays belong to it until ``wait()``); such
-        transfers run in call order. Else host-blocking."""
-        if self._rt.host is None:
-            from ._host import HostRows
-            self._rt.host = HostRows(self._rt)
-        return self._rt.host.move(cache, host, fetch_rows, fetch_slots, store_slots, store_rows, path, async_op)
-
     # --- collectives ------------------------------------------------------------------------
     @collective
     def barrier(self) -> None:
         """Block until every rank of the communicator has called barrier. Collective."""
-        self._tick("barrier", self._protocol.enter("barrier"), 0)
+        self._pipe.tick_schedule("barrier", self._protocol.enter("barrier"), 0)
         calls = self._call_counts          # completed calls, as for every operation
         calls["barrier"] = calls.get("barrier", 0) + 1
 
@@ -274,7 +197,7 @@ class Communicator:
                                      x.size)
         if target is not None:
             self._buffers.output_done(out, target)
-        self._tick(op, parity, x.nbytes, algo, itemsize=x.itemsize)
+        self._pipe.tick_schedule(op, parity, x.nbytes, algo, itemsize=x.itemsize)
 
     _all_gather = all_gather
     all_gather = _native_method(all_gather, "aa")
@@ -333,7 +256,7 @@ class Communicator:
         parity = self._mesh.call(op, self._path, inp, plan, MESH_BARRIER, code, x.size)
         if target is not None:
             self._buffers.output_done(out, target)
-        self._tick(op, parity, x.nbytes, itemsize=x.itemsize)
+        self._pipe.tick_schedule(op, parity, x.nbytes, itemsize=x.itemsize)
 
     _all_to_all = all_to_all
     all_to_all = _native_method(all_to_all, "aa")
@@ -366,51 +289,6 @@ class Communicator:
         return AllToAllArgs(code, inp, plan, out_addr, target, None), False
 
     @collective
-    def all_to_all_v(self, out: np.ndarray, x: np.ndarray, send_counts: Sequence[int],
-                     recv_counts: Sequence[int]) -> None:
-        """Variable splits, packed in rank order: ``send_counts[j]`` elements of ``x`` go to rank j,
-        ``recv_counts[j]`` elements from rank j land in ``out``. Collective. ``out`` may overlap
-        ``x`` (in place): ``x`` is then copied first.
-
-        Under a modeled clock its transfers are timed from the counts (every member pulls
-        ``recv_counts`` from each peer), as MoE dispatch is."""
-        op = "all_to_all_v"
-        n = self.size
-        try:
-            code = _reduce.dtype_code(_dtype_of(x, op, "input"), op)
-            o = _flat(out, op, "output", writable=True)
-            sc = _counts(send_counts, n, x.size, op, "send_counts", "input")
-            rc = _counts(recv_counts, n, o.size, op, "recv_counts", "output")
-            _expect(o.dtype == x.dtype, lambda: f"{op}: output dtype {o.dtype} differs from input dtype {x.dtype}",
-                    TypeError)
-            self._buffers.check_mapped(o, op, "output")
-            if self._path is not self._default_path:
-                self._executor.check_path(op, self._path)
-            inp = self._buffers.as_input(x, op, _aliased(o, x))
-            target = self._buffers.output(o)
-        except Exception as e:
-            self._protocol.begin(op, {}, error=e)
-        self._protocol.begin(op, {F_DTYPE: code, **self._buffers.input_fields(inp)}, ext=np.concatenate([sc, rc]))
-        parity = self._protocol.calls & 1
-        ext = self._protocol.extensions(parity)
-        send, recv = ext[:, :n], ext[:, n:2 * n]
-        bad = np.argwhere(recv != send.T)
-        if bad.size:
-            i, j = (int(v) for v in bad[0])
-            raise CollectiveMismatch(
-                f"{op}: rank {self.members[i]} expects {int(recv[i, j])} elements from rank {self.members[j]}, "
-                f"which sends it {int(send[j, i])}; no data was moved")
-        me, item = self.rank, x.itemsize
-        self._executor.peer_sources(op, parity, inp.addr, need=(recv[me] > 0).astype(np.int64))
-        self._bases[OUT, me] = _native.data_address(target)
-        for plan in self._executor.phases(("all_to_all_v", item, send.tobytes(), recv[me].tobytes()),
-                                 lambda: _slices.all_to_all_v(me, n, send, recv, item)):
-            self._executor.run(op, plan, self._path)
-        self._protocol.finish(op)
-        self._buffers.output_done(out, target, int(recv[self.rank].sum()))
-        self._tick_exchange(op, parity, [(recv * item, LOAD)])
-
-    @collective
     def broadcast(self, x: np.ndarray, root: int = 0) -> None:
         """Every rank's ``x`` receives the root's ``x``. Collective."""
         op = "broadcast"
@@ -423,7 +301,7 @@ class Communicator:
                                  x.size, root, only=root)
         if target is not None:
             self._buffers.output_done(x, target)
-        self._tick(op, parity, x.nbytes, root=root, itemsize=x.itemsize)
+        self._pipe.tick_schedule(op, parity, x.nbytes, root=root, itemsize=x.itemsize)
 
     _broadcast = broadcast
     broadcast = _native_method(broadcast, "as")
@@ -486,7 +364,7 @@ class Communicator:
             parity = self._mesh.call(name, self._path, inp, plan, MESH_BARRIER, code, out.size, 0, rcode, float(n))
         if target is not None:
             self._buffers.output_done(out, target)
-        self._tick(name, parity, x.nbytes, algo, itemsize=x.itemsize)
+        self._pipe.tick_schedule(name, parity, x.nbytes, algo, itemsize=x.itemsize)
 
     _reduce_scatter = reduce_scatter
     reduce_scatter = _native_method(reduce_scatter, "aas")
@@ -553,7 +431,7 @@ class Communicator:
                                      second)
             if target is not None:
                 self._buffers.output_done(x, target)
-            self._tick(name, parity, x.nbytes, algo, itemsize=item)
+            self._pipe.tick_schedule(name, parity, x.nbytes, algo, itemsize=item)
             return
         if algo == "ring":
             parity = self._ring.enter(name, SCRATCH, self._ring.scratch(x.nbytes), code, count, rcode, inp)
@@ -573,7 +451,7 @@ class Communicator:
         if target is not None:       # the input was staged: the result is in the staged copy
             _copy_back(x, target)
             self._rt.stats["bytes_staged"] += x.nbytes
-        self._tick(name, parity, x.nbytes, algo, itemsize=item)
+        self._pipe.tick_schedule(name, parity, x.nbytes, algo, itemsize=item)
 
     _all_reduce = all_reduce
     all_reduce = _native_method(all_reduce, "as")

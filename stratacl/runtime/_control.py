@@ -27,9 +27,28 @@ from . import _native
 # an operation descriptor's DESC_FIXED int64 fields, F_* (collectives and point-to-point share
 # the layout): native code reads them, so _native.h defines them; the slot's users take them
 # from here, with the rest of the layout
-from ._native import (DESC_FIXED, F_ADDR, F_AUX0, F_AUX1, F_AUX2, F_CALL, F_COUNT, F_DTYPE, F_EPOCH,  # noqa: F401
-                      F_FLAGS, F_NBYTES, F_OP, F_REDOP, F_ROOT, F_SEG_OFF, F_SEG_SIZE, F_SEG_VA, FL_WORDS,
-                      FLIGHT_ENTRIES, FLIGHT_HEADER)
+from ._native import (  # noqa: F401
+    DESC_FIXED,
+    F_ADDR,
+    F_AUX0,
+    F_AUX1,
+    F_AUX2,
+    F_CALL,
+    F_COUNT,
+    F_DTYPE,
+    F_EPOCH,
+    F_FLAGS,
+    F_NBYTES,
+    F_OP,
+    F_REDOP,
+    F_ROOT,
+    F_SEG_OFF,
+    F_SEG_SIZE,
+    F_SEG_VA,
+    FL_WORDS,
+    FLIGHT_ENTRIES,
+    FLIGHT_HEADER,
+)
 
 MAGIC = 0x5354524154414C31  # "STRATAL1"
 HEADER_BYTES = 4096
@@ -42,7 +61,7 @@ P2P_DESC = DESC_FIXED                     # a point-to-point descriptor is an op
 # a collective descriptor's extension words: 2 per member (all_to_all_v's counts; the ring's
 # extra buffer), and this many more for the operations that name a second buffer and their
 # shape (stratacl.ep: ep/_buffer.py, E_*)
-EXT_WORDS_EXTRA = 10
+EXT_WORDS_EXTRA = 12
 FLAG_REJECTED = 1                         # the rank rejected its own arguments; it raises, peers too
 
 # rank states
@@ -51,7 +70,7 @@ STATE_STARTING, STATE_RUNNING, STATE_FINALIZED, STATE_DEAD = 0, 1, 2, 3
 # header word offsets (bytes)
 H_MAGIC, H_WORLD, H_FAILED_RANK, H_FAILED_KIND, H_FAILED_VALUE, H_LAUNCHER_PID = 0, 8, 16, 24, 32, 40
 H_HBM_SIZE, H_VA_BASE, H_SLICE = 48, 56, 64
-H_SLEEPERS = 128                          # u32, own cache line: see set_sleepers in _native.c
+H_SLEEPERS = 128                          # u32, own cache line: see set_sleepers in _waits.c
 FAILED_EXIT, FAILED_SIGNAL, FAILED_SHUTDOWN, FAILED_DAEMON = 1, 2, 3, 4    # 0: none
 
 # rank region word offsets (bytes)
@@ -238,7 +257,7 @@ class Control:
 
     def count_sleepers(self) -> None:
         """This process's waits on communicator words count themselves in the header, and its
-        wakes of those words are skipped while nobody sleeps (_native.c, set_sleepers); its
+        wakes of those words are skipped while nobody sleeps (_waits.c, set_sleepers); its
         barriers and transfers stop once the job has failed (watch_failures)."""
         _native.set_sleepers(self.base + H_SLEEPERS)
         _native.watch_failures(self.base + H_FAILED_KIND)

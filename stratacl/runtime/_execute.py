@@ -26,9 +26,10 @@ from ..collectives import _backend
 from ..collectives._kernels import BUFFERS, run_plan
 from ..collectives._slices import IN
 from ..sdma._engine import SdmaEngine
-from ..sdma._model import PATHS, paths_of
+from ..sdma._offload import PATHS, paths_of
 from . import _native
 from ._control import F_EPOCH, F_SEG_OFF, F_SEG_SIZE, F_SEG_VA
+from ._services import RankServices
 from ._sync import SLICE
 
 
@@ -39,8 +40,8 @@ class Executor:
     path the copies run on. Given the runtime, the members and the slot protocol (whose
     descriptors name the peers' inputs and whose ``cx`` counts the bytes)."""
 
-    def __init__(self, rt, members: list[int], rank: int, protocol):
-        # protocol None: a rank's own copies with no peers (runtime/_host.py), which only execute
+    def __init__(self, rt: RankServices, members: list[int], rank: int, protocol):
+        # protocol None: a rank's own copies with no peers (runtime/_hostrows.py), which only execute
         self._rt, self._protocol, self._cx = rt, protocol, protocol.cx if protocol is not None else None
         self._members, self._rank = members, rank
         n = len(members)

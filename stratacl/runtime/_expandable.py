@@ -34,7 +34,14 @@ import bisect
 
 import numpy as np
 
-from ._allocator import BLOCK_ROUND, Block, HbmAllocator, Interception, absorb, fmt_bytes
+from ._allocator import (
+    BLOCK_ROUND,
+    Block,
+    HbmAllocator,
+    Interception,
+    absorb,
+    fmt_bytes,
+)
 from ._hbm import Hbm
 from ._window import ShadowWindow
 

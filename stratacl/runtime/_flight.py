@@ -31,14 +31,33 @@ import dataclasses
 
 import numpy as np
 
+from .._operators import OPERATORS
 from ._control import Control
-from ._native import (FL_CALL, FL_COMM, FL_COUNT, FL_DST, FL_K_DONE, FL_K_ENTRY, FL_K_LAST, FL_ME, FL_N, FL_NBYTES,
-                      FL_OP, FL_RECV_CALL, FL_ROOT, FL_SEQ, FL_SRC, FL_T_ENTER, FL_T_LAST, FL_WORDS, FLIGHT_ENTRIES,
-                      FLIGHT_HEADER, OP_RECV, OP_SEND, OP_SENDRECV)
-from ._protocol import OP_NAMES
+from ._native import (
+    FL_CALL,
+    FL_COMM,
+    FL_COUNT,
+    FL_DST,
+    FL_K_DONE,
+    FL_K_ENTRY,
+    FL_K_LAST,
+    FL_ME,
+    FL_N,
+    FL_NBYTES,
+    FL_OP,
+    FL_RECV_CALL,
+    FL_ROOT,
+    FL_SEQ,
+    FL_SRC,
+    FL_T_ENTER,
+    FL_T_LAST,
+    FL_WORDS,
+    FLIGHT_ENTRIES,
+    FLIGHT_HEADER,
+)
 
-_NAMES = {**OP_NAMES, OP_SEND: "send", OP_RECV: "recv", OP_SENDRECV: "sendrecv"}
-P2P = frozenset(("send", "recv", "sendrecv"))
+_NAMES = {op.code: op.name for op in OPERATORS}
+P2P = frozenset(op.name for op in OPERATORS if op.family == "p2p")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,7 +20,7 @@ import collections
 import numpy as np
 
 from . import _native
-from ._control import RING_ENTRIES, RING_ENTRY_WORDS, R_DOORBELL, Control
+from ._control import R_DOORBELL, RING_ENTRIES, RING_ENTRY_WORDS, Control
 
 BROADCAST = -1                 # destination of a message for every rank but its sender
 

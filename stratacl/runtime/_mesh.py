@@ -4,7 +4,7 @@ A full-mesh operator (all_gather, all_reduce, reduce_scatter, all_to_all, broadc
 its checks the call's phases (compiled plans, collectives._backend), its input and how it
 departs; the communicator's ``MeshDriver`` fixes them in a ``MeshCall``: the int64 rows native
 code reads (RP_*, one per call parity, _native.h) and what Python needs where the call stops.
-The protocol has one owner, native code (_native.c, mesh_advance):
+The protocol has one owner, native code (_meshcall.c, mesh_advance):
 
     MeshCall --_native.mesh_call--> number the call, publish, entry barrier, agreement,
         |                           readiness of the peer buffers read, phase 1, [barrier,
@@ -31,9 +31,20 @@ from ..collectives._kernels import BUFFERS
 from . import _native
 from ._args import _fixed_address, _fixed_table
 from ._control import DESC_FIXED
-from ._native import (MESH_BARRIER, MESH_DEPART_WAIT, MESH_DISAGREE, MESH_ENTER_WAIT, MESH_MIDDLE_WAIT,
-                      MESH_NOT_RUN, MESH_ROOT_READER, MESH_RUN_SECOND, MESH_SOURCES, T_CALLS)
+from ._native import (
+    MESH_BARRIER,
+    MESH_DEPART_WAIT,
+    MESH_DISAGREE,
+    MESH_ENTER_WAIT,
+    MESH_MIDDLE_WAIT,
+    MESH_NOT_RUN,
+    MESH_ROOT_READER,
+    MESH_RUN_SECOND,
+    MESH_SOURCES,
+    T_CALLS,
+)
 from ._protocol import descriptor
+from ._services import RankServices
 
 if TYPE_CHECKING:
     from ._buffers import _Input
@@ -67,7 +78,7 @@ class MeshDriver:
     communication buffers (eager slots) and the modeled clock (the descriptor's entering
     time)."""
 
-    def __init__(self, rt, size: int, protocol, executor, buffers, modeling):
+    def __init__(self, rt: RankServices, size: int, protocol, executor, buffers, modeling):
         self._rt, self._size = rt, size
         self._protocol, self._executor, self._buffers = protocol, executor, buffers
         self._cx, self._tally = protocol.cx, protocol.tally

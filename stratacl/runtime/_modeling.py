@@ -42,6 +42,7 @@ from ..ub._compute import ComputeJob, kernel_end
 from ..ub._profile import profile_plan
 from ..ub._rankclock import from_bits, to_bits
 from ._control import F_AUX0, F_EPOCH, F_NBYTES, F_SEG_SIZE, F_SEG_VA
+from ._services import RankServices
 
 
 class Modeling:
@@ -50,7 +51,7 @@ class Modeling:
     mappings its members made. Given the runtime and the members; the operators hand it each
     call's descriptors (``tick``)."""
 
-    def __init__(self, rt, members: list[int], rank: int):
+    def __init__(self, rt: RankServices, members: list[int], rank: int):
         self._rt = rt
         self._members, self._rank, self._size = members, rank, len(members)
         self._issued_us = 0.0         # the program's clock when the running operation was called
@@ -203,7 +204,7 @@ class Modeling:
 
     def tick_host(self, op: str, phases: list, staging, path: str) -> None:
         """``tick_exchange`` for a rank's own transfers to and from its host memory
-        (runtime/_host.py): this one-member timeline enters at the program's clock or its
+        (runtime/_hostrows.py): this one-member timeline enters at the program's clock or its
         previous call's end; no descriptors, no peers, no jit mappings."""
         entering = np.array([self.entering_us()])
         model = self._rt.model_for(path)

@@ -1,21 +1,29 @@
 /*
- * What the two sources of stratacl.runtime._native share (internal; not installed).
+ * What the sources of stratacl.runtime._native share (internal; not installed). Each uses
+ * the ones above it only:
  *
- *   _native.c   atomics, futexes, the communicators' protocols (barrier and call numbering,
- *               the readiness scan, byte counts, one point-to-point call: p2p_core, the
- *               full-mesh call's state machine: mesh_start, mesh_advance), mappings; the module
- *               and its method table
- *   _replay.c   the entries of calls described by records (mesh_call, mesh_resume, replay,
- *               p2p_replay), the barrier as a method and operations as methods
- *               (prepared_method); it uses _native.c, never the other way
- *   _module.c   the module: both method tables, the constants, the initialisers
+ *   _waits.c     atomics and fences, futex waits and wakes, the bounded waits
+ *   _native.c    the descriptor readers the protocols share, and the constants
+ *   _flightrec.c the flight recorder
+ *   _agree.c     the communicators' collective protocol: barrier and call numbering, the
+ *                agreement, the readiness scan, byte counts, point-to-point signals
+ *   _p2pcall.c   one point-to-point call (p2p_core)
+ *   _meshcall.c  the full-mesh call's state machine (mesh_start, mesh_advance)
+ *   _maps.c      mmap at fixed addresses, hole punching, the parent-death signal
+ *   _replay.c    the entries of calls described by records (mesh_call, mesh_resume, replay,
+ *                p2p_replay), the barrier as a method and operations as methods
+ *                (prepared_method); it uses the others, never the other way
+ *   _module.c    the module: the method tables, the constants, the initialisers
  */
 #ifndef STRATACL_NATIVE_H
 #define STRATACL_NATIVE_H
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <linux/futex.h>
 #include <stdint.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "../collectives/_kernels.h"
 
@@ -31,7 +39,7 @@
  * Descriptor fields are the F_* words of a descriptor in the control segment (runtime/_control.py).
  *
  * Every enumerator of this header is defined here only: _native exports each under its own name
- * (export_constants in _native.c) and the Python side imports them from there (runtime/_control.py,
+ * (native_init in _native.c) and the Python side imports them from there (runtime/_control.py,
  * _comm.py, _p2p.py); tests/test_constants.py checks that none is missing. */
 enum { CX_COUNTER, CX_GEN, CX_ARRIVAL, CX_N, CX_ME, CX_TALLY, CX_ROOTS, CX_SENT, CX_RECEIVED, CX_COUNTERS, CX_BARRIERS,
        CX_FLIGHT, CX_CTL, CX_DESC };
@@ -65,7 +73,7 @@ enum { PX_SEND_DESC, PX_SEND_FLAG, PX_RECV_FLAG, PX_RECV_DESC, PX_RECV_STATUS, P
        PX_SENT_STATUS, PX_WORDS };
 enum { P2P_DONE, P2P_RECV_WAIT, P2P_RECV_CHECK, P2P_SEND_WAIT };
 
-/* A full-mesh call's stages: where mesh_advance stops for its caller, and resumes (_native.c);
+/* A full-mesh call's stages: where mesh_advance stops for its caller, and resumes (_meshcall.c);
  * and its departures. */
 enum { MESH_DONE, MESH_ENTER_WAIT, MESH_DISAGREE, MESH_SOURCES, MESH_RUN_FIRST, MESH_MIDDLE_WAIT, MESH_RUN_SECOND,
        MESH_DEPART_WAIT, MESH_START };
@@ -118,8 +126,45 @@ typedef struct {
 MeshState mesh_start(const int64_t *rows);
 int mesh_advance(const int64_t *rows, MeshState *s, double divisor, long polls, double seconds, const char **err);
 
-/* The module (_module.c) is the two sources' method tables and initialisers. */
-extern PyMethodDef native_methods[];   /* _native.c: the protocol primitives */
+/* What the sources of the layer share (each defined once, in the file named). */
+extern uint32_t *sleepers;             /* _waits.c: threads asleep on communicator words */
+extern uint64_t *failure_word;         /* _waits.c: the job's failure word, once watched */
+
+/* Wake the sleepers of a shared word; skipped while nobody sleeps (_waits.c, sleepers). */
+static inline void wake_sleepers(uint32_t *word) {
+    if (sleepers == NULL || __atomic_load_n(sleepers, __ATOMIC_SEQ_CST) != 0)
+        syscall(SYS_futex, word, FUTEX_WAKE, 0x7fffffff, NULL, NULL, 0);
+}
+
+/* The launcher recorded a failure or began ending the job (_waits.c, failure_word). */
+static inline int job_failed(void) {
+    return failure_word != NULL && __atomic_load_n(failure_word, __ATOMIC_ACQUIRE) != 0;
+}
+
+/* u32 sequence numbers compared modulo 2^32. */
+static inline int seq_after(uint32_t value, uint32_t target) { return (uint32_t)(value - target) < 0x80000000u; }
+
+int parse_addr(PyObject *o, void **out);                                      /* _waits.c */
+double now_s(void);                                                           /* _waits.c */
+int sleep_until(uint32_t *word, uint32_t seen, double end);                   /* _waits.c */
+int await_seq(uint32_t *word, uint32_t target, long polls, double seconds);  /* _waits.c */
+int read_fields(PyObject *o, int64_t out[DESC_FIXED], const char *what);      /* _native.c */
+int64_t now_ns(void);                                                         /* _flightrec.c */
+void flight_arrive(const int64_t *cx, uint64_t k);                            /* _flightrec.c */
+void announce_send(void *desc, const int64_t fields[DESC_FIXED], uint32_t *flag, uint32_t seq);   /* _agree.c */
+void announce_received(uint32_t *status_word, uint32_t status, uint32_t *done, uint32_t seq);     /* _agree.c */
+long scan_sources(const int64_t *c, int parity, const int64_t *rd, int64_t *in, uint64_t own, long only,
+                  const int64_t *need);                                       /* _agree.c */
+
+#ifndef MAP_FIXED_NOREPLACE
+#define MAP_FIXED_NOREPLACE 0x100000
+#endif
+
+/* The module (_module.c) is the sources' method tables and initialisers. */
+extern PyMethodDef wait_methods[];     /* _waits.c: atomics, futexes, waits */
+extern PyMethodDef agree_methods[];    /* _agree.c: barriers, agreement, readiness, counting */
+extern PyMethodDef p2p_methods[];      /* _p2pcall.c: one point-to-point call */
+extern PyMethodDef map_methods[];      /* _maps.c: mmap, addresses, the parent-death signal */
 extern PyMethodDef record_methods[];   /* _replay.c: calls described by records */
 int native_init(PyObject *module);     /* _native.c: the constants: 0 or -1 */
 int replay_init(PyObject *module);     /* _replay.c: the barrier method, interned names: 0 or -1 */

@@ -92,7 +92,7 @@ class SymmetricHeap:
     _of: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
     def __init__(self, comm):
-        self.rt = runtime()
+        self._rt = runtime()
         self.members = list(comm.members)
         self.rank, self.size = comm.rank, comm.size
         self.me = self.members[self.rank]
@@ -104,14 +104,14 @@ class SymmetricHeap:
         if comm is None:
             comm = runtime().world_comm
         heap = cls._of.get(comm)
-        if heap is None or heap.rt is not runtime():
+        if heap is None or heap._rt is not runtime():
             heap = cls._of[comm] = cls(comm)
         return heap
 
     @property
     def timeout(self) -> float:
         """The communication timeout (``STRATACL_TIMEOUT``), the default of every wait."""
-        return float(self.rt.config.timeout)
+        return float(self._rt.config.timeout)
 
     # --- addresses ----------------------------------------------------------------------------
     def peer(self, pe, op: str, addr: int | None = None) -> int:
@@ -135,7 +135,7 @@ class SymmetricHeap:
         the whole range is registered memory of pe that this rank can reach, or ``addr`` is
         not a multiple of ``align``."""
         world = self.peer(pe, op, addr)
-        w = self.rt.window
+        w = self._rt.window
         owner = w.owner(addr)
         if owner == self.me:
             target = self.translate(addr, world)
@@ -153,12 +153,12 @@ class SymmetricHeap:
         if w.owner(target + nbytes - 1) != world:
             ok = False
         elif world == self.me:
-            ok = self.rt.own_segment(target, nbytes) is not None
+            ok = self._rt.own_segment(target, nbytes) is not None
         else:
-            ok = self.rt.reg.lookup(world, target, nbytes, op)
+            ok = self._rt.reg.lookup(world, target, nbytes, op)
         if not ok:
             hint = ("; registration=jit maps a peer's buffer only when an operator first reads it: use roa or pool "
-                    "for one-sided calls" if self.rt.config.registration == "jit" else
+                    "for one-sided calls" if self._rt.config.registration == "jit" else
                     "; allocate symmetric objects with shmem.empty/zeros, in the same order on every rank")
             raise OneSidedError(f"{op}: rank {self.rank} -> peer {pe}: {target:#x}+{nbytes} is not inside a "
                                 f"registered HBM range of peer {pe} (world rank {world}){hint}", op, pe, target)
@@ -166,19 +166,19 @@ class SymmetricHeap:
 
     def window(self, addr: int, nbytes: int) -> np.ndarray:
         """The bytes [addr, addr + nbytes) of the shadow window (checked by ``remote`` first)."""
-        return self.rt.window.view(addr, nbytes)
+        return self._rt.window.view(addr, nbytes)
 
     def allocate(self, shape, dtype, op: str) -> np.ndarray:
         """A symmetric HBM array: allocated here, then checked to sit at the same offset of
         every member's slice (an allgather of the offsets). Collective, host-blocking."""
-        a = self.rt.empty(shape, dtype)
+        a = self._rt.empty(shape, dtype)
         self.check_symmetric(address_of(a) if a.nbytes else 0, op)
         return a
 
     def check_symmetric(self, addr: int, op: str) -> None:
         """Every member's ``addr`` is at the same offset of its slice (0: an empty array, not
         compared). Collective; raises OneSidedError on every member if not."""
-        w = self.rt.window
+        w = self._rt.window
         off = np.array([addr - w.slice_start(self.me) if addr else -1], dtype=np.int64)
         offs = np.zeros(self.size, dtype=np.int64)
         self.comm.all_gather(offs, off)
@@ -195,7 +195,7 @@ class SymmetricHeap:
         n = operator.index(n)
         if n < 1:
             raise ValueError(f"{op}: a signal pad needs at least one word, got {n}")
-        block = self.rt.empty((PAD_ROWS, n), np.uint64)
+        block = self._rt.empty((PAD_ROWS, n), np.uint64)
         block[...] = 0
         base = address_of(block)
         peers = None
@@ -226,7 +226,7 @@ class SymmetricHeap:
     def translate(self, addr: int, world: int) -> int:
         """World rank ``world``'s counterpart of this rank's address ``addr``: the same offset
         of its slice, or for a pad made with symmetric=False, the same offset of its pad."""
-        w = self.rt.window
+        w = self._rt.window
         pad = self._pad_at(addr)
         if pad is not None and pad[2] is not None:
             return pad[2][world] + (addr - pad[0])
@@ -237,7 +237,7 @@ class SymmetricHeap:
         for base, (n, ref, peers) in _PADS.items():
             if peers is not None and ref() is not None and peers[world] <= target < peers[world] + 8 * PAD_ROWS * n:
                 return base + (target - peers[world])
-        w = self.rt.window
+        w = self._rt.window
         return target - w.slice_start(world) + w.slice_start(self.me)
 
     def pad_word(self, addr: int, op: str) -> tuple[int, int] | None:
@@ -250,7 +250,7 @@ class SymmetricHeap:
     def signal_words(self, sig: int, pe: int, op: str) -> tuple[int, int]:
         """(peer ``pe``'s address of signal word ``sig``, the pad's row stride in bytes): ``sig``
         is this rank's (or pe's) address of a signal pad's word; OneSidedError otherwise."""
-        w = self.rt.window
+        w = self._rt.window
         mine = sig
         if w.owner(sig) != self.me:
             world = self.peer(pe, op, sig)
@@ -267,12 +267,12 @@ class SymmetricHeap:
     # --- modeled time -------------------------------------------------------------------------
     def _transfer_us(self, src: int, dst: int, nbytes: int, t0: float) -> float:
         """When ``nbytes`` moved from world rank ``src`` to ``dst`` from ``t0`` are in place."""
-        return self.rt.clock.received(src, dst, nbytes, float("-inf"), t0)
+        return self._rt.clock.received(src, dst, nbytes, float("-inf"), t0)
 
     def charge_put(self, op: str, pe: int, nbytes: int) -> float | None:
         """A put of ``nbytes`` to ``pe``: the caller's clock moves past the bytes' departure;
         returns when they land (None with the clock off)."""
-        c = self.rt.clock
+        c = self._rt.clock
         if c is None:
             return None
         world = self.members[pe]
@@ -281,12 +281,12 @@ class SymmetricHeap:
         f = c.model.fabric
         alpha = float(f.latency[int(f.tier_of(self.me, world))]) if nbytes else 0.0
         c.set(op, max(t0, land - alpha))
-        key = id(self.rt)
+        key = id(self._rt)
         _LANDING[key] = max(_LANDING.get(key, 0.0), land)
         return land
 
     def charge_get(self, op: str, pe: int, nbytes: int) -> None:
-        c = self.rt.clock
+        c = self._rt.clock
         if c is not None:
             t0 = c.entering()
             c.set(op, self._transfer_us(self.members[pe], self.me, nbytes, t0))
@@ -294,7 +294,7 @@ class SymmetricHeap:
     def charge_atomic(self, op: str, pe: int) -> None:
         """A remote atomic with a reply: one word there, one back. On this rank's own word
         it is a local memory access: not charged."""
-        c = self.rt.clock
+        c = self._rt.clock
         if c is not None and self.members[pe] != self.me:
             world, t0 = self.members[pe], c.entering()
             c.set(op, self._transfer_us(world, self.me, 8, self._transfer_us(self.me, world, 8, t0)))
@@ -308,9 +308,9 @@ class SymmetricHeap:
     def quiet(self, op: str = "quiet") -> None:
         """Every put of this rank has landed: a fence, and the clock joins their latest landing."""
         _native.fence()
-        c = self.rt.clock
+        c = self._rt.clock
         if c is not None:
-            land = _LANDING.get(id(self.rt), 0.0)
+            land = _LANDING.get(id(self._rt), 0.0)
             c.set(op, max(c.entering(), land))
 
     # --- signals ------------------------------------------------------------------------------
@@ -335,12 +335,12 @@ class SymmetricHeap:
         with a modeled clock the new value's arrival (now + the flag latency) in the word's
         log. After: its change counted, its waiters woken."""
         _native.fence()
-        c = self.rt.clock
+        c = self._rt.clock
         arrival = None
         if c is not None:
             world = self.members[pe]
             arrival = to_bits(c.entering() + (float(c.model.fabric.flag_us(self.me, world)) if world != self.me else 0.0))
-            key = id(self.rt)
+            key = id(self._rt)
             _LANDING[key] = max(_LANDING.get(key, 0.0), us_from_bits(arrival))
         _native.store_u64(target + PAD_LAST * stride, self.me + 1)
         old = _native.load_u64(target)
@@ -400,7 +400,7 @@ class SymmetricHeap:
         if test is None:
             raise ValueError(f"{op}: cmp must be one of {sorted(COMPARISONS)}, got {cmp!r}")
         value = int(value) & MASK64
-        w = self.rt.window
+        w = self._rt.window
         if w.owner(sig) != self.me:
             raise OneSidedError(f"{op}: rank {self.rank} waits on its own signal words; {sig:#x} is not in its "
                                 f"slice", op, self.rank, sig)
@@ -412,7 +412,7 @@ class SymmetricHeap:
         seq, waiters = sig + PAD_SEQ * stride, sig + PAD_WAITERS * stride
         timeout = self.timeout if timeout is None else float(timeout)
         deadline = time.monotonic() + timeout
-        health = self.rt.health
+        health = self._rt.health
         while True:
             seen_seq = _native.load_u32(seq)
             v = _native.load_u64(sig)
@@ -432,7 +432,7 @@ class SymmetricHeap:
                 _native.fetch_add_u64(waiters, MASK64)
             health.check(op, [])
         _native.fence()
-        c = self.rt.clock
+        c = self._rt.clock
         if c is not None:
             t = self.arrival(sig, stride, cmp, value, v)
             c.set(op, c.entering() if t is None else max(c.entering(), t))

@@ -25,10 +25,30 @@ from ..collectives._kernels import BUFFERS
 from ..collectives._slices import IN, OUT
 from ..ub._rankclock import to_bits, us_from_bits
 from . import _native
-from ._native import P2P_DONE, P2P_RECV_CHECK, P2P_RECV_WAIT, P2P_SEND_WAIT   # _native.p2p's stages
 from ._args import _aliased, _dtype_of, _fixed_address, _fixed_table, _flat
-from ._control import (DESC_FIXED, F_ADDR, F_AUX0, F_AUX1, F_COUNT, F_DTYPE, F_EPOCH, F_FLAGS,
-                       F_SEG_OFF, F_SEG_SIZE, F_SEG_VA, FLAG_REJECTED, P2P_DESC, Layout)
+from ._control import (
+    DESC_FIXED,
+    F_ADDR,
+    F_AUX0,
+    F_AUX1,
+    F_COUNT,
+    F_DTYPE,
+    F_EPOCH,
+    F_FLAGS,
+    F_SEG_OFF,
+    F_SEG_SIZE,
+    F_SEG_VA,
+    FLAG_REJECTED,
+    P2P_DESC,
+    Layout,
+)
+from ._native import (  # _native.p2p's stages
+    P2P_DONE,
+    P2P_RECV_CHECK,
+    P2P_RECV_WAIT,
+    P2P_SEND_WAIT,
+)
+from ._services import RankServices
 from ._sync import SLICE, SPIN_POLLS, wait_until
 from ._work import agreed
 
@@ -60,7 +80,7 @@ class PointToPoint:
     executor (buffer table, readiness, the receive's plan), the communication buffers, the
     modeled clock and the communicator's prepared calls (runtime/_prepared.py)."""
 
-    def __init__(self, rt, members: list[int], rank: int, protocol, executor, buffers, modeling, prepared):
+    def __init__(self, rt: RankServices, members: list[int], rank: int, protocol, executor, buffers, modeling, prepared):
         self._rt, self._protocol, self._executor, self._buffers = rt, protocol, executor, buffers
         self._modeling, self._prepared = modeling, prepared
         self._members, self._rank, self._size = members, rank, len(members)

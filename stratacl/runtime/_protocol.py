@@ -34,12 +34,25 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from .._errors import CollectiveMismatch
+from .._operators import OPERATORS
 from ..collectives import _reduce
 from ..collectives._backend import int64_word
 from . import _native
-from ._control import (DESC_FIXED, EXT_WORDS_EXTRA, F_AUX0, F_COUNT, F_DTYPE, F_FLAGS, F_OP, F_REDOP, F_ROOT,
-                       FLAG_REJECTED, Layout)
+from ._control import (
+    DESC_FIXED,
+    EXT_WORDS_EXTRA,
+    F_AUX0,
+    F_COUNT,
+    F_DTYPE,
+    F_FLAGS,
+    F_OP,
+    F_REDOP,
+    F_ROOT,
+    FLAG_REJECTED,
+    Layout,
+)
 from ._native import T_CALLS, T_NATIVE, T_SYNCS
+from ._services import RankServices
 from ._sync import SLICE, SPIN_POLLS, wait_until
 from ._work import agreed
 
@@ -48,10 +61,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("stratacl")
 
-OPS = {"barrier": 1, "all_gather": 2, "all_reduce": 3, "reduce_scatter": 4, "all_to_all": 5,
-       "all_to_all_v": 6, "broadcast": 7, "split": 8,
-       # expert parallelism (stratacl.ep)
-       "dispatch": 9, "combine": 10, "low_latency_dispatch": 11, "low_latency_combine": 12}
+# every operation code of a call's descriptor, from the operator table (point to point has its own
+# descriptors: runtime/_p2p.py)
+OPS = {op.name: op.code for op in OPERATORS if op.family != "p2p"}
 OP_NAMES = {v: k for k, v in OPS.items()}
 
 _COMPARED = ((F_DTYPE, "dtype"), (F_COUNT, "element count"), (F_ROOT, "root"), (F_REDOP, "reduce op"))
@@ -90,7 +102,7 @@ class Protocol:
     slot offset in the control segment) name the other words of a slot (point-to-point, ring
     steps, a root's departure)."""
 
-    def __init__(self, rt, members: list[int], rank: int, slots: Sequence[int], counters: array.array, modeling):
+    def __init__(self, rt: RankServices, members: list[int], rank: int, slots: Sequence[int], counters: array.array, modeling):
         self._rt = rt
         self._entering_bits = modeling.entering_bits
         self._members, self._rank, self._size = members, rank, len(members)
@@ -237,7 +249,7 @@ class Protocol:
         extension words; ``error``: this rank rejected its arguments, raised here after the
         peers learned it), arrive, and return every member's descriptor."""
         desc = [0] * DESC_FIXED
-        desc[F_OP] = OPS[operation]
+        desc[F_OP] = OPS.get(operation, OPS["slice_map"])     # any other name: a user's slice map
         for f, v in fields.items():
             desc[f] = v
         if F_AUX0 not in fields and operation != "split" and self._rt.clock is not None:

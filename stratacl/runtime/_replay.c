@@ -7,7 +7,7 @@
  *   comm.op(arrays, scalars)       PreparedMethod (operations as methods)
  *     -> key, prepared entry, identity and layout test          else: the Python operation
  *     -> replay (full mesh) or p2p_replay (sendrecv)
- *          -> mesh_start, mesh_advance / p2p_core (_native.c)
+ *          -> mesh_start, mesh_advance / p2p_core (_meshcall.c, _p2pcall.c)
  *          -> a stop where Python must act: comm._replayed / comm._p2p_replayed
  */
 #include "_native.h"
@@ -200,7 +200,7 @@ static PyObject *p2p_replay(PyObject *self, PyObject *const *args, Py_ssize_t na
     return p2p_replay_impl(args[1]);
 }
 
-/* ---- full-mesh calls: the Python entries of the mesh machine (_native.c, mesh_advance) ------
+/* ---- full-mesh calls: the Python entries of the mesh machine (_meshcall.c, mesh_advance) ------
  * mesh_call(call) -> None once done, else the state (stage, parity, k, target) it stopped at
  * mesh_resume(call, state, skipped) -> the same, from a stop the caller has dealt with
  *   (`skipped`: the bytes a phase the caller ran found in place)

@@ -27,6 +27,7 @@ from ..collectives._reduce import REDUCE_OPS
 from . import _native
 from ._buffers import buffer_size
 from ._control import DESC_FIXED, F_AUX1
+from ._services import RankServices
 from ._sync import SLICE, SPIN_POLLS, WAKE_ALL, wait_until
 
 if TYPE_CHECKING:
@@ -43,7 +44,7 @@ class RingSteps:
     protocol (descriptor words, slot offsets), the executor (phases, readiness) and the
     communication buffers (segments of this rank's HBM)."""
 
-    def __init__(self, rt, members: list[int], rank: int, protocol, executor, buffers):
+    def __init__(self, rt: RankServices, members: list[int], rank: int, protocol, executor, buffers):
         self._rt, self._protocol, self._executor, self._buffers = rt, protocol, executor, buffers
         self._size = n = len(members)
         self._rank, self._left = rank, (rank - 1) % n

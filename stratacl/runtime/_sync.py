@@ -17,8 +17,15 @@ from typing import Callable
 
 from .._errors import CommTimeout, PeerFailure
 from . import _native
-from ._control import (FAILED_DAEMON, FAILED_EXIT, FAILED_SHUTDOWN, FAILED_SIGNAL, STATE_DEAD, STATE_FINALIZED,
-                       Control)
+from ._control import (
+    FAILED_DAEMON,
+    FAILED_EXIT,
+    FAILED_SHUTDOWN,
+    FAILED_SIGNAL,
+    STATE_DEAD,
+    STATE_FINALIZED,
+    Control,
+)
 
 # Yielding polls before sleeping on the futex. A poll that yields hands the core to another
 # rank without the cost of a futex sleep and a wake-up, which is most of a barrier's cost once
@@ -85,7 +92,7 @@ def wait_until(ready: Callable[[], bool], futex_addr: int, health: JobHealth, op
                timeout: float, missing: Callable[[], list[int]], what: str) -> None:
     """Return once ``ready()``; sleep on ``futex_addr`` (a u32 whose change signals progress).
     Once the job has failed it raises at once: native code stops at its next barrier or
-    transfer and hands the wait to here (_native.c, failure_word)."""
+    transfer and hands the wait to here (_waits.c, failure_word)."""
     if health.ctl.failure() is not None:
         health.check(operation, missing())
     if ready():

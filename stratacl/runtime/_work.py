@@ -24,7 +24,6 @@ from typing import Any, Callable
 
 from .._errors import CollectiveMismatch, NotInitialized
 
-
 _AGREED = "_stratacl_seen_by_every_rank"
 
 # the stand-in (a Work) of the front-end operation whose communicator calls this thread is

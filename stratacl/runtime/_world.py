@@ -21,29 +21,44 @@ from typing import Any
 import numpy as np
 
 from .._config import Config, check_environment
-from .._errors import BootstrapError, CommTimeout, ConfigError, NotInitialized, TooManyCommunicators
-from ..sdma._model import paths_of
-from ..ub import _topology
+from .._errors import (
+    BootstrapError,
+    CommTimeout,
+    ConfigError,
+    NotInitialized,
+    TooManyCommunicators,
+)
+from .._operators import names
+from ..sdma._offload import paths_of
+from ..ub import _registration, _topology
 from ..ub._clock import FabricModel
 from ..ub._profile import Profiler, write_chrome_trace
 from ..ub._rankclock import RankClock
-from ..ub import _registration
 from ..ub._registration import RegistrationUnit
 from . import _native
 from ._allocator import CachingAllocator, array_from_block
-from ._expandable import ExpandableAllocator
 from ._buffers import EAGER_BYTES
 from ._comm import Communicator
-from ._control import (COMM_SLOTS, H_HBM_SIZE, H_MAGIC, H_SLICE, H_VA_BASE, MAGIC, STATE_FINALIZED,
-                       STATE_RUNNING, Control)
+from ._control import (
+    COMM_SLOTS,
+    H_HBM_SIZE,
+    H_MAGIC,
+    H_SLICE,
+    H_VA_BASE,
+    MAGIC,
+    STATE_FINALIZED,
+    STATE_RUNNING,
+    Control,
+)
+from ._expandable import ExpandableAllocator
 from ._hbm import Hbm
-from ._trace import Trace
 from ._mailbox import Mailbox
 from ._sync import SLICE, JobHealth
+from ._trace import Trace
 from ._window import ShadowWindow, round_up
 
 # the operations whose completed calls the native methods count in Runtime.native_calls
-NATIVE_CALLS = ("barrier", "all_gather", "all_reduce", "reduce_scatter", "all_to_all", "broadcast", "send", "recv")
+NATIVE_CALLS = names(native=True)
 
 log = logging.getLogger("stratacl")
 
@@ -126,7 +141,7 @@ class Runtime:
         self.communicators: weakref.WeakSet = weakref.WeakSet()   # every one made here, for close()
         self.in_flight: list = []        # asynchronous operations under a modeled clock, for charge_compute
         self.sdma = None                 # the SDMA engine (--path sdma), started on first use
-        self.host = None                 # the channel to host memory (runtime/_host.py), made on first use
+        self.host = None                 # the channel to host memory (runtime/_hostrows.py), made on first use
         self._next_slot = 1
         self._slot_lock = threading.Lock()
         ctl.set_pid(rank, os.getpid())

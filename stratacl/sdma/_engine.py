@@ -12,7 +12,7 @@
         descriptors is one ``copy_many`` call (which releases the GIL for large copies)
 
 Only copies run on the engine: reductions load-accumulate on the cores (MTE), as on the NPU.
-The modeled timelines of the same descriptors are ``sdma._model.run_sdma``, which also models
+The modeled timelines of the same descriptors are ``sdma._offload.run_sdma``, which also models
 in-kernel completion (a tail flag that a core polls); the runtime only ever waits on a notify,
 so that is all the engine runs.
 """

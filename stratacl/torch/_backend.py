@@ -408,40 +408,37 @@ class ProcessGroupStrataCL(dist.ProcessGroup):
 
     def gather(self, output_tensors, input_tensors, opts=None):
         opts = opts if opts is not None else dist.GatherOptions()
-        op, rows = "gather", self.comm.size if self.comm.rank == opts.rootRank else 0
-        x, a, outs, send, recv = self._rooted(op, opts.rootRank, input_tensors, output_tensors, "output", "input")
+        op, root = "gather", opts.rootRank
+        x, a, outs = self._rooted(op, root, input_tensors, output_tensors, "output", "input")
 
         def run():
-            whole = torch.empty((rows, x.numel()), dtype=x.dtype)
-            self.comm.all_to_all_v(_tensors.array(whole), a, send, recv)
+            whole = _tensors.empty((len(outs), x.numel()), dtype=x.dtype) if outs else None
+            self.comm.gather(_tensors.array(whole) if outs else None, a, root)
             for j, o in enumerate(outs):
                 o.view(-1).copy_(whole[j])
         return self._run(op, output_tensors, run, opts)
 
     def scatter(self, output_tensors, input_tensors, opts=None):
         opts = opts if opts is not None else dist.ScatterOptions()
-        op, rows = "scatter", self.comm.size if self.comm.rank == opts.rootRank else 0
-        out, o, parts, recv, send = self._rooted(op, opts.rootRank, output_tensors, input_tensors, "input", "output")
+        op, root = "scatter", opts.rootRank
+        out, o, parts = self._rooted(op, root, output_tensors, input_tensors, "input", "output")
 
         def run():
-            packed = _tensors.empty((rows, out.numel()), dtype=out.dtype)
-            for j, p in enumerate(parts):
-                packed[j].copy_(p.reshape(-1))
-            self.comm.all_to_all_v(o, _tensors.array(packed), send, recv)
+            packed = None
+            if parts:
+                packed = _tensors.empty((len(parts), out.numel()), dtype=out.dtype)
+                for j, p in enumerate(parts):
+                    packed[j].copy_(p.reshape(-1))
+            self.comm.scatter(o, _tensors.array(packed) if parts else None, root)
         return self._run(op, output_tensors, run, opts)
 
     def _rooted(self, op: str, root: int, mine, roots, what: str, other: str):
-        """A gather's or scatter's set-up, as one all_to_all_v between the root and every rank:
-        this rank's tensor and its array, the root's list of ``what`` tensors (``roots[0]``;
-        empty on other ranks), then the counts of every rank's block to or from the root, and
-        of the root's blocks to or from every rank (zero on other ranks)."""
+        """A gather's or scatter's set-up: this rank's tensor and its array, and the root's list
+        of ``what`` tensors (``roots[0]``; empty on other ranks)."""
         n, me = self.comm.size, self.comm.rank
         t = self._single(mine, op)
-        a = _tensors.array(t)
         listed = _root_list(roots[0], n, t, op, what, other) if me == root else []
-        with_root = [a.size if j == root else 0 for j in range(n)]
-        at_root = [a.size if me == root else 0] * n
-        return t, a, listed, with_root, at_root
+        return t, _tensors.array(t), listed
 
     # --- point to point (batched: _work.py) ---------------------------------------------------
     def _p2p(self, operation: str, tensors, peer: int, is_send: bool) -> Work:

@@ -5,11 +5,11 @@ import numpy as np
 
 from .._errors import ReplayError as ReplayError
 from ._registration import active as _active_unit
-from ._replay import Replay as Replay
+from ._tracereplay import Replay as Replay
 from ._dimension import extrapolate_dimension as extrapolate_dimension
 from ._extrapolate import extrapolate as extrapolate
-from ._replay import load as load_traces
-from ._replay import replay as replay
+from ._tracereplay import load as load_traces
+from ._tracereplay import replay as replay
 from ._topology import Tier as Tier
 from ._topology import Topology as Topology
 from ._topology import load as load_topology

@@ -53,7 +53,7 @@ import numpy as np
 
 from ..collectives import _partition as P
 from ..collectives import _schedule as S
-from ..sdma import _model as sdma_model
+from ..sdma import _offload as sdma_model
 from . import _cores
 from ._fabric import Fabric
 from ._topology import UNIT_US, Topology, load

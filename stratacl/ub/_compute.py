@@ -71,7 +71,7 @@ def run_job(job: ComputeJob, total_cores: int, times: np.ndarray, busy: np.ndarr
     """End of ``job`` given the busy-core step function; also the fewest cores it had. A job
     with no work ends where it starts, whatever holds the cores.
 
-    ``hbm``: communication's HBM traffic on the die (``ub._hbm.use``), ``capacity`` the HBM's
+    ``hbm``: communication's HBM traffic on the die (``ub._hbmshare.use``), ``capacity`` the HBM's
     bandwidth (bytes/us). The job draws ``job.hbm_demand`` alone; beside the traffic it is left
     ``capacity - traffic`` ("comm first"), and runs at the smaller of its cores' and its HBM's
     fraction."""
@@ -104,7 +104,7 @@ def kernel_end(job: ComputeJob, total_cores: int, occupancy: list, capacity: flo
     """When ``job`` ends beside the operations in flight, given as what their cores and HBM
     did: ``occupancy`` lists (model, timed plan, members, entering clocks, this member), as
     the runtime keeps them for ``charge_compute`` and a trace replay rebuilds them."""
-    from . import _hbm
+    from . import _hbmshare as _hbm
     from ._profile import profile_plan
     cores = [occupied(profile_plan(m, plan, members, clocks_in=clocks, ranks=[me])[0], m.path)
              for m, plan, members, clocks, me in occupancy]
@@ -123,7 +123,7 @@ def overlap(model, op: str, algo: str, members, nbytes: int, job: ComputeJob, ra
     does not use at each moment. Compute first: the job keeps its cores and its HBM demand, and
     every member's call runs on the cores and the HBM bandwidth left (every member runs the
     job, as the ranks of a data-parallel step do)."""
-    from . import _hbm
+    from . import _hbmshare as _hbm
     from ._clock import FabricModel, model_call
     m = model
     hbm = model.fabric.hbm

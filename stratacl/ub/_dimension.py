@@ -43,7 +43,7 @@ import numpy as np
 from .._errors import ReplayError
 from ._clock import choose_algo
 from ._extrapolate import _check_shape
-from ._replay import FORMAT, fabric_model
+from ._tracereplay import FORMAT, fabric_model
 
 # fields that name things rather than measure them: the same in every recording, or refused
 _NAMES = frozenset({"e", "op", "comm", "members", "k", "id", "async", "root", "itemsize", "cores", "path", "buffer",

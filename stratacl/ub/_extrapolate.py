@@ -30,19 +30,22 @@ way, calls among several ranks timed from traffic matrices with no routing behin
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 
 from .._errors import ReplayError
 from ..collectives._ep import traffic
-from ._replay import FORMAT
-from ._routing import routing
+from ._tracereplay import FORMAT
 
 
-def extrapolate(*args, seed: int = 0, skew: float = 0.0) -> list[dict]:
+def extrapolate(*args, seed: int = 0, skew: float = 0.0, routing: Callable | None = None) -> list[dict]:
     """``extrapolate(t1, t2, [t3,] nranks)``: the traces of an ``nranks``-rank job from traces
     of the same SPMD program recorded at two or three smaller rank counts (``ub.load_traces``
-    of each), in increasing order. MoE routings are drawn with ``seed`` and ``skew`` (see
-    ``ep.routing``). See the module docstring for what is fitted and what is assumed."""
+    of each), in increasing order. MoE calls (stratacl.ep) need ``routing``, the generator
+    their routings are drawn anew with (``stratacl.ep.routing``: ``routing(tokens, experts,
+    topk, nranks, skew, seed)``), with ``seed`` and ``skew``. See the module docstring for what
+    is fitted and what is assumed."""
     if len(args) not in (3, 4) or not isinstance(args[-1], (int, np.integer)):
         raise ReplayError("extrapolate(t1, t2, [t3,] nranks): two or three recordings, then the rank count")
     recs, nranks = list(args[:-1]), int(args[-1])
@@ -51,7 +54,7 @@ def extrapolate(*args, seed: int = 0, skew: float = 0.0) -> list[dict]:
         raise ReplayError(f"extrapolate: needs recordings at increasing rank counts and nranks >= 2, got {ns} "
                           f"and {nranks}")
     _check_shape(recs, [f"N={n}" for n in ns], "extrapolate", "N")
-    return _Extrapolation(recs, ns, nranks, seed, skew).traces()
+    return _Extrapolation(recs, ns, nranks, seed, skew, routing).traces()
 
 
 def _kinds(events: list[dict]) -> list:
@@ -89,8 +92,8 @@ def _calls(event: dict) -> list[dict]:
 
 
 class _Extrapolation:
-    def __init__(self, recs: list, ns: list[int], nranks: int, seed: int, skew: float):
-        self.recs, self.ns, self.n, self.seed, self.skew = recs, ns, nranks, seed, skew
+    def __init__(self, recs: list, ns: list[int], nranks: int, seed: int, skew: float, routing: Callable | None):
+        self.recs, self.ns, self.n, self.seed, self.skew, self.routing = recs, ns, nranks, seed, skew, routing
         self.template = recs[-1][0]["events"]
         if len(ns) == 2:
             basis = [[1.0, float(m)] for m in ns]
@@ -209,7 +212,10 @@ class _Extrapolation:
             if experts < len(members) or experts % len(members):
                 raise ReplayError(f"extrapolate: event {i}: {experts} experts at N={self.n} do not spread evenly "
                                   f"over {len(members)} members")
-            idx = routing(tokens, experts, int(route["topk"]), len(members), self.skew,
+            if self.routing is None:
+                raise ReplayError(f"extrapolate: event {i}: an MoE call ({rec['op']}) is drawn anew at N={self.n}: "
+                                  f"pass routing=stratacl.ep.routing (or a generator of your own)")
+            idx = self.routing(tokens, experts, int(route["topk"]), len(members), self.skew,
                           self.seed + self.dispatches[which])
             self.routings[key] = (idx, experts)
         idx, experts = self.routings[key]

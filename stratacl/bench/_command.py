@@ -53,7 +53,7 @@ import numpy as np
 from .._config import parse_size
 from . import _cases, _moe
 from ._numpyapi import StrataBackend
-from ._host import host_facts
+from ._hostfacts import host_facts
 
 COLUMNS = ("size", "count", "type", "redop", "root", "time_us", "algbw", "busbw", "wrong")
 MODEL_COLUMNS = ("model_time_us", "model_algbw", "model_busbw")

@@ -32,16 +32,18 @@ from __future__ import annotations
 import numpy as np
 
 from .._errors import ConfigError
-from ..collectives import _backend, _slices
+from ..collectives import _slices
 from ..collectives._schedule import HOST_LOAD, HOST_STORE
 from ..collectives._slices import IN, OUT, SCRATCH
-from ..sdma._model import PATHS, paths_of
+from ..sdma._offload import PATHS, paths_of
 from . import _native
 from ._allocator import hbm_base
 from ._buffers import buffer_size
+from ._call import Pipeline
 from ._execute import Executor
 from ._modeling import Modeling
-from ._work import Work, Worker, _deferred
+from ._services import RankServices
+from ._work import Work, Worker
 
 OP = "host_rows"
 
@@ -50,7 +52,7 @@ class HostRows:
     """A rank's channel to its host memory: its own executor (buffer table IN = host, OUT =
     cache, SCRATCH = the staged path's buffer), its modeled timeline and the staging buffer."""
 
-    def __init__(self, rt):
+    def __init__(self, rt: RankServices):
         self._rt = rt
         self._exec = Executor(rt, [rt.rank], 0, None)
         self._modeling = Modeling(rt, [rt.rank], 0)
@@ -60,6 +62,7 @@ class HostRows:
         self._worker: Worker | None = None
         self._default_path, self._overlap_path = paths_of(rt.config.path)
         self._path = self._default_path
+        self._pipe = Pipeline(self, rt, self._exec, self._modeling)     # no peers: no agreement stages
 
     def _start_worker(self) -> Worker:
         """The thread that runs this rank's host transfers once one is asynchronous (in call
@@ -88,33 +91,28 @@ class HostRows:
             raise ConfigError(f"{OP}: topology {rt.topology.name} has no 'host' tier to time host memory "
                               "transfers on; name one (ub/_topology.py) or run with --clock off")
         checked = (cache, host, fr, fs, ss, sr, width)
-        if async_op or self._worker is not None or rt.clock is not None:
-            return _deferred(self, self.host_rows, lambda: self.host_rows(*checked), async_op, path)
-        self._path = self._default_path if path is None else path
-        self.host_rows(*checked)
-        return None
+        return self._pipe.call(OP, lambda: self.host_rows(*checked), async_op, path)
 
     def host_rows(self, cache: np.ndarray, host: np.ndarray, fr: np.ndarray, fs: np.ndarray, ss: np.ndarray,
                   sr: np.ndarray, width: int) -> None:
         """The checked rows' moves on ``self._path`` (set for this call) and their modeled time."""
-        rt, path = self._rt, self._path
+        rt, pipe = self._rt, self._pipe
         staged = rt.config.registration == "staged"
-        bases = self._exec.bases
-        bases[IN, 0], bases[OUT, 0] = _native.data_address(host), _native.data_address(cache)
+        pipe.set_bases(IN, 0, _native.data_address(host))
+        pipe.set_bases(OUT, 0, _native.data_address(cache))
         if staged and max(fr.size, sr.size):
-            buf = self._buffer(max(fr.size, sr.size) * width)
-            bases[SCRATCH, 0] = _native.data_address(buf)
+            pipe.set_bases(SCRATCH, 0, _native.data_address(self._buffer(max(fr.size, sr.size) * width)))
         nstore, nfetch = sr.size * width, fr.size * width
         # write-backs first: a slot evicted by this call may be refilled by it
         if ss.size:
-            self._rows(OUT, ss * width, IN, sr * width, width, path, staged)
+            self._rows(OUT, ss * width, IN, sr * width, width, staged)
         if fr.size:
-            self._rows(IN, fr * width, OUT, fs * width, width, path, staged)
-        if rt.clock is not None:
+            self._rows(IN, fr * width, OUT, fs * width, width, staged)
+        if pipe.timed:
             phases = [(np.array([[nstore]], dtype=np.int64), HOST_STORE),
                       (np.array([[nfetch]], dtype=np.int64), HOST_LOAD)]
             staging = (np.array([nstore], dtype=np.int64), np.array([nfetch], dtype=np.int64))
-            self._modeling.tick_host(OP, phases, staging, path)
+            pipe.tick_host(OP, phases, staging)
 
     def _check_tables(self, cache: np.ndarray, host: np.ndarray) -> int:
         """Bytes per row, once the cache is a C-contiguous array in this rank's HBM and the host
@@ -144,19 +142,18 @@ class HostRows:
             self._staging = self._rt.empty((buffer_size(nbytes),), np.uint8)
         return self._staging
 
-    def _rows(self, src: int, src_off: np.ndarray, dst: int, dst_off: np.ndarray, width: int, path: str,
-              staged: bool) -> None:
+    def _rows(self, src: int, src_off: np.ndarray, dst: int, dst_off: np.ndarray, width: int, staged: bool) -> None:
         """Rows src -> dst, through the communication buffer (SCRATCH) when staged."""
         if staged:
             through = np.arange(src_off.size) * width
-            self._run(src, src_off, SCRATCH, through, width, path)
-            self._run(SCRATCH, through, dst, dst_off, width, path)
+            self._run(src, src_off, SCRATCH, through, width)
+            self._run(SCRATCH, through, dst, dst_off, width)
         else:
-            self._run(src, src_off, dst, dst_off, width, path)
+            self._run(src, src_off, dst, dst_off, width)
 
-    def _run(self, src_buf: int, src: np.ndarray, dst_buf: int, dst: np.ndarray, width: int, path: str) -> None:
+    def _run(self, src_buf: int, src: np.ndarray, dst_buf: int, dst: np.ndarray, width: int) -> None:
         smap = _slices.make(0, np.zeros(src.size, dtype=np.int64), src_buf, src, dst_buf, dst, width, _slices.LOAD)
-        self._exec.execute(OP, _backend.compile(smap), path)
+        self._pipe.execute(OP, self._pipe.compile(smap))
 
 
 def _in_hbm(rt, a: np.ndarray) -> bool:

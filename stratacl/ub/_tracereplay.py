@@ -86,6 +86,22 @@ class _Call:
         self.occupancy = None           # (model, plan, members, clocks) once timed
 
 
+@dataclasses.dataclass
+class _Issue:
+    """One operation a rank issued (its communicator calls run later): where they are timed."""
+    id: int
+    calls: list[dict]
+    issued: float                     # the program's clock when it was issued
+    next: int = 0                     # its next call not yet timed
+    start: float | None = None
+    end: float | None = None
+    occupancy: list = dataclasses.field(default_factory=list)     # what its calls held, for compute
+
+    @property
+    def pending(self) -> bool:
+        return self.next < len(self.calls)
+
+
 class _Rank:
     def __init__(self, trace: dict):
         self.rank = trace["rank"]
@@ -95,46 +111,47 @@ class _Rank:
         self.reads: list[float] = []     # its value at each comm.clock() read
         self.free: dict[int, float] = {}     # communicator -> end of its previous call here
         self.done_k: dict[int, int] = {}     # communicator -> number of its last timed call here
-        self.issues: dict[int, dict] = {}    # issue id -> its state
-        self.open: list[dict] = []           # issues with calls not yet timed, in issue order
-        self.in_flight: list[dict] = []      # asynchronous issues, for compute
+        self.issues: dict[int, _Issue] = {}  # issue id -> its state
+        self.open: list[_Issue] = []         # issues with calls not yet timed, in issue order
+        self.in_flight: list[_Issue] = []    # asynchronous issues, for compute
+
+    def ready(self, record: dict) -> bool:
+        """Whether this rank's previous call on the record's communicator has been timed."""
+        return self.done_k.get(record["comm"], 0) == record["k"] - 1
+
+    @property
+    def finished(self) -> bool:
+        return self.at == len(self.events) and not self.open
 
 
-def replay(traces: list[dict]) -> Replay:
-    """Time the traces' calls again, as the ranks did (see the module docstring)."""
-    if not traces:
-        raise ReplayError("replay: no traces")
-    base = fabric_model(traces[0]["settings"])
-    models = {base.path: base}
+class _Replayer:
+    """Every rank's trace walked in program order; a call is timed once all its members reached it."""
 
-    def model_for(path: str) -> FabricModel:
-        if path not in models:
-            models[path] = base.with_path(path)
-        return models[path]
+    def __init__(self, traces: list[dict]):
+        self.base = fabric_model(traces[0]["settings"])
+        self.models = {self.base.path: self.base}
+        self.ranks = [_Rank(t) for t in traces]
+        self.calls: dict[tuple[int, int], _Call] = {}
+        self.timed = 0
 
-    ranks = [_Rank(t) for t in traces]
-    calls: dict[tuple[int, int], _Call] = {}
-    timed = 0
+    def model_for(self, path: str) -> FabricModel:
+        if path not in self.models:
+            self.models[path] = self.base.with_path(path)
+        return self.models[path]
 
-    def call_of(record: dict) -> _Call:
+    def enter(self, r: _Rank, record: dict, issued: float) -> _Call:
+        """Rank ``r`` enters the call of ``record`` at ``issued`` or when its communicator's
+        previous call ended."""
         key = (record["comm"], record["k"])
-        c = calls.get(key)
+        c = self.calls.get(key)
         if c is None:
-            c = calls[key] = _Call(record)
-        return c
-
-    def ready(r: _Rank, record: dict) -> bool:
-        """Whether this rank's previous call on the communicator has been timed."""
-        return r.done_k.get(record["comm"], 0) == record["k"] - 1
-
-    def enter(r: _Rank, record: dict, issued: float) -> _Call:
-        c = call_of(record)
+            c = self.calls[key] = _Call(record)
         c.entering[r.rank] = max(issued, r.free.get(record["comm"], 0.0))
         return c
 
-    def time_call(c: _Call) -> None:
+    def time_call(self, c: _Call) -> None:
         rec = c.record
-        model = model_for(rec["path"])
+        model = self.model_for(rec["path"])
         if "phases" in rec:
             staging = None if rec["staging"] is None else tuple(np.asarray(a, dtype=np.int64) for a in rec["staging"])
             plan = model.plan_exchange(c.members, [(np.asarray(b, dtype=np.int64), int(k)) for b, k in rec["phases"]],
@@ -147,71 +164,72 @@ def replay(traces: list[dict]) -> Replay:
         c.ends = run_plan(plan, clocks)
         c.occupancy = (model, plan, list(c.members), clocks)
         for i, m in enumerate(c.members):
-            rm = ranks[m]
+            rm = self.ranks[m]
             rm.free[rec["comm"]] = float(c.ends[i])
             rm.done_k[rec["comm"]] = rec["k"]
+        self.timed += 1
 
-    def advance_issues(r: _Rank) -> bool:
+    def advance_issues(self, r: _Rank) -> bool:
+        """Enter the issued operations' calls that can be entered; note those timed."""
         moved = False
         for issue in list(r.open):
-            while issue["next"] < len(issue["calls"]):
-                rec = issue["calls"][issue["next"]]
-                c = calls.get((rec["comm"], rec["k"]))
+            while issue.pending:
+                rec = issue.calls[issue.next]
+                c = self.calls.get((rec["comm"], rec["k"]))
                 if c is not None and r.rank in c.entering:
                     if c.ends is None:
                         break
                     i = c.members.index(r.rank)
-                    issue["start"] = c.entering[r.rank] if issue["start"] is None else issue["start"]
-                    issue["end"] = float(c.ends[i])
-                    issue["occupancy"].append((*c.occupancy, i))
-                    issue["next"] += 1
+                    issue.start = c.entering[r.rank] if issue.start is None else issue.start
+                    issue.end = float(c.ends[i])
+                    issue.occupancy.append((*c.occupancy, i))
+                    issue.next += 1
                     moved = True
                     continue
-                if not ready(r, rec):
+                if not r.ready(rec):
                     break
-                enter(r, rec, issue["issued"])
+                self.enter(r, rec, issue.issued)
                 moved = True
-            if issue["next"] == len(issue["calls"]):
+            if not issue.pending:
                 r.open.remove(issue)
         return moved
 
-    def advance_program(r: _Rank) -> bool:
+    def advance_program(self, r: _Rank) -> bool:
+        """Walk rank ``r``'s events until one waits for a call not yet timed."""
         moved = False
         while r.at < len(r.events):
             ev = r.events[r.at]
             kind = ev["e"]
             if kind == "call":
-                c = calls.get((ev["comm"], ev["k"]))
+                c = self.calls.get((ev["comm"], ev["k"]))
                 if c is None or r.rank not in c.entering:
-                    if not ready(r, ev):
+                    if not r.ready(ev):
                         return moved
-                    c = enter(r, ev, r.now)
+                    c = self.enter(r, ev, r.now)
                     moved = True
                 if c.ends is None:
                     return moved
                 r.now = float(c.ends[c.members.index(r.rank)])
             elif kind == "issue":
-                issue = {"id": ev["id"], "calls": ev["calls"], "next": 0, "issued": r.now, "start": None, "end": None,
-                         "occupancy": []}
-                r.issues[ev["id"]] = issue
+                issue = r.issues[ev["id"]] = _Issue(ev["id"], ev["calls"], r.now)
                 r.open.append(issue)
                 if ev["async"]:
                     r.in_flight.append(issue)
-                advance_issues(r)
+                self.advance_issues(r)
             elif kind == "wait":
                 issue = r.issues[ev["id"]]
-                if issue["next"] < len(issue["calls"]):
+                if issue.pending:
                     return moved
-                if issue["end"] is not None:
-                    r.now = max(r.now, issue["end"])
+                if issue.end is not None:
+                    r.now = max(r.now, issue.end)
             elif kind == "compute":
-                if any(i["next"] < len(i["calls"]) for i in r.in_flight):
+                if any(i.pending for i in r.in_flight):
                     return moved
                 t0 = r.now
-                keep = [i for i in r.in_flight if i["end"] is not None and i["end"] > t0]
-                r.in_flight = keep
+                r.in_flight = [i for i in r.in_flight if i.end is not None and i.end > t0]
                 job = ComputeJob(ev["cores"], ev["us"], t0, ev.get("hbm", 0.0))
-                r.now = kernel_end(job, base.cores, [o for i in keep for o in i["occupancy"]], base.fabric.hbm)
+                r.now = kernel_end(job, self.base.cores, [o for i in r.in_flight for o in i.occupancy],
+                                   self.base.fabric.hbm)
             elif kind == "clock":
                 r.reads.append(r.now)
             elif kind == "p2p":
@@ -223,22 +241,31 @@ def replay(traces: list[dict]) -> Replay:
             moved = True
         return moved
 
-    while True:
-        moved = False
-        for r in ranks:
-            moved |= advance_issues(r)
-            moved |= advance_program(r)
-        for c in calls.values():
-            if c.ends is None and len(c.entering) == len(c.members):
-                time_call(c)
-                timed += 1
-                moved = True
-        if all(r.at == len(r.events) and not r.open for r in ranks):
-            break
-        if not moved:
-            stuck = [(r.rank, r.events[r.at] if r.at < len(r.events) else "open issues") for r in ranks
-                     if r.at < len(r.events) or r.open]
-            raise ReplayError(f"replay: the traces do not complete; ranks stuck at {stuck[:4]}")
+    def run(self) -> None:
+        while True:
+            moved = False
+            for r in self.ranks:
+                moved |= self.advance_issues(r)
+                moved |= self.advance_program(r)
+            for c in self.calls.values():
+                if c.ends is None and len(c.entering) == len(c.members):
+                    self.time_call(c)
+                    moved = True
+            if all(r.finished for r in self.ranks):
+                return
+            if not moved:
+                stuck = [(r.rank, r.events[r.at] if r.at < len(r.events) else "open issues") for r in self.ranks
+                         if not r.finished]
+                raise ReplayError(f"replay: the traces do not complete; ranks stuck at {stuck[:4]}")
+
+
+def replay(traces: list[dict]) -> Replay:
+    """Time the traces' calls again, as the ranks did (see the module docstring)."""
+    if not traces:
+        raise ReplayError("replay: no traces")
+    job = _Replayer(traces)
+    job.run()
     recorded = [t.get("end_us") for t in traces]
-    return Replay(np.array([r.now for r in ranks]), None if None in recorded else np.array(recorded, dtype=np.float64),
-                  timed, [np.array(r.reads) for r in ranks])
+    return Replay(np.array([r.now for r in job.ranks]),
+                  None if None in recorded else np.array(recorded, dtype=np.float64),
+                  job.timed, [np.array(r.reads) for r in job.ranks])
