@@ -425,6 +425,18 @@ def test_low_latency_rows_pay_their_latency_and_setup_high_throughput_streams_do
             assert ll.busbw < (0.9 if part == "naive" else 1.0) * ht.busbw, (op, reg, part, ll.busbw, ht.busbw)
 
 
+def test_a_negative_row_setup_is_refused_naming_the_field():
+    import copy
+
+    from stratacl._errors import ConfigError
+    from stratacl.ub import _topology
+    d = copy.deepcopy(_topology._CM384)
+    d["cores"]["transfer_us"] = -0.1
+    with pytest.raises(ConfigError, match="cores.'transfer_us'"):
+        _topology.from_dict(d)
+    assert "0.5 us to set up each row" in _topology.load("cm384").describe()
+
+
 def test_routing_skew_shows_as_a_core_gap_for_naive_partitioning_not_balanced():
     common = dict(nranks=32, tokens=512, hidden=7168, topk=8, experts=256, skew=0.8, seed=3)
     for op in ("dispatch", "combine"):
