@@ -619,7 +619,7 @@ def render(result: dict, sens: dict | None, command: str) -> str:
                 count.setdefault(c, []).append(f"{s['parameter']} x{s['factor']:g}")
         steady = sorted({s["parameter"] for s in sens["rows"]} - {s["parameter"] for s in sens["rows"]
                                                                     if s["flips"] or s.get("error")})
-        assumed = [n for n, _, src in PARAMETERS if src == "assumed"]
+        assumed = [n for n, _, src in PARAMETERS if src.startswith("assumed")]
         lines += ["", f"- Parameters whose x0.5 and x2 flip no verdict: {', '.join(steady) or 'none'}.",
                   f"- Assumed parameters (no source): {', '.join(assumed)}; the verdicts they flip: " +
                   (", ".join(sorted({c for s in sens['rows'] if s['parameter'] in assumed for c in s['flips']}))
