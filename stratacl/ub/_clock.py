@@ -49,9 +49,9 @@ with the model and keeps the cheaper, cached by (op, bytes, members, root).
 """
 from __future__ import annotations
 
-import numpy as np
-
 import dataclasses
+
+import numpy as np
 
 from ..collectives import _partition as P
 from ..collectives import _schedule as S
