@@ -75,7 +75,7 @@ def test_table2_s_ll_columns_are_checked_against_ht_for_every_library(quick):
             ll, ht = rows[f"table2.{op}_ll.{lib}"]["here"], rows[f"table2.{op}_ht.{lib}"]["here"]
             assert r["here"] == pytest.approx(ll / ht) and r["paper"] < 1
             assert r["holds"] == (r["here"] < 1 and 1 / 1.5 <= r["here"] / r["paper"] <= 1.5), r
-    assert [p for p in paper.PARAMETERS if p[1] == ("cores", "transfer_us")][0][2].startswith("assumed")
+    assert next(p for p in paper.PARAMETERS if p[1] == ("cores", "transfer_us"))[2].startswith("assumed")
 
 
 def test_rows_against_the_pool_say_what_its_batch_cap_rounds_away(quick):
