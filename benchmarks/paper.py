@@ -274,7 +274,7 @@ def _moe_steps(op: str, mode: str, topo, setting: dict, **cfg) -> dict:
     """One MoE call's timed plan split up (us, the slowest member's): the staged copies, the
     row phase (the last traffic phase), and the naive policy's core gap there."""
     from stratacl.collectives._ep import traffic
-    from stratacl.ub._routing import routing
+    from stratacl.ep import routing
     m = FabricModel(topo, cfg.get("registration", "roa"), partition=cfg.get("partition", "balanced"),
                     eager_bytes=EAGER_BYTES)
     row_bytes = setting["hidden"] * np.dtype(setting["dtype"]).itemsize
