@@ -254,7 +254,7 @@ def _run_job(argv: list[str], env: dict[str, str], timeout: float) -> dict:
     return {"t0": t0, "wall_s": wall, "cpu_s": cpu, "returncode": p.returncode,
             "load_before": load_before, "peak_load": host.peak_load, "peak_runnable": host.peak_runnable,
             "min_mem_available_gib": (host.min_available or 0) / 2 ** 20,
-            "stdout": p.stdout[-4000:], "stderr": p.stderr[-4000:]}
+            "stdout": p.stdout[-4000:], "stderr": p.stderr[:3000] + "\n...\n" + p.stderr[-1500:]}
 
 
 def measure(n: int, clock: str, profile: bool, timeout: float) -> dict:
