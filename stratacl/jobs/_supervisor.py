@@ -4,7 +4,9 @@
       create segments (named, mode 0600, unlinked at once)  -> descriptors
       start daemon  (pipe: EOF = launcher gone -> daemon kills ranks and sweeps /dev/shm)
       warn          when N ranks' footprint would not fit in MemAvailable (_memory)
-      start ranks   (spawned with python -m stratacl.jobs._rankboot, die with the launcher;
+      start ranks   (forked from the rank template, which imported the library once and
+                     reports their ends (_template); spawned with python -m
+                     stratacl.jobs._rankboot if it cannot be used; die with the launcher;
                      stdout and stderr are pipes of their own, forwarded line by line: _output)
       loop: read reports, reap exits, sample the ranks' memory once a second
         first failure -> recorded in the control segment (peers raise PeerFailure)
@@ -268,6 +270,7 @@ class Job:
         procs: list[subprocess.Popen] = []
         socks: list[socket.socket] = []
         daemon = None
+        template = None
         output = OutputForwarder(sys.stdout, sys.stderr, tag=self.config.tag_output)
         old_handlers = {}
         try:
@@ -292,36 +295,32 @@ class Job:
                 print(f"stratacl-launch: ranks are spawned, not forked from a template: {template.why}",
                       file=sys.stderr, flush=True)
                 template = None
-            try:
-                for rank in range(self.n):
-                    mine, theirs = socket.socketpair()
-                    boot = {"ctl": ctl_fd, "hbm": hbm_fds, "report": theirs.fileno()}
-                    # pipes of the rank's own: in one shared pipe, lines written in pieces interleave
-                    out_r, out_w = os.pipe()
-                    err_r, err_w = os.pipe()
-                    try:
-                        env = self._rank_env(common, rank, boot)
-                        if template is not None:
-                            p = template.fork(env, self._target_argv(), [theirs.fileno(), out_w, err_w])
-                        else:
-                            p = subprocess.Popen(self._argv(), env=env, pass_fds=(ctl_fd, *hbm_fds, theirs.fileno()),
-                                                 **_OWN_GROUP, stdin=stdin, stdout=out_w, stderr=err_w)
-                    except BaseException:
-                        for fd in (out_r, err_r):
-                            os.close(fd)
-                        mine.close()
-                        raise
-                    finally:
-                        theirs.close()
-                        os.close(out_w)
-                        os.close(err_w)
-                    output.add(rank, out_r, err_r)
-                    procs.append(p)
-                    socks.append(mine)
-                    ctl.set_pid(rank, p.pid)
-            finally:
-                if template is not None:
-                    template.close()
+            for rank in range(self.n):
+                mine, theirs = socket.socketpair()
+                boot = {"ctl": ctl_fd, "hbm": hbm_fds, "report": theirs.fileno()}
+                # pipes of the rank's own: in one shared pipe, lines written in pieces interleave
+                out_r, out_w = os.pipe()
+                err_r, err_w = os.pipe()
+                try:
+                    env = self._rank_env(common, rank, boot)
+                    if template is not None:
+                        p = template.fork(env, self._target_argv(), [theirs.fileno(), out_w, err_w])
+                    else:
+                        p = subprocess.Popen(self._argv(), env=env, pass_fds=(ctl_fd, *hbm_fds, theirs.fileno()),
+                                             **_OWN_GROUP, stdin=stdin, stdout=out_w, stderr=err_w)
+                except BaseException:
+                    for fd in (out_r, err_r):
+                        os.close(fd)
+                    mine.close()
+                    raise
+                finally:
+                    theirs.close()
+                    os.close(out_w)
+                    os.close(err_w)
+                output.add(rank, out_r, err_r)
+                procs.append(p)
+                socks.append(mine)
+                ctl.set_pid(rank, p.pid)
             if self.target[0] == "spawn":
                 threading.Thread(target=_send_payload, args=(socks, self.target[1:]), daemon=True).start()
             # the launcher keeps the HBM descriptors until the end: their size on disk is what
@@ -332,6 +331,8 @@ class Job:
                 if p.poll() is None:
                     _kill(p, signal.SIGKILL)
                     p.wait()
+            if template is not None:
+                template.close()
             # the ranks are gone, but their last lines may still sit in the pipes: forward them
             # before returning (a process the rank left behind may hold a pipe open, so bounded)
             output.finish(timeout=10)

@@ -1,32 +1,35 @@
 """The rank template: Python and the library imported once, every rank forked from it.
 
-    launcher --(request: env, argv; fds: report socket, stdout, stderr)--> template
-    template: fork -> intermediate: fork -> rank        intermediate exits at once, so the rank
-              <-- rank's pid -- intermediate            is reparented to the launcher (a child
-              waitpid(intermediate), then "go" --> rank  subreaper while it starts ranks)
-    launcher <--(rank's pid)-- template
+    launcher --(fork: env, argv; fds: report socket, stdout, stderr)--> template --fork--> rank
+             <--(pid) -----------------------------------------------
+             <--(exit: pid, returncode), when a rank ends (a pidfd per rank tells the template)
+    launcher closes its socket at the end of the job -> the template exits
 
 A rank spawned with ``python -m stratacl.jobs._rankboot`` pays the interpreter's start and the
 library's import (numpy, the fabric model, the runtime: about 0.25 s of CPU) on its own; N
 ranks pay it N times, all at once, on a host's few cores. Forked from the template, a rank
-starts with everything imported, and the imported pages are shared with the template and the
-other ranks until written.
+starts with everything imported (a fork of it takes about a millisecond), and the imported
+pages stay shared with the template and the other ranks until written.
 
-The template is the launcher's child, started with the ranks' common environment (so
-numeric libraries see their thread counts, and Python its start-up variables, as the ranks
-would), and the job's control and HBM descriptors. It holds no thread, no runtime and no job
-state: it imports the library, checks that it still has a single thread, freezes its objects
-out of the garbage collector's reach (a collection would write to every object and copy the
-pages) and waits for requests. Were a library to start a thread at import, the template says
-so and the launcher spawns the ranks instead (forking a process with threads is unsafe).
+The template is the launcher's child, started with the ranks' common environment (so numeric
+libraries see their thread counts, and Python its start-up variables, as the ranks would) and
+the job's control and HBM descriptors. It holds no thread, no runtime and no job state: it
+imports the library, checks that it still has a single thread, freezes its objects out of the
+garbage collector's reach (a collection would write to every object and copy the pages) and
+serves requests. Were a library to start a thread at import, the template says so and the
+launcher spawns the ranks instead (forking a process with threads is unsafe).
+
+The ranks are the template's children, as a forkserver's workers are its own: the template
+reaps them and reports each exit status to the launcher (``ForkedRank`` gives the supervisor
+what it used of ``subprocess.Popen``). Death follows the chain: the template dies with the
+launcher and a rank with the template (PR_SET_PDEATHSIG both); the launcher's signals and the
+daemon's kills reach a rank by its pid as before.
 
 A forked rank is made what a spawned one is: its own environment (``os.environ``, which also
 sets the C environment), its descriptors (stdout and stderr on its pipes, the report socket, the
 job's segments; every other descriptor closed), default signal dispositions, fresh random
-seeds, then ``_rankboot.main``, which ties it to the launcher (PR_SET_PDEATHSIG, a process
-group of its own, its parent checked) and runs the target. The rank waits for "go" until its
-intermediate parent has been reaped, that is until it is the launcher's child, so its
-PR_SET_PDEATHSIG names the launcher.
+seeds, then ``_rankboot.main``, which ties it to its parent (PR_SET_PDEATHSIG, a process group
+of its own, the parent checked) and runs the target.
 """
 from __future__ import annotations
 
@@ -34,16 +37,15 @@ import gc
 import json
 import os
 import pickle
+import selectors
 import signal
 import socket
-import struct
 import sys
-import threading
+import time
 
-# set in a rank forked from the template: the template's pid (a test reads it)
+# set in a rank forked from the template: the template's pid (the rank's parent)
 forked_from = 0
 
-_PID = struct.Struct("q")
 MAX_FDS = 4                     # descriptors a request carries: report socket, stdout, stderr
 
 
@@ -51,10 +53,10 @@ def _threads() -> int:
     return len(os.listdir("/proc/self/task"))
 
 
+# --- in the template -----------------------------------------------------------------------------
 def _become_rank(req: dict, fds: list[int], keep: set[int], template: int) -> None:
     """In the forked rank: take the rank's descriptors and environment, run it; never returns."""
     global forked_from
-    code = 70
     try:
         report, out, err = fds
         os.dup2(out, 1)
@@ -74,7 +76,9 @@ def _become_rank(req: dict, fds: list[int], keep: set[int], template: int) -> No
             signal.signal(sig, signal.SIG_DFL)
         os.environ.clear()
         os.environ.update(env)
-        forked_from = template
+        # the template runs as __main__: the module _rankboot imports is another object
+        from stratacl.jobs import _template
+        _template.forked_from = forked_from = template
         # a fork copies the random generators' states: every rank would draw the same numbers
         if "random" in sys.modules:
             sys.modules["random"].seed()
@@ -91,127 +95,126 @@ def _become_rank(req: dict, fds: list[int], keep: set[int], template: int) -> No
             sys.stderr.flush()
         except BaseException:       # noqa: BLE001
             pass
-    os._exit(code)
+    os._exit(70)
 
 
-def _fork_rank(req: dict, fds: list[int], keep: set[int]) -> int:
-    """Fork the rank through an intermediate that exits at once; returns the rank's pid."""
-    go_r, go_w = os.pipe()
-    pid_r, pid_w = os.pipe()
+def _serve(sock: socket.socket, keep: set[int]) -> None:
+    """Fork ranks on request; report each one's end. Returns at EOF on the launcher's socket."""
+    sel = selectors.DefaultSelector()
+    sel.register(sock, selectors.EVENT_READ, None)
     template = os.getpid()
-    mid = os.fork()
-    if mid == 0:
-        try:
-            os.close(pid_r)
-            pid = os.fork()
-            if pid == 0:
-                os.close(pid_w)
-                os.close(go_w)
-                os.read(go_r, 1)         # until the intermediate is reaped (or the template is gone)
-                os.close(go_r)
-                _become_rank(req, fds, keep, template)
-            os.write(pid_w, _PID.pack(pid))
-        finally:
-            os._exit(0)
-    os.close(pid_w)
-    os.close(go_r)
+    while True:
+        for key, _ in sel.select():
+            if key.data is None:
+                try:
+                    msg, fds, _flags, _addr = socket.recv_fds(sock, 1 << 20, MAX_FDS)
+                except OSError:
+                    return
+                if not msg:
+                    return
+                try:
+                    req = pickle.loads(msg)
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                    pid = os.fork()
+                    if pid == 0:
+                        _become_rank(req, fds, keep, template)
+                    # the rank's end, as a readable descriptor: no signal handler, no thread
+                    sel.register(os.pidfd_open(pid), selectors.EVENT_READ, pid)
+                    reply = ("pid", pid)
+                except Exception as e:      # noqa: BLE001 - the launcher names it
+                    reply = ("error", f"{type(e).__name__}: {e}")
+                finally:
+                    for fd in fds:
+                        os.close(fd)
+                sock.sendall(pickle.dumps(reply))
+            else:
+                pid = key.data
+                sel.unregister(key.fileobj)
+                os.close(key.fd)
+                _pid, status = os.waitpid(pid, 0)
+                sock.sendall(pickle.dumps(("exit", pid, os.waitstatus_to_exitcode(status))))
+
+
+def main() -> None:
+    sock = socket.socket(fileno=int(sys.argv[1]))
+    keep = {int(f) for f in sys.argv[2].split(",") if f}     # the job's segments
+    launcher = int(sys.argv[3])
+    signal.signal(signal.SIGINT, signal.SIG_IGN)              # the launcher handles Ctrl-C
+    import stratacl                     # noqa: F401 - what every rank needs, imported once
+    from stratacl.runtime import _native, _world   # noqa: F401
+    from . import _rankboot, _wire      # noqa: F401
+    _native.set_pdeathsig(signal.SIGKILL)
+    if os.getppid() != launcher:
+        os._exit(70)                    # the launcher is already gone
+    if _threads() != 1:
+        sock.sendall(pickle.dumps(("refused", f"{_threads()} threads after import")))
+        os._exit(0)
+    gc.collect()
+    gc.freeze()
+    sock.sendall(pickle.dumps(("ready", os.getpid())))
     try:
-        data = os.read(pid_r, _PID.size)
-        os.waitpid(mid, 0)
-        if len(data) != _PID.size:
-            raise OSError("the template's intermediate process ended before forking the rank")
-        os.write(go_w, b"g")
-        return _PID.unpack(data)[0]
-    finally:
-        os.close(pid_r)
-        os.close(go_w)
+        _serve(sock, keep)
+    except OSError:
+        pass
+    os._exit(0)     # ranks still running die with the template (their PR_SET_PDEATHSIG)
 
 
 # --- in the launcher ----------------------------------------------------------------------------
-_PR_SET_CHILD_SUBREAPER = 36
-_subreaper_lock = threading.Lock()
-_subreaper_users = 0            # jobs of this process forking ranks now (spawn() may run two at once)
-
-
-def _prctl_subreaper(on: bool) -> None:
-    import ctypes
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(_PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")
-
-
-def _subreaper(on: bool) -> None:
-    """Be a child subreaper while any job of this process forks ranks: the flag is the
-    process's, so one job's end must not clear it under another that is still forking."""
-    global _subreaper_users
-    with _subreaper_lock:
-        if on:
-            if _subreaper_users == 0:
-                _prctl_subreaper(True)
-            _subreaper_users += 1
-        else:
-            _subreaper_users -= 1
-            if _subreaper_users == 0:
-                _prctl_subreaper(False)
-
-
 class ForkedRank:
-    """What the supervisor uses of ``subprocess.Popen``, for a rank the template forked: the
-    rank is the launcher's child (reparented), so it is reaped with ``waitpid`` as usual."""
+    """What the supervisor uses of ``subprocess.Popen``, for a rank the template forked and
+    reaps: its exit status comes over the template's socket."""
 
-    def __init__(self, pid: int):
+    def __init__(self, pid: int, template: "Template"):
         self.pid = pid
         self.returncode: int | None = None
+        self._template = template
 
     def poll(self) -> int | None:
         if self.returncode is None:
-            try:
-                pid, status = os.waitpid(self.pid, os.WNOHANG)
-            except ChildProcessError:
-                self.returncode = 0      # reaped by someone else: what Popen.poll says then
-                return self.returncode
-            if pid:
-                self.returncode = os.waitstatus_to_exitcode(status)
+            self.returncode = self._template.exit_status(self.pid, block=False)
         return self.returncode
 
     def wait(self) -> int:
         if self.returncode is None:
-            try:
-                _pid, status = os.waitpid(self.pid, 0)
-                self.returncode = os.waitstatus_to_exitcode(status)
-            except ChildProcessError:
-                self.returncode = 0
+            self.returncode = self._template.exit_status(self.pid, block=True)
         return self.returncode
 
 
 class Template:
-    """The launcher's end: start the template, ask it for ranks, stop it.
+    """The launcher's end: start the template, fork ranks, learn their ends, stop it.
 
     ``start`` returns False when the template refused (a thread after import) or could not
-    start; the caller then spawns its ranks. While ranks are being forked the launcher is a
-    child subreaper (PR_SET_CHILD_SUBREAPER), so each rank becomes its child when the
-    template's intermediate process exits; ``close`` clears it, so nothing orphaned later
-    comes to the launcher."""
+    start; the caller then spawns its ranks. ``close`` (after every rank has ended) stops and
+    reaps the template."""
+
+    POLL_EVERY = 0.005          # seconds between reads of the socket for ends, however many ranks poll
+    START_TIMEOUT = 120.0       # seconds the template may take to import the library
 
     def __init__(self):
         self.proc = None
         self.sock: socket.socket | None = None
         self.why = ""
-        self._subreaper = False
+        self._exits: dict[int, int] = {}
+        self._gone = False           # the template ended: every rank not reported died with it
+        self._read_at = 0.0
 
     def start(self, env: dict[str, str], job_fds: list[int], stdin) -> bool:
         import subprocess
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
+            # a process group of its own: a terminal's Ctrl-C reaches the launcher alone
             self.proc = subprocess.Popen(
                 [sys.executable, "-P", "-m", "stratacl.jobs._template", str(theirs.fileno()),
-                 ",".join(map(str, job_fds))],
+                 ",".join(map(str, job_fds)), str(os.getpid())],
                 env=env, pass_fds=(*job_fds, theirs.fileno()), process_group=0, stdin=stdin)
         finally:
             theirs.close()
-        self.sock = mine
-        mine.settimeout(120.0)
+        self.sock = mine            # blocking: MSG_DONTWAIT reads are the non-blocking ones
         try:
+            import select
+            if not select.select([mine], [], [], self.START_TIMEOUT)[0]:
+                raise OSError(f"nothing in {self.START_TIMEOUT:g} s")
             msg = mine.recv(1 << 16)
             kind, what = pickle.loads(msg) if msg else ("refused", "it exited while importing")
         except (OSError, pickle.UnpicklingError) as e:
@@ -220,31 +223,56 @@ class Template:
             self.why = what
             self.close()
             return False
-        _subreaper(True)
-        self._subreaper = True
         return True
 
     def fork(self, env: dict[str, str], argv: list[str], fds: list[int]) -> ForkedRank:
         """Fork one rank; ``fds``: its report socket, stdout and stderr (the caller closes its copies)."""
         socket.send_fds(self.sock, [pickle.dumps({"env": env, "argv": argv})], fds)
-        msg = self.sock.recv(1 << 16)
-        if not msg:
-            raise OSError("the rank template exited")
-        kind, what = pickle.loads(msg)
-        if kind != "pid":
-            raise OSError(f"the rank template could not fork a rank: {what}")
+        while True:
+            reply = self._read(block=True)
+            if reply is None:
+                if self._gone:
+                    raise OSError("the rank template exited")
+                continue
+            if reply[0] == "pid":
+                return ForkedRank(reply[1], self)
+            if reply[0] == "error":
+                raise OSError(f"the rank template could not fork a rank: {reply[1]}")
+
+    def exit_status(self, pid: int, block: bool) -> int | None:
+        """``pid``'s return code (negative: the signal), or None while it runs (``block``: wait)."""
+        if not block and pid not in self._exits and not self._gone:
+            now = time.monotonic()
+            if now - self._read_at >= self.POLL_EVERY:
+                self._read_at = now
+                while self._read(block=False) is not None:
+                    pass
+        while block and pid not in self._exits and not self._gone:
+            self._read(block=True)
+        if pid in self._exits:
+            return self._exits[pid]
+        return -signal.SIGKILL if self._gone else None
+
+    def _read(self, block: bool):
+        """One message from the template, exits recorded; None when there is none (or at EOF)."""
+        if self._gone:
+            return None
         try:
-            pid, status = os.waitpid(what, os.WNOHANG)
-        except ChildProcessError:
-            raise OSError(f"rank process {what} forked by the template did not become the launcher's child; "
-                          f"it cannot be supervised") from None
-        rank = ForkedRank(what)
-        if pid:
-            rank.returncode = os.waitstatus_to_exitcode(status)
-        return rank
+            msg = self.sock.recv(1 << 16, 0 if block else socket.MSG_DONTWAIT)
+        except (BlockingIOError, InterruptedError):
+            return None
+        except OSError:
+            msg = b""
+        if not msg:
+            self._gone = True
+            return None
+        reply = pickle.loads(msg)
+        if reply[0] == "exit":
+            self._exits[reply[1]] = reply[2]
+        return reply
 
     def close(self) -> None:
-        """Stop the template (EOF on its socket) and reap it; no longer a subreaper."""
+        """Stop the template (EOF on its socket) and reap it."""
         if self.sock is not None:
             self.sock.close()
             self.sock = None
@@ -255,45 +283,6 @@ class Template:
                 self.proc.kill()
                 self.proc.wait()
             self.proc = None
-        if self._subreaper:
-            self._subreaper = False
-            _subreaper(False)
-
-
-# --- the template process ----------------------------------------------------------------------
-def main() -> None:
-    sock = socket.socket(fileno=int(sys.argv[1]))
-    keep = {int(f) for f in sys.argv[2].split(",") if f}     # the job's segments
-    signal.signal(signal.SIGINT, signal.SIG_IGN)              # the launcher handles Ctrl-C
-    import stratacl                     # noqa: F401 - what every rank needs, imported once
-    from stratacl.runtime import _native, _world   # noqa: F401
-    from . import _rankboot, _wire      # noqa: F401
-    _native.set_pdeathsig(signal.SIGKILL)
-    if _threads() != 1:
-        sock.send(pickle.dumps(("refused", f"{_threads()} threads after import")))
-        os._exit(0)
-    gc.collect()
-    gc.freeze()
-    sock.send(pickle.dumps(("ready", os.getpid())))
-    while True:
-        try:
-            msg, fds, _flags, _addr = socket.recv_fds(sock, 1 << 20, MAX_FDS)
-        except OSError:
-            break
-        if not msg:
-            break
-        try:
-            req = pickle.loads(msg)
-            sys.stdout.flush()
-            sys.stderr.flush()
-            reply = ("pid", _fork_rank(req, fds, keep))
-        except Exception as e:          # noqa: BLE001 - the launcher names it
-            reply = ("error", f"{type(e).__name__}: {e}")
-        finally:
-            for fd in fds:
-                os.close(fd)
-        sock.send(pickle.dumps(reply))
-    os._exit(0)
 
 
 if __name__ == "__main__":
