@@ -295,32 +295,57 @@ class Job:
                 print(f"stratacl-launch: ranks are spawned, not forked from a template: {template.why}",
                       file=sys.stderr, flush=True)
                 template = None
+            asked: list[tuple] = []     # ranks requested from the template, not yet forked: their descriptors
+
+            def take_forked() -> None:
+                rank, mine, closing = asked.pop(0)
+                try:
+                    p = template.forked()
+                finally:
+                    for fd in closing:
+                        os.close(fd)
+                procs.append(p)
+                ctl.set_pid(rank, p.pid)
+
             for rank in range(self.n):
                 mine, theirs = socket.socketpair()
                 boot = {"ctl": ctl_fd, "hbm": hbm_fds, "report": theirs.fileno()}
                 # pipes of the rank's own: in one shared pipe, lines written in pieces interleave
                 out_r, out_w = os.pipe()
                 err_r, err_w = os.pipe()
-                try:
-                    env = self._rank_env(common, rank, boot)
-                    if template is not None:
-                        p = template.fork(env, self._target_argv(), [theirs.fileno(), out_w, err_w])
-                    else:
-                        p = subprocess.Popen(self._argv(), env=env, pass_fds=(ctl_fd, *hbm_fds, theirs.fileno()),
-                                             **_OWN_GROUP, stdin=stdin, stdout=out_w, stderr=err_w)
-                except BaseException:
-                    for fd in (out_r, err_r):
-                        os.close(fd)
-                    mine.close()
-                    raise
-                finally:
-                    theirs.close()
-                    os.close(out_w)
-                    os.close(err_w)
                 output.add(rank, out_r, err_r)
-                procs.append(p)
                 socks.append(mine)
+                closing = (theirs.detach(), out_w, err_w)
+                env = self._rank_env(common, rank, boot)
+                if template is not None:
+                    try:
+                        template.request(env, self._target_argv(), list(closing))
+                    except BaseException:
+                        for fd in closing:
+                            os.close(fd)
+                        raise
+                    asked.append((rank, mine, closing))
+                    if len(asked) >= Template.IN_FLIGHT:
+                        take_forked()
+                    continue
+                try:
+                    p = subprocess.Popen(self._argv(), env=env, pass_fds=(ctl_fd, *hbm_fds, closing[0]),
+                                         **_OWN_GROUP, stdin=stdin, stdout=out_w, stderr=err_w)
+                finally:
+                    for fd in closing:
+                        os.close(fd)
+                procs.append(p)
                 ctl.set_pid(rank, p.pid)
+            try:
+                while asked:
+                    take_forked()
+            except BaseException:
+                # ranks asked for but never named: their descriptors here (the template's
+                # close ends them, as it does every rank it forked)
+                for _rank, _mine, closing in asked:
+                    for fd in closing:
+                        os.close(fd)
+                raise
             if self.target[0] == "spawn":
                 threading.Thread(target=_send_payload, args=(socks, self.target[1:]), daemon=True).start()
             # the launcher keeps the HBM descriptors until the end: their size on disk is what

@@ -189,6 +189,7 @@ class Template:
     reaps the template."""
 
     POLL_EVERY = 0.005          # seconds between reads of the socket for ends, however many ranks poll
+    IN_FLIGHT = 16              # requests sent before the first reply is read (Job.run)
     START_TIMEOUT = 120.0       # seconds the template may take to import the library
 
     def __init__(self):
@@ -227,7 +228,17 @@ class Template:
 
     def fork(self, env: dict[str, str], argv: list[str], fds: list[int]) -> ForkedRank:
         """Fork one rank; ``fds``: its report socket, stdout and stderr (the caller closes its copies)."""
+        self.request(env, argv, fds)
+        return self.forked()
+
+    def request(self, env: dict[str, str], argv: list[str], fds: list[int]) -> None:
+        """Ask for one rank without waiting: ``forked`` returns the ranks in the order asked.
+        Several requests in flight let the template fork back to back rather than wait for
+        the launcher between ranks, which on a loaded host is a scheduling round trip each."""
         socket.send_fds(self.sock, [pickle.dumps({"env": env, "argv": argv})], fds)
+
+    def forked(self) -> ForkedRank:
+        """The oldest requested rank, once forked."""
         while True:
             reply = self._read(block=True)
             if reply is None:
