@@ -32,7 +32,8 @@ segment) are summed apart and subtracted; what remains is heap, Python objects, 
 private data and thread stacks. Page tables (VmPTE) are reported beside it.
 
 ``--readme`` times the README's first command (``stratacl-launch -n N --clock virtual
-examples/allreduce.py``) as a user would run it, at the given rank counts.
+examples/allreduce.py``) as a user would run it, at the given rank counts (``--readme-clock
+off``: the same with the clock off).
 
 ``--profile-at N`` adds, at that N, where the time went per phase (the slowest, median and
 fastest rank of each phase's end, seconds after the launcher started) and a cProfile of rank
@@ -294,10 +295,10 @@ def _phases(stamps: list[list[float]], t0: float, fin: float, wall: float) -> di
     return out
 
 
-def readme(n: int, timeout: float) -> dict:
-    argv = _launcher() + ["-n", str(n), "--clock", "virtual", os.path.join(ROOT, "examples", "allreduce.py")]
+def readme(n: int, timeout: float, clock: str = "virtual") -> dict:
+    argv = _launcher() + ["-n", str(n), "--clock", clock, os.path.join(ROOT, "examples", "allreduce.py")]
     job = _run_job(argv, dict(os.environ), timeout)
-    return {"n": n, **{k: v for k, v in job.items() if k not in ("t0", "stderr")},
+    return {"n": n, "clock": clock, **{k: v for k, v in job.items() if k not in ("t0", "stderr")},
             "correct": job["returncode"] == 0 and "WRONG" not in job["stdout"]}
 
 
@@ -334,7 +335,7 @@ def _fmt(rows: list[dict], readme_rows: list[dict]) -> str:
             lines.append("  rank 0, init() to the end of its calls, cProfile of CPU time (time.process_time), by cumulative time:")
             lines += ["    " + ln for ln in r["cprofile_rank0"].splitlines() if ln.strip()]
     if readme_rows:
-        lines.append("\nREADME example (stratacl-launch -n N --clock virtual examples/allreduce.py):")
+        lines.append(f"\nREADME example (stratacl-launch -n N --clock {readme_rows[0]['clock']} examples/allreduce.py):")
         for r in readme_rows:
             lines.append(f"  N={r['n']:<4} wall {r['wall_s']:6.1f} s  CPU {r['cpu_s']:6.1f} s  peak load "
                          f"{r['peak_load']:5.1f}  least MemAvailable {r['min_mem_available_gib']:.1f} GiB  "
@@ -347,6 +348,8 @@ def main() -> None:
     ap.add_argument("--sizes", default="8,32,64,128,256,384")
     ap.add_argument("--clock", default="virtual", choices=("virtual", "off"))
     ap.add_argument("--readme", default="", help="rank counts at which to time the README example")
+    ap.add_argument("--readme-clock", default="virtual", choices=("virtual", "off"),
+                    help="the README example's --clock (its own is virtual)")
     ap.add_argument("--profile-at", type=int, default=256)
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per job")
     ap.add_argument("--json")
@@ -365,7 +368,7 @@ def main() -> None:
         if not row.get("correct"):
             print(row.get("stderr", ""), file=sys.stderr)
     for n in [int(s) for s in a.readme.split(",") if s]:
-        readme_rows.append(readme(n, a.timeout))
+        readme_rows.append(readme(n, a.timeout, a.readme_clock))
     with open("/proc/loadavg") as f:
         load = f.read().split()[:3]
     report = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "clock": a.clock,
