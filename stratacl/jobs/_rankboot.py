@@ -28,7 +28,7 @@ import types
 
 
 def _bind_to_launcher() -> None:
-    from stratacl.jobs import _template
+    import stratacl.jobs as jobs
     from stratacl.runtime import _native
     _native.set_pdeathsig(signal.SIGKILL)
     try:
@@ -36,7 +36,7 @@ def _bind_to_launcher() -> None:
     except OSError:
         pass
     # the parent is the launcher, or the rank template that forked this rank (which dies with it)
-    parent = _template.forked_from or int(os.environ.get("STRATACL_LAUNCHER_PID", "0"))
+    parent = jobs.forked_from or int(os.environ.get("STRATACL_LAUNCHER_PID", "0"))
     if os.getppid() != parent:
         os._exit(70)  # the launcher (or the template) is already gone
 

@@ -43,9 +43,6 @@ import socket
 import sys
 import time
 
-# set in a rank forked from the template: the template's pid (the rank's parent)
-forked_from = 0
-
 MAX_FDS = 4                     # descriptors a request carries: report socket, stdout, stderr
 
 
@@ -56,7 +53,6 @@ def _threads() -> int:
 # --- in the template -----------------------------------------------------------------------------
 def _become_rank(req: dict, fds: list[int], keep: set[int], template: int) -> None:
     """In the forked rank: take the rank's descriptors and environment, run it; never returns."""
-    global forked_from
     try:
         report, out, err = fds
         os.dup2(out, 1)
@@ -76,9 +72,8 @@ def _become_rank(req: dict, fds: list[int], keep: set[int], template: int) -> No
             signal.signal(sig, signal.SIG_DFL)
         os.environ.clear()
         os.environ.update(env)
-        # the template runs as __main__: the module _rankboot imports is another object
-        from stratacl.jobs import _template
-        _template.forked_from = forked_from = template
+        import stratacl.jobs
+        stratacl.jobs.forked_from = template
         # a fork copies the random generators' states: every rank would draw the same numbers
         if "random" in sys.modules:
             sys.modules["random"].seed()
@@ -141,7 +136,8 @@ def main() -> None:
     keep = {int(f) for f in sys.argv[2].split(",") if f}     # the job's segments
     launcher = int(sys.argv[3])
     signal.signal(signal.SIGINT, signal.SIG_IGN)              # the launcher handles Ctrl-C
-    import stratacl                     # noqa: F401 - what every rank needs, imported once
+    # what every rank needs, imported once (a submodule's import runs the package's __init__,
+    # the public face, first: numpy, the runtime, the fabric model, the operators)
     from stratacl.runtime import _native, _world   # noqa: F401
     from . import _rankboot, _wire      # noqa: F401
     _native.set_pdeathsig(signal.SIGKILL)

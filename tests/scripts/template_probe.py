@@ -8,10 +8,10 @@ import sys
 import numpy as np
 
 import stratacl
-from stratacl.jobs import _template
+import stratacl.jobs
 
 comm = stratacl.init()
-print(json.dumps({"rank": comm.rank, "forked_from": _template.forked_from, "ppid": os.getppid(),
+print(json.dumps({"rank": comm.rank, "forked_from": stratacl.jobs.forked_from, "ppid": os.getppid(),
                   "launcher": int(os.environ["STRATACL_LAUNCHER_PID"]), "random": random.random(),
                   "numpy": float(np.random.random())}), flush=True)
 comm.barrier()
