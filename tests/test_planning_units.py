@@ -814,6 +814,7 @@ def test_row_and_weight_checks():
     assert refused(TypeError, EB._check_weights, w, (3, 2), "dispatch") == (
         "dispatch: topk_weights must be a float32 array of shape (3, 2), got float32 (2, 3)")
     assert refused(TypeError, EB._check_weights, None, (2, 3), "dispatch") == m + "NoneType"
+    assert refused(TypeError, EB._check_weights, [[0.0] * 3] * 2, (2, 3), "dispatch") == m + "list"
 
 
 def test_routing_header_and_route():
@@ -826,8 +827,90 @@ def test_routing_header_and_route():
     msg = refused(ValueError, EB.Buffer._header, buf, np.array([[1, 1]], dtype=np.int64), "low_latency_dispatch")
     assert msg == "low_latency_dispatch: token 0 picks the same expert twice"
     r = _ep.route(idx, 2, 4)
-    assert r.dest.tolist() == [[True, True], [False, True], [True, False]]
+    assert r.dest.dtype == bool and r.dest.tolist() == [[True, True], [False, True], [True, False]]
     assert r.per_rank.dtype == np.int64 and r.per_rank.tolist() == [2, 2]
     assert r.per_expert.dtype == np.int64 and r.per_expert.tolist() == [2, 1, 1, 1]
     r = _ep.route(np.full((2, 1), -1, dtype=np.int64), 2, 4)
     assert r.dest.tolist() == [[False, False], [False, False]] and r.per_expert.tolist() == [0, 0, 0, 0]
+
+
+def test_partitioner_reports_generation_time_in_microseconds(monkeypatch):
+    u = P.cut([1], [4096], [0], [4096], [0.0], [1.0], cores=0)
+    ticks = iter([10.0, 10.25, 20.0, 20.5])
+    part = P.Partitioner("naive")
+    monkeypatch.setattr(P.time, "perf_counter", lambda: next(ticks))
+    a = part.policy(u, 1, np.array([1]), key="a")
+    b = part.policy(u, 1, np.array([1]))
+    monkeypatch.undo()
+    assert a.generation_us == 250000.0 and b.generation_us == 500000.0
+    assert part.last_generation_us == 500000.0 and part.total_us == 750000.0
+
+
+# --- edges found by mutation testing (docs/testing.md, "Mutation testing") ------------------------
+def test_make_flattens_and_converts_every_column_to_int64():
+    i32 = lambda v: np.array(v, dtype=np.int32)     # noqa: E731
+    m = SL.make(0, i32([[1, 2]]), i32(IN), i32([8, 16]), OUT, i32(0), i32([1, 2]), LD, i32(3))
+    assert rows(m) == [(1, IN, 8, OUT, 0, 1, LD, 3), (2, IN, 16, OUT, 0, 2, LD, 3)]   # a 1-byte slice is kept
+
+
+def test_all_reduce_one_element_on_one_member_is_chunked_by_default():
+    a, b = SL.all_reduce(0, 1, 1, 1)
+    assert rows(a) == [(0, IN, 0, IN, 0, 1, ACC, -1)] and len(b) == 0
+
+
+def test_all_to_all_v_byte_counts_do_not_overflow_int32_counts():
+    big = np.array([[2**30]], dtype=np.int32)
+    (m,) = SL.all_to_all_v(0, 1, big, big, 4)
+    assert rows(m) == [(0, IN, 0, OUT, 0, 2**32, LD, -1)]
+
+
+def test_ring_steps_of_member_zero_and_of_a_later_chunk():
+    (m,) = SL.ring_all_gather_step(2, 4, 8, 0)     # own input, chunk 1, read from offset 0
+    assert rows(m) == [(1, IN, 0, OUT, 8, 8, LD, 0), (2, IN, 0, OUT, 16, 8, LD, -1)]
+    (m,) = SL.ring_all_reduce_step(0, 3, 10, 4, 3)   # gather t = 1: chunk (0-1-1)%3 = 1 from member 2
+    assert rows(m) == [(2, IN, 12, IN, 12, 12, LD, 3)]
+
+
+def test_schedule_arrays_are_int64():
+    steps = S.exchange([(np.array([[1, 2], [3, 4]], dtype=np.int32), S.LOAD)])
+    assert steps[1].nbytes.dtype == np.int64 and steps[1].nbytes.tolist() == [1, 2, 3, 4]
+    cin, cout = S.staging_bytes("all_gather", 4, np.int32(2**30))
+    assert cin.dtype == cout.dtype == np.int64 and cout.tolist() == [2**32] * 4
+    for a in S.staging_bytes("barrier", 2, 10):
+        assert a.dtype == np.int64
+    assert S.peers_read("all_gather", "mesh", np.int32(3)).dtype == np.int64
+
+
+def test_peers_read_at_two_members_and_sendrecv_alone():
+    assert S.peers_read("all_gather", "mesh", 2).tolist() == [1, 1]
+    assert S.peers_read("sendrecv", "mesh", 1).tolist() == [0]
+
+
+def test_staged_rounds_split_all_to_all_on_member_blocks_and_are_ints():
+    assert S.staged_rounds("all_to_all", 4, 12, 8) == [8, 4]          # grain 4 bytes, 3 units in 2 rounds
+    for r in (S.staged_rounds("reduce_scatter", 4, 43, 20), S.staged_rounds("all_reduce", 2, 100, 30, itemsize=4)):
+        assert all(type(x) is int for x in r)
+
+
+def test_naive_policy_shapes():
+    empty = P.cut([], [], [], [4096], [0.0], [1.0], cores=0)
+    pol = P.naive(empty, 4)
+    assert pol.core.tolist() == [] and pol.slot.tolist() == [] and pol.load(empty).tolist() == [0.0] * 4
+    one = P.cut([9], [3 * 4096], [0], [4096], [0.0], [1.0], cores=0)
+    pol = P.naive(one, 4)                     # one peer takes every core
+    assert pol.core.tolist() == [0, 1, 2] and pol.slot.dtype == np.int64 and pol.core.dtype == np.int64
+    assert pol.load(one).tolist() == [4096.0, 4096.0, 4096.0, 0.0]
+
+
+def test_naive_deals_each_peers_units_in_order():
+    # peer 5 has 1 unit, peer 8 has 3: groups of 3 cores, peer 8's j-th unit on core 3 + j
+    u = P.cut([5, 8], [4096, 3 * 4096], [0, 0], [4096], [0.0], [1.0], cores=0)
+    pol = P.naive(u, 6)
+    assert pol.core.tolist() == [0, 3, 4, 5] and pol.slot.tolist() == [0, 0, 0, 0]
+    # many interleaved slices of 3 peers on 9 cores: the j-th unit of peer p on core 3p + j % 3, slot j // 3
+    peers = [0, 1, 2] * 100
+    u = P.cut(peers, [4096] * 300, [0] * 300, [4096], [0.0], [1.0], cores=0)
+    pol = P.naive(u, 9)
+    j = np.arange(300) // 3
+    assert pol.core.tolist() == (3 * np.array(peers) + j % 3).tolist()
+    assert pol.slot.tolist() == (j // 3).tolist()
