@@ -3,6 +3,8 @@
     python benchmarks/mutation.py                 # fresh run (removes mutants/), 2 workers
     python benchmarks/mutation.py --report-only   # the table of the last run, from mutants/*.meta
     python benchmarks/mutation.py --json out.json # also write the numbers and every survivor
+    python benchmarks/mutation.py --resume        # keep mutants/; run again only the mutants of the
+                                                  # selection with no verdict, a survivor or a timeout
 
 What is mutated is configured once, in pyproject.toml ``[tool.mutmut]`` (the files, the fast unit
 tests they run against). This script picks which functions of those files count: whole modules
@@ -64,7 +66,7 @@ def _module_of(name: str) -> str | None:
 
 
 def report(statuses: dict[str, str]) -> dict:
-    rows = {m: {"total": 0, "killed": 0, "survived": []} for m in MODULES}
+    rows = {m: {"total": 0, "killed": 0, "timeout": 0, "survived": []} for m in MODULES}
     for name, status in sorted(statuses.items()):
         module = _module_of(name)
         if module is None:
@@ -73,6 +75,7 @@ def report(statuses: dict[str, str]) -> dict:
         row["total"] += 1
         if status in KILLED:
             row["killed"] += 1
+            row["timeout"] += status == "timeout"
         else:
             row["survived"].append(f"{name} ({status})")
     total = sum(r["total"] for r in rows.values())
@@ -82,12 +85,13 @@ def report(statuses: dict[str, str]) -> dict:
 
 
 def show(result: dict, survivors: bool) -> None:
-    print(f"{'module':32} {'mutants':>8} {'killed':>7} {'survived':>9} {'score':>7}")
+    print(f"{'module':32} {'mutants':>8} {'killed':>7} {'(timeout)':>9} {'survived':>9} {'score':>7}")
     for module, r in result["modules"].items():
         score = r["killed"] / r["total"] if r["total"] else 0.0
-        print(f"{module:32} {r['total']:8d} {r['killed']:7d} {len(r['survived']):9d} {score:7.1%}")
+        print(f"{module:32} {r['total']:8d} {r['killed']:7d} {r['timeout']:9d} {len(r['survived']):9d} {score:7.1%}")
     t, k = result["total"], result["killed"]
-    print(f"{'overall':32} {t:8d} {k:7d} {t - k:9d} {result['score']:7.1%}")
+    to = sum(r["timeout"] for r in result["modules"].values())
+    print(f"{'overall':32} {t:8d} {k:7d} {to:9d} {t - k:9d} {result['score']:7.1%}")
     if survivors:
         for module, r in result["modules"].items():
             for s in r["survived"]:
@@ -98,23 +102,32 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--workers", type=int, default=2, help="mutmut's parallel children (default 2)")
     ap.add_argument("--report-only", action="store_true", help="only print the last run's table")
-    ap.add_argument("--keep", action="store_true", help="keep mutants/ and its results (re-run only what has none)")
+    ap.add_argument("--resume", action="store_true",
+                    help="keep mutants/ and run only selected mutants not yet killed (no verdict, survived, timed out); "
+                         "adding tests never revives a killed mutant, so the kills stand")
     ap.add_argument("--survivors", action="store_true", help="list every surviving mutant")
     ap.add_argument("--json", help="write the numbers and the survivors to this file")
     ap.add_argument("names", nargs="*", help="run only these mutant names (patterns allowed); default: all")
     args = ap.parse_args(argv)
     os.chdir(ROOT)
     if not args.report_only:
-        if not args.keep and not args.names:
-            shutil.rmtree(ROOT / "mutants", ignore_errors=True)
-        names = args.names or [p for ps in MODULES.values() for p in ps]
-        cmd = [sys.executable, "-m", "mutmut", "run", "--max-children", str(args.workers), *names]
-        (ROOT / "mutants").mkdir(exist_ok=True)
-        with open(ROOT / "mutants" / "run.log", "w") as log:     # mutmut's progress, kept for reading
-            done = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT)
-        if done.returncode != 0:
-            print(f"mutmut run failed (exit {done.returncode}), see mutants/run.log", file=sys.stderr)
-            return done.returncode
+        if args.resume:
+            # a timeout or a worker killed by a signal may be the host (load, the OOM killer): run it again
+            names = [n for n, st in _statuses().items() if _module_of(n) and st not in ("killed", "caught by type check")]
+            if not names:
+                print("nothing to resume")
+        else:
+            if not args.names:
+                shutil.rmtree(ROOT / "mutants", ignore_errors=True)
+            names = args.names or [p for ps in MODULES.values() for p in ps]
+        if names:
+            cmd = [sys.executable, "-m", "mutmut", "run", "--max-children", str(args.workers), *names]
+            (ROOT / "mutants").mkdir(exist_ok=True)
+            with open(ROOT / "mutants" / "run.log", "a") as log:     # mutmut's progress, kept for reading
+                done = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT)
+            if done.returncode != 0:
+                print(f"mutmut run failed (exit {done.returncode}), see mutants/run.log", file=sys.stderr)
+                return done.returncode
     result = report(_statuses())
     show(result, args.survivors)
     if args.json:

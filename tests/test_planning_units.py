@@ -176,8 +176,10 @@ def norm(step):
     """A schedule step as comparable plain data."""
     name = type(step).__name__
     if name == "Mesh":
+        assert all(a.dtype == np.int64 for a in (step.reader, step.owner, step.nbytes, step.kind))
         return ("Mesh", [tuple(int(v) for v in r) for r in zip(step.reader, step.owner, step.nbytes, step.kind)])
     if name == "Ring":
+        assert step.nbytes.dtype == np.int64 and step.nbytes.shape == (step.kind.size, step.nbytes.shape[1])
         return ("Ring", step.nbytes.tolist(), step.kind.tolist(), None if step.local is None else step.local.tolist())
     if name == "Local":
         return ("Local", step.nbytes.tolist())
@@ -630,9 +632,9 @@ def good_topology() -> dict:
             "beyond": "link"}
 
 
-def topo_error(data: dict, source: str = "topology") -> str:
+def topo_error(data: dict, source: str | None = None) -> str:
     with pytest.raises(ConfigError) as e:
-        T.from_dict(data, source)
+        T.from_dict(data) if source is None else T.from_dict(data, source)
     return str(e.value)
 
 
@@ -654,18 +656,19 @@ def test_from_dict_reads_every_optional_field():
     d["tiers"]["link"].update(dedicated=True, unit_bytes=1, fan_out_cap=1)
     d["tiers"]["hbm"].update(unit_bytes=None, fan_out_cap=None, dedicated=None)
     d["levels"][1]["uplink_gbps"] = 50
-    d.update(host="hbm", port={"gbps": 20, "fan_in_efficiency": 1}, sync={"flag_us": 0}, registration={"map_us": 0, "map_us_per_gib": 3},
-             cores={"count": 8, "comm": 8, "issue_gbps": 2}, compute={"peak_tflops": 10, "efficiency": 1},
-             sdma={"descriptor_us": 0, "max_descriptor_bytes": 1, "efficiency": 1, "doorbell_us": 0, "poll_cores": 0,
+    d.update(host="hbm", port={"gbps": 20, "fan_in_efficiency": 0.5}, sync={"flag_us": 0.25},
+             registration={"map_us": 0, "map_us_per_gib": 3},
+             cores={"count": 8, "comm": 8, "issue_gbps": 2}, compute={"peak_tflops": 10, "efficiency": 0.75},
+             sdma={"descriptor_us": 0, "max_descriptor_bytes": 1, "efficiency": 0.5, "doorbell_us": 0, "poll_cores": 0,
                    "notify_us": 0})
     t = T.from_dict(d)
     assert t.tiers["link"] == T.Tier("link", 1.5, 100.0, True, 1, 1)
     assert t.tiers["hbm"] == T.Tier("hbm", 0.0, 1000.0, False, None, None)
     assert t.levels[1] == T.Level("box", 4, "link", 50.0) and t.host == "hbm"
-    assert t.contention == T.Contention(20.0, 1.0, 0.0, 0.0, 3.0)
+    assert t.contention == T.Contention(20.0, 0.5, 0.25, 0.0, 3.0)
     assert t.cores == T.Cores(8, 8, 2.0)
-    assert t.sdma == T.Sdma(0.0, 1, 1.0, 0.0, 0, 0.0)
-    assert t.compute == T.Compute(10.0, 1.0)
+    assert t.sdma == T.Sdma(0.0, 1, 0.5, 0.0, 0, 0.0)
+    assert t.compute == T.Compute(10.0, 0.75)
     d.update(port=None, sync=None)
     assert T.from_dict(d).contention == T.Contention(None, 1.0, 0.0, 0.0, 3.0)
 
@@ -734,6 +737,21 @@ TOPOLOGY_ERRORS = [
     ("compute/efficiency", 0, "field compute.'efficiency' must be in (0, 1], got 0.0"),
     ("compute/efficiency", 2, "field compute.'efficiency' must be in (0, 1], got 2.0"),
     ("compute", [], "field 'compute' must be an object, got []"),
+    # every optional field's type error names it
+    ("tiers/link/fan_out_cap", 1.0, "field tiers.link.'fan_out_cap' must be int, got 1.0"),
+    ("levels/1/uplink_gbps", "x", "field levels[1].'uplink_gbps' must be float, got 'x'"),
+    ("host", 3, "field 'host' must be str, got 3"),
+    ("port/gbps", "x", "field port.'gbps' must be float, got 'x'"),
+    ("port/fan_in_efficiency", "x", "field port.'fan_in_efficiency' must be float, got 'x'"),
+    ("sync/flag_us", "x", "field sync.'flag_us' must be float, got 'x'"),
+    ("registration/map_us_per_gib", "x", "field registration.'map_us_per_gib' must be float, got 'x'"),
+    ("cores/count", 2.0, "field cores.'count' must be int, got 2.0"),
+    ("cores/comm", 2.0, "field cores.'comm' must be int, got 2.0"),
+    ("cores/issue_gbps", "x", "field cores.'issue_gbps' must be float, got 'x'"),
+    ("sdma/efficiency", "x", "field sdma.'efficiency' must be float, got 'x'"),
+    ("sdma/notify_us", "x", "field sdma.'notify_us' must be float, got 'x'"),
+    ("compute/peak_tflops", "x", "field compute.'peak_tflops' must be float, got 'x'"),
+    ("compute/efficiency", "x", "field compute.'efficiency' must be float, got 'x'"),
 ]
 
 
@@ -747,7 +765,9 @@ def test_from_dict_boundaries_are_accepted():
     for path, value in (("tiers/link/latency_us", 0), ("tiers/link/bandwidth_gbps", 1e-9), ("levels/1/size", 1),
                         ("cores/comm", 48), ("cores/comm", 1), ("port/fan_in_efficiency", 1e-9),
                         ("sdma/efficiency", 1e-9), ("compute/efficiency", 1e-9), ("levels/1/uplink_gbps", 1e-9),
-                        ("port/gbps", 1e-9), ("cores/issue_gbps", 1e-9), ("compute/peak_tflops", 1e-9)):
+                        ("port/gbps", 1e-9), ("cores/issue_gbps", 1e-9), ("compute/peak_tflops", 1e-9),
+                        ("sync/flag_us", 0), ("registration/map_us", 0), ("sdma/descriptor_us", 0),
+                        ("sdma/max_descriptor_bytes", 1), ("sdma/poll_cores", 0)):
         T.from_dict(_with(path, value))
 
 
@@ -914,3 +934,27 @@ def test_naive_deals_each_peers_units_in_order():
     j = np.arange(300) // 3
     assert pol.core.tolist() == (3 * np.array(peers) + j % 3).tolist()
     assert pol.slot.tolist() == (j // 3).tolist()
+
+
+def test_schedule_edges():
+    # sendrecv and the ring at two members; a 1-byte block is a transfer
+    assert sched("sendrecv", "mesh", 2, 8) == [("Shift", 8)]
+    assert sched("all_gather", "ring", 2, 8) == [B, ("Ring", [[8, 8]], [LOAD_], [8, 8]), B]
+    assert sched("all_to_all", "mesh", 2, 2) == [B, ("Mesh", pairs(2, lambda r, o: 1, LOAD_, True)), B]
+    # a ragged tail of bytes (42 = 10 float32 + 2) is not an element: chunks of 10 elements
+    per = [12, 12, 16]
+    assert sched("reduce_scatter", "ring", 3, 42, itemsize=4) == [
+        B, ("Ring", [[12, 16, 12], [12, 12, 16]], [RED_, RED_], None), B]
+    assert sched("all_reduce", "mesh", 3, 42, itemsize=4)[1] == ("Mesh", pairs(3, lambda r, o: per[r], RED_, True))
+
+
+def test_bus_factor_at_two_ranks():
+    assert _sizes.bus_factor("all_gather", 2) == 0.5
+    assert _sizes.bus_factor("all_reduce", 3) == 4 / 3
+
+
+def test_balanced_converts_costs_and_caps():
+    cost = np.array([10.0, 7.0, 4.0, 2.0, 1.0])
+    args = (np.arange(5), np.zeros(5, dtype=np.int64), np.ones(5, dtype=np.int64), np.arange(5), np.zeros(5, dtype=np.int64))
+    pol = P.balanced(P.Units(*args, cost.astype(np.float32)), 2, np.array([8], dtype=np.int32))
+    assert pol.core.tolist() == [0, 1, 1, 0, 1] and pol.slot.tolist() == [0, 0, 1, 1, 2]
