@@ -958,3 +958,20 @@ def test_balanced_converts_costs_and_caps():
     args = (np.arange(5), np.zeros(5, dtype=np.int64), np.ones(5, dtype=np.int64), np.arange(5), np.zeros(5, dtype=np.int64))
     pol = P.balanced(P.Units(*args, cost.astype(np.float32)), 2, np.array([8], dtype=np.int32))
     assert pol.core.tolist() == [0, 1, 1, 0, 1] and pol.slot.tolist() == [0, 0, 1, 1, 2]
+
+
+def test_cut_flattens_its_columns_and_takes_float_unit_sizes():
+    u = P.cut([[1, 2]], [[4096, 4096]], [[0, 0]], [4096.0], [0.0], [1.0], cores=0)
+    assert units_rows(u) == [(0, 0, 4096, 1, 0, 4096.0), (1, 0, 4096, 2, 0, 4096.0)]
+    assert u.nbytes.dtype == np.int64 and u.offset.dtype == np.int64
+
+
+def test_cut_assumes_one_core_by_default():
+    # one core: units of ceil(1e6 / 16) = 62500 bytes (two cores would give 31250)
+    u = P.cut([3], [1_000_000], [0], [65536], [0.0], [1.0])
+    assert u.nbytes.tolist() == [62500] * 16
+
+
+def test_partitioner_starts_with_no_generation_time():
+    part = P.Partitioner("naive")
+    assert part.last_generation_us == 0.0 and type(part.last_generation_us) is float
