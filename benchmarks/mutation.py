@@ -103,8 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=2, help="mutmut's parallel children (default 2)")
     ap.add_argument("--report-only", action="store_true", help="only print the last run's table")
     ap.add_argument("--resume", action="store_true",
-                    help="keep mutants/ and run only selected mutants not yet killed (no verdict, survived, timed out); "
-                         "adding tests never revives a killed mutant, so the kills stand")
+                    help="keep mutants/ and run only selected mutants not yet killed (no verdict, survived, timed out, "
+                         "ended by a signal); the kills stand if tests were only added since")
     ap.add_argument("--survivors", action="store_true", help="list every surviving mutant")
     ap.add_argument("--json", help="write the numbers and the survivors to this file")
     ap.add_argument("names", nargs="*", help="run only these mutant names (patterns allowed); default: all")
