@@ -221,8 +221,8 @@ def test_chunk_bytes_and_ring_chunks():
 def test_schedule_refuses_unknown_names():
     with pytest.raises(ValueError) as e:
         S.schedule("gather", "mesh", 2, 8, eager_bytes=0)
-    assert str(e.value) == ("unknown operator 'gather' (known: all_gather, reduce_scatter, all_reduce, "
-                            "all_to_all, broadcast, barrier, sendrecv)")
+    assert str(e.value) == ("unknown operator 'gather' (known: barrier, all_gather, all_reduce, "
+                            "reduce_scatter, all_to_all, broadcast, sendrecv)")
     with pytest.raises(ValueError) as e:
         S.schedule("all_gather", "tree", 2, 8, eager_bytes=0)
     assert str(e.value) == "unknown algorithm 'tree' (known: mesh, ring)"
@@ -487,8 +487,8 @@ def test_shapes():
     assert _sizes.shape("sendrecv", 4, 1001, 4) == Sh(1000, 250, 250, 250)
     assert _sizes.shape("all_reduce", 4, 1001, 4) == Sh(1000, 250, 250, 0)
     assert _sizes.shape("broadcast", 2, 7, 2) == Sh(6, 3, 3, 0)
-    assert _sizes.OPS == ("all_gather", "all_reduce", "reduce_scatter", "all_to_all", "broadcast", "sendrecv",
-                          "barrier")
+    assert _sizes.OPS == ("barrier", "all_gather", "all_reduce", "reduce_scatter", "all_to_all", "broadcast",
+                          "sendrecv")
 
 
 # --- settings ------------------------------------------------------------------------------------
@@ -774,7 +774,7 @@ def test_from_dict_boundaries_are_accepted():
 def test_load(tmp_path):
     cm = T.load("cm384")
     assert cm.name == "cm384" and cm.contention.fan_in_efficiency == T.FAN_IN_EFFICIENCY and cm.host == "host"
-    assert cm.cores == T.Cores(48, 24, T.CORE_ISSUE_GBPS) and cm.sdma.efficiency == T.SDMA_EFFICIENCY
+    assert cm.cores == T.Cores(48, 24, T.CORE_ISSUE_GBPS, 0.5) and cm.sdma.efficiency == T.SDMA_EFFICIENCY
     flat = T.load("flat")
     assert flat.name == "flat" and flat.beyond == "fabric" and [lv.name for lv in flat.levels] == ["rank"]
     p = tmp_path / "t.json"
