@@ -55,7 +55,7 @@ from ._schedule import LOAD as T_LOAD
 from ._schedule import LOAD_REDUCE as T_LOAD_REDUCE
 from ._slices import IN, LOAD, OUT, SCRATCH, SliceMap, make
 
-WEIGHT_WORDS = 2        # float32 weights per int64 word of a record
+WEIGHT_WORDS = _eproute.WEIGHT_WORDS     # float32 weights per int64 word of a record (owned by _eproute.c)
 KIND_CODES = 16         # transfer kinds are below this; a row-granular phase adds KIND_CODES x row bytes
 
 
