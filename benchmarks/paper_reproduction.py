@@ -274,7 +274,10 @@ def table2(out: str | None) -> str:
              f"LL {100 * ll:+.1f}% (paper {100 * ll_p:+.1f}%, within 2x: {within2(ll, ll_p)})",
              "- StrataCL over zero copy: " + ", ".join(
                  f"{c} {100 * g:+.1f}% (paper {100 * gp:+.1f}%, within 2x: {within2(g, gp)})"
-                 for c, g, gp in zip(("dispatch HT", "combine HT", "dispatch LL", "combine LL"), sc, sc_p))]
+                 for c, g, gp in zip(("dispatch HT", "combine HT", "dispatch LL", "combine LL"), sc, sc_p)),
+             "- LL over HT (LL's rows are each their own transfer, HT's a bulk stream; docs/model.md): " + ", ".join(
+                 f"{name} {op} {got[name][i + 2] / got[name][i]:.2f} (paper {paper[name][i + 2] / paper[name][i]:.2f})"
+                 for name in TABLE2_CONFIGS for i, op in enumerate(("dispatch", "combine")))]
     return "\n".join(lines)
 
 

@@ -14,9 +14,7 @@ mappings of every peer buffer it reads (the paper's dynamic-shape case, section 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
-from typing import Any
 
 import numpy as np
 
@@ -25,6 +23,7 @@ from ._sizes import bus_factor, shape
 from .collectives import _schedule
 from .runtime._buffers import EAGER_BYTES
 from .ub._clock import FabricModel, choose_algo, model_call
+from .ub._estimates import ModeledCost, cached_model
 from .ub._profile import call_cores, profile_call, write_chrome_trace
 from .ub._topology import Topology
 
@@ -32,7 +31,7 @@ ALGOS = ("mesh", "ring", "auto")
 
 
 @dataclasses.dataclass(frozen=True)
-class Estimate:
+class Estimate(ModeledCost):
     """Modeled cost of one call. Times in microseconds, bandwidths in GB/s (1e9 bytes/s)."""
     op: str
     nranks: int
@@ -53,18 +52,6 @@ class Estimate:
     core_gap: float = 0.0     # (slowest - fastest core completion) / slowest, worst rank
     core_busy_us: float = 0.0  # summed occupation of a rank's cores, mean over ranks
     policy_us: float = 0.0    # host wall time of generating one rank's policy, mean (0: all cached)
-
-    def as_dict(self) -> dict[str, Any]:
-        """The fields as a JSON-ready dict (``times_us`` as a list)."""
-        d = dataclasses.asdict(self)
-        d["times_us"] = self.times_us.tolist()
-        return d
-
-
-@functools.lru_cache(maxsize=16)
-def _model(topology: str, registration: str, cores, comm_cores, partition: str, path: str) -> FabricModel:
-    return FabricModel(topology, registration, cores=cores, comm_cores=comm_cores, partition=partition, path=path,
-                       eager_bytes=EAGER_BYTES)
 
 
 def estimate(op: str, nranks: int, nbytes: int, algo: str = "mesh", topology: str | Topology = "cm384",
@@ -92,7 +79,7 @@ def estimate(op: str, nranks: int, nbytes: int, algo: str = "mesh", topology: st
         raise ValueError(f"estimate: root {root} is not a rank of {nranks}")
     itemsize = np.dtype(dtype).itemsize
     if isinstance(topology, str):
-        model = _model(topology, registration, cores, comm_cores, partition, path)
+        model = cached_model(topology, registration, cores, comm_cores, partition, path, eager_bytes=EAGER_BYTES)
     else:
         model = FabricModel(topology, registration, cores=cores, comm_cores=comm_cores, partition=partition, path=path,
                             eager_bytes=EAGER_BYTES)

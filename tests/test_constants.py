@@ -171,3 +171,13 @@ def test_the_operator_table_is_the_one_list_and_agrees_with_the_native_layer():
     # a collective row is a communicator method; an operator has one code
     assert all(hasattr(stratacl.Communicator, op.name) for op in table if op.family in ("collective", "p2p", "group"))
     assert len({op.code for op in table}) == len(table)
+
+
+def test_the_routing_records_layout_comes_from_the_native_pass():
+    import re as _re
+
+    from stratacl.collectives import _ep, _eproute
+    source = (ROOT / "collectives" / "_eproute.c").read_text()
+    assert int(_re.search(r"#define WEIGHT_WORDS (\d+)", source).group(1)) == _eproute.WEIGHT_WORDS == _ep.WEIGHT_WORDS
+    # a record: its token, k expert ids, k float32 weights packed WEIGHT_WORDS to an int64 word
+    assert _ep.record_words(8) == 1 + 8 + 8 // _eproute.WEIGHT_WORDS

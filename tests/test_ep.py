@@ -20,6 +20,7 @@ import pytest
 import stratacl
 from helpers import place
 from stratacl import ep
+from stratacl.collectives import _ep
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -346,6 +347,94 @@ def test_virtual_clock_times_dispatch_and_combine_from_their_traffic():
     # every member times each call from the same traffic and every member's entering clock
     assert np.allclose(t1, model_exchange(model, range(n), dispatch, t0), rtol=0, atol=1e-6)
     assert np.allclose(t2, model_exchange(model, range(n), combine, t1), rtol=0, atol=1e-6)
+
+
+def _modeled_ll(comm, case: dict):
+    """As ``_modeled``, for a low-latency dispatch and its combine (max tokens: the largest T)."""
+    ref = _Reference(case, comm.size)
+    buf = ep.Buffer(comm, case["experts"])
+    x, idx, w = ref.inp[comm.rank]
+    cap = max(len(t[0]) for t in ref.inp)
+    comm.barrier()
+    t0 = comm.clock()
+    recv_x, _, handle = buf.low_latency_dispatch(place(x, True), place(idx, True), cap)
+    t1 = comm.clock()
+    buf.low_latency_combine(recv_x, place(idx, True), place(w, True), handle)
+    return t0 * 1e6, t1 * 1e6, comm.clock() * 1e6
+
+
+@pytest.mark.parametrize("registration", ["roa", "staged"])
+def test_virtual_clock_times_low_latency_calls_row_by_row_as_the_estimate_does(registration):
+    """A low-latency dispatch and combine under the virtual clock: the modeled times are the
+    estimate path's (the same row-granular traffic and, staged, the row-by-row copies), and
+    they are not what the same traffic costs as one bulk phase."""
+    from stratacl.runtime._buffers import EAGER_BYTES
+    from stratacl.ub._clock import FabricModel, model_exchange
+    n, row = 4, 1024 * 4
+    case = _case(n, tokens=(300, 0, 1000), hidden=1024, seed=12)
+    t0, t1, t2 = np.array(stratacl.spawn(_modeled_ll, n, args=(case,), timeout=120, clock="virtual",
+                                         registration=registration)).T
+    routes = [_inputs(case, n, r)[1] for r in range(n)]
+    model = FabricModel("cm384", registration, eager_bytes=EAGER_BYTES)
+    dispatch, received, st_d = ep._model.traffic("dispatch", "ll", routes, case["experts"], row)
+    combine, _, st_c = ep._model.traffic("combine", "ll", routes, case["experts"], row)
+    assert received.sum() > 0
+    assert np.allclose(t1, model_exchange(model, range(n), dispatch, t0, None, st_d), rtol=0, atol=1e-6)
+    assert np.allclose(t2, model_exchange(model, range(n), combine, t1, None, st_c), rtol=0, atol=1e-6)
+    # as bulk (the kinds without their row size, the copies without theirs) the call is faster
+    bulk = [(b, k % _ep.KIND_CODES) for b, k in dispatch]
+    assert np.all(model_exchange(model, range(n), bulk, t0, None, st_d[:2]) - t0 < t1 - t0)
+    if registration == "staged":       # the copies row by row cost more than one bulk copy each
+        assert len(st_d) == 4 and np.all(model_exchange(model, range(n), dispatch, t0, None, st_d[:2]) - t0 < t1 - t0)
+
+
+def test_low_latency_rows_pay_their_latency_and_setup_high_throughput_streams_do_not():
+    """The mechanism behind Table 2's HT/LL columns: the same bytes cost more as rows, each its
+    own transfer (latency + cores.transfer_us each) than as a bulk stream, and more still with
+    a larger per-transfer setup; the bulk phase does not depend on the setup at all."""
+    import copy
+
+    from stratacl.runtime._buffers import EAGER_BYTES
+    from stratacl.ub import _topology
+    from stratacl.ub._clock import FabricModel, run_plan
+
+    def model(transfer_us):
+        d = copy.deepcopy(_topology._CM384)
+        d["cores"]["transfer_us"] = transfer_us
+        return FabricModel(_topology.from_dict(d), eager_bytes=EAGER_BYTES)
+
+    # two dies of one NPU, each pulling 256 rows of 14 KiB from the other: the cores, not the
+    # die-to-die link, bound the rows
+    row = 7168 * 2
+    b = np.array([[0, 256 * row], [256 * row, 0]], dtype=np.int64)
+
+    def time(m, kind):
+        return float(run_plan(m.plan_exchange((0, 1), [(b, kind)]), np.zeros(2)).max())
+    bulk = time(model(0.5), _ep.T_LOAD)
+    rows = time(model(0.5), _ep.rows_kind(_ep.T_LOAD, row))
+    assert rows > 1.15 * bulk
+    assert time(model(1.0), _ep.rows_kind(_ep.T_LOAD, row)) > rows
+    assert time(model(1.0), _ep.T_LOAD) == bulk
+    # Table 2's LL columns then fall below its HT columns, by more where the naive policy
+    # leaves some cores two peers' rows (core-bound) than where LPT spreads them
+    common = dict(nranks=32, tokens=256, hidden=7168, topk=8, experts=256)
+    for op in ("dispatch", "combine"):
+        for reg, part in (("staged", "naive"), ("roa", "naive"), ("roa", "balanced")):
+            ht = ep.estimate(op, mode="ht", registration=reg, partition=part, **common)
+            ll = ep.estimate(op, mode="ll", registration=reg, partition=part, **common)
+            assert ll.busbw < (0.9 if part == "naive" else 1.0) * ht.busbw, (op, reg, part, ll.busbw, ht.busbw)
+
+
+def test_a_negative_row_setup_is_refused_naming_the_field():
+    import copy
+
+    from stratacl._errors import ConfigError
+    from stratacl.ub import _topology
+    d = copy.deepcopy(_topology._CM384)
+    d["cores"]["transfer_us"] = -0.1
+    with pytest.raises(ConfigError, match="cores.'transfer_us'"):
+        _topology.from_dict(d)
+    assert "0.5 us to set up each row" in _topology.load("cm384").describe()
 
 
 def test_routing_skew_shows_as_a_core_gap_for_naive_partitioning_not_balanced():

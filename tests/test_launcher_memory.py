@@ -57,7 +57,7 @@ def test_memory_lines_say_what_the_ranks_held():
     assert lines == [
         "  probably  : killed by the kernel's OOM killer: the OOM kill count rose by 1 during the job "
         "(/proc/vmstat oom_kill)",
-        "  memory    : the ranks held up to 3.0 GiB (1.0 GiB private + 2.0 GiB of HBM touched; sampled every 1 s)",
+        "  memory    : the ranks held up to 3.0 GiB (at most 1.0 GiB private, 2.0 GiB of HBM touched; sampled every 1 s)",
         "              rank 3 held 512.0 MiB private when last sampled"]
     assert memory_lines(3, KILL, True, report) == []
     assert memory_lines(3, KILL, False, None) == []

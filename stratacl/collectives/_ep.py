@@ -28,6 +28,18 @@ one member are merged into one slice (the partitioner cuts slices back into unit
 ``traffic`` gives a whole call's matrices from every member's routing at once: the model's view
 of a call, for ``ep.estimate`` and for ``ub.extrapolate``, which draws routings anew.
 
+What the model sees of the two modes (docs/model.md, "HT and LL"):
+
+    high-throughput   after the count exchange (phases A, B) each receiver knows every sender's
+                      block exactly, so a sender's rows reach it as one bulk stream: the
+                      partitioner's units, whose setup and latency hide behind their bytes
+    low-latency       a row per (token, expert), each its own transfer into a fixed slot of a
+                      receive buffer sized for the worst case (DeepEP's low-latency layout), so
+                      each row pays its own per-transfer cost: the phase's kind carries the row
+                      size (``rows_kind``), and the fabric model (ub/_clock.py) charges every row
+                      its tier latency and ``cores.transfer_us``. Staged, the copies between the
+                      user's rows and the communication buffer's slots go row by row as well
+
 The per-call passes over the routing (checking and counting it, writing the routing block,
 reading the records received, the row slices, the low-latency slots) are native
 (``_eproute.c``): one loop each, where numpy needed a dozen passes and two sorts.
@@ -43,7 +55,21 @@ from ._schedule import LOAD as T_LOAD
 from ._schedule import LOAD_REDUCE as T_LOAD_REDUCE
 from ._slices import IN, LOAD, OUT, SCRATCH, SliceMap, make
 
-WEIGHT_WORDS = 2        # float32 weights per int64 word of a record
+WEIGHT_WORDS = _eproute.WEIGHT_WORDS     # float32 weights per int64 word of a record (owned by _eproute.c)
+KIND_CODES = 16         # transfer kinds are below this; a row-granular phase adds KIND_CODES x row bytes
+
+
+def rows_kind(kind: int, row: int) -> int:
+    """The kind code of a phase whose transfers are rows of ``row`` bytes, each its own transfer
+    (low-latency mode): ``kind`` + KIND_CODES x ``row``. The code stays one int, so the traces
+    record it and ``ub.extrapolate_dimension`` fits it with the row size, linearly."""
+    return int(kind) + KIND_CODES * int(row)
+
+
+def split_kind(kind: int) -> tuple[int, int]:
+    """(transfer kind, row bytes of each transfer: 0 for a bulk phase) of a phase's kind code."""
+    kind = int(kind)
+    return kind % KIND_CODES, kind // KIND_CODES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -202,23 +228,33 @@ def dispatch_traffic(counts: np.ndarray, per_expert: np.ndarray, topk: int, row:
     n = counts.shape[0]
     head = np.full((n, n), header_words(n, per_expert.shape[1]) * 8, dtype=np.int64)
     rec = counts.T * (record_words(topk) * 8)
-    sent = rows_to_members(per_expert, n) if low_latency else counts
-    return [(head, T_LOAD), (rec, T_LOAD), (sent.T * row, T_LOAD)]
+    if low_latency:
+        return [(head, T_LOAD), (rec, T_LOAD), (rows_to_members(per_expert, n).T * row, rows_kind(T_LOAD, row))]
+    return [(head, T_LOAD), (rec, T_LOAD), (counts.T * row, T_LOAD)]
 
 
-def combine_traffic(sent: np.ndarray, row: int) -> list[tuple[np.ndarray, int]]:
+def combine_traffic(sent: np.ndarray, row: int, low_latency: bool = False) -> list[tuple[np.ndarray, int]]:
     """The one phase of a combine: each token owner pulls, and accumulates on chip, the rows
     its tokens' destinations return (``sent[owner, destination]``: rows the owner sent there
-    in the dispatch)."""
-    return [(np.asarray(sent, dtype=np.int64) * row, T_LOAD_REDUCE)]
+    in the dispatch); low-latency: each row from its slot, its own transfer."""
+    kind = rows_kind(T_LOAD_REDUCE, row) if low_latency else T_LOAD_REDUCE
+    return [(np.asarray(sent, dtype=np.int64) * row, kind)]
 
 
-def staging(op: str, tokens: np.ndarray, received: np.ndarray, row: int) -> tuple[np.ndarray, np.ndarray]:
+def staging(op: str, tokens: np.ndarray, received: np.ndarray, row: int) -> tuple[np.ndarray, ...]:
     """Bytes each member copies into its communication buffer and out of it when the call is
     staged (registration ``staged``, the buffer-centric baseline): its input and its output.
-    ``tokens``: each member's tokens; ``received``: the rows each received in the dispatch."""
+    ``tokens``: each member's tokens; ``received``: the rows each received in the dispatch.
+    Low-latency (``op`` low_latency_*): also the row size of each copy's transfers, row by row:
+    a low-latency communication buffer is slots, one message per row (DeepEP's layout: a
+    sender copies each token into its send slot, a receiver each row out of its receive slot;
+    the combine the other way round)."""
     tokens, received = (np.asarray(a, dtype=np.int64) * row for a in (tokens, received))
-    return (tokens, received) if op.endswith("dispatch") else (received, tokens)
+    copies = (tokens, received) if op.endswith("dispatch") else (received, tokens)
+    if not op.startswith("low_latency"):
+        return copies
+    grain = np.full(tokens.shape, row, dtype=np.int64)
+    return copies + (grain, grain.copy())
 
 
 def traffic(op: str, mode: str, topk_idx: list[np.ndarray], experts: int, row: int) -> tuple[list, np.ndarray, tuple]:
@@ -234,6 +270,7 @@ def traffic(op: str, mode: str, topk_idx: list[np.ndarray], experts: int, row: i
     if op == "dispatch":
         phases = dispatch_traffic(counts, per_expert, k, row, low_latency)
     else:
-        phases = combine_traffic(sent, row)
+        phases = combine_traffic(sent, row, low_latency)
     received = sent.sum(axis=0)
-    return phases, received, staging(op, [idx.shape[0] for idx in topk_idx], received, row)
+    name = "low_latency_" + op if low_latency else op
+    return phases, received, staging(name, [idx.shape[0] for idx in topk_idx], received, row)

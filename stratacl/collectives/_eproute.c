@@ -338,4 +338,9 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "_eproute", NULL, -1, methods};
 
-PyMODINIT_FUNC PyInit__eproute(void) { return PyModule_Create(&moduledef); }
+/* The record layout's one constant, exported: collectives/_ep.py reads it from here. */
+PyMODINIT_FUNC PyInit__eproute(void) {
+    PyObject *m = PyModule_Create(&moduledef);
+    if (m != NULL && PyModule_AddIntConstant(m, "WEIGHT_WORDS", WEIGHT_WORDS) < 0) Py_CLEAR(m);
+    return m;
+}

@@ -419,7 +419,7 @@ class Buffer:
             pipe.run(operation, plan, got)
             pipe.finish(operation)
             if timed:
-                pipe.tick(operation, parity, _ep.combine_traffic(sent_rows, row), staging,
+                pipe.tick(operation, parity, _ep.combine_traffic(sent_rows, row, True), staging,
                                     self._routing("ll", handle.tokens_all, idx.shape[1], row, call))
             token = np.where(valid, np.arange(idx.shape[0])[:, None], -1).reshape(-1)
             return self._reduced(got, token, weights.reshape(-1), idx.shape[0], code)

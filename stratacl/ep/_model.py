@@ -13,14 +13,13 @@ the call's time; the mean over ranks.
 from __future__ import annotations
 
 import dataclasses
-import functools
-from typing import Any
 
 import numpy as np
 
 from ..collectives._ep import traffic
 from ..runtime._buffers import EAGER_BYTES
-from ..ub._clock import FabricModel, model_exchange
+from ..ub._clock import model_exchange
+from ..ub._estimates import ModeledCost, cached_model
 from ..ub._profile import profile_plan, profiles_cores
 from ._routing import routing
 
@@ -29,7 +28,7 @@ MODES = ("ht", "ll")
 
 
 @dataclasses.dataclass(frozen=True)
-class MoeEstimate:
+class MoeEstimate(ModeledCost):
     """Modeled cost of one MoE call. Times in microseconds, bandwidth in GB/s (1e9 bytes/s)."""
     op: str
     mode: str
@@ -51,17 +50,6 @@ class MoeEstimate:
     core_gap: float            # (slowest - fastest core completion) / slowest, worst rank
     core_busy_us: float        # summed occupation of a rank's cores, mean over ranks
 
-    def as_dict(self) -> dict[str, Any]:
-        """The fields as a JSON-ready dict (``times_us`` as a list)."""
-        d = dataclasses.asdict(self)
-        d["times_us"] = self.times_us.tolist()
-        return d
-
-
-@functools.lru_cache(maxsize=16)
-def _model(topology: str, registration: str, partition: str, path: str) -> FabricModel:
-    return FabricModel(topology, registration, partition=partition, path=path, eager_bytes=EAGER_BYTES)
-
 
 def estimate(op: str, nranks: int, tokens: int, hidden: int, topk: int, experts: int, mode: str = "ht",
              skew: float = 0.0, seed: int = 0, dtype: str = "float16", topology: str = "cm384",
@@ -79,7 +67,7 @@ def estimate(op: str, nranks: int, tokens: int, hidden: int, topk: int, experts:
     if nranks < 1 or experts % nranks:
         raise ValueError(f"ep.estimate: experts ({experts}) must be a multiple of nranks ({nranks})")
     row = int(hidden) * np.dtype(dtype).itemsize
-    model = _model(topology, registration, partition, path)
+    model = cached_model(topology, registration, partition=partition, path=path, eager_bytes=EAGER_BYTES)
     phases, received, staging = traffic(op, mode, routing(tokens, experts, topk, nranks, skew, seed), experts, row)
     members = tuple(range(nranks))
     extra = None

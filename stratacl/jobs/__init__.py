@@ -2,10 +2,12 @@
 
 What runs outside the ranks, for both front doors: ``stratacl-launch`` (the
 ``stratacl_launcher`` package, a command line over ``Job``) and ``stratacl.spawn`` (a Python
-call that runs ``Job`` in the caller's process). Inside each rank only ``_rankboot`` runs.
+call that runs ``Job`` in the caller's process). Inside each rank only ``_rankboot`` runs (in a
+rank forked from the template, after the template's few lines that make it the rank).
 
     _supervisor   Job: segments, daemon, ranks, reports, the first failure, teardown
     _daemon       the bootstrap daemon: relays registration metadata, cleans up after the job
+    _template     the rank template: imports the library once, forks the ranks, reports their ends
     _rankboot     every rank process's entry point
     _output       every rank's stdout and stderr, forwarded line by line from one thread
     _memory       host memory: the pre-launch warning, the ranks' footprint, the OOM verdict
@@ -17,3 +19,7 @@ call that runs ``Job`` in the caller's process). Inside each rank only ``_rankbo
 # stratacl.spawn reached then is the script's own top-level call, and must not start a job
 # (_rankboot runs as __main__, so the flag lives here, in a module imported once)
 importing_main = False
+
+# In a rank forked from the rank template (_template): the template's pid, the rank's parent;
+# 0 in a spawned rank (whose parent is the launcher). Set by the template in the new rank.
+forked_from = 0

@@ -34,7 +34,7 @@ def _relay(ctl: Control, stop: threading.Event) -> None:
                 box.post(r, tuple(row))
         left = box.flush(alive)
         if not len(msgs):
-            box.wait(seen, 0.002 if left else 0.2)
+            box.wait(seen, 0.05 if left else 0.2)     # consumers ring when a full ring drains
 
 
 def _is_rank(pid: int, job_id: str) -> bool:

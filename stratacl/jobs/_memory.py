@@ -129,8 +129,9 @@ class MemoryReport:
     min_available: int | None               # lowest MemAvailable sampled, bytes
     total: int | None                       # MemTotal, bytes
     peak_held: int = 0                      # highest (private of all ranks + HBM touched) sampled
-    peak_private: int = 0                   # the private part at that sample
-    peak_hbm: int = 0                       # the HBM part at that sample
+    peak_private: int = 0                   # highest private of all ranks sampled
+    peak_hbm: int = 0                       # most HBM touched sampled (ranks forked from the template
+                                            # hold their private part from the start, their HBM later)
     last_private: dict[int, int] = dataclasses.field(default_factory=dict)   # rank -> last sample
 
 
@@ -163,8 +164,8 @@ def memory_lines(rank: int, returncode: int | None, killed_by_launcher: bool,
     lines = [f"  probably  : killed by the kernel's OOM killer: {why}"]
     if report.peak_held:
         lines.append(f"  memory    : the ranks held up to {human_size(report.peak_held)} "
-                     f"({human_size(report.peak_private)} private + {human_size(report.peak_hbm)} of HBM touched; "
-                     f"sampled every {SAMPLE_EVERY:g} s)")
+                     f"(at most {human_size(report.peak_private)} private, {human_size(report.peak_hbm)} of HBM "
+                     f"touched; sampled every {SAMPLE_EVERY:g} s)")
     if rank in report.last_private:
         lines.append(f"              rank {rank} held {human_size(report.last_private[rank])} private when last sampled")
     return lines
@@ -206,8 +207,9 @@ class MemoryWatch:
                 hbm += os.fstat(fd).st_blocks * 512
             except OSError:
                 pass
-        if private + hbm > rep.peak_held:
-            rep.peak_held, rep.peak_private, rep.peak_hbm = private + hbm, private, hbm
+        rep.peak_held = max(rep.peak_held, private + hbm)
+        rep.peak_private = max(rep.peak_private, private)
+        rep.peak_hbm = max(rep.peak_hbm, hbm)
         available = read_meminfo().get("MemAvailable")
         if available is not None and (rep.min_available is None or available < rep.min_available):
             rep.min_available = available

@@ -8,7 +8,8 @@
 target then gets the path Python itself would give it (the script's folder, or the working
 directory for a module).
 
-The rank dies with its launcher (PR_SET_PDEATHSIG), reports its traceback or its result over
+The rank dies with its parent (PR_SET_PDEATHSIG): the launcher, or the rank template
+(_template) that forked it and dies with the launcher. It reports its traceback or its result over
 its socket, and exits 1 on an exception.
 """
 from __future__ import annotations
@@ -27,14 +28,17 @@ import types
 
 
 def _bind_to_launcher() -> None:
+    import stratacl.jobs as jobs
     from stratacl.runtime import _native
     _native.set_pdeathsig(signal.SIGKILL)
     try:
         os.setpgid(0, 0)     # a group of its own (done by the launcher on Python >= 3.11; see _supervisor)
     except OSError:
         pass
-    if os.getppid() != int(os.environ.get("STRATACL_LAUNCHER_PID", "0")):
-        os._exit(70)  # the launcher is already gone
+    # the parent is the launcher, or the rank template that forked this rank (which dies with it)
+    parent = jobs.forked_from or int(os.environ.get("STRATACL_LAUNCHER_PID", "0"))
+    if os.getppid() != parent:
+        os._exit(70)  # the launcher (or the template) is already gone
 
 
 def _report_error(sock: socket.socket, exc: BaseException) -> None:

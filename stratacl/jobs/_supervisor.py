@@ -4,7 +4,9 @@
       create segments (named, mode 0600, unlinked at once)  -> descriptors
       start daemon  (pipe: EOF = launcher gone -> daemon kills ranks and sweeps /dev/shm)
       warn          when N ranks' footprint would not fit in MemAvailable (_memory)
-      start ranks   (spawned with python -m stratacl.jobs._rankboot, die with the launcher;
+      start ranks   (forked from the rank template, which imported the library once and
+                     reports their ends (_template); spawned with python -m
+                     stratacl.jobs._rankboot if it cannot be used; die with the launcher;
                      stdout and stderr are pipes of their own, forwarded line by line: _output)
       loop: read reports, reap exits, sample the ranks' memory once a second
         first failure -> recorded in the control segment (peers raise PeerFailure)
@@ -45,6 +47,7 @@ from . import _wire
 from ._memory import MemoryReport, MemoryWatch, memory_lines, short_memory_warning
 from ._output import OutputForwarder
 from ._resources import sweep
+from ._template import Template
 
 # each rank leads a process group: set before exec where Popen can (Python >= 3.11), and by
 # the rank itself first thing in _rankboot otherwise (preexec_fn is unsafe with threads)
@@ -202,19 +205,23 @@ class Job:
     | ('spawn', payload)."""
 
     def __init__(self, nprocs: int, config: Config, target: tuple, handle_signals: bool = False,
-                 extra_env: dict[str, str] | None = None):
+                 extra_env: dict[str, str] | None = None, start_method: str = "fork"):
         if nprocs < 1:
             raise ValueError(f"need at least one rank, got {nprocs}")
         self.n, self.config, self.target = nprocs, config, target
         self.handle_signals = handle_signals
         self.extra_env = extra_env or {}
+        if start_method not in ("fork", "spawn"):
+            raise ValueError(f"start_method is 'fork' (from the rank template) or 'spawn', not {start_method!r}")
+        self.start_method = start_method
         self.job_id = secrets.token_hex(4)
         self._signal = 0
         self._master_port = _free_port()
         self._interactive = os.isatty(1)
 
     # --- start ------------------------------------------------------------------------------
-    def _rank_env(self, rank: int, boot: dict) -> dict[str, str]:
+    def _common_env(self) -> dict[str, str]:
+        """The environment every rank shares (the template's too): all but the rank's own words."""
         env = dict(os.environ)
         # numpy's BLAS and OpenMP start a thread per core in every rank, and those threads spin
         # after each use: with many ranks per core that is CPU the ranks need. One thread each
@@ -224,9 +231,8 @@ class Job:
         env.update(self.config.as_env())
         env.update(self.extra_env)
         env.update({
-            "STRATACL_JOB_ID": self.job_id, "STRATACL_RANK": str(rank), "STRATACL_WORLD_SIZE": str(self.n),
-            "STRATACL_BOOT": json.dumps(boot), "STRATACL_LAUNCHER_PID": str(os.getpid()),
-            "RANK": str(rank), "WORLD_SIZE": str(self.n), "LOCAL_RANK": str(rank),
+            "STRATACL_JOB_ID": self.job_id, "STRATACL_WORLD_SIZE": str(self.n),
+            "STRATACL_LAUNCHER_PID": str(os.getpid()), "WORLD_SIZE": str(self.n),
             "LOCAL_WORLD_SIZE": str(self.n),
             # what torch.distributed's env:// rendezvous reads, as torchrun sets it: rank 0 serves
             # the TCPStore on this port (a port free when the job started)
@@ -239,14 +245,22 @@ class Job:
             env.setdefault("PYTHONUNBUFFERED", "1")
         return env
 
-    def _argv(self) -> list[str]:
+    def _rank_env(self, common: dict[str, str], rank: int, boot: dict) -> dict[str, str]:
+        env = dict(common)
+        env.update({"STRATACL_RANK": str(rank), "STRATACL_BOOT": json.dumps(boot), "RANK": str(rank),
+                    "LOCAL_RANK": str(rank)})
+        return env
+
+    def _target_argv(self) -> list[str]:
+        """What _rankboot reads from its sys.argv[1:]: the target's kind, then (script or
+        module) the rank's argv, [path or module, *args]."""
         kind = self.target[0]
+        return [kind] if kind == "spawn" else [kind, *self.target[2]]
+
+    def _argv(self) -> list[str]:
         # -P: the working directory stays off sys.path, so a source checkout there (with no built
         # extensions) cannot shadow the installed library; _rankboot adds what the target needs
-        base = [sys.executable, "-P", "-m", "stratacl.jobs._rankboot", kind]
-        if kind == "spawn":
-            return base
-        return base + list(self.target[2])   # target[2] is the rank's argv: [path or module, *args]
+        return [sys.executable, "-P", "-m", "stratacl.jobs._rankboot", *self._target_argv()]
 
     def run(self) -> JobOutcome:
         _raise_descriptor_limit(self.n)
@@ -256,6 +270,7 @@ class Job:
         procs: list[subprocess.Popen] = []
         socks: list[socket.socket] = []
         daemon = None
+        template = None
         output = OutputForwarder(sys.stdout, sys.stderr, tag=self.config.tag_output)
         old_handlers = {}
         try:
@@ -274,28 +289,63 @@ class Job:
             output.start()
             # a rank outside the foreground group that read the terminal would be stopped (SIGTTIN)
             stdin = subprocess.DEVNULL if os.isatty(0) else None
+            common = self._common_env()
+            template = Template() if self.start_method == "fork" else None
+            if template is not None and not template.start(common, [ctl_fd, *hbm_fds], stdin):
+                print(f"stratacl-launch: ranks are spawned, not forked from a template: {template.why}",
+                      file=sys.stderr, flush=True)
+                template = None
+            asked: list[tuple] = []     # ranks requested from the template, not yet forked: their descriptors
+
+            def take_forked() -> None:
+                rank, mine, closing = asked.pop(0)
+                try:
+                    p = template.forked()
+                finally:
+                    for fd in closing:
+                        os.close(fd)
+                procs.append(p)
+                ctl.set_pid(rank, p.pid)
+
             for rank in range(self.n):
                 mine, theirs = socket.socketpair()
                 boot = {"ctl": ctl_fd, "hbm": hbm_fds, "report": theirs.fileno()}
                 # pipes of the rank's own: in one shared pipe, lines written in pieces interleave
                 out_r, out_w = os.pipe()
                 err_r, err_w = os.pipe()
-                try:
-                    p = subprocess.Popen(self._argv(), env=self._rank_env(rank, boot),
-                                         pass_fds=(ctl_fd, *hbm_fds, theirs.fileno()), **_OWN_GROUP,
-                                         stdin=stdin, stdout=out_w, stderr=err_w)
-                except BaseException:
-                    for fd in (out_r, err_r):
-                        os.close(fd)
-                    raise
-                finally:
-                    theirs.close()
-                    os.close(out_w)
-                    os.close(err_w)
                 output.add(rank, out_r, err_r)
-                procs.append(p)
                 socks.append(mine)
+                closing = (theirs.detach(), out_w, err_w)
+                env = self._rank_env(common, rank, boot)
+                if template is not None:
+                    try:
+                        template.request(env, self._target_argv(), list(closing))
+                    except BaseException:
+                        for fd in closing:
+                            os.close(fd)
+                        raise
+                    asked.append((rank, mine, closing))
+                    if len(asked) >= Template.IN_FLIGHT:
+                        take_forked()
+                    continue
+                try:
+                    p = subprocess.Popen(self._argv(), env=env, pass_fds=(ctl_fd, *hbm_fds, closing[0]),
+                                         **_OWN_GROUP, stdin=stdin, stdout=out_w, stderr=err_w)
+                finally:
+                    for fd in closing:
+                        os.close(fd)
+                procs.append(p)
                 ctl.set_pid(rank, p.pid)
+            try:
+                while asked:
+                    take_forked()
+            except BaseException:
+                # ranks asked for but never named: their descriptors here (the template's
+                # close ends them, as it does every rank it forked)
+                for _rank, _mine, closing in asked:
+                    for fd in closing:
+                        os.close(fd)
+                raise
             if self.target[0] == "spawn":
                 threading.Thread(target=_send_payload, args=(socks, self.target[1:]), daemon=True).start()
             # the launcher keeps the HBM descriptors until the end: their size on disk is what
@@ -306,6 +356,8 @@ class Job:
                 if p.poll() is None:
                     _kill(p, signal.SIGKILL)
                     p.wait()
+            if template is not None:
+                template.close()
             # the ranks are gone, but their last lines may still sit in the pipes: forward them
             # before returning (a process the rank left behind may hold a pipe open, so bounded)
             output.finish(timeout=10)

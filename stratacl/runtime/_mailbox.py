@@ -7,7 +7,8 @@
 A ring carries fixed 64-byte messages. ``Mailbox`` is one endpoint's view: it drains every
 inbound ring and keeps a per-destination outbound queue, so a full ring never blocks the
 thread that must also drain its own inbound rings (two threads filling each other's rings
-would otherwise deadlock).
+would otherwise deadlock). A consumer that drains a full ring rings its producer's doorbell,
+so a producer with messages left over sleeps until there is room rather than polling.
 
 The first word of a message is its header (kind, sender, destination or BROADCAST): the
 mailbox's addressing, which the daemon reads to relay. What the kinds mean belongs to the
@@ -110,6 +111,9 @@ class Mailbox:
             out.append(entries[idx].copy())
             self._in_tails[i] = head
             _native.store_u64(self.ctl.base + ring + 64, head)
+            if head - tail >= RING_ENTRIES:
+                # the ring was full: its producer may be asleep with messages queued for it
+                _ring(self.ctl.addr(self.ctl.layout.region(self._producers[i]) + R_DOORBELL))
         return np.concatenate(out) if len(out) > 1 else out[0]
 
     def wait(self, seen_doorbell: int, timeout: float) -> None:

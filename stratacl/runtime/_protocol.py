@@ -116,11 +116,11 @@ class Protocol:
         self._gen_addr = base + self.slot_offs[0] + Layout.SLOT_GEN
         self._arrival_idx = np.array([(o + Layout.SLOT_ARRIVAL) // 4 for o in self.slot_offs])
         self._desc_off = [me + lay.slot_desc(p) for p in (0, 1)]
-        self._desc_idx = [np.array([[(o + lay.slot_desc(p)) // 8 + f for f in range(DESC_FIXED)]
-                                    for o in self.slot_offs]) for p in (0, 1)]
-        self._ext_idx = [np.array([[(o + lay.slot_desc(p)) // 8 + DESC_FIXED + f
-                                    for f in range(2 * n + EXT_WORDS_EXTRA)]
-                                   for o in self.slot_offs]) for p in (0, 1)]
+        # word indices of every member's descriptor, per parity: built with numpy, as a Python
+        # loop over N members x 2N extension words cost O(N^2) per rank (0.3 s at N = 256)
+        self._desc_base = [(np.array(self.slot_offs, dtype=np.int64) + lay.slot_desc(p)) // 8 for p in (0, 1)]
+        self._desc_idx = [b[:, None] + np.arange(DESC_FIXED) for b in self._desc_base]
+        self._ext_idx = None    # N x (2N + EXT_WORDS_EXTRA) per parity: made by extensions() when first read
         desc_addrs = [base + o + lay.slot_desc(p) for p in (0, 1) for o in self.slot_offs]
         # The counts native code updates in place, as int64 words: calls, barriers, whether the
         # native methods may run (T_*); rooted operations per root (the mesh machine's rooted
@@ -170,6 +170,9 @@ class Protocol:
     def extensions(self, parity: int) -> np.ndarray:
         """Every member's extension words of the call of ``parity`` (2 N + EXT_WORDS_EXTRA each),
         a row each."""
+        if self._ext_idx is None:
+            words = np.arange(DESC_FIXED, DESC_FIXED + 2 * self._size + EXT_WORDS_EXTRA)
+            self._ext_idx = [b[:, None] + words for b in self._desc_base]
         return self._rt.ctl.i64[self._ext_idx[parity]]
 
     def words_of(self, i: int, parity: int) -> np.ndarray:

@@ -1,8 +1,8 @@
 """Waiting with deadlines: barriers and flags in the control segment.
 
-Every wait is a short yielding spin, then futex sleeps in slices; between slices the job's
-first failure and the waited-for peers' states are checked, so a dead peer is reported within
-one slice, and a peer that never arrives within ``timeout`` seconds gives ``CommTimeout``
+Every wait is a short yielding spin, then futex sleeps in slices that double from SLICE to
+MAX_SLICE; between slices the job's first failure and the waited-for peers' states are checked,
+so a dead peer is reported within one slice, and a peer that never arrives within ``timeout`` seconds gives ``CommTimeout``
 naming the missing ranks.
 
 A barrier is one atomic fetch-add on a counter in the leader's communicator slot; the last
@@ -33,7 +33,12 @@ from ._control import (
 # 4 KiB all_reduce at N = 32 740 -> 580 us (3, 10, 30 or 100 polls: within noise). It works only
 # if the ranks share one scheduling group; the launcher keeps them in its session for that.
 SPIN_POLLS = 10
-SLICE = 0.05             # seconds between health checks while asleep
+SLICE = 0.05             # seconds of a wait's first sleep between health checks
+# Each further sleep of a long wait is twice the last, up to MAX_SLICE: a waiter whose peers
+# are slow wakes a few times a second, not 20 (with a health check that reads every peer's
+# state, O(N)). At N = 256 on 2 cores, 20 wake-ups a second per waiting rank cost the ranks
+# still starting more than a core. A failure is seen within MAX_SLICE.
+MAX_SLICE = 0.8
 WAKE_ALL = 0x7FFFFFFF
 
 
@@ -103,6 +108,7 @@ def wait_until(ready: Callable[[], bool], futex_addr: int, health: JobHealth, op
             return
         os.sched_yield()
     deadline = time.monotonic() + timeout
+    nap = SLICE
     while True:
         seen = _native.load_u32(futex_addr)
         if ready():
@@ -113,7 +119,8 @@ def wait_until(ready: Callable[[], bool], futex_addr: int, health: JobHealth, op
             raise CommTimeout(f"{operation}: rank {health.rank} waited {timeout:g} s for {what}; "
                               f"still missing: {gone}. Raise --timeout (STRATACL_TIMEOUT) if they are "
                               f"only slow.", operation, gone)
-        _native.futex_wait(futex_addr, seen, min(SLICE, left), True)     # counted: see set_sleepers
+        _native.futex_wait(futex_addr, seen, min(nap, left), True)     # counted: see set_sleepers
         if not ready():
             health.check(operation, missing())
+            nap = min(2 * nap, MAX_SLICE)
 

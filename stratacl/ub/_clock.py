@@ -49,10 +49,13 @@ with the model and keeps the cheaper, cached by (op, bytes, members, root).
 """
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from ..collectives import _partition as P
 from ..collectives import _schedule as S
+from ..collectives._ep import split_kind
 from ..sdma import _offload as sdma_model
 from . import _cores
 from ._fabric import Fabric
@@ -134,43 +137,76 @@ class FabricModel:
                 f"comm_cores={self.comm_cores}/{self.cores}, partition={self.partition!r}, path={self.path!r})")
 
     # --- the backend: one member's transfers of one step through its cores ------------------
-    def policy(self, peers: np.ndarray, nbytes: np.ndarray, tiers: np.ndarray, path: str | None = None):
+    def _row_beta(self, beta: np.ndarray, grain: int) -> np.ndarray:
+        """Per tier, the rate (bytes/us) one core moves rows of ``grain`` bytes at when each row is
+        its own transfer. The core sets each row up (``cores.transfer_us``, its own work, so
+        serial), then the row holds one of the core's two buffers from its load's issue until
+        its bytes are in (its tier latency + grain / beta): with two rows in flight (the double
+        buffering of ``_cores``) a row costs max(grain / beta, (latency + grain / beta) / 2), so a
+        row shorter than its latency is latency-bound. A bulk phase (``grain`` 0) keeps ``beta``."""
+        if not grain:
+            return beta
+        stream = grain / beta
+        per_row = self.topology.cores.transfer_us + np.maximum(stream, (self.fabric.latency + stream) / 2)
+        with np.errstate(divide="ignore"):
+            return grain / per_row        # a row costing nothing (no latency, setup or rate limit): inf
+
+    def policy(self, peers: np.ndarray, nbytes: np.ndarray, tiers: np.ndarray, path: str | None = None,
+               grain: int = 0):
         """Transfer units of one member's step and the partitioner's assignment of them to its
         communication cores (cached by shape); the data path's SDMA queues use the same. On the
         SDMA path a unit becomes descriptors and a core only posts them, so small phases are not
         cut finer for the cores' balance: that would only add descriptors, each costing its core
-        ``sdma.descriptor_us`` before the doorbell."""
+        ``sdma.descriptor_us`` before the doorbell. ``grain``: the row size of a row-granular
+        phase (each row its own transfer), 0 for a bulk one."""
         path = path or self.path
         peers, nbytes, tiers = (np.asarray(a, dtype=np.int64).reshape(-1) for a in (peers, nbytes, tiers))
         # a unit's modeled cost on one core: alpha_t + s / beta_t, with beta_t no faster than a core issues
         # (local units too: beside remote ones they get the same share of the phase's rate)
         beta = np.minimum(self._beta, self.issue_rate) if self.issue_rate else self._beta
+        if grain and path == "mte":
+            beta = self._row_beta(beta, grain)
         units = P.cut(peers, nbytes, tiers, self.unit_bytes, self.fabric.latency, beta,
                       self.comm_cores if path == "mte" else 0)
         pol = self.partitioner.policy(units, self.comm_cores, self.fan_out_cap,
-                                      key=(path, peers.tobytes(), nbytes.tobytes(), tiers.tobytes(), self.comm_cores))
+                                      key=(path, peers.tobytes(), nbytes.tobytes(), tiers.tobytes(), self.comm_cores,
+                                           int(grain)))
         return units, pol
 
-    def core_run(self, peers: np.ndarray, nbytes: np.ndarray, tiers: np.ndarray, share: float, path: str | None = None):
+    def core_run(self, peers: np.ndarray, nbytes: np.ndarray, tiers: np.ndarray, share: float, path: str | None = None,
+                 grain: int = 0):
         """Per-core run (``_cores.CoreRun`` or ``sdma.SdmaRun``) of one member's transfers of one
         step: ``peers`` (any ids: the cap counts cores per peer), ``nbytes``, ``tiers`` (tier
-        index of each), the member's fabric share (bytes/us). Cached by shape."""
+        index of each), the member's fabric share (bytes/us). Cached by shape.
+
+        ``grain`` > 0: the transfers are rows of ``grain`` bytes, each its own transfer (MoE
+        low-latency). MTE: a core moves them no faster than ``_row_beta`` (each row's setup on
+        the core, its latency hidden only behind one other row's bytes). SDMA: each row is its
+        own descriptor, so the cores build one per row (``sdma.descriptor_us`` each)."""
         path = path or self.path
+        grain = int(grain)
         # members whose shares agree to 9 digits share one run (symmetric members of a phase)
         share = float(f"{share:.9g}")
-        key = (path, peers.tobytes(), nbytes.tobytes(), tiers.tobytes(), share)
+        key = (path, peers.tobytes(), nbytes.tobytes(), tiers.tobytes(), share, grain)
         got = self._runs.get(key)
         if got is not None:
             return got
         f = self.fabric
-        units, pol = self.policy(peers, nbytes, tiers, path)
+        units, pol = self.policy(peers, nbytes, tiers, path, grain)
         alpha = f.latency[units.tier]
         if path == "mte":
             cap = self._issue_cap[units.tier] if self.issue_rate else None
+            if grain:
+                # the rows' steady state is in their rate; a core's first unit still fills the pipeline
+                rate = self._issue_cap if self.issue_rate else np.full(f.latency.size, np.inf)
+                cap = self._row_beta(rate, grain)[units.tier]
             run = _cores.run_mte(units.nbytes, alpha, pol.core, pol.slot, self.comm_cores, share, cap)
         else:
+            sdma = self.topology.sdma
+            if grain:
+                sdma = dataclasses.replace(sdma, max_descriptor_bytes=min(sdma.max_descriptor_bytes, grain))
             run = sdma_model.run_sdma(units.nbytes, alpha, pol.core, pol.slot, self.comm_cores, share,
-                                       self.topology.sdma, self.completion)
+                                       sdma, self.completion)
         run = (run, pol, units)
         if len(self._runs) >= 4 * _CACHE_LIMIT:
             self._runs.clear()
@@ -178,9 +214,10 @@ class FabricModel:
         return run
 
     def _through_cores(self, m: np.ndarray, reader: np.ndarray, owner: np.ndarray, nbytes: np.ndarray,
-                       kind: np.ndarray, done: np.ndarray) -> tuple[np.ndarray, list]:
+                       kind: np.ndarray, done: np.ndarray, grain: int = 0) -> tuple[np.ndarray, list]:
         """Per-member duration of one phase whose transfers the fabric timed (``done``, us from
-        the phase start, per transfer) once the members' cores execute them."""
+        the phase start, per transfer) once the members' cores execute them (``grain``: as
+        ``core_run``'s)."""
         f, n = self.fabric, m.size
         tier = f.tier_by_kind(m[reader], m[owner], kind)
         alpha = f.latency[tier]
@@ -195,7 +232,7 @@ class FabricModel:
             data = float((done[sel] - alpha[sel]).max())
             share = float(nbytes[sel].sum()) / data if data > 0 else 0.0
             rel = (owner[sel] - i) % n           # peers relative to the member: symmetric members share a policy
-            run = self.core_run(rel.astype(np.int64), nbytes[sel].astype(np.int64), tier[sel], share)
+            run = self.core_run(rel.astype(np.int64), nbytes[sel].astype(np.int64), tier[sel], share, grain=grain)
             runs[i] = run
             dur[i] = run[0].end
         return dur, runs
@@ -228,7 +265,10 @@ class FabricModel:
         """The timed steps of a call given by its traffic matrices (``_schedule.exchange``;
         cached by the matrices). Staged: each member copies its input into the communication
         buffer before and its output out after, ``staging`` = (input, output) bytes per member
-        (default: what its peers read from it in the last phase, and what it read)."""
+        (default: what its peers read from it in the last phase, and what it read), optionally
+        followed by the row size of each copy's transfers per member (0: one bulk copy).
+        A phase's kind may carry a row size (``collectives._ep.rows_kind``): its transfers are
+        rows, each its own transfer (``core_run``'s ``grain``)."""
         key = ("exchange", members, tuple((np.asarray(b, dtype=np.int64).tobytes(), int(k)) for b, k in phases),
                None if staging is None else tuple(np.asarray(a, dtype=np.int64).tobytes() for a in staging))
         got = self._plans.get(key)
@@ -236,11 +276,15 @@ class FabricModel:
             if len(self._plans) >= _CACHE_LIMIT:
                 self._plans.clear()
             m = np.asarray(members, dtype=np.int64)
-            got = self._timed_steps(m, S.exchange(phases))
+            split = [split_kind(k) for _, k in phases]
+            # the exchange's steps: the arrival barrier, a Mesh per phase, the departure barrier
+            grains = [0] + [g for _, g in split] + [0]
+            got = self._timed_steps(m, S.exchange([(b, k) for (b, _), (k, _) in zip(phases, split)]), grains)
             if self.registration == "staged":
                 last = np.asarray(phases[-1][0], dtype=np.int64)
-                cin, cout = staging if staging is not None else (last.sum(axis=0), last.sum(axis=1))
-                got = self._timed_local(m, cin) + got + self._timed_local(m, cout)
+                cin, cout = staging[:2] if staging is not None else (last.sum(axis=0), last.sum(axis=1))
+                gin, gout = staging[2:4] if staging is not None and len(staging) > 2 else (0, 0)
+                got = self._timed_local(m, cin, gin) + got + self._timed_local(m, cout, gout)
             self._plans[key] = got
         return got
 
@@ -256,29 +300,43 @@ class FabricModel:
             self._rounds[key] = got
         return got
 
-    def _timed_local(self, m: np.ndarray, nbytes: np.ndarray) -> list:
+    def _timed_local(self, m: np.ndarray, nbytes: np.ndarray, grain=0) -> list:
+        """A local copy of ``nbytes`` per member; ``grain`` (per member, or one for all): the row
+        size of its transfers when each row is copied on its own, 0 for one bulk copy."""
         if not np.any(nbytes):
             return []
         n = m.size
         me = np.arange(n)
         nbytes = np.asarray(nbytes, dtype=np.int64)
         done = self.fabric.phase(m, m, nbytes, S.LOCAL_COPY)
-        dur, runs = self._through_cores(m, me, me, nbytes, np.full(n, S.LOCAL_COPY), done)
+        grain = np.broadcast_to(np.asarray(grain, dtype=np.int64), (n,))
+        if np.all(grain == grain[0]):
+            dur, runs = self._through_cores(m, me, me, nbytes, np.full(n, S.LOCAL_COPY), done, int(grain[0]))
+        else:
+            dur, runs = np.zeros(n), [None] * n
+            for g in np.unique(grain):
+                sel = grain == g
+                d, r = self._through_cores(m, me, me, np.where(sel, nbytes, 0), np.full(n, S.LOCAL_COPY), done, int(g))
+                dur[sel] = d[sel]
+                runs = [r[i] if sel[i] else runs[i] for i in range(n)]
         return [("add", dur, runs, 2.0 * nbytes)]
 
     def _timed(self, op, algo, m, nbytes, root, itemsize) -> list:
         return self._timed_steps(m, S.schedule(op, algo, m.size, nbytes, root, itemsize, eager_bytes=self.eager_bytes))
 
-    def _timed_steps(self, m: np.ndarray, steps: list) -> list:
+    def _timed_steps(self, m: np.ndarray, steps: list, grains: list | None = None) -> list:
+        """The timed steps of a schedule; ``grains[i]``: step i's row size when its transfers are
+        rows, each its own transfer (``core_run``), 0 or None for bulk."""
         f, n = self.fabric, m.size
         out = []
-        for step in steps:
+        for j, step in enumerate(steps):
             if isinstance(step, S.Barrier):
                 if n > 1:
                     out.append(("barrier", self._barrier(m)))
             elif isinstance(step, S.Mesh):
                 done = f.phase(m[step.reader], m[step.owner], step.nbytes, step.kind)
-                dur, runs = self._through_cores(m, step.reader, step.owner, step.nbytes, step.kind, done)
+                dur, runs = self._through_cores(m, step.reader, step.owner, step.nbytes, step.kind, done,
+                                                grains[j] if grains else 0)
                 out.append(("add", dur, runs, f.hbm_bytes(step.reader, step.owner, step.nbytes, step.kind, n)))
             elif isinstance(step, S.Local):
                 out += self._timed_local(m, step.nbytes)

@@ -52,6 +52,9 @@ from .._errors import NotInitialized, RegistrationError
 
 # message kinds of the registration protocol, in the kind byte of a mailbox header
 MSG_REGISTER, MSG_RELEASE, MSG_ACK = 1, 2, 3
+# seconds the background thread sleeps with nothing to do before it looks at dead peers again:
+# N ranks' threads waking 10 times a second were 10 N idle wake-ups a second on the host's cores
+IDLE_WAIT = 1.0
 
 
 class ControlSegment(Protocol):
@@ -240,7 +243,10 @@ class RegistrationUnit:
                 if self.hbm is not None:
                     self.hbm.forget_peers(lambda p: not self._peer_alive(p))
                 if not busy:
-                    self.mailbox.wait(seen, 0.002 if left or self._stop else 0.1)
+                    # asleep until a doorbell: a message in, a request of this rank's, room in a
+                    # ring it could not fill (the consumer rings, _mailbox.Mailbox.drain) or stop;
+                    # the timeout only bounds how late a dead peer's pending acks are forgotten
+                    self.mailbox.wait(seen, 0.05 if left or self._stop else IDLE_WAIT)
         except BaseException as e:  # surfaced by ensure_ready / view; the thread must not die silently
             self.thread_error = e
             with self.cond:

@@ -51,6 +51,9 @@ Optional fields, all with defaults that add no constraint:
     cores.count                         48       logical NPU (AIV) cores per rank
     cores.comm                          24       of which a communication kernel uses
     cores.issue_gbps                    null     one core's MTE issue rate; null: unbounded
+    cores.transfer_us                   0.0      core time to set up one transfer of a row-granular
+                                                 phase (MoE low-latency rows, each its own
+                                                 transfer; ub/_clock.py), on top of its latency
     sdma.descriptor_us                  0.5      core time to build and post one SDMA descriptor
     sdma.max_descriptor_bytes           1 MiB    bytes one descriptor moves at most
     sdma.efficiency                     1.0      fraction of the rank's fabric share the engine
@@ -119,6 +122,7 @@ class Cores:
     count: int = 48
     comm: int = 24
     issue_gbps: float | None = None     # None: a core is never the bottleneck
+    transfer_us: float = 0.0            # per transfer of a row-granular phase (low-latency rows)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -210,7 +214,8 @@ class Topology:
         lines.append(f"  jit map   {c.map_us:g} us per peer mapping + {c.map_us_per_gib:g} us per GiB")
         k = self.cores
         rate = f"{k.issue_gbps:.3g} GB/s each" if k.issue_gbps else "unbounded issue rate"
-        lines.append(f"  cores     {k.count} per rank, {k.comm} for communication, {rate}")
+        lines.append(f"  cores     {k.count} per rank, {k.comm} for communication, {rate}"
+                     + (f", {k.transfer_us:g} us to set up each row of a row-granular phase" if k.transfer_us else ""))
         d = self.sdma
         lines.append(f"  sdma      {d.descriptor_us:g} us per descriptor (<= {d.max_descriptor_bytes} B), "
                      f"engine at {d.efficiency:g} x the fabric share, doorbell {d.doorbell_us:g} us, notify {d.notify_us:g} us")
@@ -287,6 +292,12 @@ _CM384 = {
         # section 3.2 ("bus bandwidth reaches 95% of peak only when 24 NPU cores are used"):
         # 24 cores fill 95% of a die's port line rate (196 GB/s above): 0.95 x 196 / 24 GB/s.
         "issue_gbps": CORE_ISSUE_GBPS,
+        # A core's setup of one transfer (its addresses, length and the pipe flags of one row's
+        # load and store) when a phase's rows are each their own transfer (MoE low-latency:
+        # DeepEP's per-token sends into fixed slots). No public source gives it; ASSUMED equal
+        # to an SDMA descriptor's build below (sdma.descriptor_us, Fig. 15b): both are a core
+        # writing one transfer's addresses and length.
+        "transfer_us": 0.5,
     },
     "sdma": {
         # Paper Fig. 15b: on a 32-rank 128 MiB all_gather the cores are busy ~90 us submitting
@@ -416,6 +427,9 @@ def from_dict(data: dict, source: str = "topology") -> Topology:
     issue = optional(cs, "issue_gbps", float, "cores.", None)
     if issue is not None and issue <= 0:
         raise ConfigError(f"{source}: field cores.'issue_gbps' must be > 0 (or null), got {issue}")
+    transfer = optional(cs, "transfer_us", float, "cores.", dc.transfer_us)
+    if transfer < 0:
+        raise ConfigError(f"{source}: field cores.'transfer_us' must be >= 0, got {transfer}")
     if "channels" in sd:
         raise ConfigError(f"{source}: field sdma.'channels' is gone: the engine is one pipelined stream at the "
                           "rank's fabric share; slow it with sdma.'efficiency' instead")
@@ -438,7 +452,7 @@ def from_dict(data: dict, source: str = "topology") -> Topology:
     if not 0 < eff <= 1:
         raise ConfigError(f"{source}: field compute.'efficiency' must be in (0, 1], got {eff}")
     return Topology(name, levels, tiers, beyond, Contention(port_gbps, fan_in, **values),
-                    Cores(count, comm, issue), Sdma(**sv), Compute(peak, eff), host)
+                    Cores(count, comm, issue, transfer), Sdma(**sv), Compute(peak, eff), host)
 
 
 def load(spec: str) -> Topology:
