@@ -6,7 +6,6 @@
  */
 #include "_native.h"
 
-extern PyMethodDef onesided_methods[];   /* _native.c: one-sided atomics (runtime/_onesided.py) */
 
 static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "_native", NULL, -1, NULL};
 
@@ -16,7 +15,6 @@ PyMODINIT_FUNC PyInit__native(void) {
     if (PyModule_AddFunctions(m, wait_methods) < 0 || PyModule_AddFunctions(m, agree_methods) < 0 ||
         PyModule_AddFunctions(m, p2p_methods) < 0 || PyModule_AddFunctions(m, map_methods) < 0 ||
         PyModule_AddFunctions(m, record_methods) < 0 ||
-        PyModule_AddFunctions(m, onesided_methods) < 0 ||
         native_init(m) < 0 || replay_init(m) < 0) {
         Py_DECREF(m);
         return NULL;

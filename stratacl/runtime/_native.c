@@ -120,29 +120,3 @@ int native_init(PyObject *m) {
         if (PyModule_AddIntConstant(m, constants[i].name, constants[i].value) < 0) return -1;
     return 0;
 }
-
-/* ---- one-sided atomics (runtime/_onesided.py) --------------------------------------------
- * Kept apart from the protocols above, with a method table of its own that the module adds
- * (_module.c). A compare-and-swap is the one atomic the word helpers above lack: shmem's
- * atomic_compare_swap and the signal words' modeled timestamps (a running maximum) need it. */
-
-/* cas_u64(addr, expected, desired) -> the value the word held: `desired` was stored if and only
- * if that value equals `expected` (sequentially consistent; `addr` must be 8-byte aligned). */
-static PyObject *cas_u64(PyObject *self, PyObject *const *args, Py_ssize_t n) {
-    void *p;
-    if (n != 3) { PyErr_SetString(PyExc_TypeError, "cas_u64(addr, expected, desired)"); return NULL; }
-    if (parse_addr(args[0], &p) < 0) return NULL;
-    unsigned long long expected = PyLong_AsUnsignedLongLong(args[1]);
-    if (expected == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
-    unsigned long long desired = PyLong_AsUnsignedLongLong(args[2]);
-    if (desired == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
-    uint64_t seen = (uint64_t)expected;
-    __atomic_compare_exchange_n((uint64_t *)p, &seen, (uint64_t)desired, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
-    return PyLong_FromUnsignedLongLong(seen);
-}
-
-PyMethodDef onesided_methods[] = {
-    {"cas_u64", (PyCFunction)(void (*)(void))cas_u64, METH_FASTCALL,
-     "Atomic compare-and-swap on a u64; returns the value found."},
-    {NULL, NULL, 0, NULL},
-};

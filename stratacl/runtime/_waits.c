@@ -223,6 +223,21 @@ static PyObject *wait_seq_u32(PyObject *self, PyObject *const *args, Py_ssize_t 
     Py_RETURN_FALSE;
 }
 
+/* cas_u64(addr, expected, desired) -> the value the word held: `desired` was stored if and only
+ * if that value equals `expected` (sequentially consistent; `addr` must be 8-byte aligned). */
+static PyObject *cas_u64(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    void *p;
+    if (n != 3) { PyErr_SetString(PyExc_TypeError, "cas_u64(addr, expected, desired)"); return NULL; }
+    if (parse_addr(args[0], &p) < 0) return NULL;
+    unsigned long long expected = PyLong_AsUnsignedLongLong(args[1]);
+    if (expected == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+    unsigned long long desired = PyLong_AsUnsignedLongLong(args[2]);
+    if (desired == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+    uint64_t seen = (uint64_t)expected;
+    __atomic_compare_exchange_n((uint64_t *)p, &seen, (uint64_t)desired, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+    return PyLong_FromUnsignedLongLong(seen);
+}
+
 /* The waits' Python entries. */
 PyMethodDef wait_methods[] = {
     {"fetch_add_u64", (PyCFunction)(void (*)(void))fetch_add_u64, METH_FASTCALL, "Atomic fetch-add on a u64; returns the old value."},
@@ -230,6 +245,8 @@ PyMethodDef wait_methods[] = {
     {"store_u64", (PyCFunction)(void (*)(void))store_u64, METH_FASTCALL, "Sequentially consistent store of a u64."},
     {"load_u32", load_u32, METH_O, "Sequentially consistent load of a u32."},
     {"store_u32", (PyCFunction)(void (*)(void))store_u32, METH_FASTCALL, "Sequentially consistent store of a u32."},
+    {"cas_u64", (PyCFunction)(void (*)(void))cas_u64, METH_FASTCALL,
+     "Atomic compare-and-swap on a u64 (one-sided atomic_compare_swap); returns the value found."},
     {"fence", fence, METH_NOARGS, "Full memory fence."},
     {"futex_wait", (PyCFunction)(void (*)(void))futex_wait, METH_FASTCALL, "Wait on a shared futex word."},
     {"futex_wake", (PyCFunction)(void (*)(void))futex_wake, METH_FASTCALL, "Wake waiters of a shared futex word."},
