@@ -32,7 +32,7 @@ def rank(comm, op: str, size: int, iters: int, rounds: int):
     import torch.distributed as dist
 
     import stratacl.torch as st
-    from stratacl.torch import _backend, _tensors
+    from stratacl.torch import _process_group as _backend, _tensors
     torch.set_num_threads(1)
     dist.init_process_group("stratacl")
     from stratacl._sizes import shape

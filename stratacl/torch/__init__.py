@@ -7,8 +7,8 @@
     dist.all_reduce(x)
 
 Importing this module imports torch; ``import stratacl`` alone never does. The mapping of
-torch's operations onto the communicator is in _backend.py, how they are run and what their
-Work does in _work.py, the tensors in _tensors.py, groups in _groups.py; docs/torch.md tells
+torch's operations onto the communicator is in _process_group.py, how they are run and what their
+Work does in _ordering.py, the tensors in _tensors.py, groups in _groups.py; docs/torch.md tells
 the whole story. ``symm_mem`` (_symm_mem.py) is torch.distributed._symmetric_memory's API over
 HBM (docs/one-sided.md).
 """
@@ -17,12 +17,12 @@ from __future__ import annotations
 import torch.distributed as _dist
 
 from . import _symm_mem as symm_mem
-from ._backend import ProcessGroupStrataCL as ProcessGroupStrataCL
+from ._process_group import ProcessGroupStrataCL as ProcessGroupStrataCL
 from ._groups import create as _create
 from ._tensors import empty as empty
 from ._tensors import empty_like as empty_like
 from ._tensors import zeros as zeros
-from ._work import Work as Work
+from ._ordering import Work as Work
 
 BACKEND = "stratacl"
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import stratacl
 
-from ._backend import ProcessGroupStrataCL
+from ._process_group import ProcessGroupStrataCL
 
 
 def create(options, backend_options=None) -> ProcessGroupStrataCL:

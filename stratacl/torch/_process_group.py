@@ -15,7 +15,7 @@ operations:
     gather(root)                            all_to_all_v: every rank sends its tensor to root only
     scatter(root)                           all_to_all_v: root sends tensor j to rank j only
     reduce(root)                            all_reduce; only root's tensor takes the result
-    send, recv, isend, irecv, batches       send / recv / sendrecv (_work.py: how they are paired)
+    send, recv, isend, irecv, batches       send / recv / sendrecv (_ordering.py: how they are paired)
     ..._coalesced                           the operations one after the other, as one Work
 
 Reductions the communicator's kernels do not have, on bfloat16 (numpy has none) and the
@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 from . import _tensors
-from ._work import Executor, Work
+from ._ordering import Executor, Work
 
 # torch's reduce ops the communicator's kernels do, by name (collectives/_reduce.py)
 _NATIVE_OPS = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.PRODUCT: "prod", dist.ReduceOp.MIN: "min",
@@ -440,7 +440,7 @@ class ProcessGroupStrataCL(dist.ProcessGroup):
         listed = _root_list(roots[0], n, t, op, what, other) if me == root else []
         return t, _tensors.array(t), listed
 
-    # --- point to point (batched: _work.py) ---------------------------------------------------
+    # --- point to point (batched: _ordering.py) -----------------------------------------------
     def _p2p(self, operation: str, tensors, peer: int, is_send: bool) -> Work:
         x = self._single(tensors, operation)
         if not (0 <= peer < self.comm.size) or peer == self.comm.rank:
