@@ -46,7 +46,9 @@ def _run(python: str, op: str, n: int, sizes: list[int], warmup: int, iters: int
     """One stratacl-bench sweep over ``sizes`` (ascending): per-call wall time (us) by size."""
     with tempfile.TemporaryDirectory(prefix="stratacl-ab-") as tmp:
         out = os.path.join(tmp, "rows.json")
-        factor = sizes[-1] // sizes[0] if len(sizes) > 1 and sizes[0] else 2
+        # the sweep's step: the smallest ratio of two neighbouring sizes (256, 64K, 1M: x16 from
+        # 256 passes 64K and 1M), so every size asked for is a point of the sweep
+        factor = min((b // a for a, b in zip(sizes, sizes[1:]) if a), default=2)
         if op == "ll_dispatch":
             cmd = [*_bench(python), "dispatch", "--mode", "ll", "-n", str(n), "--tokens", str(sizes[0]),
                    "-w", str(warmup), "-i", str(iters), "-J", out]
