@@ -195,23 +195,61 @@ def test_serving_seeded_routing_is_exact_and_extrapolates_in_hidden(tmp_path):
 
 
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("registration, batches", [("roa", "1 micro-batch"), ("pool", "2 micro-batches of 4, 4")])
-def test_train_step_example_trains_exactly_as_one_process(registration, batches):
-    # under pool the caching allocator fits 8 x 17/27 -> 4 tokens: two micro-batches, accumulated
+@pytest.mark.parametrize("registration, batches, routing", [("roa", "1 micro-batch", "gate"),
+                                                           ("pool", "2 micro-batches of 4, 4", "gate"),
+                                                           ("pool", "2 micro-batches of 4, 4", "seeded")])
+def test_train_step_example_trains_exactly_as_one_process(registration, batches, routing):
+    # under pool the caching allocator fits 8 x 17/27 -> 4 tokens: two micro-batches, accumulated;
+    # seeded routing draws each micro-batch's experts apart, and the one-process check must draw the same
     run = launch("-n", "8", "--clock", "virtual", "--timeout", "90", "--registration", registration,
-                 str(EXAMPLES / "train_step.py"), "--steps", "2",
+                 str(EXAMPLES / "train_step.py"), "--steps", "2", "--routing", routing,
                  "--layers", "2", "--hidden", "32", "--ffn", "64", "--tokens", "8", timeout=140)
     assert run.returncode == 0, run.explain()
     lines = run.stdout.splitlines()
     assert lines[0] == ("training step: 8 ranks (TP 2 x FSDP 4, EP 8), 2 layers, hidden 32, 16 experts (top-4), "
                         f"8 tokens per replica in {batches}; registration {registration}, partition balanced, "
-                        "path mte, clock virtual"), run.explain()
+                        "path mte, clock virtual" + ("; routing seeded (seed 0)" if routing == "seeded" else "")), \
+        run.explain()
     assert lines[1] == "exact against the job computed in one process, on every rank: yes", run.explain()
     steps = [re.fullmatch(r"step (\d): loss ([\d.]+)   modeled ([\d.]+) us \(slowest rank\)", x) for x in lines[2:4]]
     assert [m.group(1) for m in steps if m] == ["1", "2"], run.explain()
     assert all(float(m.group(3)) > 0 for m in steps)
     assert re.fullmatch(r"roofline compute per step \(most loaded rank\): [\d.]+ us, [\d.]+ us", lines[4])
     assert len(lines) == 5, run.explain()
+
+
+@pytest.mark.timeout(400)
+def test_train_step_seeded_routing_extrapolates_in_hidden(tmp_path):
+    """--routing seeded draws the experts from the seed, step, micro-batch and layer, not the
+    activations: at 4 ranks (where the gate's routing is refused) the traces at hidden 32, 64,
+    128 extrapolate (ub.extrapolate_dimension) to a real run's at 256, every rank exact and every
+    comm.clock() read equal."""
+    from stratacl import ub
+
+    traces = {}
+    for h in (32, 64, 128, 256):
+        d = tmp_path / f"h{h}"
+        run = launch("-n", "4", "--clock", "virtual", "--trace", str(d), "--timeout", "90",
+                     str(EXAMPLES / "train_step.py"), "--routing", "seeded", "--steps", "2", "--layers", "2",
+                     "--hidden", str(h), "--ffn", "64", "--tokens", "8", timeout=170)
+        assert run.returncode == 0, run.explain()
+        assert run.stdout.splitlines()[1] == "exact against the job computed in one process, on every rank: yes", \
+            run.explain()
+        traces[h] = ub.load_traces(str(d))
+    fitted = ub.replay(ub.extrapolate_dimension([traces[h] for h in (32, 64, 128)], [32, 64, 128], 256))
+    real = ub.replay(traces[256])
+    assert [len(c) for c in fitted.clocks] == [len(c) for c in real.clocks] == [4] * 4
+    assert [x for c in fitted.clocks for x in c] == pytest.approx([x for c in real.clocks for x in c], rel=1e-9)
+    with pytest.raises(ub.ReplayError, match="routing changes with the dimension"):
+        gate = {}
+        for h in (32, 64):
+            d = tmp_path / f"gate{h}"
+            run = launch("-n", "4", "--clock", "virtual", "--trace", str(d), "--timeout", "90",
+                         str(EXAMPLES / "train_step.py"), "--no-check", "--steps", "1", "--layers", "2",
+                         "--hidden", str(h), "--ffn", "64", "--tokens", "8", timeout=170)
+            assert run.returncode == 0, run.explain()
+            gate[h] = ub.load_traces(str(d))
+        ub.extrapolate_dimension([gate[32], gate[64]], [32, 64], 256)
 
 
 def test_e2e_nocomm_topology_frees_communication_and_keeps_the_compute(tmp_path):
