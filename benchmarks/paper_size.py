@@ -1,8 +1,11 @@
-"""Serving (examples/moe_serving.py) at the paper's model width and EP sizes, in modeled time.
+"""Serving (examples/moe_serving.py) and training (examples/train_step.py) at the paper's model
+width and rank counts, in modeled time.
 
-    python benchmarks/paper_size.py [--configs staged,roa,balanced,auto,pool] [--ranks 4,8]
-                                    [--hidden 32,64,128] [--target 7168] [--scale 16,32] [--json FILE]
-                                    [--verify] [-- more arguments for the example]
+    python benchmarks/paper_size.py [--workload serve|train] [--configs staged,roa,balanced,auto,pool]
+                                    [--ranks 4,8] [--hidden 32,64,128] [--target 7168] [--scale 16,32]
+                                    [--json FILE] [--verify H] [-- more arguments for the example]
+
+``--workload serve`` (the default) is described first, ``--workload train`` after it.
 
 For every configuration (benchmarks/e2e.py's CONFIGS; launched by its ``_launch``) the example
 runs on the host at each rank count of ``--ranks`` and each hidden size of ``--hidden``, with
@@ -27,6 +30,20 @@ where it came from); rows at the recorded rank counts are the width-extrapolated
 there. ``--verify H``: instead, one configuration at the recorded rank counts, the fit from
 ``--hidden`` to H against a real run at H (H small enough to run), and at each N of ``--scale``
 the fit extrapolated in N against a real run at N ranks and H: every metric's relative error.
+
+``--workload train``: examples/train_step.py (TP groups of 2, FSDP over the N/2 replicas, EP
+over the world; see its docstring) runs with ``--trace`` at each rank count of ``--ranks``
+(default 4, 8, 16: three, so that the FSDP shards' 1 / N is fitted, as e2e.py's ``--scale-from
+4,8,16`` does) and each hidden size H of ``--hidden`` (default 56, 112, 224), the load TRAIN
+below, the dense block's width 2 H and each expert's 2 H / 7 (so that both are fitted with
+hidden: the expert's is 2048 at 7168), and ``--routing seeded``. Every number of a step is then
+a polynomial of degree <= 2 in H (matmuls' FLOPs and weights ~ H^2, rows ~ H), and the fit
+through three recordings is exact. ``ub.extrapolate_dimension`` takes each rank count's traces
+to ``--target``, ``ub.extrapolate`` those to each N of ``--scale`` (default 32, 128), and the
+step time is the second step's, read off the replay's clocks (the example reads
+``comm.clock()`` at each step's start and end; the slowest rank's, as it prints). ``--verify
+H``: as for serving, the fit to H (a multiple of 7) against a real run at H, at each recorded N,
+and at each N of ``--scale`` against a real run at N ranks and H.
 """
 from __future__ import annotations
 
@@ -58,35 +75,96 @@ SOURCES = {
 }
 
 
+# the training load: two steps (the second is timed), two layers, 64 tokens per data-parallel
+# replica (what the host computes at three widths and three rank counts in reasonable time;
+# the paper's replica holds 4 sequences of 4096), top-8 of 4 experts per rank, TP 2
+TRAIN = ["--steps", "2", "--layers", "2", "--tokens", "64", "--experts-per-rank", "4", "--topk", "8", "--tp", "2",
+         "--routing", "seeded"]
+TRAIN_SOURCES = {
+    "hidden": "DeepSeek-V3 config.json hidden_size 7168 (DeepSeek-V3.2 keeps it; paper section 9.1 trains "
+              "DeepSeek V3.2); float32 here; fitted from the recorded hidden sizes",
+    "expert_ffn": "DeepSeek-V3 config.json moe_intermediate_size 2048; recorded at 2 H / 7 so that it is "
+                  "fitted with hidden and is 2048 at 7168",
+    "ffn": "assumed: the dense block stands in for MLA attention; 2 H (2 x 7168 x 14336 = 205.5M weights; "
+           "DeepSeek-V3's attention, from config.json q_lora_rank 1536, kv_lora_rank 512, 128 heads, "
+           "qk_nope 128 / qk_rope 64 / v 128 head dims, has 187.1M: +10%); no attention scores",
+    "topk": "DeepSeek-V3 config.json num_experts_per_tok 8",
+    "experts_per_rank": "4: DeepSeek-V3's 256 routed experts (n_routed_experts) over the paper's EP 64; "
+                        "here EP is the world, so experts = 4 N (256 at 64 dies, 2048 at 512)",
+    "tp": "2 (the example's default: the two dies of one NPU); the paper's TP is 4 (section 9.1)",
+    "fsdp": "N / TP (every TP group a data-parallel replica): 16 at 32 dies, 64 at 128; the paper's 128 at 512",
+    "ep": "N (the world); the paper's EP is 64 with expert weights FSDP'd over 8; here expert weights are local",
+    "tokens": "assumed: 64 per replica (the host's limit at these widths); the paper's global batch 512 x "
+              "sequence 4096 over FSDP 128 is 16384 per replica",
+    "layers": "2 (DeepSeek-V3: 61, 3 of them dense)",
+    "routing": "seeded uniform top-8 (stratacl.ep.routing), as DeepEP's tests draw it; not a trained gate",
+    "ranks": "recorded at the --ranks, extrapolated to --scale (paper: 512 dies, section 9.1)",
+}
+
+
 def _flag(args: list[str], name: str, default):
-    return type(default)(args[args.index(name) + 1]) if name in args else default
+    # the last one given wins, as argparse takes it (arguments after -- follow the load's)
+    return type(default)(args[len(args) - args[::-1].index(name)]) if name in args else default
 
 
-def record(config: str, n: int, hidden: int, args: list[str], tmp: str) -> tuple[list, dict]:
-    """The example at ``n`` ranks and ``hidden``: its traces and its timeline."""
+def widths(hidden: int) -> list[str]:
+    """The training example's widths at ``hidden``: the dense block 2 H, each expert 2 H / 7."""
+    if hidden % 7:
+        raise SystemExit(f"paper_size: --workload train needs hidden sizes that are multiples of 7 (each expert's "
+                         f"width is 2 H / 7, 2048 at 7168), got {hidden}")
+    return ["--hidden", str(hidden), "--ffn", str(2 * hidden), "--expert-ffn", str(2 * hidden // 7)]
+
+
+def record(config: str, n: int, hidden: int, args: list[str], tmp: str, workload: str = "serve") -> tuple[list, dict]:
+    """The example at ``n`` ranks and ``hidden``: its traces and its timeline (None for training)."""
     from stratacl import ub
 
     d = os.path.join(tmp, f"{config}-{n}-{hidden}")
-    _launch(WORKLOADS["serve"][0], n, config, ["--timeline", os.path.join(d, "timeline.json"),
-                                               "--hidden", str(hidden)], args, trace=d)
+    if workload == "train":
+        _launch(WORKLOADS["train"][0], n, config, widths(hidden), args, trace=d)
+    else:
+        _launch(WORKLOADS["serve"][0], n, config, ["--timeline", os.path.join(d, "timeline.json"),
+                                                   "--hidden", str(hidden)], args, trace=d)
     traces = ub.load_traces(d)
     if config == NOCOMM:     # _launch's topology file is gone with its directory: the same one, kept here
         for t in traces:
             t["settings"]["topology"] = _nocomm_topology(tmp)
+    if workload == "train":
+        return traces, None
     with open(os.path.join(d, "timeline.json")) as f:
         return traces, json.load(f)
 
 
-def at_width(config: str, n: int, hiddens: list[int], target: int, args: list[str], tmp: str) -> tuple[list, dict]:
+def train_metrics(replay) -> dict:
+    """examples/train_step.py's last step, as it prints it, from a replay of its traces: each rank
+    reads its clock at every step's start and end; the slowest rank's last step."""
+    import numpy as np
+
+    clocks = np.array(replay.clocks)
+    return {"modeled_step_us": float(np.max(clocks[:, -1] - clocks[:, -2]))}
+
+
+def at_width(config: str, n: int, hiddens: list[int], target: int, args: list[str], tmp: str,
+             workload: str = "serve") -> tuple[list, dict]:
     """Every rank's traces at ``n`` ranks and hidden ``target``, fitted from ``hiddens``."""
     from stratacl import ub
 
-    got = [record(config, n, h, args, tmp) for h in hiddens]
+    got = [record(config, n, h, args, tmp, workload) for h in hiddens]
     timelines = [t for _, t in got]
     if any(t != timelines[0] for t in timelines):
         raise ub.ReplayError(f"{config} at N={n}: the timelines differ between hidden sizes {hiddens}")
     print(f"  {config}: recorded N={n} at hidden {hiddens}", flush=True)
     return ub.extrapolate_dimension([r for r, _ in got], hiddens, target), timelines[0]
+
+
+def train_dims(args: list[str], hiddens: list[int], target: int, ranks: list[int], n: int) -> dict:
+    lx, tp = _flag(args, "--experts-per-rank", 2), _flag(args, "--tp", 2)
+    return {"hidden": target, "recorded_hidden": hiddens, "recorded_ranks": ranks, "ranks": n,
+            "ffn": 2 * target, "expert_ffn": 2 * target // 7, "topk": _flag(args, "--topk", 4),
+            "experts_per_rank": lx, "experts": lx * n, "tp": tp, "fsdp": n // tp, "ep": n,
+            "tokens": _flag(args, "--tokens", 16), "layers": _flag(args, "--layers", 2),
+            "routing": _flag(args, "--routing", "gate"), "dtype": "float32", "row_bytes": 4 * target,
+            "sources": TRAIN_SOURCES}
 
 
 def dims(args: list[str], hiddens: list[int], target: int, ranks: list[int], n: int) -> dict:
@@ -102,18 +180,26 @@ def main(argv: list[str] | None = None) -> int:
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
     argv = argv[:argv.index("--")] if "--" in argv else argv
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--workload", choices=("serve", "train"), default="serve")
     p.add_argument("--configs", default="staged,roa,balanced,auto,pool",
                    help=f"e2e.py's CONFIGS, or {NOCOMM}: the fabric free, what bounds any library's gain")
-    p.add_argument("--ranks", default="4,8", help="the two or three rank counts recorded")
-    p.add_argument("--hidden", default="32,64,128", help="the two or three hidden sizes recorded")
+    p.add_argument("--ranks", default=None, help="the two or three rank counts recorded (serve: 4,8; train: 4,8,16)")
+    p.add_argument("--hidden", default=None, help="the two or three hidden sizes recorded (serve: 32,64,128; "
+                                                  "train: 56,112,224, multiples of 7)")
     p.add_argument("--target", type=int, default=7168)
-    p.add_argument("--scale", default="16,32")
+    p.add_argument("--scale", default=None, help="rank counts to extrapolate to (serve: 16,32; train: 32,128)")
     p.add_argument("--json", default=None)
     p.add_argument("--check", action="store_true", help="every run also checks its results against the job "
                                                         "computed in one process (N times the compute)")
     p.add_argument("--verify", type=int, default=None, help="one configuration: the fit to this hidden size "
                                                             "against a real run at it, at each recorded N")
     a = p.parse_args(argv)
+    train = a.workload == "train"
+    a.ranks = a.ranks or ("4,8,16" if train else "4,8")
+    a.hidden = a.hidden or ("56,112,224" if train else "32,64,128")
+    a.scale = a.scale if a.scale is not None else ("32,128" if train else "16,32")
+    if train:
+        return train_main(a, TRAIN + ([] if a.check else NO_CHECK) + extra)
     from stratacl import ep, ub
 
     args = LOAD + PAPER + ([] if a.check else NO_CHECK) + extra
@@ -170,6 +256,67 @@ def main(argv: list[str] | None = None) -> int:
             if a.json:            # after every configuration: a partial run keeps what it finished
                 with open(a.json, "w") as f:
                     json.dump({"command": command, "rows": rows}, f, indent=1)
+    return 0
+
+
+def train_main(a, args: list[str]) -> int:
+    """``--workload train``: the training step's time at the target width, at the recorded rank
+    counts and at each N of ``--scale``; or, with ``--verify H``, the fit against real runs."""
+    from stratacl import ep, ub
+
+    configs = a.configs.split(",")
+    ranks = [int(x) for x in a.ranks.split(",")]
+    hiddens = [int(x) for x in a.hidden.split(",")]
+    scales = [int(x) for x in a.scale.split(",")] if a.scale else []
+    command = " ".join(["python", "benchmarks/paper_size.py", *sys.argv[1:]])
+    rows = []
+
+    def save(key):
+        if a.json:            # after every configuration: a partial run keeps what it finished
+            with open(a.json, "w") as f:
+                json.dump({"command": command, key: rows}, f, indent=1)
+
+    with tempfile.TemporaryDirectory(prefix="stratacl-paper-size-") as tmp:
+        if a.verify is not None:
+            config, fitted = configs[0], []
+            for n in ranks:
+                traces, _ = at_width(config, n, hiddens, a.verify, args, tmp, "train")
+                fitted.append(traces)
+                fit_m = train_metrics(ub.replay(traces))
+                real_m = train_metrics(ub.replay(record(config, n, a.verify, args, tmp, "train")[0]))
+                err = {k: fit_m[k] / real_m[k] - 1 for k in fit_m}
+                print(f"{config} N={n} hidden {hiddens} -> {a.verify}: fitted {fit_m}, real {real_m}, "
+                      f"relative error {err}", flush=True)
+                rows.append({"config": config, "ranks": n, "hidden": a.verify, "recorded_hidden": hiddens,
+                             "fitted": fit_m, "real": real_m, "relative_error": err})
+                save("verify")
+            for n in scales:            # and in N, against a real run at n ranks and the verified width
+                fit_m = train_metrics(ub.replay(ub.extrapolate(*fitted, n, routing=ep.routing)))
+                real_m = train_metrics(ub.replay(record(config, n, a.verify, args, tmp, "train")[0]))
+                err = {k: fit_m[k] / real_m[k] - 1 for k in fit_m}
+                print(f"{config} N={ranks} -> {n}, hidden {hiddens} -> {a.verify}: fitted {fit_m}, real {real_m}, "
+                      f"relative error {err}", flush=True)
+                rows.append({"config": config, "ranks": n, "recorded_ranks": ranks, "hidden": a.verify,
+                             "recorded_hidden": hiddens, "fitted": fit_m, "real": real_m, "relative_error": err})
+                save("verify")
+            return 0
+        print(f"{'config':<10}{'ranks':>6}{'modeled step (us)':>20}", flush=True)
+        for config in configs:
+            try:
+                fitted = [at_width(config, n, hiddens, a.target, args, tmp, "train")[0] for n in ranks]
+            except ub.ReplayError as e:
+                print(f"{config:<10} not extrapolated: {e}", flush=True)
+                continue
+            found = [(n, t) for n, t in zip(ranks, fitted)]
+            found += [(n, None) for n in scales]
+            for n, traces in found:
+                if traces is None:
+                    traces = ub.extrapolate(*fitted, n, routing=ep.routing)
+                row = _row("train", config, n, "paper-size", train_metrics(ub.replay(traces)), args)
+                row["dims"] = train_dims(args, hiddens, a.target, ranks, n)
+                rows.append(row)
+                print(f"{config:<10}{n:>6}{row['modeled_step_us']:>20.1f}", flush=True)
+                save("rows")
     return 0
 
 
