@@ -189,6 +189,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--target", type=int, default=7168)
     p.add_argument("--scale", default=None, help="rank counts to extrapolate to (serve: 16,32; train: 32,128)")
     p.add_argument("--json", default=None)
+    p.add_argument("--keep", default=None, help="train: also pickle each configuration's traces at the target "
+                                                "width (one list per recorded N) into this directory, to "
+                                                "extrapolate them to other N later")
     p.add_argument("--check", action="store_true", help="every run also checks its results against the job "
                                                         "computed in one process (N times the compute)")
     p.add_argument("--verify", type=int, default=None, help="one configuration: the fit to this hidden size "
@@ -307,6 +310,11 @@ def train_main(a, args: list[str]) -> int:
             except ub.ReplayError as e:
                 print(f"{config:<10} not extrapolated: {e}", flush=True)
                 continue
+            if a.keep:
+                import pickle
+                os.makedirs(a.keep, exist_ok=True)
+                with open(os.path.join(a.keep, f"{config}.pkl"), "wb") as f:
+                    pickle.dump({"ranks": ranks, "hidden": a.target, "traces": fitted}, f)
             found = [(n, t) for n, t in zip(ranks, fitted)]
             found += [(n, None) for n in scales]
             for n, traces in found:
