@@ -39,7 +39,7 @@ below, the dense block's width 2 H and each expert's 2 H / 7 (so that both are f
 hidden: the expert's is 2048 at 7168), and ``--routing seeded``. Every number of a step is then
 a polynomial of degree <= 2 in H (matmuls' FLOPs and weights ~ H^2, rows ~ H), and the fit
 through three recordings is exact. ``ub.extrapolate_dimension`` takes each rank count's traces
-to ``--target``, ``ub.extrapolate`` those to each N of ``--scale`` (default 32, 128), and the
+to ``--target``, ``ub.extrapolate`` those to each N of ``--scale`` (default 32, 64), and the
 step time is the second step's, read off the replay's clocks (the example reads
 ``comm.clock()`` at each step's start and end; the slowest rank's, as it prints). ``--verify
 H``: as for serving, the fit to H (a multiple of 7) against a real run at H, at each recorded N,
@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hidden", default=None, help="the two or three hidden sizes recorded (serve: 32,64,128; "
                                                   "train: 56,112,224, multiples of 7)")
     p.add_argument("--target", type=int, default=7168)
-    p.add_argument("--scale", default=None, help="rank counts to extrapolate to (serve: 16,32; train: 32,128)")
+    p.add_argument("--scale", default=None, help="rank counts to extrapolate to (serve: 16,32; train: 32,64)")
     p.add_argument("--json", default=None)
     p.add_argument("--keep", default=None, help="train: also pickle each configuration's traces at the target "
                                                 "width (one list per recorded N) into this directory, to "
@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     train = a.workload == "train"
     a.ranks = a.ranks or ("4,8,16" if train else "4,8")
     a.hidden = a.hidden or ("56,112,224" if train else "32,64,128")
-    a.scale = a.scale if a.scale is not None else ("32,128" if train else "16,32")
+    a.scale = a.scale if a.scale is not None else ("32,64" if train else "16,32")
     if train:
         return train_main(a, TRAIN + ([] if a.check else NO_CHECK) + extra)
     from stratacl import ep, ub

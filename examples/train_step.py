@@ -214,6 +214,13 @@ def gate_weights(c, wg, idx=None):
     return gate_fwd(c, wg, idx)[1]
 
 
+def gate_weights_at(idx):
+    """The gate's weights as a function of its input and weights, for its backward: under the
+    gate's routing the experts are chosen again (the same ones), under seeded routing ``idx``'s."""
+    fixed = None if args.routing == "gate" else idx
+    return lambda c, wg: gate_weights(c, wg, fixed)
+
+
 def experts_fwd(recv_x, recv_idx, recv_w, *weights):
     """The local experts on the rows a dispatch delivered: per expert e (ascending), the rows
     that picked it, through its MLP, times their weight, added into the row's output."""
@@ -335,8 +342,7 @@ def micro_step(step: int, micro: int, x, target, shards: list, experts: list, gr
         d_rows = hbm(torch.cat([grads[0], grads[2]], dim=1))
         d_back, _ = buf.combine(d_rows.numpy(), back)
         d_back = torch.from_numpy(d_back)
-        d_c_gate, d_wg = vjp(lambda c_, wg_: gate_weights(c_, wg_, None if args.routing == "gate" else idx),
-                             [c, wg], [True, True], d_back[:, H:])
+        d_c_gate, d_wg = vjp(gate_weights_at(idx), [c, wg], [True, True], d_back[:, H:])
         matmul(Tc, H, E, backward=True)
         d_c = hbm(d_out + d_back[:, :H] + d_c_gate)
         elementwise(Tc * H, 4)
@@ -446,9 +452,8 @@ def step_alone(step: int, flats: list, experts: list) -> list:
             grads = [vjp(experts_fwd, [*routed[d][:3], *experts[layer][d]], [True, False, True] + [True] * 2 * LE,
                          back[d][0]) for d in range(n)]
             d_back = combine_alone([torch.cat([gr[0], gr[2]], dim=1) for gr in grads], back, Tc, H + K)
-            gate_grads = [vjp(lambda c_, wg_, r=r: gate_weights(c_, wg_, None if args.routing == "gate"
-                                                                 else gated[r][0]),
-                              [cs[r], ws[r % TP][2]], [True, True], d_back[r][:, H:]) for r in range(n)]
+            gate_grads = [vjp(gate_weights_at(gated[r][0]), [cs[r], ws[r % TP][2]], [True, True], d_back[r][:, H:])
+                          for r in range(n)]
             d_cs = [d_outs[r] + d_back[r][:, :H] + gate_grads[r][0] for r in range(n)]
             d_hs = [torch.cat([d_cs[g * TP + t] for t in range(TP)]) for g in range(DP)]
             dense = [vjp(dense_fwd, [xs[r // TP], *ws[r % TP][:2]], [True, True, True], d_hs[r // TP])
