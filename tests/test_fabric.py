@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 import stratacl
-from stratacl.bench import _cases, _cli
+from stratacl.bench import _cases
+from stratacl.bench import _command as _cli
 from stratacl.collectives import _schedule as S
 from stratacl.runtime._buffers import EAGER_BYTES
 from stratacl.ub import _topology
