@@ -192,24 +192,23 @@ class SymmetricMemory:
     def get(self, rank: int, out: torch.Tensor, storage_offset: int = 0) -> None:
         """Copy ``out.numel()`` elements of ``rank``'s buffer (from element ``storage_offset``
         in ``out``'s dtype) into ``out``: a one-sided get, timed by the modeled clock. Local."""
-        op = "symm_mem.get"
-        r = self._peer(rank, op)
-        _tensors.check(out, op, "output")
-        start = int(storage_offset) * out.element_size()
-        if start < 0 or start + out.numel() * out.element_size() > self.buffer_size:
-            raise ValueError(f"{op}: {out.numel()} elements at element {storage_offset} overrun the buffer "
-                             f"({self.buffer_size} bytes)")
-        stratacl.shmem.get(_tensors.array(out), self.buffer_ptrs[r] + start, r, comm=self.comm)
+        r, addr = self._span("symm_mem.get", rank, out, storage_offset, "output")
+        stratacl.shmem.get(_tensors.array(out), addr, r, comm=self.comm)
 
     def put(self, rank: int, src: torch.Tensor, storage_offset: int = 0) -> None:
         """Copy ``src`` into ``rank``'s buffer from element ``storage_offset`` (in ``src``'s
         dtype): a one-sided put, timed by the modeled clock (``stratacl.shmem.quiet`` to wait
         for its landing). Local."""
-        op = "symm_mem.put"
+        r, addr = self._span("symm_mem.put", rank, src, storage_offset, "source")
+        stratacl.shmem.put(addr, _tensors.array(src), r, comm=self.comm)
+
+    def _span(self, op: str, rank: int, t: torch.Tensor, storage_offset: int, what: str) -> tuple[int, int]:
+        """``rank`` checked, and the address in its buffer of ``t``'s elements from element
+        ``storage_offset`` (in ``t``'s dtype), after the check that they fit in the buffer."""
         r = self._peer(rank, op)
-        _tensors.check(src, op, "source")
-        start = int(storage_offset) * src.element_size()
-        if start < 0 or start + src.numel() * src.element_size() > self.buffer_size:
-            raise ValueError(f"{op}: {src.numel()} elements at element {storage_offset} overrun the buffer "
+        _tensors.check(t, op, what)
+        start = int(storage_offset) * t.element_size()
+        if start < 0 or start + t.numel() * t.element_size() > self.buffer_size:
+            raise ValueError(f"{op}: {t.numel()} elements at element {storage_offset} overrun the buffer "
                              f"({self.buffer_size} bytes)")
-        stratacl.shmem.put(self.buffer_ptrs[r] + start, _tensors.array(src), r, comm=self.comm)
+        return r, self.buffer_ptrs[r] + start
