@@ -53,6 +53,7 @@ from ._control import (
 from ._expandable import ExpandableAllocator
 from ._hbm import Hbm
 from ._mailbox import Mailbox
+from ._plans import SharedPlans
 from ._sync import SLICE, JobHealth
 from ._trace import Trace
 from ._window import ShadowWindow, round_up
@@ -130,6 +131,10 @@ class Runtime:
         modeled = config.clock if config.clock != "off" else "virtual"
         self.clock = (RankClock(self.topology, config.registration, modeled, config.dilation, EAGER_BYTES)
                       if config.clock != "off" or config.profile else None)
+        # the ranks of a launched job time each call's shape once between them (runtime/_plans.py)
+        self.plans = SharedPlans(job_id) if world > 1 else None
+        if self.clock is not None:
+            self.clock.model.shared = self.plans
         self.profiler = Profiler(rank) if config.profile else None
         # what ub.replay needs to rebuild this rank's fabric model (runtime/_trace.py)
         self.trace = (Trace(rank, world, dict(topology=config.topology, registration=config.registration, algo=config.algo,
@@ -160,6 +165,7 @@ class Runtime:
             return self.clock.model
         if self._model is None:
             self._model = FabricModel(self.topology, self.config.registration, eager_bytes=EAGER_BYTES)
+            self._model.shared = self.plans
         return self._model
 
     def model_for(self, path: str) -> FabricModel:

@@ -50,6 +50,7 @@ with the model and keeps the cheaper, cached by (op, bytes, members, root).
 from __future__ import annotations
 
 import dataclasses
+import pickle
 
 import numpy as np
 
@@ -105,7 +106,10 @@ class FabricModel:
         self.fan_out_cap = np.array([t.fan_out_cap or P.default_fan_out_cap(b, self.issue_rate, self.comm_cores)
                                      for t, b in zip(tiers, self._beta)])
         self._plans: dict = {}
+        # a store the job's ranks share plans through (runtime/_plans.py SharedPlans), or None
+        self.shared = None
         self._rounds: dict = {}
+        self._barriers: dict = {}
         self._auto: dict = {}
         self._runs: dict = {}
 
@@ -121,8 +125,10 @@ class FabricModel:
 
     def with_path(self, path: str) -> "FabricModel":
         """The same model with another data path (mte | sdma)."""
-        return FabricModel(self.topology, self.registration, self.staged_buffer, self.cores, self.comm_cores,
-                           self.partition, path, self.completion, eager_bytes=self.eager_bytes)
+        m = FabricModel(self.topology, self.registration, self.staged_buffer, self.cores, self.comm_cores,
+                        self.partition, path, self.completion, eager_bytes=self.eager_bytes)
+        m.shared = self.shared
+        return m
 
     def with_hbm(self, gbps: float) -> "FabricModel":
         """The same model with ``gbps`` of every die's HBM left to communication (a kernel beside
@@ -130,6 +136,7 @@ class FabricModel:
         m = FabricModel(self.topology, self.registration, self.staged_buffer, self.cores, self.comm_cores,
                         self.partition, self.path, self.completion, eager_bytes=self.eager_bytes)
         m.fabric.hbm_for_comm = float(gbps) * 1e3
+        m.shared = self.shared
         return m
 
     def __repr__(self) -> str:
@@ -231,8 +238,11 @@ class FabricModel:
                 continue
             data = float((done[sel] - alpha[sel]).max())
             share = float(nbytes[sel].sum()) / data if data > 0 else 0.0
-            rel = (owner[sel] - i) % n           # peers relative to the member: symmetric members share a policy
-            run = self.core_run(rel.astype(np.int64), nbytes[sel].astype(np.int64), tier[sel], share, grain=grain)
+            # peers relative to the member, in that order: members alike in the topology share a policy
+            rel = (owner[sel] - i) % n
+            by = np.argsort(rel, kind="stable")
+            run = self.core_run(rel[by].astype(np.int64), nbytes[sel][by].astype(np.int64), tier[sel][by], share,
+                                grain=grain)
             runs[i] = run
             dur[i] = run[0].end
         return dur, runs
@@ -250,15 +260,27 @@ class FabricModel:
         if got is None:
             if len(self._plans) >= _CACHE_LIMIT:
                 self._plans.clear()
-            m = np.asarray(members, dtype=np.int64)
-            if self.registration == "staged":
-                got = []
-                for b in S.staged_rounds(op, m.size, nbytes, self.staged_buffer, itemsize):
-                    got += self._round(op, algo, members, m, b, root, itemsize)
+            if self.shared is not None and self.shared.wants(len(members)):
+                got = self.shared.fetch(self._identity() + repr(key).encode(), lambda: self._plan(*key))
             else:
-                got = self._timed(op, algo, m, nbytes, root, itemsize)
+                got = self._plan(*key)
             self._plans[key] = got
         return got
+
+    def _plan(self, op: str, algo: str, members: tuple, nbytes: int, root: int, itemsize: int) -> list:
+        m = np.asarray(members, dtype=np.int64)
+        if self.registration != "staged":
+            return self._timed(op, algo, m, nbytes, root, itemsize)
+        got = []
+        for b in S.staged_rounds(op, m.size, nbytes, self.staged_buffer, itemsize):
+            got += self._round(op, algo, members, m, b, root, itemsize)
+        return got
+
+    def _identity(self) -> bytes:
+        """What names this model's plans apart from another's: every setting that times them."""
+        return pickle.dumps(self.topology) + repr((self.registration, self.staged_buffer, self.cores, self.comm_cores,
+                     self.partition, self.path, self.completion, self.eager_bytes,
+                     self.fabric.hbm_for_comm)).encode()
 
     def plan_exchange(self, members: tuple, phases: list[tuple[np.ndarray, int]],
                       staging: tuple[np.ndarray, np.ndarray] | None = None) -> list:
@@ -344,15 +366,8 @@ class FabricModel:
                 left = np.roll(m, 1)
                 x, alpha = f.rates(m, left, np.ones(n, dtype=np.int64), S.LOAD)
                 tier = f.tier_of(m, left)
-                dur = np.zeros(step.nbytes.shape)
-                runs = [[None] * n for _ in range(dur.shape[0])]
-                one = np.ones(1, dtype=np.int64)
-                for s in range(dur.shape[0]):
-                    for i in range(n):
-                        if step.nbytes[s, i] > 0:
-                            r = self.core_run(one, step.nbytes[s, i:i + 1].astype(np.int64), tier[i:i + 1], float(x[i]))
-                            runs[s][i] = r
-                            dur[s, i] = r[0].end
+                runs = self._ring_runs(np.asarray(step.nbytes, dtype=np.int64), tier, x)
+                dur = runs.durations()
                 # step s: i writes what it pulls from i-1, i-1's HBM is read for it
                 hbm = step.nbytes + np.roll(step.nbytes, -1, axis=1)
                 if step.local is not None:     # the own-block copy runs beside step 0's pull, on other cores' time
@@ -375,11 +390,65 @@ class FabricModel:
                 out.append(("shift", dur, f.flag_us(left, m), f.flag_us(right, m), runs, 2.0 * nb))
         return out
 
-    def _barrier(self, m: np.ndarray) -> np.ndarray:
-        """Flag latency matrix of the full-mesh barrier: [i, j] from member j to member i."""
-        lat = self.fabric.flag_us(m[None, :], m[:, None])
+    def _ring_runs(self, nbytes: np.ndarray, tier: np.ndarray, share: np.ndarray) -> "RingRuns":
+        """The core runs of a ring's steps: member i pulls ``nbytes[s, i]`` from its left
+        neighbour over ``tier[i]`` at ``share[i]`` in step s. Members and steps that move the
+        same bytes over the same tier at the same share run alike, so each distinct triple is
+        timed once (a ring of N members has 2 (N - 1) steps: N^2 cells, a handful of shapes)."""
+        steps, n = nbytes.shape
+        # a member's class: its (tier, share); a cell's: its member's class and its byte count
+        who, member = np.unique(np.stack([tier.astype(np.int64), np.asarray(share, dtype=np.float64).view(np.int64)],
+                                         axis=1), axis=0, return_inverse=True)
+        sizes, size = np.unique(nbytes, return_inverse=True)
+        cells, index = np.unique(member.reshape(1, n) * sizes.size + size.reshape(steps, n), return_inverse=True)
+        one = np.ones(1, dtype=np.int64)
+        runs = []
+        for cell in cells.tolist():
+            (tr, sh), nb = who[cell // sizes.size], sizes[cell % sizes.size]
+            runs.append(self.core_run(one, np.array([nb], dtype=np.int64), np.array([tr], dtype=np.int64),
+                                      float(np.int64(sh).view(np.float64))) if nb > 0 else None)
+        return RingRuns(index.reshape(steps, n).astype(np.int32), runs)
+
+    def _barrier(self, m: np.ndarray) -> "FlagMesh":
+        """Flag latencies of the full-mesh barrier among members ``m`` (one per member set)."""
+        key = m.tobytes()
+        got = self._barriers.get(key)
+        if got is None:
+            if len(self._barriers) >= _CACHE_LIMIT:
+                self._barriers.clear()
+            f = self.fabric
+            tier = f.tier_of(m[None, :], m[:, None])
+            got = self._barriers[key] = FlagMesh(tier.astype(np.int8), f.latency + f.flag_extra)
+        return got
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class FlagMesh:
+    """Flag latencies among a call's members, [i, j] from member j to member i (0 on the
+    diagonal), kept as the tier of each pair (a byte) and each tier's flag latency: N^2 bytes
+    rather than N^2 floats in every plan that synchronises N members."""
+    tier: np.ndarray           # (members, members) int8
+    latency: np.ndarray        # per tier: its latency plus the flag's own cost (Fabric.flag_us)
+
+    def matrix(self) -> np.ndarray:
+        lat = self.latency[self.tier]
         np.fill_diagonal(lat, 0.0)
         return lat
+
+
+@dataclasses.dataclass(frozen=True)
+class RingRuns:
+    """The core runs of a ring's steps: ``at(s, i)`` is member i's in step s (None when it
+    moves nothing), kept as one index per cell into the distinct runs."""
+    index: np.ndarray          # (steps, members) int32 into runs
+    runs: list
+
+    def at(self, s: int, i: int):
+        return self.runs[self.index[s, i]]
+
+    def durations(self) -> np.ndarray:
+        ends = np.array([r[0].end if r is not None else 0.0 for r in self.runs])
+        return ends[self.index]
 
 
 def run_plan(plan: list, clocks: np.ndarray) -> np.ndarray:
@@ -391,7 +460,7 @@ def run_plan(plan: list, clocks: np.ndarray) -> np.ndarray:
         if kind == "add":
             t = t + step[1]
         elif kind == "barrier":
-            t = (t[None, :] + step[1]).max(axis=1)
+            t = (t[None, :] + step[1].matrix()).max(axis=1)
         elif kind == "ring":
             dur, lat = step[1], step[2]
             end = t + dur[0]

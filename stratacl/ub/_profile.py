@@ -182,8 +182,9 @@ def profile_plan(model, plan: list, members, clocks_in=None, ranks=None) -> list
                     if s > 0:
                         who = cores if model.path == "mte" else cores[:model.topology.sdma.poll_cores]
                         profs[i].record_many(who, "sync", starts[s - 1][i] + dur[s - 1, i], st[i])
-                    if runs[s][i] is not None:
-                        _record_run(profs[i], runs[s][i][0], st[i])
+                    run = runs.at(s, i)
+                    if run is not None:
+                        _record_run(profs[i], run[0], st[i])
             t = end
             continue
         t_next = run_plan([step], t)
