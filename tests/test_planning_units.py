@@ -975,3 +975,28 @@ def test_cut_assumes_one_core_by_default():
 def test_partitioner_starts_with_no_generation_time():
     part = P.Partitioner("naive")
     assert part.last_generation_us == 0.0 and type(part.last_generation_us) is float
+
+
+# --- the full-mesh barrier's flag latencies (ub/_clock.py FlagMesh) ------------------------------
+
+@pytest.mark.parametrize("topology", ["cm384", "flat", "nvl72-like.json"])
+def test_the_barrier_waits_for_every_flag_at_its_tiers_latency(topology):
+    """t_i after the barrier = max over j of (t_j + flag latency j -> i), t_i for j = i: worked
+    pair by pair from Fabric.flag_us, for member sets in and out of order, with tied clocks."""
+    from stratacl.ub._clock import FlagMesh
+    from stratacl.ub._fabric import Fabric
+    from pathlib import Path
+    if topology.endswith(".json"):
+        topology = str(Path(__file__).resolve().parent.parent / "examples" / "topologies" / topology)
+    f = Fabric(T.load(topology))
+    rng = np.random.default_rng(7)
+    for trial in range(60):
+        n = int(rng.integers(1, 90))
+        m = rng.choice(200, n, replace=False)
+        if trial % 2:
+            m = np.sort(m)
+        t = rng.random(n) * 20 if trial % 3 else np.round(rng.random(n) * 2)
+        want = [max(t[j] + (0.0 if j == i else float(f.flag_us(m[j], m[i]))) for j in range(n)) for i in range(n)]
+        mesh = FlagMesh.of(f, m)
+        assert mesh.after(t).tolist() == want
+        assert mesh.matrix()[0].tolist() == [0.0 if j == 0 else float(f.flag_us(m[j], m[0])) for j in range(n)]

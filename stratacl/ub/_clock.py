@@ -416,22 +416,62 @@ class FabricModel:
         if got is None:
             if len(self._barriers) >= _CACHE_LIMIT:
                 self._barriers.clear()
-            f = self.fabric
-            tier = f.tier_of(m[None, :], m[:, None])
-            got = self._barriers[key] = FlagMesh(tier.astype(np.int8), f.latency + f.flag_extra)
+            got = self._barriers[key] = FlagMesh.of(self.fabric, m)
         return got
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class FlagMesh:
-    """Flag latencies among a call's members, [i, j] from member j to member i (0 on the
-    diagonal), kept as the tier of each pair (a byte) and each tier's flag latency: N^2 bytes
-    rather than N^2 floats in every plan that synchronises N members."""
-    tier: np.ndarray           # (members, members) int8
-    latency: np.ndarray        # per tier: its latency plus the flag's own cost (Fabric.flag_us)
+    """Flag latencies among a call's members: the full-mesh barrier's t_i = max over j of
+    (t_j + latency of the tier between j and i), t_i itself for j = i.
+
+    The tier of a pair is that of the innermost topology level whose block holds both, so the
+    members j at one tier from i are those in i's block of that level but not in i's block of
+    the level below. Kept as each member's block at every level (a few ints a member), the
+    barrier is a max over blocks: O(N) a level instead of the N x N latency matrix, which every
+    member would otherwise build and reduce on every synchronising call (O(N^3) a job)."""
+    blocks: np.ndarray         # (levels + 1, members) int64: block index at each level; last row: all 0 (beyond)
+    latency: np.ndarray        # (levels + 1,) flag latency from a member of that level's block (Fabric.flag_us)
+
+    @classmethod
+    def of(cls, f: Fabric, m: np.ndarray) -> "FlagMesh":
+        rows = [np.unique(m // span, return_inverse=True)[1].reshape(-1) for span in f.spans]
+        rows.append(np.zeros(m.size, dtype=np.int64))
+        lat = np.append(f.latency[f.level_tier], f.latency[f.beyond]) + f.flag_extra
+        return cls(np.array(rows, dtype=np.int64), lat)
+
+    def after(self, t: np.ndarray) -> np.ndarray:
+        """Every member's clock once it has seen every other member's flag, raised at ``t``."""
+        t = np.asarray(t, dtype=np.float64)
+        out = t.copy()
+        inner = np.arange(t.size)                  # below the first level: each member alone
+        for block, lat in zip(self.blocks, self.latency):
+            # the latest clock of each inner block, and the best two of them in each block
+            sub = np.full(int(inner.max()) + 1, -np.inf)
+            np.maximum.at(sub, inner, t)
+            parent = np.zeros(sub.size, dtype=np.int64)
+            parent[inner] = block
+            first = np.full(int(block.max()) + 1, -np.inf)
+            np.maximum.at(first, parent, sub)
+            top = sub == first[parent]
+            ties = np.bincount(parent, weights=top, minlength=first.size)
+            second = np.full(first.size, -np.inf)
+            np.maximum.at(second, parent[~top], sub[~top])
+            # the latest other inner block of i's block: the best, unless it is i's own alone
+            alone = (sub[inner] == first[block]) & (ties[block] == 1)
+            other = np.where(alone, second[block], first[block])
+            out = np.maximum(out, other + lat)
+            inner = block
+        return out
 
     def matrix(self) -> np.ndarray:
-        lat = self.latency[self.tier]
+        """[i, j]: the flag latency from member j to member i (0 on the diagonal)."""
+        n = self.blocks.shape[1]
+        level = np.full((n, n), self.latency.size - 1)
+        for k in range(self.blocks.shape[0] - 1, -1, -1):
+            same = self.blocks[k][:, None] == self.blocks[k][None, :]
+            level[same] = k
+        lat = self.latency[level]
         np.fill_diagonal(lat, 0.0)
         return lat
 
@@ -460,7 +500,7 @@ def run_plan(plan: list, clocks: np.ndarray) -> np.ndarray:
         if kind == "add":
             t = t + step[1]
         elif kind == "barrier":
-            t = (t[None, :] + step[1].matrix()).max(axis=1)
+            t = step[1].after(t)
         elif kind == "ring":
             dur, lat = step[1], step[2]
             end = t + dur[0]
