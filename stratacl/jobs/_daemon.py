@@ -5,15 +5,24 @@
 It holds the read end of a pipe from the launcher. EOF on that pipe means the launcher is
 gone (finished, or killed even by SIGKILL): the daemon then kills any rank still alive,
 removes every leftover name of the job from /dev/shm and exits.
+
+Started with ``--watch`` by the first rank of a job that another launcher (torchrun, mpirun)
+started (runtime/_foreign.py), it has no launcher to follow: it watches every rank itself,
+with a pidfd from the moment the rank writes its pid to the control segment. A rank that ends
+unfinalized is recorded as the job's failure (its peers raise PeerFailure naming it); once
+every rank has ended, the daemon sweeps the job's names from /dev/shm and exits. Ending the
+other ranks stays the job launcher's part, as it is for any of its jobs.
 """
 from __future__ import annotations
 
 import os
+import selectors
 import signal
 import sys
 import threading
+import time
 
-from stratacl.runtime._control import STATE_DEAD, STATE_FINALIZED, Control
+from stratacl.runtime._control import FAILED_EXIT, FAILED_GONE, FAILED_SIGNAL, STATE_DEAD, STATE_FINALIZED, Control
 from stratacl.runtime._mailbox import BROADCAST, Mailbox, unpack_header
 
 
@@ -46,7 +55,66 @@ def _is_rank(pid: int, job_id: str) -> bool:
         return False
 
 
+def _exit_status(pid: int) -> tuple[int, int]:
+    """(kind, value) for the failure record of rank process ``pid``, which has ended: its exit
+    status while it waits as a zombie for its launcher to reap it (/proc/<pid>/stat, field 52),
+    else FAILED_GONE (the launcher has already taken it)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            status = int(f.read().rsplit(b")", 1)[1].split()[49])
+    except (OSError, ValueError, IndexError):
+        return FAILED_GONE, 0
+    if status & 0x7F:
+        return FAILED_SIGNAL, status & 0x7F
+    return (FAILED_EXIT, status >> 8) if status >> 8 else (FAILED_GONE, 0)
+
+
+def _watch_ranks(ctl: Control, world: int, timeout: float) -> None:
+    """Return once every rank has ended, or once none is left to watch and the job has failed
+    or the others did not show up within ``timeout`` s. Sleeps in the kernel on the pidfds; while some rank has not
+    written its pid yet, it looks for new pids five times a second."""
+    sel = selectors.DefaultSelector()
+    watched: dict[int, int] = {}         # rank -> pidfd
+    ended: set[int] = set()
+    started = time.monotonic()
+
+    def end(r: int, pid: int) -> None:
+        ended.add(r)
+        if ctl.state(r) in (STATE_FINALIZED, STATE_DEAD):
+            return
+        kind, value = _exit_status(pid)
+        ctl.set_state(r, STATE_DEAD)
+        ctl.record_failure(r, kind, value)
+
+    while len(ended) < world:
+        for r in range(world):
+            if r in watched or r in ended:
+                continue
+            pid = ctl.pid(r)
+            if pid <= 0:
+                continue
+            try:
+                fd = os.pidfd_open(pid)
+            except ProcessLookupError:
+                end(r, pid)
+                continue
+            watched[r] = fd
+            sel.register(fd, selectors.EVENT_READ, (r, pid))
+        unseen = world - len(watched) - len(ended)
+        # nobody left to watch: every rank ended, or the job failed (a rank that has not
+        # joined yet cannot complete it and finds the names gone), or ranks never came
+        if not watched and (not unseen or ctl.failure() is not None or time.monotonic() - started > timeout):
+            return
+        for key, _ in sel.select(timeout=0.2 if unseen else None):
+            r, pid = key.data
+            sel.unregister(key.fd)
+            os.close(watched.pop(r))
+            end(r, pid)
+
+
 def main() -> None:
+    if sys.argv[1] == "--watch":
+        return main_watch()
     job_id, world, ctl_fd, pipe_fd = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     ctl = Control(ctl_fd, world)
@@ -65,6 +133,22 @@ def main() -> None:
                 pass
     from stratacl.jobs._resources import sweep
     sweep(job_id)
+    os._exit(0)
+
+
+def main_watch() -> None:
+    job_id, world, ctl_fd, timeout = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
+    for sig in (signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
+    ctl = Control(ctl_fd, world)
+    stop = threading.Event()
+    threading.Thread(target=_relay, args=(ctl, stop), daemon=True, name="stratacl-relay").start()
+    try:
+        _watch_ranks(ctl, world, timeout)
+    finally:
+        stop.set()
+        from stratacl.jobs._resources import sweep
+        sweep(job_id)
     os._exit(0)
 
 

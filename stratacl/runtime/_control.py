@@ -72,6 +72,9 @@ H_MAGIC, H_WORLD, H_FAILED_RANK, H_FAILED_KIND, H_FAILED_VALUE, H_LAUNCHER_PID =
 H_HBM_SIZE, H_VA_BASE, H_SLICE = 48, 56, 64
 H_SLEEPERS = 128                          # u32, own cache line: see set_sleepers in _waits.c
 FAILED_EXIT, FAILED_SIGNAL, FAILED_SHUTDOWN, FAILED_DAEMON = 1, 2, 3, 4    # 0: none
+# FAILED_GONE: a rank of a job started by another launcher ended unfinalized, its exit status
+# unknown to the host's daemon (jobs/_daemon.py --watch)
+FAILED_GONE = 5
 
 # rank region word offsets (bytes)
 R_PID, R_STATE, R_DOORBELL, R_PUBLISHED = 0, 8, 16, 24

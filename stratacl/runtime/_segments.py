@@ -13,6 +13,12 @@ moment it exists, so no name is left in /dev/shm whatever way the job ends, and 
 can open it. The names all start with ``prefix(job id)``: the launcher's sweep removes any
 leftover with it (in case a process died between create and unlink). The runtime owns the
 segments' names, sizes and header facts; the launcher only decides when a job starts and ends.
+
+A job started by another launcher (torchrun, mpirun: runtime/_foreign.py) has no common parent to
+hand descriptors down, so its first rank on the host creates the segments with ``keep_names``,
+the other ranks open them by name (``open_job_segments``), and the names are unlinked
+(``unlink_job_names``) once every rank holds its descriptors; the host's daemon sweeps them if
+the job ends before that.
 """
 from __future__ import annotations
 
@@ -37,28 +43,66 @@ def slice_bytes_for(hbm_size: int) -> int:
     return 4 * round_up(hbm_size, PAGE)
 
 
-def _create(name: str, size: int) -> int:
+def _names(job_id: str, world: int) -> list[str]:
+    """The job's segment names: the control segment's, then each rank's HBM segment's."""
+    p = prefix(job_id)
+    return [p + "ctl"] + [f"{p}hbm-{r}" for r in range(world)]
+
+
+def _create(name: str, size: int, keep_name: bool = False) -> int:
     shm = posix_ipc.SharedMemory("/" + name, flags=posix_ipc.O_CREX, mode=0o600, size=size)
     try:
         fd = os.dup(shm.fd)
     finally:
         shm.close_fd()
-        shm.unlink()
+        if not keep_name:
+            shm.unlink()
     return fd
 
 
-def create_job_segments(job_id: str, world: int, config: Config, launcher_pid: int | None = None
-                        ) -> tuple[int, list[int]]:
-    """Create the control segment and one HBM segment per rank; returns their descriptors."""
+def open_job_segments(job_id: str, world: int) -> tuple[int, list[int]]:
+    """Open the segments of a job another process created with ``keep_names``; returns their
+    descriptors, as ``create_job_segments`` does. Raises posix_ipc.ExistentialError if one is gone."""
+    fds: list[int] = []
+    try:
+        for name in _names(job_id, world):
+            shm = posix_ipc.SharedMemory("/" + name)
+            try:
+                fds.append(os.dup(shm.fd))
+            finally:
+                shm.close_fd()
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+    return fds[0], fds[1:]
+
+
+def unlink_job_names(job_id: str, world: int) -> None:
+    """Remove the names ``create_job_segments(keep_names=True)`` left; the segments live on in
+    the descriptors already open. Names already gone are skipped."""
+    for name in _names(job_id, world):
+        try:
+            posix_ipc.unlink_shared_memory("/" + name)
+        except posix_ipc.ExistentialError:
+            pass
+
+
+def create_job_segments(job_id: str, world: int, config: Config, launcher_pid: int | None = None,
+                        keep_names: bool = False) -> tuple[int, list[int]]:
+    """Create the control segment and one HBM segment per rank; returns their descriptors.
+    With ``keep_names`` the names stay in /dev/shm for other processes to open (see above)."""
     p = prefix(job_id)
-    ctl_fd = _create(p + "ctl", Control.size_for(world))
+    ctl_fd = _create(p + "ctl", Control.size_for(world), keep_names)
     hbm_fds = []
     try:
         for r in range(world):
-            hbm_fds.append(_create(f"{p}hbm-{r}", config.hbm_size))
+            hbm_fds.append(_create(f"{p}hbm-{r}", config.hbm_size, keep_names))
     except BaseException:
         for fd in [ctl_fd, *hbm_fds]:
             os.close(fd)
+        if keep_names:
+            unlink_job_names(job_id, world)
         raise
     ctl = Control(ctl_fd, world)
     ctl.init_header(config.hbm_size, config.va_base, slice_bytes_for(config.hbm_size),

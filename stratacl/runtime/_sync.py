@@ -20,6 +20,7 @@ from . import _native
 from ._control import (
     FAILED_DAEMON,
     FAILED_EXIT,
+    FAILED_GONE,
     FAILED_SHUTDOWN,
     FAILED_SIGNAL,
     STATE_DEAD,
@@ -57,6 +58,8 @@ def _describe_failure(kind: int, value: int) -> str:
             return f"killed by signal {value}"
     if kind == FAILED_EXIT:
         return f"exited with code {value}"
+    if kind == FAILED_GONE:
+        return "ended without finalizing"
     return "failed"
 
 

@@ -35,7 +35,7 @@ from ..ub._clock import FabricModel
 from ..ub._profile import Profiler, write_chrome_trace
 from ..ub._rankclock import RankClock
 from ..ub._registration import RegistrationUnit
-from . import _native
+from . import _foreign, _native
 from ._allocator import CachingAllocator, array_from_block
 from ._buffers import EAGER_BYTES
 from ._comm import Communicator
@@ -289,12 +289,19 @@ def init(**settings: Any) -> Communicator:
         check_environment()
         config = Config(**settings)
         boot = os.environ.get("STRATACL_BOOT")
+        launch = None
         if boot:
             info = json.loads(boot)
             rank, world = int(os.environ["STRATACL_RANK"]), int(os.environ["STRATACL_WORLD_SIZE"])
             job_id = os.environ["STRATACL_JOB_ID"]
             ctl = Control(info["ctl"], world)
             hbm_fds = list(info["hbm"])
+        elif (launch := _foreign.detect()) is not None:
+            # torchrun or mpirun started this process: the ranks on the host meet by name
+            rank, world = launch.rank, launch.world
+            job_id, ctl_fd, hbm_fds, created = _foreign.join(launch, config)
+            ctl = Control(ctl_fd, world)
+            ctl.set_pid(rank, os.getpid())      # the host's daemon watches the rank from here on
         else:
             rank, world, job_id = 0, 1, secrets.token_hex(4)
             ctl, hbm_fds = _standalone(job_id, config)
@@ -306,6 +313,8 @@ def init(**settings: Any) -> Communicator:
     log.info("rank %d of %d joined job %s (registration=%s, metadata=%s)", rank, world, job_id,
              config.registration, config.metadata_path)
     rt.world_comm.barrier()
+    if launch is not None:
+        _foreign.joined(job_id, world, created)
     if rt.clock is not None:
         rt.clock.anchor()
     return rt.world_comm

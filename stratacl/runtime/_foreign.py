@@ -1,0 +1,169 @@
+"""Joining a job started by another launcher: torchrun, or mpirun (Open MPI; MPICH's mpiexec).
+
+``stratacl-launch`` creates a job's segments and hands every rank their descriptors. Under a
+launcher of its own kind a program has no such parent, so ``init()`` reads the launcher's
+environment instead (``detect``) and the ranks on the host meet through /dev/shm:
+
+    every rank: job id = hash(what the launcher made unique for this launch, uid)
+                open (or create) the semaphore stratacl-<job id>-ready, 0600
+    local rank 0: create the segments by name (0600, names kept), start the host's daemon
+                  (stratacl.jobs._daemon --watch: a pidfd per rank; names a rank that ends
+                  unfinalized in the control segment, sweeps /dev/shm once every rank ended)
+                  and post the semaphore
+    other ranks:  wait on the semaphore (a kernel wait, with the timeout), pass it on, open the
+                  segments by name
+    every rank:  write its pid to the control segment (the daemon watches it from then on)
+    after init's barrier every rank holds every descriptor: local rank 0 unlinks the names
+
+No port is opened: the launcher's own store and rendezvous stay the launcher's business, and
+the job id is derived from what it already agreed on (torchrun's run id, master address and
+port and restart count; Open MPI's PMIx namespace; MPICH's process manager), so no exchange
+is needed. One host only: a launch whose ranks span hosts is refused with a clear error.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import subprocess
+import sys
+
+from .._errors import BootstrapError
+
+
+@dataclasses.dataclass(frozen=True)
+class Launch:
+    """What a foreign launcher told this process."""
+    launcher: str           # for messages: "torchrun", "mpirun (Open MPI)", "mpiexec (MPICH)"
+    rank: int
+    world: int
+    local_rank: int
+    local_world: int
+    identity: str           # what its launcher made unique for this launch, on this host
+
+    @property
+    def job_id(self) -> str:
+        """The same on every rank of this launch on this host; another on any other launch."""
+        key = f"{self.launcher}\0{self.identity}\0{os.getuid()}".encode()
+        return hashlib.sha256(key).hexdigest()[:8]
+
+
+def _ints(environ, *names: str) -> list[int] | None:
+    try:
+        return [int(environ[n]) for n in names]
+    except (KeyError, ValueError):
+        return None
+
+
+def detect(environ=None) -> Launch | None:
+    """The launcher this process was started by, from its environment; None if none we know."""
+    env = os.environ if environ is None else environ
+    if "TORCHELASTIC_RUN_ID" in env:
+        got = _ints(env, "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+        if got is not None:
+            ident = "/".join(env.get(k, "") for k in ("TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT",
+                                                     "TORCHELASTIC_RESTART_COUNT"))
+            return Launch("torchrun", *got, ident)
+    got = _ints(env, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+                "OMPI_COMM_WORLD_LOCAL_SIZE")
+    if got is not None:
+        # the PMIx namespace names one run of mpirun ("prterun-<host>-<pid>@1")
+        ident = env.get("PMIX_NAMESPACE") or env.get("OMPI_MCA_ess_base_jobid", "")
+        return Launch("mpirun (Open MPI)", *got, ident)
+    got = _ints(env, "PMI_RANK", "PMI_SIZE")
+    if got is not None:
+        local = _ints(env, "MPI_LOCALRANKID", "MPI_LOCALNRANKS") or [got[0], got[1]]
+        # Hydra's proxy on this host is every local rank's parent
+        ident = f"{env.get('PMI_KVSNAME', '')}/{os.getppid()}"
+        return Launch("mpiexec (MPICH)", *got, *local, ident)
+    return None
+
+
+def _check_one_host(launch: Launch) -> None:
+    if launch.local_world != launch.world:
+        raise BootstrapError(
+            f"stratacl.init(): {launch.launcher} started rank {launch.rank} of {launch.world} as local rank "
+            f"{launch.local_rank} of {launch.local_world} on this host; a StrataCL job started by another "
+            f"launcher must have all its ranks on one host (run {launch.world} processes on one node, e.g. "
+            f"torchrun --nnodes 1 --nproc-per-node {launch.world}, or start the job with stratacl-launch)")
+
+
+def _semaphore(job_id: str, prefix: str):
+    import posix_ipc
+    # every rank may be first: O_CREAT (not O_CREX) makes one semaphore whoever gets there first
+    return posix_ipc.Semaphore(f"/{prefix}ready", posix_ipc.O_CREAT, mode=0o600, initial_value=0)
+
+
+def join(launch: Launch, config) -> tuple[str, int, list[int], bool]:
+    """Create (local rank 0) or open (the others) the job's segments; returns (job id, control
+    descriptor, HBM descriptors, created). Blocks the other ranks until local rank 0 has made
+    the job, at most ``config.timeout`` seconds."""
+    import posix_ipc        # here: a rank of a stratacl-launch job never needs it
+
+    from ._segments import create_job_segments, open_job_segments, prefix
+    _check_one_host(launch)
+    job_id = launch.job_id
+    p = prefix(job_id)
+    ready = _semaphore(job_id, p)
+    try:
+        if launch.local_rank == 0:
+            try:
+                ctl_fd, hbm_fds = create_job_segments(job_id, launch.world, config, keep_names=True)
+            except posix_ipc.ExistentialError:
+                raise BootstrapError(
+                    f"stratacl.init(): rank {launch.rank}: /dev/shm already holds the segments of job {job_id} "
+                    f"({launch.launcher} launch {launch.identity!r}): a process of an earlier launch with the same "
+                    f"ids is still running, or was ended before its daemon could clean up; end it, or remove "
+                    f"/dev/shm/{p}* and /dev/shm/sem.{p}*") from None
+            try:
+                start_daemon(job_id, launch.world, ctl_fd, config.timeout)
+            except BaseException:
+                from ._segments import unlink_job_names
+                unlink_job_names(job_id, launch.world)
+                for fd in (ctl_fd, *hbm_fds):
+                    os.close(fd)
+                raise
+            ready.release()
+            return job_id, ctl_fd, hbm_fds, True
+        try:
+            ready.acquire(config.timeout)
+        except posix_ipc.BusyError:
+            raise BootstrapError(
+                f"stratacl.init(): rank {launch.rank}: waited {config.timeout:g} s for local rank 0 to create job "
+                f"{job_id} ({launch.launcher}); it has not called stratacl.init() (or init_process_group('stratacl')) "
+                f"or it failed before; raise STRATACL_TIMEOUT if it is only slow") from None
+        ready.release()          # for the next rank
+        try:
+            ctl_fd, hbm_fds = open_job_segments(job_id, launch.world)
+        except posix_ipc.ExistentialError:
+            raise BootstrapError(
+                f"stratacl.init(): rank {launch.rank}: the segments of job {job_id} are gone: the job ended (a rank "
+                f"failed, or the names were already removed because every rank had joined: is WORLD_SIZE "
+                f"{launch.world} right?)") from None
+        return job_id, ctl_fd, hbm_fds, False
+    finally:
+        ready.close()
+
+
+def joined(job_id: str, world: int, created: bool) -> None:
+    """Every rank has opened the segments (init's barrier is past): the creator removes the names."""
+    if not created:
+        return
+    import posix_ipc
+
+    from ._segments import prefix, unlink_job_names
+    unlink_job_names(job_id, world)
+    try:
+        posix_ipc.unlink_semaphore(f"/{prefix(job_id)}ready")
+    except posix_ipc.ExistentialError:
+        pass
+
+
+def start_daemon(job_id: str, world: int, ctl_fd: int, timeout: float) -> None:
+    """The host's daemon, in a session of its own (a launcher that ends a rank's process group
+    leaves it to clean up), holding none of the rank's pipes (a launcher that forwards output
+    would wait for it)."""
+    subprocess.Popen([sys.executable, "-P", "-m", "stratacl.jobs._daemon", "--watch", job_id, str(world),
+                      str(ctl_fd), str(timeout)],
+                     pass_fds=(ctl_fd,), start_new_session=True, stdin=subprocess.DEVNULL,
+                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
