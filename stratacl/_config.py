@@ -209,6 +209,7 @@ def check_environment(environ: dict[str, str] | None = None) -> None:
     environ = os.environ if environ is None else environ
     internal = {"STRATACL_JOB_ID", "STRATACL_RANK", "STRATACL_WORLD_SIZE", "STRATACL_BOOT",
                 "STRATACL_LAUNCHER_PID", "STRATACL_NPROCS",
+                "STRATACL_JOB_SECRET", "STRATACL_STORE",    # the job's store: stratacl/torch/_store.py
                 "STRATACL_TEST_HOST_MEMORY"}   # a test hook: stratacl/jobs/_memory.py
     known = {s.env for s in SETTINGS} | internal
     for key in environ:

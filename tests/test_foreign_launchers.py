@@ -41,7 +41,8 @@ def _reports(stdout: str) -> dict[int, dict]:
     for line in stdout.splitlines():
         if "@@ " in line:
             rec = json.loads(line.split("@@ ", 1)[1])
-            out[rec["rank"]] = rec
+            if "rank" in rec:
+                out[rec["rank"]] = rec
     return out
 
 
@@ -141,3 +142,80 @@ def test_a_rank_killed_under_torchrun_is_named_by_the_survivors_and_nothing_is_l
     for r in (0, 2):
         assert reports[r]["error"].startswith("PeerFailure: barrier: "), reports[r]
         assert "peer rank 1 killed by SIGKILL" in reports[r]["error"], reports[r]
+
+
+# --- only the job's ranks get in (the store of a stratacl-launch job) -----------------------
+
+def _listening(port: int) -> list[str]:
+    return [c.laddr.ip for c in psutil.net_connections(kind="tcp")
+            if c.status == psutil.CONN_LISTEN and c.laddr.port == port]
+
+
+def _outsider_attempts(host: str, port: int) -> list[str]:
+    """Connect as a process outside the job: a raw socket, then torch's TCPStore client.
+    Returns what went wrong for the outsider (each should be refused)."""
+    import socket
+    from datetime import timedelta
+
+    import torch.distributed as dist
+    refused = []
+    with socket.create_connection((host, port), timeout=20) as s:
+        s.settimeout(20)
+        hello = b""
+        while not hello.endswith(b"\n") and len(hello) < 64:
+            hello += s.recv(1)
+        s.recv(32)                              # the nonce
+        s.sendall(b"\0" * 32 + b"GET secret-keys\n")
+        try:
+            if s.recv(100) == b"":              # closed, nothing answered
+                refused.append("raw socket")
+        except ConnectionResetError:            # closed with our bytes unread
+            refused.append("raw socket")
+    try:
+        client = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=3))
+        client.set("intruder", "x")
+        client.get("intruder")
+    except Exception as e:          # noqa: BLE001 - whatever torch raises for a closed connection
+        refused.append(f"TCPStore: {type(e).__name__}")
+    return refused
+
+
+def test_an_outsider_is_refused_by_the_job_store_and_the_job_stays_exact(tmp_path):
+    launch = os.path.join(os.path.dirname(sys.executable), "stratacl-launch")
+    env = _env("")
+    env.pop(TAG)
+    errors = open(tmp_path / "stderr", "w+")
+    proc = subprocess.Popen([launch, "-n", "3", "--tag-output", os.path.join(SCRIPTS, "store_outsider.py")],
+                            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors, text=True)
+    try:
+        lines = []
+        while True:
+            line = proc.stdout.readline()
+            assert line, "the job ended before rank 0 said where its store is"
+            lines.append(line)
+            if '"store"' in line:
+                break
+        where = json.loads(line.split("@@ ", 1)[1])
+        host, port = where["store"].rsplit(":", 1)
+        port = int(port)
+        assert _listening(port) == ["127.0.0.1"]        # loopback, not every interface
+        assert _listening(where["master_port"]) == []   # torch's own TCPStore was not started
+        refused = _outsider_attempts(host, int(port))
+        proc.stdin.write("go\n")
+        proc.stdin.close()
+        out = proc.stdout.read()        # to EOF: the job's end (its deadline: STRATACL_TIMEOUT, the mark)
+        proc.wait(timeout=60)
+        errors.seek(0)
+        err = errors.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        errors.close()
+    assert refused[0] == "raw socket" and refused[1].startswith("TCPStore"), refused
+    reports = _reports("".join(lines) + out)
+    assert proc.returncode == 0, out[-2000:] + err[-3000:]
+    assert sorted(reports) == [0, 1, 2]
+    assert all(reports[r]["bad"] == [] for r in range(3)), reports
+    assert bytes.fromhex(env.get("STRATACL_JOB_SECRET", "")) == b""   # the test never saw it
+    assert "STRATACL_JOB_SECRET" not in out + err

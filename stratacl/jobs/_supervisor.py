@@ -2,6 +2,8 @@
 
     Job.run()
       create segments (named, mode 0600, unlinked at once)  -> descriptors
+      the job's store: a secret (STRATACL_JOB_SECRET) and a socket listening on loopback, handed
+                     to the ranks (rank 0 serves it under torch: stratacl/torch/_store.py)
       start daemon  (pipe: EOF = launcher gone -> daemon kills ranks and sweeps /dev/shm)
       warn          when N ranks' footprint would not fit in MemAvailable (_memory)
       start ranks   (forked from the rank template, which imported the library once and
@@ -217,6 +219,9 @@ class Job:
         self.job_id = secrets.token_hex(4)
         self._signal = 0
         self._master_port = _free_port()
+        # the job's store (stratacl/torch/_store.py): only a process that holds the secret gets in
+        self._secret = secrets.token_hex(32)
+        self._store: socket.socket | None = None
         self._interactive = os.isatty(1)
 
     # --- start ------------------------------------------------------------------------------
@@ -237,6 +242,8 @@ class Job:
             # what torch.distributed's env:// rendezvous reads, as torchrun sets it: rank 0 serves
             # the TCPStore on this port (a port free when the job started)
             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(self._master_port),
+            "STRATACL_JOB_SECRET": self._secret,
+            "STRATACL_STORE": "127.0.0.1:%d" % self._store.getsockname()[1],
         })
         if self.config.tag_output or self._interactive:
             # a rank's stdout is a pipe, which Python buffers in blocks: unbuffered, each line
@@ -266,6 +273,9 @@ class Job:
         _raise_descriptor_limit(self.n)
         ctl_fd, hbm_fds = create_job_segments(self.job_id, self.n, self.config)
         ctl = Control(ctl_fd, self.n)
+        # loopback only, listening before any rank starts: a rank's connect never races rank 0
+        self._store = socket.create_server(("127.0.0.1", 0), backlog=max(128, self.n))
+        store_fd = self._store.fileno()
         pipe_r, pipe_w = os.pipe()
         procs: list[subprocess.Popen] = []
         socks: list[socket.socket] = []
@@ -291,7 +301,7 @@ class Job:
             stdin = subprocess.DEVNULL if os.isatty(0) else None
             common = self._common_env()
             template = Template() if self.start_method == "fork" else None
-            if template is not None and not template.start(common, [ctl_fd, *hbm_fds], stdin):
+            if template is not None and not template.start(common, [ctl_fd, *hbm_fds, store_fd], stdin):
                 print(f"stratacl-launch: ranks are spawned, not forked from a template: {template.why}",
                       file=sys.stderr, flush=True)
                 template = None
@@ -309,7 +319,7 @@ class Job:
 
             for rank in range(self.n):
                 mine, theirs = socket.socketpair()
-                boot = {"ctl": ctl_fd, "hbm": hbm_fds, "report": theirs.fileno()}
+                boot = {"ctl": ctl_fd, "hbm": hbm_fds, "report": theirs.fileno(), "store": store_fd}
                 # pipes of the rank's own: in one shared pipe, lines written in pieces interleave
                 out_r, out_w = os.pipe()
                 err_r, err_w = os.pipe()
@@ -329,7 +339,7 @@ class Job:
                         take_forked()
                     continue
                 try:
-                    p = subprocess.Popen(self._argv(), env=env, pass_fds=(ctl_fd, *hbm_fds, closing[0]),
+                    p = subprocess.Popen(self._argv(), env=env, pass_fds=(ctl_fd, *hbm_fds, store_fd, closing[0]),
                                          **_OWN_GROUP, stdin=stdin, stdout=out_w, stderr=err_w)
                 finally:
                     for fd in closing:
@@ -374,6 +384,7 @@ class Job:
                     daemon.wait()
             for fd in hbm_fds:
                 os.close(fd)
+            self._store.close()
             ctl.close()
             os.close(ctl_fd)
             sweep(self.job_id)

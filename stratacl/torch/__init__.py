@@ -19,6 +19,7 @@ import torch.distributed as _dist
 from . import _symm_mem as symm_mem
 from ._process_group import ProcessGroupStrataCL as ProcessGroupStrataCL
 from ._groups import create as _create
+from ._store import install as _install_store
 from ._tensors import empty as empty
 from ._tensors import empty_like as empty_like
 from ._tensors import zeros as zeros
@@ -30,3 +31,5 @@ __all__ = ["BACKEND", "ProcessGroupStrataCL", "Work", "empty", "empty_like", "sy
 
 if BACKEND.upper() not in _dist.Backend._plugins:
     _dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu"])
+# env:// in a job of stratacl-launch: the job's store, on loopback, with its secret (_store.py)
+_install_store()

@@ -1,0 +1,273 @@
+"""The job's key-value store under stratacl-launch: torch's env:// store, on loopback, with the job's secret.
+
+torch's ``init_process_group`` (env://) makes rank 0 serve a TCPStore on MASTER_PORT. That
+store binds every interface and lets in whoever connects: any process that reaches the port
+can read and write the keys the job's ranks agree through. In a job that ``stratacl-launch``
+(or ``stratacl.spawn``) started, ``import stratacl.torch`` puts this store in its place:
+
+    launcher: secret = 32 random bytes, in STRATACL_JOB_SECRET for every rank (never printed);
+              a socket listening on 127.0.0.1 (a port the kernel picks), its address in
+              STRATACL_STORE, its descriptor handed to the ranks (STRATACL_BOOT's "store")
+    rank 0:   StoreServer accepts on that socket, a thread; one thread a client. The socket
+              listens from before any rank starts, so a rank connects at once, never retries
+    rank r:   JobStore (a torch.distributed.Store) connects, proves it holds the secret:
+              server -> MAGIC + nonce (32 bytes); client -> HMAC-SHA256(secret, nonce)
+              a wrong or missing answer within HANDSHAKE_S: the connection is closed, nothing
+              of it was read as a request (no key is seen, set or waited on)
+    then      requests: u32 length, op byte, fields (u32 length + bytes each); reply: status, fields
+
+Jobs started by torchrun or mpirun keep their launcher's store: this one is used only where
+STRATACL_JOB_SECRET says the job is StrataCL's own. Under it torch's TCPStore is never started
+and nothing listens on MASTER_PORT (which stays there, free, for a program that does not import
+stratacl.torch and gets torch's own store: docs/cluster.md).
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import secrets
+import socket
+import struct
+import threading
+import time
+from datetime import timedelta
+from urllib.parse import urlparse
+
+import torch.distributed as dist
+
+SECRET_ENV = "STRATACL_JOB_SECRET"
+ADDRESS_ENV = "STRATACL_STORE"
+MAGIC = b"stratacl-store/1\n"
+HANDSHAKE_S = 10.0          # an unauthenticated connection is dropped after this long
+SET, GET, ADD, CAS, CHECK, WAIT, DELETE, NUM_KEYS = range(1, 9)
+OK, MISSING, TIMEOUT = 0, 1, 2
+
+_U32 = struct.Struct("!I")
+_I64 = struct.Struct("!q")
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        got = sock.recv(n - len(buf))
+        if not got:
+            raise ConnectionError("the job's store closed the connection")
+        buf += got
+    return bytes(buf)
+
+
+def _pack(op: int, *fields: bytes) -> bytes:
+    body = bytes([op]) + b"".join(_U32.pack(len(f)) + f for f in fields)
+    return _U32.pack(len(body)) + body
+
+
+def _read_frame(sock: socket.socket) -> tuple[int, list[bytes]]:
+    body = _recv_exact(sock, _U32.unpack(_recv_exact(sock, 4))[0])
+    fields, at = [], 1
+    while at < len(body):
+        (n,) = _U32.unpack_from(body, at)
+        fields.append(body[at + 4:at + 4 + n])
+        at += 4 + n
+    return body[0], fields
+
+
+def _proof(secret: bytes, nonce: bytes) -> bytes:
+    return hmac.new(secret, nonce, hashlib.sha256).digest()
+
+
+def job_store() -> tuple[bytes, str, int, int] | None:
+    """(secret, host, port, listening descriptor) of this rank's job store, or None outside a
+    job that stratacl-launch started."""
+    text, address = os.environ.get(SECRET_ENV), os.environ.get(ADDRESS_ENV)
+    if not text or not address:
+        return None
+    host, _, port = address.rpartition(":")
+    fd = json.loads(os.environ.get("STRATACL_BOOT", "{}")).get("store", -1)
+    return bytes.fromhex(text), host, int(port), fd
+
+
+class StoreServer:
+    """The key-value store's server, run by rank 0 in threads of its own (daemon threads: it
+    lives as long as rank 0's process, as torch's TCPStore does)."""
+
+    def __init__(self, listening: socket.socket, secret: bytes):
+        self.secret = secret
+        self.data: dict[bytes, bytes] = {}
+        self.changed = threading.Condition()
+        self.refused = 0                    # connections closed for want of the secret
+        self.sock = listening
+        threading.Thread(target=self._accept, daemon=True, name="stratacl-store").start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True, name="stratacl-store-client").start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn:
+            try:
+                nonce = secrets.token_bytes(32)
+                conn.settimeout(HANDSHAKE_S)
+                conn.sendall(MAGIC + nonce)
+                want, got = _proof(self.secret, nonce), b""
+                while len(got) < len(want):
+                    more = conn.recv(len(want) - len(got))
+                    # refused at the first wrong byte (a client of another protocol, say
+                    # torch's TCPStore, is told at once); the nonce is new for every
+                    # connection, so what a refusal tells is of no use on the next one
+                    if not more or not want.startswith(got + more):
+                        raise PermissionError
+                    got += more
+            except (OSError, ConnectionError, PermissionError):
+                self.refused += 1
+                return
+            conn.settimeout(None)
+            try:
+                while True:
+                    op, fields = _read_frame(conn)
+                    conn.sendall(self._answer(op, fields))
+            except (OSError, ConnectionError):
+                return
+
+    def _wait_for(self, keys: list[bytes], timeout_ms: int) -> bool:
+        deadline = time.monotonic() + timeout_ms / 1000
+        with self.changed:
+            while not all(k in self.data for k in keys):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self.changed.wait(left)
+            return True
+
+    def _answer(self, op: int, f: list[bytes]) -> bytes:
+        if op in (GET, WAIT):
+            keys, timeout_ms = f[1:], _I64.unpack(f[0])[0]
+            if not self._wait_for(keys, timeout_ms):
+                return _pack(TIMEOUT)
+            return _pack(OK, self.data[keys[0]]) if op == GET else _pack(OK)
+        with self.changed:
+            if op == SET:
+                self.data[f[0]] = f[1]
+                reply = _pack(OK)
+            elif op == ADD:
+                value = int(self.data.get(f[0], b"0")) + _I64.unpack(f[1])[0]
+                self.data[f[0]] = str(value).encode()
+                reply = _pack(OK, _I64.pack(value))
+            elif op == CAS:
+                now = self.data.get(f[0])
+                if (now is None and f[1] == b"") or now == f[1]:
+                    self.data[f[0]] = now = f[2]
+                reply = _pack(OK, now if now is not None else f[1])
+            elif op == CHECK:
+                reply = _pack(OK if all(k in self.data for k in f) else MISSING)
+            elif op == DELETE:
+                reply = _pack(OK if self.data.pop(f[0], None) is not None else MISSING)
+            elif op == NUM_KEYS:
+                reply = _pack(OK, _I64.pack(len(self.data)))
+            else:
+                return _pack(MISSING)
+            self.changed.notify_all()
+            return reply
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+class JobStore(dist.Store):
+    """A client of the job's store, as torch's Store: what ``init_process_group`` gets under
+    stratacl-launch. Thread-safe (one request at a time on its connection)."""
+
+    def __init__(self, host: str, port: int, secret: bytes, timeout: timedelta):
+        super().__init__()
+        self._timeout_s = timeout.total_seconds()
+        self._lock = threading.Lock()
+        try:
+            self._sock = socket.create_connection((host, port), timeout=self._timeout_s)
+        except OSError as e:
+            raise dist.DistStoreError(f"the job's store at {host}:{port}: {e} (the launcher listens there for "
+                                      f"the whole job; is this process one of its ranks?)") from e
+        self._sock.settimeout(None)
+        magic = _recv_exact(self._sock, len(MAGIC))
+        if magic != MAGIC:
+            raise dist.DistStoreError(f"{host}:{port} is not the job's store (it said {magic!r})")
+        self._sock.sendall(_proof(secret, _recv_exact(self._sock, 32)))
+
+    def _call(self, op: int, *fields: bytes) -> tuple[int, list[bytes]]:
+        with self._lock:
+            self._sock.sendall(_pack(op, *fields))
+            return _read_frame(self._sock)
+
+    def _ms(self, timeout=None) -> bytes:
+        s = self._timeout_s if timeout is None else timeout.total_seconds()
+        return _I64.pack(int(s * 1000))
+
+    def set(self, key, value) -> None:
+        self._call(SET, key.encode(), value if isinstance(value, bytes) else str(value).encode())
+
+    def get(self, key) -> bytes:
+        status, f = self._call(GET, self._ms(), key.encode())
+        if status == TIMEOUT:
+            raise dist.DistStoreError(f"the job's store: key {key!r} not set within {self._timeout_s:g} s")
+        return f[0]
+
+    def add(self, key, amount) -> int:
+        return _I64.unpack(self._call(ADD, key.encode(), _I64.pack(int(amount)))[1][0])[0]
+
+    def compare_set(self, key, expected, desired) -> bytes:
+        enc = [v if isinstance(v, bytes) else str(v).encode() for v in (expected, desired)]
+        return self._call(CAS, key.encode(), *enc)[1][0]
+
+    def check(self, keys) -> bool:
+        return self._call(CHECK, *[k.encode() for k in keys])[0] == OK
+
+    def wait(self, keys, timeout=None) -> None:
+        if self._call(WAIT, self._ms(timeout), *[k.encode() for k in keys])[0] == TIMEOUT:
+            raise dist.DistStoreError(f"the job's store: keys {list(keys)} not all set within the timeout")
+
+    def delete_key(self, key) -> bool:
+        return self._call(DELETE, key.encode())[0] == OK
+
+    def num_keys(self) -> int:
+        return _I64.unpack(self._call(NUM_KEYS)[1][0])[0]
+
+
+_SERVERS: dict[int, StoreServer] = {}     # rank 0's server, by listening descriptor
+_STORES: list[JobStore] = []              # every client made here, for the process's life
+
+
+def _env_rendezvous(original):
+    """torch's env:// handler, with this store where the job has a secret."""
+    def handler(url: str, timeout: timedelta = timedelta(minutes=30), **kwargs):
+        found = job_store()
+        if found is None:
+            yield from original(url, timeout=timeout, **kwargs)
+            return
+        secret, host, port, fd = found
+        query = dict(p.split("=", 1) for p in filter(None, urlparse(url).query.split("&")))
+        rank = int(query.get("rank", os.environ["RANK"]))
+        world = int(query.get("world_size", os.environ["WORLD_SIZE"]))
+        if rank == 0 and fd >= 0 and fd not in _SERVERS:
+            # once a process: a second init_process_group finds the same store, as with torch's
+            _SERVERS[fd] = StoreServer(socket.socket(fileno=fd), secret)
+        store = JobStore(host, port, secret, timeout)
+        # torch holds the store from C++ only: without a Python reference the object behind
+        # its methods would be collected and every call through it fail ("Not implemented")
+        _STORES.append(store)
+        yield store, rank, world
+        raise RuntimeError("Unable to perform re-rendezvous using env:// method")
+    handler.stratacl = True
+    return handler
+
+
+def install() -> None:
+    """Put the job's store behind env:// (once): torch keeps its handlers in a table, and
+    offers no way to replace one, so the table's entry is wrapped."""
+    import importlib
+    table = importlib.import_module("torch.distributed.rendezvous")._rendezvous_handlers
+    if not getattr(table.get("env"), "stratacl", False):
+        table["env"] = _env_rendezvous(table["env"])
