@@ -23,8 +23,8 @@ def create(options, backend_options=None) -> ProcessGroupStrataCL:
             raise stratacl.BootstrapError(
                 f"init_process_group('stratacl'): torch was given rank {options.group_rank} of "
                 f"{options.group_size}, but this process is rank {world.rank} of a {world.size}-rank StrataCL job; "
-                f"start the program with stratacl-launch (which sets RANK, WORLD_SIZE, MASTER_ADDR and "
-                f"MASTER_PORT) and let init_process_group read them (env://)")
+                f"start the program with stratacl-launch, or torchrun or mpirun on one host (docs/cluster.md), "
+                f"and let init_process_group read RANK and WORLD_SIZE from them (env://)")
         return ProcessGroupStrataCL(world, options.timeout)
     store = options.store
 
