@@ -144,6 +144,13 @@ def main_watch() -> None:
     stop = threading.Event()
     threading.Thread(target=_relay, args=(ctl, stop), daemon=True, name="stratacl-relay").start()
     try:
+        # the ranks join once this is posted (runtime/_foreign.py): none is left unwatched
+        import posix_ipc
+
+        from stratacl.runtime._segments import prefix
+        ready = posix_ipc.Semaphore(f"/{prefix(job_id)}ready")
+        ready.release()
+        ready.close()
         _watch_ranks(ctl, world, timeout)
     finally:
         stop.set()

@@ -8,8 +8,8 @@ environment instead (``detect``) and the ranks on the host meet through /dev/shm
                 open (or create) the semaphore stratacl-<job id>-ready, 0600
     local rank 0: create the segments by name (0600, names kept), start the host's daemon
                   (stratacl.jobs._daemon --watch: a pidfd per rank; names a rank that ends
-                  unfinalized in the control segment, sweeps /dev/shm once every rank ended)
-                  and post the semaphore
+                  unfinalized in the control segment, sweeps /dev/shm once every rank ended),
+                  which posts the semaphore once it is watching; wait for that, pass it on
     other ranks:  wait on the semaphore (a kernel wait, with the timeout), pass it on, open the
                   segments by name
     every rank:  write its pid to the control segment (the daemon watches it from then on)
@@ -123,11 +123,20 @@ def join(launch: Launch, config) -> tuple[str, int, list[int], bool]:
                 for fd in (ctl_fd, *hbm_fds):
                     os.close(fd)
                 raise
+            # the daemon posts the semaphore once it watches the ranks: until then nobody joins
+            try:
+                ready.acquire(config.timeout)
+            except posix_ipc.BusyError:
+                raise BootstrapError(
+                    f"stratacl.init(): rank {launch.rank}: the host's daemon of job {job_id} did not start within "
+                    f"{config.timeout:g} s (python -m stratacl.jobs._daemon --watch); nothing would clean up "
+                    f"after the job, so it is not started") from None
             ready.release()
             return job_id, ctl_fd, hbm_fds, True
         try:
             ready.acquire(config.timeout)
         except posix_ipc.BusyError:
+            _forget(ready)
             raise BootstrapError(
                 f"stratacl.init(): rank {launch.rank}: waited {config.timeout:g} s for local rank 0 to create job "
                 f"{job_id} ({launch.launcher}); it has not called stratacl.init() (or init_process_group('stratacl')) "
@@ -143,6 +152,15 @@ def join(launch: Launch, config) -> tuple[str, int, list[int], bool]:
         return job_id, ctl_fd, hbm_fds, False
     finally:
         ready.close()
+
+
+def _forget(ready) -> None:
+    """A rank that gave up waiting removes the semaphore's name (it may have created it: the
+    job it waited for is gone, or never came)."""
+    try:
+        ready.unlink()
+    except Exception:       # noqa: BLE001 - already gone
+        pass
 
 
 def joined(job_id: str, world: int, created: bool) -> None:

@@ -31,7 +31,6 @@ import secrets
 import socket
 import struct
 import threading
-import time
 from datetime import timedelta
 from urllib.parse import urlparse
 
@@ -95,7 +94,8 @@ class StoreServer:
     def __init__(self, listening: socket.socket, secret: bytes):
         self.secret = secret
         self.data: dict[bytes, bytes] = {}
-        self.changed = threading.Condition()
+        self.lock = threading.Lock()
+        self.waiters: list[tuple] = []      # (connection, GET | WAIT, keys, answered) not yet answered
         self.refused = 0                    # connections closed for want of the secret
         self.sock = listening
         threading.Thread(target=self._accept, daemon=True, name="stratacl-store").start()
@@ -130,49 +130,65 @@ class StoreServer:
             try:
                 while True:
                     op, fields = _read_frame(conn)
-                    conn.sendall(self._answer(op, fields))
+                    if op in (GET, WAIT):
+                        self._get_or_wait(conn, op, fields)
+                    else:
+                        with self.lock:
+                            conn.sendall(self._update(op, fields))
+                            self._answer_waiters()
             except (OSError, ConnectionError):
                 return
 
-    def _wait_for(self, keys: list[bytes], timeout_ms: int) -> bool:
-        deadline = time.monotonic() + timeout_ms / 1000
-        with self.changed:
-            while not all(k in self.data for k in keys):
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self.changed.wait(left)
-            return True
+    def _get_or_wait(self, conn: socket.socket, op: int, f: list[bytes]) -> None:
+        """Answer now if every key is there; else leave the request to the set that completes
+        it (which answers it at once: rank 0 may exit right after its own last set, and the
+        others' answers must be on their way by then), or to its timeout."""
+        keys, timeout_ms = f[1:], _I64.unpack(f[0])[0]
+        waiter = (conn, op, keys, threading.Event())
+        with self.lock:
+            if all(k in self.data for k in keys):
+                conn.sendall(self._reply(op, keys))
+                return
+            self.waiters.append(waiter)
+        if waiter[3].wait(timeout_ms / 1000):
+            return
+        with self.lock:
+            if waiter in self.waiters:
+                self.waiters.remove(waiter)
+                conn.sendall(_pack(TIMEOUT))
 
-    def _answer(self, op: int, f: list[bytes]) -> bytes:
-        if op in (GET, WAIT):
-            keys, timeout_ms = f[1:], _I64.unpack(f[0])[0]
-            if not self._wait_for(keys, timeout_ms):
-                return _pack(TIMEOUT)
-            return _pack(OK, self.data[keys[0]]) if op == GET else _pack(OK)
-        with self.changed:
-            if op == SET:
-                self.data[f[0]] = f[1]
-                reply = _pack(OK)
-            elif op == ADD:
-                value = int(self.data.get(f[0], b"0")) + _I64.unpack(f[1])[0]
-                self.data[f[0]] = str(value).encode()
-                reply = _pack(OK, _I64.pack(value))
-            elif op == CAS:
-                now = self.data.get(f[0])
-                if (now is None and f[1] == b"") or now == f[1]:
-                    self.data[f[0]] = now = f[2]
-                reply = _pack(OK, now if now is not None else f[1])
-            elif op == CHECK:
-                reply = _pack(OK if all(k in self.data for k in f) else MISSING)
-            elif op == DELETE:
-                reply = _pack(OK if self.data.pop(f[0], None) is not None else MISSING)
-            elif op == NUM_KEYS:
-                reply = _pack(OK, _I64.pack(len(self.data)))
-            else:
-                return _pack(MISSING)
-            self.changed.notify_all()
-            return reply
+    def _reply(self, op: int, keys: list[bytes]) -> bytes:
+        return _pack(OK, self.data[keys[0]]) if op == GET else _pack(OK)
+
+    def _answer_waiters(self) -> None:
+        for w in [w for w in self.waiters if all(k in self.data for k in w[2])]:
+            self.waiters.remove(w)
+            try:
+                w[0].sendall(self._reply(w[1], w[2]))
+            except OSError:
+                pass
+            w[3].set()
+
+    def _update(self, op: int, f: list[bytes]) -> bytes:
+        if op == SET:
+            self.data[f[0]] = f[1]
+            return _pack(OK)
+        if op == ADD:
+            value = int(self.data.get(f[0], b"0")) + _I64.unpack(f[1])[0]
+            self.data[f[0]] = str(value).encode()
+            return _pack(OK, _I64.pack(value))
+        if op == CAS:
+            now = self.data.get(f[0])
+            if (now is None and f[1] == b"") or now == f[1]:
+                self.data[f[0]] = now = f[2]
+            return _pack(OK, now if now is not None else f[1])
+        if op == CHECK:
+            return _pack(OK if all(k in self.data for k in f) else MISSING)
+        if op == DELETE:
+            return _pack(OK if self.data.pop(f[0], None) is not None else MISSING)
+        if op == NUM_KEYS:
+            return _pack(OK, _I64.pack(len(self.data)))
+        return _pack(MISSING)
 
     def close(self) -> None:
         self.sock.close()
