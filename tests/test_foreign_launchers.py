@@ -219,3 +219,34 @@ def test_an_outsider_is_refused_by_the_job_store_and_the_job_stays_exact(tmp_pat
     assert all(reports[r]["bad"] == [] for r in range(3)), reports
     assert bytes.fromhex(env.get("STRATACL_JOB_SECRET", "")) == b""   # the test never saw it
     assert "STRATACL_JOB_SECRET" not in out + err
+
+
+def test_the_store_lets_in_the_secret_only_and_answers_waits_from_the_set():
+    import socket
+    import threading
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from stratacl.torch._store import JobStore, StoreServer
+    listening = socket.create_server(("127.0.0.1", 0))
+    port = listening.getsockname()[1]
+    server = StoreServer(listening, b"s" * 32)
+    try:
+        a = JobStore("127.0.0.1", port, b"s" * 32, timedelta(seconds=20))
+        with pytest.raises(dist.DistStoreError, match="refused this process: its STRATACL_JOB_SECRET"):
+            JobStore("127.0.0.1", port, b"t" * 32, timedelta(seconds=20))
+        assert server.refused == 1
+        b = JobStore("127.0.0.1", port, b"s" * 32, timedelta(seconds=20))
+        got = []
+        waiter = threading.Thread(target=lambda: got.append(b.get("late")))
+        waiter.start()
+        a.set("late", b"value")           # answers b's pending get
+        waiter.join(20)
+        assert got == [b"value"]
+        assert (a.add("n", 2), b.add("n", 3), a.compare_set("n", b"5", b"x"), b.get("n")) == (2, 5, b"x", b"x")
+        assert a.check(["late", "n"]) and not a.check(["late", "missing"])
+        with pytest.raises(dist.DistStoreError, match="not all set"):
+            a.wait(["missing"], timedelta(seconds=0.2))
+    finally:
+        server.close()

@@ -27,6 +27,7 @@ import hashlib
 import os
 import subprocess
 import sys
+import time
 
 from .._errors import BootstrapError
 
@@ -117,30 +118,27 @@ def join(launch: Launch, config) -> tuple[str, int, list[int], bool]:
                     f"/dev/shm/{p}* and /dev/shm/sem.{p}*") from None
             try:
                 start_daemon(job_id, launch.world, ctl_fd, config.timeout)
+                # the daemon posts the semaphore once it watches the ranks: until then nobody joins
+                if not _wait_posted(ready, config.timeout):
+                    raise BootstrapError(
+                        f"stratacl.init(): rank {launch.rank}: the host's daemon of job {job_id} did not start "
+                        f"within {config.timeout:g} s (python -m stratacl.jobs._daemon --watch); nothing would clean "
+                        f"up after the job, so it is not started")
             except BaseException:
                 from ._segments import unlink_job_names
                 unlink_job_names(job_id, launch.world)
+                _forget(ready)
                 for fd in (ctl_fd, *hbm_fds):
                     os.close(fd)
                 raise
-            # the daemon posts the semaphore once it watches the ranks: until then nobody joins
-            try:
-                ready.acquire(config.timeout)
-            except posix_ipc.BusyError:
-                raise BootstrapError(
-                    f"stratacl.init(): rank {launch.rank}: the host's daemon of job {job_id} did not start within "
-                    f"{config.timeout:g} s (python -m stratacl.jobs._daemon --watch); nothing would clean up "
-                    f"after the job, so it is not started") from None
             ready.release()
             return job_id, ctl_fd, hbm_fds, True
-        try:
-            ready.acquire(config.timeout)
-        except posix_ipc.BusyError:
+        if not _wait_posted(ready, config.timeout):
             _forget(ready)
             raise BootstrapError(
                 f"stratacl.init(): rank {launch.rank}: waited {config.timeout:g} s for local rank 0 to create job "
                 f"{job_id} ({launch.launcher}); it has not called stratacl.init() (or init_process_group('stratacl')) "
-                f"or it failed before; raise STRATACL_TIMEOUT if it is only slow") from None
+                f"or it failed before; raise STRATACL_TIMEOUT if it is only slow")
         ready.release()          # for the next rank
         try:
             ctl_fd, hbm_fds = open_job_segments(job_id, launch.world)
@@ -152,6 +150,23 @@ def join(launch: Launch, config) -> tuple[str, int, list[int], bool]:
         return job_id, ctl_fd, hbm_fds, False
     finally:
         ready.close()
+
+
+def _wait_posted(ready, timeout: float) -> bool:
+    """Take the semaphore within ``timeout`` seconds of the monotonic clock. A semaphore's timed
+    wait ends at a wall-clock time, which a clock step moves: it sleeps in slices of at most a
+    second, each ended by the kernel, and the deadline is kept here."""
+    import posix_ipc
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        try:
+            ready.acquire(min(1.0, left))
+            return True
+        except posix_ipc.BusyError:
+            continue
 
 
 def _forget(ready) -> None:

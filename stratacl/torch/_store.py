@@ -11,7 +11,8 @@ can read and write the keys the job's ranks agree through. In a job that ``strat
     rank 0:   StoreServer accepts on that socket, a thread; one thread a client. The socket
               listens from before any rank starts, so a rank connects at once, never retries
     rank r:   JobStore (a torch.distributed.Store) connects, proves it holds the secret:
-              server -> MAGIC + nonce (32 bytes); client -> HMAC-SHA256(secret, nonce)
+              server -> MAGIC + nonce (32 bytes); client -> HMAC-SHA256(secret, nonce);
+              server -> WELCOME
               a wrong or missing answer within HANDSHAKE_S: the connection is closed, nothing
               of it was read as a request (no key is seen, set or waited on)
     then      requests: u32 length, op byte, fields (u32 length + bytes each); reply: status, fields
@@ -39,6 +40,7 @@ import torch.distributed as dist
 SECRET_ENV = "STRATACL_JOB_SECRET"
 ADDRESS_ENV = "STRATACL_STORE"
 MAGIC = b"stratacl-store/1\n"
+WELCOME = b"\x01"           # the server's word that the proof was right
 HANDSHAKE_S = 10.0          # an unauthenticated connection is dropped after this long
 SET, GET, ADD, CAS, CHECK, WAIT, DELETE, NUM_KEYS = range(1, 9)
 OK, MISSING, TIMEOUT = 0, 1, 2
@@ -128,6 +130,10 @@ class StoreServer:
                 return
             conn.settimeout(None)
             try:
+                conn.sendall(WELCOME)
+            except OSError:
+                return
+            try:
                 while True:
                     op, fields = _read_frame(conn)
                     if op in (GET, WAIT):
@@ -212,6 +218,13 @@ class JobStore(dist.Store):
         if magic != MAGIC:
             raise dist.DistStoreError(f"{host}:{port} is not the job's store (it said {magic!r})")
         self._sock.sendall(_proof(secret, _recv_exact(self._sock, 32)))
+        try:
+            welcome = _recv_exact(self._sock, len(WELCOME))
+        except (OSError, ConnectionError):
+            welcome = b""
+        if welcome != WELCOME:
+            raise dist.DistStoreError(f"the job's store at {host}:{port} refused this process: its {SECRET_ENV} "
+                                      f"is not the job's (only the launcher's ranks get in)")
 
     def _call(self, op: int, *fields: bytes) -> tuple[int, list[bytes]]:
         with self._lock:
