@@ -10,7 +10,7 @@ environment instead (``detect``) and the ranks on the host meet through /dev/shm
                   (stratacl.jobs._daemon --watch: a pidfd per rank; names a rank that ends
                   unfinalized in the control segment, sweeps /dev/shm once every rank ended),
                   which posts the semaphore once it is watching; wait for that, pass it on
-    other ranks:  wait on the semaphore (a kernel wait, with the timeout), pass it on, open the
+    other ranks:  wait on the semaphore (kernel waits, within the timeout), pass it on, open the
                   segments by name
     every rank:  write its pid to the control segment (the daemon watches it from then on)
     after init's barrier every rank holds every descriptor: local rank 0 unlinks the names

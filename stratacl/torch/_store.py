@@ -206,10 +206,10 @@ class JobStore(dist.Store):
 
     def __init__(self, host: str, port: int, secret: bytes, timeout: timedelta):
         super().__init__()
-        self._timeout_s = timeout.total_seconds()
+        self.set_timeout(timeout)          # torch may set another later (Store.set_timeout)
         self._lock = threading.Lock()
         try:
-            self._sock = socket.create_connection((host, port), timeout=self._timeout_s)
+            self._sock = socket.create_connection((host, port), timeout=timeout.total_seconds())
         except OSError as e:
             raise dist.DistStoreError(f"the job's store at {host}:{port}: {e} (the launcher listens there for "
                                       f"the whole job; is this process one of its ranks?)") from e
@@ -232,7 +232,7 @@ class JobStore(dist.Store):
             return _read_frame(self._sock)
 
     def _ms(self, timeout=None) -> bytes:
-        s = self._timeout_s if timeout is None else timeout.total_seconds()
+        s = (self.timeout if timeout is None else timeout).total_seconds()
         return _I64.pack(int(s * 1000))
 
     def set(self, key, value) -> None:
@@ -241,7 +241,7 @@ class JobStore(dist.Store):
     def get(self, key) -> bytes:
         status, f = self._call(GET, self._ms(), key.encode())
         if status == TIMEOUT:
-            raise dist.DistStoreError(f"the job's store: key {key!r} not set within {self._timeout_s:g} s")
+            raise dist.DistStoreError(f"the job's store: key {key!r} not set within {self.timeout.total_seconds():g} s")
         return f[0]
 
     def add(self, key, amount) -> int:
