@@ -71,8 +71,9 @@ def _exit_status(pid: int) -> tuple[int, int]:
 
 def _watch_ranks(ctl: Control, world: int, timeout: float) -> None:
     """Return once every rank has ended, or once none is left to watch and the job has failed
-    or the others did not show up within ``timeout`` s. Sleeps in the kernel on the pidfds; while some rank has not
-    written its pid yet, it looks for new pids five times a second."""
+    or the others did not show up within ``timeout`` s. Sleeps in the kernel on the pidfds;
+    while some rank has not written its pid yet, it looks for new pids five times a second. A
+    rank already finalized is not watched: its pid may be another process's by now."""
     sel = selectors.DefaultSelector()
     watched: dict[int, int] = {}         # rank -> pidfd
     ended: set[int] = set()
@@ -92,6 +93,9 @@ def _watch_ranks(ctl: Control, world: int, timeout: float) -> None:
                 continue
             pid = ctl.pid(r)
             if pid <= 0:
+                continue
+            if ctl.state(r) == STATE_FINALIZED:
+                ended.add(r)
                 continue
             try:
                 fd = os.pidfd_open(pid)
