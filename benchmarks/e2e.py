@@ -82,7 +82,8 @@ def _nocomm_topology(directory: str) -> str:
             tier["latency_us"], tier["bandwidth_gbps"] = 0.0, free
     t["port"]["gbps"], t["cores"]["issue_gbps"] = free, free
     t["sdma"].update(descriptor_us=0.0, doorbell_us=0.0, notify_us=0.0)
-    t["registration"].update(map_us=0.0, map_us_per_gib=0.0)
+    t["registration"].update(export_us=0.0, import_us=0.0, reserve_va_us=0.0, map_us=0.0, map_us_per_gib=0.0,
+                             metadata_direct_us=0.0, metadata_relay_us=0.0)
     path = os.path.join(directory, "cm384-nocomm.json")
     with open(path, "w") as f:
         json.dump(t, f)

@@ -35,7 +35,7 @@ for segments. Per mode, from ``stratacl.stats()["registration"]`` and the regist
   peer per rank, 5 times, at the grown segment's size, against touching the same pages
   through the intact mapping.
 
-The fabric model's price of one jit mapping (``registration.map_us`` + ``map_us_per_gib`` x
+The fabric model's price of one jit mapping (the four steps of topology ``registration``, per GiB x
 size, topology cm384) is printed beside it for a chunk and for the whole segment.
 
 Other work on the host distorts the latencies (a busy host delays every wake-up): as in

@@ -323,7 +323,7 @@ def inside_a_mapped_run(comm):
 
 def test_jit_finds_a_block_inside_a_chunk_of_a_run_its_peers_mapped():
     n = 4
-    map_us = ub.load_topology("cm384").contention.map_us
+    map_us = ub.load_topology("cm384").contention.registration_fixed_us    # one peer registration
     for placed, ok, first, part, lone in stratacl.spawn(inside_a_mapped_run, n, registration="jit", clock="virtual",
                                                         chunk_size=CHUNK, hbm_size="64M", timeout=120):
         assert placed and ok

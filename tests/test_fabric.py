@@ -338,7 +338,7 @@ def test_sub_communicators_use_global_placement():
 def test_jit_mappings_cost_per_peer_and_staged_copies_cost_time():
     model = FabricModel("cm384", "jit", eager_bytes=EAGER_BYTES)
     c = model.topology.contention
-    assert model.registration_us(31, GIB) == pytest.approx(31 * (c.map_us + c.map_us_per_gib))
+    assert model.registration_us(31, GIB) == pytest.approx(31 * (c.registration_fixed_us + c.map_us_per_gib))
     assert S.peers_read("all_gather", "ring", 32).tolist() == [1] * 32
     assert S.peers_read("all_gather", "mesh", 32).tolist() == [31] * 32
     assert S.peers_read("broadcast", "mesh", 4, root=2).tolist() == [1, 1, 0, 1]

@@ -28,8 +28,8 @@ Baselines are variants of the model (``FabricModel.registration``):
 
     roa, pool   zero copy: peers read user buffers directly; nothing added
     jit         zero copy, plus the in-operator mappings the caller counted, passed as extra_us
-                (``FabricModel.registration_us``: topology ``registration.map_us`` per mapping
-                plus ``map_us_per_gib`` per GiB mapped; calibrated from the paper's Fig. 5a)
+                (``FabricModel.registration_us``: one UB registration per peer mapping, its
+                four steps' costs from topology ``registration``; read off the paper's Fig. 5a)
     staged      buffer-centric: each round copies the input into the communication buffer, runs
                 the algorithm between communication buffers, copies the output out (local HBM
                 copies at half the HBM bandwidth); a buffer of ``staged_buffer`` bytes (HCCL's
@@ -60,6 +60,7 @@ from ..collectives._ep import split_kind
 from ..sdma import _offload as sdma_model
 from . import _cores
 from ._fabric import Fabric
+from ._registration_cost import ub_registration_us
 from ._topology import UNIT_US, Topology, load
 
 REGISTRATIONS = ("roa", "jit", "pool", "staged")
@@ -248,9 +249,9 @@ class FabricModel:
         return dur, runs
 
     def registration_us(self, mappings, nbytes) -> np.ndarray:
-        """Modeled cost of ``mappings`` just-in-time peer mappings of ``nbytes`` buffers each."""
-        c = self.topology.contention
-        return np.asarray(mappings, dtype=np.float64) * (c.map_us + c.map_us_per_gib * np.asarray(nbytes) / 2**30)
+        """Modeled cost of ``mappings`` just-in-time peer registrations of ``nbytes`` buffers each
+        (each its four steps, ``ub._registration_cost``)."""
+        return np.asarray(mappings, dtype=np.float64) * ub_registration_us(self.topology.contention, nbytes)
 
     # --- plans ------------------------------------------------------------------------------
     def plan(self, op: str, algo: str, members: tuple, nbytes: int, root: int = 0, itemsize: int = 1) -> list:

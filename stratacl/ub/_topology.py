@@ -42,8 +42,16 @@ Optional fields, all with defaults that add no constraint:
                                                  (in for loads, out for stores) unless dedicated
     sync.flag_us                        0.0      cost of one flag (a flag costs the tier latency plus
                                                  this); barriers are made of flags
-    registration.map_us                 100.0    just-in-time registration: one peer mapping
+    registration.export_us              0.0      one UB registration is four steps (paper Fig. 4b):
+    registration.import_us              0.0      the owner exports a physical-memory handle, the
+    registration.reserve_va_us          0.0      peer imports it, reserves a virtual address and
+    registration.map_us                 100.0    maps it (fixed parts, us; ub/_registration_cost.py)
     registration.map_us_per_gib         690.0    ... plus this per GiB mapped (page-table updates)
+    registration.rdma_us                null     an RDMA registration of the same buffer (Fig. 4a's
+    registration.rdma_us_per_gib        null     baseline): fixed + per GiB pinned; null: no RDMA model
+    registration.metadata_direct_us     0.0      registration metadata reaching every peer: CPU stores
+                                                 into the peers' host DRAM (paper section 7)
+    registration.metadata_relay_us      0.0      ... relayed (the daemon here, the NPU on CM384)
     tiers.<t>.unit_bytes                beta_t x 20 us  transfer-unit size S_t the partitioner cuts
                                                  slices into (rounded to 64 KiB; see _partition.py)
     tiers.<t>.fan_out_cap               ceil(beta_t / core rate)  H_t: cores that may target one
@@ -112,8 +120,20 @@ class Contention:
     port_gbps: float | None = None      # a rank's fabric port, per direction; None: the tier's bandwidth
     fan_in_efficiency: float = 1.0      # port rate left under many concurrent flows
     flag_us: float = 0.0                # per flag, on top of the tier latency
-    map_us: float = 100.0               # jit: one peer mapping
-    map_us_per_gib: float = 690.0       # jit: per GiB mapped
+    map_us: float = 100.0               # a UB registration's map step, fixed part (the whole fixed
+    map_us_per_gib: float = 690.0       # cost when the other steps are 0); per GiB mapped
+    export_us: float = 0.0              # the other three steps of a UB registration (Fig. 4b)
+    import_us: float = 0.0
+    reserve_va_us: float = 0.0
+    rdma_us: float | None = None        # an RDMA registration (Fig. 4a's baseline); None: not modeled
+    rdma_us_per_gib: float | None = None
+    metadata_direct_us: float = 0.0     # registration metadata to every peer, direct (section 7)
+    metadata_relay_us: float = 0.0      # ... through the relay
+
+    @property
+    def registration_fixed_us(self) -> float:
+        """The size-independent part of one UB registration: its four steps' fixed costs."""
+        return self.export_us + self.import_us + self.reserve_va_us + self.map_us
 
 
 @dataclasses.dataclass(frozen=True)
@@ -211,7 +231,11 @@ class Topology:
         port = f"{c.port_gbps:g} GB/s" if c.port_gbps else "the tier's bandwidth"
         lines.append(f"  port      {port} per direction, fan-in efficiency {c.fan_in_efficiency:g}")
         lines.append(f"  sync      flag = tier latency + {c.flag_us:g} us; barrier = one full-mesh step of flags")
-        lines.append(f"  jit map   {c.map_us:g} us per peer mapping + {c.map_us_per_gib:g} us per GiB")
+        lines.append(f"  register  export {c.export_us:g} + import {c.import_us:g} + reserve VA {c.reserve_va_us:g} + "
+                     f"map {c.map_us:g} us + {c.map_us_per_gib:g} us per GiB mapped; metadata direct "
+                     f"{c.metadata_direct_us:g} us, relay {c.metadata_relay_us:g} us")
+        if c.rdma_us is not None:
+            lines.append(f"  rdma reg  {c.rdma_us:g} us + {c.rdma_us_per_gib or 0:g} us per GiB (baseline, not used by calls)")
         k = self.cores
         rate = f"{k.issue_gbps:.3g} GB/s each" if k.issue_gbps else "unbounded issue rate"
         lines.append(f"  cores     {k.count} per rank, {k.comm} for communication, {rate}"
@@ -328,11 +352,38 @@ _CM384 = {
         "efficiency": 0.5,
     },
     "registration": {
-        # paper Fig. 5a (per-rank jit registration of an N-rank group, log-log, ~linear in N):
-        # about 0.1 ms at N = 2 for the smallest (2 MiB) buffer, about 100 ms at N = 128 for 1 GiB
-        # buffers; with N-1 peer mappings per rank: 100 us per mapping + 690 us per GiB mapped
-        "map_us": 100.0,
+        # One UB registration of a buffer between two ranks, as paper section 3 describes it: the
+        # owner exports a physical-memory handle, the peer imports it, reserves a local virtual
+        # address and maps it to the owner's HBM. The total comes from Fig. 5a (per-rank jit
+        # registration of an N-rank group, log-log, ~linear in N; one registration per peer):
+        # about 0.1 ms at N = 2 for the smallest (2 MiB) buffer and about 100 ms at N = 128 for
+        # 1 GiB buffers: 100 us per registration + 690 us per GiB. The per-GiB part is the map
+        # step's alone (Fig. 4b: "NPU page-table updates scale with the registered size").
+        # The 100 us split over the four steps is ASSUMED: Fig. 4b's bars are not legible in the
+        # paper's text, which says only that at small payloads export and import "cause
+        # significant delays" and that at large ones the map step dominates. Taken: export and
+        # import 35 us each, reserving a VA 10 us, the map's fixed part 20 us.
+        "export_us": 35.0,
+        "import_us": 35.0,
+        "reserve_va_us": 10.0,
+        "map_us": 20.0,
         "map_us_per_gib": 690.0,
+        # An RDMA registration of the same HBM (Fig. 4a's baseline): a fixed part (creating the
+        # memory region on the NIC, the rkey exchange) and pinning plus DMA mapping per GiB.
+        # Fig. 4a's RDMA bars are not legible either (only the log axis, 10 us .. 10 ms, and
+        # "9x on average", which is the check, not an input), so both are ASSUMED from outside
+        # Fig. 4a: ~1.4 ms for registering device memory with a NIC (a public measurement of an
+        # MR among GPU-memory MRs, ut-osa/gpunet issue 1: 1.4 ms against 60 us for host memory
+        # alone), and the paper's section 1, "can reach several milliseconds" [49], read as
+        # ~4 ms of pinning and DMA mapping per GiB.
+        "rdma_us": 1400.0,
+        "rdma_us_per_gib": 4000.0,
+        # Registration metadata reaching every peer (paper section 7): CPU stores straight into
+        # the peers' host DRAM over UB, 7-8 us (7.5 taken), against 60 us relayed through the
+        # NPU. The paper gives one number per path and no rank count: the model keeps each
+        # constant in N (the direct path's stores are posted, not waited for one by one).
+        "metadata_direct_us": 7.5,
+        "metadata_relay_us": 60.0,
     },
 }
 _FLAT = {
@@ -413,11 +464,21 @@ def from_dict(data: dict, source: str = "topology") -> Topology:
     values = {}
     for sec, sname, key, default in ((sync, "sync", "flag_us", d.flag_us),
                                      (reg, "registration", "map_us", d.map_us),
-                                     (reg, "registration", "map_us_per_gib", d.map_us_per_gib)):
+                                     (reg, "registration", "map_us_per_gib", d.map_us_per_gib),
+                                     (reg, "registration", "export_us", d.export_us),
+                                     (reg, "registration", "import_us", d.import_us),
+                                     (reg, "registration", "reserve_va_us", d.reserve_va_us),
+                                     (reg, "registration", "rdma_us", d.rdma_us),
+                                     (reg, "registration", "rdma_us_per_gib", d.rdma_us_per_gib),
+                                     (reg, "registration", "metadata_direct_us", d.metadata_direct_us),
+                                     (reg, "registration", "metadata_relay_us", d.metadata_relay_us)):
         v = optional(sec, key, float, f"{sname}.", default)
-        if v < 0:
+        if v is not None and v < 0:
             raise ConfigError(f"{source}: field {sname}.{key!r} must be >= 0, got {v}")
         values[key] = v
+    if (values["rdma_us"] is None) != (values["rdma_us_per_gib"] is None):
+        raise ConfigError(f"{source}: fields registration.'rdma_us' and registration.'rdma_us_per_gib' go together "
+                          f"(both set, or both null), got {values['rdma_us']}, {values['rdma_us_per_gib']}")
     cs, sd = section("cores"), section("sdma")
     dc, ds = Cores(), Sdma()
     count = optional(cs, "count", int, "cores.", dc.count)
