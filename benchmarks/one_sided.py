@@ -1,6 +1,6 @@
 """A one-shot all_reduce as a user's operator, on the host: stratacl.fabric against MPI one-sided.
 
-    python benchmarks/one_sided.py [--nranks 8] [--bytes 1M] [-w 3] [-i 20] [--json out.json]
+    python benchmarks/one_sided.py [--nranks 8] [--bytes 1M] [-w 3] [-i 20] [--mpi-btl vader,tcp] [--json out.json]
 
 Both sides run the same algorithm on N processes of this host, float32 sum, every rank's
 output checked: every rank reads every peer's whole buffer and adds them in rank order.
@@ -9,7 +9,10 @@ output checked: every rank reads every peer's whole buffer and adds them in rank
                HBM at their shared addresses; one phase; the departure barrier)
     MPI        Open MPI (the pip wheel), mpi4py: a window over each rank's buffer
                (Win.Create), then per peer Lock(shared), Get into a scratch buffer, Unlock,
-               and a numpy add; a Barrier ends the call. --mca osc rdma over btl self,vader
+               and a numpy add; a Barrier ends the call. --mca osc rdma over the byte transport
+               ``--mpi-btl`` names: vader (shared memory, the default), tcp (loopback sockets:
+               what a window read costs when its bytes cross a network stack), or both, each
+               its own row
 
 The time of a call is the slowest rank's mean over ``-i`` calls after ``-w`` warm-up calls.
 Bus bandwidth follows nccl-tests for all_reduce: algbw = bytes / time, busbw = algbw x 2(N-1)/N.
@@ -28,7 +31,8 @@ import time
 import numpy as np
 
 MPIRUN_FLAGS = ("--oversubscribe", "--bind-to", "none", "--mca", "mpi_yield_when_idle", "1", "--mca", "pml", "ob1",
-                "--mca", "btl", "self,vader", "--mca", "osc", "rdma")
+                "--mca", "osc", "rdma")
+BTLS = ("vader", "tcp")
 
 
 def _bytes(text: str) -> int:
@@ -93,7 +97,7 @@ def mpi_rank(nbytes: int, warmup: int, iters: int, out_path: str) -> None:
             json.dump({"time_s": slowest, "exact": bool(every_ok)}, f)
 
 
-def run_mpi(n: int, nbytes: int, warmup: int, iters: int) -> dict:
+def run_mpi(n: int, nbytes: int, warmup: int, iters: int, btl: str = "vader") -> dict:
     scripts = os.path.dirname(sys.executable)
     mpirun = os.path.join(scripts, "mpirun")
     if not os.path.exists(mpirun):
@@ -101,7 +105,7 @@ def run_mpi(n: int, nbytes: int, warmup: int, iters: int) -> dict:
     with tempfile.TemporaryDirectory(prefix="stratacl-onesided-") as tmp:
         out = os.path.join(tmp, "mpi.json")
         root = ("--allow-run-as-root",) if os.geteuid() == 0 else ()
-        cmd = [mpirun, *root, *MPIRUN_FLAGS, "-np", str(n), sys.executable, os.path.abspath(__file__), "--mpi-rank",
+        cmd = [mpirun, *root, *MPIRUN_FLAGS, "--mca", "btl", f"self,{btl}", "-np", str(n), sys.executable, os.path.abspath(__file__), "--mpi-rank",
                str(nbytes), str(warmup), str(iters), out]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
         if proc.returncode != 0 or not os.path.exists(out):
@@ -120,18 +124,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bytes", default="1M")
     p.add_argument("-w", "--warmup", type=int, default=3)
     p.add_argument("-i", "--iters", type=int, default=20)
+    p.add_argument("--mpi-btl", default="vader", help="Open MPI byte transports to run the MPI side over, "
+                                                        "comma-separated: vader (shared memory), tcp")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
+    btls = a.mpi_btl.split(",")
+    if not set(btls) <= set(BTLS):
+        p.error(f"--mpi-btl: {a.mpi_btl!r}; choose from {', '.join(BTLS)}")
     import stratacl
     n, nbytes = a.nranks, _bytes(a.bytes)
     results = stratacl.spawn(strata_rank, n, args=(nbytes, a.warmup, a.iters), timeout=1800)
     strata = {"time_s": max(t for t, _ in results), "exact": all(ok for _, ok in results)}
-    mpi = run_mpi(n, nbytes, a.warmup, a.iters)
+    mpis = {btl: run_mpi(n, nbytes, a.warmup, a.iters, btl) for btl in btls}
     factor = 2 * (n - 1) / n
     rows = []
     print(f"one-shot all_reduce, N = {n}, {nbytes} bytes, float32 sum (host wall time, slowest rank)")
     print(f"{'side':<28} {'time us':>10} {'busbw GB/s':>11}  exact")
-    for name, r in (("stratacl.fabric (zero copy)", strata), ("MPI_Get (Open MPI, mpi4py)", mpi)):
+    sides = [("stratacl.fabric (zero copy)", strata)] + [(f"MPI_Get over {btl}", r) for btl, r in mpis.items()]
+    for name, r in sides:
         if "error" in r:
             print(f"{name:<28} {'-':>10} {'-':>11}  {r['error']}")
             rows.append({"side": name, **r})
@@ -139,13 +149,14 @@ def main(argv: list[str] | None = None) -> int:
         busbw = nbytes / r["time_s"] / 1e9 * factor
         print(f"{name:<28} {r['time_s'] * 1e6:>10.1f} {busbw:>11.2f}  {r['exact']}")
         rows.append({"side": name, "time_us": r["time_s"] * 1e6, "busbw_gbs": busbw, "exact": r["exact"]})
-    if "error" not in mpi:
-        print(f"MPI / stratacl time: {mpi['time_s'] / strata['time_s']:.2f}")
+    for btl, mpi in mpis.items():
+        if "error" not in mpi:
+            print(f"MPI over {btl} / stratacl time: {mpi['time_s'] / strata['time_s']:.2f}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"command": "python benchmarks/one_sided.py " + " ".join(argv), "nranks": n, "bytes": nbytes,
                        "rows": rows}, f, indent=1)
-    return 0 if strata["exact"] and mpi.get("exact", True) else 1
+    return 0 if strata["exact"] and all(m.get("exact", True) for m in mpis.values()) else 1
 
 
 if __name__ == "__main__":
