@@ -2,6 +2,7 @@
 
     stratacl-launch -n 8 [--clock virtual] examples/dlrm.py [--steps 3] [--batch 16] [--rows 512]
         [--cache-rows C] [--zipf A] [--prefetch]
+        [--bottom-mlp 512,256,128] [--top-mlp 1024,1024,512,256]
 
 The embedding tables are sharded table-wise (rank r owns tables r*P .. r*P+P-1, P per rank)
 and the dense MLPs are replicated (data parallel), as TorchRec deploys DLRM. One step:
@@ -64,6 +65,12 @@ p.add_argument("--dim", type=int, default=16, help="embedding dimension")
 p.add_argument("--pooling", type=int, default=4, help="indices per bag")
 p.add_argument("--dense", type=int, default=13, help="dense features (Criteo has 13)")
 p.add_argument("--hidden", type=int, default=32, help="top MLP's hidden width")
+p.add_argument("--bottom-mlp", default=None,
+               help="bottom MLP's layer widths, comma-separated (default: one layer of --dim); "
+                    "MLPerf's DLRM on Criteo Terabyte: 512,256,128")
+p.add_argument("--top-mlp", default=None,
+               help="top MLP's hidden widths before its one output, comma-separated (default: --hidden); "
+                    "MLPerf's DLRM on Criteo Terabyte: 1024,1024,512,256")
 p.add_argument("--lr", type=float, default=0.05)
 p.add_argument("--cache-rows", type=int, default=0,
                help="HBM cache rows per table, the rest in host memory (0: every row in HBM)")
@@ -82,6 +89,11 @@ comm = stratacl.init()
 n, me = dist.get_world_size(), dist.get_rank()
 P, B, L, D, R = args.tables_per_rank, args.batch, args.pooling, args.dim, args.rows
 T, FD, H = P * n, args.dense, args.hidden
+BOTTOM = [int(w) for w in args.bottom_mlp.split(",")] if args.bottom_mlp else [D]
+TOP = [int(w) for w in args.top_mlp.split(",")] if args.top_mlp else [H]
+# each linear layer's (inputs, outputs), bottom MLP first: the dense features in, its last
+# width concatenated with the T pooled embeddings into the top MLP, one logit out
+LAYERS = list(zip([FD] + BOTTOM[:-1], BOTTOM)) + list(zip([BOTTOM[-1] + T * D] + TOP, TOP + [1]))
 C = args.cache_rows
 if not 0 <= C <= R or args.zipf < 0:
     raise SystemExit(f"dlrm: --cache-rows must be in 0..{R} (--rows) and --zipf >= 0, got {C}, {args.zipf}")
@@ -100,7 +112,9 @@ def table_init(t: int) -> torch.Tensor:
 
 def mlp_init() -> dict:
     g = torch.Generator().manual_seed(7)
-    shapes = {"w1": (FD, D), "b1": (D,), "w2": ((T + 1) * D, H), "b2": (H,), "w3": (H, 1), "b3": (1,)}
+    shapes = {}
+    for i, (fan_in, fan_out) in enumerate(LAYERS, 1):
+        shapes[f"w{i}"], shapes[f"b{i}"] = (fan_in, fan_out), (fan_out,)
     return {k: torch.randn(*s, generator=g) * 0.1 for k, s in shapes.items()}
 
 
@@ -135,10 +149,14 @@ def pool(table: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
 
 def dense_forward(params: dict, dense, pooled, labels):
     """Bottom MLP, interaction (concatenation), top MLP, loss: [B, T, D] pooled -> scalar."""
-    bottom = torch.relu(dense @ params["w1"] + params["b1"])
-    z = torch.cat([bottom, pooled.reshape(B, T * D)], dim=1)
-    h = torch.relu(z @ params["w2"] + params["b2"])
-    return F.binary_cross_entropy_with_logits((h @ params["w3"] + params["b3"]).squeeze(1), labels)
+    h = dense
+    for i in range(1, len(BOTTOM) + 1):
+        h = torch.relu(h @ params[f"w{i}"] + params[f"b{i}"])
+    h = torch.cat([h, pooled.reshape(B, T * D)], dim=1)
+    for i in range(len(BOTTOM) + 1, len(LAYERS)):
+        h = torch.relu(h @ params[f"w{i}"] + params[f"b{i}"])
+    out = len(LAYERS)
+    return F.binary_cross_entropy_with_logits((h @ params[f"w{out}"] + params[f"b{out}"]).squeeze(1), labels)
 
 
 def dense_backward(params: dict, dense, pooled, labels):
@@ -216,7 +234,7 @@ class Cache:
 
 
 FLAT = sum(v.numel() for v in mlp_init().values())
-dense_flops = 2 * B * (FD * D + (T + 1) * D * H + H)          # one forward; a backward costs twice that
+dense_flops = 2 * B * sum(i * o for i, o in LAYERS)          # one forward; a backward costs twice that
 
 
 def step_distributed(step: int, params: dict, tables: list, bufs: dict, ahead: list | None):
@@ -248,7 +266,7 @@ def step_distributed(step: int, params: dict, tables: list, bufs: dict, ahead: l
     dist.all_to_all_single(bufs["pooled_in"], bufs["pooled_out"])  # [o, j]: owner o's table j, my bags
     pooled = bufs["pooled_in"].permute(2, 0, 1, 3).reshape(B, T, D)
     loss, grads, gpooled = dense_backward(params, dense, pooled, labels)
-    charge(3 * dense_flops, 4 * 3 * (FLAT + B * (FD + (T + 1) * D + H)))
+    charge(3 * dense_flops, 4 * 3 * (FLAT + B * sum(i for i, _ in LAYERS)))
     flat = bufs["flat"]
     torch.cat([grads[k].reshape(-1) for k in params], out=flat)
     work = dist.all_reduce(flat, op=dist.ReduceOp.AVG, async_op=True)       # overlaps the exchange below
@@ -341,6 +359,8 @@ mean_loss = torch.stack(losses).to(torch.float64)
 dist.all_reduce(mean_loss)
 if me == 0:
     print(f"DLRM: {n} ranks, {T} tables of {R} x {D} ({P} per rank), {B} samples per rank, bags of {L}")
+    if args.bottom_mlp or args.top_mlp:
+        print(f"MLPs: bottom {'-'.join(map(str, [FD] + BOTTOM))}, top {'-'.join(map(str, [LAYERS[len(BOTTOM)][0]] + TOP + [1]))}")
     if args.check:
         print(f"exact against the job computed in one process, on every rank: {'yes' if verdict.item() else 'NO'}")
     else:
