@@ -1,11 +1,12 @@
-"""Serving (examples/moe_serving.py) and training (examples/train_step.py) at the paper's model
-width and rank counts, in modeled time.
+"""Serving (examples/moe_serving.py), training (examples/train_step.py) and DLRM
+(examples/dlrm.py) at the paper's model width and rank counts, in modeled time.
 
-    python benchmarks/paper_size.py [--workload serve|train] [--configs staged,roa,balanced,auto,pool]
+    python benchmarks/paper_size.py [--workload serve|train|dlrm] [--configs staged,roa,balanced,auto,pool]
                                     [--ranks 4,8] [--hidden 32,64,128] [--target 7168] [--scale 16,32]
                                     [--json FILE] [--verify H] [-- more arguments for the example]
 
-``--workload serve`` (the default) is described first, ``--workload train`` after it.
+``--workload serve`` (the default) is described first, ``--workload train`` and ``--workload
+dlrm`` after it.
 
 For every configuration (benchmarks/e2e.py's CONFIGS; launched by its ``_launch``) the example
 runs on the host at each rank count of ``--ranks`` and each hidden size of ``--hidden``, with
@@ -44,6 +45,20 @@ step time is the second step's, read off the replay's clocks (the example reads
 ``comm.clock()`` at each step's start and end; the slowest rank's, as it prints). ``--verify
 H``: as for serving, the fit to H (a multiple of 7) against a real run at H, at each recorded N,
 and at each N of ``--scale`` against a real run at N ranks and H.
+
+``--workload dlrm``: examples/dlrm.py (tables sharded table-wise, one per die; MLPs data
+parallel) runs with ``--trace`` at each rank count of ``--ranks`` (default 4, 8: every number
+of its step is a + b N, the pooled-embedding exchanges' bytes and the top MLP's input width
+growing with the tables, one per die) and each batch of ``--hidden`` (here the samples per die;
+default 128, 256, 512), the load DLRM below (MLPerf's DLRM widths on Criteo Terabyte, embedding
+dimension 128, one index per sparse feature). Every number of a step is then a + b x batch (the
+exchanges' bytes, the MLPs' FLOPs and activations; the weights and their all_reduce do not
+change), so the fit is exact. ``ub.extrapolate_dimension`` takes each rank count's traces to
+``--target`` (default 1024: the paper's batch, per die), ``ub.extrapolate`` those to each N of
+``--scale`` (default 128: the paper's dies), and the step is the second step's, read off the
+replay's clocks as for training. The target batch is small enough to run: ``--verify 1024``
+checks the fit against a real run at the paper's batch itself, at each recorded N, and at each
+N of ``--scale`` against a real run at N ranks.
 """
 from __future__ import annotations
 
@@ -102,6 +117,39 @@ TRAIN_SOURCES = {
 }
 
 
+# the DLRM load: two steps (the second is timed), one embedding table per die, MLPerf's DLRM
+# on Criteo Terabyte (embedding dimension 128, bottom MLP 13-512-256-128, top MLP
+# 1024-1024-512-256-1 over the interaction, one index per sparse feature)
+DLRM = ["--steps", "2", "--tables-per-rank", "1", "--dim", "128", "--pooling", "1", "--dense", "13", "--rows", "4096",
+        "--bottom-mlp", "512,256,128", "--top-mlp", "1024,1024,512,256"]
+DLRM_SOURCES = {
+    "batch": "paper section 8.1 (Criteo Terabyte drives embedding accesses with a batch size of 1024); read "
+             "as per die, as TorchRec's DLRM example's --batch_size is each trainer's batch (1024 global over "
+             "128 dies would be 8 samples per die); fitted from the recorded batches",
+    "ranks": "paper section 8.1: 128 NPU dies; extrapolated from the recorded rank counts",
+    "dim": "MLPerf DLRM (Criteo Terabyte) embedding dimension 128 (facebookresearch/dlrm, MLPerf training reference: --arch-sparse-feature-size 128)",
+    "bottom_mlp": "MLPerf DLRM (Criteo Terabyte) bottom MLP 13-512-256-128 (--arch-mlp-bot)",
+    "top_mlp": "MLPerf DLRM (Criteo Terabyte) top MLP 1024-1024-512-256-1 (--arch-mlp-top)",
+    "dense": "Criteo Terabyte: 13 integer (dense) features",
+    "pooling": "Criteo Terabyte: each of the 26 categorical features holds one value per sample (one-hot), "
+               "so one index per bag",
+    "tables_per_rank": "1, derived from the paper: 7 TiB of tables sharded table-wise over 128 dies of 64 GB "
+                       "HBM needs at least 7 TiB / 64 GB = 118 tables; one per die (T = 128 at 128 dies, "
+                       "56 GiB each) is the fewest that spreads them over every die. MLPerf's Criteo model "
+                       "has 26 tables (too few for 128 dies), capped at 40M rows each (--max-ind-range), at most 0.5 TB "
+                       "at dimension 128, not 7 TiB",
+    "tables": "T = N (one per die): 128 at 128 dies",
+    "interaction": "concatenation of the bottom MLP's output with the T pooled embeddings (the example's; "
+                   "MLPerf's DLRM uses dot products: at T = 128 its top MLP would take 129 x 128 / 2 + 128 "
+                   "= 8384 inputs instead of 129 x 128 = 16512, about half the first layer's weights and FLOPs)",
+    "rows": "4096 per table, assumed: the step's time depends on the rows only through the example's dense "
+            "SGD over the whole owned table (a zero-filled gradient of R x D); TorchRec's fused optimizer "
+            "updates the looked-up rows only, so the paper's 117M rows per table (56 GiB / 512 B) are not "
+            "charged; at 4096 the dense term is 6 MB of HBM traffic per step",
+    "precision": "float32 (the example's bit-exact check); the paper does not state it",
+}
+
+
 def _flag(args: list[str], name: str, default):
     # the last one given wins, as argparse takes it (arguments after -- follow the load's)
     return type(default)(args[len(args) - args[::-1].index(name)]) if name in args else default
@@ -122,6 +170,8 @@ def record(config: str, n: int, hidden: int, args: list[str], tmp: str, workload
     d = os.path.join(tmp, f"{config}-{n}-{hidden}")
     if workload == "train":
         _launch(WORKLOADS["train"][0], n, config, widths(hidden), args, trace=d)
+    elif workload == "dlrm":
+        _launch(WORKLOADS["dlrm"][0], n, config, ["--batch", str(hidden)], args, trace=d)
     else:
         _launch(WORKLOADS["serve"][0], n, config, ["--timeline", os.path.join(d, "timeline.json"),
                                                    "--hidden", str(hidden)], args, trace=d)
@@ -129,7 +179,7 @@ def record(config: str, n: int, hidden: int, args: list[str], tmp: str, workload
     if config == NOCOMM:     # _launch's topology file is gone with its directory: the same one, kept here
         for t in traces:
             t["settings"]["topology"] = _nocomm_topology(tmp)
-    if workload == "train":
+    if workload in ("train", "dlrm"):
         return traces, None
     with open(os.path.join(d, "timeline.json")) as f:
         return traces, json.load(f)
@@ -146,14 +196,15 @@ def train_metrics(replay) -> dict:
 
 def at_width(config: str, n: int, hiddens: list[int], target: int, args: list[str], tmp: str,
              workload: str = "serve") -> tuple[list, dict]:
-    """Every rank's traces at ``n`` ranks and hidden ``target``, fitted from ``hiddens``."""
+    """Every rank's traces at ``n`` ranks and hidden ``target``, fitted from ``hiddens`` (for
+    DLRM, the batch per die)."""
     from stratacl import ub
 
     got = [record(config, n, h, args, tmp, workload) for h in hiddens]
     timelines = [t for _, t in got]
     if any(t != timelines[0] for t in timelines):
         raise ub.ReplayError(f"{config} at N={n}: the timelines differ between hidden sizes {hiddens}")
-    print(f"  {config}: recorded N={n} at hidden {hiddens}", flush=True)
+    print(f"  {config}: recorded N={n} at {'batch' if workload == 'dlrm' else 'hidden'} {hiddens}", flush=True)
     return ub.extrapolate_dimension([r for r, _ in got], hiddens, target), timelines[0]
 
 
@@ -165,6 +216,17 @@ def train_dims(args: list[str], hiddens: list[int], target: int, ranks: list[int
             "tokens": _flag(args, "--tokens", 16), "layers": _flag(args, "--layers", 2),
             "routing": _flag(args, "--routing", "gate"), "dtype": "float32", "row_bytes": 4 * target,
             "sources": TRAIN_SOURCES}
+
+
+def dlrm_dims(args: list[str], batches: list[int], target: int, ranks: list[int], n: int) -> dict:
+    P, D = _flag(args, "--tables-per-rank", 2), _flag(args, "--dim", 16)
+    return {"batch": target, "recorded_batch": batches, "recorded_ranks": ranks, "ranks": n, "dim": D,
+            "bottom_mlp": f"{_flag(args, '--dense', 13)}-{_flag(args, '--bottom-mlp', str(D)).replace(',', '-')}",
+            "top_mlp": f"{_flag(args, '--top-mlp', '32').replace(',', '-')}-1", "dense": _flag(args, "--dense", 13),
+            "pooling": _flag(args, "--pooling", 4), "tables_per_rank": P, "tables": P * n,
+            "top_mlp_inputs": int(_flag(args, "--bottom-mlp", str(D)).split(",")[-1]) + P * n * D,
+            "interaction": "concatenation", "rows": _flag(args, "--rows", 512), "precision": "float32",
+            "sources": DLRM_SOURCES}
 
 
 def dims(args: list[str], hiddens: list[int], target: int, ranks: list[int], n: int) -> dict:
@@ -180,14 +242,17 @@ def main(argv: list[str] | None = None) -> int:
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
     argv = argv[:argv.index("--")] if "--" in argv else argv
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--workload", choices=("serve", "train"), default="serve")
+    p.add_argument("--workload", choices=("serve", "train", "dlrm"), default="serve")
     p.add_argument("--configs", default="staged,roa,balanced,auto,pool",
                    help=f"e2e.py's CONFIGS, or {NOCOMM}: the fabric free, what bounds any library's gain")
     p.add_argument("--ranks", default=None, help="the two or three rank counts recorded (serve: 4,8; train: 4,8,16)")
     p.add_argument("--hidden", default=None, help="the two or three hidden sizes recorded (serve: 32,64,128; "
-                                                  "train: 56,112,224, multiples of 7)")
-    p.add_argument("--target", type=int, default=7168)
-    p.add_argument("--scale", default=None, help="rank counts to extrapolate to (serve: 16,32; train: 32,64)")
+                                                  "train: 56,112,224, multiples of 7); dlrm: the batches per "
+                                                  "die (128,256,512)")
+    p.add_argument("--target", type=int, default=None, help="the hidden size (batch for dlrm) fitted to "
+                                                            "(serve, train: 7168; dlrm: 1024)")
+    p.add_argument("--scale", default=None, help="rank counts to extrapolate to (serve: 16,32; train: 32,64; "
+                                                 "dlrm: 128)")
     p.add_argument("--json", default=None)
     p.add_argument("--keep", default=None, help="train: also pickle each configuration's traces at the target "
                                                 "width (one list per recorded N) into this directory, to "
@@ -198,11 +263,13 @@ def main(argv: list[str] | None = None) -> int:
                                                             "against a real run at it, at each recorded N")
     a = p.parse_args(argv)
     train = a.workload == "train"
+    dlrm = a.workload == "dlrm"
     a.ranks = a.ranks or ("4,8,16" if train else "4,8")
-    a.hidden = a.hidden or ("56,112,224" if train else "32,64,128")
-    a.scale = a.scale if a.scale is not None else ("32,64" if train else "16,32")
-    if train:
-        return train_main(a, TRAIN + ([] if a.check else NO_CHECK) + extra)
+    a.hidden = a.hidden or ("56,112,224" if train else "128,256,512" if dlrm else "32,64,128")
+    a.scale = a.scale if a.scale is not None else ("32,64" if train else "128" if dlrm else "16,32")
+    a.target = a.target or (1024 if dlrm else 7168)
+    if train or dlrm:
+        return train_main(a, (TRAIN if train else DLRM) + ([] if a.check else NO_CHECK) + extra, a.workload)
     from stratacl import ep, ub
 
     args = LOAD + PAPER + ([] if a.check else NO_CHECK) + extra
@@ -262,9 +329,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def train_main(a, args: list[str]) -> int:
-    """``--workload train``: the training step's time at the target width, at the recorded rank
-    counts and at each N of ``--scale``; or, with ``--verify H``, the fit against real runs."""
+def train_main(a, args: list[str], workload: str = "train") -> int:
+    """``--workload train`` or ``dlrm``: the training step's time at the target width (batch),
+    at the recorded rank counts and at each N of ``--scale``; or, with ``--verify H``, the fit
+    against real runs."""
     from stratacl import ep, ub
 
     configs = a.configs.split(",")
@@ -273,6 +341,7 @@ def train_main(a, args: list[str]) -> int:
     scales = [int(x) for x in a.scale.split(",")] if a.scale else []
     command = " ".join(["python", "benchmarks/paper_size.py", *sys.argv[1:]])
     rows = []
+    what = "batch" if workload == "dlrm" else "hidden"
 
     def save(key):
         if a.json:            # after every configuration: a partial run keeps what it finished
@@ -283,21 +352,21 @@ def train_main(a, args: list[str]) -> int:
         if a.verify is not None:
             config, fitted = configs[0], []
             for n in ranks:
-                traces, _ = at_width(config, n, hiddens, a.verify, args, tmp, "train")
+                traces, _ = at_width(config, n, hiddens, a.verify, args, tmp, workload)
                 fitted.append(traces)
                 fit_m = train_metrics(ub.replay(traces))
-                real_m = train_metrics(ub.replay(record(config, n, a.verify, args, tmp, "train")[0]))
+                real_m = train_metrics(ub.replay(record(config, n, a.verify, args, tmp, workload)[0]))
                 err = {k: fit_m[k] / real_m[k] - 1 for k in fit_m}
-                print(f"{config} N={n} hidden {hiddens} -> {a.verify}: fitted {fit_m}, real {real_m}, "
+                print(f"{config} N={n} {what} {hiddens} -> {a.verify}: fitted {fit_m}, real {real_m}, "
                       f"relative error {err}", flush=True)
-                rows.append({"config": config, "ranks": n, "hidden": a.verify, "recorded_hidden": hiddens,
+                rows.append({"config": config, "ranks": n, what: a.verify, f"recorded_{what}": hiddens,
                              "fitted": fit_m, "real": real_m, "relative_error": err})
                 save("verify")
             for n in scales:            # and in N, against a real run at n ranks and the verified width
                 fit_m = train_metrics(ub.replay(ub.extrapolate(*fitted, n, routing=ep.routing)))
-                real_m = train_metrics(ub.replay(record(config, n, a.verify, args, tmp, "train")[0]))
+                real_m = train_metrics(ub.replay(record(config, n, a.verify, args, tmp, workload)[0]))
                 err = {k: fit_m[k] / real_m[k] - 1 for k in fit_m}
-                print(f"{config} N={ranks} -> {n}, hidden {hiddens} -> {a.verify}: fitted {fit_m}, real {real_m}, "
+                print(f"{config} N={ranks} -> {n}, {what} {hiddens} -> {a.verify}: fitted {fit_m}, real {real_m}, "
                       f"relative error {err}", flush=True)
                 rows.append({"config": config, "ranks": n, "recorded_ranks": ranks, "hidden": a.verify,
                              "recorded_hidden": hiddens, "fitted": fit_m, "real": real_m, "relative_error": err})
@@ -306,7 +375,7 @@ def train_main(a, args: list[str]) -> int:
         print(f"{'config':<10}{'ranks':>6}{'modeled step (us)':>20}", flush=True)
         for config in configs:
             try:
-                fitted = [at_width(config, n, hiddens, a.target, args, tmp, "train")[0] for n in ranks]
+                fitted = [at_width(config, n, hiddens, a.target, args, tmp, workload)[0] for n in ranks]
             except ub.ReplayError as e:
                 print(f"{config:<10} not extrapolated: {e}", flush=True)
                 continue
@@ -320,8 +389,8 @@ def train_main(a, args: list[str]) -> int:
             for n, traces in found:
                 if traces is None:
                     traces = ub.extrapolate(*fitted, n, routing=ep.routing)
-                row = _row("train", config, n, "paper-size", train_metrics(ub.replay(traces)), args)
-                row["dims"] = train_dims(args, hiddens, a.target, ranks, n)
+                row = _row(workload, config, n, "paper-size", train_metrics(ub.replay(traces)), args + ["--batch", str(a.target)])
+                row["dims"] = (train_dims if workload == "train" else dlrm_dims)(args, hiddens, a.target, ranks, n)
                 rows.append(row)
                 print(f"{config:<10}{n:>6}{row['modeled_step_us']:>20.1f}", flush=True)
                 save("rows")

@@ -111,6 +111,38 @@ def test_dlrm_prefetching_the_next_steps_rows_trains_exactly_and_takes_the_misse
     assert all(float(a[2]) < float(p[2]) for p, a in zip(steps[0][1:], steps[1][1:])), steps
 
 
+@pytest.mark.timeout(120)
+def test_dlrm_with_deeper_mlps_trains_exactly_as_one_process():
+    # --bottom-mlp / --top-mlp (MLPerf's layer structure, narrower): the same exact check
+    run = launch("-n", "3", "--clock", "virtual", "--timeout", "90", str(EXAMPLES / "dlrm.py"), "--steps", "2",
+                 "--batch", "8", "--rows", "64", "--tables-per-rank", "1", "--pooling", "1",
+                 "--bottom-mlp", "24,12,16", "--top-mlp", "32,16,8", timeout=110)
+    assert run.returncode == 0, run.explain()
+    lines = run.stdout.splitlines()
+    assert lines[1] == "MLPs: bottom 13-24-12-16, top 64-32-16-8-1", run.explain()     # 16 + 3 tables x 16
+    assert lines[2] == "exact against the job computed in one process, on every rank: yes", run.explain()
+
+
+@pytest.mark.timeout(120)
+def test_paper_size_dlrm_fit_in_batch_equals_a_real_run(tmp_path):
+    """benchmarks/paper_size.py --workload dlrm --verify: the traces at batches 16, 32, 64 fitted
+    (ub.extrapolate_dimension) to 128 give the second step's modeled time of a real run at 128,
+    within 1% (the fit is exact: every number of the step is linear in the batch), at two rank
+    counts, and the table-wise exchanges and MLP widths of the paper-size load are kept."""
+    import paper_size
+
+    out = tmp_path / "verify.json"
+    assert paper_size.main(["--workload", "dlrm", "--configs", "staged", "--ranks", "2,4", "--hidden", "16,32,64",
+                            "--scale", "", "--verify", "128", "--json", str(out), "--",
+                            "--dim", "16", "--rows", "64", "--bottom-mlp", "32,16", "--top-mlp", "64,32"]) == 0
+    rows = json.loads(out.read_text())["verify"]
+    assert [(r["ranks"], r["batch"], r["recorded_batch"]) for r in rows] == [(2, 128, [16, 32, 64]),
+                                                                            (4, 128, [16, 32, 64])]
+    for r in rows:
+        assert r["real"]["modeled_step_us"] > 0
+        assert abs(r["relative_error"]["modeled_step_us"]) < 0.01, r
+
+
 @pytest.mark.timeout(180)
 def test_moe_serving_example_generates_exactly_as_one_process():
     run = launch("-n", "8", "--clock", "virtual", "--timeout", "90", str(EXAMPLES / "moe_serving.py"),
