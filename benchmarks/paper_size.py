@@ -124,8 +124,9 @@ DLRM = ["--steps", "2", "--tables-per-rank", "1", "--dim", "128", "--pooling", "
         "--bottom-mlp", "512,256,128", "--top-mlp", "1024,1024,512,256"]
 DLRM_SOURCES = {
     "batch": "paper section 8.1 (Criteo Terabyte drives embedding accesses with a batch size of 1024); read "
-             "as per die, as TorchRec's DLRM example's --batch_size is each trainer's batch (1024 global over "
-             "128 dies would be 8 samples per die); fitted from the recorded batches",
+             "as per die: section 9 speaks of 'the per-worker batch size', and TorchRec's DLRM example's "
+             "--batch_size is each trainer's (1024 global over 128 dies would be 8 samples per die); fitted from "
+             "the recorded batches",
     "ranks": "paper section 8.1: 128 NPU dies; extrapolated from the recorded rank counts",
     "dim": "MLPerf DLRM (Criteo Terabyte) embedding dimension 128 (facebookresearch/dlrm, MLPerf training reference: --arch-sparse-feature-size 128)",
     "bottom_mlp": "MLPerf DLRM (Criteo Terabyte) bottom MLP 13-512-256-128 (--arch-mlp-bot)",
@@ -133,8 +134,8 @@ DLRM_SOURCES = {
     "dense": "Criteo Terabyte: 13 integer (dense) features",
     "pooling": "Criteo Terabyte: each of the 26 categorical features holds one value per sample (one-hot), "
                "so one index per bag",
-    "tables_per_rank": "1, derived from the paper: 7 TiB of tables sharded table-wise over 128 dies of 64 GB "
-                       "HBM needs at least 7 TiB / 64 GB = 118 tables; one per die (T = 128 at 128 dies, "
+    "tables_per_rank": "1, derived from the paper: 7 TiB of tables sharded table-wise over 128 dies of 64 GiB "
+                       "HBM needs at least 7 TiB / 64 GiB = 112 tables; one per die (T = 128 at 128 dies, "
                        "56 GiB each) is the fewest that spreads them over every die. MLPerf's Criteo model "
                        "has 26 tables (too few for 128 dies), capped at 40M rows each (--max-ind-range), at most 0.5 TB "
                        "at dimension 128, not 7 TiB",
@@ -176,6 +177,8 @@ def record(config: str, n: int, hidden: int, args: list[str], tmp: str, workload
         _launch(WORKLOADS["serve"][0], n, config, ["--timeline", os.path.join(d, "timeline.json"),
                                                    "--hidden", str(hidden)], args, trace=d)
     traces = ub.load_traces(d)
+    if workload == "dlrm":
+        traces = blocking_as_calls(traces)
     if config == NOCOMM:     # _launch's topology file is gone with its directory: the same one, kept here
         for t in traces:
             t["settings"]["topology"] = _nocomm_topology(tmp)
@@ -183,6 +186,38 @@ def record(config: str, n: int, hidden: int, args: list[str], tmp: str, workload
         return traces, None
     with open(os.path.join(d, "timeline.json")) as f:
         return traces, json.load(f)
+
+
+def blocking_as_calls(traces: list) -> list:
+    """The traces with each blocking operation that was queued behind an asynchronous one
+    (an ``issue`` with ``async`` false, of one call, waited for by the very next event) made
+    the plain blocking ``call`` it is when nothing is queued. stratacl.torch runs a blocking
+    operation inline when its group's worker is idle and queues it otherwise, which depends on
+    whether the host's thread has finished the asynchronous all_reduce before the program's
+    next all_to_all: the same program then records either shape, rank by rank, and
+    ``extrapolate`` refuses traces whose shapes differ. The two are timed alike by the replay:
+    both enter at the program's clock and move it to the call's end. The issues left are
+    numbered again, so that their ids agree between recordings."""
+    out = []
+    for t in traces:
+        events, ev = [], t["events"]
+        i = 0
+        while i < len(ev):
+            e = ev[i]
+            if (e["e"] == "issue" and not e["async"] and len(e["calls"]) == 1 and i + 1 < len(ev)
+                    and ev[i + 1]["e"] == "wait" and ev[i + 1]["id"] == e["id"]):
+                events.append({"e": "call", **e["calls"][0]})
+                i += 2
+                continue
+            events.append(e)
+            i += 1
+        ids = {}              # the issues left, numbered again in order (the ids name them in every recording)
+        for e in events:
+            if e["e"] == "issue":
+                ids[e["id"]] = len(ids) + 1
+        events = [{**e, "id": ids[e["id"]]} if e["e"] in ("issue", "wait") else e for e in events]
+        out.append({**t, "events": events})
+    return out
 
 
 def train_metrics(replay) -> dict:
