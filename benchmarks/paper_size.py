@@ -123,11 +123,11 @@ TRAIN_SOURCES = {
 DLRM = ["--steps", "2", "--tables-per-rank", "1", "--dim", "128", "--pooling", "1", "--dense", "13", "--rows", "4096",
         "--bottom-mlp", "512,256,128", "--top-mlp", "1024,1024,512,256"]
 DLRM_SOURCES = {
-    "batch": "paper section 8.1 (Criteo Terabyte drives embedding accesses with a batch size of 1024); read "
-             "as per die: section 9 speaks of 'the per-worker batch size', and TorchRec's DLRM example's "
+    "batch": "paper section 9, Workloads (Criteo Terabyte drives embedding accesses with a batch size of 1024); read "
+             "as per die: section 9's Fig. 12b discussion speaks of 'the per-worker batch size', and TorchRec's DLRM example's "
              "--batch_size is each trainer's (1024 global over 128 dies would be 8 samples per die); fitted from "
              "the recorded batches",
-    "ranks": "paper section 8.1: 128 NPU dies; extrapolated from the recorded rank counts",
+    "ranks": "paper section 9, Workloads: 128 NPU dies; extrapolated from the recorded rank counts",
     "dim": "MLPerf DLRM (Criteo Terabyte) embedding dimension 128 (facebookresearch/dlrm, MLPerf training reference: --arch-sparse-feature-size 128)",
     "bottom_mlp": "MLPerf DLRM (Criteo Terabyte) bottom MLP 13-512-256-128 (--arch-mlp-bot)",
     "top_mlp": "MLPerf DLRM (Criteo Terabyte) top MLP 1024-1024-512-256-1 (--arch-mlp-top)",
@@ -403,8 +403,8 @@ def train_main(a, args: list[str], workload: str = "train") -> int:
                 err = {k: fit_m[k] / real_m[k] - 1 for k in fit_m}
                 print(f"{config} N={ranks} -> {n}, {what} {hiddens} -> {a.verify}: fitted {fit_m}, real {real_m}, "
                       f"relative error {err}", flush=True)
-                rows.append({"config": config, "ranks": n, "recorded_ranks": ranks, "hidden": a.verify,
-                             "recorded_hidden": hiddens, "fitted": fit_m, "real": real_m, "relative_error": err})
+                rows.append({"config": config, "ranks": n, "recorded_ranks": ranks, what: a.verify,
+                             f"recorded_{what}": hiddens, "fitted": fit_m, "real": real_m, "relative_error": err})
                 save("verify")
             return 0
         print(f"{'config':<10}{'ranks':>6}{'modeled step (us)':>20}", flush=True)
