@@ -171,6 +171,16 @@ def memory_lines(rank: int, returncode: int | None, killed_by_launcher: bool,
     return lines
 
 
+def _private(pid: int) -> int | None:
+    """A process's private resident memory (RssAnon: resident - shared), None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            fields = f.read().split()
+        return (int(fields[1]) - int(fields[2])) * _PAGE
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 class MemoryWatch:
     """Samples a job's memory at a low rate; the counters' baseline is read at construction,
     before any rank starts."""
@@ -187,17 +197,21 @@ class MemoryWatch:
         """Whether ``SAMPLE_EVERY`` s have passed since the last sample."""
         return now >= self._next
 
+    def note(self, rank: int, pid: int) -> None:
+        """A rank just started: its first sample, so that a rank which dies before the next
+        periodic sample still has one."""
+        mine = _private(pid)
+        if mine is not None:
+            self._report.last_private[rank] = mine
+
     def sample(self, pids: dict[int, int], hbm_fds: list[int]) -> None:
         """Read each live rank's private memory (rank -> pid), the HBM touched, MemAvailable."""
         self._next = time.monotonic() + SAMPLE_EVERY
         rep = self._report
         private = 0
         for rank, pid in pids.items():
-            try:
-                with open(f"/proc/{pid}/statm") as f:
-                    fields = f.read().split()
-                mine = (int(fields[1]) - int(fields[2])) * _PAGE      # resident - shared = RssAnon
-            except (OSError, ValueError, IndexError):
+            mine = _private(pid)
+            if mine is None:
                 continue
             rep.last_private[rank] = mine
             private += mine

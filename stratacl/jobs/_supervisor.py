@@ -316,6 +316,7 @@ class Job:
                         os.close(fd)
                 procs.append(p)
                 ctl.set_pid(rank, p.pid)
+                watch.note(rank, p.pid)
 
             for rank in range(self.n):
                 mine, theirs = socket.socketpair()
@@ -346,6 +347,7 @@ class Job:
                         os.close(fd)
                 procs.append(p)
                 ctl.set_pid(rank, p.pid)
+                watch.note(rank, p.pid)
             try:
                 while asked:
                     take_forked()
