@@ -177,8 +177,6 @@ def record(config: str, n: int, hidden: int, args: list[str], tmp: str, workload
         _launch(WORKLOADS["serve"][0], n, config, ["--timeline", os.path.join(d, "timeline.json"),
                                                    "--hidden", str(hidden)], args, trace=d)
     traces = ub.load_traces(d)
-    if workload == "dlrm":
-        traces = blocking_as_calls(traces)
     if config == NOCOMM:     # _launch's topology file is gone with its directory: the same one, kept here
         for t in traces:
             t["settings"]["topology"] = _nocomm_topology(tmp)
@@ -186,38 +184,6 @@ def record(config: str, n: int, hidden: int, args: list[str], tmp: str, workload
         return traces, None
     with open(os.path.join(d, "timeline.json")) as f:
         return traces, json.load(f)
-
-
-def blocking_as_calls(traces: list) -> list:
-    """The traces with each blocking operation that was queued behind an asynchronous one
-    (an ``issue`` with ``async`` false, of one call, waited for by the very next event) made
-    the plain blocking ``call`` it is when nothing is queued. stratacl.torch runs a blocking
-    operation inline when its group's worker is idle and queues it otherwise, which depends on
-    whether the host's thread has finished the asynchronous all_reduce before the program's
-    next all_to_all: the same program then records either shape, rank by rank, and
-    ``extrapolate`` refuses traces whose shapes differ. The two are timed alike by the replay:
-    both enter at the program's clock and move it to the call's end. The issues left are
-    numbered again, so that their ids agree between recordings."""
-    out = []
-    for t in traces:
-        events, ev = [], t["events"]
-        i = 0
-        while i < len(ev):
-            e = ev[i]
-            if (e["e"] == "issue" and not e["async"] and len(e["calls"]) == 1 and i + 1 < len(ev)
-                    and ev[i + 1]["e"] == "wait" and ev[i + 1]["id"] == e["id"]):
-                events.append({"e": "call", **e["calls"][0]})
-                i += 2
-                continue
-            events.append(e)
-            i += 1
-        ids = {}              # the issues left, numbered again in order (the ids name them in every recording)
-        for e in events:
-            if e["e"] == "issue":
-                ids[e["id"]] = len(ids) + 1
-        events = [{**e, "id": ids[e["id"]]} if e["e"] in ("issue", "wait") else e for e in events]
-        out.append({**t, "events": events})
-    return out
 
 
 def train_metrics(replay) -> dict:

@@ -143,26 +143,6 @@ def test_paper_size_dlrm_fit_in_batch_equals_a_real_run(tmp_path):
         assert abs(r["relative_error"]["modeled_step_us"]) < 0.01, r
 
 
-def test_paper_size_makes_a_queued_blocking_operation_the_call_it_is_inline():
-    """stratacl.torch queues a blocking operation behind an unfinished asynchronous one and runs
-    it inline otherwise (host timing): paper_size.blocking_as_calls gives both one shape, and
-    leaves an asynchronous issue, or a blocking one not waited for at once, as it was."""
-    import paper_size
-
-    call = {"op": "all_to_all", "comm": 0, "k": 3}
-    queued = [{"e": "issue", "id": 1, "async": True, "calls": [{"op": "all_reduce"}]},
-              {"e": "issue", "id": 2, "async": False, "calls": [call]}, {"e": "wait", "id": 2},
-              {"e": "compute", "us": 1.0, "cores": 24}, {"e": "wait", "id": 1},
-              {"e": "issue", "id": 3, "async": True, "calls": [{"op": "all_reduce"}]}, {"e": "wait", "id": 3}]
-    inline = [queued[0], {"e": "call", **call}, *queued[3:5],
-              {"e": "issue", "id": 2, "async": True, "calls": [{"op": "all_reduce"}]}, {"e": "wait", "id": 2}]
-    got = paper_size.blocking_as_calls([{"rank": 0, "events": queued}, {"rank": 1, "events": inline}])
-    assert got[0]["events"] == got[1]["events"] == inline
-    kept = [{"e": "issue", "id": 1, "async": False, "calls": [call]}, {"e": "compute", "us": 1.0, "cores": 24},
-            {"e": "wait", "id": 1}]
-    assert paper_size.blocking_as_calls([{"rank": 0, "events": kept}])[0]["events"] == kept
-
-
 @pytest.mark.timeout(180)
 def test_moe_serving_example_generates_exactly_as_one_process():
     run = launch("-n", "8", "--clock", "virtual", "--timeout", "90", str(EXAMPLES / "moe_serving.py"),

@@ -290,3 +290,40 @@ def test_every_call_records_its_allocation_to_communication_gap(tmp_path):
         reduces = [e for e in t["events"] if e["e"] == "call" and e["op"] == "all_reduce"]
         assert len(reduces) == 2, t["events"]
         assert 0.2 <= reduces[0]["gap_s"] <= reduces[1]["gap_s"] < 60, reduces
+
+
+def test_a_blocking_operation_queued_behind_another_is_recorded_as_the_call_it_is_inline():
+    """stratacl.torch queues a blocking operation behind an unfinished asynchronous one and runs
+    it inline otherwise (host timing): both are recorded as one "call", so recordings of one
+    program have one shape; an asynchronous issue, or a blocking one not joined at once, stays."""
+    import types
+
+    from stratacl.runtime._trace import Trace
+
+    def work():
+        return types.SimpleNamespace()
+
+    call = {"op": "all_to_all", "comm": 0, "k": 3}
+    t = Trace(0, 2, {})
+    first, queued, later = work(), work(), work()
+    t.issue(first, True)
+    t.call(first, {"op": "all_reduce"})
+    t.issue(queued, False)
+    t.call(queued, call)
+    t.wait(queued)
+    t.compute(1.0, 24)
+    t.wait(first)
+    t.issue(later, True)
+    t.call(later, {"op": "all_reduce"})
+    t.wait(later)
+    assert t.events == [{"e": "issue", "id": 1, "async": True, "calls": [{"op": "all_reduce"}]},
+                        {"e": "call", **call}, {"e": "compute", "us": 1.0, "cores": 24}, {"e": "wait", "id": 1},
+                        {"e": "issue", "id": 2, "async": True, "calls": [{"op": "all_reduce"}]}, {"e": "wait", "id": 2}]
+    kept = Trace(0, 2, {})
+    late = work()
+    kept.issue(late, False)
+    kept.call(late, call)
+    kept.compute(1.0, 24)
+    kept.wait(late)
+    assert kept.events == [{"e": "issue", "id": 1, "async": False, "calls": [call]},
+                           {"e": "compute", "us": 1.0, "cores": 24}, {"e": "wait", "id": 1}]

@@ -15,6 +15,9 @@ modeled clock was made of, and writes it to ``DIR/rank<r>.json`` at ``finalize()
                                                 kernel charged by charge_kernel, whose "us" is
                                                 Topology.kernel_us(flops, hbm))
     {"e": "wait", "id"}                         _modeling.py join_work: the program joins an issue
+                                                (a blocking issue of one call joined at once is
+                                                recorded as that "call": inline or queued behind
+                                                another operation, one shape)
     {"e": "p2p", "op"}                          _modeling.py ended: a send/recv (not replayable yet)
     {"e": "clock"}                              _modeling.py now: the program read its clock
                                                 (``comm.clock()``); the replay gives the value it
@@ -75,8 +78,19 @@ class Trace:
 
     def wait(self, work) -> None:
         event = getattr(work, "_traced", None)
-        if event is not None:
-            self.events.append({"e": "wait", "id": event["id"]})
+        if event is None:
+            return
+        with self._lock:
+            if (not event["async"] and len(event["calls"]) == 1 and self.events and self.events[-1] is event
+                    and event["id"] == self._ids):
+                # a blocking operation queued behind an unfinished one (stratacl.torch queues it
+                # when its group's worker is busy, runs it inline when idle: host timing) and
+                # waited for at once is the plain call it is inline; the replay times both
+                # alike, and one shape lets recordings of the same program be extrapolated
+                self.events[-1] = {"e": "call", **event["calls"][0]}
+                self._ids -= 1
+                return
+        self.events.append({"e": "wait", "id": event["id"]})
 
     def p2p(self, op: str) -> None:
         self.events.append({"e": "p2p", "op": op})
