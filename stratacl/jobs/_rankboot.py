@@ -14,6 +14,7 @@ its socket, and exits 1 on an exception.
 """
 from __future__ import annotations
 
+import atexit
 import faulthandler
 import json
 import os
@@ -128,6 +129,9 @@ def main() -> None:
         code = 1
     finally:
         if code == 0:
+            # the program's exit hooks, as its interpreter would run them (os._exit below does
+            # not): last registered first, finalize() among them when init() registered it
+            atexit._run_exitfuncs()
             from stratacl.runtime import _world
             _world.finalize()
         sys.stdout.flush()

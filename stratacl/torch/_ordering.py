@@ -21,8 +21,10 @@ the Future) as ``torch.distributed.DistBackendError`` whose message is StrataCL'
 """
 from __future__ import annotations
 
+import atexit
 import collections
 import threading
+import weakref
 from datetime import timedelta
 from typing import Any, Callable
 
@@ -40,6 +42,19 @@ def backend_error(operation: str, e: BaseException) -> BaseException:
         err.__cause__ = e
         return err
     return e
+
+
+# executors whose worker thread was started: joined at exit (Executor.close), by a hook
+# registered at the first start, after stratacl.init() registered finalize(): atexit runs
+# hooks last-in first-out, so the queued operations run before the rank finalizes
+_LIVE: "weakref.WeakSet[Executor]" = weakref.WeakSet()
+_HOOKED = False
+CLOSE_TIMEOUT_S = 60.0
+
+
+def _close_all() -> None:
+    for executor in list(_LIVE):
+        executor.close()
 
 
 # guards a Work's completion against a concurrent first get_future(): the future is made
@@ -154,6 +169,7 @@ class Executor:
         self._busy = False
         self._sleepers = 0                      # threads in _cond.wait(): the worker, waiters
         self._thread: threading.Thread | None = None
+        self._closing = False                    # close(): the worker ends once the queue is empty
         self._p2p: list = []                     # (is_send, array, peer, work), in issue order
         self._p2p_lock = threading.Lock()
         self._run_batch: Callable[[list], None] | None = None
@@ -273,12 +289,38 @@ class Executor:
     def _start(self) -> None:
         if self._thread is None:
             self._thread = threading.Thread(target=self._loop, name=f"stratacl-torch-{self._name}", daemon=True)
+            global _HOOKED
+            if not _HOOKED:
+                atexit.register(_close_all)
+                _HOOKED = True
+            _LIVE.add(self)
             self._thread.start()
+
+    def close(self, timeout: float | None = CLOSE_TIMEOUT_S) -> None:
+        """Run what is queued, then end the worker thread and join it (a later operation starts
+        another). Called when the group is shut down and at exit: a daemon thread still inside
+        torch when the interpreter finalizes (completing a Future releases the GIL in C++, and
+        a waiter may already have seen the Work done) is ended by the interpreter mid-call, and
+        the process aborts ("terminate called without an active exception")."""
+        with self._cond:
+            thread = self._thread
+            if thread is None:
+                return
+            self._closing = True
+            self._cond.notify_all()
+        if thread is threading.current_thread():
+            return
+        thread.join(timeout)
+        with self._cond:
+            if not thread.is_alive() and self._thread is thread:
+                self._thread, self._closing = None, False
 
     def _loop(self) -> None:
         while True:
             with self._cond:
                 while not self._queue or self._busy:
+                    if self._closing and not self._queue:
+                        return
                     self._sleepers += 1
                     try:
                         self._cond.wait()

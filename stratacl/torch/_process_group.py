@@ -68,6 +68,10 @@ class ProcessGroupStrataCL(dist.ProcessGroup):
     def getBackendName(self) -> str:
         return "stratacl"
 
+    def shutdown(self) -> None:
+        """``destroy_process_group``: the group's queued operations run, its thread ends."""
+        self._executor.close()
+
     # torch keeps a group's name and description in its C++ backends, which a Python process
     # group has none of; DeviceMesh and the functional collectives look groups up by name
     def _set_group_name(self, name: str) -> None:
