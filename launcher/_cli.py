@@ -47,9 +47,10 @@ def main(argv: list[str] | None = None) -> int:
             value = getattr(ns, s.name) if s.flag else None
             if value is not None:
                 try:
-                    setattr(config, s.name, value)
+                    value = s.parse(value)
                 except ConfigError as e:
                     raise ConfigError(f"{s.flag} {value}: {e}") from None
+                setattr(config, s.name, value)
     except ConfigError as e:
         print(f"stratacl-launch: {e}", file=sys.stderr)
         return 2

@@ -70,6 +70,25 @@ def _int(text: str | int) -> int:
         raise ConfigError(f"expected an integer, got {text!r}") from None
 
 
+def _at_least(parse: Callable[[Any], Any], low: float, strict: bool) -> Callable[[Any], Any]:
+    """``parse``, then refuse a value below ``low`` (or equal to it, when ``strict``) and NaN."""
+    def bounded(text: Any) -> Any:
+        v = parse(text)
+        if not (v > low if strict else v >= low):        # NaN fails both
+            raise ConfigError(f"expected a number {'>' if strict else '>='} {low:g}, got {text!r}")
+        return v
+    bounded.__name__ = parse.__name__
+    return bounded
+
+
+def _positive(parse: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    return _at_least(parse, 0, strict=True)
+
+
+def _nonnegative(parse: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    return _at_least(parse, 0, strict=False)
+
+
 @dataclasses.dataclass(frozen=True)
 class Setting:
     name: str
@@ -92,9 +111,9 @@ class Setting:
 SETTINGS: tuple[Setting, ...] = (
     Setting("topology", str, "cm384", "--topology",
             "Where ranks sit and what each fabric tier costs: `cm384`, `flat`, or a path to a topology file."),
-    Setting("hbm_size", parse_size, 4 * 1024**3, "--hbm-size",
+    Setting("hbm_size", _positive(parse_size), 4 * 1024**3, "--hbm-size",
             "Capacity of each rank's HBM segment (sparse: only touched pages use host memory)."),
-    Setting("timeout", _float, 120.0, "--timeout",
+    Setting("timeout", _positive(_float), 120.0, "--timeout",
             "Seconds any wait inside an operation may last before CommTimeout; a dead peer is reported sooner. "
             "Also how long the launcher lets the last rank run unfinalized after every other rank finished "
             "before it names it hung and ends it."),
@@ -106,14 +125,14 @@ SETTINGS: tuple[Setting, ...] = (
             "Modeled time: `off` (no model, full host speed), `virtual` (a per-rank modeled clock advanced by "
             "the fabric model, deterministic) or `throttled` (virtual, and wall time is slowed to follow it "
             "times `dilation`)."),
-    Setting("dilation", _float, 1000.0, "--dilation",
+    Setting("dilation", _positive(_float), 1000.0, "--dilation",
             "With `--clock throttled`: wall seconds per modeled second."),
     Setting("algo", _choice("mesh", "ring", "auto"), "mesh", "--algo",
             "Algorithm of all_gather, reduce_scatter and all_reduce: full mesh (one logical step), ring "
             "(N-1 steps per phase) or `auto` (picked per call by the fabric model's cost estimate)."),
-    Setting("cores", _int, 48, "--cores",
+    Setting("cores", _positive(_int), 48, "--cores",
             "Logical NPU cores per rank in the fabric model (cm384: 48 vector cores per die)."),
-    Setting("comm_cores", _int, 24, "--comm-cores",
+    Setting("comm_cores", _positive(_int), 24, "--comm-cores",
             "How many of a rank's cores a communication kernel uses; they are partitioned over its transfer units."),
     Setting("partition", _choice("naive", "balanced"), "balanced", "--partition",
             "Core partitioning of transfer units: `naive` (each peer pinned to a fixed core group) or `balanced` "
@@ -131,7 +150,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("metadata_path", _choice("direct", "relay"), "direct", "--metadata-path",
             "How registration metadata travels: written by the owner into every peer's mailbox ring, "
             "or relayed by the bootstrap daemon."),
-    Setting("pool_size", parse_size, 0, "--pool-size",
+    Setting("pool_size", _nonnegative(parse_size), 0, "--pool-size",
             "Size of the pre-registered region in `pool` mode; 0 means the whole HBM."),
     Setting("allocator", _choice("expandable", "caching"), "expandable", "--allocator",
             "How a rank's HBM allocator gets memory, as PyTorch's with and without `expandable_segments`: "
@@ -145,11 +164,11 @@ SETTINGS: tuple[Setting, ...] = (
             "Prefix every line a rank prints with `[rank]`."),
     Setting("debug", _choice("off", "info", "detail"), "off", None,
             "Logging level of the library: OFF, INFO or DETAIL (DETAIL logs every operation and its descriptor)."),
-    Setting("grace", _float, 5.0, "--grace",
+    Setting("grace", _nonnegative(_float), 5.0, "--grace",
             "Seconds the launcher waits after the first failure before SIGTERM, and again before SIGKILL."),
-    Setting("deadline", _float, 0.0, "--deadline",
+    Setting("deadline", _nonnegative(_float), 0.0, "--deadline",
             "Wall-clock limit for the whole job in seconds; 0 means none. The launcher ends the job when it passes."),
-    Setting("va_base", _int, 0x1000_0000_0000, None,
+    Setting("va_base", _positive(_int), 0x1000_0000_0000, None,
             "Start of the shared virtual-address window every rank reserves (advanced)."),
 )
 
@@ -183,7 +202,10 @@ class Config:
     def __setattr__(self, name: str, value: Any) -> None:
         if name not in _BY_NAME:
             raise ConfigError(_unknown(name))
-        self._values[name] = _BY_NAME[name].parse(value)
+        try:
+            self._values[name] = _BY_NAME[name].parse(value)
+        except ConfigError as e:
+            raise ConfigError(f"{name}={value!r}: {e}") from None
 
     def as_env(self) -> dict[str, str]:
         """The environment variables that reproduce these settings in another process."""

@@ -57,6 +57,20 @@ def test_settings_parse_and_reject_typos():
     assert _config.parse_size("4G") == 4 * 1024**3 and _config.parse_size("64KiB") == 65536
 
 
+def test_settings_out_of_range_are_refused_with_their_name():
+    # a timeout of -1 or 0 would make every wait fail at once; NaN compares false everywhere
+    for name, value, words in [("timeout", -1, "> 0"), ("timeout", 0, "> 0"), ("timeout", "nan", "> 0"),
+                               ("dilation", 0, "> 0"), ("cores", 0, "> 0"), ("comm_cores", -2, "> 0"),
+                               ("hbm_size", "0", "> 0"), ("grace", -0.5, ">= 0"), ("deadline", -1, ">= 0"),
+                               ("pool_size", -4096, ">= 0")]:
+        with pytest.raises(stratacl.ConfigError, match=rf"^{name}={value!r}: expected a number {words}, got"):
+            _config.Config({}, **{name: value})
+    with pytest.raises(stratacl.ConfigError, match=r"^STRATACL_TIMEOUT='-3': expected a number > 0"):
+        _config.Config({"STRATACL_TIMEOUT": "-3"})
+    cfg = _config.Config({}, timeout=0.5, grace=0, deadline=0, pool_size=0)
+    assert (cfg.timeout, cfg.grace, cfg.deadline, cfg.pool_size) == (0.5, 0.0, 0.0, 0)
+
+
 def test_readme_settings_table_is_the_generated_one():
     readme = (ROOT / "README.md").read_text()
     assert _config.settings_table() in readme, "regenerate with: python -m stratacl._config"

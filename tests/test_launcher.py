@@ -227,14 +227,15 @@ def test_unknown_stratacl_environment_variable_is_an_error():
 @pytest.mark.parametrize("flag, value, expected", [
     ("--registration", "foo", "expected one of roa, jit, pool, staged, got 'foo'"),
     ("--timeout", "soon", "expected a number, got 'soon'"),
-    ("--hbm-size", "lots", "not a size: 'lots'"),
-    ("--metadata-path", "carrier-pigeon", "expected one of direct, relay"),
+    ("--hbm-size", "lots", "not a size: 'lots' (examples: 4096, 64K, 512M, 4G)"),
+    ("--metadata-path", "carrier-pigeon", "expected one of direct, relay, got 'carrier-pigeon'"),
+    ("--timeout", "-1", "expected a number > 0, got '-1'"),
+    ("--grace", "-2", "expected a number >= 0, got '-2'"),
 ])
 def test_bad_flag_value_exits_2_naming_the_flag(flag, value, expected):
     run = launch("-n", "2", flag, value, script("rank_info.py"), timeout=60)
     assert run.returncode == 2, run.explain()
-    assert run.stderr.startswith(f"stratacl-launch: {flag} {value}: "), run.stderr
-    assert expected in run.stderr
+    assert run.stderr == f"stratacl-launch: {flag} {value}: {expected}\n", run.stderr
     assert run.stdout == ""
 
 
