@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 import sys
 from pathlib import Path
@@ -121,6 +122,20 @@ def test_dlrm_with_deeper_mlps_trains_exactly_as_one_process():
     lines = run.stdout.splitlines()
     assert lines[1] == "MLPs: bottom 13-24-12-16, top 64-32-16-8-1", run.explain()     # 16 + 3 tables x 16
     assert lines[2] == "exact against the job computed in one process, on every rank: yes", run.explain()
+
+
+@pytest.mark.timeout(120)
+def test_dlrm_at_mlperfs_widths_starts_near_the_loss_of_a_coin():
+    # MLPerf's MLPs (13-512-256-128, top 1024-1024-512-256-1): initialised by width, the first
+    # logits stay small and the loss of random labels starts near ln 2 (a fixed std of 0.1 gave
+    # 4.5 and then 80 at the second step)
+    run = launch("-n", "2", "--timeout", "90", str(EXAMPLES / "dlrm.py"), "--steps", "2", "--batch", "8",
+                 "--rows", "64", "--tables-per-rank", "1", "--pooling", "1", "--dim", "128",
+                 "--bottom-mlp", "512,256,128", "--top-mlp", "1024,1024,512,256", timeout=110)
+    assert run.returncode == 0, run.explain()
+    assert "exact against the job computed in one process, on every rank: yes" in run.stdout, run.explain()
+    losses = [float(x) for x in re.findall(r"^step \d: loss ([\d.]+)", run.stdout, re.M)]
+    assert len(losses) == 2 and all(abs(x - math.log(2)) < 0.25 for x in losses), losses
 
 
 @pytest.mark.timeout(120)
