@@ -1,6 +1,7 @@
 """A DeepSeek-V3-like training step, scaled down, through torch.distributed on the emulated supernode.
 
     stratacl-launch -n 8 [--clock virtual] examples/train_step.py [--steps 2] [--layers 2] [--hidden 64]
+                                                                  [--tp 2] [--ep 8]
                                                                   [--routing gate|seeded] [--no-check]
 
 The paper trains DeepSeek V3.2 with TorchTitan on 512 dies, FSDP=128 x TP=4, EP=64 (section
@@ -9,9 +10,20 @@ The paper trains DeepSeek V3.2 with TorchTitan on 512 dies, FSDP=128 x TP=4, EP=
     TP groups     ranks [g*TP, (g+1)*TP): the dies of one NPU when TP=2 (--tp, default 2)
     FSDP groups   ranks {t, t+TP, t+2*TP, ...}: FSDP = N/TP; the TP group g is data-parallel
                   replica g and holds its own batch of --tokens tokens
-    EP group      the world: --experts-per-rank experts on every rank, so the experts are not
-                  replicated (the paper's EP=64 on 512 dies leaves 8 FSDP copies of each expert;
-                  here that degree is 1, so expert weights are local and need no reduction)
+    EP groups     ranks [k*EP, (k+1)*EP) (--ep, default N: the world): --experts-per-rank
+                  experts on every rank, EP x experts-per-rank experts in all; each of the N/EP
+                  EP groups holds a full copy of them
+    expert        ranks {j, j+EP, j+2*EP, ...}: the N/EP ranks that hold the same experts; their
+    replicas      gradients are all_reduce'd over this group (async, beside the backward of the
+                  layers below) before SGD. At EP = N the group is the rank alone: no reduction
+
+This is TorchTitan's device mesh [dp_shard_mod_ep, dp_shard_in_ep, tp] (tp innermost) with
+expert tensor parallelism 1, where EP = dp_shard_in_ep x tp spans the TP groups it holds (the
+TP ranks split the tokens, so each dispatches its own) and the experts are FSDP'd over
+dp_shard_mod_ep = N/EP, the replica groups above (here replicated and all-reduced rather than
+sharded and reduce-scattered: the same bytes reduced, the same sum). The paper's 512 dies are
+TP 4, FSDP 128, EP 64: dp_shard_in_ep 16, 8 replicas of each expert. An EP smaller than TP
+(allowed for small recordings) is a block of one TP group, which TorchTitan does not build.
 
 One layer (--layers of them) is a tensor-parallel dense block standing in for attention, then a
 mixture-of-experts block, each with a residual (no norms, no embedding or output head):
@@ -73,6 +85,7 @@ p.add_argument("--experts-per-rank", type=int, default=2)
 p.add_argument("--topk", type=int, default=4)
 p.add_argument("--tokens", type=int, default=16, help="tokens per data-parallel replica (TP group)")
 p.add_argument("--tp", type=int, default=2)
+p.add_argument("--ep", type=int, default=0, help="ranks per EP group (divides the ranks; default: all of them)")
 p.add_argument("--micro-batches", type=int, default=0,
                help="gradient accumulation: the replica's tokens in this many micro-batches per step "
                     "(default 1, or as many as the pool's smaller fit needs under --registration pool)")
@@ -95,6 +108,9 @@ TP, NL, H, T = args.tp, args.layers, args.hidden, args.tokens
 if n % TP or T % TP or args.ffn % TP:
     raise SystemExit(f"--tp {TP} must divide the ranks ({n}), --tokens ({T}) and --ffn ({args.ffn})")
 DP = n // TP                                     # FSDP degree = data-parallel replicas
+EP = args.ep or n
+if EP < 1 or n % EP:
+    raise SystemExit(f"--ep {EP} must divide the ranks ({n})")
 cfg = stratacl.config
 # HCCL-zerocopy's pre-registered pool runs on the caching (non-expandable) allocator, which
 # fragments: in the training trace of docs/fragmentation-2026-12-02.json one die fits 17
@@ -120,7 +136,8 @@ _units = [T // TP // MB + (j < T // TP % MB) for j in range(MB)]
 MICRO = [(TP * sum(_units[:j]), TP * sum(_units[:j + 1])) for j in range(MB)]
 tp_rank, dp_rank = me % TP, me // TP
 Ft, Fe, LE = args.ffn // TP, args.expert_ffn, args.experts_per_rank
-E = LE * n
+E = LE * EP                                      # the model's experts; every EP group holds them all
+ep_rank = me % EP                                # this rank's place in its EP group
 K = min(args.topk, E)
 P = 2 * H * Ft + H * E                           # a layer's flat dense weights (one TP shard)
 S = -(-P // DP)                                  # its FSDP shard
@@ -131,7 +148,10 @@ modeled = cfg.clock != "off"
 tp_groups = [dist.new_group(list(range(g * TP, (g + 1) * TP))) for g in range(DP)]
 fsdp_groups = [dist.new_group(list(range(t, n, TP))) for t in range(TP)]
 tp_group, fsdp_group = tp_groups[dp_rank], fsdp_groups[tp_rank]
-buf = ep.Buffer(comm, E)
+# the ranks that hold this rank's experts; none to reduce with at EP = N
+replica_groups = [dist.new_group(list(range(j, n, EP))) for j in range(EP)] if EP < n else None
+replica_group = replica_groups[ep_rank] if replica_groups else None
+buf = ep.Buffer(comm if EP == n else comm.split(me // EP, me), E)
 
 
 charged_us = [0.0]                   # the compute charged so far, for the summary
@@ -322,7 +342,7 @@ def micro_step(step: int, micro: int, x, target, shards: list, experts: list, gr
     d_out = vjp(loss_fwd, [out, target[mine]], [True, False], torch.tensor(1.0))[0]
     elementwise(Tc * H, 4)
 
-    reducing = []
+    reducing, expert_reducing = [], []
     for layer in reversed(range(NL)):
         x, c, idx, w, rx, ri, rw, full = saved[layer]
         if full is None:
@@ -366,9 +386,14 @@ def micro_step(step: int, micro: int, x, target, shards: list, experts: list, gr
             shard = stratacl.torch.empty((S,))
             reducing.append((dist.reduce_scatter_single(shard, flat, group=fsdp_group, async_op=True), shard,
                              flat))
-            for e in range(2 * LE):
-                experts[layer][e] -= args.lr * d_experts[e]
-            elementwise(2 * LE * H * Fe)
+            if replica_group is None:
+                for e in range(2 * LE):
+                    experts[layer][e] -= args.lr * d_experts[e]
+                elementwise(2 * LE * H * Fe)
+            else:                                  # summed over the replicas, beside the layers below
+                summed = hbm(torch.cat([d.reshape(-1) for d in d_experts]))
+                expert_reducing.append((dist.all_reduce(summed, group=replica_group, async_op=True), summed,
+                                        layer))
         else:
             grad_sums[0][layer], grad_sums[1][layer] = flat, d_experts
         d_out = (d_h + d_x)[mine]
@@ -377,6 +402,13 @@ def micro_step(step: int, micro: int, x, target, shards: list, experts: list, gr
         work.wait()
         shards[layer] -= args.lr * grad
         elementwise(2 * S)
+    for work, summed, layer in expert_reducing:
+        work.wait()
+        at = 0
+        for e, w in enumerate(experts[layer]):
+            experts[layer][e] -= args.lr * summed[at:at + w.numel()].view(w.shape)
+            at += w.numel()
+        elementwise(2 * LE * H * Fe)
     return loss
 
 
@@ -391,15 +423,16 @@ def fold(parts: list) -> torch.Tensor:
 
 def dispatch_alone(rows: list, idxs: list, ws: list):
     """Every destination's received rows, local expert ids and weights, and where each came
-    from, as ``Buffer.dispatch`` delivers them: grouped by source rank ascending, token order."""
+    from, as ``Buffer.dispatch`` delivers them: from the sources of its EP group, grouped by
+    source rank ascending, token order."""
     got = []
     for d in range(n):
         xs, ids, wts, src = [], [], [], []
-        for s in range(n):
-            here = idxs[s] // LE == d
+        for s in range(d // EP * EP, (d // EP + 1) * EP):
+            here = idxs[s] // LE == d % EP
             tok = here.any(1).nonzero().squeeze(1)
             xs.append(rows[s][tok])
-            ids.append(torch.where(here[tok], idxs[s][tok] - d * LE, -1))
+            ids.append(torch.where(here[tok], idxs[s][tok] - d % EP * LE, -1))
             wts.append(torch.where(here[tok], ws[s][tok], 0.0))
             src.append((s, tok))
         got.append((torch.cat(xs), torch.cat(ids), torch.cat(wts), src))
@@ -468,6 +501,9 @@ def step_alone(step: int, flats: list, experts: list) -> list:
                 d_experts = [[a + b for a, b in zip(expert_sums[layer][d], d_experts[d])] for d in range(n)]
             if last:
                 flat_grads[layer] = [fold([per_rank[g * TP + t] for g in range(DP)]) for t in range(TP)]
+                if EP < n:         # each rank's experts' gradients summed over its replicas, in group order
+                    d_experts = [[fold([d_experts[j][e] for j in range(d % EP, n, EP)]) for e in range(2 * LE)]
+                                 for d in range(n)]
                 for d in range(n):
                     for e in range(2 * LE):
                         experts[layer][d][e] -= args.lr * d_experts[d][e]
@@ -485,7 +521,7 @@ for layer in range(NL):
     s = stratacl.torch.empty((S,))
     s.copy_(flat_init(layer, tp_rank)[dp_rank * S:(dp_rank + 1) * S])
     shards.append(s)
-experts = [[w for e in range(LE) for w in expert_init(layer, me * LE + e)] for layer in range(NL)]
+experts = [[w for e in range(LE) for w in expert_init(layer, ep_rank * LE + e)] for layer in range(NL)]
 losses, step_us, compute_us = [], [], []
 for step in range(args.steps):
     t0 = comm.clock() if modeled else 0.0
@@ -502,7 +538,7 @@ if args.no_check:
     exact = True
 else:
     ref_flats = [[flat_init(layer, t) for t in range(TP)] for layer in range(NL)]
-    ref_experts = [[[w for e in range(LE) for w in expert_init(layer, d * LE + e)] for d in range(n)]
+    ref_experts = [[[w for e in range(LE) for w in expert_init(layer, d % EP * LE + e)] for d in range(n)]
                    for layer in range(NL)]
     ref_losses = [step_alone(step, ref_flats, ref_experts) for step in range(args.steps)]
     mine = slice(dp_rank * S, (dp_rank + 1) * S)
@@ -516,7 +552,8 @@ dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
 most = torch.tensor(compute_us, dtype=torch.float64)
 dist.all_reduce(most, op=dist.ReduceOp.MAX)
 if me == 0:
-    print(f"training step: {n} ranks (TP {TP} x FSDP {DP}, EP {n}), {NL} layers, hidden {H}, {E} experts "
+    print(f"training step: {n} ranks (TP {TP} x FSDP {DP}, EP {EP}"
+          f"{f' x {n // EP} expert replicas' if EP < n else ''}), {NL} layers, hidden {H}, {E} experts "
           f"(top-{K}), {T} tokens per replica in {MB} micro-batch{'es' if MB > 1 else ''}"
           f"{' of ' + ', '.join(str(hi - lo) for lo, hi in MICRO) if MB > 1 else ''}; registration {cfg.registration}, partition {cfg.partition}, "
           f"path {cfg.path}, clock {cfg.clock}"

@@ -242,19 +242,23 @@ def test_serving_seeded_routing_is_exact_and_extrapolates_in_hidden(tmp_path):
 
 
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("registration, batches, routing", [("roa", "1 micro-batch", "gate"),
-                                                           ("pool", "2 micro-batches of 4, 4", "gate"),
-                                                           ("pool", "2 micro-batches of 4, 4", "seeded")])
-def test_train_step_example_trains_exactly_as_one_process(registration, batches, routing):
+@pytest.mark.parametrize("registration, batches, routing, ep", [("roa", "1 micro-batch", "gate", 8),
+                                                               ("pool", "2 micro-batches of 4, 4", "gate", 8),
+                                                               ("pool", "2 micro-batches of 4, 4", "seeded", 8),
+                                                               ("roa", "1 micro-batch", "gate", 4),
+                                                               ("pool", "2 micro-batches of 4, 4", "seeded", 2)])
+def test_train_step_example_trains_exactly_as_one_process(registration, batches, routing, ep):
     # under pool the caching allocator fits 8 x 17/27 -> 4 tokens: two micro-batches, accumulated;
-    # seeded routing draws each micro-batch's experts apart, and the one-process check must draw the same
+    # seeded routing draws each micro-batch's experts apart, and the one-process check must draw the same;
+    # --ep 4 and 2: two and four EP groups, each expert's gradients all_reduce'd over its replicas
     run = launch("-n", "8", "--clock", "virtual", "--timeout", "90", "--registration", registration,
-                 str(EXAMPLES / "train_step.py"), "--steps", "2", "--routing", routing,
+                 str(EXAMPLES / "train_step.py"), "--steps", "2", "--routing", routing, "--ep", str(ep),
                  "--layers", "2", "--hidden", "32", "--ffn", "64", "--tokens", "8", timeout=140)
     assert run.returncode == 0, run.explain()
     lines = run.stdout.splitlines()
-    assert lines[0] == ("training step: 8 ranks (TP 2 x FSDP 4, EP 8), 2 layers, hidden 32, 16 experts (top-4), "
-                        f"8 tokens per replica in {batches}; registration {registration}, partition balanced, "
+    layout = f"EP {ep}" + (f" x {8 // ep} expert replicas" if ep < 8 else "")
+    assert lines[0] == (f"training step: 8 ranks (TP 2 x FSDP 4, {layout}), 2 layers, hidden 32, {2 * ep} experts "
+                        f"(top-4), 8 tokens per replica in {batches}; registration {registration}, partition balanced, "
                         "path mte, clock virtual" + ("; routing seeded (seed 0)" if routing == "seeded" else "")), \
         run.explain()
     assert lines[1] == "exact against the job computed in one process, on every rank: yes", run.explain()
