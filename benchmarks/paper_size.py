@@ -32,15 +32,18 @@ there. ``--verify H``: instead, one configuration at the recorded rank counts, t
 ``--hidden`` to H against a real run at H (H small enough to run), and at each N of ``--scale``
 the fit extrapolated in N against a real run at N ranks and H: every metric's relative error.
 
-``--workload train``: examples/train_step.py (TP groups of 2, FSDP over the N/2 replicas, EP
-over the world; see its docstring) runs with ``--trace`` at each rank count of ``--ranks``
-(default 4, 8, 16: three, so that the FSDP shards' 1 / N is fitted, as e2e.py's ``--scale-from
-4,8,16`` does) and each hidden size H of ``--hidden`` (default 56, 112, 224), the load TRAIN
+``--workload train``: examples/train_step.py in the paper's layout at every N (TP groups of 4,
+FSDP over the N/4 replicas, EP groups of N/8 ranks, so 8 replicas of each expert whose
+gradients are all-reduced over them: FSDP 128 / TP 4 / EP 64 at 512 dies; see its docstring)
+runs with ``--trace`` at each rank count of ``--ranks`` (default 16, 32, 64, EP 2, 4, 8: three,
+so that the FSDP shards' 1 / N is fitted, as e2e.py's ``--scale-from 4,8,16`` does) and each
+hidden size H of ``--hidden`` (default 56, 112, 224), the load TRAIN
 below, the dense block's width 2 H and each expert's 2 H / 7 (so that both are fitted with
 hidden: the expert's is 2048 at 7168), and ``--routing seeded``. Every number of a step is then
 a polynomial of degree <= 2 in H (matmuls' FLOPs and weights ~ H^2, rows ~ H), and the fit
 through three recordings is exact. ``ub.extrapolate_dimension`` takes each rank count's traces
-to ``--target``, ``ub.extrapolate`` those to each N of ``--scale`` (default 32, 64), and the
+to ``--target``, ``ub.extrapolate`` those to each N of ``--scale`` (default 128, 512: the
+groups' sizes N/4 and N/8 and the replicas' stride N/8 scale with N, TP stays 4), and the
 step time is the second step's, read off the replay's clocks (the example reads
 ``comm.clock()`` at each step's start and end; the slowest rank's, as it prints). ``--verify
 H``: as for serving, the fit to H (a multiple of 7) against a real run at H, at each recorded N,
@@ -92,9 +95,11 @@ SOURCES = {
 
 # the training load: two steps (the second is timed), two layers, 64 tokens per data-parallel
 # replica (what the host computes at three widths and three rank counts in reasonable time;
-# the paper's replica holds 4 sequences of 4096), top-8 of 4 experts per rank, TP 2
-TRAIN = ["--steps", "2", "--layers", "2", "--tokens", "64", "--experts-per-rank", "4", "--topk", "8", "--tp", "2",
+# the paper's replica holds 4 sequences of 4096), top-8 of 4 experts per rank, TP 4, and EP
+# groups of N / EXPERT_REPLICAS ranks (record() adds --ep at each N)
+TRAIN = ["--steps", "2", "--layers", "2", "--tokens", "64", "--experts-per-rank", "4", "--topk", "8", "--tp", "4",
          "--routing", "seeded"]
+EXPERT_REPLICAS = 8          # the paper's 512 dies over EP 64 (section 9.1)
 TRAIN_SOURCES = {
     "hidden": "DeepSeek-V3 config.json hidden_size 7168 (DeepSeek-V3.2 keeps it; paper section 9.1 trains "
               "DeepSeek V3.2); float32 here; fitted from the recorded hidden sizes",
@@ -105,15 +110,19 @@ TRAIN_SOURCES = {
            "qk_nope 128 / qk_rope 64 / v 128 head dims, has 187.1M: +10%); no attention scores",
     "topk": "DeepSeek-V3 config.json num_experts_per_tok 8",
     "experts_per_rank": "4: DeepSeek-V3's 256 routed experts (n_routed_experts) over the paper's EP 64; "
-                        "here EP is the world, so experts = 4 N (256 at 64 dies, 2048 at 512)",
-    "tp": "2 (the example's default: the two dies of one NPU); the paper's TP is 4 (section 9.1)",
-    "fsdp": "N / TP (every TP group a data-parallel replica): 16 at 32 dies, 64 at 128; the paper's 128 at 512",
-    "ep": "N (the world); the paper's EP is 64 with expert weights FSDP'd over 8; here expert weights are local",
+                        "experts = 4 EP = N / 2 (256 at 512 dies)",
+    "tp": "paper section 9.1: TP 4 (one TP group: the dies of two NPUs)",
+    "fsdp": "N / TP (every TP group a data-parallel replica): paper section 9.1, FSDP 128 at 512",
+    "ep": "N / 8: paper section 9.1, EP 64 at 512 dies; EP groups of consecutive ranks (TorchTitan's "
+          "dp_shard_in_ep x tp, expert TP 1), each holding every expert",
+    "expert_replicas": "N / EP = 8 at every N (the paper's 512 / 64): each expert's gradients all_reduce'd over "
+                       "its 8 replicas (TorchTitan FSDPs them over dp_shard_mod_ep: reduce-scatter, the same sum)",
     "tokens": "assumed: 64 per replica (the host's limit at these widths); the paper's global batch 512 x "
               "sequence 4096 over FSDP 128 is 16384 per replica",
     "layers": "2 (DeepSeek-V3: 61, 3 of them dense)",
     "routing": "seeded uniform top-8 (stratacl.ep.routing), as DeepEP's tests draw it; not a trained gate",
-    "ranks": "recorded at the --ranks, extrapolated to --scale (paper: 512 dies, section 9.1)",
+    "ranks": "recorded at the --ranks (16, 32, 64: EP 2, 4, 8), extrapolated to --scale (paper: 512 dies, "
+             "section 9.1)",
 }
 
 
@@ -164,13 +173,24 @@ def widths(hidden: int) -> list[str]:
     return ["--hidden", str(hidden), "--ffn", str(2 * hidden), "--expert-ffn", str(2 * hidden // 7)]
 
 
-def record(config: str, n: int, hidden: int, args: list[str], tmp: str, workload: str = "serve") -> tuple[list, dict]:
-    """The example at ``n`` ranks and ``hidden``: its traces and its timeline (None for training)."""
+def ep_size(n: int, replicas: int = EXPERT_REPLICAS) -> int:
+    """The training example's EP group at ``n`` ranks: N / 8 (``replicas``), so each expert has 8 replicas."""
+    if n % replicas or n // replicas < 2:
+        raise SystemExit(f"paper_size: --workload train runs EP groups of N / {replicas} ranks (the paper's "
+                         f"EP 64 on 512 dies: {EXPERT_REPLICAS} replicas) with at least 2 in each; {n} ranks do not "
+                         f"make them")
+    return n // replicas
+
+
+def record(config: str, n: int, hidden: int, args: list[str], tmp: str, workload: str = "serve",
+           replicas: int = EXPERT_REPLICAS) -> tuple[list, dict]:
+    """The example at ``n`` ranks and ``hidden``: its traces and its timeline (None for training,
+    whose EP groups are of ``n / replicas`` ranks)."""
     from stratacl import ub
 
     d = os.path.join(tmp, f"{config}-{n}-{hidden}")
     if workload == "train":
-        _launch(WORKLOADS["train"][0], n, config, widths(hidden), args, trace=d)
+        _launch(WORKLOADS["train"][0], n, config, widths(hidden) + ["--ep", str(ep_size(n, replicas))], args, trace=d)
     elif workload == "dlrm":
         _launch(WORKLOADS["dlrm"][0], n, config, ["--batch", str(hidden)], args, trace=d)
     else:
@@ -210,10 +230,11 @@ def at_width(config: str, n: int, hiddens: list[int], target: int, args: list[st
 
 
 def train_dims(args: list[str], hiddens: list[int], target: int, ranks: list[int], n: int) -> dict:
-    lx, tp = _flag(args, "--experts-per-rank", 2), _flag(args, "--tp", 2)
+    lx, tp, ep = _flag(args, "--experts-per-rank", 2), _flag(args, "--tp", 2), n // EXPERT_REPLICAS
     return {"hidden": target, "recorded_hidden": hiddens, "recorded_ranks": ranks, "ranks": n,
             "ffn": 2 * target, "expert_ffn": 2 * target // 7, "topk": _flag(args, "--topk", 4),
-            "experts_per_rank": lx, "experts": lx * n, "tp": tp, "fsdp": n // tp, "ep": n,
+            "experts_per_rank": lx, "experts": lx * ep, "tp": tp, "fsdp": n // tp, "ep": ep,
+            "expert_replicas": n // ep,
             "tokens": _flag(args, "--tokens", 16), "layers": _flag(args, "--layers", 2),
             "routing": _flag(args, "--routing", "gate"), "dtype": "float32", "row_bytes": 4 * target,
             "sources": TRAIN_SOURCES}
@@ -246,13 +267,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workload", choices=("serve", "train", "dlrm"), default="serve")
     p.add_argument("--configs", default="staged,roa,balanced,auto,pool",
                    help=f"e2e.py's CONFIGS, or {NOCOMM}: the fabric free, what bounds any library's gain")
-    p.add_argument("--ranks", default=None, help="the two or three rank counts recorded (serve: 4,8; train: 4,8,16)")
+    p.add_argument("--ranks", default=None, help="the two or three rank counts recorded (serve: 4,8; train: "
+                                                 "16,32,64)")
     p.add_argument("--hidden", default=None, help="the two or three hidden sizes recorded (serve: 32,64,128; "
                                                   "train: 56,112,224, multiples of 7); dlrm: the batches per "
                                                   "die (128,256,512)")
     p.add_argument("--target", type=int, default=None, help="the hidden size (batch for dlrm) fitted to "
                                                             "(serve, train: 7168; dlrm: 1024)")
-    p.add_argument("--scale", default=None, help="rank counts to extrapolate to (serve: 16,32; train: 32,64; "
+    p.add_argument("--scale", default=None, help="rank counts to extrapolate to (serve: 16,32; train: 128,512; "
                                                  "dlrm: 128)")
     p.add_argument("--json", default=None)
     p.add_argument("--keep", default=None, help="train: also pickle each configuration's traces at the target "
@@ -265,9 +287,9 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     train = a.workload == "train"
     dlrm = a.workload == "dlrm"
-    a.ranks = a.ranks or ("4,8,16" if train else "4,8")
+    a.ranks = a.ranks or ("16,32,64" if train else "4,8")
     a.hidden = a.hidden or ("56,112,224" if train else "128,256,512" if dlrm else "32,64,128")
-    a.scale = a.scale if a.scale is not None else ("32,64" if train else "128" if dlrm else "16,32")
+    a.scale = a.scale if a.scale is not None else ("128,512" if train else "128" if dlrm else "16,32")
     a.target = a.target or (1024 if dlrm else 7168)
     if train or dlrm:
         return train_main(a, (TRAIN if train else DLRM) + ([] if a.check else NO_CHECK) + extra, a.workload)

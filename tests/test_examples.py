@@ -303,6 +303,41 @@ def test_train_step_seeded_routing_extrapolates_in_hidden(tmp_path):
         ub.extrapolate_dimension([gate[32], gate[64]], [32, 64], 256)
 
 
+@pytest.mark.timeout(400)
+def test_train_step_ep_groups_extrapolate_in_n_to_a_real_run(tmp_path):
+    """EP groups of N / 2 ranks (--ep, each expert on 2 replicas whose gradients are
+    all_reduce'd over them), TP 2, FSDP N / 2, the paper-size load's --routing seeded: the
+    traces at 4, 6 and 8 ranks extrapolated (ub.extrapolate, as benchmarks/paper_size.py
+    --workload train takes its EP N / 8 layout to 512 dies) give a real 12-rank run's second
+    step within 1%, with every call among the real run's members and of its size."""
+    import paper_size
+    from stratacl import ub
+
+    traces = {}
+    for n in (4, 6, 8, 12):
+        d = tmp_path / f"n{n}"
+        run = launch("-n", str(n), "--clock", "virtual", "--trace", str(d), "--timeout", "90",
+                     str(EXAMPLES / "train_step.py"), "--no-check", "--routing", "seeded", "--steps", "2",
+                     "--layers", "2", "--hidden", "32", "--ffn", "64", "--tokens", "8", "--tp", "2", "--ep",
+                     str(n // 2), timeout=170)
+        assert run.returncode == 0, run.explain()
+        assert run.stdout.startswith(f"training step: {n} ranks (TP 2 x FSDP {n // 2}, EP {n // 2} x 2 expert "
+                                     f"replicas)"), run.explain()
+        traces[n] = ub.load_traces(str(d))
+    guess = ub.extrapolate(traces[4], traces[6], traces[8], 12, routing=stratacl.ep.routing)
+
+    def calls(t):
+        return [c for e in t["events"] for c in ([e] if e["e"] == "call" else e.get("calls", []))]
+    for g, r in zip(guess, traces[12]):
+        assert [(c["op"], c["members"]) for c in calls(g)] == [(c["op"], c["members"]) for c in calls(r)]
+        assert [c.get("nbytes") or 0 for c in calls(g)] == pytest.approx([c.get("nbytes") or 0 for c in calls(r)],
+                                                                          rel=0.01)
+    assert ("all_reduce", [0, 6]) in [(c["op"], c["members"]) for c in calls(guess[0])]     # the experts' replicas
+    fitted = paper_size.train_metrics(ub.replay(guess))["modeled_step_us"]
+    real = paper_size.train_metrics(ub.replay(traces[12]))["modeled_step_us"]
+    assert real > 0 and abs(fitted / real - 1) < 0.01, (fitted, real)
+
+
 def test_e2e_nocomm_topology_frees_communication_and_keeps_the_compute(tmp_path):
     """benchmarks/e2e.py --configs nocomm: cm384 with the fabric free bounds a library's gain
     only if its kernels take cm384's time and its calls are bound by nothing but the die's

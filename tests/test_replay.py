@@ -327,3 +327,35 @@ def test_a_blocking_operation_queued_behind_another_is_recorded_as_the_call_it_i
     kept.wait(late)
     assert kept.events == [{"e": "issue", "id": 1, "async": False, "calls": [call]},
                            {"e": "compute", "us": 1.0, "cores": 24}, {"e": "wait", "id": 1}]
+
+
+def _paper_layout_traces(n: int) -> list[dict]:
+    """Every rank's calls of a training step in the paper's layout at ``n`` ranks (TP 4, FSDP
+    N/4, EP N/8, 8 replicas of each expert), as ``--trace`` writes them: a TP all_reduce, an
+    FSDP all_gather whose shard shrinks as 1 / N, an EP all_gather, the experts' all_reduce
+    over their replicas."""
+    def call(op, members, nbytes):
+        return {"e": "call", "comm": f"{op}{members[:2]}", "members": members, "k": 0, "path": "mte", "extra": None,
+                "gap_s": 0.0, "op": op, "algo": "mesh", "nbytes": nbytes, "root": None, "itemsize": 4}
+    ep = n // 8
+    out = []
+    for r in range(n):
+        events = [call("all_reduce", list(range(r // 4 * 4, r // 4 * 4 + 4)), 4096),
+                  call("all_gather", list(range(r % 4, n, 4)), 4 * (65536 // n) * (n // 4)),
+                  call("all_gather", list(range(r // ep * ep, (r // ep + 1) * ep)), 64 * ep),
+                  call("all_reduce", list(range(r % ep, n, ep)), 8192)]
+        out.append({"format": 1, "rank": r, "world": n, "settings": {}, "end_us": None, "events": events})
+    return out
+
+
+def test_the_papers_training_groups_extrapolate_to_512_dies():
+    """TP blocks of 4 stay 4; FSDP groups (N/4 ranks 4 apart), EP blocks (N/8 ranks) and the
+    experts' replica groups (8 ranks N/8 apart) grow with N: from 16, 32, 64 ranks to the
+    paper's 512 dies (FSDP 128, TP 4, EP 64), every rank's groups as that layout makes them."""
+    got = ub.extrapolate(*(_paper_layout_traces(n) for n in (16, 32, 64)), 512)
+    want = _paper_layout_traces(512)
+    assert len(got) == 512
+    for g, w in zip(got, want):
+        assert [(e["op"], e["members"]) for e in g["events"]] == [(e["op"], e["members"]) for e in w["events"]]
+        assert [e["nbytes"] for e in g["events"]] == [e["nbytes"] for e in w["events"]]
+    assert [len(e["members"]) for e in got[0]["events"]] == [4, 128, 64, 8]
