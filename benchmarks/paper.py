@@ -648,6 +648,10 @@ def report(quick: bool, topo=None) -> dict:
         rows += f(topo, quick)
     if topo.name == "cm384":
         rows += recorded()
+    return {"quick": quick, "summary": summary(rows), "rows": rows, "details": [] if quick else details(quick)}
+
+
+def summary(rows: list[dict]) -> str:
     checked = [r for r in rows if r["basis"] not in ("calibrated", "read off")]
     held = sum(r["holds"] for r in checked)
     heads = {r["claim"]: r for r in rows}
@@ -655,9 +659,8 @@ def report(quick: bool, topo=None) -> dict:
                      ("fig13a.sdma", "fig11a.strata_over_hccl", "fig11a.strata_over_hccl.paper_width",
                       "fig11b.p99_ttft_lower", "fig12a.strata_shorter_than_zerocopy",
                       "fig12b.strata_shorter_than_hccl", "fig3b.staged", "fig3b.zerocopy") if k in heads and heads[k]["here"] is not None)
-    summary = (f"{held} of {len(checked)} checked rows hold ({len(rows) - len(checked)} more are calibrated or read "
-               f"off); headline: {head}")
-    return {"quick": quick, "summary": summary, "rows": rows, "details": [] if quick else details(quick)}
+    return (f"{held} of {len(checked)} checked rows hold ({len(rows) - len(checked)} more are calibrated or read "
+            f"off); headline: {head}")
 
 
 def sensitivity(quick: bool) -> dict:
@@ -761,12 +764,26 @@ def main(argv: list[str] | None = None) -> int:
                                                 "docs/paper-reproduction.md)")
     p.add_argument("--doc", default=None, help="render the markdown here")
     p.add_argument("--sensitivity", action="store_true", help="vary every parameter x0.5 and x2")
+    p.add_argument("--recorded", action="store_true",
+                   help="only the rows read off recorded workload runs (docs/e2e-*.json; seconds, no model "
+                        "sections) again, in place in docs/paper-results.json, then render: after a new recording")
     p.add_argument("--render", action="store_true",
                    help="only render docs/paper-reproduction.md again from docs/paper-results.json and "
                         "docs/paper-sensitivity.json (after a --sensitivity run)")
     a = p.parse_args(argv)
     t0 = time.perf_counter()
-    if a.render:
+    if a.recorded:
+        with open(os.path.join(DOCS, "paper-results.json")) as f:
+            result = json.load(f)
+        fresh = {r["claim"]: r for r in recorded()}
+        result["rows"] = [fresh.pop(r["claim"], r) if r["basis"].startswith("recorded") else r
+                          for r in result["rows"]]
+        result["rows"] += list(fresh.values())          # claims the recordings make that were not there
+        result["summary"] = summary(result["rows"])
+        with open(os.path.join(DOCS, "paper-results.json"), "w") as f:
+            json.dump(result, f, indent=1)
+        print(result["summary"])
+    if a.render or a.recorded:
         with open(os.path.join(DOCS, "paper-results.json")) as f:
             result = json.load(f)
         _write_doc(result, a.doc or os.path.join(DOCS, "paper-reproduction.md"))
