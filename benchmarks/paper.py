@@ -6,6 +6,8 @@
     python benchmarks/paper.py --json PATH          # the JSON elsewhere (and no doc unless --doc)
     python benchmarks/paper.py --sensitivity        # every listed parameter x0.5 and x2 against
                                                     # the operator-level rows: docs/paper-sensitivity.json
+    python benchmarks/paper.py --recorded           # only the rows read off docs/e2e-*.json, in place
+                                                    # in docs/paper-results.json, and the doc rendered
 
 A row: ``claim`` (a stable id that begins with its figure or table), ``paper`` (the paper's
 number), ``here`` (the emulator's), ``ratio`` (here / paper), ``holds`` and ``reason``. A claim
