@@ -571,7 +571,7 @@ def test_config_is_typo_proof():
     assert c.algo == "ring"
     with pytest.raises(ConfigError) as e:
         c.algo = "tree"
-    assert str(e.value) == "expected one of mesh, ring, auto, got 'tree'"
+    assert str(e.value) == "algo='tree': expected one of mesh, ring, auto, got 'tree'"
     known = ", ".join(s.name for s in _config.SETTINGS)
     with pytest.raises(AttributeError) as e:
         c.timeot
