@@ -195,6 +195,17 @@ def _outsider_attempts(host: str, port: int) -> list[str]:
     return refused
 
 
+def test_rank_0_serves_the_store_until_the_other_ranks_have_left():
+    # rank 0's program ends right after its own last request; the others' last ones come later
+    launch = os.path.join(os.path.dirname(sys.executable), "stratacl-launch")
+    env = _env("")
+    env.pop(TAG)
+    run = subprocess.run([launch, "-n", "3", os.path.join(SCRIPTS, "store_last_request.py")], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    assert _reports(run.stdout) == {r: {"rank": r, "got": ["0", "1", "2"]} for r in range(3)}, run.stdout
+
+
 def test_an_outsider_is_refused_by_the_job_store_and_the_job_stays_exact(tmp_path):
     launch = os.path.join(os.path.dirname(sys.executable), "stratacl-launch")
     env = _env("")

@@ -24,6 +24,7 @@ stratacl.torch and gets torch's own store: docs/cluster.md).
 """
 from __future__ import annotations
 
+import atexit
 import hashlib
 import hmac
 import json
@@ -36,6 +37,8 @@ from datetime import timedelta
 from urllib.parse import urlparse
 
 import torch.distributed as dist
+
+import stratacl
 
 SECRET_ENV = "STRATACL_JOB_SECRET"
 ADDRESS_ENV = "STRATACL_STORE"
@@ -97,6 +100,8 @@ class StoreServer:
         self.secret = secret
         self.data: dict[bytes, bytes] = {}
         self.lock = threading.Lock()
+        self.clients = 0                    # connections past the handshake, still open
+        self._open = threading.Condition()
         self.waiters: list[tuple] = []      # (connection, GET | WAIT, keys, answered) not yet answered
         self.refused = 0                    # connections closed for want of the secret
         self.sock = listening
@@ -133,6 +138,8 @@ class StoreServer:
                 conn.sendall(WELCOME)
             except OSError:
                 return
+            with self._open:
+                self.clients += 1
             try:
                 while True:
                     op, fields = _read_frame(conn)
@@ -144,6 +151,18 @@ class StoreServer:
                             self._answer_waiters()
             except (OSError, ConnectionError):
                 return
+            finally:
+                with self._open:
+                    self.clients -= 1
+                    self._open.notify_all()
+
+    def linger(self, timeout: float) -> bool:
+        """Serve until every client has disconnected (its rank ended), at most ``timeout``
+        seconds: rank 0 calls it as it exits. Its program may end right after its own last
+        request is answered, while another rank's last one is still to come (a set that
+        completes rank 0's wait, then that rank's own wait). True if every client left."""
+        with self._open:
+            return self._open.wait_for(lambda: self.clients == 0, timeout)
 
     def _get_or_wait(self, conn: socket.socket, op: int, f: list[bytes]) -> None:
         """Answer now if every key is there; else leave the request to the set that completes
@@ -200,6 +219,17 @@ class StoreServer:
         self.sock.close()
 
 
+def _linger() -> None:
+    """At rank 0's exit (after finalize: peers see it finalized while it waits): close this
+    process's own clients, then serve the other ranks until they have left, at most the job's
+    timeout."""
+    for store in _STORES:
+        store.close()
+    timeout = stratacl.config.timeout
+    for server in _SERVERS.values():
+        server.linger(timeout)
+
+
 class JobStore(dist.Store):
     """A client of the job's store, as torch's Store: what ``init_process_group`` gets under
     stratacl-launch. Thread-safe (one request at a time on its connection)."""
@@ -225,6 +255,14 @@ class JobStore(dist.Store):
         if welcome != WELCOME:
             raise dist.DistStoreError(f"the job's store at {host}:{port} refused this process: its {SECRET_ENV} "
                                       f"is not the job's (only the launcher's ranks get in)")
+
+    def close(self) -> None:
+        """Disconnect (without the request lock: a thread may be waiting on a reply)."""
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._sock.close()
 
     def _call(self, op: int, *fields: bytes) -> tuple[int, list[bytes]]:
         with self._lock:
@@ -283,6 +321,10 @@ def _env_rendezvous(original):
         if rank == 0 and fd >= 0 and fd not in _SERVERS:
             # once a process: a second init_process_group finds the same store, as with torch's
             _SERVERS[fd] = StoreServer(socket.socket(fileno=fd), secret)
+            if len(_SERVERS) == 1:
+                # registered before init() registers finalize (init_process_group makes the
+                # store first), so it runs after it: last-in first-out
+                atexit.register(_linger)
         store = JobStore(host, port, secret, timeout)
         # torch holds the store from C++ only: without a Python reference the object behind
         # its methods would be collected and every call through it fail ("Not implemented")
