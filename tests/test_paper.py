@@ -96,6 +96,32 @@ def test_fig3b_emerges_from_the_bytes_and_the_bandwidth(quick):
     assert st > zc > 0          # the staged path's copies take more of the HBM from the kernel
 
 
+def test_fig3b_is_the_kernel_beside_the_paper_s_prefetch_weighted_by_time(quick):
+    """Fig. 3b's rows run beside one DeepSeek V3.2 block's FSDP prefetch at 512 dies: the dense
+    parameters over the FSDP group (stride TP) and the experts over their replicas (stride EP),
+    and the block's slowdown is the two gathers' weighted by their zero-copy time."""
+    from stratacl.ub import _topology
+    c = paper.DSV32
+    gathers = paper.fig3b_gathers()
+    dense, experts = gathers["dense"], gathers["experts"]
+    assert dense[0] == list(range(0, c["dies"], c["tp"])) and len(dense[0]) == c["fsdp"]
+    assert experts[0] == list(range(0, c["dies"], c["ep"])) and len(experts[0]) == c["dies"] // c["ep"]
+    # four experts a rank (256 over EP 64), three matrices of hidden x moe_intermediate_size, bf16, over 8
+    assert experts[1] == 4 * 3 * 7168 * 2048 * 2 // 8
+    topo = _topology.load("cm384")
+    parts = [paper._kernel_beside(topo, m, per) for m, per in gathers.values()]
+    total = sum(d for d, _, _ in parts)
+    rows = {r["claim"]: r for r in quick["rows"]}
+    assert rows["fig3b.staged"]["here"] == pytest.approx(sum(d * s for d, s, _ in parts) / total, rel=1e-12)
+    assert rows["fig3b.zerocopy"]["here"] == pytest.approx(sum(d * z for d, _, z in parts) / total, rel=1e-12)
+    # each gather's zero-copy slowdown is its HBM bytes over what the kernel draws in that time:
+    # N M written (its own slot by a local copy, which reads M) and (N - 1) M read by the next rank
+    # of the ring: 2 N M, against the whole HBM
+    hbm = topo.tiers["local"].bandwidth_gbps * 1e3          # bytes/us
+    for (members, per), (d, _, z) in zip(gathers.values(), parts):
+        assert z == pytest.approx(2 * len(members) * per / (hbm * d), rel=0.02)
+
+
 def test_the_committed_doc_is_the_rendering_of_the_committed_json():
     with open(os.path.join(ROOT, "docs", "paper-results.json")) as f:
         result = json.load(f)
