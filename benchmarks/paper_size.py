@@ -18,6 +18,8 @@ runs on the host at each rank count of ``--ranks`` and each hidden size of ``--h
     --routing seeded         experts drawn by stratacl.ep.routing, the same at every hidden size:
                              a gate routing by the activations sends other rows at every hidden
                              size, and extrapolate_dimension refuses it
+    --weight-bytes 1         the kernels read 1-byte weights, as a model served in FP8 (DeepSeek-V3's
+                             published weights) or INT8; the host still computes in float32
 
 Then, per rank count, ``ub.extrapolate_dimension`` fits the traces in hidden (quadratic through
 the three recordings) to ``--target`` (7168: the paper's hidden size, 14 KiB bf16 rows; here
@@ -80,7 +82,7 @@ LOAD = ["--per-rank", "--requests", "11", "--warmup", "11", "--max-batch", "11",
 # rank; it is skipped in these recordings (--check keeps it) and made in tests/test_examples.py
 # and, at these settings, by hand (docs/end-to-end.md, "Serving at the paper's width")
 NO_CHECK = ["--no-check"]
-PAPER = ["--topk", "8", "--ffn", "2048", "--routing", "seeded"]
+PAPER = ["--topk", "8", "--ffn", "2048", "--routing", "seeded", "--weight-bytes", "1"]
 SOURCES = {
     "hidden": "paper section 8.1 (hidden 7168, 14 KiB bf16 rows); extrapolated, float32 here",
     "topk": "paper section 8.1 (top-8, DeepEP setting)",
@@ -90,6 +92,9 @@ SOURCES = {
     "layers": "e2e.py's serving load (2; DeepSeek-V3: 61)",
     "load": "e2e.py's serving load: --per-rank --requests 11 --warmup 11 --max-batch 11 --rate 0",
     "routing": "seeded uniform top-k (stratacl.ep.routing), as DeepEP's tests draw it; not a trained gate",
+    "weight_bytes": "1: the kernels read FP8 weights (DeepSeek-V3's published weights are FP8, its config.json "
+                    "quantization_config; INT8 W8A8 is as wide); activations, rows and KV cache stay float32 "
+                    "(the paper's rows are bf16: 14 KiB, here 28 KiB)",
 }
 
 
@@ -256,7 +261,8 @@ def dims(args: list[str], hiddens: list[int], target: int, ranks: list[int], n: 
     return {"hidden": target, "recorded_hidden": hiddens, "recorded_ranks": ranks, "ranks": n,
             "topk": _flag(args, "--topk", 8), "ffn": _flag(args, "--ffn", 128), "experts_per_rank": lx,
             "experts": lx * n, "layers": _flag(args, "--layers", 4), "routing": _flag(args, "--routing", "gate"),
-            "dtype": "float32", "row_bytes": 4 * target, "sources": SOURCES}
+            "dtype": "float32", "row_bytes": 4 * target, "weight_bytes": _flag(args, "--weight-bytes", 4),
+            "sources": SOURCES}
 
 
 def main(argv: list[str] | None = None) -> int:

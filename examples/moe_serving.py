@@ -23,7 +23,8 @@ prefill/decode disaggregation; the paper's is disaggregated, see docs/end-to-end
         asynchronously (``async_op=True``) while B's attention or experts run, and vice versa
 
 Under ``--clock virtual`` every kernel is charged its roofline time on the die
-(``Topology.kernel_us``, float32 at these dimensions) through ``charge_kernel``, which shares
+(``Topology.kernel_us``, float32 at these dimensions; ``--weight-bytes`` reads the weights at
+another width) through ``charge_kernel``, which shares
 the die's cores with the dispatches and combines in flight: MTE copies hold their cores for
 the whole call, SDMA only for posting. Under ``--registration pool`` a rank admits fewer
 requests at once: the pre-registered pool's caching allocator fits 359 of the 394 requests
@@ -96,6 +97,10 @@ p.add_argument("--ffn", type=int, default=128, help="each expert's intermediate 
 p.add_argument("--experts-per-rank", type=int, default=4)
 p.add_argument("--topk", type=int, default=8)
 p.add_argument("--vocab", type=int, default=1024)
+p.add_argument("--weight-bytes", type=int, default=4, choices=(1, 2, 4),
+               help="bytes of one weight as the modeled kernels read it (gate, experts, output head): 4 is the "
+                    "float32 the host computes with; 1 is a model served with FP8 or INT8 weights. Only the "
+                    "modeled clock sees it; activations, rows and the KV cache stay float32")
 p.add_argument("--no-check", action="store_true",
                help="skip the check against the job computed in one process (N times the serving's compute "
                     "on every rank); for recordings of a configuration already checked at these settings")
@@ -113,6 +118,7 @@ NL, H, F, V = args.layers, args.hidden, args.ffn, args.vocab
 LX = args.experts_per_rank
 E = LX * n
 K = min(args.topk, E)
+WB = args.weight_bytes                # a weight's bytes in the kernels' modeled HBM traffic
 modeled = stratacl.config.clock != "off"
 if args.timeline and not modeled:
     raise SystemExit("moe_serving: --timeline names comm.clock() reads: launch with --clock virtual")
@@ -254,10 +260,11 @@ def experts_ht(layer: int, d: int, recv_x: torch.Tensor, recv_idx: torch.Tensor,
 
 
 def experts_cost(counts) -> tuple:
-    """Expert MLPs on ``counts`` rows each: FLOPs and bytes (weights read once per expert used)."""
+    """Expert MLPs on ``counts`` rows each: FLOPs and bytes (weights, of ``WB`` bytes, read once
+    per expert used; activations float32)."""
     m = sum(counts)
     used = sum(1 for c in counts if c)
-    return 4 * m * H * F, 4 * (2 * H * F * used + m * (2 * H + F))
+    return 4 * m * H * F, WB * 2 * H * F * used + 4 * m * (2 * H + F)
 
 
 # --- the schedule (identical on every rank: it depends only on the agreed times) -----------
@@ -328,7 +335,7 @@ def step(states: States, kind: str, reqs: list) -> None:
             a[m] = states.attend(layer, mbs[m], lens[m], x[m], prefill)
             idx, w = gate(layer, a[m], it, m, me)
             charge(*attention_cost(lens[m], prefill, ctx))
-            charge(2 * a[m].shape[0] * H * E, 4 * (a[m].shape[0] * (H + E) + H * E))
+            charge(2 * a[m].shape[0] * H * E, 4 * a[m].shape[0] * (H + E) + WB * H * E)
             rows = hbm(a[m])
             route[m] = (rows, idx.numpy().copy(), w.numpy().copy())
             if prefill:
@@ -371,7 +378,7 @@ def finish_tokens(states: States, mb: list, lens: list, x: torch.Tensor, timed: 
     last = torch.tensor(np.cumsum(lens) - 1)
     logits = x[last] @ HEAD
     if timed:
-        charge(2 * len(mb) * H * V, 4 * (H * V + len(mb) * (H + V)))
+        charge(2 * len(mb) * H * V, WB * H * V + 4 * len(mb) * (H + V))
     for q, tok, t in zip(mb, torch.argmax(logits, dim=1).tolist(), lens):
         states.tokens[q].append(tok)
         states.seen[q] += t

@@ -219,26 +219,38 @@ def test_serving_per_rank_replays_to_its_metrics_and_extrapolates(tmp_path):
 def test_serving_seeded_routing_is_exact_and_extrapolates_in_hidden(tmp_path):
     """--routing seeded draws the experts from the seed and the iteration, not the activations:
     every rank is still exact, and the traces at hidden 32, 64, 128 extrapolate
-    (ub.extrapolate_dimension) to a real run's at 256, every comm.clock() read equal."""
+    (ub.extrapolate_dimension) to a real run's at 256, every comm.clock() read equal. With
+    --weight-bytes 1 (the paper-size serving's FP8 weights), as benchmarks/paper_size.py runs it;
+    against the float32 default, each kernel's FLOPs are the same and its HBM bytes 3 bytes a
+    weight fewer."""
     from stratacl import ub
 
     small = list(SERVE_SMALL)
     del small[small.index("--hidden"):small.index("--hidden") + 2]
     traces = {}
-    for h in (32, 64, 128, 256):
-        d = tmp_path / f"h{h}"
+    for h, wb in ((32, 1), (64, 1), (128, 1), (256, 1), (256, 4)):
+        d = tmp_path / f"h{h}-w{wb}"
         run = launch("-n", "3", "--clock", "virtual", "--trace", str(d), "--timeout", "90",
                      str(EXAMPLES / "moe_serving.py"), "--routing", "seeded", "--per-rank", "--requests", "2",
-                     "--warmup", "1", "--rate", "0", "--max-batch", "2", *small, "--hidden", str(h), timeout=170)
+                     "--warmup", "1", "--rate", "0", "--max-batch", "2", *small, "--hidden", str(h),
+                     "--weight-bytes", str(wb), timeout=170)
         assert run.returncode == 0, run.explain()
         assert run.stdout.splitlines()[2] == "exact against the job computed in one process, on every rank: yes", \
             run.explain()
-        traces[h] = ub.load_traces(str(d))
-    fitted = ub.replay(ub.extrapolate_dimension([traces[h] for h in (32, 64, 128)], [32, 64, 128], 256))
-    real = ub.replay(traces[256])
+        traces[h, wb] = ub.load_traces(str(d))
+    fitted = ub.replay(ub.extrapolate_dimension([traces[h, 1] for h in (32, 64, 128)], [32, 64, 128], 256))
+    real = ub.replay(traces[256, 1])
     assert [len(c) for c in fitted.clocks] == [len(c) for c in real.clocks]
     assert [x for c in fitted.clocks for x in c] == pytest.approx([x for c in real.clocks for x in c], rel=1e-9)
     assert fitted.time_us == pytest.approx(real.time_us, rel=1e-9)
+    # the weights' width reaches the modeled kernels only: the same kernels, fewer bytes, a shorter run
+    for narrow, wide in zip(traces[256, 1], traces[256, 4]):
+        k1 = [e for e in narrow["events"] if e["e"] == "compute" and "flops" in e]
+        k4 = [e for e in wide["events"] if e["e"] == "compute" and "flops" in e]
+        assert [e["flops"] for e in k1] == [e["flops"] for e in k4] and k1
+        fewer = [e4.get("hbm", 0.0) - e1.get("hbm", 0.0) for e1, e4 in zip(k1, k4)]
+        assert all(x >= 0 and x % 3 == 0 for x in fewer) and sum(fewer) > 0
+    assert real.time_us < ub.replay(traces[256, 4]).time_us
 
 
 @pytest.mark.timeout(150)
