@@ -20,6 +20,10 @@ runs on the host at each rank count of ``--ranks`` and each hidden size of ``--h
                              size, and extrapolate_dimension refuses it
     --weight-bytes 1         the kernels read 1-byte weights, as a model served in FP8 (DeepSeek-V3's
                              published weights) or INT8; the host still computes in float32
+    --rows float16           2-byte rows through dispatch and combine (the paper's bf16: 14 KiB at
+                             7168), 2-byte activations and KV cache in the modeled kernels
+    --attention-weights 3.64 the attention's projection weights charged per layer and micro-batch:
+                             DeepSeek-V3's MLA, 187.1M at hidden 7168 = 3.64 x 7168^2, scaled as H^2
 
 Then, per rank count, ``ub.extrapolate_dimension`` fits the traces in hidden (quadratic through
 the three recordings) to ``--target`` (7168: the paper's hidden size, 14 KiB bf16 rows; here
@@ -82,9 +86,10 @@ LOAD = ["--per-rank", "--requests", "11", "--warmup", "11", "--max-batch", "11",
 # rank; it is skipped in these recordings (--check keeps it) and made in tests/test_examples.py
 # and, at these settings, by hand (docs/end-to-end.md, "Serving at the paper's width")
 NO_CHECK = ["--no-check"]
-PAPER = ["--topk", "8", "--ffn", "2048", "--routing", "seeded", "--weight-bytes", "1"]
+PAPER = ["--topk", "8", "--ffn", "2048", "--routing", "seeded", "--weight-bytes", "1", "--rows", "float16",
+         "--attention-weights", "3.64"]
 SOURCES = {
-    "hidden": "paper section 8.1 (hidden 7168, 14 KiB bf16 rows); extrapolated, float32 here",
+    "hidden": "paper section 8.1 (hidden 7168, 14 KiB bf16 rows); extrapolated",
     "topk": "paper section 8.1 (top-8, DeepEP setting)",
     "ffn": "DeepSeek-V3 config.json moe_intermediate_size 2048",
     "ranks": "paper section 8.2: decode EP 16, prefill EP 32; extrapolated from the recorded rank counts",
@@ -93,8 +98,13 @@ SOURCES = {
     "load": "e2e.py's serving load: --per-rank --requests 11 --warmup 11 --max-batch 11 --rate 0",
     "routing": "seeded uniform top-k (stratacl.ep.routing), as DeepEP's tests draw it; not a trained gate",
     "weight_bytes": "1: the kernels read FP8 weights (DeepSeek-V3's published weights are FP8, its config.json "
-                    "quantization_config; INT8 W8A8 is as wide); activations, rows and KV cache stay float32 "
-                    "(the paper's rows are bf16: 14 KiB, here 28 KiB)",
+                    "quantization_config; INT8 W8A8 is as wide); the host computes in float32",
+    "rows": "float16: 2-byte rows on the wire (the paper's bf16, 14 KiB at 7168) and 2-byte activations and KV "
+            "cache in the kernels; the experts compute in float32 on the rows cast back",
+    "attention_weights": "3.64 H^2 per layer: DeepSeek-V3's MLA projections (q_a 7168x1536, q_b 1536x128x192, "
+                         "kv_a 7168x576, kv_b 512x128x256, o 128x128x7168: 187.1M) at hidden 7168, scaled as "
+                         "H^2; read once per micro-batch and layer, 2 FLOPs a weight and a token; no attention "
+                         "scores beyond the token mixing's",
 }
 
 
@@ -261,7 +271,10 @@ def dims(args: list[str], hiddens: list[int], target: int, ranks: list[int], n: 
     return {"hidden": target, "recorded_hidden": hiddens, "recorded_ranks": ranks, "ranks": n,
             "topk": _flag(args, "--topk", 8), "ffn": _flag(args, "--ffn", 128), "experts_per_rank": lx,
             "experts": lx * n, "layers": _flag(args, "--layers", 4), "routing": _flag(args, "--routing", "gate"),
-            "dtype": "float32", "row_bytes": 4 * target, "weight_bytes": _flag(args, "--weight-bytes", 4),
+            "dtype": _flag(args, "--rows", "float32"),
+            "row_bytes": (2 if _flag(args, "--rows", "float32") == "float16" else 4) * target,
+            "weight_bytes": _flag(args, "--weight-bytes", 4),
+            "attention_weights": _flag(args, "--attention-weights", 0.0),
             "sources": SOURCES}
 
 

@@ -24,7 +24,8 @@ prefill/decode disaggregation; the paper's is disaggregated, see docs/end-to-end
 
 Under ``--clock virtual`` every kernel is charged its roofline time on the die
 (``Topology.kernel_us``, float32 at these dimensions; ``--weight-bytes`` reads the weights at
-another width) through ``charge_kernel``, which shares
+another width, ``--rows float16`` the activations, ``--attention-weights`` adds the attention's
+projections) through ``charge_kernel``, which shares
 the die's cores with the dispatches and combines in flight: MTE copies hold their cores for
 the whole call, SDMA only for posting. Under ``--registration pool`` a rank admits fewer
 requests at once: the pre-registered pool's caching allocator fits 359 of the 394 requests
@@ -101,6 +102,14 @@ p.add_argument("--weight-bytes", type=int, default=4, choices=(1, 2, 4),
                help="bytes of one weight as the modeled kernels read it (gate, experts, output head): 4 is the "
                     "float32 the host computes with; 1 is a model served with FP8 or INT8 weights. Only the "
                     "modeled clock sees it; activations, rows and the KV cache stay float32")
+p.add_argument("--rows", choices=("float32", "float16"), default="float32",
+               help="the dtype of the rows dispatch and combine carry: float16 has the paper's 2-byte rows (its "
+                    "bf16); the experts compute in float32 on the rows cast back, and the modeled kernels read "
+                    "activations and KV cache of that width")
+p.add_argument("--attention-weights", type=float, default=0.0,
+               help="the projection weights of the attention each layer's token mixing stands for, in units of "
+                    "hidden^2 (DeepSeek-V3's MLA: 187.1M at hidden 7168, 3.64); the modeled clock only: read "
+                    "once per micro-batch and layer at --weight-bytes each, 2 FLOPs a weight and a token")
 p.add_argument("--no-check", action="store_true",
                help="skip the check against the job computed in one process (N times the serving's compute "
                     "on every rank); for recordings of a configuration already checked at these settings")
@@ -119,6 +128,9 @@ LX = args.experts_per_rank
 E = LX * n
 K = min(args.topk, E)
 WB = args.weight_bytes                # a weight's bytes in the kernels' modeled HBM traffic
+ROW = getattr(torch, args.rows)       # the rows dispatch and combine carry
+AB = torch.finfo(ROW).bits // 8       # an activation's bytes in the kernels' modeled HBM traffic
+AW = args.attention_weights * H * H      # the attention's projection weights per layer (a polynomial in H)
 modeled = stratacl.config.clock != "off"
 if args.timeline and not modeled:
     raise SystemExit("moe_serving: --timeline names comm.clock() reads: launch with --clock virtual")
@@ -224,12 +236,15 @@ class States:
 
 
 def attention_cost(lens: list, prefill: bool, ctx: list) -> tuple:
-    """FLOPs and HBM bytes of the causal attention the token mixing stands for (float32 K and V
-    of H each per token): a prompt of t attends t(t+1)/2 pairs; a decode token its context."""
+    """FLOPs and HBM bytes of the causal attention the token mixing stands for (K and V of H
+    each per token, ``AB`` bytes an element): a prompt of t attends t(t+1)/2 pairs; a decode
+    token its context. Its ``AW`` projection weights (``--attention-weights``) are read once."""
+    tokens = sum(lens)
+    proj = 2 * tokens * AW, WB * AW if tokens else 0
     if prefill:
         pairs = sum(t * (t + 1) / 2 for t in lens)
-        return 4 * H * pairs, 4 * H * (4 * sum(lens))          # read q, write k, v, out
-    return 4 * H * sum(ctx), 4 * H * (2 * sum(ctx) + 2 * len(ctx))
+        return 4 * H * pairs + proj[0], AB * H * (4 * tokens) + proj[1]          # read q, write k, v, out
+    return 4 * H * sum(ctx) + proj[0], AB * H * (2 * sum(ctx) + 2 * len(ctx)) + proj[1]
 
 
 def gate(layer: int, a: torch.Tensor, it: int, m: int, r: int):
@@ -261,10 +276,10 @@ def experts_ht(layer: int, d: int, recv_x: torch.Tensor, recv_idx: torch.Tensor,
 
 def experts_cost(counts) -> tuple:
     """Expert MLPs on ``counts`` rows each: FLOPs and bytes (weights, of ``WB`` bytes, read once
-    per expert used; activations float32)."""
+    per expert used; activations of ``AB``)."""
     m = sum(counts)
     used = sum(1 for c in counts if c)
-    return 4 * m * H * F, WB * 2 * H * F * used + 4 * m * (2 * H + F)
+    return 4 * m * H * F, WB * 2 * H * F * used + AB * m * (2 * H + F)
 
 
 # --- the schedule (identical on every rank: it depends only on the agreed times) -----------
@@ -335,8 +350,8 @@ def step(states: States, kind: str, reqs: list) -> None:
             a[m] = states.attend(layer, mbs[m], lens[m], x[m], prefill)
             idx, w = gate(layer, a[m], it, m, me)
             charge(*attention_cost(lens[m], prefill, ctx))
-            charge(2 * a[m].shape[0] * H * E, 4 * a[m].shape[0] * (H + E) + WB * H * E)
-            rows = hbm(a[m])
+            charge(2 * a[m].shape[0] * H * E, AB * a[m].shape[0] * (H + E) + WB * H * E)
+            rows = hbm(a[m].to(ROW))
             route[m] = (rows, idx.numpy().copy(), w.numpy().copy())
             if prefill:
                 disp[m] = BUFS[m].dispatch(rows.numpy(), route[m][1], route[m][2], async_op=True)
@@ -346,18 +361,18 @@ def step(states: States, kind: str, reqs: list) -> None:
             got = disp[m].result()
             if prefill:
                 recv_x, recv_idx, recv_w, per_expert, handle = got
-                y = stratacl.torch.empty((recv_x.shape[0], H))
-                y.copy_(experts_ht(layer, me, torch.from_numpy(recv_x), torch.from_numpy(recv_idx),
+                y = stratacl.torch.empty((recv_x.shape[0], H), dtype=ROW)
+                y.copy_(experts_ht(layer, me, torch.from_numpy(recv_x).float(), torch.from_numpy(recv_idx),
                                    torch.from_numpy(recv_w)))
                 charge(*experts_cost(per_expert.tolist()))
                 pending[m] = BUFS[m].combine(y.numpy(), handle, async_op=True)
             else:
                 recv_x, count, handle = got
-                y = stratacl.torch.zeros((LX, n * LL_CAP, H))
+                y = stratacl.torch.zeros((LX, n * LL_CAP, H), dtype=ROW)
                 for e in range(LX):
                     c = int(count[e])
                     if c:
-                        y[e, :c] = mlp(layer, me * LX + e, torch.from_numpy(recv_x[e, :c]))
+                        y[e, :c] = mlp(layer, me * LX + e, torch.from_numpy(recv_x[e, :c]).float())
                 charge(*experts_cost(count.tolist()))
                 pending[m] = BUFS[m].low_latency_combine(y.numpy(), route[m][1], route[m][2], handle,
                                                          async_op=True)
@@ -368,7 +383,7 @@ def step(states: States, kind: str, reqs: list) -> None:
 
 def combined(work, prefill: bool) -> torch.Tensor:
     out = work.result()
-    return torch.from_numpy(np.array(out[0] if prefill else out))
+    return torch.from_numpy(np.array(out[0] if prefill else out)).float()
 
 
 def finish_tokens(states: States, mb: list, lens: list, x: torch.Tensor, timed: bool = True) -> None:
@@ -378,7 +393,7 @@ def finish_tokens(states: States, mb: list, lens: list, x: torch.Tensor, timed: 
     last = torch.tensor(np.cumsum(lens) - 1)
     logits = x[last] @ HEAD
     if timed:
-        charge(2 * len(mb) * H * V, WB * H * V + 4 * len(mb) * (H + V))
+        charge(2 * len(mb) * H * V, WB * H * V + AB * len(mb) * (H + V))
     for q, tok, t in zip(mb, torch.argmax(logits, dim=1).tolist(), lens):
         states.tokens[q].append(tok)
         states.seen[q] += t
@@ -447,10 +462,10 @@ def moe_alone(layer: int, prefill: bool, a: list, route: list) -> list:
         ys = []
         for d in range(n):             # rank d receives, source by source, its tokens with an expert on d
             sel = [(s, torch.nonzero((route[s][0] // LX == d).any(dim=1)).flatten()) for s in range(n)]
-            recv_x = torch.cat([a[s][t] for s, t in sel])
+            recv_x = torch.cat([a[s][t] for s, t in sel]).to(ROW).float()
             ridx = torch.cat([torch.where(route[s][0][t] // LX == d, route[s][0][t] - d * LX, -1) for s, t in sel])
             rw = torch.cat([torch.where(route[s][0][t] // LX == d, route[s][1][t], 0.0) for s, t in sel])
-            y = experts_ht(layer, d, recv_x, ridx, rw)
+            y = experts_ht(layer, d, recv_x, ridx, rw).to(ROW).float()
             at, mine = 0, {}
             for s, t in sel:
                 mine[s] = (t, y[at:at + t.numel()])
@@ -462,7 +477,7 @@ def moe_alone(layer: int, prefill: bool, a: list, route: list) -> list:
             for d in range(n):         # destination-rank order, float32 from 0
                 t, rows = ys[d][s]
                 acc[t] = acc[t] + rows
-            out.append(acc)
+            out.append(acc.to(ROW).float())
         return out
     outs, base = [], 0                 # every expert's output rows, one after the other
     pos = [torch.full(route[s][0].shape, -1, dtype=torch.int64) for s in range(n)]
@@ -474,9 +489,9 @@ def moe_alone(layer: int, prefill: bool, a: list, route: list) -> list:
             pos[s][hit] = base + torch.arange(t.numel())       # at most one k per token: token order
             base += t.numel()
             rows.append(a[s][t])
-        m = torch.cat(rows)
+        m = torch.cat(rows).to(ROW).float()
         if m.shape[0]:
-            outs.append(mlp(layer, g_, m))
+            outs.append(mlp(layer, g_, m).to(ROW).float())
     ys = torch.cat(outs) if outs else torch.zeros(0, H)
     out = []
     for s in range(n):
@@ -484,7 +499,7 @@ def moe_alone(layer: int, prefill: bool, a: list, route: list) -> list:
         acc = torch.zeros(a[s].shape[0], H)
         for k in range(K):             # k in order, weighted, float32 from 0
             acc = acc + w[:, k:k + 1] * ys[pos[s][:, k]]
-        out.append(acc)
+        out.append(acc.to(ROW).float())
     return out
 
 

@@ -219,10 +219,10 @@ def test_serving_per_rank_replays_to_its_metrics_and_extrapolates(tmp_path):
 def test_serving_seeded_routing_is_exact_and_extrapolates_in_hidden(tmp_path):
     """--routing seeded draws the experts from the seed and the iteration, not the activations:
     every rank is still exact, and the traces at hidden 32, 64, 128 extrapolate
-    (ub.extrapolate_dimension) to a real run's at 256, every comm.clock() read equal. With
-    --weight-bytes 1 (the paper-size serving's FP8 weights), as benchmarks/paper_size.py runs it;
-    against the float32 default, each kernel's FLOPs are the same and its HBM bytes 3 bytes a
-    weight fewer."""
+    (ub.extrapolate_dimension) to a real run's at 256, every comm.clock() read equal. As
+    benchmarks/paper_size.py runs it: FP8 weights (--weight-bytes 1), 2-byte rows (--rows
+    float16, exact through dispatch and combine) and the attention's projections charged; against
+    float32 weights, each kernel's FLOPs are the same and its HBM bytes no more, some fewer."""
     from stratacl import ub
 
     small = list(SERVE_SMALL)
@@ -233,7 +233,7 @@ def test_serving_seeded_routing_is_exact_and_extrapolates_in_hidden(tmp_path):
         run = launch("-n", "3", "--clock", "virtual", "--trace", str(d), "--timeout", "90",
                      str(EXAMPLES / "moe_serving.py"), "--routing", "seeded", "--per-rank", "--requests", "2",
                      "--warmup", "1", "--rate", "0", "--max-batch", "2", *small, "--hidden", str(h),
-                     "--weight-bytes", str(wb), timeout=170)
+                     "--weight-bytes", str(wb), "--rows", "float16", "--attention-weights", "3.64", timeout=170)
         assert run.returncode == 0, run.explain()
         assert run.stdout.splitlines()[2] == "exact against the job computed in one process, on every rank: yes", \
             run.explain()
@@ -249,7 +249,7 @@ def test_serving_seeded_routing_is_exact_and_extrapolates_in_hidden(tmp_path):
         k4 = [e for e in wide["events"] if e["e"] == "compute" and "flops" in e]
         assert [e["flops"] for e in k1] == [e["flops"] for e in k4] and k1
         fewer = [e4.get("hbm", 0.0) - e1.get("hbm", 0.0) for e1, e4 in zip(k1, k4)]
-        assert all(x >= 0 and x % 3 == 0 for x in fewer) and sum(fewer) > 0
+        assert all(x >= 0 for x in fewer) and sum(fewer) > 0
     assert real.time_us < ub.replay(traces[256, 4]).time_us
 
 
