@@ -246,9 +246,42 @@ def traces_at(keep: str, config: str, n: int) -> list[dict]:
     return ub.extrapolate(*kept["traces"], n, routing=ep.routing)
 
 
+def show(out: dict, tables_only: bool = False) -> None:
+    """Print a breakdown (``main``'s ``--json``): the table per kind, then the counterfactuals."""
+    configs = list(out["configs"])
+    if not tables_only:
+        for c, got in out["configs"].items():
+            print(f"{c} at N={out['ranks']}: step {got['step_us'] / 1e3:.2f} ms (slowest rank {got['slowest_rank']}), "
+                  f"every call free {got['step_all_free_us'] / 1e3:.2f} ms")
+    print()
+    print(f"{'kind':<22}" + "".join(f"{c + ': calls':>17}{'call ms':>9}{'blocked':>9}{'if free':>9}" for c in configs))
+    for k in KINDS:
+        cells = []
+        for c in configs:
+            g = out["configs"][c]["kinds"][k]
+            if not g["calls"] and not g["blocked_us"]:
+                cells.append(f"{'-':>17}{'':>9}{'':>9}{'':>9}")
+                continue
+            moved = (f"{(g['step_if_free_us'] - out['configs'][c]['step_us']) / 1e3:>+9.2f}"
+                     if "step_if_free_us" in g else f"{'':>9}")
+            cells.append(f"{g['calls']:>17}{g['call_us'] / 1e3:>9.2f}{g['blocked_us'] / 1e3:>9.2f}{moved}")
+        print(f"{k:<22}" + "".join(cells))
+    print(f"{'compute (rest)':<22}" + "".join(
+        f"{'':>17}{'':>9}{(out['configs'][c]['step_us'] - sum(g['blocked_us'] for g in out['configs'][c]['kinds'].values())) / 1e3:>9.2f}{'':>9}"
+        for c in configs))
+    print(f"{'step':<22}" + "".join(f"{'':>17}{'':>9}{out['configs'][c]['step_us'] / 1e3:>9.2f}{'':>9}"
+                                    for c in configs))
+    print()
+
+    if not tables_only:
+        for r in out["counterfactuals"]:
+            print(f"  {r['name']:<92}{r['step_us'] / 1e3:>8.2f} ms")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--keep", required=True, help="paper_size.py --keep's directory")
+    p.add_argument("--keep", help="paper_size.py --keep's directory")
+    p.add_argument("--show", default=None, help="print a breakdown saved by --json, replaying nothing")
     p.add_argument("--configs", default="roa,auto")
     p.add_argument("--ranks", type=int, default=64)
     p.add_argument("--free", default=None, help="the kinds made free one at a time (comma-separated; "
@@ -257,6 +290,12 @@ def main(argv: list[str] | None = None) -> int:
                                                         "take minutes each)")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
+    if a.show:
+        with open(a.show) as f:
+            show(json.load(f))
+        return 0
+    if not a.keep:
+        p.error("--keep (or --show) is required")
     only = set(a.free.split(",")) if a.free else set(KINDS)
     configs = a.configs.split(",")
     t0 = time.time()
@@ -276,37 +315,20 @@ def main(argv: list[str] | None = None) -> int:
         out["configs"][config] = got
         print(f"{config} at N={a.ranks}: step {got['step_us'] / 1e3:.2f} ms (slowest rank {got['slowest_rank']}), "
               f"every call free {got['step_all_free_us'] / 1e3:.2f} ms  [{time.time() - t0:.0f} s]", flush=True)
-    print()
-    print(f"{'kind':<22}" + "".join(f"{c + ': calls':>17}{'call ms':>9}{'blocked':>9}{'if free':>9}" for c in configs))
-    for k in KINDS:
-        cells = []
-        for c in configs:
-            g = out["configs"][c]["kinds"][k]
-            if not g["calls"] and not g["blocked_us"]:
-                cells.append(f"{'-':>17}{'':>9}{'':>9}{'':>9}")
-                continue
-            saving = out["configs"][c]["step_us"] - g.get("step_if_free_us", out["configs"][c]["step_us"])
-            cells.append(f"{g['calls']:>17}{g['call_us'] / 1e3:>9.2f}{g['blocked_us'] / 1e3:>9.2f}"
-                         f"{-saving / 1e3:>+9.2f}")
-        print(f"{k:<22}" + "".join(cells))
-    print(f"{'compute (rest)':<22}" + "".join(
-        f"{'':>17}{'':>9}{(out['configs'][c]['step_us'] - sum(g['blocked_us'] for g in out['configs'][c]['kinds'].values())) / 1e3:>9.2f}{'':>9}"
-        for c in configs))
-    print(f"{'step':<22}" + "".join(f"{'':>17}{'':>9}{out['configs'][c]['step_us'] / 1e3:>9.2f}{'':>9}"
-                                    for c in configs))
-    print()
-
+    show(out, tables_only=True)
     # the configurations' differences, one at a time, on one config's traces
     def row(name, traces):
+        name = f"{whose}'s traces, {name}"
         s = step_us(traces)
         out["counterfactuals"].append({"name": name, "step_us": s})
-        print(f"  {name:<76}{s / 1e3:>8.2f} ms  [{time.time() - t0:.0f} s]", flush=True)
+        print(f"  {name:<92}{s / 1e3:>8.2f} ms  [{time.time() - t0:.0f} s]", flush=True)
 
     if "roa" in base:
         traces, kinds = base["roa"]
+        whose = "roa"
         print("roa's traces (registration on allocation, naive partition, MTE) replayed with:")
         if not a.short:
-            row("nothing changed (roa)", traces)
+            row("nothing changed", traces)
         bal = with_partition(traces, "balanced")
         row("partition balanced (= balanced)", bal)
         row("partition balanced, asynchronous calls on SDMA (= auto's policy)", async_on_sdma(bal))
@@ -323,8 +345,9 @@ def main(argv: list[str] | None = None) -> int:
                 on_path(async_on_sdma(traces), kinds, {"expert all_reduce"}, "mte"))
     if "auto" in base and not a.short:
         traces, kinds = base["auto"]
+        whose = "auto"
         print("auto's traces (balanced partition, SDMA for the asynchronous calls) replayed with:")
-        row("nothing changed (auto)", traces)
+        row("nothing changed", traces)
         row("partition naive", with_partition(traces, "naive"))
         row("every call on MTE (= balanced)", on_path(traces, kinds, set(KINDS), "mte"))
     out["wall_s"] = time.time() - t0
