@@ -611,7 +611,9 @@ def _training_at_width() -> list[dict]:
               f"{100 * (1 - t['auto'] / t['roa']):.1f}% shorter than RoA against the paper's 18-24% over zero copy; "
               f"with the fabric free (docs/{TRAIN_WIDE_NOCOMM}) the step would be "
               f"{100 * (1 - t['nocomm'] / t['roa']):.1f}% shorter than RoA's, so the fabric is not a small share of "
-              "it; which calls partitioning and SDMA fail to shorten was not isolated")
+              "it; the step ends waiting on the experts' gradient all_reduce (2 x 470 MB over the 8 replicas, at the "
+              "fabric's rate: partitioning shortens it 3%, SDMA's engine lengthens it 7%); made free, StrataCL's "
+              "step would be 34% shorter (benchmarks/train_breakdown.py)")
     b = (f"recorded docs/{TRAIN_WIDE} (hidden {d['hidden']}, {n} dies: TP {d['tp']}, FSDP {d['fsdp']}, EP {d['ep']}; "
          f"extrapolated from {', '.join(map(str, d['recorded_ranks']))})")
     cap = ("the pool's micro-batch cap (17 of 27, docs/fragmentation) splits 64 tokens in two: at this batch "
