@@ -266,9 +266,9 @@ def show(out: dict, tables_only: bool = False) -> None:
                      if "step_if_free_us" in g else f"{'':>9}")
             cells.append(f"{g['calls']:>17}{g['call_us'] / 1e3:>9.2f}{g['blocked_us'] / 1e3:>9.2f}{moved}")
         print(f"{k:<22}" + "".join(cells))
-    print(f"{'compute (rest)':<22}" + "".join(
-        f"{'':>17}{'':>9}{(out['configs'][c]['step_us'] - sum(g['blocked_us'] for g in out['configs'][c]['kinds'].values())) / 1e3:>9.2f}{'':>9}"
-        for c in configs))
+    rest = {c: out["configs"][c]["step_us"] - sum(g["blocked_us"] for g in out["configs"][c]["kinds"].values())
+            for c in configs}
+    print(f"{'compute (rest)':<22}" + "".join(f"{'':>17}{'':>9}{rest[c] / 1e3:>9.2f}{'':>9}" for c in configs))
     print(f"{'step':<22}" + "".join(f"{'':>17}{'':>9}{out['configs'][c]['step_us'] / 1e3:>9.2f}{'':>9}"
                                     for c in configs))
     print()
