@@ -155,6 +155,15 @@ def routes_by_width(comm, h: int, tokens: bool) -> None:
     buf.combine(recv, handle)
 
 
+def maps_at_some_widths(comm, h: int) -> None:
+    """Under jit: the second all_reduce reuses the first's buffer at h <= 64 and takes a fresh one
+    (a registration miss) above, as a caching allocator may at another size."""
+    x = stratacl.zeros((32768 * h,), np.float32)      # 4 MiB and more: each its own segment (jit maps
+    y = stratacl.zeros((32768 * h,), np.float32)      # a peer's segment at the first call that reads it)
+    comm.all_reduce(x)
+    comm.all_reduce(x if h <= 64 else y)
+
+
 def test_what_does_not_extrapolate_in_a_dimension_says_why(tmp_path):
     a, b = (_record(tmp_path, grows_a_call, 2, h)[0] for h in (64, 128))
     with pytest.raises(ub.ReplayError, match=r"extrapolate_dimension: rank 0 at x=64 made other events than rank 0 "
@@ -179,6 +188,11 @@ def test_what_does_not_extrapolate_in_a_dimension_says_why(tmp_path):
     d, _ = _record(tmp_path, grows_a_call, 2, 32, registration="jit")
     with pytest.raises(ub.ReplayError, match="other settings .*registration 'jit' against 'roa'"):
         ub.extrapolate_dimension([d, a], [32, 64], 512)
+    e, f, g = (_record(tmp_path, maps_at_some_widths, 2, h, registration="jit")[0] for h in (32, 64, 128))
+    ub.extrapolate_dimension([e, f], [32, 64], 512)          # the same misses at both: a fit
+    with pytest.raises(ub.ReplayError, match=r"rank 0's event \d+ \(call all_reduce\)\.extra: jit mappings are paid "
+                       r"in some recordings only .*members paying \(0 at 32, 0 at 64, 2 at 128\)"):
+        ub.extrapolate_dimension([e, f, g], [32, 64, 128], 512)
 
 
 @pytest.mark.timeout(300)

@@ -31,8 +31,9 @@ the last phase's bytes over the row size, and the headers and records must be th
 recording, only the row size may grow), as with a gate that routes by the activations, whose
 traffic and experts' kernels are then new draws, not polynomials;
 under auto, a call with jit mappings whose algorithm the fit changes (its mappings follow the
-algorithm); recordings under auto made before traces recorded ``algo``, when their choices
-differ.
+algorithm); a call whose jit mappings are paid in some recordings and not in others (a miss is
+an event, not a polynomial); recordings under auto made before traces recorded ``algo``, when
+their choices differ.
 """
 from __future__ import annotations
 
@@ -139,6 +140,13 @@ class _Fit:
             for c in calls:
                 if c.get("extra") is None:
                     c["extra"] = [0.0] * len(c["members"])
+            # a mapping's cost grows with the buffer, but whether one is paid at all is an event:
+            # a caching allocator reuses a block at one size and takes a new one at another
+            paid = [[x > 0 for x in c["extra"]] for c in calls]
+            if any(p != paid[0] for p in paid):
+                raise self.refuse(f"{where}.extra", "jit mappings are paid in some recordings only (a buffer the "
+                                  "program reuses at one size is new at another), so their costs are not a "
+                                  "polynomial; members paying", [sum(p) for p in paid])
         algos = [c.pop("algo", None) for c in calls]
         out = self.walk(calls, where)
         if "routing" in out:
