@@ -319,12 +319,13 @@ def fig3b(topo, quick: bool) -> list[dict]:
     alone. In the paper's deployment it runs beside one block's prefetch, the two gathers of
     ``fig3b_gathers`` one after the other, for as long as they take under zero copy: its slowdown
     is theirs weighted by that time. A 32-rank all_gather of large payloads is shown beside it."""
-    parts = {k: _kernel_beside(topo, m, per) for k, (m, per) in fig3b_gathers().items()}
+    gathers = fig3b_gathers()
+    parts = {k: _kernel_beside(topo, m, per) for k, (m, per) in gathers.items()}
     total = sum(d for d, _, _ in parts.values())
     s_st = sum(d * s for d, s, _ in parts.values()) / total
     s_zc = sum(d * z for d, _, z in parts.values()) / total
     each = "; ".join(f"{k} {len(m)} ranks x {per / MIB:.2f} MiB: {100 * s:.0f}% / {100 * z:.0f}% over {d:.0f} us"
-                     for (k, (m, per)), (d, s, z) in zip(fig3b_gathers().items(), parts.values()))
+                     for (k, (m, per)), (d, s, z) in zip(gathers.items(), parts.values()))
     note = ("one DeepSeek V3.2 block's FSDP prefetch at 512 dies (" + each + "), a kernel drawing the whole HBM "
             "alone; one drawing half of it (compute.efficiency 0.5, as the workloads' kernels do) is not slowed by "
             "zero copy at all (the call's traffic stays under half the HBM; docs/paper-reproduction.md, Fig. 3b)")
@@ -705,6 +706,7 @@ def fig3b_table(quick: bool) -> str:
              "draws the given share of the HBM when alone; slowdowns beside staged / beside zero copy.", "",
              "| kernel's HBM share | " + " | ".join(gathers) + " | the block (weighted by time) |",
              "|---|" + "---|" * (len(gathers) + 1)]
+
     def pct(x):               # a slowdown that rounds to nothing is shown as none (not as -0.0%)
         return f"{100 * x:+.1f}%" if abs(x) >= 5e-4 else "0%"
 

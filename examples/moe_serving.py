@@ -99,9 +99,9 @@ p.add_argument("--experts-per-rank", type=int, default=4)
 p.add_argument("--topk", type=int, default=8)
 p.add_argument("--vocab", type=int, default=1024)
 p.add_argument("--weight-bytes", type=int, default=4, choices=(1, 2, 4),
-               help="bytes of one weight as the modeled kernels read it (gate, experts, output head): 4 is the "
-                    "float32 the host computes with; 1 is a model served with FP8 or INT8 weights. Only the "
-                    "modeled clock sees it; activations, rows and the KV cache stay float32")
+               help="bytes of one weight as the modeled kernels read it (gate, experts, attention, output head): "
+                    "4 is the float32 the host computes with; 1 is a model served with FP8 or INT8 weights. Only "
+                    "the modeled clock sees it (activations and KV cache: --rows)")
 p.add_argument("--rows", choices=("float32", "float16"), default="float32",
                help="the dtype of the rows dispatch and combine carry: float16 has the paper's 2-byte rows (its "
                     "bf16); the experts compute in float32 on the rows cast back, and the modeled kernels read "
