@@ -15,6 +15,7 @@ import sys
 
 from stratacl._config import SETTINGS, Config, check_environment
 from stratacl._errors import ConfigError
+from stratacl.jobs._hostjob import refusal
 
 from stratacl.jobs._supervisor import Job, format_failure
 
@@ -64,6 +65,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if ns.nprocs < 1:
         print(f"stratacl-launch: -n must be at least 1, got {ns.nprocs}", file=sys.stderr)
+        return 2
+    why = refusal(ns.nprocs, config)
+    if why:
+        print(f"stratacl-launch: {why}", file=sys.stderr)
         return 2
     outcome = Job(ns.nprocs, config, target, handle_signals=True).run()
     if not outcome.ok:

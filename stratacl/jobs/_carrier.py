@@ -28,6 +28,7 @@ order (they are collective over ``comm``), and ``close`` once at the end.
 """
 from __future__ import annotations
 
+import sys
 from typing import Iterable, Mapping, Sequence
 
 import numpy as np
@@ -99,6 +100,10 @@ class Carrier:
             raise ValueError(f"carrier of host {self.host}: refused {len(refused)} read(s): " + "; ".join(refused))
         return moved
 
+    def mirror(self, rank: int) -> np.ndarray:
+        """The bytes of ``rank``'s mirror on this host."""
+        return self._mirrors[rank]
+
     def close(self) -> None:
         """Free the window (collective). The buffers stay the caller's."""
         if self._win is None:
@@ -107,3 +112,119 @@ class Carrier:
             self._win.Detach(a)
         self._win.Free()
         self._win = None
+
+
+# --- a host's carrier process in a job (python -m stratacl.jobs._carrier, under mpirun) -------
+def _world_slot(ctl, rank: int) -> tuple[int, int]:
+    """[start, end) in the control segment of the words of ``rank``'s world-communicator slot
+    that are its own: all but the barrier counter and generation word, which are each host's."""
+    from stratacl.runtime._control import Layout
+    start = ctl.layout.slot(rank, 0)
+    return start + Layout.SLOT_ARRIVAL, start + ctl.layout.slot_bytes
+
+
+def serve(ctl, carrier: Carrier, chunk: int, table_offset: int, slice_start, stop=lambda: False) -> None:
+    """Complete the world communicator's barriers on this host (runtime/_hosts.py): whenever the
+    host's ranks have all arrived at barrier k (the control segment's H_CARRIER word), trade
+    their slot words with the other hosts, read the HBM bytes the other hosts' ranks published
+    in their descriptors into the mirrors, then set the barrier's generation word to k."""
+    from stratacl.runtime import _native
+    from stratacl.runtime._control import DESC_FIXED, F_CALL, F_NBYTES, F_SEG_OFF, F_SEG_SIZE, F_SEG_VA, H_CARRIER
+    from stratacl.runtime._control import Layout
+    from stratacl.ub._registration import RegistrationUnit
+    world, lay, host, host_of = ctl.world, ctl.layout, carrier.host, carrier.host_of
+    mine = [r for r in range(world) if host_of[r] == host]
+    theirs = {g: [r for r in range(world) if host_of[r] == g] for g in set(host_of) if g != host}
+    word = ctl.base + H_CARRIER
+    gen = ctl.base + lay.slot(0, 0) + Layout.SLOT_GEN
+    spans = {r: _world_slot(ctl, r) for r in range(world)}
+    table_bytes = RegistrationUnit.table_bytes(slice_start(1) - slice_start(0), chunk) if chunk else 0
+    done = 0
+    while not stop():
+        k = _native.load_u32(word)
+        if k == done:
+            _native.futex_wait(word, k, 1.0)
+            continue
+        block = b"".join(bytes(ctl.u8[a:b]) for a, b in (spans[r] for r in mine))
+        for g, got in enumerate(carrier.exchange(block)):
+            if g == host:
+                continue
+            at = 0
+            for r in theirs[g]:
+                a, b = spans[r]
+                ctl.u8[a:b] = np.frombuffer(got, np.uint8, b - a, at)
+                at += b - a
+        remote = [r for g in theirs for r in theirs[g]]
+        if chunk:
+            carrier.refresh([(r, table_offset, table_bytes) for r in remote])
+        wants = []
+        for r in remote:
+            descs = [ctl.i64[(lay.slot(r, 0) + lay.slot_desc(p)) // 8:][:DESC_FIXED] for p in (0, 1)]
+            d = max(descs, key=lambda x: int(x[F_CALL]))
+            va, size, off = int(d[F_SEG_VA]), int(d[F_SEG_SIZE]), int(d[F_SEG_OFF])
+            if not int(d[F_NBYTES]) or not size:
+                continue
+            if not chunk:
+                wants.append((r, off, size))
+                continue
+            table = carrier.mirror(r)[table_offset:table_offset + table_bytes].view(np.int64)
+            for c in range(va, va + size, chunk):
+                at = int(table[(c - slice_start(r)) // chunk]) - 1
+                wants.append((r, at if at >= 0 else off, chunk))
+        carrier.refresh(wants)
+        _native.store_u32(gen, k)
+        _native.futex_wake(gen, 2**31 - 1)
+        done = k
+
+
+def main() -> None:
+    """``python -m stratacl.jobs._carrier JOB_ID WORLD HOSTS CHUNK`` under mpirun, one process per
+    host (its MPI rank is its host's index): open the host's segments by name, serve."""
+    import mmap
+    import os
+
+    from mpi4py import MPI
+
+    from stratacl.runtime._control import H_HBM_SIZE, H_SLICE, H_VA_BASE, Control
+    from stratacl.runtime._segments import prefix
+    from stratacl.ub._registration import RegistrationUnit
+    job_id, world, hosts, chunk = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    comm = MPI.COMM_WORLD
+    host = comm.rank
+    host_of = hosts_of(world, hosts)
+    p = "/dev/shm/" + prefix(job_id)
+
+    def opened(name: str):
+        fd = os.open(p + name, os.O_RDWR)
+        try:
+            return mmap.mmap(fd, os.fstat(fd).st_size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(fd)
+
+    ctl = Control(os.open(p + control_name(host), os.O_RDWR), world)
+    hbm = ctl.header(H_HBM_SIZE)
+    slice_bytes, va_base = ctl.header(H_SLICE), ctl.header(H_VA_BASE)
+    local = {r: opened(f"hbm-{r}") for r in range(world) if host_of[r] == host}
+    mirrors = {r: opened(mirror_name(host, r)) for r in range(world) if host_of[r] != host}
+    carrier = Carrier(comm, hbm, host_of, local, mirrors)
+    table_offset = RegistrationUnit.table_offset(hbm, slice_bytes, chunk) if chunk else 0
+    serve(ctl, carrier, chunk, table_offset, lambda r: va_base + r * slice_bytes)
+
+
+def hosts_of(world: int, hosts: int) -> list[int]:
+    """The host of each rank: ``hosts`` contiguous blocks of ranks, as even as they come."""
+    return [r * hosts // world for r in range(world)]
+
+
+def control_name(host: int) -> str:
+    """The name (after the job's prefix) of ``host``'s copy of the control segment."""
+    return "ctl" if host == 0 else f"ctl-h{host}"
+
+
+def mirror_name(host: int, rank: int) -> str:
+    """The name (after the job's prefix) of ``host``'s mirror of ``rank``'s HBM segment."""
+    return f"mirror-h{host}-{rank}"
+
+
+if __name__ == "__main__":
+    main()

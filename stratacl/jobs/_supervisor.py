@@ -45,6 +45,8 @@ from stratacl.runtime._control import (FAILED_DAEMON, FAILED_EXIT, FAILED_SIGNAL
                                        Control)
 from stratacl.runtime._segments import create_job_segments
 
+from ._hostjob import EmulatedHosts
+
 from . import _wire
 from ._memory import MemoryReport, MemoryWatch, memory_lines, short_memory_warning
 from ._output import OutputForwarder
@@ -271,8 +273,11 @@ class Job:
 
     def run(self) -> JobOutcome:
         _raise_descriptor_limit(self.n)
-        ctl_fd, hbm_fds = create_job_segments(self.job_id, self.n, self.config)
-        ctl = Control(ctl_fd, self.n)
+        hosts = EmulatedHosts(self.job_id, self.n, self.config) if self.config.emulate_hosts > 1 else None
+        # across emulated hosts the carriers open the segments by name (_hostjob.py)
+        ctl_fd, hbm_fds = create_job_segments(self.job_id, self.n, self.config, keep_names=hosts is not None)
+        ctl = Control(ctl_fd, self.n) if hosts is None else hosts.create(ctl_fd, hbm_fds)
+        job_fds = [ctl_fd, *hbm_fds, *(hosts.fds() if hosts is not None else [])]
         # loopback only, listening before any rank starts: a rank's connect never races rank 0
         self._store = socket.create_server(("127.0.0.1", 0), backlog=max(128, self.n))
         store_fd = self._store.fileno()
@@ -301,7 +306,7 @@ class Job:
             stdin = subprocess.DEVNULL if os.isatty(0) else None
             common = self._common_env()
             template = Template() if self.start_method == "fork" else None
-            if template is not None and not template.start(common, [ctl_fd, *hbm_fds, store_fd], stdin):
+            if template is not None and not template.start(common, [*job_fds, store_fd], stdin):
                 print(f"stratacl-launch: ranks are spawned, not forked from a template: {template.why}",
                       file=sys.stderr, flush=True)
                 template = None
@@ -321,6 +326,8 @@ class Job:
             for rank in range(self.n):
                 mine, theirs = socket.socketpair()
                 boot = {"ctl": ctl_fd, "hbm": hbm_fds, "report": theirs.fileno(), "store": store_fd}
+                if hosts is not None:
+                    boot.update(hosts.boot(rank))
                 # pipes of the rank's own: in one shared pipe, lines written in pieces interleave
                 out_r, out_w = os.pipe()
                 err_r, err_w = os.pipe()
@@ -340,7 +347,7 @@ class Job:
                         take_forked()
                     continue
                 try:
-                    p = subprocess.Popen(self._argv(), env=env, pass_fds=(ctl_fd, *hbm_fds, store_fd, closing[0]),
+                    p = subprocess.Popen(self._argv(), env=env, pass_fds=(*job_fds, store_fd, closing[0]),
                                          **_OWN_GROUP, stdin=stdin, stdout=out_w, stderr=err_w)
                 finally:
                     for fd in closing:
@@ -358,11 +365,13 @@ class Job:
                     for fd in closing:
                         os.close(fd)
                 raise
+            if hosts is not None:
+                hosts.start_carriers(common)
             if self.target[0] == "spawn":
                 threading.Thread(target=_send_payload, args=(socks, self.target[1:]), daemon=True).start()
             # the launcher keeps the HBM descriptors until the end: their size on disk is what
             # the job's HBM holds (MemoryWatch)
-            return self._supervise(ctl, procs, socks, daemon, watch, hbm_fds)
+            return self._supervise(ctl, procs, socks, daemon, watch, hbm_fds, hosts)
         finally:
             for p in procs:
                 if p.poll() is None:
@@ -370,6 +379,8 @@ class Job:
                     p.wait()
             if template is not None:
                 template.close()
+            if hosts is not None:
+                hosts.close()
             # the ranks are gone, but their last lines may still sit in the pipes: forward them
             # before returning (a process the rank left behind may hold a pipe open, so bounded)
             output.finish(timeout=10)
@@ -398,7 +409,8 @@ class Job:
 
     # --- supervise --------------------------------------------------------------------------
     def _supervise(self, ctl: Control, procs: list[subprocess.Popen], socks: list[socket.socket],
-                   daemon: subprocess.Popen, watch: MemoryWatch, hbm_fds: list[int]) -> JobOutcome:
+                   daemon: subprocess.Popen, watch: MemoryWatch, hbm_fds: list[int],
+                   hosts: EmulatedHosts | None = None) -> JobOutcome:
         ends = [RankEnd(r, p.pid) for r, p in enumerate(procs)]
         outcome = JobOutcome(self.job_id, ends)
         sel = selectors.DefaultSelector()
@@ -467,6 +479,12 @@ class Job:
                 # ended after the grace period, as after a rank's failure
                 outcome.reason, outcome.signal = "daemon", daemon.returncode
                 ctl.record_shutdown(daemon.returncode, FAILED_DAEMON)
+                failed_at = outcome.shutdown_at = now
+            if failed_at is None and term_at is None and hosts is not None and (why := hosts.failed()):
+                # no barrier across hosts can complete: as when the daemon ends
+                print(f"stratacl-launch: {why}", file=sys.stderr, flush=True)
+                outcome.reason, outcome.signal = "daemon", hosts.carriers.returncode
+                ctl.record_shutdown(hosts.carriers.returncode, FAILED_DAEMON)
                 failed_at = outcome.shutdown_at = now
             deadline = self.config.deadline
             if deadline and term_at is None and now - started > deadline:

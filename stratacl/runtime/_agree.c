@@ -21,18 +21,29 @@
 
 #include "_native.h"
 
+/* Barrier k of the communicator `cx`: every member arrives once (the counter), the last sets the
+ * generation word to k and wakes the sleepers. When the communicator spans hosts (CX_CARRIER),
+ * the counter counts this host's members only and the last of them hands k to the host's
+ * carrier (its barrier word, then a wake): the carrier trades the hosts' words and bytes and
+ * sets the generation word itself (jobs/_carrier.py), which is then the only completion. */
 int barrier(const int64_t *cx, uint64_t k, long polls, double seconds) {
     if (job_failed()) return 0;
     flight_arrive(cx, k);
     uint64_t *counter = (uint64_t *)(uintptr_t)cx[CX_COUNTER];
     uint32_t *gen = (uint32_t *)(uintptr_t)cx[CX_GEN];
-    uint64_t target = k * (uint64_t)cx[CX_N];
+    uint32_t *carrier = (uint32_t *)(uintptr_t)cx[CX_CARRIER];
+    uint64_t target = k * (uint64_t)cx[CX_LOCAL_N];
     __atomic_store_n((uint32_t *)(uintptr_t)cx[CX_ARRIVAL], (uint32_t)k, __ATOMIC_SEQ_CST);
     if (__atomic_fetch_add(counter, 1, __ATOMIC_SEQ_CST) + 1 == target) {
-        __atomic_store_n(gen, (uint32_t)k, __ATOMIC_SEQ_CST);
-        wake_sleepers(gen);
-        return 1;
+        if (carrier == NULL) {
+            __atomic_store_n(gen, (uint32_t)k, __ATOMIC_SEQ_CST);
+            wake_sleepers(gen);
+            return 1;
+        }
+        __atomic_store_n(carrier, (uint32_t)k, __ATOMIC_SEQ_CST);
+        syscall(SYS_futex, carrier, FUTEX_WAKE, 1, NULL, NULL, 0);
     }
+    if (carrier != NULL) return await_seq(gen, (uint32_t)k, polls, seconds);
     for (long i = 0; i < polls; i++) {
         if (__atomic_load_n(counter, __ATOMIC_ACQUIRE) >= target) return 1;
         sched_yield();

@@ -71,6 +71,9 @@ STATE_STARTING, STATE_RUNNING, STATE_FINALIZED, STATE_DEAD = 0, 1, 2, 3
 H_MAGIC, H_WORLD, H_FAILED_RANK, H_FAILED_KIND, H_FAILED_VALUE, H_LAUNCHER_PID = 0, 8, 16, 24, 32, 40
 H_HBM_SIZE, H_VA_BASE, H_SLICE = 48, 56, 64
 H_SLEEPERS = 128                          # u32, own cache line: see set_sleepers in _waits.c
+# u32, own cache line: the last world barrier this host's ranks all arrived at, for the host's
+# carrier (a job spanning hosts: jobs/_carrier.py, runtime/_hosts.py; _agree.c, barrier)
+H_CARRIER = 192
 FAILED_EXIT, FAILED_SIGNAL, FAILED_SHUTDOWN, FAILED_DAEMON = 1, 2, 3, 4    # 0: none
 # FAILED_GONE: a rank of a job started by another launcher ended unfinalized, its exit status
 # unknown to the host's daemon (jobs/_daemon.py --watch)
@@ -194,6 +197,11 @@ class Control:
 
     def addr(self, offset: int) -> int:
         return self.base + offset
+
+    def of(self, rank: int) -> "Control":
+        """The copy of the control segment holding ``rank``'s own words: this one (a job over
+        emulated hosts has one copy per host: jobs/_hostjob.py, HostControls)."""
+        return self
 
     # --- rank state -------------------------------------------------------------------------
     def set_state(self, rank: int, state: int) -> None:

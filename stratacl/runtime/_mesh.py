@@ -99,6 +99,10 @@ class MeshDriver:
         starts into the call parity's eager slot, which is then its input. ``clock``: the
         descriptor's modeled-clock bits (F_AUX0)."""
         word = 0
+        if departure >= MESH_ROOT_READER and self._protocol.carried:
+            # across hosts a root's readers cannot count themselves done on its word: everyone
+            # departs through a barrier, which the carriers carry (runtime/_hosts.py)
+            departure = MESH_BARRIER
         if departure >= MESH_ROOT_READER:
             word = self._rt.ctl.base + self._protocol.slot_offs[root] + self._protocol.lay.slot_root_done()
         plans = (plan, plan2)

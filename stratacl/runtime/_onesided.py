@@ -126,6 +126,8 @@ class SymmetricHeap:
         if not 0 <= p < self.size:
             raise OneSidedError(f"{op}: rank {self.rank}: peer {p} is out of range{at}: the communicator has ranks "
                                 f"0..{self.size - 1}", op, p, addr)
+        if self._rt.hosts.spanned:
+            self._rt.hosts.refuse_peers(op, [self.members[p]])
         return self.members[p]
 
     def remote(self, addr: int, nbytes: int, pe: int, op: str, align: int = 1) -> int:

@@ -143,6 +143,11 @@ class Protocol:
         cx[_native.CX_BARRIERS] = rt.native_call_word("barrier")
         cx[_native.CX_FLIGHT] = base + lay.flight(rt.rank)       # runtime/_flight.py
         cx[_native.CX_CTL] = base
+        # across hosts (jobs/_carrier.py): the counter counts this host's members, and the host's
+        # carrier completes the barrier; a communicator within one host never involves it
+        local, carrier = rt.hosts.barrier_words(members)
+        cx[_native.CX_LOCAL_N], cx[_native.CX_CARRIER] = n if local is None else local, carrier
+        self.carried = bool(carrier)     # the barriers of this communicator cross hosts
         cx[_native.CX_DESC:] = desc_addrs
         if rank == 0:                   # who the members are, for the flight recorder's reader
             at = (self.slot_offs[0] + lay.slot_members()) // 4
@@ -211,9 +216,15 @@ class Protocol:
             arr = u32[self._arrival_idx]
             return [self._members[i] for i in range(self._size) if not _native.seq_reached(int(arr[i]), k)]
 
-        counter = self._counter_addr
-        wait_until(lambda: _native.load_u64(counter) >= target, self._gen_addr, self._rt.health, operation,
-                   self._rt.config.timeout, missing, f"{self._size} ranks to arrive")
+        counter, gen = self._counter_addr, self._gen_addr
+        if self.carried:           # the host's carrier sets the generation word once every host arrived
+            def done():
+                return _native.seq_reached(_native.load_u32(gen), k)
+        else:
+            def done():
+                return _native.load_u64(counter) >= target
+        wait_until(done, gen, self._rt.health, operation, self._rt.config.timeout, missing,
+                   f"{self._size} ranks to arrive")
 
     def wait_root(self, operation: str, word: int, target: int) -> None:
         """A root's departure: wait, with health checks, for every reader to have counted itself

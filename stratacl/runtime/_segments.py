@@ -60,6 +60,12 @@ def _create(name: str, size: int, keep_name: bool = False) -> int:
     return fd
 
 
+def create_named(job_id: str, name: str, size: int) -> int:
+    """One more segment of the job, ``stratacl-<job id>-<name>``, 0600, its name kept for other
+    processes to open (a host's carrier: jobs/_hostjob.py); ``resources.sweep`` removes it."""
+    return _create(prefix(job_id) + name, size, keep_name=True)
+
+
 def open_job_segments(job_id: str, world: int) -> tuple[int, list[int]]:
     """Open the segments of a job another process created with ``keep_names``; returns their
     descriptors, as ``create_job_segments`` does. Raises posix_ipc.ExistentialError if one is gone."""

@@ -30,6 +30,7 @@ class RankServices(Protocol):
     config: Config
     topology: Topology
     ctl: Control                    # the job's control segment (slots, words, flight recorder)
+    hosts: Any                      # which host each rank is on (runtime/_hosts.py)
     health: JobHealth               # peers' liveness, for every wait
     window: ShadowWindow            # the shared virtual address window
     reg: RegistrationUnit           # peers' segments mapped here, on allocation or first use

