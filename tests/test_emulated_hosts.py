@@ -60,7 +60,10 @@ def test_every_collective_across_two_hosts_is_exact_with_the_single_host_modeled
             f"point-to-point calls are not carried across hosts yet")
         assert a[r]["refusals"]["split"].startswith(f"a communicator of ranks {list(range(r % 2, N, 2))} spans "
                                                     f"hosts [0, 1]: across hosts only the world communicator")
-        assert t[r]["refusals"] == {"send": None, "split": None}
+        assert a[r]["refusals"]["get"] == (
+            f"shmem.get: rank {r} (host {host}) and rank {far} (host {1 - host}) are on different hosts, and "
+            f"one-sided calls are not carried across hosts yet")
+        assert t[r]["refusals"] == {"send": None, "split": None, "get": None}
     assert not [n for n in os.listdir("/dev/shm") if n.startswith("stratacl-")]
     assert not _carriers_left()
 
@@ -94,3 +97,19 @@ def test_what_emulated_hosts_cannot_carry_is_refused_at_launch(flags, why):
     run = launch(*n, *flags, "--emulate-hosts", "2", script("rank_info.py"), timeout=60)
     assert run.returncode == 2, run.explain()
     assert re.match(r"stratacl-launch: " + re.escape(why), run.stderr), run.stderr
+
+
+def test_the_torch_backend_and_ep_dispatch_combine_run_exact_across_two_hosts():
+    env = clean_env(STRATACL_TIMEOUT="60")
+    torch_run = launch("-n", "4", "--emulate-hosts", str(K), script("torch_unmodified.py"), env=env, timeout=200)
+    assert torch_run.returncode == 0, torch_run.explain()
+    reports = {r["rank"]: r for r in torch_run.records}
+    assert sorted(reports) == [0, 1, 2, 3] and all(r["bad"] == [] for r in reports.values()), reports
+    examples = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
+    for mode in ("ht", "ll"):
+        moe = launch("-n", "4", "--emulate-hosts", str(K), os.path.join(examples, "moe_layer.py"), "--mode", mode,
+                     env=env, timeout=200)
+        assert moe.returncode == 0, moe.explain()
+        assert "dispatched rows exact and layer output within float32 rounding" in moe.stdout, moe.stdout
+        assert moe.stdout.rstrip().endswith("on every rank: yes"), moe.stdout
+    assert not [n for n in os.listdir("/dev/shm") if n.startswith("stratacl-")]

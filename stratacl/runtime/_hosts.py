@@ -50,8 +50,8 @@ class HostMap:
                 f"carried so far (split within one host, or use the world communicator)")
         return sum(self.host_of[m] == self.host for m in members), self._carrier_word
 
-    def refuse_peers(self, operation: str, peers) -> None:
-        """Raise for a point-to-point ``operation`` with any of ``peers`` (world ranks; None:
+    def refuse_peers(self, operation: str, peers, what: str = "point-to-point calls") -> None:
+        """Raise for ``operation`` (one of ``what``) with any of ``peers`` (world ranks; None:
         not a peer) on another host: its words are not carried across hosts yet."""
         if self.host_of is None:
             return
@@ -59,7 +59,7 @@ class HostMap:
         if far:
             raise NotImplementedError(
                 f"{operation}: rank {self.rank} (host {self.host}) and rank {far[0]} (host {self.host_of[far[0]]}) "
-                f"are on different hosts, and point-to-point calls are not carried across hosts yet")
+                f"are on different hosts, and {what} are not carried across hosts yet")
 
     def refuse(self, operation: str, members: list[int]) -> None:
         """Raise for ``operation`` on a communicator of ``members`` spanning hosts: it needs

@@ -127,7 +127,7 @@ class SymmetricHeap:
             raise OneSidedError(f"{op}: rank {self.rank}: peer {p} is out of range{at}: the communicator has ranks "
                                 f"0..{self.size - 1}", op, p, addr)
         if self._rt.hosts.spanned:
-            self._rt.hosts.refuse_peers(op, [self.members[p]])
+            self._rt.hosts.refuse_peers(op, [self.members[p]], "one-sided calls")
         return self.members[p]
 
     def remote(self, addr: int, nbytes: int, pe: int, op: str, align: int = 1) -> int:

@@ -12,6 +12,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _report import emit, failure_record  # noqa: E402
 
 import stratacl  # noqa: E402
+from stratacl import shmem  # noqa: E402
 
 comm = stratacl.init()
 n, me = comm.size, comm.rank
@@ -97,8 +98,10 @@ def refused(run):
 
 far = (me + n // 2) % n                      # a rank on the other host of two
 buf = stratacl.empty((4,), np.float32)
+sym = shmem.zeros((4,), np.float32)
 refusals = {"send": refused(lambda: comm.send(buf, far) if me < n // 2 else comm.recv(buf, far)),
-            "split": refused(lambda: comm.split(me % 2))}
+            "split": refused(lambda: comm.split(me % 2)),
+            "get": refused(lambda: shmem.get(buf, sym, far))}
 comm.barrier()
 
 job = os.environ["STRATACL_JOB_ID"]
