@@ -57,9 +57,14 @@ class Carrier:
         if wrong:
             raise ValueError(f"carrier of host {self.host}: ranks {wrong} are on the wrong side (a local segment "
                              f"must be of a rank of this host, a mirror of a rank of another host)")
+        # two windows over the same segments: one read in fenced epochs (refresh, every carrier
+        # at the same barrier), one under passive-target locks (read, whenever one carrier needs
+        # a far send's bytes); MPI keeps a window's active and passive epochs apart
         self._win = MPI.Win.Create_dynamic(comm=comm)
+        self._pwin = MPI.Win.Create_dynamic(comm=comm)
         for a in self._local.values():
             self._win.Attach(a)
+            self._pwin.Attach(a)
         self._at: dict[int, int] = {}                # rank -> address of its segment at its carrier
         for table in comm.allgather({r: MPI.Get_address(a) for r, a in self._local.items()}):
             self._at.update(table)
@@ -75,10 +80,15 @@ class Carrier:
         """Give this host's control block; returns every host's, in host order. Collective."""
         return self.comm.allgather(bytes(block))
 
-    def refresh(self, wants: Iterable[tuple[int, int, int]]) -> int:
-        """Read each (owner rank, HBM offset, bytes) from the owner's segment into its mirror
-        here; returns the bytes read. Collective (the other carriers serve their segments)."""
-        plan, refused = [], []
+    def start_exchange(self, block: np.ndarray):
+        """``exchange`` without waiting, for blocks of one size on every host: returns (request,
+        the received blocks, one row per host), complete once ``request.Test()``."""
+        MPI = self._mpi
+        got = np.empty((self.comm.size, block.size), np.uint8)
+        return self.comm.Iallgather([block, MPI.BYTE], [got, MPI.BYTE]), got
+
+    def _checked(self, wants, refused: list) -> list:
+        plan = []
         for owner, offset, nbytes in wants:
             owner, offset, nbytes = int(owner), int(offset), int(nbytes)
             if owner not in self._mirrors or owner not in self._at:
@@ -88,6 +98,33 @@ class Carrier:
                                f"segment")
             elif nbytes:
                 plan.append((owner, offset, nbytes))
+        return plan
+
+    def read(self, wants: Iterable[tuple[int, int, int]]) -> int:
+        """``refresh`` for this carrier alone, whenever it needs it (a far send's bytes): each
+        owner's host is read under a shared passive-target lock. The owners' carriers must call
+        into MPI meanwhile (``serve`` polls it) for their side to progress."""
+        refused: list = []
+        plan = self._checked(wants, refused)
+        MPI, win = self._mpi, self._pwin
+        for host in sorted({self.host_of[o] for o, _, _ in plan}):
+            win.Lock(host, MPI.LOCK_SHARED)
+            for owner, offset, nbytes in plan:
+                if self.host_of[owner] == host:
+                    win.Get([self._mirrors[owner][offset:offset + nbytes], MPI.BYTE], host,
+                            target=(self._at[owner] + offset, nbytes, MPI.BYTE))
+            win.Unlock(host)
+        moved = sum(p[2] for p in plan)
+        self.moved += moved
+        if refused:
+            raise ValueError(f"carrier of host {self.host}: refused {len(refused)} read(s): " + "; ".join(refused))
+        return moved
+
+    def refresh(self, wants: Iterable[tuple[int, int, int]]) -> int:
+        """Read each (owner rank, HBM offset, bytes) from the owner's segment into its mirror
+        here; returns the bytes read. Collective (the other carriers serve their segments)."""
+        refused: list = []
+        plan = self._checked(wants, refused)
         MPI, win = self._mpi, self._win
         win.Fence()
         for owner, offset, nbytes in plan:
@@ -108,73 +145,199 @@ class Carrier:
         """Free the window (collective). The buffers stay the caller's."""
         if self._win is None:
             return
-        for a in self._local.values():
-            self._win.Detach(a)
-        self._win.Free()
-        self._win = None
+        for w in (self._win, self._pwin):
+            for a in self._local.values():
+                w.Detach(a)
+            w.Free()
+        self._win = self._pwin = None
 
 
 # --- a host's carrier process in a job (python -m stratacl.jobs._carrier, under mpirun) -------
-def _world_slot(ctl, rank: int) -> tuple[int, int]:
-    """[start, end) in the control segment of the words of ``rank``'s world-communicator slot
-    that are its own: all but the barrier counter and generation word, which are each host's."""
-    from stratacl.runtime._control import Layout
-    start = ctl.layout.slot(rank, 0)
-    return start + Layout.SLOT_ARRIVAL, start + ctl.layout.slot_bytes
+TAG_SEND, TAG_DONE, TAG_FAILED = 11, 12, 13        # carrier-to-carrier messages (serve)
+POLL_S = 0.001                                      # how often an idle carrier calls into MPI
+
+
+class _Words:
+    """Where the words ``serve`` carries sit in a control segment (the world communicator's
+    slots: a member's index is its world rank)."""
+
+    def __init__(self, ctl):
+        from stratacl.runtime._control import P2P_DESC, Layout
+        lay = ctl.layout
+        self.ctl, self.lay = ctl, lay
+        self.slot = [lay.slot(r, 0) for r in range(ctl.world)]
+        self.own = [(o + Layout.SLOT_ARRIVAL, o + lay.slot_bytes) for o in self.slot]   # all but counter, gen
+        self.gen = ctl.base + self.slot[0] + Layout.SLOT_GEN
+        self._p2p_desc = P2P_DESC
+
+    def send_seq(self, a: int, b: int) -> int:      # a's announcement of its send to b (u32)
+        from stratacl.runtime._control import Layout
+        return self.slot[a] + Layout.SLOT_SEND_SEQ + 4 * b
+
+    def send_desc(self, a: int, b: int) -> int:     # a's descriptor of that send (P2P_DESC int64)
+        return self.slot[a] + self.lay.slot_p2p_desc() + 8 * self._p2p_desc * b
+
+    def recv_done(self, a: int, b: int) -> int:     # a's answer to b's send: done (u32) ...
+        return self.slot[a] + self.lay.slot_recv_done() + 4 * b
+
+    def recv_status(self, a: int, b: int) -> int:   # ... and its status (u32, 0: received)
+        return self.slot[a] + self.lay.slot_recv_status() + 4 * b
+
+    def send_reason(self, a: int, b: int) -> slice:  # why a rejected its send to b, if it did
+        return self._reason(a, 2 + b)
+
+    def recv_reason(self, a: int, b: int) -> slice:  # why a rejected or failed its receive from b
+        return self._reason(a, 2 + self.ctl.world + b)
+
+    def _reason(self, a: int, which: int) -> slice:
+        from stratacl.runtime._control import REASON_BYTES
+        at = self.slot[a] + self.lay.slot_reason(which)
+        return slice(at, at + REASON_BYTES)
+
+    def descriptor(self, offset: int) -> np.ndarray:
+        from stratacl.runtime._control import DESC_FIXED
+        return self.ctl.i64[offset // 8:offset // 8 + DESC_FIXED]
 
 
 def serve(ctl, carrier: Carrier, chunk: int, table_offset: int, slice_start, stop=lambda: False) -> None:
-    """Complete the world communicator's barriers on this host (runtime/_hosts.py): whenever the
-    host's ranks have all arrived at barrier k (the control segment's H_CARRIER word), trade
-    their slot words with the other hosts, read the HBM bytes the other hosts' ranks published
-    in their descriptors into the mirrors, then set the barrier's generation word to k."""
+    """Carry this host's side of the job (runtime/_hosts.py) until ``stop()``, one event at a
+    time, asleep on the host's bell between them (and calling into MPI every POLL_S, which is
+    how other carriers' reads of this host progress):
+
+    - barrier k of the world communicator, once the host's ranks all arrived (H_CARRIER):
+      trade their slot words with every host (a non-blocking all-gather), read the segments
+      the far ranks' descriptors name into the mirrors (one fenced epoch), set the barrier's
+      generation word;
+    - a send from a rank here to a far rank (its sequence word moved): the descriptor and the
+      number go to the receiver's carrier, which reads the sender's segment into its mirror
+      before it announces the send to the receiver; the receiver's answer (done word, status)
+      comes back the same way;
+    - the job's first failure recorded on this host goes to every other host, and one
+      recorded elsewhere is recorded here."""
+    from mpi4py import MPI
+
     from stratacl.runtime import _native
-    from stratacl.runtime._control import DESC_FIXED, F_CALL, F_NBYTES, F_SEG_OFF, F_SEG_SIZE, F_SEG_VA, H_CARRIER
-    from stratacl.runtime._control import Layout
+    from stratacl.runtime._control import F_NBYTES, F_SEG_OFF, F_SEG_SIZE, F_SEG_VA, H_CARRIER, H_CARRIER_BELL
+    from stratacl.runtime._control import F_AUX1, F_CALL, STATE_DEAD
     from stratacl.ub._registration import RegistrationUnit
+    comm = carrier.comm
     world, lay, host, host_of = ctl.world, ctl.layout, carrier.host, carrier.host_of
     mine = [r for r in range(world) if host_of[r] == host]
-    theirs = {g: [r for r in range(world) if host_of[r] == g] for g in set(host_of) if g != host}
-    word = ctl.base + H_CARRIER
-    gen = ctl.base + lay.slot(0, 0) + Layout.SLOT_GEN
-    spans = {r: _world_slot(ctl, r) for r in range(world)}
+    far = [r for r in range(world) if host_of[r] != host]
+    w = _Words(ctl)
+    k_word, bell = ctl.base + H_CARRIER, ctl.base + H_CARRIER_BELL
+    span = w.own[0][1] - w.own[0][0]
+    width = max(sum(h == g for h in host_of) for g in set(host_of)) * span
     table_bytes = RegistrationUnit.table_bytes(slice_start(1) - slice_start(0), chunk) if chunk else 0
-    done = 0
+
+    def segment_wants(r: int, d: np.ndarray, passive: bool) -> list:
+        va, size, off = int(d[F_SEG_VA]), int(d[F_SEG_SIZE]), int(d[F_SEG_OFF])
+        if not int(d[F_NBYTES]) or not size:
+            return []
+        if not chunk:
+            return [(r, off, size)]
+        table = carrier.mirror(r)[table_offset:table_offset + table_bytes].view(np.int64)
+        if passive:
+            carrier.read([(r, table_offset, table_bytes)])
+        out = []
+        for c in range(va, va + size, chunk):
+            at = int(table[(c - slice_start(r)) // chunk]) - 1
+            out.append((r, at if at >= 0 else off, chunk))
+        return out
+
+    # point-to-point words of ranks here towards far ranks: what was forwarded last
+    pairs = [(a, b) for a in mine for b in far]
+    seq_at = np.array([w.send_seq(a, b) // 4 for a, b in pairs], dtype=np.int64)
+    done_at = np.array([w.recv_done(a, b) // 4 for a, b in pairs], dtype=np.int64)
+    sent = ctl.u32[seq_at].copy() if pairs else np.zeros(0, np.uint32)
+    answered = ctl.u32[done_at].copy() if pairs else np.zeros(0, np.uint32)
+    failure_known = ctl.failure() is not None
+    done_k, pending = 0, None
+    status = MPI.Status()
     while not stop():
-        k = _native.load_u32(word)
-        if k == done:
-            _native.futex_wait(word, k, 1.0)
-            continue
-        block = b"".join(bytes(ctl.u8[a:b]) for a, b in (spans[r] for r in mine))
-        for g, got in enumerate(carrier.exchange(block)):
-            if g == host:
-                continue
+        seen = _native.load_u32(bell)
+        busy = False
+        # a barrier of the world communicator
+        k = _native.load_u32(k_word)
+        if k != done_k and pending is None:
+            block = np.zeros(width, np.uint8)
             at = 0
-            for r in theirs[g]:
-                a, b = spans[r]
-                ctl.u8[a:b] = np.frombuffer(got, np.uint8, b - a, at)
+            for r in mine:
+                a, b = w.own[r]
+                block[at:at + b - a] = ctl.u8[a:b]
                 at += b - a
-        remote = [r for g in theirs for r in theirs[g]]
-        if chunk:
-            carrier.refresh([(r, table_offset, table_bytes) for r in remote])
-        wants = []
-        for r in remote:
-            descs = [ctl.i64[(lay.slot(r, 0) + lay.slot_desc(p)) // 8:][:DESC_FIXED] for p in (0, 1)]
-            d = max(descs, key=lambda x: int(x[F_CALL]))
-            va, size, off = int(d[F_SEG_VA]), int(d[F_SEG_SIZE]), int(d[F_SEG_OFF])
-            if not int(d[F_NBYTES]) or not size:
-                continue
-            if not chunk:
-                wants.append((r, off, size))
-                continue
-            table = carrier.mirror(r)[table_offset:table_offset + table_bytes].view(np.int64)
-            for c in range(va, va + size, chunk):
-                at = int(table[(c - slice_start(r)) // chunk]) - 1
-                wants.append((r, at if at >= 0 else off, chunk))
-        carrier.refresh(wants)
-        _native.store_u32(gen, k)
-        _native.futex_wake(gen, 2**31 - 1)
-        done = k
+            pending = carrier.start_exchange(block)
+            busy = True
+        if pending is not None and pending[0].Test():
+            got = pending[1]
+            for g in range(comm.size):
+                if g == host:
+                    continue
+                at = 0
+                for r in (q for q in range(world) if host_of[q] == g):
+                    a, b = w.own[r]
+                    ctl.u8[a:b] = got[g, at:at + b - a]
+                    at += b - a
+            if chunk:
+                carrier.refresh([(r, table_offset, table_bytes) for r in far])
+            wants = []
+            for r in far:
+                descs = [w.descriptor(lay.slot(r, 0) + lay.slot_desc(p)) for p in (0, 1)]
+                wants += segment_wants(r, max(descs, key=lambda x: int(x[F_CALL])), passive=False)
+            carrier.refresh(wants)
+            _native.store_u32(w.gen, k)
+            _native.futex_wake(w.gen, 2**31 - 1)
+            done_k, pending, busy = k, None, True
+        # sends and answers of ranks here to far ranks
+        if pairs:
+            now_sent, now_answered = ctl.u32[seq_at], ctl.u32[done_at]
+            for i in np.flatnonzero(now_sent != sent):
+                a, b = pairs[i]
+                d = np.array(w.descriptor(w.send_desc(a, b)))
+                why = bytes(ctl.u8[w.send_reason(a, b)])
+                comm.send((a, b, int(now_sent[i]), d, why), dest=host_of[b], tag=TAG_SEND)
+                busy = True
+            for i in np.flatnonzero(now_answered != answered):
+                a, b = pairs[i]
+                # a's answer, why it failed if it did, and its modeled receive time, which it
+                # wrote into b's descriptor of the send (runtime/_p2p.py, _complete_send)
+                st = int(ctl.u32[w.recv_status(a, b) // 4])
+                why = bytes(ctl.u8[w.recv_reason(a, b)])
+                t = int(w.descriptor(w.send_desc(b, a))[F_AUX1])
+                comm.send((a, b, int(now_answered[i]), st, why, t), dest=host_of[b], tag=TAG_DONE)
+                busy = True
+            sent, answered = now_sent.copy(), now_answered.copy()
+        # what other carriers sent
+        while comm.Iprobe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=status):
+            tag, msg = status.Get_tag(), comm.recv(source=status.Get_source(), tag=status.Get_tag())
+            if tag == TAG_SEND:
+                a, b, seq, d, why = msg
+                w.descriptor(w.send_desc(a, b))[:] = d
+                ctl.u8[w.send_reason(a, b)] = np.frombuffer(why, np.uint8)
+                carrier.read(segment_wants(a, d, passive=True))
+                _native.store_u32(ctl.base + w.send_seq(a, b), seq)
+                _native.futex_wake(ctl.base + w.send_seq(a, b), 2**31 - 1)
+            elif tag == TAG_DONE:
+                a, b, seq, st, why, t = msg
+                ctl.u8[w.recv_reason(a, b)] = np.frombuffer(why, np.uint8)
+                w.descriptor(w.send_desc(b, a))[F_AUX1] = t
+                _native.store_u32(ctl.base + w.recv_status(a, b), st)
+                _native.store_u32(ctl.base + w.recv_done(a, b), seq)
+                _native.futex_wake(ctl.base + w.recv_done(a, b), 2**31 - 1)
+            elif tag == TAG_FAILED and not failure_known:
+                rank, kind, value = msg
+                failure_known = True
+                ctl.set_state(rank, STATE_DEAD)
+                ctl.record_failure(rank, kind, value)
+            busy = True
+        # the job's first failure, recorded here by the launcher
+        if not failure_known and (f := ctl.failure()) is not None and f[0] >= 0:
+            failure_known = True
+            for g in range(comm.size):
+                if g != host:
+                    comm.send(f, dest=g, tag=TAG_FAILED)
+        if not busy:
+            _native.futex_wait(bell, seen, POLL_S)
 
 
 def main() -> None:

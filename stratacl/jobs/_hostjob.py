@@ -6,9 +6,10 @@ handed its host's copy, its own host's HBM segments and those mirrors, so it nev
 segment of another host. One carrier process per host (jobs/_carrier.py), started through the
 Open MPI wheel's mpirun, carries what crosses hosts at the world communicator's barriers.
 
-The launcher stays the one supervisor of every rank, as on one host: what it records (a
-rank's death, the job's failure, a shutdown) it writes into every host's copy, and it reads a
-rank's own words (its flight recorder) from its host's copy (``HostControls``).
+The launcher stays the one supervisor of every rank, as on one host: a rank's death and the
+job's failure it records in the rank's host's copy, from which that host's carrier tells the
+others; a shutdown of the whole job (a signal, the deadline) it writes into every copy; a
+rank's own words (its flight recorder) it reads from its host's copy (``HostControls``).
 """
 from __future__ import annotations
 
@@ -70,14 +71,15 @@ class HostControls:
             c.set_pid(rank, pid)
 
     def set_state(self, rank: int, state: int) -> None:
-        for c in self.copies:
-            c.set_state(rank, state)
+        self.of(rank).set_state(rank, state)
 
     def state(self, rank: int) -> int:
         return self.of(rank).state(rank)
 
     def record_failure(self, rank: int, kind: int, value: int) -> bool:
-        return any([c.record_failure(rank, kind, value) for c in self.copies])
+        # on the rank's host only: its carrier tells the others (jobs/_carrier.py, serve), as
+        # it must between real hosts, where no launcher writes another host's copy
+        return self.of(rank).record_failure(rank, kind, value)
 
     def record_shutdown(self, signum: int, kind: int | None = None) -> None:
         for c in self.copies:

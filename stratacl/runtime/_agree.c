@@ -24,7 +24,7 @@
 /* Barrier k of the communicator `cx`: every member arrives once (the counter), the last sets the
  * generation word to k and wakes the sleepers. When the communicator spans hosts (CX_CARRIER),
  * the counter counts this host's members only and the last of them hands k to the host's
- * carrier (its barrier word, then a wake): the carrier trades the hosts' words and bytes and
+ * carrier (its barrier word, then its bell): the carrier trades the hosts' words and bytes and
  * sets the generation word itself (jobs/_carrier.py), which is then the only completion. */
 int barrier(const int64_t *cx, uint64_t k, long polls, double seconds) {
     if (job_failed()) return 0;
@@ -41,7 +41,7 @@ int barrier(const int64_t *cx, uint64_t k, long polls, double seconds) {
             return 1;
         }
         __atomic_store_n(carrier, (uint32_t)k, __ATOMIC_SEQ_CST);
-        syscall(SYS_futex, carrier, FUTEX_WAKE, 1, NULL, NULL, 0);
+        ring_carrier();
     }
     if (carrier != NULL) return await_seq(gen, (uint32_t)k, polls, seconds);
     for (long i = 0; i < polls; i++) {
@@ -259,12 +259,14 @@ void announce_send(void *desc, const int64_t fields[DESC_FIXED], uint32_t *flag,
     memcpy(desc, fields, DESC_FIXED * 8);
     __atomic_store_n(flag, seq, __ATOMIC_SEQ_CST);
     wake_sleepers(flag);
+    ring_carrier();
 }
 
 void announce_received(uint32_t *status_word, uint32_t status, uint32_t *done, uint32_t seq) {
     __atomic_store_n(status_word, status, __ATOMIC_SEQ_CST);
     __atomic_store_n(done, seq, __ATOMIC_SEQ_CST);
     wake_sleepers(done);
+    ring_carrier();
 }
 
 /* post(desc_addr, fields, flag_addr, seq): a send's announcement (announce_send); `fields` as

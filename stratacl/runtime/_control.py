@@ -74,6 +74,8 @@ H_SLEEPERS = 128                          # u32, own cache line: see set_sleeper
 # u32, own cache line: the last world barrier this host's ranks all arrived at, for the host's
 # carrier (a job spanning hosts: jobs/_carrier.py, runtime/_hosts.py; _agree.c, barrier)
 H_CARRIER = 192
+# u32, own cache line: rung (incremented, woken) after every word the carrier forwards is written
+H_CARRIER_BELL = 256
 FAILED_EXIT, FAILED_SIGNAL, FAILED_SHUTDOWN, FAILED_DAEMON = 1, 2, 3, 4    # 0: none
 # FAILED_GONE: a rank of a job started by another launcher ended unfinalized, its exit status
 # unknown to the host's daemon (jobs/_daemon.py --watch)
@@ -273,9 +275,15 @@ class Control:
         _native.set_sleepers(self.base + H_SLEEPERS)
         _native.watch_failures(self.base + H_FAILED_KIND)
 
+    def ring_carrier_on_announcements(self) -> None:
+        """This process's barriers and point-to-point announcements ring the host's carrier (a
+        job spanning hosts: runtime/_hosts.py, jobs/_carrier.py)."""
+        _native.set_carrier_bell(self.base + H_CARRIER_BELL)
+
     def close(self) -> None:
         _native.set_sleepers(0)
         _native.watch_failures(0)
+        _native.set_carrier_bell(0)
         self.u8 = self.u32 = self.u64 = self.i64 = None  # type: ignore[assignment]
         try:
             self._mm.close()

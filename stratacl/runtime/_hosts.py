@@ -5,11 +5,11 @@ host its own copy of the control segment and lets no rank map a segment of anoth
 peer on another host is reached through the host's carrier (jobs/_carrier.py): its HBM through
 a mirror the carrier refreshes at barriers (the peer's descriptor in hand, a pull maps the
 mirror at the peer's shadow addresses, as it would the peer's segment), its words through the
-control blocks the carriers trade at the same barriers. So only communicators whose
-synchronisation is barriers can span hosts: the world communicator's full-mesh calls and
-barriers. What else would need a word or a byte outside a barrier (point-to-point, ring steps,
-communicators split across hosts, one-sided calls) is refused with ``NotImplementedError``
-naming the operation, rather than left to time out.
+control blocks the carriers trade at the same barriers; a point-to-point call's words and
+bytes when its sender announces them (the carriers forward a send's descriptor and number,
+and the receiver's answer). What else would need a word outside those (communicators split
+across hosts, one-sided calls, ring steps) is refused with ``NotImplementedError`` naming the
+operation, rather than left to time out.
 """
 from __future__ import annotations
 

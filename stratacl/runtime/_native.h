@@ -149,6 +149,7 @@ static inline int seq_after(uint32_t value, uint32_t target) { return (uint32_t)
 int parse_addr(PyObject *o, void **out);                                      /* _waits.c */
 double now_s(void);                                                           /* _waits.c */
 int sleep_until(uint32_t *word, uint32_t seen, double end);                   /* _waits.c */
+void ring_carrier(void);                                                       /* _waits.c */
 int await_seq(uint32_t *word, uint32_t target, long polls, double seconds);  /* _waits.c */
 int read_fields(PyObject *o, int64_t out[DESC_FIXED], const char *what);      /* _native.c */
 int64_t now_ns(void);                                                         /* _flightrec.c */

@@ -103,6 +103,26 @@ static PyObject *set_sleepers(PyObject *self, PyObject *arg) {
 uint64_t *failure_word;            /* _native.h: job_failed */
 
 
+/* The bell of this host's carrier (a u32 in the control segment's header, H_CARRIER_BELL), set
+ * once per process by set_carrier_bell when the job spans hosts, else NULL. Rung after every
+ * word the carrier forwards to other hosts is written: a barrier's last local arrival, a
+ * point-to-point announcement (jobs/_carrier.py scans its ranks' words when woken). */
+uint32_t *carrier_bell;            /* _native.h: ring_carrier */
+
+void ring_carrier(void) {
+    if (carrier_bell == NULL) return;
+    __atomic_fetch_add(carrier_bell, 1, __ATOMIC_SEQ_CST);
+    syscall(SYS_futex, carrier_bell, FUTEX_WAKE, 1, NULL, NULL, 0);
+}
+
+/* set_carrier_bell(addr): the bell's address in this process (0: the job is on one host). */
+static PyObject *set_carrier_bell(PyObject *self, PyObject *arg) {
+    void *p;
+    if (parse_addr(arg, &p) < 0) return NULL;
+    carrier_bell = (uint32_t *)p;
+    Py_RETURN_NONE;
+}
+
 /* watch_failures(addr): the failure word's address in this process (0: none). */
 static PyObject *watch_failures(PyObject *self, PyObject *arg) {
     void *p;
@@ -254,5 +274,6 @@ PyMethodDef wait_methods[] = {
     {"seq_reached", (PyCFunction)(void (*)(void))seq_reached, METH_FASTCALL, "Has a u32 sequence number reached a target?"},
     {"set_sleepers", set_sleepers, METH_O, "Where this job counts the sleepers on communicator words."},
     {"watch_failures", watch_failures, METH_O, "Where this job records its first failure (H_FAILED_KIND)."},
+    {"set_carrier_bell", set_carrier_bell, METH_O, "Where this host's carrier is rung (H_CARRIER_BELL; 0: one host)."},
     {NULL, NULL, 0, NULL},
 };

@@ -84,6 +84,8 @@ class Runtime:
         self.rank, self.world, self.job_id, self.config, self.ctl = rank, world, job_id, config, ctl
         # a job spanning hosts: hbm_fds of another host's ranks are this host's mirrors of them
         self.hosts = HostMap(rank, world, host_of, ctl.base)
+        if self.hosts.spanned:
+            ctl.ring_carrier_on_announcements()
         if config.trace and config.clock != "virtual":
             raise ConfigError(f"trace={config.trace!r} records calls in modeled time: it needs --clock virtual "
                               f"(STRATACL_CLOCK=virtual), not {config.clock!r}")

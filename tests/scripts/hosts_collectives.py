@@ -83,6 +83,37 @@ case("broadcast root 0", lambda: broadcast(0))
 case("broadcast root n-1", lambda: broadcast(n - 1))
 case("all_to_all", all_to_all)
 case("barrier", lambda: comm.barrier() or True)
+
+
+def send_recv_far():
+    far = (me + n // 2) % n                  # a rank on the other host of two
+    x = stratacl.empty((30000,), np.float32)
+    y = stratacl.empty((30000,), np.float32)
+    good = True
+    for rep in range(2):
+        x[:] = me + 100 * rep
+        if me < n // 2:
+            comm.send(x, far)
+            comm.recv(y, far)
+        else:
+            comm.recv(y, far)
+            comm.send(x, far)
+        good &= bool((y == far + 100 * rep).all())
+    return good
+
+
+def sendrecv_ring(plain):
+    right, left = (me + 1) % n, (me - 1) % n
+    x = (np.arange(777, dtype=np.float64) if plain else stratacl.empty((777,), np.float64))
+    x[:] = np.arange(777) * n + me
+    y = np.zeros(777) if plain else stratacl.empty((777,), np.float64)
+    comm.sendrecv(x, right, y, left)
+    return (y == np.arange(777) * n + left).all()
+
+
+case("send/recv with the other host", send_recv_far)
+case("sendrecv ring (HBM)", lambda: sendrecv_ring(False))
+case("sendrecv ring (numpy)", lambda: sendrecv_ring(True))
 case("all_reduce 256 KiB again", all_reduce_large)
 
 
@@ -99,8 +130,7 @@ def refused(run):
 far = (me + n // 2) % n                      # a rank on the other host of two
 buf = stratacl.empty((4,), np.float32)
 sym = shmem.zeros((4,), np.float32)
-refusals = {"send": refused(lambda: comm.send(buf, far) if me < n // 2 else comm.recv(buf, far)),
-            "split": refused(lambda: comm.split(me % 2)),
+refusals = {"split": refused(lambda: comm.split(me % 2)),
             "get": refused(lambda: shmem.get(buf, sym, far))}
 comm.barrier()
 
