@@ -3,6 +3,7 @@
     stratacl-launch -n 32 [--topology cm384|flat|FILE] [--hbm-size 4G] [--timeout SEC]
                     [--registration roa|jit|pool] [--tag-output] script.py [args...]
     stratacl-launch -n 8 -m package.module [args...]
+    stratacl-launch -n 64 --hosts h1:32,h2:32 script.py       (or --hostfile FILE; docs/cluster.md)
 
 Every flag also has a STRATACL_* environment variable (see the README's settings table);
 a flag wins over the variable.
@@ -15,9 +16,9 @@ import sys
 
 from stratacl._config import SETTINGS, Config, check_environment
 from stratacl._errors import ConfigError
-from stratacl.jobs._hostjob import refusal
-
-from stratacl.jobs._supervisor import Job, format_failure
+from stratacl.jobs import _hostjob
+from stratacl.jobs._outcome import format_failure
+from stratacl.jobs._supervisor import Job
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -27,6 +28,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-n", "--nprocs", type=int, default=os.environ.get("STRATACL_NPROCS", "1"),
                    help="number of ranks (STRATACL_NPROCS; default 1)")
     p.add_argument("-m", dest="module", metavar="MODULE", help="run a module as __main__ in each rank")
+    p.add_argument("--hosts", metavar="H1:N1,H2:N2", help="run the ranks on these hosts, N1 on H1 and so on, "
+                   "one launcher per host started by mpirun (the cluster extra; docs/cluster.md)")
+    p.add_argument("--hostfile", metavar="FILE", help="as --hosts, one 'HOST slots=N' (or HOST:N) per line")
     for s in SETTINGS:
         if s.flag is None:
             continue
@@ -66,10 +70,25 @@ def main(argv: list[str] | None = None) -> int:
     if ns.nprocs < 1:
         print(f"stratacl-launch: -n must be at least 1, got {ns.nprocs}", file=sys.stderr)
         return 2
-    why = refusal(ns.nprocs, config)
+    hosts = None
+    if ns.hosts and ns.hostfile:
+        print("stratacl-launch: give --hosts or --hostfile, not both", file=sys.stderr)
+        return 2
+    try:
+        if ns.hostfile:
+            with open(ns.hostfile) as f:
+                hosts = _hostjob.parse_hosts(f.read())
+        elif ns.hosts:
+            hosts = _hostjob.parse_hosts(ns.hosts)
+    except (OSError, ValueError) as e:
+        print(f"stratacl-launch: {'--hostfile' if ns.hostfile else '--hosts'}: {e}", file=sys.stderr)
+        return 2
+    why = _hostjob.refusal(ns.nprocs, config, hosts)
     if why:
         print(f"stratacl-launch: {why}", file=sys.stderr)
         return 2
+    if hosts is not None or config.emulate_hosts > 1:
+        return _hostjob.launch(ns.nprocs, config, target, hosts)
     outcome = Job(ns.nprocs, config, target, handle_signals=True).run()
     if not outcome.ok:
         print(format_failure(outcome), file=sys.stderr)

@@ -170,8 +170,8 @@ SETTINGS: tuple[Setting, ...] = (
             "Wall-clock limit for the whole job in seconds; 0 means none. The launcher ends the job when it passes."),
     Setting("emulate_hosts", _positive(_int), 1, "--emulate-hosts",
             "Split the job's ranks into this many emulated hosts (contiguous blocks of ranks): each host has "
-            "its own control segment, no rank maps another host's segments, and what crosses hosts goes "
-            "through MPI, one carrier process per host (needs the `cluster` extra; docs/cluster.md)."),
+            "its own control segment and launcher, no rank maps another host's segments, and what crosses "
+            "hosts goes through MPI, one carrier per host (needs the `cluster` extra; docs/cluster.md)."),
     Setting("va_base", _positive(_int), 0x1000_0000_0000, None,
             "Start of the shared virtual-address window every rank reserves (advanced)."),
 )

@@ -29,7 +29,8 @@ def spawn(fn: Callable[..., Any], nranks: int, args: tuple = (), **settings: Any
     (with the rank's traceback as its cause), otherwise ``RankFailure``. Host-blocking.
     """
     from . import jobs
-    from .jobs._supervisor import Job, format_failure
+    from .jobs._outcome import format_failure
+    from .jobs._supervisor import Job
 
     if jobs.importing_main:
         raise BootstrapError(

@@ -3,6 +3,7 @@ host, and the throttled clock really slows wall time down."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -126,9 +127,11 @@ def test_throttled_clock_slows_wall_time_to_the_model():
 def test_bench_virtual_rows_equal_estimate_rows(tmp_path):
     common = ["all_reduce", "-n", "4", "-b", "64K", "-e", "4M", "-f", "8", "--algo", "ring"]
     v, e = tmp_path / "v.json", tmp_path / "e.json"
-    subprocess.run(["stratacl-bench", *common, "-w", "1", "-i", "2", "--clock", "virtual", "--no-limit",
+    # this interpreter's console script, whether or not its environment is on PATH
+    bench = os.path.join(os.path.dirname(sys.executable), "stratacl-bench")
+    subprocess.run([bench, *common, "-w", "1", "-i", "2", "--clock", "virtual", "--no-limit",
                     "-J", str(v)], check=True, capture_output=True, timeout=300)
-    subprocess.run(["stratacl-bench", *common, "--estimate", "-J", str(e)], check=True, capture_output=True,
+    subprocess.run([bench, *common, "--estimate", "-J", str(e)], check=True, capture_output=True,
                    timeout=300)
     vr, er = json.loads(v.read_text())["rows"], json.loads(e.read_text())["rows"]
     assert [r["size"] for r in vr] == [r["size"] for r in er]

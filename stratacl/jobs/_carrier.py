@@ -2,9 +2,10 @@
 the other hosts in one MPI window, the other hosts' bytes read into mirrors, and the control
 blocks the hosts trade at a barrier.
 
-A job spanning hosts runs one carrier per host, an MPI process (mpirun starts them; the
-``cluster`` extra installs mpi4py and the Open MPI wheel). Ranks keep their host's shared
-memory and native path; no rank maps a segment of another host. What crosses hosts crosses at
+A job spanning hosts runs one carrier per host, in a thread of the host's launcher, an MPI
+process mpirun started (jobs/_hostjob.py; the ``cluster`` extra installs mpi4py and the Open
+MPI wheel). Ranks keep their host's shared memory and native path; no rank maps a segment of
+another host. What crosses hosts crosses at
 the barriers of communicators that span hosts (docs/cluster.md, "Across hosts: the carrier"),
 in two collective steps every carrier takes in the same order:
 
@@ -28,7 +29,6 @@ order (they are collective over ``comm``), and ``close`` once at the end.
 """
 from __future__ import annotations
 
-import sys
 from typing import Iterable, Mapping, Sequence
 
 import numpy as np
@@ -340,54 +340,44 @@ def serve(ctl, carrier: Carrier, chunk: int, table_offset: int, slice_start, sto
             _native.futex_wait(bell, seen, POLL_S)
 
 
-def main() -> None:
-    """``python -m stratacl.jobs._carrier JOB_ID WORLD HOSTS CHUNK`` under mpirun, one process per
-    host (its MPI rank is its host's index): open the host's segments by name, serve."""
-    import mmap
-    import os
+class CarrierThread:
+    """This host's carrier, serving in a thread of the host's launcher (jobs/_hostjob.py) while
+    its main thread supervises the host's ranks: over ``part.comm``, with the launcher's
+    control segment and every rank's HBM segment (this host's ranks' own, the other ranks'
+    mirrors). Constructing it is collective over the host launchers."""
 
-    from mpi4py import MPI
+    def __init__(self, part, ctl, hbm_fds: list[int], config):
+        import mmap
+        import threading
 
-    from stratacl.runtime._control import H_HBM_SIZE, H_SLICE, H_VA_BASE, Control
-    from stratacl.runtime._segments import prefix
-    from stratacl.ub._registration import RegistrationUnit
-    job_id, world, hosts, chunk = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-    comm = MPI.COMM_WORLD
-    host = comm.rank
-    host_of = hosts_of(world, hosts)
-    p = "/dev/shm/" + prefix(job_id)
+        from stratacl.runtime._control import H_HBM_SIZE, H_SLICE, H_VA_BASE
+        from stratacl.ub._registration import RegistrationUnit
+        hbm, slice_bytes, va_base = ctl.header(H_HBM_SIZE), ctl.header(H_SLICE), ctl.header(H_VA_BASE)
+        maps = {r: mmap.mmap(fd, hbm, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE) for r, fd in enumerate(hbm_fds)}
+        mine = set(part.ranks)
+        self.carrier = Carrier(part.comm, hbm, part.host_of, {r: m for r, m in maps.items() if r in mine},
+                               {r: m for r, m in maps.items() if r not in mine})
+        expandable = config.allocator == "expandable" and config.registration != "pool"
+        chunk = config.chunk_size if expandable else 0
+        table_offset = RegistrationUnit.table_offset(hbm, slice_bytes, chunk) if chunk else 0
+        self.error: str | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, args=(ctl, chunk, table_offset, lambda r: va_base + r * slice_bytes),
+            name="stratacl-carrier", daemon=True)
+        self._thread.start()
 
-    def opened(name: str):
-        fd = os.open(p + name, os.O_RDWR)
+    def _run(self, ctl, chunk: int, table_offset: int, slice_start) -> None:
         try:
-            return mmap.mmap(fd, os.fstat(fd).st_size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        finally:
-            os.close(fd)
+            serve(ctl, self.carrier, chunk, table_offset, slice_start, stop=self._stop.is_set)
+        except BaseException as e:      # the launcher ends the job and says why
+            self.error = f"{type(e).__name__}: {e}"
 
-    ctl = Control(os.open(p + control_name(host), os.O_RDWR), world)
-    hbm = ctl.header(H_HBM_SIZE)
-    slice_bytes, va_base = ctl.header(H_SLICE), ctl.header(H_VA_BASE)
-    local = {r: opened(f"hbm-{r}") for r in range(world) if host_of[r] == host}
-    mirrors = {r: opened(mirror_name(host, r)) for r in range(world) if host_of[r] != host}
-    carrier = Carrier(comm, hbm, host_of, local, mirrors)
-    table_offset = RegistrationUnit.table_offset(hbm, slice_bytes, chunk) if chunk else 0
-    serve(ctl, carrier, chunk, table_offset, lambda r: va_base + r * slice_bytes)
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
 
 
 def hosts_of(world: int, hosts: int) -> list[int]:
     """The host of each rank: ``hosts`` contiguous blocks of ranks, as even as they come."""
     return [r * hosts // world for r in range(world)]
-
-
-def control_name(host: int) -> str:
-    """The name (after the job's prefix) of ``host``'s copy of the control segment."""
-    return "ctl" if host == 0 else f"ctl-h{host}"
-
-
-def mirror_name(host: int, rank: int) -> str:
-    """The name (after the job's prefix) of ``host``'s mirror of ``rank``'s HBM segment."""
-    return f"mirror-h{host}-{rank}"
-
-
-if __name__ == "__main__":
-    main()

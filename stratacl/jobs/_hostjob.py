@@ -1,40 +1,86 @@
-"""The launcher's side of a job split over emulated hosts (``stratacl-launch --emulate-hosts K``).
+"""A job over several hosts: ``stratacl-launch --hosts h1:4,h2:4`` (or ``--hostfile``), and its
+stand-in on one machine, ``--emulate-hosts K``.
 
-One machine plays K hosts. Every host gets its own copy of the control segment, and for each
-rank of another host a mirror segment that stands for that rank's HBM on this host; a rank is
-handed its host's copy, its own host's HBM segments and those mirrors, so it never maps a
-segment of another host. One carrier process per host (jobs/_carrier.py), started through the
-Open MPI wheel's mpirun, carries what crosses hosts at the world communicator's barriers.
+    stratacl-launch ----mpirun----> host launcher 0 (python -m stratacl.jobs._hostlaunch) on h1
+         (waits, forwards          |  its ranks, its segments, its daemon, its carrier thread
+          signals, exit code)      +-> host launcher 1 on h2 ...
 
-The launcher stays the one supervisor of every rank, as on one host: a rank's death and the
-job's failure it records in the rank's host's copy, from which that host's carrier tells the
-others; a shutdown of the whole job (a signal, the deadline) it writes into every copy; a
-rank's own words (its flight recorder) it reads from its host's copy (``HostControls``).
+``mpirun`` (the Open MPI wheel of the ``cluster`` extra) starts one host launcher per host; each
+is an MPI process (its host index is its MPI rank) and runs the host's part of the job as
+``stratacl-launch`` runs a whole job on one host (jobs/_supervisor.py, ``Job`` with a
+``HostPart``): it creates the host's control segment and one HBM segment per rank of the job
+(its own ranks' HBM; for each rank of another host, this host's mirror of it), starts the
+host's daemon and forks its ranks, and runs the host's carrier (jobs/_carrier.py) in a thread,
+which is how words, bytes and failures cross hosts. No rank maps a segment of another host.
+
+Under ``--emulate-hosts K`` the K host launchers run on this machine (loopback TCP between
+their carriers), each with a job id of its own for its segments' names.
 """
 from __future__ import annotations
 
+import dataclasses
+import ipaddress
+import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
-import tempfile
 
-from stratacl.runtime._control import Control
-from stratacl.runtime._segments import create_named
+from ._carrier import hosts_of
 
-from ._carrier import control_name, hosts_of, mirror_name
-
-MPIRUN_FLAGS = ("--oversubscribe", "--bind-to", "none", "--mca", "btl", "self,tcp", "--mca", "pml", "ob1",
-                "--mca", "osc", "rdma")
+HOSTJOB_ENV = "STRATACL_HOSTJOB"         # what the host launchers read (JSON; hostjob_env)
+MPIRUN_FLAGS = ("--bind-to", "none", "--mca", "btl", "self,tcp", "--mca", "pml", "ob1", "--mca", "osc", "rdma")
 
 
-def refusal(n: int, config) -> str | None:
-    """Why a job of ``n`` ranks cannot run on ``config.emulate_hosts`` emulated hosts, or None."""
-    k = config.emulate_hosts
-    if k <= 1:
+@dataclasses.dataclass
+class HostPart:
+    """This host's part of a job over hosts: its index, every rank's host, the MPI
+    communicator of the host launchers, where rank 0's host serves the job's store."""
+    index: int
+    host_of: list[int]
+    comm: object
+    address: str                     # the interface rank 0's host listens on for the store
+
+    @property
+    def ranks(self) -> list[int]:
+        return [r for r, h in enumerate(self.host_of) if h == self.index]
+
+
+def parse_hosts(text: str) -> list[tuple[str, int]]:
+    """``h1:4,h2:4`` -> [(h1, 4), (h2, 4)]; a hostfile's lines ``h1 slots=4`` or ``h1:4``."""
+    out = []
+    for item in text.replace("\n", ",").split(","):
+        item = item.split("#", 1)[0].strip()
+        if not item:
+            continue
+        if "slots=" in item:
+            name, _, slots = item.partition(" slots=")
+        else:
+            name, _, slots = item.partition(":")
+        try:
+            count = int(slots.strip())
+        except ValueError:
+            raise ValueError(f"{item!r}: expected HOST:RANKS (or 'HOST slots=RANKS' in a hostfile)") from None
+        if count < 1:
+            raise ValueError(f"{item!r}: a host needs at least one rank")
+        out.append((name.strip(), count))
+    if not out:
+        raise ValueError("no hosts given")
+    return out
+
+
+def refusal(n: int, config, hosts: list[tuple[str, int]] | None = None) -> str | None:
+    """Why a job of ``n`` ranks cannot run over ``hosts`` (or ``config.emulate_hosts`` emulated
+    hosts), or None."""
+    k = len(hosts) if hosts else config.emulate_hosts
+    if k <= 1 and not hosts:
         return None
-    if k > n:
+    flag = "--hosts" if hosts else f"--emulate-hosts {k}"
+    if hosts and sum(c for _, c in hosts) != n:
+        return f"--hosts gives {sum(c for _, c in hosts)} ranks, -n {n}"
+    if not hosts and k > n:
         return f"--emulate-hosts {k}: more hosts than ranks ({n})"
     why = []
     if config.algo != "mesh":
@@ -42,12 +88,11 @@ def refusal(n: int, config) -> str | None:
     if config.registration == "pool":
         why.append("--registration pool (a pool is mapped whole, too large to carry at every barrier)")
     if config.metadata_path != "direct":
-        why.append("--metadata-path relay (one daemon cannot relay to several hosts' copies)")
+        why.append("--metadata-path relay (one daemon cannot relay to several hosts)")
     if why:
-        return f"--emulate-hosts {k} does not run with " + "; ".join(why)
+        return f"{flag} does not run with " + "; ".join(why)
     if _mpirun() is None:
-        return (f"--emulate-hosts {k} needs mpirun and mpi4py beside this Python "
-                f"(pip install 'stratacl-emu[cluster]')")
+        return f"{flag} needs mpirun and mpi4py beside this Python (pip install 'stratacl-emu[cluster]')"
     return None
 
 
@@ -55,115 +100,46 @@ def _mpirun() -> str | None:
     return shutil.which("mpirun", path=os.path.dirname(sys.executable))
 
 
-class HostControls:
-    """Every host's copy of the control segment, as one: writes go to every copy, a rank's own
-    words are read from its host's copy, the header from host 0's."""
-
-    def __init__(self, copies: list[Control], host_of: list[int]):
-        self.copies, self.host_of = copies, host_of
-        self.world, self.layout = copies[0].world, copies[0].layout
-
-    def of(self, rank: int) -> Control:
-        return self.copies[self.host_of[rank]]
-
-    def set_pid(self, rank: int, pid: int) -> None:
-        for c in self.copies:
-            c.set_pid(rank, pid)
-
-    def set_state(self, rank: int, state: int) -> None:
-        self.of(rank).set_state(rank, state)
-
-    def state(self, rank: int) -> int:
-        return self.of(rank).state(rank)
-
-    def record_failure(self, rank: int, kind: int, value: int) -> bool:
-        # on the rank's host only: its carrier tells the others (jobs/_carrier.py, serve), as
-        # it must between real hosts, where no launcher writes another host's copy
-        return self.of(rank).record_failure(rank, kind, value)
-
-    def record_shutdown(self, signum: int, kind: int | None = None) -> None:
-        for c in self.copies:
-            c.record_shutdown(signum) if kind is None else c.record_shutdown(signum, kind)
-
-    def close(self) -> None:
-        for c in self.copies[1:]:
-            c.close()
-        self.copies[0].close()
+def _loopback(name: str) -> bool:
+    try:
+        return ipaddress.ip_address(socket.gethostbyname(name)).is_loopback
+    except (OSError, ValueError):
+        return False
 
 
-class EmulatedHosts:
-    """The segments, descriptors and carriers of a job of ``n`` ranks on ``config.emulate_hosts``
-    hosts, around host 0's control segment and the ranks' HBM segments (``create``)."""
+def launch(n: int, config, target: tuple, hosts: list[tuple[str, int]] | None) -> int:
+    """Run the job through mpirun, one host launcher per host (``hosts``: real hosts; None:
+    ``config.emulate_hosts`` hosts on this machine). Returns the exit code."""
+    emulated = hosts is None
+    if emulated:
+        k = config.emulate_hosts
+        counts = [hosts_of(n, k).count(g) for g in range(k)]
+        hosts = [("localhost", c) for c in counts]
+    host_of = [g for g, (_, c) in enumerate(hosts) for _ in range(c)]
+    first = hosts[0][0]
+    # the store listens on rank 0's host: on loopback when every host is this machine, else on
+    # the address the host list names for it (docs/cluster.md, "Ports")
+    address = "127.0.0.1" if emulated or _loopback(first) else socket.gethostbyname(first)
+    env = dict(os.environ)
+    env.update(config.as_env())
+    env[HOSTJOB_ENV] = json.dumps({"n": n, "host_of": host_of, "target": list(target), "address": address,
+                                   "job": os.urandom(4).hex(), "secret": os.urandom(32).hex()})
+    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    where = ["--oversubscribe"] if emulated else ["-H", ",".join(f"{h}:1" for h, _ in hosts)]
+    exported = [a for k in sorted(env) if k.startswith(("STRATACL_", "PYTHON", "OMP_")) for a in ("-x", k)]
+    argv = [_mpirun(), *root, *where, *MPIRUN_FLAGS, *([] if emulated else exported), "-n", str(len(hosts)),
+            sys.executable, "-P", "-m", "stratacl.jobs._hostlaunch"]
+    env = {k: v for k, v in env.items() if not k.startswith(("OMPI_", "PMIX_"))}
+    p = subprocess.Popen(argv, env=env, start_new_session=True, stdin=subprocess.DEVNULL)
 
-    def __init__(self, job_id: str, n: int, config):
-        self.job_id, self.n, self.config = job_id, n, config
-        self.k = config.emulate_hosts
-        self.host_of = hosts_of(n, self.k)
-        self.ctl_fds: list[int] = []
-        self.mirror_fds: dict[tuple[int, int], int] = {}
-        self.hbm_fds: list[int] = []
-        self.carriers: subprocess.Popen | None = None
-        self._log = None
-
-    def create(self, ctl_fd: int, hbm_fds: list[int]) -> HostControls:
-        """Make the other hosts' control copies (headers as host 0's) and every mirror, all
-        named for the carriers to open (the job's names go when it ends: resources.sweep)."""
-        self.hbm_fds = hbm_fds
-        self.ctl_fds = [ctl_fd]
-        first = Control(ctl_fd, self.n)
-        copies = [first]
-        for g in range(1, self.k):
-            fd = create_named(self.job_id, control_name(g), Control.size_for(self.n))
-            self.ctl_fds.append(fd)
-            c = Control(fd, self.n)
-            c.u8[:4096] = first.u8[:4096]                # the header: job facts, written once
-            copies.append(c)
-        for g in range(self.k):
-            for r in range(self.n):
-                if self.host_of[r] != g:
-                    self.mirror_fds[g, r] = create_named(self.job_id, mirror_name(g, r), self.config.hbm_size)
-        return HostControls(copies, self.host_of)
-
-    def fds(self) -> list[int]:
-        """Every descriptor the ranks may be handed, besides host 0's control and the HBM."""
-        return [*self.ctl_fds[1:], *self.mirror_fds.values()]
-
-    def boot(self, rank: int) -> dict:
-        """What rank ``rank``'s boot record names: its host's control copy, and for each rank the
-        HBM segment (its own host's) or this host's mirror of it."""
-        g = self.host_of[rank]
-        return {"ctl": self.ctl_fds[g], "hosts": self.host_of,
-                "hbm": [self.hbm_fds[r] if self.host_of[r] == g else self.mirror_fds[g, r] for r in range(self.n)]}
-
-    def start_carriers(self, env: dict[str, str]) -> None:
-        """One carrier per host, under mpirun (its output kept for a failure's report)."""
-        chunk = self.config.chunk_size if self.config.allocator == "expandable" else 0
-        root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
-        self._log = tempfile.TemporaryFile()
-        env = {k: v for k, v in env.items() if not k.startswith(("OMPI_", "PMIX_"))}
-        self.carriers = subprocess.Popen(
-            [_mpirun(), *root, *MPIRUN_FLAGS, "-n", str(self.k), sys.executable, "-P", "-m", "stratacl.jobs._carrier",
-             self.job_id, str(self.n), str(self.k), str(chunk)],
-            env=env, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
-
-    def failed(self) -> str | None:
-        """What the carriers printed, if they ended while the job runs; None while they run."""
-        if self.carriers is None or self.carriers.poll() is None:
-            return None
-        self._log.seek(0)
-        tail = self._log.read()[-1500:].decode(errors="replace").strip()
-        return f"the hosts' carriers ended (mpirun exit {self.carriers.returncode}): {tail}"
-
-    def close(self) -> None:
-        if self.carriers is not None and self.carriers.poll() is None:
-            os.killpg(self.carriers.pid, signal.SIGTERM)
-            try:
-                self.carriers.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.carriers.pid, signal.SIGKILL)
-                self.carriers.wait()
-        if self._log is not None:
-            self._log.close()
-        for fd in [*self.ctl_fds[1:], *self.mirror_fds.values()]:
-            os.close(fd)
-        self.ctl_fds, self.mirror_fds = self.ctl_fds[:1], {}
+    def forward(signum, frame):
+        try:
+            os.killpg(p.pid, signum)
+        except ProcessLookupError:
+            pass
+    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return p.wait()
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)

@@ -25,7 +25,6 @@ its group could not hand its core to a peer with sched_yield (runtime/_sync.py).
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import pickle
@@ -45,10 +44,12 @@ from stratacl.runtime._control import (FAILED_DAEMON, FAILED_EXIT, FAILED_SIGNAL
                                        Control)
 from stratacl.runtime._segments import create_job_segments
 
-from ._hostjob import EmulatedHosts
+from ._carrier import CarrierThread
+from ._hostjob import HostPart
 
 from . import _wire
-from ._memory import MemoryReport, MemoryWatch, memory_lines, short_memory_warning
+from ._memory import MemoryWatch, short_memory_warning
+from ._outcome import JobOutcome, RankEnd
 from ._output import OutputForwarder
 from ._resources import sweep
 from ._template import Template
@@ -60,141 +61,6 @@ _OWN_GROUP = {"process_group": 0} if sys.version_info >= (3, 11) else {}
 
 # thread counts of numeric libraries a rank gets as "1" unless the user set them (_rank_env)
 RANK_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
-
-
-@dataclasses.dataclass
-class RankEnd:
-    rank: int
-    pid: int
-    returncode: int | None = None
-    ended_at: float | None = None
-    error: dict | None = None
-    result: bytes | None = None
-    killed_by_launcher: bool = False
-    hung_at: float | None = None    # when the launcher found it hung after its peers finished (_supervise)
-    hung: str = ""                  # why, in words, with its newest call
-
-    @property
-    def failed(self) -> bool:
-        return self.returncode not in (0, None) or self.error is not None or self.hung_at is not None
-
-    def how(self) -> str:
-        if self.returncode is None:
-            return "still running"
-        if self.returncode < 0:
-            try:
-                name = signal.Signals(-self.returncode).name
-            except ValueError:
-                name = f"signal {-self.returncode}"
-            return f"killed by {name}" + (" (sent by the launcher)" if self.killed_by_launcher else "")
-        return f"exit code {self.returncode}"
-
-
-@dataclasses.dataclass
-class JobOutcome:
-    job_id: str
-    ranks: list[RankEnd]
-    reason: str = ""            # '' | 'failure' | 'signal' | 'deadline' | 'daemon'
-    signal: int = 0             # the signal the launcher got; 'daemon': the daemon's returncode
-    shutdown_at: float | None = None    # when the launcher began ending the ranks still running
-    flight: dict | None = None          # a failed job's flight records, rank -> [FlightEntry] (runtime/_flight.py)
-    flight_read_at: float = 0.0         # time.monotonic() when they were read
-    memory: MemoryReport | None = None  # the ranks' memory and the OOM kill counters (_memory.py)
-
-    @property
-    def ok(self) -> bool:
-        return not self.reason and all(r.returncode == 0 and r.error is None for r in self.ranks)
-
-    @property
-    def root_cause(self) -> RankEnd | None:
-        """The first rank that failed on its own; None when the launcher ended every failed rank
-        (a signal to the launcher, or the deadline)."""
-        def on_its_own(r: RankEnd) -> bool:
-            # a rank that ended, or reported an error, once the launcher had begun ending the
-            # job failed because of the shutdown, not before it
-            t = _failed_at(r)
-            return r.failed and (self.shutdown_at is None or (t is not None and t <= self.shutdown_at))
-
-        failed = [r for r in self.ranks if on_its_own(r)]
-        if not failed:
-            return None
-        return min(failed, key=lambda r: _failed_at(r) or float("inf"))
-
-    @property
-    def exit_code(self) -> int:
-        if self.ok:
-            return 0
-        if self.reason == "signal":
-            return 128 + self.signal
-        if self.reason == "deadline":
-            return 124
-        root = self.root_cause
-        if root is not None and root.returncode and root.returncode > 0:
-            return root.returncode
-        return 1
-
-
-def _failed_at(r: RankEnd) -> float | None:
-    """When ``r`` failed: its error's time, the launcher's finding it hung, or its end."""
-    if r.error is not None:
-        return r.error.get("time", r.ended_at)
-    return r.hung_at if r.hung_at is not None else r.ended_at
-
-
-def format_failure(outcome: JobOutcome) -> str:
-    """The root-cause block printed when a job fails."""
-    bar = "=" * 72
-    lines = [bar, f"stratacl-launch: job {outcome.job_id} failed"]
-    if outcome.reason == "signal":
-        lines.append(f"  the launcher received {signal.Signals(outcome.signal).name} and shut the job down")
-    elif outcome.reason == "deadline":
-        lines.append("  the job ran past its deadline (--deadline / STRATACL_DEADLINE) and was ended")
-    elif outcome.reason == "daemon":
-        how = RankEnd(-1, 0, outcome.signal).how()
-        lines.append(f"  its bootstrap daemon ended ({how}) while the ranks ran; without it nothing cleans up "
-                     f"after a launcher that dies, so the job was ended")
-    root = outcome.root_cause
-    if root is not None:
-        lines += ["Root cause (first failure):",
-                  f"  rank      : {root.rank} (pid {root.pid})",
-                  f"  ended by  : {root.how()}"]
-        if root.hung:
-            lines.append(f"  hung      : {root.hung}")
-        lines += memory_lines(root.rank, root.returncode, root.killed_by_launcher, outcome.memory)
-        if root.error:
-            lines.append(f"  error     : {root.error['type']}: {root.error['message']}")
-            lines.append("  traceback :")
-            lines += ["    " + ln for ln in root.error["traceback"].rstrip().splitlines()]
-        elif root.hung:
-            lines.append("  traceback : (none: the launcher ended it while it hung)")
-        else:
-            lines.append("  traceback : (none: the process did not get to report one)")
-    others = [r for r in outcome.ranks if r.failed and r is not root]
-    if others:
-        lines.append("Other ranks:" if root is not None else "Ranks:")
-        for r in others:
-            msg = f": {r.error['type']}: {r.error['message'].splitlines()[0] if r.error['message'] else ''}" \
-                if r.error else ""
-            lines.append(f"  rank {r.rank}: {r.how()}{msg}")
-    lines += _flight_lines(outcome)
-    lines.append(bar)
-    return "\n".join(lines)
-
-
-def _flight_lines(outcome: JobOutcome) -> list[str]:
-    """The flight recorder's part of the root-cause block: each rank's newest call
-    and its state, then the ranks behind the others or in another operation."""
-    records = outcome.flight or {}
-    if not any(records.values()):
-        return []
-    lines = ["Flight recorder (each rank's newest call):"]
-    for rank, recs in sorted(records.items()):
-        lines.append(f"  rank {rank}: " + (recs[-1].describe(outcome.flight_read_at) if recs else "no call"))
-    odd = _flight.stragglers(records, len(outcome.ranks))
-    if odd:
-        lines.append("  so:")
-        lines += [f"  - {line}" for line in odd]
-    return lines
 
 
 def _free_port() -> int:
@@ -209,20 +75,28 @@ class Job:
     | ('spawn', payload)."""
 
     def __init__(self, nprocs: int, config: Config, target: tuple, handle_signals: bool = False,
-                 extra_env: dict[str, str] | None = None, start_method: str = "fork"):
+                 extra_env: dict[str, str] | None = None, start_method: str = "fork", part: HostPart | None = None,
+                 job_id: str | None = None, secret: str | None = None):
         if nprocs < 1:
             raise ValueError(f"need at least one rank, got {nprocs}")
         self.n, self.config, self.target = nprocs, config, target
+        # a job over hosts (_hostjob.py): this launcher runs this host's part, its ranks only
+        self.part = part
+        self.ranks = part.ranks if part is not None else list(range(nprocs))
         self.handle_signals = handle_signals
         self.extra_env = extra_env or {}
         if start_method not in ("fork", "spawn"):
             raise ValueError(f"start_method is 'fork' (from the rank template) or 'spawn', not {start_method!r}")
         self.start_method = start_method
-        self.job_id = secrets.token_hex(4)
+        self.job_id = job_id or secrets.token_hex(4)
+        if part is not None:
+            self.job_id += f"h{part.index}"         # each host's names and plans its own
         self._signal = 0
         self._master_port = _free_port()
         # the job's store (stratacl/torch/_store.py): only a process that holds the secret gets in
-        self._secret = secrets.token_hex(32)
+        self._secret = secret or secrets.token_hex(32)
+        self._store_address = "127.0.0.1"
+        self._carrier = None
         self._store: socket.socket | None = None
         self._interactive = os.isatty(1)
 
@@ -240,12 +114,12 @@ class Job:
         env.update({
             "STRATACL_JOB_ID": self.job_id, "STRATACL_WORLD_SIZE": str(self.n),
             "STRATACL_LAUNCHER_PID": str(os.getpid()), "WORLD_SIZE": str(self.n),
-            "LOCAL_WORLD_SIZE": str(self.n),
+            "LOCAL_WORLD_SIZE": str(len(self.ranks)),
             # what torch.distributed's env:// rendezvous reads, as torchrun sets it: rank 0 serves
             # the TCPStore on this port (a port free when the job started)
-            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(self._master_port),
+            "MASTER_ADDR": self._store_address, "MASTER_PORT": str(self._master_port),
             "STRATACL_JOB_SECRET": self._secret,
-            "STRATACL_STORE": "127.0.0.1:%d" % self._store.getsockname()[1],
+            "STRATACL_STORE": "%s:%d" % (self._store_address, self._store_port),
         })
         if self.config.tag_output or self._interactive:
             # a rank's stdout is a pipe, which Python buffers in blocks: unbuffered, each line
@@ -257,7 +131,7 @@ class Job:
     def _rank_env(self, common: dict[str, str], rank: int, boot: dict) -> dict[str, str]:
         env = dict(common)
         env.update({"STRATACL_RANK": str(rank), "STRATACL_BOOT": json.dumps(boot), "RANK": str(rank),
-                    "LOCAL_RANK": str(rank)})
+                    "LOCAL_RANK": str(self.ranks.index(rank))})
         return env
 
     def _target_argv(self) -> list[str]:
@@ -273,14 +147,21 @@ class Job:
 
     def run(self) -> JobOutcome:
         _raise_descriptor_limit(self.n)
-        hosts = EmulatedHosts(self.job_id, self.n, self.config) if self.config.emulate_hosts > 1 else None
-        # across emulated hosts the carriers open the segments by name (_hostjob.py)
-        ctl_fd, hbm_fds = create_job_segments(self.job_id, self.n, self.config, keep_names=hosts is not None)
-        ctl = Control(ctl_fd, self.n) if hosts is None else hosts.create(ctl_fd, hbm_fds)
-        job_fds = [ctl_fd, *hbm_fds, *(hosts.fds() if hosts is not None else [])]
-        # loopback only, listening before any rank starts: a rank's connect never races rank 0
-        self._store = socket.create_server(("127.0.0.1", 0), backlog=max(128, self.n))
-        store_fd = self._store.fileno()
+        part = self.part
+        # over hosts, the HBM segment of a rank of another host is this host's mirror of it
+        ctl_fd, hbm_fds = create_job_segments(self.job_id, self.n, self.config)
+        ctl = Control(ctl_fd, self.n)
+        job_fds = [ctl_fd, *hbm_fds]
+        # loopback only (over hosts: rank 0's host, on the interface the host list names),
+        # listening before any rank starts: a rank's connect never races rank 0
+        if part is None or part.index == 0:
+            self._store_address = "127.0.0.1" if part is None else part.address
+            self._store = socket.create_server((self._store_address, 0), backlog=max(128, self.n))
+            self._store_port = self._store.getsockname()[1]
+        if part is not None:
+            self._store_address, self._store_port, self._master_port = part.comm.bcast(
+                (self._store_address, getattr(self, "_store_port", 0), self._master_port), root=0)
+        store_fd = self._store.fileno() if self._store is not None else -1
         pipe_r, pipe_w = os.pipe()
         procs: list[subprocess.Popen] = []
         socks: list[socket.socket] = []
@@ -306,7 +187,8 @@ class Job:
             stdin = subprocess.DEVNULL if os.isatty(0) else None
             common = self._common_env()
             template = Template() if self.start_method == "fork" else None
-            if template is not None and not template.start(common, [*job_fds, store_fd], stdin):
+            if template is not None and not template.start(common, [*job_fds, *([store_fd] if store_fd >= 0 else [])],
+                                                           stdin):
                 print(f"stratacl-launch: ranks are spawned, not forked from a template: {template.why}",
                       file=sys.stderr, flush=True)
                 template = None
@@ -323,11 +205,11 @@ class Job:
                 ctl.set_pid(rank, p.pid)
                 watch.note(rank, p.pid)
 
-            for rank in range(self.n):
+            for rank in self.ranks:
                 mine, theirs = socket.socketpair()
                 boot = {"ctl": ctl_fd, "hbm": hbm_fds, "report": theirs.fileno(), "store": store_fd}
-                if hosts is not None:
-                    boot.update(hosts.boot(rank))
+                if part is not None:
+                    boot["hosts"] = part.host_of
                 # pipes of the rank's own: in one shared pipe, lines written in pieces interleave
                 out_r, out_w = os.pipe()
                 err_r, err_w = os.pipe()
@@ -347,7 +229,8 @@ class Job:
                         take_forked()
                     continue
                 try:
-                    p = subprocess.Popen(self._argv(), env=env, pass_fds=(*job_fds, store_fd, closing[0]),
+                    p = subprocess.Popen(self._argv(), env=env,
+                                         pass_fds=(*job_fds, *([store_fd] if store_fd >= 0 else []), closing[0]),
                                          **_OWN_GROUP, stdin=stdin, stdout=out_w, stderr=err_w)
                 finally:
                     for fd in closing:
@@ -365,13 +248,13 @@ class Job:
                     for fd in closing:
                         os.close(fd)
                 raise
-            if hosts is not None:
-                hosts.start_carriers(common)
+            if part is not None:
+                self._carrier = CarrierThread(part, ctl, hbm_fds, self.config)
             if self.target[0] == "spawn":
                 threading.Thread(target=_send_payload, args=(socks, self.target[1:]), daemon=True).start()
             # the launcher keeps the HBM descriptors until the end: their size on disk is what
             # the job's HBM holds (MemoryWatch)
-            return self._supervise(ctl, procs, socks, daemon, watch, hbm_fds, hosts)
+            return self._supervise(ctl, procs, socks, daemon, watch, hbm_fds)
         finally:
             for p in procs:
                 if p.poll() is None:
@@ -379,8 +262,8 @@ class Job:
                     p.wait()
             if template is not None:
                 template.close()
-            if hosts is not None:
-                hosts.close()
+            if self._carrier is not None:
+                self._carrier.stop()
             # the ranks are gone, but their last lines may still sit in the pipes: forward them
             # before returning (a process the rank left behind may hold a pipe open, so bounded)
             output.finish(timeout=10)
@@ -397,7 +280,8 @@ class Job:
                     daemon.wait()
             for fd in hbm_fds:
                 os.close(fd)
-            self._store.close()
+            if self._store is not None:
+                self._store.close()
             ctl.close()
             os.close(ctl_fd)
             sweep(self.job_id)
@@ -409,10 +293,13 @@ class Job:
 
     # --- supervise --------------------------------------------------------------------------
     def _supervise(self, ctl: Control, procs: list[subprocess.Popen], socks: list[socket.socket],
-                   daemon: subprocess.Popen, watch: MemoryWatch, hbm_fds: list[int],
-                   hosts: EmulatedHosts | None = None) -> JobOutcome:
-        ends = [RankEnd(r, p.pid) for r, p in enumerate(procs)]
+                   daemon: subprocess.Popen, watch: MemoryWatch, hbm_fds: list[int]) -> JobOutcome:
+        ends = [RankEnd(r, p.pid) for r, p in zip(self.ranks, procs)]
         outcome = JobOutcome(self.job_id, ends)
+        if self.part is not None:
+            k = max(self.part.host_of) + 1
+            outcome.part = (f"host {self.part.index} of {k}: ranks {self.ranks[0]}..{self.ranks[-1]} of {self.n} "
+                            f"(each host's launcher reports its own ranks)")
         sel = selectors.DefaultSelector()
         readers = {}
         for r, s in enumerate(socks):
@@ -441,9 +328,9 @@ class Job:
                     elif kind == "result":
                         ends[r].result = body
             now = time.monotonic()
-            for r, p in enumerate(procs):
-                if ends[r].returncode is None and p.poll() is not None:
-                    e = ends[r]
+            for i, p in enumerate(procs):
+                if ends[i].returncode is None and p.poll() is not None:
+                    e, r = ends[i], ends[i].rank
                     e.returncode, e.ended_at = p.returncode, now
                     if p.returncode != 0:
                         ctl.set_state(r, STATE_DEAD)
@@ -463,7 +350,8 @@ class Job:
                     self._terminate(procs, ends, signal.SIGTERM)
             if watch.due(now) or failed_at == now:
                 # also at the first failure: what the job held when a rank died (its HBM stays)
-                watch.sample({r: p.pid for r, p in enumerate(procs) if ends[r].returncode is None}, hbm_fds)
+                watch.sample({e.rank: p.pid for e, p in zip(ends, procs) if e.returncode is None},
+                             [hbm_fds[r] for r in self.ranks])
             if all(e.returncode is not None for e in ends):
                 # drain what the last ranks wrote before they exited
                 for key in list(sel.get_map().values()):
@@ -480,11 +368,11 @@ class Job:
                 outcome.reason, outcome.signal = "daemon", daemon.returncode
                 ctl.record_shutdown(daemon.returncode, FAILED_DAEMON)
                 failed_at = outcome.shutdown_at = now
-            if failed_at is None and term_at is None and hosts is not None and (why := hosts.failed()):
+            if failed_at is None and term_at is None and self._carrier is not None and self._carrier.error:
                 # no barrier across hosts can complete: as when the daemon ends
-                print(f"stratacl-launch: {why}", file=sys.stderr, flush=True)
-                outcome.reason, outcome.signal = "daemon", hosts.carriers.returncode
-                ctl.record_shutdown(hosts.carriers.returncode, FAILED_DAEMON)
+                print(f"stratacl-launch: the host's carrier failed: {self._carrier.error}", file=sys.stderr, flush=True)
+                outcome.reason, outcome.signal = "daemon", 1
+                ctl.record_shutdown(1, FAILED_DAEMON)
                 failed_at = outcome.shutdown_at = now
             deadline = self.config.deadline
             if deadline and term_at is None and now - started > deadline:
@@ -501,7 +389,8 @@ class Job:
         sel.close()
         outcome.memory = watch.report()
         if not outcome.ok:
-            outcome.flight, outcome.flight_read_at = _flight.read_all(ctl), time.monotonic()
+            outcome.flight = {r: _flight.read(ctl, r) for r in self.ranks}
+            outcome.flight_read_at = time.monotonic()
         return outcome
 
     def _hung_after_peers(self, ctl: Control, ends: list[RankEnd], now: float) -> RankEnd | None:

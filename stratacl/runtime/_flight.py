@@ -10,7 +10,7 @@ per barrier. The slot holding a communicator's barrier counter lists its members
 (Layout.slot_members), so that entries name world ranks.
 
 Whoever maps the segment can read it, also after a rank died or hung; the launcher does when
-a job fails (jobs/_supervisor.py, format_failure). A collective's state follows from its
+a job fails (jobs/_outcome.py, format_failure). A collective's state follows from its
 barrier numbers and the communicator's barrier counter (barrier k has completed once the
 counter reaches k x size):
 
@@ -206,10 +206,12 @@ def stragglers(records: dict[int, list[FlightEntry]], world: int) -> list[str]:
                     lines.append(f"rank(s) {ranks} entered {op} as {where}, where rank(s) {sorted(ops[majority])} "
                                  f"entered {majority}")
         behind = sorted(r for r, e in last.items() if e.call < top)
+        # a rank whose records are not here (one on another host, jobs/_hostjob.py) is not
+        # said to have made no call: nothing is known of it
         if size == world:
-            behind += [r for r in range(world) if r not in last]
+            behind += [r for r in range(world) if r not in last and r in records]
         elif members is not None:
-            behind += [r for r in members if r not in last]
+            behind += [r for r in members if r not in last and r in records]
         elif len(last) < size:
             # the communicator's slot did not list its members (its index 0 never made it)
             silent = size - len(last)

@@ -135,7 +135,13 @@ refusals = {"split": refused(lambda: comm.split(me % 2)),
 comm.barrier()
 
 job = os.environ["STRATACL_JOB_ID"]
-with open("/proc/self/maps") as f:      # the job's segments this rank mapped, by name (deleted or not)
-    maps = {line.split(f"stratacl-{job}-", 1)[1].split()[0] for line in f if f"stratacl-{job}-" in line}
-emit(checks=checks, clocks=clocks, refusals=refusals, maps=sorted(maps))
+mapped, own = set(), None               # the shared-memory files this rank mapped (their inodes), its HBM's
+with open("/proc/self/maps") as f:
+    for line in f:
+        if "/dev/shm/stratacl-" in line:
+            inode, name = int(line.split()[4]), line.split("/dev/shm/", 1)[1].split()[0]
+            mapped.add(inode)
+            if name == f"stratacl-{job}-hbm-{me}":
+                own = inode
+emit(checks=checks, clocks=clocks, refusals=refusals, mapped=sorted(mapped), own=own)
 stratacl.finalize()

@@ -1,0 +1,43 @@
+"""One host's launcher in a job over hosts (jobs/_hostjob.py): an MPI process, started by
+mpirun, that runs this host's ranks as ``stratacl-launch`` runs a job, and its carrier.
+
+    python -m stratacl.jobs._hostlaunch        (STRATACL_HOSTJOB: the job, from stratacl-launch)
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+
+def main() -> int:
+    from mpi4py import MPI
+
+    from stratacl._config import Config
+    from stratacl.jobs._hostjob import HOSTJOB_ENV, HostPart
+    from stratacl.jobs._outcome import format_failure
+    from stratacl.jobs._supervisor import Job
+    job = json.loads(os.environ.pop(HOSTJOB_ENV))
+    comm = MPI.COMM_WORLD
+    ending = comm.Dup()                 # the hosts' last meeting, apart from the carriers' traffic
+    part = HostPart(comm.rank, job["host_of"], comm, job["address"])
+    target = tuple(job["target"])
+    config = Config()
+    outcome = Job(job["n"], config, target, handle_signals=True, part=part, job_id=job["job"],
+                  secret=job["secret"]).run()
+    if not outcome.ok:
+        print(format_failure(outcome), file=sys.stderr, flush=True)
+    # every host's launcher reports before any leaves: a launcher that exits with an error makes
+    # mpirun end the others, which may not have printed their part yet. Bounded: a host whose
+    # launcher is gone for good does not hold the others.
+    req, end = ending.Ibarrier(), time.monotonic() + 2 * config.grace + 10
+    while not req.Test() and time.monotonic() < end:
+        time.sleep(0.01)
+    return outcome.exit_code
+
+
+if __name__ == "__main__":
+    # mpi4py finalizes MPI at exit (a barrier exchange a failed job left in flight does not hold
+    # it); a non-zero code makes mpirun end the job and say which host's launcher failed first
+    sys.exit(main())
