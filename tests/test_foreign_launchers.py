@@ -206,12 +206,12 @@ def test_rank_0_serves_the_store_until_the_other_ranks_have_left():
     assert _reports(run.stdout) == {r: {"rank": r, "got": ["0", "1", "2"]} for r in range(3)}, run.stdout
 
 
-def test_an_outsider_is_refused_by_the_job_store_and_the_job_stays_exact(tmp_path):
+def test_an_outsider_is_refused_by_the_job_store_and_the_job_stays_exact(tmp_path, hosts=()):
     launch = os.path.join(os.path.dirname(sys.executable), "stratacl-launch")
     env = _env("")
     env.pop(TAG)
     errors = open(tmp_path / "stderr", "w+")
-    proc = subprocess.Popen([launch, "-n", "3", "--tag-output", os.path.join(SCRIPTS, "store_outsider.py")],
+    proc = subprocess.Popen([launch, "-n", "3", *hosts, "--tag-output", os.path.join(SCRIPTS, "store_outsider.py")],
                             env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors, text=True)
     try:
         lines = []

@@ -130,7 +130,8 @@ def launch(n: int, config, target: tuple, hosts: list[tuple[str, int]] | None) -
     argv = [_mpirun(), *root, *where, *MPIRUN_FLAGS, *([] if emulated else exported), "-n", str(len(hosts)),
             sys.executable, "-P", "-m", "stratacl.jobs._hostlaunch"]
     env = {k: v for k, v in env.items() if not k.startswith(("OMPI_", "PMIX_"))}
-    p = subprocess.Popen(argv, env=env, start_new_session=True, stdin=subprocess.DEVNULL)
+    # mpirun hands this stdin to host 0's launcher, whose ranks inherit it as on one host
+    p = subprocess.Popen(argv, env=env, start_new_session=True)
 
     def forward(signum, frame):
         try:

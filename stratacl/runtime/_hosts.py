@@ -38,12 +38,14 @@ class HostMap:
     def spans(self, members: list[int]) -> bool:
         return self.host_of is not None and len({self.host_of[m] for m in members}) > 1
 
-    def barrier_words(self, members: list[int]) -> tuple[int | None, int]:
+    def barrier_words(self, members: list[int], slots) -> tuple[int | None, int]:
         """(members on this host, the carrier's barrier word) for a communicator of
-        ``members`` (world ranks); (None, 0) when it is on this host alone."""
+        ``members`` (world ranks) in their control-segment ``slots``; (None, 0) when it is on
+        this host alone. Only the world communicator (every rank, slot 0) is carried: another
+        one, even of every rank, has slots of its own that the carriers do not trade."""
         if not self.spans(members):
             return None, 0
-        if list(members) != list(range(self.world)):
+        if list(members) != list(range(self.world)) or any(slots):
             raise NotImplementedError(
                 f"a communicator of ranks {members[:8]}{'...' if len(members) > 8 else ''} spans hosts "
                 f"{sorted({self.host_of[m] for m in members})}: across hosts only the world communicator is "

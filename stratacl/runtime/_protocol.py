@@ -145,7 +145,7 @@ class Protocol:
         cx[_native.CX_CTL] = base
         # across hosts (jobs/_carrier.py): the counter counts this host's members, and the host's
         # carrier completes the barrier; a communicator within one host never involves it
-        local, carrier = rt.hosts.barrier_words(members)
+        local, carrier = rt.hosts.barrier_words(members, slots)
         cx[_native.CX_LOCAL_N], cx[_native.CX_CARRIER] = n if local is None else local, carrier
         self.carried = bool(carrier)     # the barriers of this communicator cross hosts
         cx[_native.CX_DESC:] = desc_addrs
