@@ -55,12 +55,15 @@ def test_every_collective_and_send_recv_across_two_hosts_are_exact_with_the_sing
             assert (a[q]["own"] in a[r]["mapped"]) == (q * K // N == host), (r, q)
             assert t[q]["own"] in t[r]["mapped"], (r, q)
         far = (r + N // 2) % N
-        assert a[r]["refusals"]["split"].startswith(f"a communicator of ranks {list(range(r % 2, N, 2))} spans "
-                                                    f"hosts [0, 1]: across hosts only the world communicator")
+        half, peer = r // 2, (r // 2 + 2) % 4                   # ranks in the split of r % 2
+        assert a[r]["refusals"]["send on a split"] == (
+            f"{'send' if half < 2 else 'recv'}: rank {r} (host {host}) and rank {2 * peer + r % 2} "
+            f"(host {1 - host}) are on different hosts, and point-to-point calls on a communicator other than "
+            f"the world are not carried across hosts yet")
         assert a[r]["refusals"]["get"] == (
             f"shmem.get: rank {r} (host {host}) and rank {far} (host {1 - host}) are on different hosts, and "
             f"one-sided calls are not carried across hosts yet")
-        assert t[r]["refusals"] == {"split": None, "get": None}
+        assert t[r]["refusals"] == {"send on a split": None, "get": None}
     assert not [n for n in os.listdir("/dev/shm") if n.startswith("stratacl-")]
     assert not _carriers_left()
 

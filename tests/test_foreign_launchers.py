@@ -206,7 +206,9 @@ def test_rank_0_serves_the_store_until_the_other_ranks_have_left():
     assert _reports(run.stdout) == {r: {"rank": r, "got": ["0", "1", "2"]} for r in range(3)}, run.stdout
 
 
-def test_an_outsider_is_refused_by_the_job_store_and_the_job_stays_exact(tmp_path, hosts=()):
+@pytest.mark.parametrize("hosts", [[], ["--emulate-hosts", "2"]], ids=["one host", "two emulated hosts"])
+def test_an_outsider_is_refused_by_the_job_store_and_the_job_stays_exact(tmp_path, hosts):
+    # over hosts, rank 0's host launcher serves the store (jobs/_hostjob.py), on loopback here
     launch = os.path.join(os.path.dirname(sys.executable), "stratacl-launch")
     env = _env("")
     env.pop(TAG)

@@ -29,6 +29,7 @@ order (they are collective over ``comm``), and ``close`` once at the end.
 """
 from __future__ import annotations
 
+import time
 from typing import Iterable, Mapping, Sequence
 
 import numpy as np
@@ -69,6 +70,7 @@ class Carrier:
         for table in comm.allgather({r: MPI.Get_address(a) for r, a in self._local.items()}):
             self._at.update(table)
         self.moved = 0                                # bytes read from other hosts, ever
+        self.outstanding: list = []                   # serve's sends in flight (their buffers)
 
     def _bytes(self, buf, what: str) -> np.ndarray:
         a = np.frombuffer(buf, np.uint8)
@@ -153,7 +155,7 @@ class Carrier:
 
 
 # --- a host's carrier process in a job (python -m stratacl.jobs._carrier, under mpirun) -------
-TAG_SEND, TAG_DONE, TAG_FAILED = 11, 12, 13        # carrier-to-carrier messages (serve)
+TAG_SEND, TAG_DONE, TAG_FAILED, TAG_BLOCK = 11, 12, 13, 14   # carrier-to-carrier messages (serve)
 POLL_S = 0.001                                      # how often an idle carrier calls into MPI
 
 
@@ -166,9 +168,23 @@ class _Words:
         lay = ctl.layout
         self.ctl, self.lay = ctl, lay
         self.slot = [lay.slot(r, 0) for r in range(ctl.world)]
-        self.own = [(o + Layout.SLOT_ARRIVAL, o + lay.slot_bytes) for o in self.slot]   # all but counter, gen
-        self.gen = ctl.base + self.slot[0] + Layout.SLOT_GEN
+        self._arrival, self._gen = Layout.SLOT_ARRIVAL, Layout.SLOT_GEN
         self._p2p_desc = P2P_DESC
+
+    def own(self, r: int, slot: int) -> slice:       # r's words in its slot: all but counter, gen
+        at = self.lay.slot(r, slot)
+        return slice(at + self._arrival, at + self.lay.slot_bytes)
+
+    def gen(self, r: int, slot: int) -> int:         # the generation word of the communicator whose
+        return self.ctl.base + self.lay.slot(r, slot) + self._gen     # member 0 is r, in its slot
+
+    def card(self, r: int, slot: int) -> tuple[list[int], list[int]]:
+        """The members (world ranks) and their slots of the communicator in r's ``slot``."""
+        at = self.lay.slot(r, slot)
+        i32 = self.ctl.i32
+        n = int(i32[(at + self.lay.slot_members()) // 4])
+        members = i32[(at + self.lay.slot_members()) // 4 + 1:][:n].tolist()
+        return members, i32[(at + self.lay.slot_slots()) // 4:][:n].tolist()
 
     def send_seq(self, a: int, b: int) -> int:      # a's announcement of its send to b (u32)
         from stratacl.runtime._control import Layout
@@ -204,10 +220,12 @@ def serve(ctl, carrier: Carrier, chunk: int, table_offset: int, slice_start, sto
     time, asleep on the host's bell between them (and calling into MPI every POLL_S, which is
     how other carriers' reads of this host progress):
 
-    - barrier k of the world communicator, once the host's ranks all arrived (H_CARRIER):
-      trade their slot words with every host (a non-blocking all-gather), read the segments
-      the far ranks' descriptors name into the mirrors (one fenced epoch), set the barrier's
-      generation word;
+    - barrier k of a communicator spanning hosts, once its members on this host all arrived
+      (an entry in the host's queue, H_CARRIER, naming the member that arrived last and its
+      slot, whose card lists the members and their slots): send their slot words to every
+      other host in the communicator, and once every such host's have come, write them here,
+      read the segments the far members' descriptors name into the mirrors (passive-target
+      reads), set the barrier's generation word;
     - a send from a rank here to a far rank (its sequence word moved): the descriptor and the
       number go to the receiver's carrier, which reads the sender's segment into its mirror
       before it announces the send to the receiver; the receiver's answer (done word, status)
@@ -220,25 +238,25 @@ def serve(ctl, carrier: Carrier, chunk: int, table_offset: int, slice_start, sto
     from stratacl.runtime._control import F_NBYTES, F_SEG_OFF, F_SEG_SIZE, F_SEG_VA, H_CARRIER, H_CARRIER_BELL
     from stratacl.runtime._control import F_AUX1, F_CALL, STATE_DEAD
     from stratacl.ub._registration import RegistrationUnit
+    from collections import deque
+
+    from stratacl.runtime._control import CARRIER_QUEUE, COMM_SLOTS
     comm = carrier.comm
     world, lay, host, host_of = ctl.world, ctl.layout, carrier.host, carrier.host_of
     mine = [r for r in range(world) if host_of[r] == host]
     far = [r for r in range(world) if host_of[r] != host]
     w = _Words(ctl)
-    k_word, bell = ctl.base + H_CARRIER, ctl.base + H_CARRIER_BELL
-    span = w.own[0][1] - w.own[0][0]
-    width = max(sum(h == g for h in host_of) for g in set(host_of)) * span
+    queue, bell = ctl.base + H_CARRIER, ctl.base + H_CARRIER_BELL
     table_bytes = RegistrationUnit.table_bytes(slice_start(1) - slice_start(0), chunk) if chunk else 0
 
-    def segment_wants(r: int, d: np.ndarray, passive: bool) -> list:
+    def segment_wants(r: int, d: np.ndarray) -> list:
         va, size, off = int(d[F_SEG_VA]), int(d[F_SEG_SIZE]), int(d[F_SEG_OFF])
         if not int(d[F_NBYTES]) or not size:
             return []
         if not chunk:
             return [(r, off, size)]
         table = carrier.mirror(r)[table_offset:table_offset + table_bytes].view(np.int64)
-        if passive:
-            carrier.read([(r, table_offset, table_bytes)])
+        carrier.read([(r, table_offset, table_bytes)])
         out = []
         for c in range(va, va + size, chunk):
             at = int(table[(c - slice_start(r)) // chunk]) - 1
@@ -252,42 +270,49 @@ def serve(ctl, carrier: Carrier, chunk: int, table_offset: int, slice_start, sto
     sent = ctl.u32[seq_at].copy() if pairs else np.zeros(0, np.uint32)
     answered = ctl.u32[done_at].copy() if pairs else np.zeros(0, np.uint32)
     failure_known = ctl.failure() is not None
-    done_k, pending = 0, None
+    head = _native.load_u64(queue + 8)
+    waiting: dict[tuple, deque] = {}     # communicator -> its barriers handed here, oldest first
+    inbox: dict[tuple, int] = {}         # (communicator, host) -> its arrivals not yet used here
+    # isend requests not known complete: each holds the buffer MPI sends from, so it must live
+    # until then, also past the loop (the carrier keeps what is left: Carrier.outstanding)
+    sending: list = carrier.outstanding
     status = MPI.Status()
     while not stop():
         seen = _native.load_u32(bell)
         busy = False
-        # a barrier of the world communicator
-        k = _native.load_u32(k_word)
-        if k != done_k and pending is None:
-            block = np.zeros(width, np.uint8)
-            at = 0
-            for r in mine:
-                a, b = w.own[r]
-                block[at:at + b - a] = ctl.u8[a:b]
-                at += b - a
-            pending = carrier.start_exchange(block)
+        # barriers whose members here have all arrived
+        while head != _native.load_u64(queue):
+            entry = queue + 64 + 8 * (head % CARRIER_QUEUE)
+            v = _native.load_u64(entry)
+            if not v:
+                break                    # its place taken, not written yet
+            _native.store_u64(entry, 0)
+            head += 1
+            _native.store_u64(queue + 8, head)
+            r, slot = divmod((v >> 32) - 1, COMM_SLOTS)
+            members, slots = w.card(r, slot)
+            key = (members[0], slots[0])
+            block = b"".join(bytes(ctl.u8[w.own(m, sl)]) for m, sl in zip(members, slots) if host_of[m] == host)
+            hosts = sorted({host_of[m] for m in members} - {host})
+            sending += [comm.isend((members, slots, block), dest=g, tag=TAG_BLOCK) for g in hosts]
+            waiting.setdefault(key, deque()).append((v & 0xFFFFFFFF, members, slots, hosts))
             busy = True
-        if pending is not None and pending[0].Test():
-            got = pending[1]
-            for g in range(comm.size):
-                if g == host:
-                    continue
-                at = 0
-                for r in (q for q in range(world) if host_of[q] == g):
-                    a, b = w.own[r]
-                    ctl.u8[a:b] = got[g, at:at + b - a]
-                    at += b - a
-            if chunk:
-                carrier.refresh([(r, table_offset, table_bytes) for r in far])
-            wants = []
-            for r in far:
-                descs = [w.descriptor(lay.slot(r, 0) + lay.slot_desc(p)) for p in (0, 1)]
-                wants += segment_wants(r, max(descs, key=lambda x: int(x[F_CALL])), passive=False)
-            carrier.refresh(wants)
-            _native.store_u32(w.gen, k)
-            _native.futex_wake(w.gen, 2**31 - 1)
-            done_k, pending, busy = k, None, True
+        for key, barriers in waiting.items():
+            while barriers and all(inbox.get((key, g)) for g in barriers[0][3]):
+                k, members, slots, hosts = barriers.popleft()
+                for g in hosts:
+                    inbox[key, g] -= 1
+                wants = []
+                for m, sl in zip(members, slots):
+                    if host_of[m] != host:
+                        descs = [w.descriptor(lay.slot(m, sl) + lay.slot_desc(p)) for p in (0, 1)]
+                        wants += segment_wants(m, max(descs, key=lambda x: int(x[F_CALL])))
+                carrier.read(wants)
+                gen = w.gen(members[0], slots[0])
+                _native.store_u32(gen, k)
+                _native.futex_wake(gen, 2**31 - 1)
+                busy = True
+        sending[:] = [q for q in sending if not q.Test()]
         # sends and answers of ranks here to far ranks
         if pairs:
             now_sent, now_answered = ctl.u32[seq_at], ctl.u32[done_at]
@@ -310,11 +335,25 @@ def serve(ctl, carrier: Carrier, chunk: int, table_offset: int, slice_start, sto
         # what other carriers sent
         while comm.Iprobe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=status):
             tag, msg = status.Get_tag(), comm.recv(source=status.Get_source(), tag=status.Get_tag())
-            if tag == TAG_SEND:
+            if tag == TAG_BLOCK:
+                # another host's members arrived: their words are written here at once, in
+                # order with everything else that host sent (a send announced after the
+                # barrier comes after them), as one host's memory would show them; the
+                # barrier completes here once this host's members arrived too
+                members, slots, block = msg
+                at, g = 0, status.Get_source()
+                for m, sl in zip(members, slots):
+                    if host_of[m] == g:
+                        own = w.own(m, sl)
+                        ctl.u8[own] = np.frombuffer(block, np.uint8, own.stop - own.start, at)
+                        at += own.stop - own.start
+                key = (members[0], slots[0])
+                inbox[key, g] = inbox.get((key, g), 0) + 1
+            elif tag == TAG_SEND:
                 a, b, seq, d, why = msg
                 w.descriptor(w.send_desc(a, b))[:] = d
                 ctl.u8[w.send_reason(a, b)] = np.frombuffer(why, np.uint8)
-                carrier.read(segment_wants(a, d, passive=True))
+                carrier.read(segment_wants(a, d))
                 _native.store_u32(ctl.base + w.send_seq(a, b), seq)
                 _native.futex_wake(ctl.base + w.send_seq(a, b), 2**31 - 1)
             elif tag == TAG_DONE:
@@ -338,6 +377,10 @@ def serve(ctl, carrier: Carrier, chunk: int, table_offset: int, slice_start, sto
                     comm.send(f, dest=g, tag=TAG_FAILED)
         if not busy:
             _native.futex_wait(bell, seen, POLL_S)
+    end = time.monotonic() + 5           # stopping: let the last blocks leave (bounded)
+    while sending and time.monotonic() < end:
+        sending[:] = [q for q in sending if not q.Test()]
+        time.sleep(0.001)
 
 
 class CarrierThread:

@@ -24,8 +24,10 @@ def main() -> int:
     part = HostPart(comm.rank, job["host_of"], comm, job["address"])
     target = tuple(job["target"])
     config = Config()
-    outcome = Job(job["n"], config, target, handle_signals=True, part=part, job_id=job["job"],
-                  secret=job["secret"]).run()
+    # the job (its carrier's window over this host's segments) lives until every host is done:
+    # another host's carrier may still read them
+    run = Job(job["n"], config, target, handle_signals=True, part=part, job_id=job["job"], secret=job["secret"])
+    outcome = run.run()
     if not outcome.ok:
         print(format_failure(outcome), file=sys.stderr, flush=True)
     # every host's launcher reports before any leaves: a launcher that exits with an error makes
@@ -34,6 +36,7 @@ def main() -> int:
     req, end = ending.Ibarrier(), time.monotonic() + 2 * config.grace + 10
     while not req.Test() and time.monotonic() < end:
         time.sleep(0.01)
+    del run
     return outcome.exit_code
 
 

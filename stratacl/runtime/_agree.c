@@ -21,29 +21,39 @@
 
 #include "_native.h"
 
+/* Hand barrier k of the communicator `cx` to the host's carrier: take a place in its queue
+ * (u64 tail, u64 head, CARRIER_QUEUE entries: runtime/_control.py, H_CARRIER), wait (yielding)
+ * while the queue is full, write the entry, ring. */
+static void carrier_post(const int64_t *cx, uint64_t k) {
+    uint64_t *q = (uint64_t *)(uintptr_t)cx[CX_CARRIER];
+    uint64_t at = __atomic_fetch_add(&q[0], 1, __ATOMIC_SEQ_CST);
+    while (at - __atomic_load_n(&q[1], __ATOMIC_ACQUIRE) >= CARRIER_QUEUE) sched_yield();
+    __atomic_store_n(&q[8 + at % CARRIER_QUEUE], ((uint64_t)cx[CX_CARRIER_ID] << 32) | (uint32_t)k, __ATOMIC_RELEASE);
+    ring_carrier();
+}
+
 /* Barrier k of the communicator `cx`: every member arrives once (the counter), the last sets the
  * generation word to k and wakes the sleepers. When the communicator spans hosts (CX_CARRIER),
  * the counter counts this host's members only and the last of them hands k to the host's
- * carrier (its barrier word, then its bell): the carrier trades the hosts' words and bytes and
- * sets the generation word itself (jobs/_carrier.py), which is then the only completion. */
+ * carrier (carrier_post): the carrier trades the hosts' words and bytes and sets the
+ * generation word itself (jobs/_carrier.py), which is then the only completion. */
 int barrier(const int64_t *cx, uint64_t k, long polls, double seconds) {
     if (job_failed()) return 0;
     flight_arrive(cx, k);
     uint64_t *counter = (uint64_t *)(uintptr_t)cx[CX_COUNTER];
     uint32_t *gen = (uint32_t *)(uintptr_t)cx[CX_GEN];
-    uint32_t *carrier = (uint32_t *)(uintptr_t)cx[CX_CARRIER];
+    int carried = cx[CX_CARRIER] != 0;
     uint64_t target = k * (uint64_t)cx[CX_LOCAL_N];
     __atomic_store_n((uint32_t *)(uintptr_t)cx[CX_ARRIVAL], (uint32_t)k, __ATOMIC_SEQ_CST);
     if (__atomic_fetch_add(counter, 1, __ATOMIC_SEQ_CST) + 1 == target) {
-        if (carrier == NULL) {
+        if (!carried) {
             __atomic_store_n(gen, (uint32_t)k, __ATOMIC_SEQ_CST);
             wake_sleepers(gen);
             return 1;
         }
-        __atomic_store_n(carrier, (uint32_t)k, __ATOMIC_SEQ_CST);
-        ring_carrier();
+        carrier_post(cx, k);
     }
-    if (carrier != NULL) return await_seq(gen, (uint32_t)k, polls, seconds);
+    if (carried) return await_seq(gen, (uint32_t)k, polls, seconds);
     for (long i = 0; i < polls; i++) {
         if (__atomic_load_n(counter, __ATOMIC_ACQUIRE) >= target) return 1;
         sched_yield();

@@ -73,7 +73,11 @@ H_HBM_SIZE, H_VA_BASE, H_SLICE = 48, 56, 64
 H_SLEEPERS = 128                          # u32, own cache line: see set_sleepers in _waits.c
 # u32, own cache line: the last world barrier this host's ranks all arrived at, for the host's
 # carrier (a job spanning hosts: jobs/_carrier.py, runtime/_hosts.py; _agree.c, barrier)
-H_CARRIER = 192
+# the carrier's queue of barriers its host's ranks have all arrived at: a u64 tail (producers
+# take a place with fetch-add), a u64 head (the carrier's), then CARRIER_QUEUE u64 entries, each
+# (the arriving rank * COMM_SLOTS + its slot + 1) << 32 | barrier number, 0 while empty
+H_CARRIER = 512
+CARRIER_QUEUE = 64
 # u32, own cache line: rung (incremented, woken) after every word the carrier forwards is written
 H_CARRIER_BELL = 256
 FAILED_EXIT, FAILED_SIGNAL, FAILED_SHUTDOWN, FAILED_DAEMON = 1, 2, 3, 4    # 0: none
@@ -100,7 +104,7 @@ class Layout:
     def __init__(self, world: int):
         self.world = world
         self.desc_words = DESC_FIXED + 2 * world + EXT_WORDS_EXTRA
-        self.slot_bytes = _align(self.slot_members() + 4 * (1 + world), 4096)
+        self.slot_bytes = _align(self.slot_slots() + 4 * world, 4096)
         self.rings_bytes = (world + 1) * RING_BYTES
         self.flight_offset = _align(R_RINGS + self.rings_bytes)
         self.slots_offset = _align(self.flight_offset + FLIGHT_BYTES, 4096)
@@ -157,6 +161,12 @@ class Layout:
         receive); 2 + world + p, in its receive from member p (read by p once confirmed; the
         next receive from p comes after p's next send)."""
         return _align(self.slot_desc(2)) + which * REASON_BYTES
+
+    def slot_slots(self) -> int:
+        """i32 words after slot_members' list: each member's slot index in that communicator.
+        In a job over hosts every member writes the list and these in its own slot (the
+        communicator's card, which its host's carrier reads: jobs/_carrier.py)."""
+        return self.slot_members() + 4 * (1 + self.world)
 
     def slot_members(self) -> int:
         """i32 words: how many members the communicator whose barrier counter this slot holds

@@ -36,7 +36,9 @@
  *   [CX_BARRIERS] the rank's count of barriers completed natively (Runtime.native_calls)
  *   [CX_FLIGHT] the rank's flight recorder (0: none)   [CX_CTL] the control segment's base
  *   [CX_LOCAL_N] members on this rank's host (== CX_N on one host)   [CX_CARRIER] the host
- *   carrier's barrier word (u32, 0: the communicator spans no hosts; jobs/_carrier.py)
+ *   carrier's queue (runtime/_control.py, H_CARRIER; 0: the communicator spans no hosts;
+ *   jobs/_carrier.py)   [CX_CARRIER_ID] what this rank's entries in it name: its world rank
+ *   * COMM_SLOTS + the communicator's slot + 1
  *   [CX_DESC + p*n + i] member i's descriptor, parity p
  * Descriptor fields are the F_* words of a descriptor in the control segment (runtime/_control.py).
  *
@@ -44,7 +46,8 @@
  * (native_init in _native.c) and the Python side imports them from there (runtime/_control.py,
  * _comm.py, _p2p.py); tests/test_constants.py checks that none is missing. */
 enum { CX_COUNTER, CX_GEN, CX_ARRIVAL, CX_N, CX_ME, CX_TALLY, CX_ROOTS, CX_SENT, CX_RECEIVED, CX_COUNTERS, CX_BARRIERS,
-       CX_FLIGHT, CX_CTL, CX_LOCAL_N, CX_CARRIER, CX_DESC };
+       CX_FLIGHT, CX_CTL, CX_LOCAL_N, CX_CARRIER, CX_CARRIER_ID, CX_DESC };
+enum { CARRIER_QUEUE = 64 };     /* entries of a carrier's queue (runtime/_control.py) */
 enum { T_CALLS, T_SYNCS, T_NATIVE, T_WORDS };   /* calls, barrier numbers, native methods allowed */
 enum { F_OP, F_DTYPE, F_COUNT, F_ROOT, F_REDOP, F_FLAGS, F_ADDR, F_NBYTES, F_SEG_VA, F_SEG_SIZE,
        F_SEG_OFF, F_EPOCH, F_AUX0, F_AUX1, F_AUX2, F_CALL, DESC_FIXED };

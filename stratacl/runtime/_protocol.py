@@ -145,9 +145,17 @@ class Protocol:
         cx[_native.CX_CTL] = base
         # across hosts (jobs/_carrier.py): the counter counts this host's members, and the host's
         # carrier completes the barrier; a communicator within one host never involves it
-        local, carrier = rt.hosts.barrier_words(members, slots)
-        cx[_native.CX_LOCAL_N], cx[_native.CX_CARRIER] = n if local is None else local, carrier
-        self.carried = bool(carrier)     # the barriers of this communicator cross hosts
+        local, queue, entry = rt.hosts.barrier_words(members, slots, rank)
+        cx[_native.CX_LOCAL_N] = n if local is None else local
+        cx[_native.CX_CARRIER], cx[_native.CX_CARRIER_ID] = queue, entry
+        self.carried = bool(queue)       # the barriers of this communicator cross hosts
+        # the world communicator's point-to-point words are carried too (slot 0 of every rank)
+        self.carried_p2p = self.carried and not any(slots)
+        if self.carried:                 # the communicator's card, for this host's carrier
+            at = (me + lay.slot_members()) // 4
+            rt.ctl.i32[at + 1:at + 1 + n] = members
+            rt.ctl.i32[(me + lay.slot_slots()) // 4:][:n] = slots
+            rt.ctl.i32[at] = n
         cx[_native.CX_DESC:] = desc_addrs
         if rank == 0:                   # who the members are, for the flight recorder's reader
             at = (self.slot_offs[0] + lay.slot_members()) // 4

@@ -111,7 +111,26 @@ def sendrecv_ring(plain):
     return (y == np.arange(777) * n + left).all()
 
 
+def split_across_hosts():
+    sub = comm.split(me % 2)                # every other rank: spans the hosts
+    x = stratacl.empty((3000,), np.float32)
+    x[:] = me
+    sub.all_reduce(x)
+    same = [r for r in range(n) if r % 2 == me % 2]
+    out = stratacl.empty((sub.size * 7,), np.int64)
+    y = stratacl.empty((7,), np.int64)
+    y[:] = me
+    sub.all_gather(out, y)
+    again = comm.split(0)                   # every rank, in slots of its own
+    z = stratacl.empty((5,), np.float64)
+    z[:] = me
+    again.all_reduce(z)
+    return ((x == sum(same)).all() and (out.reshape(sub.size, 7) == np.array(same)[:, None]).all()
+            and (z == n * (n - 1) / 2).all())
+
+
 case("send/recv with the other host", send_recv_far)
+case("split across hosts", split_across_hosts)
 case("sendrecv ring (HBM)", lambda: sendrecv_ring(False))
 case("sendrecv ring (numpy)", lambda: sendrecv_ring(True))
 case("all_reduce 256 KiB again", all_reduce_large)
@@ -130,8 +149,15 @@ def refused(run):
 far = (me + n // 2) % n                      # a rank on the other host of two
 buf = stratacl.empty((4,), np.float32)
 sym = shmem.zeros((4,), np.float32)
-refusals = {"split": refused(lambda: comm.split(me % 2)),
-            "get": refused(lambda: shmem.get(buf, sym, far))}
+half = comm.split(me % 2)                    # ranks r, r + 2, ...: half.rank + 2 is on the other host of two
+
+
+def far_send():
+    peer = (half.rank + half.size // 2) % half.size
+    return half.send(buf, peer) if half.rank < half.size // 2 else half.recv(buf, peer)
+
+
+refusals = {"send on a split": refused(far_send), "get": refused(lambda: shmem.get(buf, sym, far))}
 comm.barrier()
 
 job = os.environ["STRATACL_JOB_ID"]
