@@ -7,16 +7,17 @@ Starts ``--hosts`` carriers (stratacl/jobs/_carrier.py) under the Open MPI wheel
 on this machine, each with ``--ranks-per-host`` HBM segments, and times, best and median of
 ``-i`` rounds:
 
-    exchange      one control block per host (4 KiB a rank: a communicator slot's size) traded
-                  by every carrier: what a barrier spanning hosts adds before anything is read
-    refresh       every carrier reads ``--bytes`` from each rank of every other host into its
-                  mirrors (one fenced epoch of MPI_Get over ``--btl``): a full-mesh call's
-                  pulls across hosts, each byte once
+    exchange      one block of slot words per host (4 KiB a rank: a communicator slot's size)
+                  traded by every host (an MPI all-gather): what a barrier spanning hosts adds
+                  before anything is read
+    read          every carrier reads ``--bytes`` from each rank of every other host into its
+                  mirrors (``Carrier.read``: MPI_Get under passive-target locks over
+                  ``--btl``), all at once: a full-mesh call's pulls across hosts, each byte once
     local copy    the same bytes copied within one process (numpy, segment to mirror): what
                   the same pulls cost a rank through the host's shared memory, before the
                   fabric model's accounting
 
-Reported per GB read and as the ratio refresh / local copy. Every mirror is checked exactly
+Reported per GB read and as the ratio read / local copy. Every mirror is checked exactly
 against its owner's bytes after the last round.
 """
 from __future__ import annotations
@@ -57,23 +58,24 @@ def _carrier_body(a) -> None:
     carrier = Carrier(comm, nbytes, host_of, seg, mir)
     block = bytes(4096 * per)
     wants = [(r, 0, nbytes) for r in others]
-    times = {"exchange": [], "refresh": [], "local copy": []}
+    times = {"exchange": [], "read": [], "local copy": []}
     scratch = np.empty(nbytes, np.uint8)
     scratch[:] = 1
     for _ in range(a.iters):
         comm.Barrier()
         t0 = time.perf_counter()
-        carrier.exchange(block)
+        comm.allgather(block)
         times["exchange"].append(time.perf_counter() - t0)
         comm.Barrier()
         t0 = time.perf_counter()
-        carrier.refresh(wants)
-        times["refresh"].append(time.perf_counter() - t0)
+        carrier.read(wants)
+        times["read"].append(time.perf_counter() - t0)
         src, dst = np.frombuffer(seg[mine[0]], np.uint8), scratch
         t0 = time.perf_counter()
         for _r in others:
             np.copyto(dst, src)
         times["local copy"].append(time.perf_counter() - t0)
+    comm.Barrier()
     exact = all(bool((np.frombuffer(mir[r], np.uint8) == (np.arange(nbytes) * (r + 3) % 251).astype(np.uint8)).all())
                 for r in others)
     rows = comm.gather({k: v for k, v in times.items()}, root=0)
@@ -121,10 +123,10 @@ def main() -> None:
     print("|---|---|---|---|")
     print(f"| exchange ({4 * a.ranks_per_host} KiB a host) | {rec['exchange']['best_s'] * 1e6:.0f} us | "
           f"{rec['exchange']['median_s'] * 1e6:.0f} us | |")
-    for k in ("refresh", "local copy"):
+    for k in ("read", "local copy"):
         print(f"| {k} | {rec[k]['best_s'] * 1e3:.2f} ms | {rec[k]['median_s'] * 1e3:.2f} ms | "
               f"{rec[k]['median_s'] / gb:.3f} s |")
-    print(f"refresh / local copy (median): {rec['refresh']['median_s'] / rec['local copy']['median_s']:.1f}x")
+    print(f"read / local copy (median): {rec['read']['median_s'] / rec['local copy']['median_s']:.1f}x")
     if a.json:
         rec.update(btl=a.btl, iters=a.iters, date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                    command="python benchmarks/carrier_cost.py " + " ".join(sys.argv[1:]))

@@ -1,6 +1,6 @@
 """The cross-host carrier (stratacl/jobs/_carrier.py) under the MPI launcher: one carrier per
 emulated host, every byte between hosts through MPI (a dynamic window over the host's
-segments, MPI_Get in a fenced epoch)."""
+segments, MPI_Get under passive-target locks)."""
 from __future__ import annotations
 
 import json
@@ -36,12 +36,12 @@ def _hosts(k: int) -> dict[int, dict]:
 
 
 @pytest.mark.parametrize("k", [2, 3])
-def test_carriers_trade_blocks_and_read_other_hosts_bytes_exactly_and_fresh(k):
+def test_carriers_read_other_hosts_bytes_exactly_and_fresh(k):
     hosts = _hosts(k)
     assert sorted(hosts) == list(range(k))
     per_host = 70000 * 2 * (k - 1)                   # two ranks on each other host
     for h, seen in hosts.items():
-        assert seen["blocks"] and seen["moved_first"] and seen["first"], seen
+        assert seen["moved_first"] and seen["first"], seen
         assert seen["fresh"], seen                   # read again after the owners rewrote: no stale bytes
         assert seen["after"], seen                   # a refused read harmed nobody
         assert seen["moved"] == 3 * per_host, seen

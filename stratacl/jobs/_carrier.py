@@ -1,31 +1,20 @@
 """One host's end of a job's cross-host path (``Carrier``): the host's HBM segments exposed to
-the other hosts in one MPI window, the other hosts' bytes read into mirrors, and the control
-blocks the hosts trade at a barrier.
+the other hosts in one MPI window, and the other hosts' bytes read into mirrors; and the host's
+event loop (``serve``) that carries words, bytes and failures between hosts.
 
 A job spanning hosts runs one carrier per host, in a thread of the host's launcher, an MPI
 process mpirun started (jobs/_hostjob.py; the ``cluster`` extra installs mpi4py and the Open
 MPI wheel). Ranks keep their host's shared memory and native path; no rank maps a segment of
-another host. What crosses hosts crosses at
-the barriers of communicators that span hosts (docs/cluster.md, "Across hosts: the carrier"),
-in two collective steps every carrier takes in the same order:
+another host. What crosses hosts (docs/cluster.md, "Across hosts") goes through ``serve``, the host's event loop (below): the words of the ranks' slots and
+point-to-point announcements as messages between carriers, the bytes of HBM with ``read``:
+``MPI_Get`` at the owner's HBM offset, from a dynamic window (``MPI_Win_create_dynamic``, each
+local segment attached where the carrier maps it; the addresses are traded once, at
+construction) under a shared passive-target lock, into the owner's mirror on this host (which
+the host's ranks map at the owner's shadow addresses). The owner's carrier does nothing for it
+but call into MPI now and then, which ``serve`` does every POLL_S. A want that names no mirror
+or leaves the segment is refused with ``ValueError`` after the other wants were read.
 
-    exchange(block)   every carrier gives one control block (its ranks' descriptors, states,
-                      clocks: opaque bytes here) and receives every carrier's, in host order
-    refresh(wants)    every carrier reads the byte ranges its ranks are about to pull from
-                      ranks of other hosts, (owner rank, HBM offset, bytes), with MPI_Get at
-                      that offset of the owner's segment into the owner's mirror on this host
-                      (which the host's ranks map at the owner's shadow addresses)
-
-The window is dynamic (``MPI_Win_create_dynamic``, each local segment attached where the
-carrier maps it; the addresses are traded once, at construction) and refresh is one
-active-target epoch: a fence opens it and one closes it, so every carrier is inside MPI while
-the others read from it and no progress thread is needed. A want that names no mirror or
-leaves the segment is refused with ``ValueError`` on its carrier after the closing fence, the
-other wants of that refresh read: the other carriers are not left waiting, and the job can go
-on.
-
-Every carrier must call ``exchange`` and ``refresh`` the same number of times, in the same
-order (they are collective over ``comm``), and ``close`` once at the end.
+Constructing a carrier is collective over ``comm``; ``close`` (collective too) frees the window.
 """
 from __future__ import annotations
 
@@ -58,14 +47,9 @@ class Carrier:
         if wrong:
             raise ValueError(f"carrier of host {self.host}: ranks {wrong} are on the wrong side (a local segment "
                              f"must be of a rank of this host, a mirror of a rank of another host)")
-        # two windows over the same segments: one read in fenced epochs (refresh, every carrier
-        # at the same barrier), one under passive-target locks (read, whenever one carrier needs
-        # a far send's bytes); MPI keeps a window's active and passive epochs apart
         self._win = MPI.Win.Create_dynamic(comm=comm)
-        self._pwin = MPI.Win.Create_dynamic(comm=comm)
         for a in self._local.values():
             self._win.Attach(a)
-            self._pwin.Attach(a)
         self._at: dict[int, int] = {}                # rank -> address of its segment at its carrier
         for table in comm.allgather({r: MPI.Get_address(a) for r, a in self._local.items()}):
             self._at.update(table)
@@ -77,17 +61,6 @@ class Carrier:
         if a.size < self.hbm_size:
             raise ValueError(f"{what}: {a.size} bytes, expected at least {self.hbm_size}")
         return a[:self.hbm_size]
-
-    def exchange(self, block: bytes) -> list[bytes]:
-        """Give this host's control block; returns every host's, in host order. Collective."""
-        return self.comm.allgather(bytes(block))
-
-    def start_exchange(self, block: np.ndarray):
-        """``exchange`` without waiting, for blocks of one size on every host: returns (request,
-        the received blocks, one row per host), complete once ``request.Test()``."""
-        MPI = self._mpi
-        got = np.empty((self.comm.size, block.size), np.uint8)
-        return self.comm.Iallgather([block, MPI.BYTE], [got, MPI.BYTE]), got
 
     def _checked(self, wants, refused: list) -> list:
         plan = []
@@ -103,12 +76,13 @@ class Carrier:
         return plan
 
     def read(self, wants: Iterable[tuple[int, int, int]]) -> int:
-        """``refresh`` for this carrier alone, whenever it needs it (a far send's bytes): each
-        owner's host is read under a shared passive-target lock. The owners' carriers must call
-        into MPI meanwhile (``serve`` polls it) for their side to progress."""
+        """Read each (owner rank, HBM offset, bytes) from the owner's segment into its mirror
+        here, each owner's host under a shared passive-target lock; returns the bytes read. The
+        owners' carriers must call into MPI meanwhile (``serve`` polls it) for their side to
+        progress."""
         refused: list = []
         plan = self._checked(wants, refused)
-        MPI, win = self._mpi, self._pwin
+        MPI, win = self._mpi, self._win
         for host in sorted({self.host_of[o] for o, _, _ in plan}):
             win.Lock(host, MPI.LOCK_SHARED)
             for owner, offset, nbytes in plan:
@@ -116,23 +90,6 @@ class Carrier:
                     win.Get([self._mirrors[owner][offset:offset + nbytes], MPI.BYTE], host,
                             target=(self._at[owner] + offset, nbytes, MPI.BYTE))
             win.Unlock(host)
-        moved = sum(p[2] for p in plan)
-        self.moved += moved
-        if refused:
-            raise ValueError(f"carrier of host {self.host}: refused {len(refused)} read(s): " + "; ".join(refused))
-        return moved
-
-    def refresh(self, wants: Iterable[tuple[int, int, int]]) -> int:
-        """Read each (owner rank, HBM offset, bytes) from the owner's segment into its mirror
-        here; returns the bytes read. Collective (the other carriers serve their segments)."""
-        refused: list = []
-        plan = self._checked(wants, refused)
-        MPI, win = self._mpi, self._win
-        win.Fence()
-        for owner, offset, nbytes in plan:
-            dst = self._mirrors[owner][offset:offset + nbytes]
-            win.Get([dst, MPI.BYTE], self.host_of[owner], target=(self._at[owner] + offset, nbytes, MPI.BYTE))
-        win.Fence()
         moved = sum(p[2] for p in plan)
         self.moved += moved
         if refused:
@@ -147,11 +104,10 @@ class Carrier:
         """Free the window (collective). The buffers stay the caller's."""
         if self._win is None:
             return
-        for w in (self._win, self._pwin):
-            for a in self._local.values():
-                w.Detach(a)
-            w.Free()
-        self._win = self._pwin = None
+        for a in self._local.values():
+            self._win.Detach(a)
+        self._win.Free()
+        self._win = None
 
 
 # --- a host's carrier process in a job (python -m stratacl.jobs._carrier, under mpirun) -------

@@ -1,6 +1,7 @@
-"""K carriers under mpirun (one per emulated host, 2 job ranks each): control blocks traded,
-other hosts' HBM bytes read into mirrors, fresh after the owners rewrite them, and refused
-reads that leave the others unharmed. One report per host (tests/test_carrier.py)."""
+"""K carriers under mpirun (one per emulated host, 2 job ranks each): other hosts' HBM bytes
+read into mirrors under passive-target locks, all hosts reading at once, fresh after the owners
+rewrite them, and refused reads that leave the others unharmed. One report per host
+(tests/test_carrier.py)."""
 from __future__ import annotations
 
 import mmap
@@ -33,9 +34,7 @@ for r in mine:
     np.frombuffer(segments[r], np.uint8)[:] = pattern(r, 0)
 carrier = Carrier(comm, HBM, host_of, segments, mirrors)
 seen: dict[str, object] = {}
-
-blocks = carrier.exchange(f"h{host}".encode() * (host + 1))
-seen["blocks"] = blocks == [f"h{h}".encode() * (h + 1) for h in range(hosts)]
+comm.Barrier()
 
 wants = [(r, 4096 * r + 17, 70000) for r in others] + [(others[0], 5, 0)]
 
@@ -51,22 +50,23 @@ def mirrors_hold(salt: int) -> bool:
     return good
 
 
-seen["moved_first"] = carrier.refresh(wants) == 70000 * len(others)
+seen["moved_first"] = carrier.read(wants) == 70000 * len(others)
+comm.Barrier()
 seen["first"] = mirrors_hold(0)
 
 for r in mine:                                      # the owners write again; a barrier; read again
     np.frombuffer(segments[r], np.uint8)[:] = pattern(r, 7)
-carrier.exchange(b"")
-carrier.refresh(wants)
+comm.Barrier()
+carrier.read(wants)
 seen["fresh"] = mirrors_hold(7)
 
 bad = [(mine[0], 0, 10), (others[0], HBM - 5, 10)] if host == 0 else []
 try:
-    carrier.refresh(bad + wants)
+    carrier.read(bad + wants)
     seen["refused"] = None
 except ValueError as e:
     seen["refused"] = str(e)
-seen["after"] = carrier.exchange(b"ok") == [b"ok"] * hosts and mirrors_hold(7)
+seen["after"] = comm.allgather(b"ok") == [b"ok"] * hosts and mirrors_hold(7)
 seen["moved"] = carrier.moved
 carrier.close()
 emit(rank=host, **seen)
