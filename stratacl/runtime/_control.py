@@ -71,8 +71,6 @@ STATE_STARTING, STATE_RUNNING, STATE_FINALIZED, STATE_DEAD = 0, 1, 2, 3
 H_MAGIC, H_WORLD, H_FAILED_RANK, H_FAILED_KIND, H_FAILED_VALUE, H_LAUNCHER_PID = 0, 8, 16, 24, 32, 40
 H_HBM_SIZE, H_VA_BASE, H_SLICE = 48, 56, 64
 H_SLEEPERS = 128                          # u32, own cache line: see set_sleepers in _waits.c
-# u32, own cache line: the last world barrier this host's ranks all arrived at, for the host's
-# carrier (a job spanning hosts: jobs/_carrier.py, runtime/_hosts.py; _agree.c, barrier)
 # the carrier's queue of barriers its host's ranks have all arrived at: a u64 tail (producers
 # take a place with fetch-add), a u64 head (the carrier's), then CARRIER_QUEUE u64 entries, each
 # (the arriving rank * COMM_SLOTS + its slot + 1) << 32 | barrier number, 0 while empty
@@ -209,11 +207,6 @@ class Control:
 
     def addr(self, offset: int) -> int:
         return self.base + offset
-
-    def of(self, rank: int) -> "Control":
-        """The copy of the control segment holding ``rank``'s own words: this one (a job over
-        emulated hosts has one copy per host: jobs/_hostjob.py, HostControls)."""
-        return self
 
     # --- rank state -------------------------------------------------------------------------
     def set_state(self, rank: int, state: int) -> None:

@@ -141,7 +141,6 @@ def _members(ctl: Control, comm: int, size: int) -> tuple[int, ...] | None:
 
 def read(ctl: Control, rank: int) -> list[FlightEntry]:
     """``rank``'s recorded calls, oldest first."""
-    ctl = ctl.of(rank)
     off = ctl.layout.flight(rank) // 8
     words = np.array(ctl.i64[off:off + FLIGHT_HEADER + FLIGHT_ENTRIES * FL_WORDS])
     total = int(words[0])
