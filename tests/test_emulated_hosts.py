@@ -1,6 +1,6 @@
 """A job split over emulated hosts (``stratacl-launch --emulate-hosts K``): each host has its
 own control segment copy, no rank maps a segment of another host, and what crosses hosts goes
-through one MPI carrier per host (stratacl/jobs/_carrier.py, _hostjob.py, runtime/_hosts.py).
+through one MPI carrier per host (stratacl/runtime/_carrier.py, _hostjob.py, runtime/_hosts.py).
 
 K = 2, N = 8: every collective of the world communicator and point-to-point calls between
 hosts exact on every rank, the modeled clock after each call equal bit for bit to the same
@@ -8,9 +8,11 @@ program on one host, what is not carried refused by name, a rank killed on the o
 named by every survivor (its failure carried by the carriers), nothing left."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
+import subprocess
 import sys
 
 import psutil
@@ -27,13 +29,38 @@ N, K = 8, 2
 def _carriers_left() -> list[psutil.Process]:
     left = []
     for p in psutil.process_iter(["cmdline"]):
-        if "stratacl.jobs._carrier" in (p.info["cmdline"] or []):
+        if "stratacl.runtime._carrier" in (p.info["cmdline"] or []):
             left.append(p)
     return left
 
 
 def _reports(run) -> dict[int, dict]:
     return {r["rank"]: r for r in run.records if "checks" in r}
+
+
+def _mpirun(n: int, *argv: str, **settings: str) -> subprocess.CompletedProcess:
+    """``mpirun -n n python argv`` with ``settings``: a program started by the user's mpirun."""
+    env = {k: v for k, v in clean_env(STRATACL_TIMEOUT="60", OMP_NUM_THREADS="1", **settings).items()
+           if not k.startswith(("OMPI_", "PMIX_", "PRTE_"))}
+    env.pop("PYTHONUNBUFFERED", None)    # a rank's report line reaches the shared pipe in one write
+    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    run = subprocess.run([MPIRUN, *root, "--oversubscribe", "-n", str(n), sys.executable, *argv], env=env,
+                         capture_output=True, text=True, timeout=200)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    # the hosts' daemons (one per host) sweep /dev/shm once their ranks ended, in their own sessions
+    _gone, alive = psutil.wait_procs(_watching_daemons(), timeout=30)
+    assert not alive, [p.pid for p in alive]
+    return run
+
+
+def _watching_daemons() -> list[psutil.Process]:
+    return [p for p in psutil.process_iter(["cmdline"])
+            if "stratacl.jobs._daemon" in (p.info["cmdline"] or []) and "--watch" in p.info["cmdline"]]
+
+
+def _mpirun_reports(run) -> dict[int, dict]:
+    return {rec["rank"]: rec for line in run.stdout.splitlines() if line.startswith("@@ ")
+            for rec in [json.loads(line[3:])] if "checks" in rec}
 
 
 def test_every_collective_and_send_recv_across_two_hosts_are_exact_with_the_single_host_modeled_clock():
@@ -43,11 +70,18 @@ def test_every_collective_and_send_recv_across_two_hosts_are_exact_with_the_sing
     assert apart.returncode == 0, apart.explain()
     together = launch("-n", str(N), "--clock", "virtual", script("hosts_collectives.py"), env=env, timeout=200)
     assert together.returncode == 0, together.explain()
-    a, t = _reports(apart), _reports(together)
-    assert sorted(a) == sorted(t) == list(range(N))
+    # the same program started by mpirun, its ranks split into hosts as --emulate-hosts splits
+    # them: the first rank of each host carries its host's part
+    under_mpirun = _mpirun(N, script("hosts_collectives.py"), STRATACL_EMULATE_HOSTS=str(K), STRATACL_CLOCK="virtual")
+    a, t, m = _reports(apart), _reports(together), _mpirun_reports(under_mpirun)
+    assert sorted(a) == sorted(t) == sorted(m) == list(range(N)), under_mpirun.stdout[-3000:] + under_mpirun.stderr[-3000:]
     for r in range(N):
         assert a[r]["checks"] and all(v is True for v in a[r]["checks"].values()), (r, a[r]["checks"])
         assert a[r]["clocks"] == t[r]["clocks"], r               # the model does not see the hosts
+        assert {k: v for k, v in m[r].items() if k not in ("pid", "t", "own", "mapped")} == \
+            {k: v for k, v in a[r].items() if k not in ("pid", "t", "own", "mapped")}, r
+        assert (sorted(m[q]["own"] in m[r]["mapped"] for q in range(N))
+                == sorted(q * K // N == r * K // N for q in range(N))), r
         host = r * K // N
         # it pulled from every peer: it mapped its host's ranks' segments, never another host's
         # (their bytes reach it in this host's mirrors); on one host, every rank's
@@ -64,7 +98,7 @@ def test_every_collective_and_send_recv_across_two_hosts_are_exact_with_the_sing
             f"shmem.get: rank {r} (host {host}) and rank {far} (host {1 - host}) are on different hosts, and "
             f"one-sided calls are not carried across hosts yet")
         assert t[r]["refusals"] == {"send on a split": None, "get": None}
-    assert not [n for n in os.listdir("/dev/shm") if n.startswith("stratacl-")]
+    assert not [n for n in os.listdir("/dev/shm") if n.startswith(("stratacl-", "sm_segment"))]
     assert not _carriers_left()
 
 

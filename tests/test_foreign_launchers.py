@@ -20,6 +20,7 @@ import uuid
 import psutil
 import pytest
 
+import stratacl
 from stratacl.runtime import _foreign
 
 pytestmark = pytest.mark.timeout(240)
@@ -97,10 +98,18 @@ def test_open_mpi_and_mpich_environments_are_read():
     assert _foreign.detect({"PATH": "/bin"}) is None
 
 
-def test_ranks_on_several_hosts_are_refused_with_the_fix():
+def test_torchrun_ranks_on_several_hosts_are_refused_with_the_fix():
     launch = _foreign.Launch("torchrun", 5, 8, 1, 4, "x")
-    with pytest.raises(Exception, match=r"all its ranks on one host.*--nproc-per-node 8"):
-        _foreign.join(launch, None)
+    with pytest.raises(stratacl.BootstrapError, match=r"all its ranks on one host \(run 8 processes on one node, or "
+                       r"start the job with Open MPI's mpirun or stratacl-launch --hosts"):
+        _foreign.join(launch, stratacl.Config())
+
+
+def test_settings_a_job_over_hosts_cannot_carry_are_refused_at_init():
+    launch = _foreign.Launch("mpirun (Open MPI)", 1, 4, 1, 4, "x")
+    with pytest.raises(stratacl.BootstrapError, match=r"^stratacl.init\(\): a job spanning hosts \(2 here\) does "
+                       r"not run with STRATACL_ALGO=ring \(ring steps are not carried"):
+        _foreign.join(launch, stratacl.Config(emulate_hosts=2, algo="ring"))
 
 
 # --- the real launchers ------------------------------------------------------------------

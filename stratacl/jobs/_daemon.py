@@ -7,7 +7,8 @@ gone (finished, or killed even by SIGKILL): the daemon then kills any rank still
 removes every leftover name of the job from /dev/shm and exits.
 
 Started with ``--watch`` by the first rank of a job that another launcher (torchrun, mpirun)
-started (runtime/_foreign.py), it has no launcher to follow: it watches every rank itself,
+started (runtime/_foreign.py; over hosts, by the first rank of each host, for that host's
+ranks), it has no launcher to follow: it watches every rank itself,
 with a pidfd from the moment the rank writes its pid to the control segment. A rank that ends
 unfinalized is recorded as the job's failure (its peers raise PeerFailure naming it); once
 every rank has ended, the daemon sweeps the job's names from /dev/shm and exits. Ending the
@@ -69,8 +70,8 @@ def _exit_status(pid: int) -> tuple[int, int]:
     return (FAILED_EXIT, status >> 8) if status >> 8 else (FAILED_GONE, 0)
 
 
-def _watch_ranks(ctl: Control, world: int, timeout: float) -> None:
-    """Return once every rank has ended, or once none is left to watch and the job has failed
+def _watch_ranks(ctl: Control, ranks: list[int], timeout: float) -> None:
+    """Return once every rank of ``ranks`` (the host's) has ended, or once none is left to watch and the job has failed
     or the others did not show up within ``timeout`` s. Sleeps in the kernel on the pidfds;
     while some rank has not written its pid yet, it looks for new pids five times a second. A
     rank already finalized is not watched: its pid may be another process's by now."""
@@ -87,8 +88,8 @@ def _watch_ranks(ctl: Control, world: int, timeout: float) -> None:
         ctl.set_state(r, STATE_DEAD)
         ctl.record_failure(r, kind, value)
 
-    while len(ended) < world:
-        for r in range(world):
+    while len(ended) < len(ranks):
+        for r in ranks:
             if r in watched or r in ended:
                 continue
             pid = ctl.pid(r)
@@ -104,7 +105,7 @@ def _watch_ranks(ctl: Control, world: int, timeout: float) -> None:
                 continue
             watched[r] = fd
             sel.register(fd, selectors.EVENT_READ, (r, pid))
-        unseen = world - len(watched) - len(ended)
+        unseen = len(ranks) - len(watched) - len(ended)
         # nobody left to watch: every rank ended, or the job failed (a rank that has not
         # joined yet cannot complete it and finds the names gone), or ranks never came
         if not watched and (not unseen or ctl.failure() is not None or time.monotonic() - started > timeout):
@@ -142,6 +143,8 @@ def main() -> None:
 
 def main_watch() -> None:
     job_id, world, ctl_fd, timeout = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
+    # a job spanning hosts: this host's ranks (the others are watched by their hosts' daemons)
+    ranks = [int(r) for r in sys.argv[6].split(",")] if len(sys.argv) > 6 else list(range(world))
     for sig in (signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
     ctl = Control(ctl_fd, world)
@@ -155,7 +158,7 @@ def main_watch() -> None:
         ready = posix_ipc.Semaphore(f"/{prefix(job_id)}ready")
         ready.release()
         ready.close()
-        _watch_ranks(ctl, world, timeout)
+        _watch_ranks(ctl, ranks, timeout)
     finally:
         stop.set()
         from stratacl.jobs._resources import sweep

@@ -10,7 +10,7 @@ is an MPI process (its host index is its MPI rank) and runs the host's part of t
 ``stratacl-launch`` runs a whole job on one host (jobs/_supervisor.py, ``Job`` with a
 ``HostPart``): it creates the host's control segment and one HBM segment per rank of the job
 (its own ranks' HBM; for each rank of another host, this host's mirror of it), starts the
-host's daemon and forks its ranks, and runs the host's carrier (jobs/_carrier.py) in a thread,
+host's daemon and forks its ranks, and runs the host's carrier (runtime/_carrier.py) in a thread,
 which is how words, bytes and failures cross hosts. No rank maps a segment of another host.
 
 Under ``--emulate-hosts K`` the K host launchers run on this machine (loopback TCP between
@@ -28,7 +28,8 @@ import socket
 import subprocess
 import sys
 
-from ._carrier import hosts_of
+from stratacl.runtime._carrier import hosts_of
+from stratacl.runtime._hosts import uncarried
 
 HOSTJOB_ENV = "STRATACL_HOSTJOB"         # what the host launchers read (JSON; hostjob_env)
 MPIRUN_FLAGS = ("--bind-to", "none", "--mca", "btl", "self,tcp", "--mca", "pml", "ob1", "--mca", "osc", "rdma")
@@ -82,13 +83,7 @@ def refusal(n: int, config, hosts: list[tuple[str, int]] | None = None) -> str |
         return f"--hosts gives {sum(c for _, c in hosts)} ranks, -n {n}"
     if not hosts and k > n:
         return f"--emulate-hosts {k}: more hosts than ranks ({n})"
-    why = []
-    if config.algo != "mesh":
-        why.append(f"--algo {config.algo} (ring steps are not carried across hosts yet; use mesh)")
-    if config.registration == "pool":
-        why.append("--registration pool (a pool is mapped whole, too large to carry at every barrier)")
-    if config.metadata_path != "direct":
-        why.append("--metadata-path relay (one daemon cannot relay to several hosts)")
+    why = [f"--{name.replace('_', '-')} {value} ({reason})" for name, value, reason in uncarried(config)]
     if why:
         return f"{flag} does not run with " + "; ".join(why)
     if _mpirun() is None:

@@ -44,7 +44,7 @@ from stratacl.runtime._control import (FAILED_DAEMON, FAILED_EXIT, FAILED_SIGNAL
                                        Control)
 from stratacl.runtime._segments import create_job_segments
 
-from ._carrier import CarrierThread
+from stratacl.runtime._carrier import CarrierThread
 from ._hostjob import HostPart
 
 from . import _wire
@@ -249,7 +249,7 @@ class Job:
                         os.close(fd)
                 raise
             if part is not None:
-                self._carrier = CarrierThread(part, ctl, hbm_fds, self.config)
+                self._carrier = CarrierThread(part.comm, part.host_of, ctl, hbm_fds, self.config)
             if self.target[0] == "spawn":
                 threading.Thread(target=_send_payload, args=(socks, self.target[1:]), daemon=True).start()
             # the launcher keeps the HBM descriptors until the end: their size on disk is what

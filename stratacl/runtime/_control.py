@@ -163,7 +163,7 @@ class Layout:
     def slot_slots(self) -> int:
         """i32 words after slot_members' list: each member's slot index in that communicator.
         In a job over hosts every member writes the list and these in its own slot (the
-        communicator's card, which its host's carrier reads: jobs/_carrier.py)."""
+        communicator's card, which its host's carrier reads: runtime/_carrier.py)."""
         return self.slot_members() + 4 * (1 + self.world)
 
     def slot_members(self) -> int:
@@ -280,7 +280,7 @@ class Control:
 
     def ring_carrier_on_announcements(self) -> None:
         """This process's barriers and point-to-point announcements ring the host's carrier (a
-        job spanning hosts: runtime/_hosts.py, jobs/_carrier.py)."""
+        job spanning hosts: runtime/_hosts.py, runtime/_carrier.py)."""
         _native.set_carrier_bell(self.base + H_CARRIER_BELL)
 
     def close(self) -> None:

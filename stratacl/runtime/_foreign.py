@@ -80,13 +80,68 @@ def detect(environ=None) -> Launch | None:
     return None
 
 
-def _check_one_host(launch: Launch) -> None:
-    if launch.local_world != launch.world:
+@dataclasses.dataclass
+class Joined:
+    """What ``join`` made or opened: the host's job (its id, its control segment's and every
+    rank's HBM segment's descriptors), whether this rank created it, and over hosts each rank's
+    host and, on the first rank of each host under mpirun, the carriers' MPI communicator."""
+    job_id: str
+    ctl_fd: int
+    hbm_fds: list[int]
+    created: bool
+    host_of: list[int] | None = None
+    carriers: object = None
+
+
+def hosts(launch: Launch, config) -> list[int] | None:
+    """Each rank's host, for a launch whose ranks span hosts (or split into
+    ``config.emulate_hosts`` emulated hosts on one); None for a launch on one host."""
+    from ._carrier import hosts_of
+    k = config.emulate_hosts
+    if k > 1:
+        if launch.local_world != launch.world:
+            raise BootstrapError(
+                f"stratacl.init(): STRATACL_EMULATE_HOSTS={k} splits ranks of one host into emulated hosts, but "
+                f"{launch.launcher} started these ranks on several hosts ({launch.local_world} of {launch.world} here)")
+        if k > launch.world:
+            raise BootstrapError(f"stratacl.init(): STRATACL_EMULATE_HOSTS={k}: more hosts than ranks ({launch.world})")
+        return hosts_of(launch.world, k)
+    if launch.local_world == launch.world:
+        return None
+    if launch.launcher.startswith("mpirun"):
+        import socket
+        return _by_first_seen(_mpi().COMM_WORLD.allgather(socket.gethostname()))
+    raise BootstrapError(
+        f"stratacl.init(): {launch.launcher} started rank {launch.rank} of {launch.world} as local rank "
+        f"{launch.local_rank} of {launch.local_world} on this host; a StrataCL job started by {launch.launcher} "
+        f"must have all its ranks on one host (run {launch.world} processes on one node, or start the job with "
+        f"Open MPI's mpirun or stratacl-launch --hosts, which carry it across hosts: docs/cluster.md)")
+
+
+def _by_first_seen(names: list[str]) -> list[int]:
+    index: dict[str, int] = {}
+    return [index.setdefault(n, len(index)) for n in names]
+
+
+def _mpi():
+    # Open MPI's UCX one-sided component refuses (loudly) on hosts without UCX hardware; the
+    # carriers' window takes the next one, unless the user chose one
+    os.environ.setdefault("OMPI_MCA_osc", "^ucx")
+    try:
+        from mpi4py import MPI
+    except ImportError:
         raise BootstrapError(
-            f"stratacl.init(): {launch.launcher} started rank {launch.rank} of {launch.world} as local rank "
-            f"{launch.local_rank} of {launch.local_world} on this host; a StrataCL job started by another "
-            f"launcher must have all its ranks on one host (run {launch.world} processes on one node, e.g. "
-            f"torchrun --nnodes 1 --nproc-per-node {launch.world}, or start the job with stratacl-launch)")
+            "stratacl.init(): a job whose ranks span hosts is carried over MPI, and mpi4py is not installed "
+            "beside this Python: pip install 'stratacl-emu[cluster]'") from None
+    return MPI
+
+
+def _check_spanning(launch: Launch, config, host_of: list[int]) -> None:
+    from ._hosts import uncarried
+    why = [f"STRATACL_{name.upper()}={value} ({reason})" for name, value, reason in uncarried(config)]
+    if why:
+        raise BootstrapError(f"stratacl.init(): a job spanning hosts ({max(host_of) + 1} here) does not run with "
+                             + "; ".join(why))
 
 
 def _semaphore(job_id: str, prefix: str):
@@ -95,19 +150,31 @@ def _semaphore(job_id: str, prefix: str):
     return posix_ipc.Semaphore(f"/{prefix}ready", posix_ipc.O_CREAT, mode=0o600, initial_value=0)
 
 
-def join(launch: Launch, config) -> tuple[str, int, list[int], bool]:
-    """Create (local rank 0) or open (the others) the job's segments; returns (job id, control
-    descriptor, HBM descriptors, created). Blocks the other ranks until local rank 0 has made
-    the job, at most ``config.timeout`` seconds."""
+def join(launch: Launch, config) -> Joined:
+    """Create (the first rank of the host) or open (the others) the host's segments of the job.
+    Blocks the other ranks until the first has made it, at most ``config.timeout`` seconds.
+    Over hosts (``hosts``): every host has a job of its own, the first rank of each starts the
+    host's daemon for the host's ranks and, under mpirun, joins the other hosts' first ranks in
+    the carriers' communicator (collective over every rank of the launch)."""
     import posix_ipc        # here: a rank of a stratacl-launch job never needs it
 
     from ._segments import create_job_segments, open_job_segments, prefix
-    _check_one_host(launch)
-    job_id = launch.job_id
+    host_of = hosts(launch, config)
+    job_id, local, local_world, ranks, carriers = launch.job_id, launch.local_rank, launch.local_world, None, None
+    if host_of is not None:
+        _check_spanning(launch, config, host_of)
+        host = host_of[launch.rank]
+        ranks = [r for r, h in enumerate(host_of) if h == host]
+        job_id, local, local_world = f"{job_id}h{host}", ranks.index(launch.rank), len(ranks)
+        if launch.launcher.startswith("mpirun"):
+            mpi = _mpi()
+            # the first rank of each host, in host order: the carriers' communicator
+            carriers = mpi.COMM_WORLD.Split(0 if local == 0 else mpi.UNDEFINED, host)
+            carriers = None if carriers == mpi.COMM_NULL else carriers
     p = prefix(job_id)
     ready = _semaphore(job_id, p)
     try:
-        if launch.local_rank == 0:
+        if local == 0:
             try:
                 ctl_fd, hbm_fds = create_job_segments(job_id, launch.world, config, keep_names=True)
             except posix_ipc.ExistentialError:
@@ -117,7 +184,7 @@ def join(launch: Launch, config) -> tuple[str, int, list[int], bool]:
                     f"ids is still running, or was ended before its daemon could clean up; end it, or remove "
                     f"/dev/shm/{p}* and /dev/shm/sem.{p}*") from None
             try:
-                start_daemon(job_id, launch.world, ctl_fd, config.timeout)
+                start_daemon(job_id, launch.world, ctl_fd, config.timeout, ranks)
                 # the daemon posts the semaphore once it watches the ranks: until then nobody joins
                 if not _wait_posted(ready, config.timeout):
                     raise BootstrapError(
@@ -132,11 +199,11 @@ def join(launch: Launch, config) -> tuple[str, int, list[int], bool]:
                     os.close(fd)
                 raise
             ready.release()
-            return job_id, ctl_fd, hbm_fds, True
+            return Joined(job_id, ctl_fd, hbm_fds, True, host_of, carriers)
         if not _wait_posted(ready, config.timeout):
             _forget(ready)
             raise BootstrapError(
-                f"stratacl.init(): rank {launch.rank}: waited {config.timeout:g} s for local rank 0 to create job "
+                f"stratacl.init(): rank {launch.rank}: waited {config.timeout:g} s for the first rank of this host to create job "
                 f"{job_id} ({launch.launcher}); it has not called stratacl.init() (or init_process_group('stratacl')) "
                 f"or it failed before; raise STRATACL_TIMEOUT if it is only slow")
         ready.release()          # for the next rank
@@ -147,7 +214,7 @@ def join(launch: Launch, config) -> tuple[str, int, list[int], bool]:
                 f"stratacl.init(): rank {launch.rank}: the segments of job {job_id} are gone: the job ended (a rank "
                 f"failed, or the names were already removed because every rank had joined: is WORLD_SIZE "
                 f"{launch.world} right?)") from None
-        return job_id, ctl_fd, hbm_fds, False
+        return Joined(job_id, ctl_fd, hbm_fds, False, host_of, carriers)
     finally:
         ready.close()
 
@@ -192,11 +259,11 @@ def joined(job_id: str, world: int, created: bool) -> None:
         pass
 
 
-def start_daemon(job_id: str, world: int, ctl_fd: int, timeout: float) -> None:
+def start_daemon(job_id: str, world: int, ctl_fd: int, timeout: float, ranks: list[int] | None = None) -> None:
     """The host's daemon, in a session of its own (a launcher that ends a rank's process group
     leaves it to clean up), holding none of the rank's pipes (a launcher that forwards output
     would wait for it)."""
     subprocess.Popen([sys.executable, "-P", "-m", "stratacl.jobs._daemon", "--watch", job_id, str(world),
-                      str(ctl_fd), str(timeout)],
+                      str(ctl_fd), str(timeout), *([",".join(map(str, ranks))] if ranks is not None else [])],
                      pass_fds=(ctl_fd,), start_new_session=True, stdin=subprocess.DEVNULL,
                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -2,7 +2,7 @@
 
 A job whose ranks span hosts (``stratacl-launch --emulate-hosts K`` on one machine) gives every
 host its own copy of the control segment and lets no rank map a segment of another host. A
-peer on another host is reached through the host's carrier (jobs/_carrier.py): its HBM through
+peer on another host is reached through the host's carrier (runtime/_carrier.py): its HBM through
 a mirror the carrier refreshes at barriers (the peer's descriptor in hand, a pull maps the
 mirror at the peer's shadow addresses, as it would the peer's segment), its words through the
 control blocks the carriers trade at the same barriers, for any communicator whose members
@@ -16,6 +16,18 @@ rather than left to time out.
 from __future__ import annotations
 
 from ._control import COMM_SLOTS, H_CARRIER
+
+
+def uncarried(config) -> list[tuple[str, str, str]]:
+    """The settings of ``config`` a job spanning hosts cannot run with: (setting, value, why)."""
+    out = []
+    if config.algo != "mesh":
+        out.append(("algo", config.algo, "ring steps are not carried across hosts yet; use mesh"))
+    if config.registration == "pool":
+        out.append(("registration", "pool", "a pool is mapped whole, too large to carry at every barrier"))
+    if config.metadata_path != "direct":
+        out.append(("metadata_path", config.metadata_path, "one daemon cannot relay to several hosts"))
+    return out
 
 
 class HostMap:

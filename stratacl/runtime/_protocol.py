@@ -143,7 +143,7 @@ class Protocol:
         cx[_native.CX_BARRIERS] = rt.native_call_word("barrier")
         cx[_native.CX_FLIGHT] = base + lay.flight(rt.rank)       # runtime/_flight.py
         cx[_native.CX_CTL] = base
-        # across hosts (jobs/_carrier.py): the counter counts this host's members, and the host's
+        # across hosts (runtime/_carrier.py): the counter counts this host's members, and the host's
         # carrier completes the barrier; a communicator within one host never involves it
         local, queue, entry = rt.hosts.barrier_words(members, slots, rank)
         cx[_native.CX_LOCAL_N] = n if local is None else local

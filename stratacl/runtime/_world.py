@@ -272,6 +272,9 @@ class Runtime:
 
 _RUNTIME: Runtime | None = None
 _LOCK = threading.Lock()
+# this process's carrier, when it is the first rank of a host in a job mpirun started over
+# hosts (runtime/_foreign.py): it ends once every rank of every host has; finalize waits for it
+_CARRIER = None
 
 
 def runtime() -> Runtime:
@@ -308,9 +311,15 @@ def init(**settings: Any) -> Communicator:
         elif (launch := _foreign.detect()) is not None:
             # torchrun or mpirun started this process: the ranks on the host meet by name
             rank, world = launch.rank, launch.world
-            job_id, ctl_fd, hbm_fds, created = _foreign.join(launch, config)
-            ctl = Control(ctl_fd, world)
+            joined = _foreign.join(launch, config)
+            job_id, hbm_fds, host_of = joined.job_id, joined.hbm_fds, joined.host_of
+            ctl = Control(joined.ctl_fd, world)
             ctl.set_pid(rank, os.getpid())      # the host's daemon watches the rank from here on
+            if joined.carriers is not None:
+                # the first rank of a host under mpirun carries the host's part across hosts
+                from ._carrier import CarrierThread
+                global _CARRIER
+                _CARRIER = CarrierThread(joined.carriers, host_of, ctl, hbm_fds, config, until_done=True)
         else:
             rank, world, job_id = 0, 1, secrets.token_hex(4)
             ctl, hbm_fds = _standalone(job_id, config)
@@ -323,7 +332,7 @@ def init(**settings: Any) -> Communicator:
              config.registration, config.metadata_path)
     rt.world_comm.barrier()
     if launch is not None:
-        _foreign.joined(job_id, world, created)
+        _foreign.joined(job_id, world, joined.created)
     if rt.clock is not None:
         rt.clock.anchor()
     return rt.world_comm
@@ -359,4 +368,8 @@ def finalize() -> None:
         _registration.activate(None)
     if rt is not None:
         rt.close()
+        global _CARRIER
+        carrier, _CARRIER = _CARRIER, None
+        if carrier is not None and not carrier.join(rt.config.timeout + 2 * rt.config.grace + 10):
+            log.warning("the host's carrier did not end within the timeout; leaving it")
 

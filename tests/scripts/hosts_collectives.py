@@ -13,6 +13,7 @@ from _report import emit, failure_record  # noqa: E402
 
 import stratacl  # noqa: E402
 from stratacl import shmem  # noqa: E402
+from stratacl.runtime import _world  # noqa: E402
 
 comm = stratacl.init()
 n, me = comm.size, comm.rank
@@ -160,7 +161,7 @@ def far_send():
 refusals = {"send on a split": refused(far_send), "get": refused(lambda: shmem.get(buf, sym, far))}
 comm.barrier()
 
-job = os.environ["STRATACL_JOB_ID"]
+job = _world.runtime().job_id    # this host's part of the job
 mapped, own = set(), None               # the shared-memory files this rank mapped (their inodes), its HBM's
 with open("/proc/self/maps") as f:
     for line in f:
@@ -169,5 +170,5 @@ with open("/proc/self/maps") as f:
             mapped.add(inode)
             if name == f"stratacl-{job}-hbm-{me}":
                 own = inode
-emit(checks=checks, clocks=clocks, refusals=refusals, mapped=sorted(mapped), own=own)
+emit(rank=me, checks=checks, clocks=clocks, refusals=refusals, mapped=sorted(mapped), own=own)
 stratacl.finalize()

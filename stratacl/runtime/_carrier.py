@@ -110,7 +110,7 @@ class Carrier:
         self._win = None
 
 
-# --- a host's carrier process in a job (python -m stratacl.jobs._carrier, under mpirun) -------
+# --- the host's event loop -----------------------------------------------------------------
 TAG_SEND, TAG_DONE, TAG_FAILED, TAG_BLOCK = 11, 12, 13, 14   # carrier-to-carrier messages (serve)
 POLL_S = 0.001                                      # how often an idle carrier calls into MPI
 
@@ -340,12 +340,15 @@ def serve(ctl, carrier: Carrier, chunk: int, table_offset: int, slice_start, sto
 
 
 class CarrierThread:
-    """This host's carrier, serving in a thread of the host's launcher (jobs/_hostjob.py) while
-    its main thread supervises the host's ranks: over ``part.comm``, with the launcher's
-    control segment and every rank's HBM segment (this host's ranks' own, the other ranks'
-    mirrors). Constructing it is collective over the host launchers."""
+    """This host's carrier, serving in a thread while the process's main thread goes on: in a
+    host launcher (jobs/_hostjob.py), which stops it once its ranks ended; or in the first rank
+    of a host under mpirun (runtime/_foreign.py, ``until_done``), where it stops by itself once
+    every rank of the host finalized or died and every other host's carrier did too. Over
+    ``comm`` (one process per host, host index = ``comm.rank``), with the host's control
+    segment and every rank's HBM segment (this host's ranks' own, the other ranks' mirrors).
+    Constructing it is collective over ``comm``."""
 
-    def __init__(self, part, ctl, hbm_fds: list[int], config):
+    def __init__(self, comm, host_of: list[int], ctl, hbm_fds: list[int], config, until_done: bool = False):
         import mmap
         import threading
 
@@ -353,24 +356,44 @@ class CarrierThread:
         from stratacl.ub._registration import RegistrationUnit
         hbm, slice_bytes, va_base = ctl.header(H_HBM_SIZE), ctl.header(H_SLICE), ctl.header(H_VA_BASE)
         maps = {r: mmap.mmap(fd, hbm, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE) for r, fd in enumerate(hbm_fds)}
-        mine = set(part.ranks)
-        self.carrier = Carrier(part.comm, hbm, part.host_of, {r: m for r, m in maps.items() if r in mine},
+        mine = {r for r, h in enumerate(host_of) if h == comm.rank}
+        self.carrier = Carrier(comm, hbm, host_of, {r: m for r, m in maps.items() if r in mine},
                                {r: m for r, m in maps.items() if r not in mine})
         expandable = config.allocator == "expandable" and config.registration != "pool"
         chunk = config.chunk_size if expandable else 0
         table_offset = RegistrationUnit.table_offset(hbm, slice_bytes, chunk) if chunk else 0
         self.error: str | None = None
         self._stop = threading.Event()
+        self._ending = comm.Dup() if until_done else None       # the carriers' last meeting
+        self._grace = config.grace
+        stop = self._stop.is_set
+        if until_done:
+            from stratacl.runtime._control import STATE_DEAD, STATE_FINALIZED
+
+            def stop() -> bool:
+                return self._stop.is_set() or all(ctl.state(r) in (STATE_FINALIZED, STATE_DEAD) for r in mine)
         self._thread = threading.Thread(
-            target=self._run, args=(ctl, chunk, table_offset, lambda r: va_base + r * slice_bytes),
+            target=self._run, args=(ctl, chunk, table_offset, lambda r: va_base + r * slice_bytes, stop),
             name="stratacl-carrier", daemon=True)
         self._thread.start()
 
-    def _run(self, ctl, chunk: int, table_offset: int, slice_start) -> None:
+    def _run(self, ctl, chunk: int, table_offset: int, slice_start, stop) -> None:
         try:
-            serve(ctl, self.carrier, chunk, table_offset, slice_start, stop=self._stop.is_set)
+            serve(ctl, self.carrier, chunk, table_offset, slice_start, stop=stop)
+            if self._ending is not None:
+                # this host is done, but another host's carrier may still read its segments:
+                # serve them (MPI progresses while we test) until every carrier is here. Bounded:
+                # a host gone for good does not hold this one.
+                req, end = self._ending.Ibarrier(), time.monotonic() + 2 * self._grace + 10
+                while not req.Test() and time.monotonic() < end:
+                    time.sleep(POLL_S)
         except BaseException as e:      # the launcher ends the job and says why
             self.error = f"{type(e).__name__}: {e}"
+
+    def join(self, timeout: float) -> bool:
+        """Wait at most ``timeout`` s for the carrier to end by itself; True if it did."""
+        self._thread.join(timeout=timeout)
+        return not self._thread.is_alive()
 
     def stop(self) -> None:
         self._stop.set()
