@@ -129,3 +129,55 @@ def assert_all_gone(pids: list[int], timeout: float = 15) -> None:
         except OSError:
             pass
     assert not still, f"processes still running {timeout} s later: {still}"
+
+
+def free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def tagged(tag: str) -> list[psutil.Process]:
+    """The processes whose environment carries ``EMU_TEST_TAG=tag`` (what a job started, in
+    sessions of their own too: hosts' daemons, carriers, their mpirun)."""
+    found = []
+    for p in psutil.process_iter():
+        try:
+            if p.environ().get("EMU_TEST_TAG") == tag:
+                found.append(p)
+        except psutil.Error:
+            pass
+    return found
+
+
+def torchrun_nodes(nodes: int, nproc: int, *argv: str, env: dict[str, str], timeout: float = 200,
+                   flags: tuple[str, ...] = ()) -> Run:
+    """``torchrun --nnodes NODES --node-rank g --nproc-per-node NPROC ARGV`` for every node g, all
+    on this machine (static rendezvous on a free loopback port): a job whose ranks span
+    ``nodes`` hosts as torchrun sees them. Output of every node, node after node; the exit code
+    is the first non-zero one. Waits (bounded) for every process the job left in sessions of
+    its own (the hosts' daemons, the carriers) to end."""
+    import uuid
+    tag = uuid.uuid4().hex
+    env = {k: v for k, v in env.items() if not k.startswith(("OMPI_", "PMIX_", "PRTE_", "TORCHELASTIC_"))}
+    env.update(EMU_TEST_TAG=tag)
+    env.pop("PYTHONUNBUFFERED", None)    # a rank's report line reaches the shared pipe in one write
+    port, t0 = free_port(), time.monotonic()
+    procs = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nodes), "--node-rank",
+                               str(g), "--nproc-per-node", str(nproc), *flags, "--master-addr", "127.0.0.1",
+                               "--master-port", str(port), *argv], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for g in range(nodes)]
+    outs = []
+    try:
+        for p in procs:
+            outs.append(p.communicate(timeout=max(1.0, timeout - (time.monotonic() - t0))))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        _gone, alive = psutil.wait_procs(tagged(tag), timeout=30)
+        assert not alive, f"left running after the job: {[(p.pid, p.name()) for p in alive]}"
+    rc = next((p.returncode for p in procs if p.returncode), 0)
+    return Run(rc, "".join(o for o, _ in outs), "".join(e for _, e in outs), time.monotonic() - t0)

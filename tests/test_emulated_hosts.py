@@ -17,7 +17,7 @@ import sys
 
 import psutil
 import pytest
-from launch_helpers import assert_all_gone, clean_env, launch, script
+from launch_helpers import assert_all_gone, clean_env, launch, script, torchrun_nodes
 
 MPIRUN = shutil.which("mpirun", path=os.path.dirname(sys.executable))
 pytestmark = [pytest.mark.timeout(240),
@@ -63,31 +63,32 @@ def _mpirun_reports(run) -> dict[int, dict]:
             for rec in [json.loads(line[3:])] if "checks" in rec}
 
 
-def test_every_collective_and_send_recv_across_two_hosts_are_exact_with_the_single_host_modeled_clock():
-    env = clean_env(STRATACL_TIMEOUT="60")
-    apart = launch("-n", str(N), "--emulate-hosts", str(K), "--clock", "virtual", script("hosts_collectives.py"),
-                   env=env, timeout=200)
-    assert apart.returncode == 0, apart.explain()
-    together = launch("-n", str(N), "--clock", "virtual", script("hosts_collectives.py"), env=env, timeout=200)
+@pytest.fixture(scope="module")
+def one_host() -> dict[int, dict]:
+    """hosts_collectives.py on one host: every rank's results, modeled clocks, maps."""
+    together = launch("-n", str(N), "--clock", "virtual", script("hosts_collectives.py"),
+                      env=clean_env(STRATACL_TIMEOUT="60"), timeout=200)
     assert together.returncode == 0, together.explain()
-    # the same program started by mpirun, its ranks split into hosts as --emulate-hosts splits
-    # them: the first rank of each host carries its host's part
-    under_mpirun = _mpirun(N, script("hosts_collectives.py"), STRATACL_EMULATE_HOSTS=str(K), STRATACL_CLOCK="virtual")
-    a, t, m = _reports(apart), _reports(together), _mpirun_reports(under_mpirun)
-    assert sorted(a) == sorted(t) == sorted(m) == list(range(N)), under_mpirun.stdout[-3000:] + under_mpirun.stderr[-3000:]
+    t = _reports(together)
+    assert sorted(t) == list(range(N))
+    for r in range(N):
+        assert all(t[q]["own"] in t[r]["mapped"] for q in range(N)), r     # one host: every rank's segment
+        assert t[r]["refusals"] == {"send on a split": None, "get": None}
+    return t
+
+
+def _same_as_one_host_but_split(a: dict[int, dict], t: dict[int, dict]) -> None:
+    """Every result exact, every modeled clock equal bit for bit to the one-host run; each rank
+    mapped its host's ranks' segments and never another host's (their bytes reach it in this
+    host's mirrors); what is not carried refused by name."""
+    assert sorted(a) == list(range(N))
     for r in range(N):
         assert a[r]["checks"] and all(v is True for v in a[r]["checks"].values()), (r, a[r]["checks"])
+        assert a[r]["checks"] == t[r]["checks"]
         assert a[r]["clocks"] == t[r]["clocks"], r               # the model does not see the hosts
-        assert {k: v for k, v in m[r].items() if k not in ("pid", "t", "own", "mapped")} == \
-            {k: v for k, v in a[r].items() if k not in ("pid", "t", "own", "mapped")}, r
-        assert (sorted(m[q]["own"] in m[r]["mapped"] for q in range(N))
-                == sorted(q * K // N == r * K // N for q in range(N))), r
         host = r * K // N
-        # it pulled from every peer: it mapped its host's ranks' segments, never another host's
-        # (their bytes reach it in this host's mirrors); on one host, every rank's
         for q in range(N):
             assert (a[q]["own"] in a[r]["mapped"]) == (q * K // N == host), (r, q)
-            assert t[q]["own"] in t[r]["mapped"], (r, q)
         far = (r + N // 2) % N
         half, peer = r // 2, (r // 2 + 2) % 4                   # ranks in the split of r % 2
         assert a[r]["refusals"]["send on a split"] == (
@@ -97,8 +98,31 @@ def test_every_collective_and_send_recv_across_two_hosts_are_exact_with_the_sing
         assert a[r]["refusals"]["get"] == (
             f"shmem.get: rank {r} (host {host}) and rank {far} (host {1 - host}) are on different hosts, and "
             f"one-sided calls are not carried across hosts yet")
-        assert t[r]["refusals"] == {"send on a split": None, "get": None}
     assert not [n for n in os.listdir("/dev/shm") if n.startswith(("stratacl-", "sm_segment"))]
+
+
+def test_every_collective_and_send_recv_across_two_hosts_are_exact_with_the_single_host_modeled_clock(one_host):
+    apart = launch("-n", str(N), "--emulate-hosts", str(K), "--clock", "virtual", script("hosts_collectives.py"),
+                   env=clean_env(STRATACL_TIMEOUT="60"), timeout=200)
+    assert apart.returncode == 0, apart.explain()
+    _same_as_one_host_but_split(_reports(apart), one_host)
+    assert not _carriers_left()
+
+
+def test_a_program_mpirun_starts_over_two_hosts_is_one_job_carried_by_the_first_rank_of_each(one_host):
+    # the user's mpirun, its ranks split into hosts as --emulate-hosts splits them (on real
+    # hosts, by host name): the first rank of each host carries its host's part in a thread
+    run = _mpirun(N, script("hosts_collectives.py"), STRATACL_EMULATE_HOSTS=str(K), STRATACL_CLOCK="virtual")
+    _same_as_one_host_but_split(_mpirun_reports(run), one_host)
+
+
+def test_a_program_torchrun_starts_on_two_nodes_is_one_job_carried_by_carriers_under_mpirun(one_host):
+    # two torchrun agents (--nnodes 2), as on two machines: the first rank of node 0 starts one
+    # carrier per node under mpirun, once every node's first rank said where it is
+    run = torchrun_nodes(K, N // K, script("hosts_collectives.py"),
+                         env=clean_env(STRATACL_TIMEOUT="60", STRATACL_CLOCK="virtual", OMP_NUM_THREADS="1"))
+    assert run.returncode == 0, run.explain()
+    _same_as_one_host_but_split({rec["rank"]: rec for rec in run.records if "checks" in rec}, one_host)
     assert not _carriers_left()
 
 

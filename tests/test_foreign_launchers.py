@@ -10,6 +10,7 @@ inherits, and waited for with a deadline.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -21,6 +22,7 @@ import psutil
 import pytest
 
 import stratacl
+from launch_helpers import torchrun_nodes
 from stratacl.runtime import _foreign
 
 pytestmark = pytest.mark.timeout(240)
@@ -100,9 +102,10 @@ def test_open_mpi_and_mpich_environments_are_read():
 
 def test_torchrun_ranks_on_several_hosts_are_refused_with_the_fix():
     launch = _foreign.Launch("torchrun", 5, 8, 1, 4, "x")
+    # node 0 of torchrun gave rank 5 of 8 local rank 1 of 4: not torchrun's numbering, node after node
     with pytest.raises(stratacl.BootstrapError, match=r"all its ranks on one host \(run 8 processes on one node, or "
-                       r"start the job with Open MPI's mpirun or stratacl-launch --hosts"):
-        _foreign.join(launch, stratacl.Config())
+                       r"start the job with torchrun with the same --nproc-per-node on every node, Open MPI's mpirun"):
+        _foreign.join(dataclasses.replace(launch, node=0), stratacl.Config())
 
 
 def test_settings_a_job_over_hosts_cannot_carry_are_refused_at_init():
@@ -166,6 +169,29 @@ def test_a_rank_killed_under_torchrun_is_named_by_the_survivors_and_nothing_is_l
     for r in (0, 2):
         assert reports[r]["error"].startswith("PeerFailure: barrier: "), reports[r]
         assert "peer rank 1 killed by SIGKILL" in reports[r]["error"], reports[r]
+
+
+def test_an_unmodified_torch_program_runs_under_torchrun_on_two_nodes():
+    # two torchrun agents (--nnodes 2) as on two machines: DDP, DTensor and functional
+    # collectives exact, every byte between the nodes through the carriers (MPI)
+    run = torchrun_nodes(2, 2, os.path.join(SCRIPTS, "torch_unmodified.py"), env=_env(uuid.uuid4().hex))
+    reports = _reports(run.stdout)
+    assert run.returncode == 0, run.explain()
+    assert sorted(reports) == [0, 1, 2, 3], run.stdout[-2000:]
+    assert all(r["size"] == 4 and r["bad"] == [] for r in reports.values()), reports
+
+
+def test_a_rank_killed_on_one_torchrun_node_is_named_on_both_and_nothing_is_left():
+    # rank 1 on node 0: its node's survivor learns it from its daemon, node 1's from the carriers
+    run = torchrun_nodes(2, 2, os.path.join(SCRIPTS, "foreign_kill.py"), env=_env(uuid.uuid4().hex),
+                         flags=("--monitor-interval", "3"), timeout=120)
+    reports = _reports(run.stdout)
+    assert run.returncode != 0
+    assert sorted(reports) == [0, 2, 3], run.explain()
+    for r in (0, 2, 3):
+        assert reports[r]["error"] == (f"PeerFailure: barrier: rank {r}: peer rank 1 killed by SIGKILL; this "
+                                       f"operation cannot complete"), reports[r]
+    assert not [n for n in os.listdir("/dev/shm") if n.startswith(("stratacl-", "sm_segment"))]
 
 
 # --- only the job's ranks get in (the store of a stratacl-launch job) -----------------------

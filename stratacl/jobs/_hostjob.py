@@ -28,11 +28,10 @@ import socket
 import subprocess
 import sys
 
-from stratacl.runtime._carrier import hosts_of
+from stratacl.runtime._carrier import MPIRUN_FLAGS, hosts_of, mpirun_env
 from stratacl.runtime._hosts import uncarried
 
 HOSTJOB_ENV = "STRATACL_HOSTJOB"         # what the host launchers read (JSON; hostjob_env)
-MPIRUN_FLAGS = ("--bind-to", "none", "--mca", "btl", "self,tcp", "--mca", "pml", "ob1", "--mca", "osc", "rdma")
 
 
 @dataclasses.dataclass
@@ -121,10 +120,9 @@ def launch(n: int, config, target: tuple, hosts: list[tuple[str, int]] | None) -
                                    "job": os.urandom(4).hex(), "secret": os.urandom(32).hex()})
     root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
     where = ["--oversubscribe"] if emulated else ["-H", ",".join(f"{h}:1" for h, _ in hosts)]
-    exported = [a for k in sorted(env) if k.startswith(("STRATACL_", "PYTHON", "OMP_")) for a in ("-x", k)]
+    env, exported = mpirun_env(env)
     argv = [_mpirun(), *root, *where, *MPIRUN_FLAGS, *([] if emulated else exported), "-n", str(len(hosts)),
             sys.executable, "-P", "-m", "stratacl.jobs._hostlaunch"]
-    env = {k: v for k, v in env.items() if not k.startswith(("OMPI_", "PMIX_"))}
     # mpirun hands this stdin to host 0's launcher, whose ranks inherit it as on one host
     p = subprocess.Popen(argv, env=env, start_new_session=True)
 

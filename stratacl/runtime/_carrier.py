@@ -369,9 +369,19 @@ class CarrierThread:
         stop = self._stop.is_set
         if until_done:
             from stratacl.runtime._control import STATE_DEAD, STATE_FINALIZED
+            started, failed_at = time.monotonic(), []
 
             def stop() -> bool:
-                return self._stop.is_set() or all(ctl.state(r) in (STATE_FINALIZED, STATE_DEAD) for r in mine)
+                # every rank of the host is done; or, bounded, the job failed (its ranks raise
+                # and leave) or a rank never came (its daemon gave up on it)
+                if self._stop.is_set() or all(ctl.state(r) in (STATE_FINALIZED, STATE_DEAD) for r in mine):
+                    return True
+                now = time.monotonic()
+                if not failed_at and ctl.failure() is not None:
+                    failed_at.append(now)
+                if failed_at and now - failed_at[0] > 2 * config.grace + 10:
+                    return True
+                return now - started > config.timeout and any(ctl.pid(r) <= 0 for r in mine)
         self._thread = threading.Thread(
             target=self._run, args=(ctl, chunk, table_offset, lambda r: va_base + r * slice_bytes, stop),
             name="stratacl-carrier", daemon=True)
@@ -400,6 +410,52 @@ class CarrierThread:
         self._thread.join(timeout=10)
 
 
+# how the carriers' processes are started when a launcher of ours starts them (jobs/_hostjob.py,
+# and under torchrun runtime/_foreign.py): TCP between hosts, the one-sided component that
+# serves dynamic windows over it
+MPIRUN_FLAGS = ("--bind-to", "none", "--mca", "btl", "self,tcp", "--mca", "pml", "ob1", "--mca", "osc", "rdma")
+
+
+def mpirun_env(env: dict[str, str]) -> tuple[dict[str, str], list[str]]:
+    """The environment for an ``mpirun`` of carriers started from ``env`` (none of the MPI
+    job this process may be part of), and its ``-x`` flags: the settings, Python's own
+    variables and thread counts reach the other hosts."""
+    env = {k: v for k, v in env.items() if not k.startswith(("OMPI_", "PMIX_", "PRTE_"))}
+    return env, [a for k in sorted(env) if k.startswith(("STRATACL_", "PYTHON", "OMP_")) for a in ("-x", k)]
+
+
+def main(argv: list[str]) -> int:
+    """A host's carrier in its own process (``python -m stratacl.runtime._carrier JOB WORLD
+    HOSTS``, one per host under one mpirun, host index = MPI rank): opens the host's segments
+    of job ``JOB``h<host> by name (runtime/_foreign.py leaves them until every rank has joined,
+    which needs the carriers) and serves until every rank of every host is done."""
+    import json
+    import os
+
+    from mpi4py import MPI
+
+    from stratacl._config import Config
+    from stratacl.runtime._control import Control
+    from stratacl.runtime._segments import open_job_segments
+    base, world, host_of = argv[0], int(argv[1]), json.loads(argv[2])
+    comm = MPI.COMM_WORLD
+    ctl_fd, hbm_fds = open_job_segments(f"{base}h{comm.rank}", world)
+    ctl = Control(ctl_fd, world)
+    thread = CarrierThread(comm, host_of, ctl, hbm_fds, Config(), until_done=True)
+    while not thread.join(1.0):
+        pass
+    for fd in (ctl_fd, *hbm_fds):
+        os.close(fd)
+    if thread.error:
+        print(f"stratacl carrier of host {comm.rank}: {thread.error}", flush=True)
+    return 1 if thread.error else 0
+
+
 def hosts_of(world: int, hosts: int) -> list[int]:
     """The host of each rank: ``hosts`` contiguous blocks of ranks, as even as they come."""
     return [r * hosts // world for r in range(world)]
+
+
+if __name__ == "__main__":
+    import sys
+    sys.exit(main(sys.argv[1:]))

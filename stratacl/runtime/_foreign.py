@@ -41,6 +41,7 @@ class Launch:
     local_rank: int
     local_world: int
     identity: str           # what its launcher made unique for this launch, on this host
+    node: int | None = None  # torchrun's node (GROUP_RANK), when it gives one
 
     @property
     def job_id(self) -> str:
@@ -64,7 +65,8 @@ def detect(environ=None) -> Launch | None:
         if got is not None:
             ident = "/".join(env.get(k, "") for k in ("TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT",
                                                      "TORCHELASTIC_RESTART_COUNT"))
-            return Launch("torchrun", *got, ident)
+            node = _ints(env, "GROUP_RANK")
+            return Launch("torchrun", *got, ident, node[0] if node else None)
     got = _ints(env, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
                 "OMPI_COMM_WORLD_LOCAL_SIZE")
     if got is not None:
@@ -111,11 +113,16 @@ def hosts(launch: Launch, config) -> list[int] | None:
     if launch.launcher.startswith("mpirun"):
         import socket
         return _by_first_seen(_mpi().COMM_WORLD.allgather(socket.gethostname()))
+    if launch.launcher == "torchrun" and launch.node is not None and launch.world % launch.local_world == 0 \
+            and launch.rank == launch.node * launch.local_world + launch.local_rank:
+        # torchrun numbers the ranks node after node
+        return [r // launch.local_world for r in range(launch.world)]
     raise BootstrapError(
         f"stratacl.init(): {launch.launcher} started rank {launch.rank} of {launch.world} as local rank "
         f"{launch.local_rank} of {launch.local_world} on this host; a StrataCL job started by {launch.launcher} "
         f"must have all its ranks on one host (run {launch.world} processes on one node, or start the job with "
-        f"Open MPI's mpirun or stratacl-launch --hosts, which carry it across hosts: docs/cluster.md)")
+        f"torchrun with the same --nproc-per-node on every node, Open MPI's mpirun or stratacl-launch --hosts, "
+        f"which carry it across hosts: docs/cluster.md)")
 
 
 def _by_first_seen(names: list[str]) -> list[int]:
@@ -199,6 +206,8 @@ def join(launch: Launch, config) -> Joined:
                     os.close(fd)
                 raise
             ready.release()
+            if host_of is not None and carriers is None:
+                _start_carriers(launch, config, host_of, launch.job_id)
             return Joined(job_id, ctl_fd, hbm_fds, True, host_of, carriers)
         if not _wait_posted(ready, config.timeout):
             _forget(ready)
@@ -217,6 +226,48 @@ def join(launch: Launch, config) -> Joined:
         return Joined(job_id, ctl_fd, hbm_fds, False, host_of, carriers)
     finally:
         ready.close()
+
+
+def _start_carriers(launch: Launch, config, host_of: list[int], base: str) -> None:
+    """torchrun over hosts (whose ranks have no MPI of their own): the carriers run in processes
+    of their own, one per host, under one mpirun (``python -m stratacl.runtime._carrier``), which
+    the first rank of host 0 starts once the first rank of every host has said where it is, in
+    torchrun's store. Each opens its host's segments by name; the ranks' first barrier waits for
+    them. On real hosts mpirun reaches the others as ``stratacl-launch --hosts`` does (ssh,
+    docs/cluster.md)."""
+    import datetime
+    import json
+    import shutil
+    import socket
+
+    from torch.distributed import TCPStore
+
+    from ._carrier import MPIRUN_FLAGS, mpirun_env
+    host = host_of[launch.rank]
+    store = TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                     timeout=datetime.timedelta(seconds=config.timeout))
+    key = f"stratacl/{base}/host/"
+    store.set(f"{key}{host}", socket.gethostname())
+    if host != 0:
+        return
+    mpirun = shutil.which("mpirun", path=os.path.dirname(sys.executable))
+    if mpirun is None:
+        raise BootstrapError("stratacl.init(): a torchrun job whose ranks span hosts is carried over MPI, and there is "
+                             "no mpirun beside this Python: pip install 'stratacl-emu[cluster]'")
+    names = [store.get(f"{key}{g}").decode() for g in range(max(host_of) + 1)]
+    hosts: list[list] = []                   # [name, carriers]: hosts of one name (emulated) share it
+    for name in names:
+        if hosts and hosts[-1][0] == name:
+            hosts[-1][1] += 1
+        else:
+            hosts.append([name, 1])
+    env, exported = mpirun_env(dict(os.environ))
+    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    subprocess.Popen([mpirun, *root, "-H", ",".join(f"{n}:{c}" for n, c in hosts), *MPIRUN_FLAGS, *exported,
+                      "-n", str(len(names)), sys.executable, "-P", "-m", "stratacl.runtime._carrier", base,
+                      str(launch.world), json.dumps(host_of)],
+                     env=env, start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                     stderr=subprocess.DEVNULL)
 
 
 def _wait_posted(ready, timeout: float) -> bool:
