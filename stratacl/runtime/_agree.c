@@ -304,8 +304,23 @@ static PyObject *received(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     Py_RETURN_NONE;
 }
 
+/* carrier_post(cx, k): hand the host's carrier entry k of the communicator `cx` (carrier_post);
+ * k = 0 names no barrier: the communicator is new, and its point-to-point words are to be
+ * carried from now on (runtime/_protocol.py, runtime/_carrier.py). */
+static PyObject *carrier_post_py(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    if (n != 2) { PyErr_SetString(PyExc_TypeError, "carrier_post(cx, k)"); return NULL; }
+    unsigned long k = PyLong_AsUnsignedLong(args[1]);
+    if (PyErr_Occurred()) return NULL;
+    Py_buffer cx;
+    if (get_i64_buffer(args[0], &cx, 0, "carrier_post") < 0) return NULL;
+    if (((const int64_t *)cx.buf)[CX_CARRIER]) carrier_post((const int64_t *)cx.buf, k);
+    PyBuffer_Release(&cx);
+    Py_RETURN_NONE;
+}
+
 /* The protocol's Python entries. */
 PyMethodDef agree_methods[] = {
+    {"carrier_post", (PyCFunction)(void (*)(void))carrier_post_py, METH_FASTCALL, "Hand the host's carrier an entry of a communicator (0: a new one)."},
     {"sync", (PyCFunction)(void (*)(void))sync_barrier, METH_FASTCALL, "Arrive at a communicator barrier and wait (bounded)."},
     {"enter", (PyCFunction)(void (*)(void))enter, METH_FASTCALL, "Publish a descriptor, arrive, wait (bounded), compare descriptors."},
     {"agree", (PyCFunction)(void (*)(void))agree, METH_FASTCALL, "Do a slot's descriptors agree?"},

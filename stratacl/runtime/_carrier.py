@@ -123,7 +123,6 @@ class _Words:
         from stratacl.runtime._control import P2P_DESC, Layout
         lay = ctl.layout
         self.ctl, self.lay = ctl, lay
-        self.slot = [lay.slot(r, 0) for r in range(ctl.world)]
         self._arrival, self._gen = Layout.SLOT_ARRIVAL, Layout.SLOT_GEN
         self._p2p_desc = P2P_DESC
 
@@ -142,28 +141,30 @@ class _Words:
         members = i32[(at + self.lay.slot_members()) // 4 + 1:][:n].tolist()
         return members, i32[(at + self.lay.slot_slots()) // 4:][:n].tolist()
 
-    def send_seq(self, a: int, b: int) -> int:      # a's announcement of its send to b (u32)
+    # the point-to-point words of member a (world rank, in its ``slot`` of the communicator)
+    # towards the member of index b there
+    def send_seq(self, a: int, slot: int, b: int) -> int:     # a's announcement of its send to b (u32)
         from stratacl.runtime._control import Layout
-        return self.slot[a] + Layout.SLOT_SEND_SEQ + 4 * b
+        return self.lay.slot(a, slot) + Layout.SLOT_SEND_SEQ + 4 * b
 
-    def send_desc(self, a: int, b: int) -> int:     # a's descriptor of that send (P2P_DESC int64)
-        return self.slot[a] + self.lay.slot_p2p_desc() + 8 * self._p2p_desc * b
+    def send_desc(self, a: int, slot: int, b: int) -> int:    # a's descriptor of that send (P2P_DESC int64)
+        return self.lay.slot(a, slot) + self.lay.slot_p2p_desc() + 8 * self._p2p_desc * b
 
-    def recv_done(self, a: int, b: int) -> int:     # a's answer to b's send: done (u32) ...
-        return self.slot[a] + self.lay.slot_recv_done() + 4 * b
+    def recv_done(self, a: int, slot: int, b: int) -> int:    # a's answer to b's send: done (u32) ...
+        return self.lay.slot(a, slot) + self.lay.slot_recv_done() + 4 * b
 
-    def recv_status(self, a: int, b: int) -> int:   # ... and its status (u32, 0: received)
-        return self.slot[a] + self.lay.slot_recv_status() + 4 * b
+    def recv_status(self, a: int, slot: int, b: int) -> int:  # ... and its status (u32, 0: received)
+        return self.lay.slot(a, slot) + self.lay.slot_recv_status() + 4 * b
 
-    def send_reason(self, a: int, b: int) -> slice:  # why a rejected its send to b, if it did
-        return self._reason(a, 2 + b)
+    def send_reason(self, a: int, slot: int, b: int) -> slice:  # why a rejected its send to b, if it did
+        return self._reason(a, slot, 2 + b)
 
-    def recv_reason(self, a: int, b: int) -> slice:  # why a rejected or failed its receive from b
-        return self._reason(a, 2 + self.ctl.world + b)
+    def recv_reason(self, a: int, slot: int, b: int) -> slice:  # why a rejected or failed its receive from b
+        return self._reason(a, slot, 2 + self.ctl.world + b)
 
-    def _reason(self, a: int, which: int) -> slice:
+    def _reason(self, a: int, slot: int, which: int) -> slice:
         from stratacl.runtime._control import REASON_BYTES
-        at = self.slot[a] + self.lay.slot_reason(which)
+        at = self.lay.slot(a, slot) + self.lay.slot_reason(which)
         return slice(at, at + REASON_BYTES)
 
     def descriptor(self, offset: int) -> np.ndarray:
@@ -219,12 +220,29 @@ def serve(ctl, carrier: Carrier, chunk: int, table_offset: int, slice_start, sto
             out.append((r, at if at >= 0 else off, chunk))
         return out
 
-    # point-to-point words of ranks here towards far ranks: what was forwarded last
-    pairs = [(a, b) for a in mine for b in far]
-    seq_at = np.array([w.send_seq(a, b) // 4 for a, b in pairs], dtype=np.int64)
-    done_at = np.array([w.recv_done(a, b) // 4 for a, b in pairs], dtype=np.int64)
-    sent = ctl.u32[seq_at].copy() if pairs else np.zeros(0, np.uint32)
-    answered = ctl.u32[done_at].copy() if pairs else np.zeros(0, np.uint32)
+    # point-to-point words of members here towards far members, of the world communicator and
+    # of each communicator spanning hosts a member here announced (an entry k = 0, with its
+    # card): (a, a's slot, b's index, b, b's slot, a's index); and what was forwarded last
+    pairs: list[tuple] = []
+    seq_at = done_at = np.zeros(0, np.int64)
+    sent = answered = np.zeros(0, np.uint32)
+
+    def carry_p2p(a: int, members: list[int], slots: list[int]) -> None:
+        nonlocal seq_at, done_at, sent, answered
+        i = members.index(a)
+        new = [(a, slots[i], j, b, slots[j], i) for j, b in enumerate(members) if host_of[b] != host]
+        pairs.extend(new)
+        seq_at = np.append(seq_at, [w.send_seq(*p[:3]) // 4 for p in new]).astype(np.int64)
+        done_at = np.append(done_at, [w.recv_done(*p[:3]) // 4 for p in new]).astype(np.int64)
+        # the world's words may have moved before this loop began; a new communicator's are 0
+        # until its first call, which may be announced before this entry is read
+        world_words = not any(slots)
+        zero = np.zeros(len(new), np.uint32)
+        sent = np.append(sent, ctl.u32[seq_at[len(sent):]] if world_words else zero).astype(np.uint32)
+        answered = np.append(answered, ctl.u32[done_at[len(answered):]] if world_words else zero).astype(np.uint32)
+
+    for a in mine:
+        carry_p2p(a, list(range(world)), [0] * world)
     failure_known = ctl.failure() is not None
     head = _native.load_u64(queue + 8)
     waiting: dict[tuple, deque] = {}     # communicator -> its barriers handed here, oldest first
@@ -247,6 +265,10 @@ def serve(ctl, carrier: Carrier, chunk: int, table_offset: int, slice_start, sto
             _native.store_u64(queue + 8, head)
             r, slot = divmod((v >> 32) - 1, COMM_SLOTS)
             members, slots = w.card(r, slot)
+            busy = True
+            if not v & 0xFFFFFFFF:           # a new communicator: carry r's point-to-point words
+                carry_p2p(r, members, slots)
+                continue
             key = (members[0], slots[0])
             block = b"".join(bytes(ctl.u8[w.own(m, sl)]) for m, sl in zip(members, slots) if host_of[m] == host)
             hosts = sorted({host_of[m] for m in members} - {host})
@@ -273,19 +295,19 @@ def serve(ctl, carrier: Carrier, chunk: int, table_offset: int, slice_start, sto
         if pairs:
             now_sent, now_answered = ctl.u32[seq_at], ctl.u32[done_at]
             for i in np.flatnonzero(now_sent != sent):
-                a, b = pairs[i]
-                d = np.array(w.descriptor(w.send_desc(a, b)))
-                why = bytes(ctl.u8[w.send_reason(a, b)])
-                comm.send((a, b, int(now_sent[i]), d, why), dest=host_of[b], tag=TAG_SEND)
+                pair = pairs[i]
+                d = np.array(w.descriptor(w.send_desc(*pair[:3])))
+                why = bytes(ctl.u8[w.send_reason(*pair[:3])])
+                comm.send((pair, int(now_sent[i]), d, why), dest=host_of[pair[3]], tag=TAG_SEND)
                 busy = True
             for i in np.flatnonzero(now_answered != answered):
-                a, b = pairs[i]
+                pair = pairs[i]
                 # a's answer, why it failed if it did, and its modeled receive time, which it
                 # wrote into b's descriptor of the send (runtime/_p2p.py, _complete_send)
-                st = int(ctl.u32[w.recv_status(a, b) // 4])
-                why = bytes(ctl.u8[w.recv_reason(a, b)])
-                t = int(w.descriptor(w.send_desc(b, a))[F_AUX1])
-                comm.send((a, b, int(now_answered[i]), st, why, t), dest=host_of[b], tag=TAG_DONE)
+                st = int(ctl.u32[w.recv_status(*pair[:3]) // 4])
+                why = bytes(ctl.u8[w.recv_reason(*pair[:3])])
+                t = int(w.descriptor(w.send_desc(*pair[3:]))[F_AUX1])
+                comm.send((pair, int(now_answered[i]), st, why, t), dest=host_of[pair[3]], tag=TAG_DONE)
                 busy = True
             sent, answered = now_sent.copy(), now_answered.copy()
         # what other carriers sent
@@ -306,19 +328,23 @@ def serve(ctl, carrier: Carrier, chunk: int, table_offset: int, slice_start, sto
                 key = (members[0], slots[0])
                 inbox[key, g] = inbox.get((key, g), 0) + 1
             elif tag == TAG_SEND:
-                a, b, seq, d, why = msg
-                w.descriptor(w.send_desc(a, b))[:] = d
-                ctl.u8[w.send_reason(a, b)] = np.frombuffer(why, np.uint8)
-                carrier.read(segment_wants(a, d))
-                _native.store_u32(ctl.base + w.send_seq(a, b), seq)
-                _native.futex_wake(ctl.base + w.send_seq(a, b), 2**31 - 1)
+                # far member a's send to member b here: a's words where a's host has them
+                pair, seq, d, why = msg
+                a = pair[:3]
+                w.descriptor(w.send_desc(*a))[:] = d
+                ctl.u8[w.send_reason(*a)] = np.frombuffer(why, np.uint8)
+                carrier.read(segment_wants(pair[0], d))
+                _native.store_u32(ctl.base + w.send_seq(*a), seq)
+                _native.futex_wake(ctl.base + w.send_seq(*a), 2**31 - 1)
             elif tag == TAG_DONE:
-                a, b, seq, st, why, t = msg
-                ctl.u8[w.recv_reason(a, b)] = np.frombuffer(why, np.uint8)
-                w.descriptor(w.send_desc(b, a))[F_AUX1] = t
-                _native.store_u32(ctl.base + w.recv_status(a, b), st)
-                _native.store_u32(ctl.base + w.recv_done(a, b), seq)
-                _native.futex_wake(ctl.base + w.recv_done(a, b), 2**31 - 1)
+                # far member a's answer to the send of member b here
+                pair, seq, st, why, t = msg
+                a = pair[:3]
+                ctl.u8[w.recv_reason(*a)] = np.frombuffer(why, np.uint8)
+                w.descriptor(w.send_desc(*pair[3:]))[F_AUX1] = t
+                _native.store_u32(ctl.base + w.recv_status(*a), st)
+                _native.store_u32(ctl.base + w.recv_done(*a), seq)
+                _native.futex_wake(ctl.base + w.recv_done(*a), 2**31 - 1)
             elif tag == TAG_FAILED and not failure_known:
                 rank, kind, value = msg
                 failure_known = True

@@ -7,11 +7,11 @@ a mirror the carrier refreshes at barriers (the peer's descriptor in hand, a pul
 mirror at the peer's shadow addresses, as it would the peer's segment), its words through the
 control blocks the carriers trade at the same barriers, for any communicator whose members
 span hosts (each member writes the communicator's card, members and slots, in its slot); a
-point-to-point call's words and bytes on the world communicator when its sender announces them
-(the carriers forward a send's descriptor and number, and the receiver's answer). What else
-would need a word outside those (point-to-point on another communicator spanning hosts,
-one-sided calls, ring steps) is refused with ``NotImplementedError`` naming the operation,
-rather than left to time out.
+point-to-point call's words and bytes when its sender announces them, on the world
+communicator and on any other communicator spanning hosts (whose members hand the carrier its
+card when they make it): the carriers forward a send's descriptor and number, and the
+receiver's answer. What else would need a word outside those (one-sided calls, ring steps) is
+refused with ``NotImplementedError`` naming the operation, rather than left to time out.
 """
 from __future__ import annotations
 

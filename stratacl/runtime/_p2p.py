@@ -108,14 +108,6 @@ class PointToPoint:
         px[:, _native.PX_SENT_STATUS] = self._sent_status
         self._send_fields = (0,) * P2P_DESC     # the descriptor being sent (a tuple: _native.read_fields)
 
-    def _refuse_far(self, op: str, dst, src) -> None:
-        """Refuse ``op`` with a peer on another host: on a communicator that spans hosts other
-        than the world, whose point-to-point words the carriers do not forward (runtime/_hosts.py)."""
-        def world(i):
-            return self._members[i] if type(i) is int and 0 <= i < self._size else None
-        self._rt.hosts.refuse_peers(op, [world(dst) if op != "recv" else None, world(src) if op != "send" else None],
-                                    "point-to-point calls on a communicator other than the world")
-
     def _p2p_addr(self, owner_idx: int, which: int, peer_idx: int) -> int:
         """which: 0 send_seq, 1 recv_done, 2 recv_status (u32 words)."""
         lay = self._protocol.lay
@@ -146,8 +138,6 @@ class PointToPoint:
         as one tuple, or None where the common case does not apply (no modeled clock, the
         cores' path, both halves' checks passed, zero copy from HBM, the output written in
         place), which leaves the call to ``call`` and its checks."""
-        if self._protocol.carried and not self._protocol.carried_p2p:
-            self._refuse_far("sendrecv", dst, src)
         peers = range(self._size)
         if (self._rt.clock is not None or path != "mte" or dst not in peers or src not in peers
                 or dst == self._rank or src == self._rank
@@ -184,8 +174,6 @@ class PointToPoint:
         the rank writes directly, a sender's buffer already checked) is one native call,
         ``_native.p2p``; it returns the stage at which the rest continues here: a wait that
         needs health checks, or a descriptor to check (mismatch, new buffer)."""
-        if self._protocol.carried and not self._protocol.carried_p2p:
-            self._refuse_far(op, dst, src)
         t0 = self._modeling.entering_us() if self._rt.clock is not None else None
         # the halves by operation, not by argument: a None buffer is a bad argument, rejected
         # by its checks and reported to the peer, not a half left out

@@ -149,13 +149,16 @@ class Protocol:
         cx[_native.CX_LOCAL_N] = n if local is None else local
         cx[_native.CX_CARRIER], cx[_native.CX_CARRIER_ID] = queue, entry
         self.carried = bool(queue)       # the barriers of this communicator cross hosts
-        # the world communicator's point-to-point words are carried too (slot 0 of every rank)
-        self.carried_p2p = self.carried and not any(slots)
         if self.carried:                 # the communicator's card, for this host's carrier
             at = (me + lay.slot_members()) // 4
             rt.ctl.i32[at + 1:at + 1 + n] = members
             rt.ctl.i32[(me + lay.slot_slots()) // 4:][:n] = slots
             rt.ctl.i32[at] = n
+            if any(slots):
+                # a communicator other than the world (whose words the carrier knows from the
+                # start): the carrier reads the card and carries this member's point-to-point
+                # words from now on; its words are all 0 until this member's first call
+                _native.carrier_post(cx, 0)
         cx[_native.CX_DESC:] = desc_addrs
         if rank == 0:                   # who the members are, for the flight recorder's reader
             at = (self.slot_offs[0] + lay.slot_members()) // 4

@@ -14,10 +14,15 @@ from _report import emit, failure_record  # noqa: E402
 import stratacl  # noqa: E402
 from stratacl import shmem  # noqa: E402
 from stratacl.runtime import _world  # noqa: E402
+from stratacl.runtime import _world  # noqa: E402
 
 comm = stratacl.init()
 n, me = comm.size, comm.rank
 checks: dict[str, bool] = {}
+# a symmetric object, first (symmetric: the same offset on every rank, which the allocations
+# the cases below make and free in their own order could change)
+buf = stratacl.empty((4,), np.float32)
+sym = shmem.zeros((4,), np.float32)
 clocks: dict[str, float] = {}
 
 
@@ -130,8 +135,30 @@ def split_across_hosts():
             and (z == n * (n - 1) / 2).all())
 
 
+def p2p_on_a_split(plain):
+    # a new communicator's first call is a send across hosts: nothing on it before
+    half = comm.split(me % 2)               # ranks r, r + 2, ...: half.rank + 2 is on the other host of two
+    peer = (half.rank + half.size // 2) % half.size
+    x = (np.zeros if plain else stratacl.empty)((1000,), np.int32)
+    x[:] = np.arange(1000) + 1000 * me
+    y = (np.zeros if plain else stratacl.empty)((1000,), np.int32)
+    if half.rank < half.size // 2:
+        half.send(x, peer)
+        half.recv(y, peer)
+    else:
+        half.recv(y, peer)
+        half.send(x, peer)
+    right, left = (half.rank + 1) % half.size, (half.rank - 1) % half.size
+    z = (np.zeros if plain else stratacl.empty)((1000,), np.int32)
+    half.sendrecv(x, right, z, left)
+    return ((y == np.arange(1000) + 1000 * half.members[peer]).all()
+            and (z == np.arange(1000) + 1000 * half.members[left]).all())
+
+
 case("send/recv with the other host", send_recv_far)
 case("split across hosts", split_across_hosts)
+case("send/recv on a split across hosts (HBM)", lambda: p2p_on_a_split(False))
+case("send/recv on a split across hosts (numpy)", lambda: p2p_on_a_split(True))
 case("sendrecv ring (HBM)", lambda: sendrecv_ring(False))
 case("sendrecv ring (numpy)", lambda: sendrecv_ring(True))
 case("all_reduce 256 KiB again", all_reduce_large)
@@ -148,17 +175,7 @@ def refused(run):
 
 
 far = (me + n // 2) % n                      # a rank on the other host of two
-buf = stratacl.empty((4,), np.float32)
-sym = shmem.zeros((4,), np.float32)
-half = comm.split(me % 2)                    # ranks r, r + 2, ...: half.rank + 2 is on the other host of two
-
-
-def far_send():
-    peer = (half.rank + half.size // 2) % half.size
-    return half.send(buf, peer) if half.rank < half.size // 2 else half.recv(buf, peer)
-
-
-refusals = {"send on a split": refused(far_send), "get": refused(lambda: shmem.get(buf, sym, far))}
+refusals = {"get": refused(lambda: shmem.get(buf, sym, far))}
 comm.barrier()
 
 job = _world.runtime().job_id    # this host's part of the job
