@@ -152,12 +152,13 @@ def tagged(tag: str) -> list[psutil.Process]:
 
 
 def torchrun_nodes(nodes: int, nproc: int, *argv: str, env: dict[str, str], timeout: float = 200,
-                   flags: tuple[str, ...] = ()) -> Run:
+                   flags: tuple[str, ...] = (), during=None) -> Run:
     """``torchrun --nnodes NODES --node-rank g --nproc-per-node NPROC ARGV`` for every node g, all
     on this machine (static rendezvous on a free loopback port): a job whose ranks span
     ``nodes`` hosts as torchrun sees them. Output of every node, node after node; the exit code
-    is the first non-zero one. Waits (bounded) for every process the job left in sessions of
-    its own (the hosts' daemons, the carriers) to end."""
+    is the first non-zero one. ``during(agents, tag)``, if given, runs once they started and
+    returns the lines of node 0's stdout it read. Waits (bounded) for every process the job
+    left in sessions of its own (the hosts' daemons, the carriers) to end."""
     import uuid
     tag = uuid.uuid4().hex
     env = {k: v for k, v in env.items() if not k.startswith(("OMPI_", "PMIX_", "PRTE_", "TORCHELASTIC_"))}
@@ -167,9 +168,11 @@ def torchrun_nodes(nodes: int, nproc: int, *argv: str, env: dict[str, str], time
     procs = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nodes), "--node-rank",
                                str(g), "--nproc-per-node", str(nproc), *flags, "--master-addr", "127.0.0.1",
                                "--master-port", str(port), *argv], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for g in range(nodes)]
-    outs = []
+                              stderr=subprocess.PIPE) for g in range(nodes)]
+    outs, seen = [], []
     try:
+        if during is not None:
+            seen = during(procs, tag)
         for p in procs:
             outs.append(p.communicate(timeout=max(1.0, timeout - (time.monotonic() - t0))))
     finally:
@@ -180,4 +183,5 @@ def torchrun_nodes(nodes: int, nproc: int, *argv: str, env: dict[str, str], time
         _gone, alive = psutil.wait_procs(tagged(tag), timeout=30)
         assert not alive, f"left running after the job: {[(p.pid, p.name()) for p in alive]}"
     rc = next((p.returncode for p in procs if p.returncode), 0)
-    return Run(rc, "".join(o for o, _ in outs), "".join(e for _, e in outs), time.monotonic() - t0)
+    stdout = "".join(line + "\n" for line in seen) + "".join(o.decode() for o, _ in outs)
+    return Run(rc, stdout, "".join(e.decode() for _, e in outs), time.monotonic() - t0)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -22,7 +23,7 @@ import psutil
 import pytest
 
 import stratacl
-from launch_helpers import torchrun_nodes
+from launch_helpers import read_lines_until, tagged, torchrun_nodes
 from stratacl.runtime import _foreign
 
 pytestmark = pytest.mark.timeout(240)
@@ -191,6 +192,29 @@ def test_a_rank_killed_on_one_torchrun_node_is_named_on_both_and_nothing_is_left
     for r in (0, 2, 3):
         assert reports[r]["error"] == (f"PeerFailure: barrier: rank {r}: peer rank 1 killed by SIGKILL; this "
                                        f"operation cannot complete"), reports[r]
+    assert not [n for n in os.listdir("/dev/shm") if n.startswith(("stratacl-", "sm_segment"))]
+
+
+def test_a_carrier_that_dies_under_torchrun_is_named_by_every_rank_and_nothing_is_left():
+    # the carrier of node 1 (a process of its own under torchrun) is SIGKILLed while the ranks
+    # run barriers across the nodes: node 1's daemon sees it go, mpirun ends node 0's carrier
+    # with it; every rank raises at once (not CommTimeout 60 s later), naming a carrier
+    def kill_carrier_of_node_1(agents, tag):
+        ready = read_lines_until(agents[0], 1, '@@ {"ready"', timeout=60)
+        carriers = [p for p in tagged(tag) if "stratacl.runtime._carrier" in p.cmdline()
+                    and p.environ().get("OMPI_COMM_WORLD_RANK") == "1"]
+        assert len(carriers) == 1, carriers
+        carriers[0].kill()
+        return ready
+
+    env = _env(uuid.uuid4().hex)
+    run = torchrun_nodes(2, 2, os.path.join(SCRIPTS, "barriers_until_failure.py"), env=env,
+                         flags=("--monitor-interval", "3"), timeout=120, during=kill_carrier_of_node_1)
+    reports = _reports(run.stdout)
+    assert sorted(reports) == [0, 1, 2, 3], run.explain()
+    for r, rep in reports.items():
+        assert re.fullmatch(rf"PeerFailure: barrier: rank {r}: the job is shutting down: the carrier of host [01] "
+                            rf"\(its path to the other hosts\) failed", rep["error"]), rep
     assert not [n for n in os.listdir("/dev/shm") if n.startswith(("stratacl-", "sm_segment"))]
 
 

@@ -12,7 +12,10 @@ ranks), it has no launcher to follow: it watches every rank itself,
 with a pidfd from the moment the rank writes its pid to the control segment. A rank that ends
 unfinalized is recorded as the job's failure (its peers raise PeerFailure naming it); once
 every rank has ended, the daemon sweeps the job's names from /dev/shm and exits. Ending the
-other ranks stays the job launcher's part, as it is for any of its jobs.
+other ranks stays the job launcher's part, as it is for any of its jobs. Under torchrun over
+hosts it watches the host's carrier process too (``carrier``, once it wrote its pid in the
+control segment): if it ends while ranks run, the daemon records the shutdown
+(FAILED_CARRIER), and the ranks raise instead of waiting out their timeout.
 """
 from __future__ import annotations
 
@@ -23,7 +26,8 @@ import sys
 import threading
 import time
 
-from stratacl.runtime._control import FAILED_EXIT, FAILED_GONE, FAILED_SIGNAL, STATE_DEAD, STATE_FINALIZED, Control
+from stratacl.runtime._control import (FAILED_CARRIER, FAILED_EXIT, FAILED_GONE, FAILED_SIGNAL, H_CARRIER_PID,
+                                       STATE_DEAD, STATE_FINALIZED, Control)
 from stratacl.runtime._mailbox import BROADCAST, Mailbox, unpack_header
 
 
@@ -70,13 +74,14 @@ def _exit_status(pid: int) -> tuple[int, int]:
     return (FAILED_EXIT, status >> 8) if status >> 8 else (FAILED_GONE, 0)
 
 
-def _watch_ranks(ctl: Control, ranks: list[int], timeout: float) -> None:
+def _watch_ranks(ctl: Control, ranks: list[int], timeout: float, carrier_process: bool = False) -> None:
     """Return once every rank of ``ranks`` (the host's) has ended, or once none is left to watch and the job has failed
     or the others did not show up within ``timeout`` s. Sleeps in the kernel on the pidfds;
     while some rank has not written its pid yet, it looks for new pids five times a second. A
     rank already finalized is not watched: its pid may be another process's by now."""
     sel = selectors.DefaultSelector()
     watched: dict[int, int] = {}         # rank -> pidfd
+    carrier = None                       # the host's carrier process, once it said where it is
     ended: set[int] = set()
     started = time.monotonic()
 
@@ -105,12 +110,27 @@ def _watch_ranks(ctl: Control, ranks: list[int], timeout: float) -> None:
                 continue
             watched[r] = fd
             sel.register(fd, selectors.EVENT_READ, (r, pid))
+        word = ctl.header(H_CARRIER_PID)
+        if carrier is None and word:
+            # a carrier in a process of its own (torchrun over hosts): if it ends while ranks
+            # of the host still run, no call across hosts can complete; they are told
+            carrier = word
+            try:
+                sel.register(os.pidfd_open(word & 0xFFFFFFFF), selectors.EVENT_READ, None)
+            except ProcessLookupError:
+                ctl.record_shutdown(word >> 32, FAILED_CARRIER)
         unseen = len(ranks) - len(watched) - len(ended)
         # nobody left to watch: every rank ended, or the job failed (a rank that has not
         # joined yet cannot complete it and finds the names gone), or ranks never came
         if not watched and (not unseen or ctl.failure() is not None or time.monotonic() - started > timeout):
             return
-        for key, _ in sel.select(timeout=0.2 if unseen else None):
+        for key, _ in sel.select(timeout=0.2 if unseen or (carrier_process and carrier is None) else None):
+            if key.data is None:                 # the carrier ended
+                sel.unregister(key.fd)
+                os.close(key.fd)
+                if len(ended) < len(ranks):
+                    ctl.record_shutdown(carrier >> 32, FAILED_CARRIER)
+                continue
             r, pid = key.data
             sel.unregister(key.fd)
             os.close(watched.pop(r))
@@ -145,6 +165,7 @@ def main_watch() -> None:
     job_id, world, ctl_fd, timeout = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
     # a job spanning hosts: this host's ranks (the others are watched by their hosts' daemons)
     ranks = [int(r) for r in sys.argv[6].split(",")] if len(sys.argv) > 6 else list(range(world))
+    carrier_process = sys.argv[7:8] == ["carrier"]      # the host's carrier runs in a process of its own
     for sig in (signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
     ctl = Control(ctl_fd, world)
@@ -158,7 +179,7 @@ def main_watch() -> None:
         ready = posix_ipc.Semaphore(f"/{prefix(job_id)}ready")
         ready.release()
         ready.close()
-        _watch_ranks(ctl, ranks, timeout)
+        _watch_ranks(ctl, ranks, timeout, carrier_process)
     finally:
         stop.set()
         from stratacl.jobs._resources import sweep

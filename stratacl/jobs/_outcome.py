@@ -42,13 +42,14 @@ class RankEnd:
 class JobOutcome:
     job_id: str
     ranks: list[RankEnd]
-    reason: str = ""            # '' | 'failure' | 'signal' | 'deadline' | 'daemon'
+    reason: str = ""            # '' | 'failure' | 'signal' | 'deadline' | 'daemon' | 'carrier'
     signal: int = 0             # the signal the launcher got; 'daemon': the daemon's returncode
     shutdown_at: float | None = None    # when the launcher began ending the ranks still running
     flight: dict | None = None          # a failed job's flight records, rank -> [FlightEntry] (runtime/_flight.py)
     flight_read_at: float = 0.0         # time.monotonic() when they were read
     memory: MemoryReport | None = None  # the ranks' memory and the OOM kill counters (_memory.py)
     part: str = ""                      # a job over hosts: which part this launcher ran (_hostjob.py)
+    carrier: str = ""                   # 'carrier': how this host's carrier failed
 
     @property
     def ok(self) -> bool:
@@ -100,6 +101,9 @@ def format_failure(outcome: JobOutcome) -> str:
         lines.append(f"  the launcher received {signal.Signals(outcome.signal).name} and shut the job down")
     elif outcome.reason == "deadline":
         lines.append("  the job ran past its deadline (--deadline / STRATACL_DEADLINE) and was ended")
+    elif outcome.reason == "carrier":
+        lines.append(f"  this host's carrier (its path to the other hosts) failed, so the job was ended: "
+                     f"{outcome.carrier}")
     elif outcome.reason == "daemon":
         how = RankEnd(-1, 0, outcome.signal).how()
         lines.append(f"  its bootstrap daemon ended ({how}) while the ranks ran; without it nothing cleans up "

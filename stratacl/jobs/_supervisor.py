@@ -369,10 +369,8 @@ class Job:
                 ctl.record_shutdown(daemon.returncode, FAILED_DAEMON)
                 failed_at = outcome.shutdown_at = now
             if failed_at is None and term_at is None and self._carrier is not None and self._carrier.error:
-                # no barrier across hosts can complete: as when the daemon ends
-                print(f"stratacl-launch: the host's carrier failed: {self._carrier.error}", file=sys.stderr, flush=True)
-                outcome.reason, outcome.signal = "daemon", 1
-                ctl.record_shutdown(1, FAILED_DAEMON)
+                # no call across hosts can complete; the carrier recorded it (its ranks raise)
+                outcome.reason, outcome.carrier = "carrier", self._carrier.error
                 failed_at = outcome.shutdown_at = now
             deadline = self.config.deadline
             if deadline and term_at is None and now - started > deadline:

@@ -348,8 +348,11 @@ def serve(ctl, carrier: Carrier, chunk: int, table_offset: int, slice_start, sto
             elif tag == TAG_FAILED and not failure_known:
                 rank, kind, value = msg
                 failure_known = True
-                ctl.set_state(rank, STATE_DEAD)
-                ctl.record_failure(rank, kind, value)
+                if rank < 0:                 # another host's carrier failed
+                    ctl.record_shutdown(value, kind)
+                else:
+                    ctl.set_state(rank, STATE_DEAD)
+                    ctl.record_failure(rank, kind, value)
             busy = True
         # the job's first failure, recorded here by the launcher
         if not failure_known and (f := ctl.failure()) is not None and f[0] >= 0:
@@ -363,6 +366,25 @@ def serve(ctl, carrier: Carrier, chunk: int, table_offset: int, slice_start, sto
     while sending and time.monotonic() < end:
         sending[:] = [q for q in sending if not q.Test()]
         time.sleep(0.001)
+
+
+def failed(ctl, carrier: Carrier, error: BaseException) -> None:
+    """Carrier ``carrier`` failed with ``error``: say so on stderr, end the job on this host (its
+    ranks raise PeerFailure naming the carrier's host at their next wait) and, as far as MPI
+    still goes, on the others."""
+    import sys
+
+    from stratacl.runtime._control import FAILED_CARRIER
+    print(f"stratacl: the carrier of host {carrier.host} failed: {type(error).__name__}: {error}",
+          file=sys.stderr, flush=True)
+    ctl.record_shutdown(carrier.host, FAILED_CARRIER)
+    try:
+        for g in range(carrier.comm.size):
+            if g != carrier.host:
+                carrier.outstanding.append(carrier.comm.isend((-1, FAILED_CARRIER, carrier.host), dest=g,
+                                                              tag=TAG_FAILED))
+    except Exception:          # noqa: BLE001 - MPI itself may be what failed
+        pass
 
 
 class CarrierThread:
@@ -415,7 +437,11 @@ class CarrierThread:
 
     def _run(self, ctl, chunk: int, table_offset: int, slice_start, stop) -> None:
         try:
-            serve(ctl, self.carrier, chunk, table_offset, slice_start, stop=stop)
+            try:
+                serve(ctl, self.carrier, chunk, table_offset, slice_start, stop=stop)
+            except BaseException as e:
+                failed(ctl, self.carrier, e)
+                raise
             if self._ending is not None:
                 # this host is done, but another host's carrier may still read its segments:
                 # serve them (MPI progresses while we test) until every carrier is here. Bounded:
@@ -461,12 +487,16 @@ def main(argv: list[str]) -> int:
     from mpi4py import MPI
 
     from stratacl._config import Config
-    from stratacl.runtime._control import Control
+    from stratacl.runtime import _native
+    from stratacl.runtime._control import H_CARRIER_PID, Control
     from stratacl.runtime._segments import open_job_segments
     base, world, host_of = argv[0], int(argv[1]), json.loads(argv[2])
     comm = MPI.COMM_WORLD
     ctl_fd, hbm_fds = open_job_segments(f"{base}h{comm.rank}", world)
     ctl = Control(ctl_fd, world)
+    # the host's daemon watches this process from now on: if it ends before the host's ranks,
+    # they are told (FAILED_CARRIER) rather than left to time out
+    _native.store_u64(ctl.base + H_CARRIER_PID, os.getpid() | comm.rank << 32)
     thread = CarrierThread(comm, host_of, ctl, hbm_fds, Config(), until_done=True)
     while not thread.join(1.0):
         pass

@@ -70,6 +70,9 @@ STATE_STARTING, STATE_RUNNING, STATE_FINALIZED, STATE_DEAD = 0, 1, 2, 3
 # header word offsets (bytes)
 H_MAGIC, H_WORLD, H_FAILED_RANK, H_FAILED_KIND, H_FAILED_VALUE, H_LAUNCHER_PID = 0, 8, 16, 24, 32, 40
 H_HBM_SIZE, H_VA_BASE, H_SLICE = 48, 56, 64
+# a host's carrier in a process of its own (runtime/_carrier.py main): its pid | its host << 32,
+# which the host's daemon watches (jobs/_daemon.py --watch); 0: none
+H_CARRIER_PID = 72
 H_SLEEPERS = 128                          # u32, own cache line: see set_sleepers in _waits.c
 # the carrier's queue of barriers its host's ranks have all arrived at: a u64 tail (producers
 # take a place with fetch-add), a u64 head (the carrier's), then CARRIER_QUEUE u64 entries, each
@@ -82,6 +85,10 @@ FAILED_EXIT, FAILED_SIGNAL, FAILED_SHUTDOWN, FAILED_DAEMON = 1, 2, 3, 4    # 0: 
 # FAILED_GONE: a rank of a job started by another launcher ended unfinalized, its exit status
 # unknown to the host's daemon (jobs/_daemon.py --watch)
 FAILED_GONE = 5
+# FAILED_CARRIER: the carrier of host <value> (a job spanning hosts: runtime/_carrier.py) failed;
+# no call across hosts can complete
+FAILED_CARRIER = 6
+_SHUTDOWNS = (FAILED_SHUTDOWN, FAILED_DAEMON, FAILED_CARRIER)       # the whole job's, no rank's
 
 # rank region word offsets (bytes)
 R_PID, R_STATE, R_DOORBELL, R_PUBLISHED = 0, 8, 16, 24
@@ -235,7 +242,7 @@ class Control:
     # --- first failure, as recorded by the launcher ----------------------------------------
     def record_failure(self, rank: int, kind: int, value: int) -> bool:
         """Record the job's first failure; later calls keep the first. Returns True if recorded."""
-        if int(self.i64[H_FAILED_RANK // 8]) >= 0 or self.header(H_FAILED_KIND) in (FAILED_SHUTDOWN, FAILED_DAEMON):
+        if int(self.i64[H_FAILED_RANK // 8]) >= 0 or self.header(H_FAILED_KIND) in _SHUTDOWNS:
             return False
         self.u64[H_FAILED_KIND // 8] = kind
         self.i64[H_FAILED_VALUE // 8] = value
@@ -246,13 +253,16 @@ class Control:
         """(rank, kind, value) of the first failure, or None while the job is healthy."""
         rank = int(self.i64[H_FAILED_RANK // 8])
         kind = self.header(H_FAILED_KIND)
-        if rank < 0 and kind not in (FAILED_SHUTDOWN, FAILED_DAEMON):
+        if rank < 0 and kind not in _SHUTDOWNS:
             return None
         return rank, kind, int(self.i64[H_FAILED_VALUE // 8])
 
     def record_shutdown(self, signum: int, kind: int = FAILED_SHUTDOWN) -> None:
         """The launcher ends the job: it got ``signum`` (SIGALRM: the deadline passed), or, with
-        ``kind`` FAILED_DAEMON, the bootstrap daemon ended with returncode ``signum``."""
+        ``kind`` FAILED_DAEMON, the bootstrap daemon ended with returncode ``signum``; with
+        FAILED_CARRIER, the carrier of host ``signum`` failed. The first shutdown stays."""
+        if self.header(H_FAILED_KIND) in _SHUTDOWNS:
+            return
         self.i64[H_FAILED_VALUE // 8] = signum
         _native.store_u64(self.base + H_FAILED_KIND, kind)
 

@@ -191,7 +191,8 @@ def join(launch: Launch, config) -> Joined:
                     f"ids is still running, or was ended before its daemon could clean up; end it, or remove "
                     f"/dev/shm/{p}* and /dev/shm/sem.{p}*") from None
             try:
-                start_daemon(job_id, launch.world, ctl_fd, config.timeout, ranks)
+                start_daemon(job_id, launch.world, ctl_fd, config.timeout, ranks,
+                             carrier_process=host_of is not None and carriers is None)
                 # the daemon posts the semaphore once it watches the ranks: until then nobody joins
                 if not _wait_posted(ready, config.timeout):
                     raise BootstrapError(
@@ -310,11 +311,13 @@ def joined(job_id: str, world: int, created: bool) -> None:
         pass
 
 
-def start_daemon(job_id: str, world: int, ctl_fd: int, timeout: float, ranks: list[int] | None = None) -> None:
+def start_daemon(job_id: str, world: int, ctl_fd: int, timeout: float, ranks: list[int] | None = None,
+                 carrier_process: bool = False) -> None:
     """The host's daemon, in a session of its own (a launcher that ends a rank's process group
     leaves it to clean up), holding none of the rank's pipes (a launcher that forwards output
     would wait for it)."""
     subprocess.Popen([sys.executable, "-P", "-m", "stratacl.jobs._daemon", "--watch", job_id, str(world),
-                      str(ctl_fd), str(timeout), *([",".join(map(str, ranks))] if ranks is not None else [])],
+                      str(ctl_fd), str(timeout), *([",".join(map(str, ranks))] if ranks is not None else []),
+                      *(["carrier"] if carrier_process else [])],
                      pass_fds=(ctl_fd,), start_new_session=True, stdin=subprocess.DEVNULL,
                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -18,6 +18,7 @@ from typing import Callable
 from .._errors import CommTimeout, PeerFailure
 from . import _native
 from ._control import (
+    FAILED_CARRIER,
     FAILED_DAEMON,
     FAILED_EXIT,
     FAILED_GONE,
@@ -77,6 +78,9 @@ class JobHealth:
                 how = _describe_failure(FAILED_SIGNAL if value < 0 else FAILED_EXIT, abs(value))
                 raise PeerFailure(f"{operation}: rank {self.rank}: the job is shutting down: its bootstrap "
                                   f"daemon ended ({how})", None, operation)
+            if kind == FAILED_CARRIER:
+                raise PeerFailure(f"{operation}: rank {self.rank}: the job is shutting down: the carrier of host "
+                                  f"{value} (its path to the other hosts) failed", None, operation)
             if kind == FAILED_SHUTDOWN:
                 why = ("it passed its deadline (--deadline)" if value == signal.SIGALRM
                        else f"the launcher got {_signal_name(value)}")
