@@ -160,9 +160,11 @@ def test_the_torch_backend_and_ep_dispatch_combine_run_exact_across_two_hosts():
     reports = {r["rank"]: r for r in torch_run.records}
     assert sorted(reports) == [0, 1, 2, 3] and all(r["bad"] == [] for r in reports.values()), reports
     examples = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
-    for mode in ("ht", "ll"):
+    # sizes at which a rank's tokens (4-8 MiB) and its routing block sit in segments of their
+    # own: the carrier must read both (the block is named in the call's extension words)
+    for mode, tokens in (("ht", "2048"), ("ll", "1024")):
         moe = launch("-n", "4", "--emulate-hosts", str(K), os.path.join(examples, "moe_layer.py"), "--mode", mode,
-                     env=env, timeout=200)
+                     "--tokens", tokens, "--hidden", "1024", env=env, timeout=200)
         assert moe.returncode == 0, moe.explain()
         assert "dispatched rows exact and layer output within float32 rounding" in moe.stdout, moe.stdout
         assert moe.stdout.rstrip().endswith("on every rank: yes"), moe.stdout

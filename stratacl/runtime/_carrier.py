@@ -171,6 +171,10 @@ class _Words:
         from stratacl.runtime._control import DESC_FIXED
         return self.ctl.i64[offset // 8:offset // 8 + DESC_FIXED]
 
+    def extension(self, offset: int, n: int) -> np.ndarray:   # the first n extension words of a descriptor
+        from stratacl.runtime._control import DESC_FIXED
+        return self.ctl.i64[offset // 8 + DESC_FIXED:offset // 8 + DESC_FIXED + n]
+
 
 def serve(ctl, carrier: Carrier, chunk: int, table_offset: int, slice_start, stop=lambda: False) -> None:
     """Carry this host's side of the job (runtime/_hosts.py) until ``stop()``, one event at a
@@ -193,7 +197,9 @@ def serve(ctl, carrier: Carrier, chunk: int, table_offset: int, slice_start, sto
 
     from stratacl.runtime import _native
     from stratacl.runtime._control import F_NBYTES, F_SEG_OFF, F_SEG_SIZE, F_SEG_VA, H_CARRIER, H_CARRIER_BELL
-    from stratacl.runtime._control import F_AUX1, F_CALL, STATE_DEAD
+    from stratacl.runtime._control import F_ADDR, F_AUX1, F_CALL, F_OP, STATE_DEAD
+    from stratacl._operators import OPERATORS
+    EP_CODES = {op.code for op in OPERATORS if op.family == "ep"}     # calls that name a routing block
     from stratacl.ub._registration import RegistrationUnit
     from collections import deque
 
@@ -206,18 +212,33 @@ def serve(ctl, carrier: Carrier, chunk: int, table_offset: int, slice_start, sto
     queue, bell = ctl.base + H_CARRIER, ctl.base + H_CARRIER_BELL
     table_bytes = RegistrationUnit.table_bytes(slice_start(1) - slice_start(0), chunk) if chunk else 0
 
-    def segment_wants(r: int, d: np.ndarray) -> list:
-        va, size, off = int(d[F_SEG_VA]), int(d[F_SEG_SIZE]), int(d[F_SEG_OFF])
-        if not int(d[F_NBYTES]) or not size:
+    def reads(r: int, addr: int, nbytes: int, va: int, size: int, off: int) -> list:
+        """The reads that bring [addr, addr + nbytes) of rank r's segment (va, size, at HBM
+        offset off) into its mirror: one run, or with the expandable allocator one per chunk it
+        touches, where r's chunk table (read first) says the chunk is."""
+        lo, hi = max(addr, va), min(addr + nbytes, va + size)
+        if hi <= lo or not size:
             return []
         if not chunk:
-            return [(r, off, size)]
+            return [(r, off + lo - va, hi - lo)]
         table = carrier.mirror(r)[table_offset:table_offset + table_bytes].view(np.int64)
         carrier.read([(r, table_offset, table_bytes)])
         out = []
-        for c in range(va, va + size, chunk):
+        for c in range(va + (lo - va) // chunk * chunk, hi, chunk):
             at = int(table[(c - slice_start(r)) // chunk]) - 1
-            out.append((r, at if at >= 0 else off, chunk))
+            a, b = max(lo, c), min(hi, c + chunk)
+            out.append((r, (at if at >= 0 else off + c - va) + a - c, b - a))
+        return out
+
+    def call_wants(r: int, at: int) -> list:
+        """What the members here may pull from far member r after a barrier of the call whose
+        descriptor is at ``at``: its input, and an expert-parallel call's routing block (the
+        second buffer it names in its extension words, ep/_buffer.py)."""
+        d = w.descriptor(at)
+        out = reads(r, int(d[F_ADDR]), int(d[F_NBYTES]), int(d[F_SEG_VA]), int(d[F_SEG_SIZE]), int(d[F_SEG_OFF]))
+        if int(d[F_OP]) in EP_CODES:
+            e = w.extension(at, 4)               # the block's address, its segment's va, size, offset
+            out += reads(r, int(e[0]), int(e[1]) + int(e[2]) - int(e[0]), int(e[1]), int(e[2]), int(e[3]))
         return out
 
     # point-to-point words of members here towards far members, of the world communicator and
@@ -283,8 +304,9 @@ def serve(ctl, carrier: Carrier, chunk: int, table_offset: int, slice_start, sto
                 wants = []
                 for m, sl in zip(members, slots):
                     if host_of[m] != host:
-                        descs = [w.descriptor(lay.slot(m, sl) + lay.slot_desc(p)) for p in (0, 1)]
-                        wants += segment_wants(m, max(descs, key=lambda x: int(x[F_CALL])))
+                        at = max((lay.slot(m, sl) + lay.slot_desc(p) for p in (0, 1)),
+                                 key=lambda a: int(w.descriptor(a)[F_CALL]))
+                        wants += call_wants(m, at)
                 carrier.read(wants)
                 gen = w.gen(members[0], slots[0])
                 _native.store_u32(gen, k)
@@ -333,7 +355,8 @@ def serve(ctl, carrier: Carrier, chunk: int, table_offset: int, slice_start, sto
                 a = pair[:3]
                 w.descriptor(w.send_desc(*a))[:] = d
                 ctl.u8[w.send_reason(*a)] = np.frombuffer(why, np.uint8)
-                carrier.read(segment_wants(pair[0], d))
+                carrier.read(reads(pair[0], int(d[F_ADDR]), int(d[F_NBYTES]), int(d[F_SEG_VA]), int(d[F_SEG_SIZE]),
+                                   int(d[F_SEG_OFF])))
                 _native.store_u32(ctl.base + w.send_seq(*a), seq)
                 _native.futex_wake(ctl.base + w.send_seq(*a), 2**31 - 1)
             elif tag == TAG_DONE:
