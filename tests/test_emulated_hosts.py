@@ -112,6 +112,27 @@ def test_a_program_mpirun_starts_over_two_hosts_is_one_job_carried_by_the_first_
     _same_as_one_host_but_split(_mpirun_reports(run), one_host)
 
 
+def test_hosts_under_mpirun_with_different_settings_are_refused_by_name():
+    # mpirun's application contexts give the second host's ranks another HBM size: the first
+    # rank of each host (its carrier) finds the hosts disagree and says which setting
+    env = {k: v for k, v in clean_env(STRATACL_TIMEOUT="30", OMP_NUM_THREADS="1", STRATACL_EMULATE_HOSTS="2",
+                                      STRATACL_HBM_SIZE="64M").items()
+           if not k.startswith(("OMPI_", "PMIX_", "PRTE_"))}
+    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    prog = [sys.executable, script("barriers_until_failure.py")]
+    run = subprocess.run([MPIRUN, *root, "--oversubscribe", "-n", "2", *prog, ":", "-n", "2", "-x",
+                          "STRATACL_HBM_SIZE=32M", *prog], env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode != 0
+    assert run.stderr.count("ValueError: the hosts' settings differ (STRATACL_HBM_SIZE: host 0 67108864, host 1 "
+                            "33554432); give every host the same STRATACL_* settings") == 2, run.stderr[-3000:]
+    for r, host in ((1, 0), (3, 1)):   # the other rank of each host is told at once, not at its timeout
+        assert (f"PeerFailure: barrier: rank {r}: the job is shutting down: the carrier of host {host} (its path to "
+                f"the other hosts) failed") in run.stderr, run.stderr[-3000:]
+    _gone, alive = psutil.wait_procs(_watching_daemons(), timeout=30)
+    assert not alive
+    assert not [n for n in os.listdir("/dev/shm") if n.startswith(("stratacl-", "sm_segment"))]
+
+
 def test_a_program_torchrun_starts_on_two_nodes_is_one_job_carried_by_carriers_under_mpirun(one_host):
     # two torchrun agents (--nnodes 2), as on two machines: the first rank of node 0 starts one
     # carrier per node under mpirun, once every node's first rank said where it is

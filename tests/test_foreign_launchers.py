@@ -218,6 +218,19 @@ def test_a_carrier_that_dies_under_torchrun_is_named_by_every_rank_and_nothing_i
     assert not [n for n in os.listdir("/dev/shm") if n.startswith(("stratacl-", "sm_segment"))]
 
 
+def test_torchrun_nodes_with_different_settings_are_refused_by_name():
+    # torchrun carries no settings between nodes: each node's environment is its own, and a job
+    # whose hosts disagree (here on the HBM size) fails at init, saying which setting differs
+    run = torchrun_nodes(2, 2, os.path.join(SCRIPTS, "barriers_until_failure.py"), env=_env(uuid.uuid4().hex),
+                         node_env=[{}, {"STRATACL_HBM_SIZE": "32M"}], timeout=120)
+    assert run.returncode != 0
+    for first in (0, 2):             # the first rank of each node says why (torchrun then ends the others)
+        assert (f"BootstrapError: stratacl.init(): rank {first}: the hosts' settings differ (STRATACL_HBM_SIZE: "
+                f"host 0 67108864, host 1 33554432); give every node the same STRATACL_* settings") in run.stderr, \
+            run.explain()
+    assert not [n for n in os.listdir("/dev/shm") if n.startswith(("stratacl-", "sm_segment"))]
+
+
 # --- only the job's ranks get in (the store of a stratacl-launch job) -----------------------
 
 def _listening(port: int) -> list[str]:

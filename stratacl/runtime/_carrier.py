@@ -391,6 +391,24 @@ def serve(ctl, carrier: Carrier, chunk: int, table_offset: int, slice_start, sto
         time.sleep(0.001)
 
 
+# settings each process may have its own of; every other one must be the same on every host
+PER_PROCESS = {"STRATACL_TIMEOUT", "STRATACL_PROFILE", "STRATACL_TRACE", "STRATACL_TAG_OUTPUT", "STRATACL_DEBUG",
+               "STRATACL_GRACE", "STRATACL_DEADLINE"}
+
+
+def same_settings(comm, config) -> None:
+    """Raise ValueError naming every setting the hosts do not agree on (a job over hosts whose
+    launcher does not carry the settings, torchrun's nodes, takes each host's environment).
+    Collective over the carriers."""
+    mine = {k: v for k, v in config.as_env().items() if k not in PER_PROCESS}
+    every = comm.allgather(mine)
+    differ = sorted({k for e in every for k in set(e) | set(mine) if e.get(k) != mine.get(k)})
+    if differ:
+        said = "; ".join(f"{k}: " + ", ".join(f"host {g} {e.get(k, '(default)')}" for g, e in enumerate(every))
+                         for k in differ)
+        raise ValueError(f"the hosts' settings differ ({said}); give every host the same STRATACL_* settings")
+
+
 def failed(ctl, carrier: Carrier, error: BaseException) -> None:
     """Carrier ``carrier`` failed with ``error``: say so on stderr, end the job on this host (its
     ranks raise PeerFailure naming the carrier's host at their next wait) and, as far as MPI
@@ -425,6 +443,7 @@ class CarrierThread:
 
         from stratacl.runtime._control import H_HBM_SIZE, H_SLICE, H_VA_BASE
         from stratacl.ub._registration import RegistrationUnit
+        same_settings(comm, config)
         hbm, slice_bytes, va_base = ctl.header(H_HBM_SIZE), ctl.header(H_SLICE), ctl.header(H_VA_BASE)
         maps = {r: mmap.mmap(fd, hbm, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE) for r, fd in enumerate(hbm_fds)}
         mine = {r for r, h in enumerate(host_of) if h == comm.rank}

@@ -235,7 +235,7 @@ def _start_carriers(launch: Launch, config, host_of: list[int], base: str) -> No
     the first rank of host 0 starts once the first rank of every host has said where it is, in
     torchrun's store. Each opens its host's segments by name; the ranks' first barrier waits for
     them. On real hosts mpirun reaches the others as ``stratacl-launch --hosts`` does (ssh,
-    docs/cluster.md)."""
+    docs/cluster.md). What they write to stderr (why one failed) goes where this rank's does."""
     import datetime
     import json
     import shutil
@@ -243,19 +243,27 @@ def _start_carriers(launch: Launch, config, host_of: list[int], base: str) -> No
 
     from torch.distributed import TCPStore
 
-    from ._carrier import MPIRUN_FLAGS, mpirun_env
+    from ._carrier import MPIRUN_FLAGS, PER_PROCESS, mpirun_env
     host = host_of[launch.rank]
     store = TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
                      timeout=datetime.timedelta(seconds=config.timeout))
     key = f"stratacl/{base}/host/"
-    store.set(f"{key}{host}", socket.gethostname())
+    # torchrun carries no settings between nodes: every host's first rank checks that all agree
+    settings = {k: v for k, v in config.as_env().items() if k not in PER_PROCESS}
+    store.set(f"{key}{host}", json.dumps([socket.gethostname(), settings]))
+    every = [json.loads(store.get(f"{key}{g}")) for g in range(max(host_of) + 1)]
+    differ = sorted({k for _, s in every for k in s if s.get(k) != settings.get(k)})
+    if differ:
+        said = "; ".join(f"{k}: " + ", ".join(f"host {g} {s.get(k)}" for g, (_, s) in enumerate(every)) for k in differ)
+        raise BootstrapError(f"stratacl.init(): rank {launch.rank}: the hosts' settings differ ({said}); give every "
+                             f"node the same STRATACL_* settings")
     if host != 0:
         return
     mpirun = shutil.which("mpirun", path=os.path.dirname(sys.executable))
     if mpirun is None:
         raise BootstrapError("stratacl.init(): a torchrun job whose ranks span hosts is carried over MPI, and there is "
                              "no mpirun beside this Python: pip install 'stratacl-emu[cluster]'")
-    names = [store.get(f"{key}{g}").decode() for g in range(max(host_of) + 1)]
+    names = [name for name, _ in every]
     hosts: list[list] = []                   # [name, carriers]: hosts of one name (emulated) share it
     for name in names:
         if hosts and hosts[-1][0] == name:
@@ -267,8 +275,7 @@ def _start_carriers(launch: Launch, config, host_of: list[int], base: str) -> No
     subprocess.Popen([mpirun, *root, "-H", ",".join(f"{n}:{c}" for n, c in hosts), *MPIRUN_FLAGS, *exported,
                       "-n", str(len(names)), sys.executable, "-P", "-m", "stratacl.runtime._carrier", base,
                       str(launch.world), json.dumps(host_of)],
-                     env=env, start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                     stderr=subprocess.DEVNULL)
+                     env=env, start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
 
 
 def _wait_posted(ready, timeout: float) -> bool:

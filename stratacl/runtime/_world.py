@@ -41,6 +41,7 @@ from ._buffers import EAGER_BYTES
 from ._comm import Communicator
 from ._control import (
     COMM_SLOTS,
+    FAILED_CARRIER,
     H_HBM_SIZE,
     H_MAGIC,
     H_SLICE,
@@ -319,7 +320,12 @@ def init(**settings: Any) -> Communicator:
                 # the first rank of a host under mpirun carries the host's part across hosts
                 from ._carrier import CarrierThread
                 global _CARRIER
-                _CARRIER = CarrierThread(joined.carriers, host_of, ctl, hbm_fds, config, until_done=True)
+                try:
+                    _CARRIER = CarrierThread(joined.carriers, host_of, ctl, hbm_fds, config, until_done=True)
+                except BaseException:
+                    # the host's other ranks wait for this carrier: they are told it failed
+                    ctl.record_shutdown(host_of[rank], FAILED_CARRIER)
+                    raise
         else:
             rank, world, job_id = 0, 1, secrets.token_hex(4)
             ctl, hbm_fds = _standalone(job_id, config)
