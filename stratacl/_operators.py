@@ -33,6 +33,10 @@ class Operator:
     schedule: bool = False            # collectives/_schedule.py has its schedule
     ring: bool = False                # it also runs as a ring (algo="ring")
     native: bool = False              # its common case is a native method, which counts its calls
+    # a second buffer peers read, named in the descriptor's extension words by its block
+    # (address, segment address, size, offset, epoch) at word a * N + b (N: the members), or
+    # None: across hosts the carriers read it with the input (runtime/_carrier.py)
+    read_block: tuple[int, int] | None = None
 
 
 OPERATORS: tuple[Operator, ...] = (
@@ -45,14 +49,14 @@ OPERATORS: tuple[Operator, ...] = (
     Operator("all_to_all_v", 6, "collective"),
     Operator("broadcast", 7, "collective", ("count", "-"), "1", schedule=True, native=True),
     Operator("split", 8, "group"),
-    Operator("dispatch", 9, "ep"),
-    Operator("combine", 10, "ep"),
-    Operator("low_latency_dispatch", 11, "ep"),
-    Operator("low_latency_combine", 12, "ep"),
+    Operator("dispatch", 9, "ep", read_block=(0, 0)),            # the routing block (ep/_buffer.py, E_ADDR)
+    Operator("combine", 10, "ep", read_block=(0, 0)),
+    Operator("low_latency_dispatch", 11, "ep", read_block=(0, 0)),
+    Operator("low_latency_combine", 12, "ep", read_block=(0, 0)),
     Operator("gather", 13, "collective"),
     Operator("scatter", 14, "collective"),
     # a user's slice map run as an operator (stratacl.fabric), whatever its name
-    Operator("slice_map", 15, "fabric"),
+    Operator("slice_map", 15, "fabric", read_block=(2, 7)),      # the traffic block (fabric/_usermap.py)
     # point to point: codes owned by the native layer (_native.h, OP_SEND = 100, ...)
     Operator("send", 100, "p2p", native=True),
     Operator("recv", 101, "p2p", native=True),

@@ -73,7 +73,7 @@ def one_host() -> dict[int, dict]:
     assert sorted(t) == list(range(N))
     for r in range(N):
         assert all(t[q]["own"] in t[r]["mapped"] for q in range(N)), r     # one host: every rank's segment
-        assert t[r]["refusals"] == {"get": None}
+        assert t[r]["refusals"] == {"get": None, "store": None}
     return t
 
 
@@ -94,6 +94,9 @@ def _same_as_one_host_but_split(a: dict[int, dict], t: dict[int, dict]) -> None:
         assert a[r]["refusals"]["get"] == (
             f"shmem.get: rank {r} (host {host}) and rank {far} (host {1 - host}) are on different hosts, and "
             f"one-sided calls are not carried across hosts yet")
+        assert a[r]["refusals"]["store"] == (
+            f"slice_map: rank {r} (host {host}) and rank {far} (host {1 - host}) are on different hosts, and "
+            f"stores into a peer's buffer are not carried across hosts yet")
     assert not [n for n in os.listdir("/dev/shm") if n.startswith(("stratacl-", "sm_segment"))]
 
 

@@ -33,6 +33,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .._errors import CollectiveMismatch
+from .._operators import OPERATORS
 from ..collectives import _backend, _ep, _kernels, _reduce
 from ..runtime import Pipeline, pipeline
 from ..runtime._buffers import buffer_size
@@ -43,6 +44,8 @@ DTYPES = (np.dtype(np.float16), np.dtype(np.float32))
 # dispatch call it combines)
 E_ADDR, E_VA, E_SIZE, E_OFF, E_EPOCH, E_TOKENS, E_HIDDEN, E_TOPK, E_PARAM, E_WORDS = range(10)
 assert E_WORDS <= Pipeline.EXT_WORDS
+# where the operator table tells the carriers (across hosts) peers read the routing block
+assert all(op.read_block == (0, E_ADDR) for op in OPERATORS if op.family == "ep")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -43,6 +43,8 @@ ACTIONS = {"load": _slices.LOAD, "store": _slices.STORE, "reduce": _slices.LOAD_
 # sizes of src and dst, the traffic block (timed calls only)
 X_DST, X_SRC_BYTES, X_DST_BYTES, X_TRAFFIC, X_WORDS = 0, 5, 6, 7, 12
 OPERATION = "slice_map"
+# where the operator table tells the carriers (across hosts) peers read the traffic block
+assert BY_NAME[OPERATION].read_block == (2, X_TRAFFIC)
 
 
 class SliceMap:
@@ -153,6 +155,9 @@ def _run(comm, pipe, smap: SliceMap, src, dst, reduce: str, name: str) -> None:
         rcode = _reduce.reduce_code(reduce, dst.dtype, name)
         phases = smap.phases
         maps, need, traffic = smap._maps(me, n, src.nbytes, dst.nbytes, dst.itemsize, name)
+        # a store writes into the peer's memory, which across hosts is only this host's mirror
+        # of it: refused by name (the carriers bring bytes here, they do not write them back)
+        pipe.check_near(name, [p for m in maps for p in m.peer[m.op == _slices.STORE]], "stores into a peer's buffer")
         pipe.check_path(name)
         inp = pipe.input(src, name, bool(np.may_share_memory(src, dst)))
         flat = dst.reshape(-1)

@@ -24,11 +24,12 @@
 /* Hand barrier k of the communicator `cx` to the host's carrier: take a place in its queue
  * (u64 tail, u64 head, CARRIER_QUEUE entries: runtime/_control.py, H_CARRIER), wait (yielding)
  * while the queue is full, write the entry, ring. */
-static void carrier_post(const int64_t *cx, uint64_t k) {
+static void carrier_post(const int64_t *cx, uint64_t k, uint64_t mark) {
     uint64_t *q = (uint64_t *)(uintptr_t)cx[CX_CARRIER];
     uint64_t at = __atomic_fetch_add(&q[0], 1, __ATOMIC_SEQ_CST);
     while (at - __atomic_load_n(&q[1], __ATOMIC_ACQUIRE) >= CARRIER_QUEUE) sched_yield();
-    __atomic_store_n(&q[8 + at % CARRIER_QUEUE], ((uint64_t)cx[CX_CARRIER_ID] << 32) | (uint32_t)k, __ATOMIC_RELEASE);
+    __atomic_store_n(&q[8 + at % CARRIER_QUEUE], ((uint64_t)cx[CX_CARRIER_ID] << 32) | (uint32_t)k | mark,
+                     __ATOMIC_RELEASE);
     ring_carrier();
 }
 
@@ -38,6 +39,10 @@ static void carrier_post(const int64_t *cx, uint64_t k) {
  * carrier (carrier_post): the carrier trades the hosts' words and bytes and sets the
  * generation word itself (jobs/_carrier.py), which is then the only completion. */
 int barrier(const int64_t *cx, uint64_t k, long polls, double seconds) {
+    return barrier_marked(cx, k, polls, seconds, 0);
+}
+
+int barrier_marked(const int64_t *cx, uint64_t k, long polls, double seconds, uint64_t mark) {
     if (job_failed()) return 0;
     flight_arrive(cx, k);
     uint64_t *counter = (uint64_t *)(uintptr_t)cx[CX_COUNTER];
@@ -51,7 +56,7 @@ int barrier(const int64_t *cx, uint64_t k, long polls, double seconds) {
             wake_sleepers(gen);
             return 1;
         }
-        carrier_post(cx, k);
+        carrier_post(cx, k, mark);
     }
     if (carried) return await_seq(gen, (uint32_t)k, polls, seconds);
     for (long i = 0; i < polls; i++) {
@@ -313,7 +318,7 @@ static PyObject *carrier_post_py(PyObject *self, PyObject *const *args, Py_ssize
     if (PyErr_Occurred()) return NULL;
     Py_buffer cx;
     if (get_i64_buffer(args[0], &cx, 0, "carrier_post") < 0) return NULL;
-    if (((const int64_t *)cx.buf)[CX_CARRIER]) carrier_post((const int64_t *)cx.buf, k);
+    if (((const int64_t *)cx.buf)[CX_CARRIER]) carrier_post((const int64_t *)cx.buf, k, 0);
     PyBuffer_Release(&cx);
     Py_RETURN_NONE;
 }

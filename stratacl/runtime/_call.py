@@ -91,6 +91,12 @@ class Pipeline:
         return self._modeling.algo_for(operation, nbytes, itemsize)
 
     # --- local checks and staging -----------------------------------------------------------
+    def check_near(self, operation: str, peers, what: str) -> None:
+        """NotImplementedError if any of ``peers`` (ranks of the communicator) is on another
+        host than this rank, for ``what`` the carriers do not carry (runtime/_hosts.py). Raise
+        it inside the argument checks, so that ``enter`` tells the peers."""
+        self._rt.hosts.refuse_peers(operation, [self._members[int(p)] for p in peers], what)
+
     def check_path(self, operation: str) -> None:
         """ValueError unless the call's ``path=`` is one of the paths (raise it inside the
         argument checks, so that ``enter`` tells the peers)."""

@@ -199,11 +199,13 @@ def serve(ctl, carrier: Carrier, chunk: int, table_offset: int, slice_start, sto
     from stratacl.runtime._control import F_NBYTES, F_SEG_OFF, F_SEG_SIZE, F_SEG_VA, H_CARRIER, H_CARRIER_BELL
     from stratacl.runtime._control import F_ADDR, F_AUX1, F_CALL, F_OP, STATE_DEAD
     from stratacl._operators import OPERATORS
-    EP_CODES = {op.code for op in OPERATORS if op.family == "ep"}     # calls that name a routing block
+    from stratacl.runtime._buffers import EAGER_BYTES
+    READ_BLOCK = {op.code: op.read_block for op in OPERATORS if op.read_block is not None}
     from stratacl.ub._registration import RegistrationUnit
     from collections import deque
 
     from stratacl.runtime._control import CARRIER_QUEUE, COMM_SLOTS
+    NO_READS = _native.CARRIER_NO_READS
     comm = carrier.comm
     world, lay, host, host_of = ctl.world, ctl.layout, carrier.host, carrier.host_of
     mine = [r for r in range(world) if host_of[r] == host]
@@ -230,15 +232,23 @@ def serve(ctl, carrier: Carrier, chunk: int, table_offset: int, slice_start, sto
             out.append((r, (at if at >= 0 else off + c - va) + a - c, b - a))
         return out
 
-    def call_wants(r: int, at: int) -> list:
-        """What the members here may pull from far member r after a barrier of the call whose
-        descriptor is at ``at``: its input, and an expert-parallel call's routing block (the
-        second buffer it names in its extension words, ep/_buffer.py)."""
+    def call_wants(r: int, at: int, n: int) -> list:
+        """What the members here may pull from far member r (of a communicator of n) after a
+        barrier of the call whose descriptor is at ``at``: its input, and the second buffer a
+        call names in its extension words that peers read: an expert-parallel call's routing
+        block (ep/_buffer.py), a slice map's traffic block (fabric/_usermap.py)."""
         d = w.descriptor(at)
-        out = reads(r, int(d[F_ADDR]), int(d[F_NBYTES]), int(d[F_SEG_VA]), int(d[F_SEG_SIZE]), int(d[F_SEG_OFF]))
-        if int(d[F_OP]) in EP_CODES:
-            e = w.extension(at, 4)               # the block's address, its segment's va, size, offset
-            out += reads(r, int(e[0]), int(e[1]) + int(e[2]) - int(e[0]), int(e[1]), int(e[2]), int(e[3]))
+        nbytes = int(d[F_NBYTES])
+        # a small input is an eager slot (runtime/_buffers.py), whose member leaves its reduced
+        # chunk right after the copy for the others to gather: the bytes after it are read too
+        extent = 2 * nbytes if nbytes <= EAGER_BYTES else nbytes
+        out = reads(r, int(d[F_ADDR]), extent, int(d[F_SEG_VA]), int(d[F_SEG_SIZE]), int(d[F_SEG_OFF]))
+        where = READ_BLOCK.get(int(d[F_OP]))
+        if where is not None:
+            block = where[0] * n + where[1]
+            e = w.extension(at, block + 4)[block:]   # the block's address, its segment's va, size, offset
+            if int(e[0]):
+                out += reads(r, int(e[0]), int(e[1]) + int(e[2]) - int(e[0]), int(e[1]), int(e[2]), int(e[3]))
         return out
 
     # point-to-point words of members here towards far members, of the world communicator and
@@ -284,7 +294,8 @@ def serve(ctl, carrier: Carrier, chunk: int, table_offset: int, slice_start, sto
             _native.store_u64(entry, 0)
             head += 1
             _native.store_u64(queue + 8, head)
-            r, slot = divmod((v >> 32) - 1, COMM_SLOTS)
+            pulled = not v & NO_READS       # a call's departure: nothing is pulled after it
+            r, slot = divmod(((v & ~NO_READS) >> 32) - 1, COMM_SLOTS)
             members, slots = w.card(r, slot)
             busy = True
             if not v & 0xFFFFFFFF:           # a new communicator: carry r's point-to-point words
@@ -294,19 +305,19 @@ def serve(ctl, carrier: Carrier, chunk: int, table_offset: int, slice_start, sto
             block = b"".join(bytes(ctl.u8[w.own(m, sl)]) for m, sl in zip(members, slots) if host_of[m] == host)
             hosts = sorted({host_of[m] for m in members} - {host})
             sending += [comm.isend((members, slots, block), dest=g, tag=TAG_BLOCK) for g in hosts]
-            waiting.setdefault(key, deque()).append((v & 0xFFFFFFFF, members, slots, hosts))
+            waiting.setdefault(key, deque()).append((v & 0xFFFFFFFF, members, slots, hosts, pulled))
             busy = True
         for key, barriers in waiting.items():
             while barriers and all(inbox.get((key, g)) for g in barriers[0][3]):
-                k, members, slots, hosts = barriers.popleft()
+                k, members, slots, hosts, pulled = barriers.popleft()
                 for g in hosts:
                     inbox[key, g] -= 1
                 wants = []
                 for m, sl in zip(members, slots):
-                    if host_of[m] != host:
+                    if pulled and host_of[m] != host:
                         at = max((lay.slot(m, sl) + lay.slot_desc(p) for p in (0, 1)),
                                  key=lambda a: int(w.descriptor(a)[F_CALL]))
-                        wants += call_wants(m, at)
+                        wants += call_wants(m, at, len(members))
                 carrier.read(wants)
                 gen = w.gen(members[0], slots[0])
                 _native.store_u32(gen, k)

@@ -111,7 +111,8 @@ second_done:
 depart:
     if (departure == MESH_BARRIER) {
         s->k = (uint64_t)++t[T_SYNCS];
-        if (!barrier(c, s->k, polls, seconds)) return s->stage = MESH_DEPART_WAIT;
+        /* nothing is pulled after it: across hosts, the carriers read no bytes for it */
+        if (!barrier_marked(c, s->k, polls, seconds, CARRIER_NO_READS)) return s->stage = MESH_DEPART_WAIT;
     } else if (departure == MESH_ROOT_READER) {
         roots[p[RP_ROOT]]++;
         if (__atomic_add_fetch(word, 1, __ATOMIC_SEQ_CST) == s->target) wake_sleepers(word);

@@ -118,5 +118,11 @@ static const struct { const char *name; long value; } constants[] = {
 int native_init(PyObject *m) {
     for (size_t i = 0; i < sizeof constants / sizeof constants[0]; i++)
         if (PyModule_AddIntConstant(m, constants[i].name, constants[i].value) < 0) return -1;
+    /* an unsigned 64-bit mark, past what a long holds */
+    PyObject *mark = PyLong_FromUnsignedLongLong(CARRIER_NO_READS);
+    if (mark == NULL || PyModule_AddObject(m, "CARRIER_NO_READS", mark) < 0) {
+        Py_XDECREF(mark);
+        return -1;
+    }
     return 0;
 }

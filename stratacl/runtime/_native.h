@@ -48,6 +48,7 @@
 enum { CX_COUNTER, CX_GEN, CX_ARRIVAL, CX_N, CX_ME, CX_TALLY, CX_ROOTS, CX_SENT, CX_RECEIVED, CX_COUNTERS, CX_BARRIERS,
        CX_FLIGHT, CX_CTL, CX_LOCAL_N, CX_CARRIER, CX_CARRIER_ID, CX_DESC };
 enum { CARRIER_QUEUE = 64 };     /* entries of a carrier's queue (runtime/_control.py) */
+#define CARRIER_NO_READS (1ULL << 63)  /* an entry's mark: complete the barrier, read nothing */
 enum { T_CALLS, T_SYNCS, T_NATIVE, T_WORDS };   /* calls, barrier numbers, native methods allowed */
 enum { F_OP, F_DTYPE, F_COUNT, F_ROOT, F_REDOP, F_FLAGS, F_ADDR, F_NBYTES, F_SEG_VA, F_SEG_SIZE,
        F_SEG_OFF, F_EPOCH, F_AUX0, F_AUX1, F_AUX2, F_CALL, DESC_FIXED };
@@ -110,6 +111,9 @@ extern const StrataKernelsApi *kernels;
 int load_kernels(void);
 int get_i64_buffer(PyObject *o, Py_buffer *view, int writable, const char *what);
 int barrier(const int64_t *cx, uint64_t k, long polls, double seconds);
+/* barrier with `mark` ORed into the entry the host's carrier gets (CARRIER_NO_READS: a call's
+ * departure, after which nothing is pulled: the carrier reads no far bytes for it) */
+int barrier_marked(const int64_t *cx, uint64_t k, long polls, double seconds, uint64_t mark);
 void flight_open(const int64_t *cx, const int64_t *fields, uint64_t k);
 uint64_t flight_p2p(const int64_t *cx, int64_t op, int64_t dst, uint32_t send_seq, int64_t src, uint32_t recv_seq,
                     int64_t count, int64_t nbytes);

@@ -12,7 +12,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _report import emit, failure_record  # noqa: E402
 
 import stratacl  # noqa: E402
-from stratacl import shmem  # noqa: E402
+from stratacl import fabric, shmem  # noqa: E402
 from stratacl.runtime import _world  # noqa: E402
 from stratacl.runtime import _world  # noqa: E402
 
@@ -80,6 +80,18 @@ def all_to_all():
 
 
 case("all_reduce 256 KiB", all_reduce_large)
+
+
+def all_reduce_eager_chunks():
+    # 16 KiB on 8 ranks: the eager path reducing by chunks (each member leaves its reduced
+    # chunk in its eager slot, after its copy, for the others to gather)
+    x = stratacl.empty((4096,), np.float32)
+    x[:] = np.arange(4096) % 11 + me
+    comm.all_reduce(x)
+    return (x == (np.arange(4096) % 11) * n + n * (n - 1) / 2).all()
+
+
+case("all_reduce 16 KiB (eager, by chunks)", all_reduce_eager_chunks)
 for op in ("sum", "max", "avg"):
     case(f"all_reduce 128 B {op}", lambda op=op: all_reduce_small(op))
 case("all_gather 8 B", lambda: all_gather(1))
@@ -155,6 +167,20 @@ def p2p_on_a_split(plain):
             and (z == np.arange(1000) + 1000 * half.members[left]).all())
 
 
+def user_slice_map():
+    # a one-shot all_reduce of the user's own (stratacl.fabric): every peer's src reduced;
+    # under a modeled clock every member's traffic block is read too
+    x = stratacl.empty((3000,), np.float32)
+    x[:] = np.arange(3000) % 5 + me
+    out = stratacl.empty((3000,), np.float32)
+    smap = fabric.SliceMap()
+    for p in range(n):
+        smap.reduce(p, x.nbytes)
+    fabric.run(comm, smap, src=x, dst=out)
+    return (out == (np.arange(3000) % 5) * n + n * (n - 1) / 2).all()
+
+
+case("user slice map (one-shot all_reduce)", user_slice_map)
 case("send/recv with the other host", send_recv_far)
 case("split across hosts", split_across_hosts)
 case("send/recv on a split across hosts (HBM)", lambda: p2p_on_a_split(False))
@@ -175,7 +201,13 @@ def refused(run):
 
 
 far = (me + n // 2) % n                      # a rank on the other host of two
-refusals = {"get": refused(lambda: shmem.get(buf, sym, far))}
+def far_store():
+    smap = fabric.SliceMap()
+    smap.store(far, 16)
+    fabric.run(comm, smap, src=buf, dst=stratacl.empty((4,), np.float32))
+
+
+refusals = {"get": refused(lambda: shmem.get(buf, sym, far)), "store": refused(far_store)}
 comm.barrier()
 
 job = _world.runtime().job_id    # this host's part of the job
