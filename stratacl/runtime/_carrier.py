@@ -217,16 +217,19 @@ def serve(ctl, carrier: Carrier, chunk: int, table_offset: int, slice_start, sto
     def reads(r: int, addr: int, nbytes: int, va: int, size: int, off: int) -> list:
         """The reads that bring [addr, addr + nbytes) of rank r's segment (va, size, at HBM
         offset off) into its mirror: one run, or with the expandable allocator one per chunk it
-        touches, where r's chunk table (read first) says the chunk is."""
+        touches, where r's chunk table says the chunk is (its entries for those chunks read
+        first)."""
         lo, hi = max(addr, va), min(addr + nbytes, va + size)
         if hi <= lo or not size:
             return []
         if not chunk:
             return [(r, off + lo - va, hi - lo)]
         table = carrier.mirror(r)[table_offset:table_offset + table_bytes].view(np.int64)
-        carrier.read([(r, table_offset, table_bytes)])
+        chunks = range(va + (lo - va) // chunk * chunk, hi, chunk)
+        first = (chunks[0] - slice_start(r)) // chunk
+        carrier.read([(r, table_offset + 8 * first, 8 * len(chunks))])
         out = []
-        for c in range(va + (lo - va) // chunk * chunk, hi, chunk):
+        for c in chunks:
             at = int(table[(c - slice_start(r)) // chunk]) - 1
             a, b = max(lo, c), min(hi, c + chunk)
             out.append((r, (at if at >= 0 else off + c - va) + a - c, b - a))
