@@ -2,9 +2,11 @@
 the other hosts in one MPI window, and the other hosts' bytes read into mirrors; and the host's
 event loop (``serve``) that carries words, bytes and failures between hosts.
 
-A job spanning hosts runs one carrier per host, in a thread of the host's launcher, an MPI
-process mpirun started (jobs/_hostjob.py; the ``cluster`` extra installs mpi4py and the Open
-MPI wheel). Ranks keep their host's shared memory and native path; no rank maps a segment of
+A job spanning hosts runs one carrier per host (``CarrierThread``), over an MPI communicator
+of one process per host (the ``cluster`` extra installs mpi4py and the Open MPI wheel): in a
+thread of the host's launcher under ``stratacl-launch --hosts`` (jobs/_hostjob.py), in a thread
+of the host's first rank under the user's mpirun, in a process of its own under torchrun
+(``main``; runtime/_foreign.py). Ranks keep their host's shared memory and native path; no rank maps a segment of
 another host. What crosses hosts (docs/cluster.md, "Across hosts") goes through ``serve``, the host's event loop (below): the words of the ranks' slots and
 point-to-point announcements as messages between carriers, the bytes of HBM with ``read``:
 ``MPI_Get`` at the owner's HBM offset, from a dynamic window (``MPI_Win_create_dynamic``, each

@@ -18,7 +18,18 @@ environment instead (``detect``) and the ranks on the host meet through /dev/shm
 No port is opened: the launcher's own store and rendezvous stay the launcher's business, and
 the job id is derived from what it already agreed on (torchrun's run id, master address and
 port and restart count; Open MPI's PMIx namespace; MPICH's process manager), so no exchange
-is needed. One host only: a launch whose ranks span hosts is refused with a clear error.
+is needed.
+
+A launch whose ranks span hosts (``hosts``: torchrun's nodes, Open MPI's host names gathered
+over MPI, or ``STRATACL_EMULATE_HOSTS`` on one machine) is one job of one part per host, as
+``stratacl-launch --hosts`` makes (jobs/_hostjob.py): each host's job id is the launch's with
+``h<host>``, its first rank does the above for the host's ranks (segments for every rank of
+the job: its host's own HBM, a mirror of each far rank) and the host's carrier
+(runtime/_carrier.py) carries the rest: under mpirun a thread of that rank, over an MPI
+communicator of the hosts' first ranks; under torchrun a process per node, under one mpirun
+the first rank of node 0 starts once every node's first rank has written its host name and
+settings into torchrun's store (which also checks that the nodes' settings agree). MPICH's
+launches stay on one host.
 """
 from __future__ import annotations
 
