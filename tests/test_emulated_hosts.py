@@ -8,10 +8,12 @@ program on one host, what is not carried refused by name, a rank killed on the o
 named by every survivor (its failure carried by the carriers), nothing left."""
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 
@@ -212,6 +214,24 @@ def test_hosts_and_a_hostfile_run_the_job_through_mpirun_one_launcher_per_host(t
             for q in range(4):
                 assert (rep[q]["own"] in rep[r]["mapped"]) == (host_of[q] == host_of[r]), (flags, r, q)
     assert not [n for n in os.listdir("/dev/shm") if n.startswith("stratacl-")]
+
+
+def test_the_store_listens_where_the_other_hosts_reach_it():
+    from stratacl.jobs._hostjob import store_address
+    assert store_address([("localhost", 2), ("localhost", 2)]) == "127.0.0.1"     # every host is this one
+    assert store_address([("192.0.2.1", 2), ("localhost", 2)]) == "192.0.2.1"     # the first host, by name
+    # the first host is this machine but its name resolves to loopback here (a 127.0.1.1 line
+    # in /etc/hosts): this machine's address on the route to the others, never loopback
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(("192.0.2.1", 9))
+            outward = s.getsockname()[0]
+    except OSError:
+        with pytest.raises(ValueError, match="no route from it reaches '192.0.2.1'"):
+            store_address([("localhost", 2), ("192.0.2.1", 2)])
+    else:
+        assert store_address([("localhost", 2), ("192.0.2.1", 2)]) == outward
+        assert not ipaddress.ip_address(outward).is_loopback
 
 
 @pytest.mark.parametrize("flags, why", [

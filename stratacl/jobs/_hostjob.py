@@ -82,6 +82,11 @@ def refusal(n: int, config, hosts: list[tuple[str, int]] | None = None) -> str |
         return f"--hosts gives {sum(c for _, c in hosts)} ranks, -n {n}"
     if not hosts and k > n:
         return f"--emulate-hosts {k}: more hosts than ranks ({n})"
+    if hosts:
+        try:
+            store_address(hosts)
+        except ValueError as e:
+            return str(e)
     why = [f"--{name.replace('_', '-')} {value} ({reason})" for name, value, reason in uncarried(config)]
     if why:
         return f"{flag} does not run with " + "; ".join(why)
@@ -101,6 +106,26 @@ def _loopback(name: str) -> bool:
         return False
 
 
+def store_address(hosts: list[tuple[str, int]]) -> str:
+    """The address rank 0's host serves the job's store on: loopback when every host is this
+    machine; the first host's address otherwise. A first host whose name resolves to loopback
+    here (this machine, with the 127.0.1.1 line some /etc/hosts have) is reached by the others
+    at this machine's address on the route to them."""
+    if all(_loopback(h) for h, _ in hosts):
+        return "127.0.0.1"
+    first = hosts[0][0]
+    if not _loopback(first):
+        return socket.gethostbyname(first)
+    other = next(h for h, _ in hosts if not _loopback(h))
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((socket.gethostbyname(other), 9))      # a route only: nothing is sent
+            return s.getsockname()[0]
+    except OSError as e:
+        raise ValueError(f"--hosts: {first!r} is this machine, and no route from it reaches {other!r} ({e}); name "
+                         f"the first host by an address the others reach") from None
+
+
 def launch(n: int, config, target: tuple, hosts: list[tuple[str, int]] | None) -> int:
     """Run the job through mpirun, one host launcher per host (``hosts``: real hosts; None:
     ``config.emulate_hosts`` hosts on this machine). Returns the exit code."""
@@ -110,10 +135,8 @@ def launch(n: int, config, target: tuple, hosts: list[tuple[str, int]] | None) -
         counts = [hosts_of(n, k).count(g) for g in range(k)]
         hosts = [("localhost", c) for c in counts]
     host_of = [g for g, (_, c) in enumerate(hosts) for _ in range(c)]
-    first = hosts[0][0]
-    # the store listens on rank 0's host: on loopback when every host is this machine, else on
-    # the address the host list names for it (docs/cluster.md, "Ports")
-    address = "127.0.0.1" if emulated or _loopback(first) else socket.gethostbyname(first)
+    # the store listens on rank 0's host (docs/cluster.md, "On real hosts")
+    address = "127.0.0.1" if emulated else store_address(hosts)
     env = dict(os.environ)
     env.update(config.as_env())
     env[HOSTJOB_ENV] = json.dumps({"n": n, "host_of": host_of, "target": list(target), "address": address,
