@@ -151,13 +151,14 @@ def tagged(tag: str) -> list[psutil.Process]:
     return found
 
 
-def torchrun_nodes(nodes: int, nproc: int, *argv: str, env: dict[str, str], timeout: float = 200,
+def torchrun_nodes(nodes: int, nproc: int | list[int], *argv: str, env: dict[str, str], timeout: float = 200,
                    flags: tuple[str, ...] = (), during=None, node_env: list[dict] | None = None) -> Run:
     """``torchrun --nnodes NODES --node-rank g --nproc-per-node NPROC ARGV`` for every node g, all
     on this machine (static rendezvous on a free loopback port): a job whose ranks span
-    ``nodes`` hosts as torchrun sees them. Output of every node, node after node; the exit code
-    is the first non-zero one. ``node_env[g]``: node g's own additions to ``env``. ``during(agents, tag)``, if given, runs once they started and
-    returns the lines of node 0's stdout it read. Waits (bounded) for every process the job
+    ``nodes`` hosts as torchrun sees them (``nproc``: ranks per node, or each node's). Output
+    of every node, node after node; the exit code is the first non-zero one. ``node_env[g]``:
+    node g's own additions to ``env``. ``during(agents, tag)``, if given, runs once they started
+    and returns the lines of node 0's stdout it read. Waits (bounded) for every process the job
     left in sessions of its own (the hosts' daemons, the carriers) to end."""
     import uuid
     tag = uuid.uuid4().hex
@@ -166,7 +167,8 @@ def torchrun_nodes(nodes: int, nproc: int, *argv: str, env: dict[str, str], time
     env.pop("PYTHONUNBUFFERED", None)    # a rank's report line reaches the shared pipe in one write
     port, t0 = free_port(), time.monotonic()
     procs = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nodes), "--node-rank",
-                               str(g), "--nproc-per-node", str(nproc), *flags, "--master-addr", "127.0.0.1",
+                               str(g), "--nproc-per-node", str(nproc[g] if isinstance(nproc, list) else nproc),
+                               *flags, "--master-addr", "127.0.0.1",
                                "--master-port", str(port), *argv], env={**env, **(node_env or [{}] * nodes)[g]},
                               stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE) for g in range(nodes)]

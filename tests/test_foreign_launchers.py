@@ -102,11 +102,11 @@ def test_open_mpi_and_mpich_environments_are_read():
 
 
 def test_torchrun_ranks_on_several_hosts_are_refused_with_the_fix():
+    # a torchrun that does not say which node this is (no GROUP_RANK, GROUP_WORLD_SIZE)
     launch = _foreign.Launch("torchrun", 5, 8, 1, 4, "x")
-    # node 0 of torchrun gave rank 5 of 8 local rank 1 of 4: not torchrun's numbering, node after node
     with pytest.raises(stratacl.BootstrapError, match=r"all its ranks on one host \(run 8 processes on one node, or "
-                       r"start the job with torchrun with the same --nproc-per-node on every node, Open MPI's mpirun"):
-        _foreign.join(dataclasses.replace(launch, node=0), stratacl.Config())
+                       r"start the job with torchrun, numbering ranks node after node, Open MPI's mpirun"):
+        _foreign.join(launch, stratacl.Config())
 
 
 def test_settings_a_job_over_hosts_cannot_carry_are_refused_at_init():
@@ -180,6 +180,21 @@ def test_an_unmodified_torch_program_runs_under_torchrun_on_two_nodes():
     assert run.returncode == 0, run.explain()
     assert sorted(reports) == [0, 1, 2, 3], run.stdout[-2000:]
     assert all(r["size"] == 4 and r["bad"] == [] for r in reports.values()), reports
+
+
+def test_torchrun_nodes_of_different_sizes_are_one_job():
+    # 3 ranks on node 0, 1 on node 1: the nodes' first ranks write their counts into torchrun's
+    # store, every rank places the job's ranks on their nodes from them
+    run = torchrun_nodes(2, [3, 1], os.path.join(SCRIPTS, "hosts_collectives.py"),
+                         env={**_env(uuid.uuid4().hex), "STRATACL_CLOCK": "virtual"})
+    assert run.returncode == 0, run.explain()
+    rep = {rec["rank"]: rec for rec in run.records if "checks" in rec}
+    assert sorted(rep) == [0, 1, 2, 3], run.explain()
+    host_of = [0, 0, 0, 1]
+    for r in range(4):
+        assert all(v is True for v in rep[r]["checks"].values()), (r, rep[r]["checks"])
+        for q in range(4):
+            assert (rep[q]["own"] in rep[r]["mapped"]) == (host_of[q] == host_of[r]), (r, q)
 
 
 def test_a_rank_killed_on_one_torchrun_node_is_named_on_both_and_nothing_is_left():

@@ -53,6 +53,7 @@ class Launch:
     local_world: int
     identity: str           # what its launcher made unique for this launch, on this host
     node: int | None = None  # torchrun's node (GROUP_RANK), when it gives one
+    nodes: int | None = None  # and how many there are (GROUP_WORLD_SIZE)
 
     @property
     def job_id(self) -> str:
@@ -76,8 +77,8 @@ def detect(environ=None) -> Launch | None:
         if got is not None:
             ident = "/".join(env.get(k, "") for k in ("TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT",
                                                      "TORCHELASTIC_RESTART_COUNT"))
-            node = _ints(env, "GROUP_RANK")
-            return Launch("torchrun", *got, ident, node[0] if node else None)
+            node = _ints(env, "GROUP_RANK", "GROUP_WORLD_SIZE") or [None, None]
+            return Launch("torchrun", *got, ident, *node)
     got = _ints(env, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
                 "OMPI_COMM_WORLD_LOCAL_SIZE")
     if got is not None:
@@ -124,16 +125,31 @@ def hosts(launch: Launch, config) -> list[int] | None:
     if launch.launcher.startswith("mpirun"):
         import socket
         return _by_first_seen(_mpi().COMM_WORLD.allgather(socket.gethostname()))
-    if launch.launcher == "torchrun" and launch.node is not None and launch.world % launch.local_world == 0 \
-            and launch.rank == launch.node * launch.local_world + launch.local_rank:
-        # torchrun numbers the ranks node after node
-        return [r // launch.local_world for r in range(launch.world)]
+    if launch.launcher == "torchrun" and launch.node is not None and launch.nodes:
+        # torchrun numbers the ranks node after node; each node may run its own number of them,
+        # which its first rank writes into torchrun's store
+        store = _torchrun_store(config)
+        key = f"stratacl/{launch.job_id}/ranks-of-node/"
+        if launch.local_rank == 0:
+            store.set(f"{key}{launch.node}", str(launch.local_world))
+        counts = [int(store.get(f"{key}{g}")) for g in range(launch.nodes)]
+        if sum(counts) == launch.world and launch.rank == sum(counts[:launch.node]) + launch.local_rank:
+            return [g for g, c in enumerate(counts) for _ in range(c)]
     raise BootstrapError(
         f"stratacl.init(): {launch.launcher} started rank {launch.rank} of {launch.world} as local rank "
         f"{launch.local_rank} of {launch.local_world} on this host; a StrataCL job started by {launch.launcher} "
         f"must have all its ranks on one host (run {launch.world} processes on one node, or start the job with "
-        f"torchrun with the same --nproc-per-node on every node, Open MPI's mpirun or stratacl-launch --hosts, "
-        f"which carry it across hosts: docs/cluster.md)")
+        f"torchrun, numbering ranks node after node, Open MPI's mpirun or stratacl-launch --hosts, which carry "
+        f"it across hosts: docs/cluster.md)")
+
+
+def _torchrun_store(config):
+    """A client of torchrun's own store (MASTER_ADDR, MASTER_PORT), as torch's env:// makes."""
+    import datetime
+
+    from torch.distributed import TCPStore
+    return TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                    timeout=datetime.timedelta(seconds=config.timeout))
 
 
 def _by_first_seen(names: list[str]) -> list[int]:
@@ -247,17 +263,13 @@ def _start_carriers(launch: Launch, config, host_of: list[int], base: str) -> No
     torchrun's store. Each opens its host's segments by name; the ranks' first barrier waits for
     them. On real hosts mpirun reaches the others as ``stratacl-launch --hosts`` does (ssh,
     docs/cluster.md). What they write to stderr (why one failed) goes where this rank's does."""
-    import datetime
     import json
     import shutil
     import socket
 
-    from torch.distributed import TCPStore
-
     from ._carrier import MPIRUN_FLAGS, PER_PROCESS, mpirun_env
     host = host_of[launch.rank]
-    store = TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
-                     timeout=datetime.timedelta(seconds=config.timeout))
+    store = _torchrun_store(config)
     key = f"stratacl/{base}/host/"
     # torchrun carries no settings between nodes: every host's first rank checks that all agree
     settings = {k: v for k, v in config.as_env().items() if k not in PER_PROCESS}
