@@ -194,12 +194,12 @@ def join(launch: Launch, config) -> Joined:
 
     from ._segments import create_job_segments, open_job_segments, prefix
     host_of = hosts(launch, config)
-    job_id, local, local_world, ranks, carriers = launch.job_id, launch.local_rank, launch.local_world, None, None
+    job_id, local, ranks, carriers = launch.job_id, launch.local_rank, None, None
     if host_of is not None:
         _check_spanning(launch, config, host_of)
         host = host_of[launch.rank]
         ranks = [r for r, h in enumerate(host_of) if h == host]
-        job_id, local, local_world = f"{job_id}h{host}", ranks.index(launch.rank), len(ranks)
+        job_id, local = f"{job_id}h{host}", ranks.index(launch.rank)
         if launch.launcher.startswith("mpirun"):
             mpi = _mpi()
             # the first rank of each host, in host order: the carriers' communicator
