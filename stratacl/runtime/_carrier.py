@@ -21,9 +21,18 @@ Constructing a carrier is collective over ``comm``; ``close`` (collective too) f
 from __future__ import annotations
 
 import time
+from collections import deque
 from typing import Iterable, Mapping, Sequence
 
 import numpy as np
+
+from .._operators import OPERATORS
+from ..ub._registration import RegistrationUnit
+from . import _native
+from ._buffers import EAGER_BYTES
+from ._control import (CARRIER_QUEUE, COMM_SLOTS, DESC_FIXED, F_ADDR, F_AUX1, F_CALL, F_NBYTES, F_OP, F_SEG_OFF,
+                       F_SEG_SIZE, F_SEG_VA, FAILED_CARRIER, H_CARRIER, H_CARRIER_BELL, H_CARRIER_PID, H_HBM_SIZE,
+                       H_SLICE, H_VA_BASE, P2P_DESC, REASON_BYTES, STATE_DEAD, STATE_FINALIZED, Control, Layout)
 
 
 class Carrier:
@@ -122,7 +131,6 @@ class _Words:
     slots: a member's index is its world rank)."""
 
     def __init__(self, ctl):
-        from stratacl.runtime._control import P2P_DESC, Layout
         lay = ctl.layout
         self.ctl, self.lay = ctl, lay
         self._arrival, self._gen = Layout.SLOT_ARRIVAL, Layout.SLOT_GEN
@@ -146,7 +154,6 @@ class _Words:
     # the point-to-point words of member a (world rank, in its ``slot`` of the communicator)
     # towards the member of index b there
     def send_seq(self, a: int, slot: int, b: int) -> int:     # a's announcement of its send to b (u32)
-        from stratacl.runtime._control import Layout
         return self.lay.slot(a, slot) + Layout.SLOT_SEND_SEQ + 4 * b
 
     def send_desc(self, a: int, slot: int, b: int) -> int:    # a's descriptor of that send (P2P_DESC int64)
@@ -165,16 +172,13 @@ class _Words:
         return self._reason(a, slot, 2 + self.ctl.world + b)
 
     def _reason(self, a: int, slot: int, which: int) -> slice:
-        from stratacl.runtime._control import REASON_BYTES
         at = self.lay.slot(a, slot) + self.lay.slot_reason(which)
         return slice(at, at + REASON_BYTES)
 
     def descriptor(self, offset: int) -> np.ndarray:
-        from stratacl.runtime._control import DESC_FIXED
         return self.ctl.i64[offset // 8:offset // 8 + DESC_FIXED]
 
     def extension(self, offset: int, n: int) -> np.ndarray:   # the first n extension words of a descriptor
-        from stratacl.runtime._control import DESC_FIXED
         return self.ctl.i64[offset // 8 + DESC_FIXED:offset // 8 + DESC_FIXED + n]
 
 
@@ -197,21 +201,12 @@ def serve(ctl, carrier: Carrier, chunk: int, table_offset: int, slice_start, sto
       recorded elsewhere is recorded here."""
     from mpi4py import MPI
 
-    from stratacl.runtime import _native
-    from stratacl.runtime._control import F_NBYTES, F_SEG_OFF, F_SEG_SIZE, F_SEG_VA, H_CARRIER, H_CARRIER_BELL
-    from stratacl.runtime._control import F_ADDR, F_AUX1, F_CALL, F_OP, STATE_DEAD
-    from stratacl._operators import OPERATORS
-    from stratacl.runtime._buffers import EAGER_BYTES
     READ_BLOCK = {op.code: op.read_block for op in OPERATORS if op.read_block is not None}
-    from stratacl.ub._registration import RegistrationUnit
-    from collections import deque
 
-    from stratacl.runtime._control import CARRIER_QUEUE, COMM_SLOTS
     NO_READS = _native.CARRIER_NO_READS
     comm = carrier.comm
     world, lay, host, host_of = ctl.world, ctl.layout, carrier.host, carrier.host_of
     mine = [r for r in range(world) if host_of[r] == host]
-    far = [r for r in range(world) if host_of[r] != host]
     w = _Words(ctl)
     queue, bell = ctl.base + H_CARRIER, ctl.base + H_CARRIER_BELL
     table_bytes = RegistrationUnit.table_bytes(slice_start(1) - slice_start(0), chunk) if chunk else 0
@@ -431,7 +426,6 @@ def failed(ctl, carrier: Carrier, error: BaseException) -> None:
     still goes, on the others."""
     import sys
 
-    from stratacl.runtime._control import FAILED_CARRIER
     print(f"stratacl: the carrier of host {carrier.host} failed: {type(error).__name__}: {error}",
           file=sys.stderr, flush=True)
     ctl.record_shutdown(carrier.host, FAILED_CARRIER)
@@ -457,8 +451,6 @@ class CarrierThread:
         import mmap
         import threading
 
-        from stratacl.runtime._control import H_HBM_SIZE, H_SLICE, H_VA_BASE
-        from stratacl.ub._registration import RegistrationUnit
         same_settings(comm, config)
         hbm, slice_bytes, va_base = ctl.header(H_HBM_SIZE), ctl.header(H_SLICE), ctl.header(H_VA_BASE)
         maps = {r: mmap.mmap(fd, hbm, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE) for r, fd in enumerate(hbm_fds)}
@@ -472,24 +464,25 @@ class CarrierThread:
         self._stop = threading.Event()
         self._ending = comm.Dup() if until_done else None       # the carriers' last meeting
         self._grace = config.grace
-        stop = self._stop.is_set
-        if until_done:
-            from stratacl.runtime._control import STATE_DEAD, STATE_FINALIZED
-            started, failed_at = time.monotonic(), []
+        started, failed_at = time.monotonic(), []
 
-            def stop() -> bool:
-                # every rank of the host is done; or, bounded, the job failed (its ranks raise
-                # and leave) or a rank never came (its daemon gave up on it)
-                if self._stop.is_set() or all(ctl.state(r) in (STATE_FINALIZED, STATE_DEAD) for r in mine):
-                    return True
-                now = time.monotonic()
-                if not failed_at and ctl.failure() is not None:
-                    failed_at.append(now)
-                if failed_at and now - failed_at[0] > 2 * config.grace + 10:
-                    return True
-                return now - started > config.timeout and any(ctl.pid(r) <= 0 for r in mine)
+        def done() -> bool:
+            # stopped; or, until_done: every rank of the host is done, or, bounded, the job
+            # failed (its ranks raise and leave) or a rank never came (its daemon gave up on it)
+            if self._stop.is_set():
+                return True
+            if not until_done:
+                return False
+            if all(ctl.state(r) in (STATE_FINALIZED, STATE_DEAD) for r in mine):
+                return True
+            now = time.monotonic()
+            if not failed_at and ctl.failure() is not None:
+                failed_at.append(now)
+            if failed_at and now - failed_at[0] > 2 * config.grace + 10:
+                return True
+            return now - started > config.timeout and any(ctl.pid(r) <= 0 for r in mine)
         self._thread = threading.Thread(
-            target=self._run, args=(ctl, chunk, table_offset, lambda r: va_base + r * slice_bytes, stop),
+            target=self._run, args=(ctl, chunk, table_offset, lambda r: va_base + r * slice_bytes, done),
             name="stratacl-carrier", daemon=True)
         self._thread.start()
 
@@ -545,8 +538,6 @@ def main(argv: list[str]) -> int:
     from mpi4py import MPI
 
     from stratacl._config import Config
-    from stratacl.runtime import _native
-    from stratacl.runtime._control import H_CARRIER_PID, Control
     from stratacl.runtime._segments import open_job_segments
     base, world, host_of = argv[0], int(argv[1]), json.loads(argv[2])
     comm = MPI.COMM_WORLD
