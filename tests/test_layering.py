@@ -1,4 +1,4 @@
-"""Packages depend one way (DESIGN.md, "Ownership"; STYLE.md, "The picture").
+"""Packages depend one way, like the floors of a house (docs/architecture.md, "The data path from `ls`").
 
 Every module under ``stratacl/`` and ``launcher/`` (installed as ``stratacl_launcher``) is parsed
 with ``ast``, nothing is imported; every import counts, at the top of a module or inside a

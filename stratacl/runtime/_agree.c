@@ -37,7 +37,7 @@ static void carrier_post(const int64_t *cx, uint64_t k, uint64_t mark) {
  * generation word to k and wakes the sleepers. When the communicator spans hosts (CX_CARRIER),
  * the counter counts this host's members only and the last of them hands k to the host's
  * carrier (carrier_post): the carrier trades the hosts' words and bytes and sets the
- * generation word itself (jobs/_carrier.py), which is then the only completion. */
+ * generation word itself (runtime/_carrier.py), which is then the only completion. */
 int barrier(const int64_t *cx, uint64_t k, long polls, double seconds) {
     return barrier_marked(cx, k, polls, seconds, 0);
 }

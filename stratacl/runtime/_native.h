@@ -37,7 +37,7 @@
  *   [CX_FLIGHT] the rank's flight recorder (0: none)   [CX_CTL] the control segment's base
  *   [CX_LOCAL_N] members on this rank's host (== CX_N on one host)   [CX_CARRIER] the host
  *   carrier's queue (runtime/_control.py, H_CARRIER; 0: the communicator spans no hosts;
- *   jobs/_carrier.py)   [CX_CARRIER_ID] what this rank's entries in it name: its world rank
+ *   runtime/_carrier.py) [CX_CARRIER_ID] what this rank's entries in it name: its world rank
  *   * COMM_SLOTS + the communicator's slot + 1
  *   [CX_DESC + p*n + i] member i's descriptor, parity p
  * Descriptor fields are the F_* words of a descriptor in the control segment (runtime/_control.py).

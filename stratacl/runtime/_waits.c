@@ -106,7 +106,7 @@ uint64_t *failure_word;            /* _native.h: job_failed */
 /* The bell of this host's carrier (a u32 in the control segment's header, H_CARRIER_BELL), set
  * once per process by set_carrier_bell when the job spans hosts, else NULL. Rung after every
  * word the carrier forwards to other hosts is written: a barrier's last local arrival, a
- * point-to-point announcement (jobs/_carrier.py scans its ranks' words when woken). */
+ * point-to-point announcement (runtime/_carrier.py scans its ranks' words when woken). */
 uint32_t *carrier_bell;            /* _native.h: ring_carrier */
 
 void ring_carrier(void) {
