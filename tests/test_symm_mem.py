@@ -7,10 +7,11 @@ from __future__ import annotations
 import warnings
 
 import pytest
-import torch
-import torch.distributed as dist
 
-import stratacl
+torch = pytest.importorskip("torch", reason="the torch backend's tests need torch (the test extra)")
+import torch.distributed as dist  # noqa: E402
+
+import stratacl  # noqa: E402
 
 NS = [2, 3, 8, 32]
 TIMEOUT = {2: 120, 3: 120, 8: 200, 32: 400}

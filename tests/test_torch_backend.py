@@ -12,11 +12,12 @@ import os
 import zlib
 
 import pytest
-import torch
-import torch.distributed as dist
 
-import stratacl
-from helpers import after_peer_gave_up
+torch = pytest.importorskip("torch", reason="the torch backend's tests need torch (the test extra)")
+import torch.distributed as dist  # noqa: E402
+
+import stratacl  # noqa: E402
+from helpers import after_peer_gave_up  # noqa: E402
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -10,11 +10,12 @@ losses exactly.
 from __future__ import annotations
 
 import pytest
-import torch
-import torch.distributed as dist
-import torch.nn as nn
 
-import stratacl
+torch = pytest.importorskip("torch", reason="the torch backend's tests need torch (the test extra)")
+import torch.distributed as dist  # noqa: E402
+import torch.nn as nn  # noqa: E402
+
+import stratacl  # noqa: E402
 
 pytestmark = pytest.mark.timeout(240)
 
