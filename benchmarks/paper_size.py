@@ -89,8 +89,10 @@ NO_CHECK = ["--no-check"]
 PAPER = ["--topk", "8", "--ffn", "2048", "--routing", "seeded", "--weight-bytes", "1", "--rows", "float16",
          "--attention-weights", "3.64"]
 SOURCES = {
-    "hidden": "paper section 8.1 (hidden 7168, 14 KiB bf16 rows); extrapolated",
-    "topk": "paper section 8.1 (top-8, DeepEP setting)",
+    "hidden": "7168: the paper's Table 2 microbenchmark (section 8.1) and DeepSeek-V3's hidden_size, not DeepSeek "
+              "V4 Flash's (4096 in transformers' DeepSeek V4 config; docs/end-to-end.md); extrapolated",
+    "topk": "8: the paper's Table 2 microbenchmark (section 8.1, DeepEP's setting) and DeepSeek-V3's; DeepSeek V4 "
+            "Flash routes top-6",
     "ffn": "DeepSeek-V3 config.json moe_intermediate_size 2048",
     "ranks": "paper section 8.2: decode EP 16, prefill EP 32; extrapolated from the recorded rank counts",
     "experts_per_rank": "the example's default (4); fixed across N, so experts = 4 N (paper: 256)",
