@@ -120,7 +120,9 @@ WORKLOADS = {
 
 def _launch(program: str, n: int, config: str, steps: list[str], extra: list[str], trace: str | None = None) -> str:
     with tempfile.TemporaryDirectory(prefix="stratacl-e2e-") as tmp:
-        switches = CONFIGS["roa"] + ["--topology", _nocomm_topology(tmp)] if config == NOCOMM else CONFIGS[config]
+        # a traced run's topology file must outlive the run: its replay loads it by path
+        where = os.path.dirname(os.path.abspath(trace)) if trace else tmp
+        switches = CONFIGS["roa"] + ["--topology", _nocomm_topology(where)] if config == NOCOMM else CONFIGS[config]
         cmd = [sys.executable, "-m", "stratacl_launcher", "-n", str(n), "--clock", "virtual", "--timeout", "300",
                *switches, *(["--trace", trace] if trace else []), os.path.join(ROOT, program), *steps, *extra]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
@@ -174,7 +176,9 @@ def _serve_at_scale(config: str, ns: list[int], sizes: tuple[int, ...], extra: l
             recorded.append(ub.load_traces(d))
         with open(os.path.join(d, "timeline.json")) as f:
             timeline = json.load(f)
-    return [serving_metrics(ub.replay(ub.extrapolate(*recorded, n, routing=ep.routing)), timeline, n) for n in ns]
+        # replayed while the directory lives: a nocomm run's topology file is in it
+        return [serving_metrics(ub.replay(ub.extrapolate(*recorded, n, routing=ep.routing)), timeline, n)
+                for n in ns]
 
 
 def serving_metrics(replay, timeline: dict, n: int) -> dict:
