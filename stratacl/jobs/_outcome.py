@@ -21,10 +21,12 @@ class RankEnd:
     killed_by_launcher: bool = False
     hung_at: float | None = None    # when the launcher found it hung after its peers finished (_supervise)
     hung: str = ""                  # why, in words, with its newest call
+    unfinalized: bool = False       # exit code 0 after init() without finalize(): a failure
 
     @property
     def failed(self) -> bool:
-        return self.returncode not in (0, None) or self.error is not None or self.hung_at is not None
+        return (self.returncode not in (0, None) or self.error is not None or self.hung_at is not None
+                or self.unfinalized)
 
     def how(self) -> str:
         if self.returncode is None:
@@ -35,6 +37,9 @@ class RankEnd:
             except ValueError:
                 name = f"signal {-self.returncode}"
             return f"killed by {name}" + (" (sent by the launcher)" if self.killed_by_launcher else "")
+        if self.unfinalized:
+            return ("exit code 0 without stratacl.finalize(): the process ended in the middle of the job "
+                    "(os._exit(0)?); its peers cannot complete a call with it")
         return f"exit code {self.returncode}"
 
 
@@ -53,7 +58,7 @@ class JobOutcome:
 
     @property
     def ok(self) -> bool:
-        return not self.reason and all(r.returncode == 0 and r.error is None for r in self.ranks)
+        return not self.reason and all(r.returncode == 0 and not r.failed for r in self.ranks)
 
     @property
     def root_cause(self) -> RankEnd | None:
@@ -122,6 +127,8 @@ def format_failure(outcome: JobOutcome) -> str:
             lines += ["    " + ln for ln in root.error["traceback"].rstrip().splitlines()]
         elif root.hung:
             lines.append("  traceback : (none: the launcher ended it while it hung)")
+        elif root.unfinalized:
+            lines.append("  traceback : (none: it raised nothing; call stratacl.finalize() before the process ends)")
         else:
             lines.append("  traceback : (none: the process did not get to report one)")
     others = [r for r in outcome.ranks if r.failed and r is not root]

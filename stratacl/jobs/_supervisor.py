@@ -41,7 +41,7 @@ import time
 from stratacl._config import Config
 from stratacl.runtime import _flight
 from stratacl.runtime._control import (FAILED_DAEMON, FAILED_EXIT, FAILED_SIGNAL, STATE_DEAD, STATE_FINALIZED,
-                                       Control)
+                                       STATE_RUNNING, Control)
 from stratacl.runtime._segments import create_job_segments
 
 from stratacl.runtime._carrier import CarrierThread
@@ -332,7 +332,10 @@ class Job:
                 if ends[i].returncode is None and p.poll() is not None:
                     e, r = ends[i], ends[i].rank
                     e.returncode, e.ended_at = p.returncode, now
-                    if p.returncode != 0:
+                    # exit code 0 after init() but without finalize() (os._exit(0), a thread
+                    # calling exit in the middle of the job): its peers would wait for it in vain
+                    e.unfinalized = p.returncode == 0 and ctl.state(r) == STATE_RUNNING
+                    if p.returncode != 0 or e.unfinalized:
                         ctl.set_state(r, STATE_DEAD)
                         if term_at is None:
                             kind = FAILED_SIGNAL if p.returncode < 0 else FAILED_EXIT
@@ -340,6 +343,7 @@ class Job:
                             if failed_at is None:
                                 failed_at, outcome.reason = now, outcome.reason or "failure"
                     elif ctl.state(r) != STATE_FINALIZED:
+                        # it never joined (no init()): nothing waits on it
                         ctl.set_state(r, STATE_FINALIZED)
             if failed_at is None and term_at is None:
                 alone = self._hung_after_peers(ctl, ends, now)
@@ -399,7 +403,7 @@ class Job:
         timeout is the bound any peer would have given it. A rank that did finalize is left to
         its work."""
         running = [e for e in ends if e.returncode is None]
-        if len(running) != 1 or len(ends) < 2 or any(e.returncode != 0 for e in ends if e.returncode is not None):
+        if len(running) != 1 or len(ends) < 2 or any(e.failed for e in ends if e.returncode is not None):
             return None
         r = running[0]
         last_peer = max(e.ended_at for e in ends if e is not r)

@@ -58,6 +58,8 @@ def _describe_failure(kind: int, value: int) -> str:
         except ValueError:
             return f"killed by signal {value}"
     if kind == FAILED_EXIT:
+        if value == 0:
+            return "exited (code 0) without finalizing"
         return f"exited with code {value}"
     if kind == FAILED_GONE:
         return "ended without finalizing"

@@ -3,11 +3,15 @@ the survivors, waiting for it in a barrier, must raise PeerFailure naming it.
 
     python -m torch.distributed.run --standalone --nproc-per-node 3 tests/scripts/foreign_kill.py
 
+With the argument ``exit0`` rank 1 ends with os._exit(0) instead, without finalize(): the same
+failure to its peers.
+
 Every survivor prints ``@@ {"rank": r, "error": "<type>: <message>"}`` and exits 3.
 """
 import json
 import os
 import signal
+import sys
 
 import numpy as np
 
@@ -20,6 +24,8 @@ def main() -> None:
     x[:] = 1
     comm.all_reduce(x)             # the job is up and exact before the kill
     if comm.rank == 1:
+        if sys.argv[1:] == ["exit0"]:
+            os._exit(0)
         os.kill(os.getpid(), signal.SIGKILL)
     try:
         comm.barrier()
