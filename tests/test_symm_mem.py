@@ -138,3 +138,15 @@ def _error_cases():
 @pytest.mark.parametrize("n", [2, 3, 8])          # and 32: in test_symm_mem_exact_bytes_all_gather_and_signals
 def test_symm_mem_errors(n):
     assert stratacl.spawn(_errors, n, timeout=TIMEOUT[n]) == [[]] * n
+
+
+@pytest.mark.timeout(60)
+def test_symm_mem_imports_as_a_module_as_torch_users_write_it():
+    # torch users write `import torch.distributed._symmetric_memory as symm_mem`
+    import importlib
+
+    import stratacl.torch
+    import stratacl.torch.symm_mem as symm_mem
+    assert importlib.import_module("stratacl.torch.symm_mem") is symm_mem
+    assert stratacl.torch.symm_mem is symm_mem          # the attribute of the package, as before
+    assert callable(symm_mem.empty) and callable(symm_mem.rendezvous)

@@ -9,14 +9,14 @@
 Importing this module imports torch; ``import stratacl`` alone never does. The mapping of
 torch's operations onto the communicator is in _process_group.py, how they are run and what their
 Work does in _ordering.py, the tensors in _tensors.py, groups in _groups.py; docs/torch.md tells
-the whole story. ``symm_mem`` (_symm_mem.py) is torch.distributed._symmetric_memory's API over
-HBM (docs/one-sided.md).
+the whole story. ``symm_mem`` (symm_mem.py) is torch.distributed._symmetric_memory's API over
+HBM (docs/one-sided.md), a module as torch's is: ``import stratacl.torch.symm_mem as symm_mem``.
 """
 from __future__ import annotations
 
 import torch.distributed as _dist
 
-from . import _symm_mem as symm_mem
+from . import symm_mem as symm_mem
 from ._process_group import ProcessGroupStrataCL as ProcessGroupStrataCL
 from ._groups import create as _create
 from ._store import install as _install_store

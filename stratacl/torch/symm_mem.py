@@ -1,7 +1,7 @@
 """``stratacl.torch.symm_mem``: torch.distributed._symmetric_memory's names over StrataCL's HBM.
 
     import stratacl.torch
-    from stratacl.torch import symm_mem
+    import stratacl.torch.symm_mem as symm_mem          # or: from stratacl.torch import symm_mem
     t = symm_mem.empty(4096, dtype=torch.float32)       # storage in this rank's HBM
     hdl = symm_mem.rendezvous(t, dist.group.WORLD)      # collective: every rank's buffer and signal pad
     peer = hdl.get_buffer(r, (4096,), torch.float32)    # a tensor over rank r's HBM (loads/stores go there)
