@@ -124,7 +124,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("clock", _choice("off", "virtual", "throttled"), "off", "--clock",
             "Modeled time: `off` (no model, full host speed), `virtual` (a per-rank modeled clock advanced by "
             "the fabric model, deterministic) or `throttled` (virtual, and wall time is slowed to follow it "
-            "times `dilation`)."),
+            "times `dilation`). `comm.clock()` reads it in seconds; with `off` it returns None."),
     Setting("dilation", _positive(_float), 1000.0, "--dilation",
             "With `--clock throttled`: wall seconds per modeled second."),
     Setting("algo", _choice("mesh", "ring", "auto"), "mesh", "--algo",

@@ -17,7 +17,7 @@ class StrataBackend:
         self._alloc = (lambda c, d: stratacl.empty((c,), d)) if buffers == "hbm" else (lambda c, d: np.empty(c, d))
         self._scalar = np.zeros(1, np.float64)
         self._count = np.zeros(1, np.int64)
-        # comm.clock(): this rank's modeled time in seconds (ConfigError when the clock is off);
+        # comm.clock(): this rank's modeled time in seconds (None when the clock is off);
         # a runtime without it leaves the model columns null
         self.clock = getattr(comm, "clock", None) if modeled else None
         if stratacl.config.clock == "throttled":

@@ -12,9 +12,12 @@ class ProgramTime:
     """The Communicator's modeled-time and host-memory methods."""
 
     # --- modeled time -----------------------------------------------------------------------
-    def clock(self) -> float:
+    def clock(self) -> float | None:
         """This rank's modeled time in seconds (``--clock virtual`` or ``throttled``): the program's
-        clock, which an asynchronous operation moves only when it is waited for. Not collective."""
+        clock, which an asynchronous operation moves only when it is waited for. None when the
+        clock is off (``--clock off``, the default), as ``stand_in`` is, so a program meant for
+        either clock tests ``t is not None`` rather than catching an error (before, it raised
+        ConfigError). Not collective."""
         return self._modeling.now()
 
     def charge_compute(self, duration_us: float, cores: int | None = None, hbm_bytes: float = 0) -> None:
