@@ -16,7 +16,7 @@ import sys
 
 from stratacl._config import SETTINGS, Config, check_environment
 from stratacl._errors import ConfigError
-from stratacl.jobs import _hostjob
+from stratacl.jobs import _hostjob, _preflight
 from stratacl.jobs._outcome import format_failure
 from stratacl.jobs._supervisor import Job
 
@@ -69,6 +69,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if ns.nprocs < 1:
         print(f"stratacl-launch: -n must be at least 1, got {ns.nprocs}", file=sys.stderr)
+        return 2
+    try:
+        _preflight.check(ns.nprocs, config)
+    except ConfigError as e:
+        print(f"stratacl-launch: {e}", file=sys.stderr)
         return 2
     hosts = None
     if ns.hosts and ns.hostfile:

@@ -239,6 +239,53 @@ def test_bad_flag_value_exits_2_naming_the_flag(flag, value, expected):
     assert run.stdout == ""
 
 
+_TOPOLOGY = ('{"name": "t", "levels": [{"name": "gpu", "size": 1, "tier": "local"}, '
+             '{"name": "rack", "size": SIZE, "tier": "nv"}], "tiers": {"local": {"latency_us": 0.1, '
+             '"bandwidth_gbps": 2000}, "nv": {"latency_us": 1.0, "bandwidth_gbps": BW}}, "beyond": "nv"}')
+
+
+@pytest.mark.parametrize("size, bw, expected", [
+    ("72", "NaN", "field tiers.nv.'bandwidth_gbps' must be a finite number of at most 1e+12, got nan"),
+    ("72", "1e308", "field tiers.nv.'bandwidth_gbps' must be a finite number of at most 1e+12, got 1e+308"),
+    ("1" + "0" * 30, "900", "field levels[1].'size' must be at most 1099511627776 (2**40), got 1" + "0" * 30),
+    ("1048576", "900", "fields levels[*].'size' multiply to 1099511627776 ranks per outermost unit; at most "
+                       "2147483648 (2**31)"),
+    (None, None, "not UTF-8 text (byte 0xff at offset 10); a topology is a JSON file"),
+])
+def test_a_bad_topology_file_exits_2_naming_the_field_before_any_rank_starts(tmp_path, size, bw, expected):
+    path = tmp_path / "topo.json"
+    if size is None:
+        path.write_bytes(b'{"name": "\xff\xfe"}')
+    else:
+        text = _TOPOLOGY.replace("SIZE", size).replace("BW", bw)
+        if size == "1048576":
+            text = text.replace('"size": 1,', '"size": 1048576,')
+        path.write_text(text)
+    run = launch("-n", "2", "--clock", "virtual", "--topology", str(path), script("rank_info.py"), timeout=60)
+    assert run.returncode == 2, run.explain()
+    assert run.stderr == f"stratacl-launch: topology file {path}: {expected}\n", run.stderr
+    assert run.stdout == ""                    # no rank was started
+
+
+@pytest.mark.parametrize("value, size", [("100T", "109951162777600 (100 TiB)"),
+                                         ("99999999999999999999999", "99999999999999991611392 (9.095e+10 TiB)")])
+def test_an_hbm_size_past_the_address_space_exits_2_naming_hbm_size(value, size):
+    run = launch("-n", "2", "--hbm-size", value, script("rank_info.py"), timeout=60)
+    assert run.returncode == 2, run.explain()
+    assert run.stderr.startswith(f"stratacl-launch: hbm_size={size}: 2 rank(s) need a shared address window of "), \
+        run.stderr
+    assert run.stderr.endswith("at most 14 TiB per rank fits at 2 rank(s): lower --hbm-size (STRATACL_HBM_SIZE)\n"), \
+        run.stderr
+    assert run.stderr.count("\n") == 1 and "VA_BASE" not in run.stderr and run.stdout == ""
+
+
+def test_spawn_refuses_a_bad_topology_in_the_caller(tmp_path):
+    path = tmp_path / "topo.json"
+    path.write_text(_TOPOLOGY.replace("SIZE", "72").replace("BW", "NaN"))
+    with pytest.raises(stratacl.ConfigError, match=r"field tiers\.nv\.'bandwidth_gbps' must be a finite number"):
+        stratacl.spawn(_thread_settings, 2, topology=str(path), clock="virtual", timeout=60)
+
+
 def test_bad_setting_in_the_environment_names_the_variable():
     run = launch("-n", "2", script("rank_info.py"), env=clean_env(STRATACL_REGISTRATION="foo"), timeout=60)
     assert run.returncode == 2, run.explain()

@@ -13,6 +13,7 @@ rank forked from the template, after the template's few lines that make it the r
     _memory       host memory: the pre-launch warning, the ranks' footprint, the OOM verdict
     _wire         length-prefixed pickle frames between the supervisor and a rank
     _resources    the sweep of a job's leftover names in /dev/shm
+    _preflight    the settings every rank would refuse (topology, address window), checked first
 """
 
 # True in a rank while _rankboot imports the spawning script to find the function it runs: a

@@ -13,10 +13,11 @@ the whole window: any registered range is a cheap slice of it.
 from __future__ import annotations
 
 import bisect
+import platform
 
 import numpy as np
 
-from .._errors import BootstrapError
+from .._errors import BootstrapError, ConfigError
 from . import _native
 
 PAGE = 2 * 1024 * 1024          # allocation granularity, as for device HBM
@@ -26,6 +27,31 @@ MAP_SHARED, MAP_PRIVATE, MAP_FIXED, MAP_ANONYMOUS, MAP_NORESERVE = 0x01, 0x02, 0
 
 def round_up(n: int, a: int = PAGE) -> int:
     return (n + a - 1) // a * a
+
+
+# the top of a process's address space: 47 bits on x86-64 (4-level paging; mmap stays below it
+# unless asked for more), 48 on the others Linux runs this on (arm64's default)
+USER_TOP = 1 << (47 if platform.machine().lower() in ("x86_64", "amd64") else 48)
+
+
+def _tib(n: int) -> str:
+    return f"{n / 2**40:.4g} TiB" if n >= 2**40 else f"{n / 2**30:.4g} GiB"
+
+
+def check_window(va_base: int, world: int, slice_bytes: int, hbm_size: int) -> None:
+    """Raise ConfigError, naming the setting to change, when ``world`` slices of
+    ``slice_bytes`` (runtime/_segments.py: slice_bytes_for(hbm_size)) from ``va_base`` do not
+    fit below the top of the address space."""
+    end = va_base + world * slice_bytes
+    if end <= USER_TOP:
+        return
+    room = USER_TOP - va_base
+    most = (room // world // 4) // PAGE * PAGE if room > 0 else 0
+    fix = (f"at most {_tib(most)} per rank fits at {world} rank(s): lower --hbm-size (STRATACL_HBM_SIZE)"
+           if most >= PAGE else "lower STRATACL_VA_BASE")
+    raise ConfigError(f"hbm_size={hbm_size} ({_tib(hbm_size)}): {world} rank(s) need a shared address window of "
+                      f"{_tib(world * slice_bytes)} (4 x each rank's HBM) from va_base {va_base:#x}, past the "
+                      f"{_tib(USER_TOP)} a process can address; {fix}")
 
 
 class _WindowBytes:
@@ -44,6 +70,7 @@ class ShadowWindow:
         self.world = world
         self.slice_bytes = slice_bytes
         self.length = world * slice_bytes
+        check_window(va_base, world, slice_bytes, slice_bytes // 4)     # a job another launcher started
         try:
             _native.mmap_at(va_base, self.length, PROT_NONE,
                             MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | _native.MAP_FIXED_NOREPLACE, -1, 0)

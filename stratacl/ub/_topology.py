@@ -75,12 +75,17 @@ Optional fields, all with defaults that add no constraint:
     compute.efficiency                  1.0      fraction of the peak and of the HBM bandwidth a
                                                  kernel reaches (one number for every kernel)
 
-A malformed value raises ConfigError naming the field.
+A malformed value raises ConfigError naming the field and the value: a number must be finite
+and at most 1e12 (NaN and Infinity, which Python's JSON reader accepts, are refused), an integer
+at most 2**40, the levels' sizes multiplied at most 2**31; the file must be UTF-8 JSON.
+``stratacl-launch`` and ``stratacl.spawn`` load the topology before any rank starts
+(jobs/_preflight.py): a bad file is one message and exit code 2.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 
 from .._errors import ConfigError
@@ -92,6 +97,11 @@ CORE_ISSUE_GBPS = 0.95 * 196.0 / 24
 # cm384's SDMA engine rate as a fraction of the fabric share, calibrated (see _CM384["sdma"])
 SDMA_EFFICIENCY = 0.92
 UNIT_US = 20.0           # default S_t: the bytes a tier moves in this long (see _partition.py)
+# what a file's numbers may be: finite, and small enough that the model's products (bytes per
+# us, rank spans) stay exact in floats and fit in 64-bit integers
+MAX_NUMBER = 1e12
+MAX_INT = 1 << 40
+MAX_RANKS = 1 << 31      # the product of the levels' sizes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -404,6 +414,11 @@ def from_dict(data: dict, source: str = "topology") -> Topology:
             value = float(value)
         if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
             raise ConfigError(f"{source}: field {where}{key!r} must be {kind.__name__}, got {value!r}")
+        if kind is float and not (math.isfinite(value) and abs(value) <= MAX_NUMBER):
+            raise ConfigError(f"{source}: field {where}{key!r} must be a finite number of at most {MAX_NUMBER:g}, "
+                              f"got {value!r}")
+        if kind is int and abs(value) > MAX_INT:
+            raise ConfigError(f"{source}: field {where}{key!r} must be at most {MAX_INT} (2**40), got {value!r}")
         return value
 
     def optional(obj, key, kind, where, default):
@@ -446,6 +461,9 @@ def from_dict(data: dict, source: str = "topology") -> Topology:
         levels.append(Level(lname, size, tier, up))
     if not levels:
         raise ConfigError(f"{source}: field 'levels' must not be empty")
+    if math.prod(lv.size for lv in levels) > MAX_RANKS:
+        raise ConfigError(f"{source}: fields levels[*].'size' multiply to {math.prod(lv.size for lv in levels)} "
+                          f"ranks per outermost unit; at most {MAX_RANKS} (2**31)")
     beyond = need(data, "beyond", str, "")
     if beyond not in tiers:
         raise ConfigError(f"{source}: field 'beyond' names unknown tier {beyond!r}")
@@ -525,8 +543,20 @@ def load(spec: str) -> Topology:
     if not os.path.exists(spec):
         raise ConfigError(f"topology {spec!r}: not a built-in (cm384, flat) and no such file")
     try:
-        with open(spec) as f:
-            data = json.load(f)
+        with open(spec, "rb") as f:
+            raw = f.read()
+    except OSError as e:
+        raise ConfigError(f"topology file {spec}: cannot read it ({e.strerror})") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"topology file {spec}: not UTF-8 text (byte {raw[e.start]:#04x} at offset {e.start}); "
+                          f"a topology is a JSON file") from None
+    try:
+        data = json.loads(text)
     except json.JSONDecodeError as e:
         raise ConfigError(f"topology file {spec}: not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"topology file {spec}: must hold a JSON object (with name, levels, tiers, beyond), "
+                          f"got {type(data).__name__}")
     return from_dict(data, source=f"topology file {spec}")
