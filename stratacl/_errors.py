@@ -41,7 +41,19 @@ class OutOfMemory(StrataError, MemoryError):
 
 
 class CollectiveMismatch(StrataError):
-    """Ranks called one collective with disagreeing arguments; raised on every rank of the call."""
+    """Ranks called one collective with disagreeing arguments; raised on every rank of the call.
+
+    ``rejected`` lists the ranks (world numbering) that rejected their own arguments when that is
+    the disagreement (they raise their own error; the launcher makes one of them the root cause),
+    else it is empty.
+    """
+
+    def __init__(self, message: str, rejected: tuple[int, ...] = ()):
+        super().__init__(message)
+        self.rejected = tuple(rejected)
+
+    def __reduce__(self):
+        return (type(self), (self.args[0], self.rejected))
 
 
 class PeerFailure(StrataError):

@@ -569,6 +569,19 @@ def test_cli_rank_exiting_0_without_finalize_is_the_root_cause():
                          rf"without finalizing", block, re.M), block
 
 
+def test_the_rank_that_rejected_its_arguments_is_the_root_cause_not_an_earlier_victim():
+    n, who = 4, 2
+    run = launch("-n", str(n), "--timeout", "20", script("reject_late.py"), str(who), timeout=120)
+    assert run.returncode == 1, run.explain()
+    block = run.stderr[run.stderr.index("Root cause (first failure):"):]
+    assert re.search(rf"^  rank      : {who} \(pid \d+\)$", block, re.M), block
+    assert "\n  error     : TypeError: all_reduce: the buffer must be a numpy array, got NoneType\n" in block, block
+    for r in range(n):
+        if r != who:
+            assert re.search(rf"^  rank {r}: exit code 1: CollectiveMismatch: all_reduce: rank {who} rejected its "
+                             rf"arguments: TypeError: ", block, re.M), block
+
+
 def test_spawn_rank_exiting_0_without_finalize_is_a_rank_failure():
     with pytest.raises(stratacl.RankFailure) as info:
         stratacl.spawn(_exit_unfinalized_on_rank, 3, args=(1,), timeout=60)

@@ -73,7 +73,12 @@ class JobOutcome:
         failed = [r for r in self.ranks if on_its_own(r)]
         if not failed:
             return None
-        return min(failed, key=lambda r: _failed_at(r) or float("inf"))
+        # a rank whose error blames another rank that failed too (its peer rejected its
+        # arguments, died, or never arrived) is a victim, however early it reported: the root
+        # cause is the first rank that blames no other failed rank, if there is one
+        ranks = {r.rank for r in failed}
+        culprits = [r for r in failed if not (set((r.error or {}).get("blames", ())) - {r.rank}) & ranks]
+        return min(culprits or failed, key=lambda r: _failed_at(r) or float("inf"))
 
     @property
     def exit_code(self) -> int:

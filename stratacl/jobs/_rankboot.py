@@ -51,9 +51,16 @@ def _report_error(sock: socket.socket, exc: BaseException) -> None:
     except Exception:
         pickled = None
     rank = int(os.environ.get("STRATACL_RANK", "-1"))
+    # the ranks this error says failed first (the launcher's root cause is one of them if they
+    # failed too): a peer that died, timed out, or rejected its arguments
+    blames = list(getattr(exc, "rejected", ()) or getattr(exc, "missing", ()))
+    peer = getattr(exc, "peer", None)
+    if not blames and isinstance(peer, int):
+        blames = [peer]
     try:
         _wire.send(sock, ("error", {"rank": rank, "type": type(exc).__name__, "message": str(exc),
-                                    "traceback": tb, "exception": pickled, "time": time.monotonic()}))
+                                    "traceback": tb, "exception": pickled, "time": time.monotonic(),
+                                    "blames": blames}))
     except OSError:
         pass
 

@@ -283,7 +283,7 @@ class PointToPoint:
             reason = self._protocol.reason(dst, 2 + self._protocol.lay.world + self._rank)
             if status == RECV_REJECTED:
                 raise CollectiveMismatch(f"send: rank {self._members[dst]} rejected its recv arguments: {reason}; "
-                                         f"no data was moved")
+                                         f"no data was moved", (self._members[dst],))
             raise CollectiveMismatch(f"send: rank {self._members[dst]} failed its recv of this send: {reason}")
         s = self._rt.stats
         s["calls"]["send"] = s["calls"].get("send", 0) + 1
@@ -351,7 +351,7 @@ class PointToPoint:
             if d[F_FLAGS] & FLAG_REJECTED:
                 reason = self._protocol.reason(src, 2 + self._rank)
                 error = CollectiveMismatch(f"recv: rank {self._members[src]} rejected its send arguments: {reason}; "
-                                           f"no data was moved")
+                                           f"no data was moved", (self._members[src],))
             elif d[F_DTYPE] != code or d[F_COUNT] != x.size:
                 status = RECV_MISMATCH
                 error = CollectiveMismatch(

@@ -314,7 +314,8 @@ class Protocol:
             return
         rejected = np.nonzero(descs[:, F_FLAGS] & FLAG_REJECTED)[0].tolist()
         if rejected:
-            raise CollectiveMismatch(self._rejection(operation, rejected, parity))
+            raise CollectiveMismatch(self._rejection(operation, rejected, parity),
+                                     tuple(self._members[i] for i in rejected))
         for field, label in ((F_OP, "operation"), *_COMPARED):
             col = descs[:, field]
             if (col != col[0]).any():
