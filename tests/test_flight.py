@@ -26,12 +26,18 @@ def _flight_block(case: str, timeout: str = "3") -> str:
 
 
 def test_a_rank_in_a_different_collective_is_named():
-    block = _flight_block("mismatch", "30")
-    assert re.search(r"^  rank 2: broadcast \(call #(\d+) on a communicator of 4, 1024 elements, root 0\): arrived ",
+    # the program's third call on the world (all_reduce, split, then this one): numbered as the
+    # user counts, from 1 (init()'s own barrier is not one of them)
+    run = launch("-n", "4", "--timeout", "30", "--grace", "1", script("flight_cases.py"), "mismatch", timeout=90)
+    assert run.returncode == 1, run.explain()
+    assert "CollectiveMismatch: broadcast: ranks disagree on the operation of call #3 on this communicator " \
+           "(rank(s) [0, 1, 3]: all_reduce; rank(s) [2]: broadcast); no data was moved" in run.stderr, run.explain()
+    block = run.stderr[run.stderr.index("Flight recorder"):]
+    assert re.search(r"^  rank 2: broadcast \(call #3 on a communicator of 4, 1024 elements, root 0\): arrived ",
                      block, re.M), block
-    call = re.search(r"^  rank 0: all_reduce \(call #(\d+) on a communicator of 4", block, re.M).group(1)
-    assert (f"  - rank(s) [2] entered broadcast as call #{call} on the communicator of 4 ranks (world), "
-            f"where rank(s) [0, 1, 3] entered all_reduce") in block, block
+    assert re.search(r"^  rank 0: all_reduce \(call #3 on a communicator of 4", block, re.M), block
+    assert ("  - rank(s) [2] entered broadcast as call #3 on the communicator of 4 ranks (world), "
+            "where rank(s) [0, 1, 3] entered all_reduce") in block, block
 
 
 def test_a_rank_that_never_arrived_is_named_with_what_it_did_last():

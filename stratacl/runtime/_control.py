@@ -64,6 +64,9 @@ P2P_DESC = DESC_FIXED                     # a point-to-point descriptor is an op
 EXT_WORDS_EXTRA = 12
 FLAG_REJECTED = 1                         # the rank rejected its own arguments; it raises, peers too
 
+# the world communicator's calls made by init() itself (its barrier), before the program's first
+WORLD_INIT_CALLS = 1
+
 # rank states
 STATE_STARTING, STATE_RUNNING, STATE_FINALIZED, STATE_DEAD = 0, 1, 2, 3
 
@@ -134,6 +137,12 @@ class Layout:
 
     def slot(self, rank: int, index: int) -> int:
         return self.region(rank) + self.slots_offset + index * self.slot_bytes
+
+    def world_slot(self) -> int:
+        """The world communicator's slot (every rank's slot 0; a communicator is known by its
+        member 0's slot). Its first call is init()'s own barrier (WORLD_INIT_CALLS): messages
+        number a program's calls on it from the next one, as 1."""
+        return self.slot(0, 0)
 
     # offsets inside a communicator slot
     SLOT_COUNTER, SLOT_GEN, SLOT_ARRIVAL, SLOT_SEND_SEQ = 0, 8, 12, 16

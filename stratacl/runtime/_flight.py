@@ -32,7 +32,7 @@ import dataclasses
 import numpy as np
 
 from .._operators import OPERATORS
-from ._control import Control
+from ._control import WORLD_INIT_CALLS, Control
 from ._native import (
     FL_CALL,
     FL_COMM,
@@ -94,9 +94,10 @@ class FlightEntry:
         return self.op in P2P
 
     def call_name(self) -> str:
-        """The call in a few words: ``all_gather #12``, ``recv from rank 3 #2``."""
+        """The call in a few words: ``all_gather #12``, ``recv from rank 3 #2``; a program's
+        calls on a communicator are numbered from 1 (#0: init()'s own barrier on the world)."""
         if not self.p2p:
-            return f"{self.op} #{self.call}"
+            return f"{self.op} #{self.call}" if self.call > 0 else f"{self.op} of stratacl.init()"
         halves = []
         if self.dst is not None:
             halves.append(f"to rank {self.dst} #{self.call}")
@@ -108,7 +109,8 @@ class FlightEntry:
         if self.p2p:
             what = f"{self.call_name()} ({self.count} elements)"
         else:
-            what = f"{self.op} (call #{self.call} on a communicator of {self.size}"
+            what = (f"{self.op} (call #{self.call} on a communicator of {self.size}" if self.call > 0
+                    else f"{self.op} of stratacl.init() (on a communicator of {self.size}")
             if self.members is not None and self.size < self.world:
                 what += f" {list(self.members)}"
             what += f", {self.count} elements"
@@ -152,6 +154,9 @@ def read(ctl: Control, rank: int) -> list[FlightEntry]:
             continue        # being written when the rank stopped
         comm, size = int(e[FL_COMM]), int(e[FL_N])
         k_entry, k_last = int(e[FL_K_ENTRY]), int(e[FL_K_LAST])
+        call = int(e[FL_CALL])
+        if k_entry and comm == ctl.layout.world_slot():
+            call -= WORLD_INIT_CALLS       # the program's calls from 1; init()'s barrier is #0
         members = _members(ctl, comm, size)
 
         def world(i: int) -> int | None:
@@ -161,7 +166,7 @@ def read(ctl: Control, rank: int) -> list[FlightEntry]:
 
         out.append(FlightEntry(
             rank, seq, comm, size, int(e[FL_ME]), _NAMES.get(int(e[FL_OP]), f"op#{int(e[FL_OP])}"),
-            int(e[FL_CALL]), int(e[FL_COUNT]), int(e[FL_NBYTES]), int(e[FL_ROOT]), k_entry, k_last,
+            call, int(e[FL_COUNT]), int(e[FL_NBYTES]), int(e[FL_ROOT]), k_entry, k_last,
             int(e[FL_T_ENTER]) / 1e9, int(e[FL_T_LAST]) / 1e9 if k_last else None,
             _state(ctl, comm, size, k_entry, k_last), members, world(int(e[FL_DST])), world(int(e[FL_SRC])),
             int(e[FL_RECV_CALL]), ctl.world))

@@ -49,6 +49,7 @@ from ._control import (
     F_REDOP,
     F_ROOT,
     FLAG_REJECTED,
+    WORLD_INIT_CALLS,
     Layout,
 )
 from ._native import T_CALLS, T_NATIVE, T_SYNCS
@@ -111,6 +112,8 @@ class Protocol:
         self.lay = lay
         base = rt.ctl.base
         self.slot_offs = [lay.slot(m, s) for m, s in zip(members, slots)]
+        # messages number the program's calls from 1: on the world, init()'s barrier is not one
+        self.init_calls = WORLD_INIT_CALLS if self.slot_offs[0] == lay.world_slot() else 0
         me = self.slot_offs[rank]
         self._counter_addr = base + self.slot_offs[0] + Layout.SLOT_COUNTER
         self._gen_addr = base + self.slot_offs[0] + Layout.SLOT_GEN
@@ -324,7 +327,7 @@ class Protocol:
                     groups.setdefault(v, []).append(self._members[i])
                 seen = "; ".join(f"rank(s) {rs}: {_value_name(field, v)}" for v, rs in groups.items())
                 raise CollectiveMismatch(
-                    f"{operation}: ranks disagree on the {label} of call #{self.calls} on this "
+                    f"{operation}: ranks disagree on the {label} of call #{self.calls - self.init_calls} on this "
                     f"communicator ({seen}); no data was moved")
 
     def _rejection(self, operation: str, rejected: list[int], parity: int) -> str:
