@@ -181,3 +181,16 @@ def test_the_routing_records_layout_comes_from_the_native_pass():
     assert int(_re.search(r"#define WEIGHT_WORDS (\d+)", source).group(1)) == _eproute.WEIGHT_WORDS == _ep.WEIGHT_WORDS
     # a record: its token, k expert ids, k float32 weights packed WEIGHT_WORDS to an int64 word
     assert _ep.record_words(8) == 1 + 8 + 8 // _eproute.WEIGHT_WORDS
+
+
+def test_operation_codes_in_messages_are_names():
+    # a rank in send (its code comes from the point-to-point table) while its peers are in
+    # all_reduce, or a member whose descriptor holds no call yet, is named in words, not "op#N"
+    from stratacl.runtime import _flight
+    from stratacl.runtime._control import F_OP
+    for op in ("all_reduce", "send", "recv", "sendrecv", "split", "dispatch"):
+        code = next(o.code for o in stratacl._operators.OPERATORS if o.name == op)
+        assert _protocol._value_name(F_OP, code) == op
+        assert _flight._NAMES[code] == op
+    assert _protocol._value_name(F_OP, 0) == "no call (its descriptor is empty)"
+    assert _flight.op_name(0) == "no call" and _flight.op_name(999) == "an unknown operation (code 999)"

@@ -60,6 +60,13 @@ _NAMES = {op.code: op.name for op in OPERATORS}
 P2P = frozenset(op.name for op in OPERATORS if op.family == "p2p")
 
 
+def op_name(code: int) -> str:
+    """A recorded operation code in words (the operator table's name), never a bare number."""
+    if code == 0:
+        return "no call"
+    return _NAMES.get(code, f"an unknown operation (code {code})")
+
+
 @dataclasses.dataclass(frozen=True)
 class FlightEntry:
     """One recorded call of one rank. ``comm``: the communicator (its barrier counter's offset
@@ -165,7 +172,7 @@ def read(ctl: Control, rank: int) -> list[FlightEntry]:
             return members[i] if members is not None and i < len(members) else i
 
         out.append(FlightEntry(
-            rank, seq, comm, size, int(e[FL_ME]), _NAMES.get(int(e[FL_OP]), f"op#{int(e[FL_OP])}"),
+            rank, seq, comm, size, int(e[FL_ME]), op_name(int(e[FL_OP])),
             call, int(e[FL_COUNT]), int(e[FL_NBYTES]), int(e[FL_ROOT]), k_entry, k_last,
             int(e[FL_T_ENTER]) / 1e9, int(e[FL_T_LAST]) / 1e9 if k_last else None,
             _state(ctl, comm, size, k_entry, k_last), members, world(int(e[FL_DST])), world(int(e[FL_SRC])),

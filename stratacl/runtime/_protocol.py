@@ -65,14 +65,17 @@ log = logging.getLogger("stratacl")
 # every operation code of a call's descriptor, from the operator table (point to point has its own
 # descriptors: runtime/_p2p.py)
 OPS = {op.name: op.code for op in OPERATORS if op.family != "p2p"}
-OP_NAMES = {v: k for k, v in OPS.items()}
+# every code a member's descriptor can hold, point to point's too, by name: a message names them
+OP_NAMES = {op.code: op.name for op in OPERATORS}
 
 _COMPARED = ((F_DTYPE, "dtype"), (F_COUNT, "element count"), (F_ROOT, "root"), (F_REDOP, "reduce op"))
 
 
 def _value_name(field: int, v: int) -> str:
     if field == F_OP:
-        return OP_NAMES.get(v, f"op#{v}")
+        if v == 0:
+            return "no call (its descriptor is empty)"
+        return OP_NAMES.get(v, f"an unknown operation (code {v})")
     if field == F_DTYPE:
         dt = _reduce.DTYPE_BY_CODE.get(v)
         return str(dt) if dt is not None else "-"
