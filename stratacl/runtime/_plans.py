@@ -1,4 +1,4 @@
-"""Timed plans shared by a job's ranks: one rank times a call's shape, the others read it.
+"""Timed plans shared by a job's ranks: one rank times a call's shape, every rank maps it.
 
 Under a modeled clock every member of a call runs the call's timed plan (``ub._clock``:
 ``FabricModel.plan``) on every member's entering clock, so every member needs the whole plan:
@@ -7,9 +7,26 @@ a full-mesh call of N members (about 0.1 s and a few MiB at N = 256). Computed b
 ranks that is O(N^3) a job; shared, it is computed once:
 
     fetch(key, make)
-        /dev/shm/stratacl-<job>-plan-<digest of key>        exists -> load it
+        /dev/shm/stratacl-<job>-plan-<digest of key>        exists -> map it
         otherwise take the exclusive flock of its ``.lock`` file (the kernel queues the others)
-            exists now -> load it;  else make(), write it beside, rename it into place
+            exists now -> map it;  else make(), write it beside, rename it into place, map it
+
+Held once per host, not once per rank. A plan file is the plan's pickle (protocol 5) with its
+arrays out of band, each at a 64-byte aligned offset of the file:
+
+    header   MAGIC, in-band length, buffer count, (offset, length) of each buffer
+    in-band  the pickle of the plan's Python objects (lists, tuples, core runs: a few KiB)
+    buffers  the bytes of every array the plan holds (its durations, flag latencies, core
+             timelines: 0.5-3 MiB at N = 384)
+
+A rank maps the file read-only and shared (it is tmpfs: the pages are the file's, counted once
+on the host) and rebuilds the plan's objects from the in-band part with its arrays as views of
+the mapping. Only those few Python objects are the rank's own, so a rank's memory stays flat
+in N where each rank held a private copy of every plan before (5.5 MiB a rank at N = 384 for
+the README example's calls, 2 GiB for the job). The arrays are the bytes the maker computed,
+so the modeled times are the same bit for bit; they are read-only in every rank, the maker
+included (it maps its own file too), so a consumer that wrote into a plan would fail at once
+rather than change one rank's times.
 
 A rank that dies holding the lock releases it by exiting (flocks end with their holder), so
 no rank waits on a dead one: the next in line makes the plan itself. The names carry the job's
@@ -24,15 +41,20 @@ from __future__ import annotations
 import ctypes
 import fcntl
 import hashlib
+import mmap
 import os
 import pickle
+import struct
 from typing import Callable
 
+from .._errors import StrataError
 from ._segments import prefix
 
 SHARE_FROM = 64          # members of a call from which its plan is shared
 SHARE_LIMIT = 512        # shapes a process shares at most (each is a file in /dev/shm)
 SHM_DIR = "/dev/shm"
+MAGIC = b"stratacl-plan-v2"   # 16 bytes: a plan file's first bytes
+_ALIGN = 64              # offset of every array's bytes in a plan file
 
 
 class SharedPlans:
@@ -59,11 +81,11 @@ class SharedPlans:
             fcntl.flock(fd, fcntl.LOCK_EX)
             got = _load(path)
             if got is None:
-                got = make()
                 part = f"{path}.{os.getpid()}"
                 with open(part, "wb", opener=lambda p, flags: os.open(p, flags, 0o600)) as f:
-                    pickle.dump(got, f, protocol=pickle.HIGHEST_PROTOCOL)
+                    _write(f, make())
                 os.rename(part, path)
+                got = _load(path)         # the maker holds the mapped plan too, not its own copy
                 _trim()
             return got
         finally:
@@ -86,9 +108,44 @@ def _trim() -> None:
 _malloc_trim = None
 
 
+def _write(f, plan) -> None:
+    """``plan`` into the open file ``f``: header, in-band pickle, arrays out of band (aligned)."""
+    buffers: list = []
+    inband = pickle.dumps(plan, protocol=5, buffer_callback=buffers.append)
+    raws = [b.raw() for b in buffers]
+    head = len(MAGIC) + 16 + 16 * len(raws)
+    at = _aligned(head + len(inband))
+    spans = []
+    for r in raws:
+        spans += [at, r.nbytes]
+        at = _aligned(at + r.nbytes)
+    f.write(MAGIC + struct.pack(f"<QQ{len(spans)}Q", len(inband), len(raws), *spans) + inband)
+    for r, offset in zip(raws, spans[::2]):
+        f.write(bytes(offset - f.tell()))
+        f.write(r)
+
+
+def _aligned(n: int) -> int:
+    return -(-n // _ALIGN) * _ALIGN
+
+
 def _load(path: str):
+    """The plan in ``path``, its arrays read-only views of the file mapped shared; None if absent."""
     try:
-        with open(path, "rb") as f:
-            return pickle.load(f)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
         return None
+    try:
+        view = memoryview(mmap.mmap(fd, 0, mmap.MAP_SHARED, mmap.PROT_READ))
+    finally:
+        os.close(fd)
+    if view[:len(MAGIC)] != MAGIC:
+        raise StrataError(f"modeled clock: the shared plan {path} starts with {bytes(view[:len(MAGIC)])!r}, expected "
+                          f"{MAGIC!r}: something other than this library's plan store wrote it; remove the job's "
+                          f"plan files ({os.path.basename(path).rsplit('-', 1)[0]}-*) and run the job again")
+    at = len(MAGIC)
+    inband, count = struct.unpack_from("<QQ", view, at)
+    spans = struct.unpack_from(f"<{2 * count}Q", view, at + 16)
+    at += 16 + 16 * count
+    return pickle.loads(view[at:at + inband],
+                        buffers=[view[o:o + n] for o, n in zip(spans[::2], spans[1::2])])
