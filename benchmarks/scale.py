@@ -1,10 +1,11 @@
 """How a whole job scales with its rank count on this host: start, a few calls, finalize, exit.
 
-    python benchmarks/scale.py [--sizes 8,32,64,128,256,384] [--clock virtual|off]
+    python benchmarks/scale.py [--sizes 8,32,64,128,256,384] [--clock virtual|off|virtual,off]
                                [--readme 64,128,256] [--profile-at 256] [--json PATH]
 
-For each N, one job through ``stratacl-launch -n N --clock CLOCK`` runs this file as its rank
-body (``--rank-body``):
+For each clock (``--clock``: one, or several comma-separated, each its own rows) and each N, one
+job through ``stratacl-launch -n N --clock CLOCK`` runs this file as its rank body
+(``--rank-body``):
 
     process start -> script start (Python and the library imported) -> init() returned
       -> small all_reduce (the first call) -> 1 MiB all_reduce -> all_gather of 256 B a rank
@@ -29,11 +30,15 @@ while no other process has touched them, so they would inflate USS in a way that
 emulated device's memory, not the rank's overhead. Here the private pages of mappings backed
 by a shared-memory file (``/dev/shm/...``, deleted or not: the HBM segments and the control
 segment) are summed apart and subtracted; what remains is heap, Python objects, libraries'
-private data and thread stacks. Page tables (VmPTE) are reported beside it.
+private data and thread stacks. Page tables (VmPTE) are reported beside it. The table gives the
+mean over the ranks and the largest rank: under ``--clock virtual`` the fabric model's timed
+plans are mapped from the job's store (runtime/_plans.py), so a rank's memory stays flat in N.
 
 ``--readme`` times the README's first command (``stratacl-launch -n N --clock virtual
 examples/allreduce.py``) as a user would run it, at the given rank counts (``--readme-clock
-off``: the same with the clock off).
+off``: the same with the clock off). Its ranks run the example through ``--readme-rank``, which
+only reads the rank's memory outside HBM (as above) when the example calls ``finalize()``; the
+row is correct when the job exits 0 and prints "correct on every rank" twice.
 
 ``--profile-at N`` adds, at that N, where the time went per phase (the slowest, median and
 fastest rank of each phase's end, seconds after the launcher started) and a cProfile of rank
@@ -198,6 +203,25 @@ def rank_body(profile: bool) -> None:
     sys.exit(0 if verdict[0] else 1)
 
 
+def readme_rank(script: str) -> None:
+    """Run the README example ``script`` as this rank's program; when it calls ``finalize()``,
+    write this rank's memory outside HBM to ``$SCALE_OUT/<rank>``."""
+    import runpy
+
+    import stratacl
+    finalize = stratacl.finalize
+
+    def measured_finalize():
+        uss, shm, pte = _smaps_private()
+        with open(os.path.join(os.environ["SCALE_OUT"], os.environ["STRATACL_RANK"]), "w") as f:
+            json.dump([uss - shm, pte], f)
+        finalize()
+
+    stratacl.finalize = measured_finalize
+    sys.argv = [script]
+    runpy.run_path(script, run_name="__main__")
+
+
 # --- outside the job --------------------------------------------------------------------------
 class _HostSampler:
     """Peak load, peak runnable tasks and least MemAvailable while a job runs."""
@@ -296,19 +320,33 @@ def _phases(stamps: list[list[float]], t0: float, fin: float, wall: float) -> di
 
 
 def readme(n: int, timeout: float, clock: str = "virtual") -> dict:
-    argv = _launcher() + ["-n", str(n), "--clock", clock, os.path.join(ROOT, "examples", "allreduce.py")]
-    job = _run_job(argv, dict(os.environ), timeout)
-    return {"n": n, "clock": clock, **{k: v for k, v in job.items() if k not in ("t0", "stderr")},
-            "correct": job["returncode"] == 0 and "WRONG" not in job["stdout"]}
+    with tempfile.TemporaryDirectory() as tmp:
+        argv = _launcher() + ["-n", str(n), "--clock", clock, os.path.abspath(__file__), "--readme-rank",
+                              os.path.join(ROOT, "examples", "allreduce.py")]
+        job = _run_job(argv, dict(os.environ, SCALE_OUT=tmp), timeout)
+        mem = []
+        for name in os.listdir(tmp):
+            with open(os.path.join(tmp, name)) as f:
+                mem.append(json.load(f))
+    row = {"n": n, "clock": clock, **{k: v for k, v in job.items() if k not in ("t0", "stderr")},
+           "correct": job["returncode"] == 0 and job["stdout"].count("correct on every rank") == 2}
+    if mem:
+        row.update(ranks_measured=len(mem), uss_outside_hbm_max=max(m[0] for m in mem),
+                   uss_outside_hbm_mean=sum(m[0] for m in mem) / len(mem),
+                   page_tables_mean=sum(m[1] for m in mem) / len(mem))
+    if not row["correct"]:
+        row["stderr"] = job["stderr"]
+    return row
 
 
 def _fmt(rows: list[dict], readme_rows: list[dict]) -> str:
     lines = []
     head = (f"{'N':>4} {'job wall':>9} {'job CPU':>8} {'1st call':>9} {'ar 256B':>8} {'ar 1MiB':>8} "
             f"{'ag 256B':>8} {'ag 1MiB':>8} {'CPU/call':>9} {'load':>6} {'runq':>5} "
-            f"{'USS-HBM':>8} {'PTE':>6} {'memavail':>8}  result")
-    lines += [head, "-" * len(head)]
-    for r in rows:
+            f"{'USS-HBM':>15} {'PTE':>6} {'memavail':>8}  result")
+    for i, r in enumerate(rows):
+        if i == 0 or r["clock"] != rows[i - 1]["clock"]:
+            lines += [f"--clock {r['clock']}", head, "-" * len(head)]
         if "calls" not in r:
             lines.append(f"{r['n']:>4} {r['wall_s']:>8.1f}s {r['cpu_s']:>7.1f}s  FAILED (exit {r['returncode']})")
             continue
@@ -319,10 +357,11 @@ def _fmt(rows: list[dict], readme_rows: list[dict]) -> str:
             f"{r['n']:>4} {r['wall_s']:>8.1f}s {r['cpu_s']:>7.1f}s {r['first_call_s']:>8.2f}s "
             + " ".join(f"{w:>6.2f}ms" for w in warm)
             + f" {cpu:>8.3f}s {r['peak_load']:>6.1f} {r['peak_runnable']:>5d} "
-            f"{r['uss_outside_hbm_max'] / 2**20:>6.1f}Mi {r['page_tables_mean'] / 2**20:>4.1f}Mi "
+            f"{r['uss_outside_hbm_mean'] / 2**20:>5.1f}/{r['uss_outside_hbm_max'] / 2**20:>5.1f}Mi "
+            f"{r['page_tables_mean'] / 2**20:>4.1f}Mi "
             f"{r['min_mem_available_gib']:>6.1f}Gi  {'correct' if r['correct'] else 'WRONG'}")
     lines.append("ar/ag: warm call wall, slowest rank, ms; CPU/call: mean over the four warm calls of the CPU "
-                 "summed over ranks; USS-HBM: largest rank's USS outside HBM; load: peak 1-min load; runq: "
+                 "summed over ranks; USS-HBM: USS outside HBM a rank, mean / largest rank; load: peak 1-min load; runq: "
                  "peak runnable tasks; memavail: least MemAvailable during the job")
     for r in rows:
         if "phases" in r and "cprofile_rank0" in r:
@@ -337,8 +376,10 @@ def _fmt(rows: list[dict], readme_rows: list[dict]) -> str:
     if readme_rows:
         lines.append(f"\nREADME example (stratacl-launch -n N --clock {readme_rows[0]['clock']} examples/allreduce.py):")
         for r in readme_rows:
+            mem = (f"USS-HBM {r['uss_outside_hbm_mean'] / 2**20:.1f} / {r['uss_outside_hbm_max'] / 2**20:.1f} MiB  "
+                   f"PTE {r['page_tables_mean'] / 2**20:.1f} MiB  " if "uss_outside_hbm_mean" in r else "")
             lines.append(f"  N={r['n']:<4} wall {r['wall_s']:6.1f} s  CPU {r['cpu_s']:6.1f} s  peak load "
-                         f"{r['peak_load']:5.1f}  least MemAvailable {r['min_mem_available_gib']:.1f} GiB  "
+                         f"{r['peak_load']:5.1f}  least MemAvailable {r['min_mem_available_gib']:.1f} GiB  {mem}"
                          f"{'correct' if r['correct'] else 'FAILED exit ' + str(r['returncode'])}")
     return "\n".join(lines)
 
@@ -346,7 +387,7 @@ def _fmt(rows: list[dict], readme_rows: list[dict]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="8,32,64,128,256,384")
-    ap.add_argument("--clock", default="virtual", choices=("virtual", "off"))
+    ap.add_argument("--clock", default="virtual", help="virtual, off, or both comma-separated (rows for each)")
     ap.add_argument("--readme", default="", help="rank counts at which to time the README example")
     ap.add_argument("--readme-clock", default="virtual", choices=("virtual", "off"),
                     help="the README example's --clock (its own is virtual)")
@@ -355,15 +396,22 @@ def main() -> None:
     ap.add_argument("--json")
     ap.add_argument("--rank-body", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--cprofile", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--readme-rank", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.readme_rank:
+        readme_rank(a.readme_rank)
+        return
     if a.rank_body:
         rank_body(a.cprofile and os.environ.get("STRATACL_RANK") == "0")
         return
+    clocks = [c for c in a.clock.split(",") if c]
+    if not clocks or any(c not in ("virtual", "off") for c in clocks):
+        ap.error(f"--clock: virtual, off or both comma-separated, got {a.clock!r}")
     rows, readme_rows = [], []
-    for n in [int(s) for s in a.sizes.split(",") if s]:
-        row = measure(n, a.clock, n == a.profile_at, a.timeout)
+    for clock, n in [(c, int(s)) for c in clocks for s in a.sizes.split(",") if s]:
+        row = measure(n, clock, n == a.profile_at and clock == clocks[0], a.timeout)
         rows.append(row)
-        print(f"N={n}: wall {row['wall_s']:.1f} s, CPU {row['cpu_s']:.1f} s, "
+        print(f"clock {clock} N={n}: wall {row['wall_s']:.1f} s, CPU {row['cpu_s']:.1f} s, "
               f"{'correct' if row.get('correct') else 'FAILED'}", file=sys.stderr, flush=True)
         if not row.get("correct"):
             print(row.get("stderr", ""), file=sys.stderr)
