@@ -8,8 +8,10 @@ ranks that is O(N^3) a job; shared, it is computed once:
 
     fetch(key, make)
         /dev/shm/stratacl-<job>-plan-<digest of key>        exists -> map it
-        otherwise take the exclusive flock of its ``.lock`` file (the kernel queues the others)
-            exists now -> map it;  else make(), write it beside, rename it into place, map it
+        otherwise try the exclusive flock of its ``.lock`` file, without waiting
+            taken: exists now -> map it;  else make(), write it beside, rename it into place, map it
+            held by a maker: wait for the shared flock (granted to every waiter at once when the
+                maker lets go), map it; absent then (the maker died): queue for the exclusive one
 
 Held once per host, not once per rank. A plan file is the plan's pickle (protocol 5) with its
 arrays out of band, each at a 64-byte aligned offset of the file:
@@ -78,7 +80,17 @@ class SharedPlans:
             return got
         fd = os.open(path + ".lock", os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                # another rank holds it, making the plan: wait for a shared lock, which the kernel
+                # grants every waiter at once when the maker lets go (queued for the exclusive
+                # one they would be let in one by one: N scheduler hand-offs for every shape)
+                fcntl.flock(fd, fcntl.LOCK_SH)
+                got = _load(path)
+                if got is not None:
+                    return got
+                fcntl.flock(fd, fcntl.LOCK_EX)        # the maker died before writing it
             got = _load(path)
             if got is None:
                 part = f"{path}.{os.getpid()}"
