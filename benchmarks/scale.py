@@ -1,7 +1,7 @@
 """How a whole job scales with its rank count on this host: start, a few calls, finalize, exit.
 
     python benchmarks/scale.py [--sizes 8,32,64,128,256,384] [--clock virtual|off|virtual,off]
-                               [--readme 64,128,256] [--profile-at 256] [--json PATH]
+                               [--readme 64,128,256] [--profile-at 256] [--guard-gib 1] [--json PATH]
 
 For each clock (``--clock``: one, or several comma-separated, each its own rows) and each N, one
 job through ``stratacl-launch -n N --clock CLOCK`` runs this file as its rank body
@@ -40,6 +40,10 @@ off``: the same with the clock off). Its ranks run the example through ``--readm
 only reads the rank's memory outside HBM (as above) when the example calls ``finalize()``; the
 row is correct when the job exits 0 and prints "correct on every rank" twice.
 
+``--guard-gib G`` (default 1): a job is stopped (its launcher's process group killed, the row
+marked) when the host's MemAvailable falls below G GiB, before the kernel's OOM killer would
+choose among every process on the (shared) host.
+
 ``--profile-at N`` adds, at that N, where the time went per phase (the slowest, median and
 fastest rank of each phase's end, seconds after the launcher started) and a cProfile of rank
 0's CPU time from init() to the end of its calls.
@@ -51,6 +55,7 @@ import json
 import os
 import resource
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -224,10 +229,13 @@ def readme_rank(script: str) -> None:
 
 # --- outside the job --------------------------------------------------------------------------
 class _HostSampler:
-    """Peak load, peak runnable tasks and least MemAvailable while a job runs."""
+    """Peak load, peak runnable tasks and least MemAvailable while a job runs; the job's process
+    group is killed if MemAvailable falls below ``guard`` bytes (the host is shared: better
+    a stopped row than the kernel's OOM killer choosing among everyone's processes)."""
 
-    def __init__(self, period: float = 0.2):
+    def __init__(self, period: float = 0.2, guard: int = 0, pgid: int | None = None):
         self.period = period
+        self.guard, self.pgid, self.stopped = guard, pgid, False
         self.peak_load = 0.0
         self.peak_runnable = 0
         self.min_available = None
@@ -246,6 +254,13 @@ class _HostSampler:
                         kb = int(line.split()[1])
                         self.min_available = kb if self.min_available is None else min(self.min_available, kb)
                         break
+            if self.pgid is not None and self.min_available is not None and self.min_available * 1024 < self.guard:
+                self.stopped = True
+                try:
+                    os.killpg(self.pgid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                self.pgid = None
             self._stop.wait(self.period)
 
     def __enter__(self):
@@ -265,21 +280,33 @@ def _launcher() -> list[str]:
     return [found] if found else [sys.executable, "-m", "stratacl_launcher"]
 
 
+GUARD = 1.0 * 2**30      # MemAvailable (bytes) below which a job is stopped (--guard-gib)
+
+
 def _run_job(argv: list[str], env: dict[str, str], timeout: float) -> dict:
     """Run one launcher command; its wall, CPU (with every descendant it waited for), host peaks."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     with open("/proc/loadavg") as f:
         load_before = float(f.read().split()[0])
     t0 = time.time()
-    with _HostSampler() as host:
-        p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout)
+    p = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    with _HostSampler(guard=GUARD, pgid=p.pid) as host:
+        try:
+            stdout, stderr = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            stdout, stderr = p.communicate()
+            stderr += f"\nscale.py: stopped after {timeout} s (--timeout)"
+    if host.stopped:
+        stderr += f"\nscale.py: stopped when MemAvailable fell below {GUARD / 2**30:.1f} GiB (--guard-gib)"
     wall = time.time() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return {"t0": t0, "wall_s": wall, "cpu_s": cpu, "returncode": p.returncode,
+    return {"t0": t0, "wall_s": wall, "cpu_s": cpu, "returncode": p.returncode, "stopped_low_memory": host.stopped,
             "load_before": load_before, "peak_load": host.peak_load, "peak_runnable": host.peak_runnable,
             "min_mem_available_gib": (host.min_available or 0) / 2 ** 20,
-            "stdout": p.stdout[-4000:], "stderr": p.stderr[:3000] + "\n...\n" + p.stderr[-1500:]}
+            "stdout": stdout[-4000:], "stderr": stderr[:3000] + "\n...\n" + stderr[-1500:]}
 
 
 def measure(n: int, clock: str, profile: bool, timeout: float) -> dict:
@@ -348,7 +375,8 @@ def _fmt(rows: list[dict], readme_rows: list[dict]) -> str:
         if i == 0 or r["clock"] != rows[i - 1]["clock"]:
             lines += [f"--clock {r['clock']}", head, "-" * len(head)]
         if "calls" not in r:
-            lines.append(f"{r['n']:>4} {r['wall_s']:>8.1f}s {r['cpu_s']:>7.1f}s  FAILED (exit {r['returncode']})")
+            lines.append(f"{r['n']:>4} {r['wall_s']:>8.1f}s {r['cpu_s']:>7.1f}s  FAILED (exit {r['returncode']}"
+                         f"{', stopped: MemAvailable low' if r.get('stopped_low_memory') else ''})")
             continue
         c = r["calls"]
         warm = [c[k]["warm_wall_s"] * 1e3 for k in c]
@@ -380,7 +408,8 @@ def _fmt(rows: list[dict], readme_rows: list[dict]) -> str:
                    f"PTE {r['page_tables_mean'] / 2**20:.1f} MiB  " if "uss_outside_hbm_mean" in r else "")
             lines.append(f"  N={r['n']:<4} wall {r['wall_s']:6.1f} s  CPU {r['cpu_s']:6.1f} s  peak load "
                          f"{r['peak_load']:5.1f}  least MemAvailable {r['min_mem_available_gib']:.1f} GiB  {mem}"
-                         f"{'correct' if r['correct'] else 'FAILED exit ' + str(r['returncode'])}")
+                         f"{'correct' if r['correct'] else 'FAILED exit ' + str(r['returncode'])}"
+                         f"{' (stopped: MemAvailable low)' if r.get('stopped_low_memory') else ''}")
     return "\n".join(lines)
 
 
@@ -393,6 +422,8 @@ def main() -> None:
                     help="the README example's --clock (its own is virtual)")
     ap.add_argument("--profile-at", type=int, default=256)
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per job")
+    ap.add_argument("--guard-gib", type=float, default=GUARD / 2**30,
+                    help="stop a job when the host's MemAvailable falls below this (GiB)")
     ap.add_argument("--json")
     ap.add_argument("--rank-body", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--cprofile", action="store_true", help=argparse.SUPPRESS)
@@ -404,6 +435,7 @@ def main() -> None:
     if a.rank_body:
         rank_body(a.cprofile and os.environ.get("STRATACL_RANK") == "0")
         return
+    globals()["GUARD"] = a.guard_gib * 2**30
     clocks = [c for c in a.clock.split(",") if c]
     if not clocks or any(c not in ("virtual", "off") for c in clocks):
         ap.error(f"--clock: virtual, off or both comma-separated, got {a.clock!r}")
