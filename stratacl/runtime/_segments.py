@@ -10,7 +10,19 @@
 
 Each segment is created with mode 0600 (only the job's user can map it) and unlinked the
 moment it exists, so no name is left in /dev/shm whatever way the job ends, and no other job
-can open it. The names all start with ``prefix(job id)``: the launcher's sweep removes any
+can open it.
+
+What backs them (docs/memory.md, "What backs the segments"): segments handed down by descriptor
+do not need /dev/shm at all, so they need not depend on its size (a container's is often
+64 MiB). The control segment is always a ``memfd_create`` file: it is sparse and grows with
+the square of the ranks (100 MiB of address at 32 ranks, 13 GiB at 384), so no /dev/shm could
+be judged against it. The HBM segments are POSIX shared memory in /dev/shm when its free space
+(statvfs) holds every rank's whole HBM, and memfd files otherwise. Either way a file of the
+kernel's shmem, the same pages, the same speed; a memfd is charged to no mount's size limit, so
+touching it never raises SIGBUS for want of room (memory short is the OOM killer's, which the
+launcher names). In /dev/shm a neighbour may still fill the mount after the check, so the HBM's
+pages there are reserved when an allocation carves them (``Hbm.alloc``): a full /dev/shm is an
+``OutOfMemory`` naming the size, never a SIGBUS. The names all start with ``prefix(job id)``: the launcher's sweep removes any
 leftover with it (in case a process died between create and unlink). The runtime owns the
 segments' names, sizes and header facts; the launcher only decides when a job starts and ends.
 
@@ -47,6 +59,29 @@ def _names(job_id: str, world: int) -> list[str]:
     """The job's segment names: the control segment's, then each rank's HBM segment's."""
     p = prefix(job_id)
     return [p + "ctl"] + [f"{p}hbm-{r}" for r in range(world)]
+
+
+SHM_DIR = "/dev/shm"
+
+
+def shm_free() -> int:
+    """Bytes /dev/shm can still take (0 if there is none)."""
+    try:
+        st = os.statvfs(SHM_DIR)
+    except OSError:
+        return 0
+    return st.f_bavail * st.f_frsize
+
+
+def _memfd(name: str, size: int) -> int:
+    """An anonymous shmem file of ``size`` bytes, sparse: no name anywhere, only the descriptor."""
+    fd = os.memfd_create(name, os.MFD_CLOEXEC)
+    try:
+        os.ftruncate(fd, size)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def _create(name: str, size: int, keep_name: bool = False) -> int:
@@ -97,13 +132,20 @@ def unlink_job_names(job_id: str, world: int) -> None:
 def create_job_segments(job_id: str, world: int, config: Config, launcher_pid: int | None = None,
                         keep_names: bool = False) -> tuple[int, list[int]]:
     """Create the control segment and one HBM segment per rank; returns their descriptors.
-    With ``keep_names`` the names stay in /dev/shm for other processes to open (see above)."""
+    With ``keep_names`` the names stay in /dev/shm for other processes to open (see above), all
+    of them POSIX shared memory; without, the control segment is a memfd, and so are the HBM
+    segments unless /dev/shm holds all of them."""
     p = prefix(job_id)
-    ctl_fd = _create(p + "ctl", Control.size_for(world), keep_names)
+    if keep_names:
+        ctl_fd = _create(p + "ctl", Control.size_for(world), keep_names)
+    else:
+        ctl_fd = _memfd(p + "ctl", Control.size_for(world))
+    in_shm = keep_names or world * config.hbm_size <= shm_free()
     hbm_fds = []
     try:
         for r in range(world):
-            hbm_fds.append(_create(f"{p}hbm-{r}", config.hbm_size, keep_names))
+            name = f"{p}hbm-{r}"
+            hbm_fds.append(_create(name, config.hbm_size, keep_names) if in_shm else _memfd(name, config.hbm_size))
     except BaseException:
         for fd in [ctl_fd, *hbm_fds]:
             os.close(fd)
