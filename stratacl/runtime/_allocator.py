@@ -122,17 +122,21 @@ class HbmAllocator:
         with self.lock:
             self._reap()
             block = self._take_free(size, small)
+            try:
+                if block is None:
+                    block = self._grow(size, small)
+                    if block is None:
+                        self.mstats.counters["num_alloc_retries"] += 1
+                        self.empty_cache()
+                        block = self._grow(size, small, wait=self.hbm.awaiting_bytes > 0)
+            except OutOfMemory as e:         # the HBM's pages could not be reserved (runtime/_hbm.py)
+                self.mstats.counters["num_ooms"] += 1
+                raise OutOfMemory(f"rank {self.rank}: out of memory allocating {fmt_bytes(nbytes)}: {e}") from None
             if block is None:
-                block = self._grow(size, small)
-                if block is None:
-                    self.mstats.counters["num_alloc_retries"] += 1
-                    self.empty_cache()
-                    block = self._grow(size, small, wait=self.hbm.awaiting_bytes > 0)
-                if block is None:
-                    self.mstats.counters["num_ooms"] += 1
-                    raise OutOfMemory(f"rank {self.rank}: out of HBM allocating {fmt_bytes(nbytes)}"
-                                      f"{self._oom_detail(size, small)}. Free arrays, or raise --hbm-size "
-                                      f"(STRATACL_HBM_SIZE).")
+                self.mstats.counters["num_ooms"] += 1
+                raise OutOfMemory(f"rank {self.rank}: out of HBM allocating {fmt_bytes(nbytes)}"
+                                  f"{self._oom_detail(size, small)}. Free arrays, or raise --hbm-size "
+                                  f"(STRATACL_HBM_SIZE).")
             self._split(block, size)
             block.free = False
             block.requested = nbytes
@@ -341,6 +345,7 @@ class CachingAllocator(HbmAllocator):
             got = []
             if self._wait_for_acks(lambda: got.append(self.hbm.phys.alloc(size)) or got[-1] is not None):
                 offset = got[-1]
+                self.hbm.reserve(offset, size)
         if offset is None:
             return None
         if self.pool_va is not None:

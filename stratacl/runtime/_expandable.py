@@ -34,6 +34,7 @@ import bisect
 
 import numpy as np
 
+from .._errors import OutOfMemory
 from ._allocator import (
     BLOCK_ROUND,
     Block,
@@ -205,13 +206,13 @@ class ExpandableAllocator(HbmAllocator):
     def _map_chunks(self, r: _Range, cs: int, ce: int) -> Block:
         """Map the unmapped chunks [cs, ce) onto free HBM; returns the free block now holding
         them, coalesced with free neighbours (and in the free list)."""
+        g, n = r.chunk, (ce - cs) // r.chunk
+        offsets = self._take_hbm(n)          # first: it may raise OutOfMemory, before any change
         i = bisect.bisect_right(r.ustarts, cs) - 1
         u = r.ublocks[i]
         assert u.va <= cs and ce <= u.va + u.size, (u, cs, ce)
         r.remove_unmapped(u)
         new = self._cut(u, cs, ce, r.add_unmapped)
-        g, n = r.chunk, (ce - cs) // r.chunk
-        offsets = self._take_hbm(n)
         k0 = r.index(cs)
         j = 0
         while j < n:                         # one mapping per physically contiguous run
@@ -239,8 +240,15 @@ class ExpandableAllocator(HbmAllocator):
         start = self.hbm.alloc(n * g)
         if start is not None:
             return [start + j * g for j in range(n)]
-        offsets = [self.hbm.alloc(g) for _ in range(n)]
-        assert None not in offsets, "free HBM was counted before mapping"
+        offsets: list[int] = []
+        try:
+            for _ in range(n):
+                offsets.append(self.hbm.alloc(g))
+                assert offsets[-1] is not None, "free HBM was counted before mapping"
+        except OutOfMemory:
+            for offset in offsets:
+                self.hbm.release_after_acks(-1, offset, g, set())
+            raise
         return offsets
 
     # --- live blocks ------------------------------------------------------------------------

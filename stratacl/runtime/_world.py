@@ -26,6 +26,7 @@ from .._errors import (
     CommTimeout,
     ConfigError,
     NotInitialized,
+    OutOfMemory,
     TooManyCommunicators,
 )
 from .._operators import names
@@ -122,6 +123,12 @@ class Runtime:
             capacity, pool_va = pool, self.window.slice_start(rank)
         if expandable:
             self.hbm = Hbm(rank, hbm_fds[rank], table_offset, chunk)
+            table = RegistrationUnit.table_bytes(self.window.slice_bytes, chunk)
+            try:        # written as chunks are mapped: its pages too are reserved before
+                self.hbm.reserve(table_offset, table, carved=False)
+            except OutOfMemory as e:
+                raise OutOfMemory(f"rank {rank}: out of memory reserving the chunk table ({table} B at the end "
+                                  f"of the HBM segment): {e}") from None
             self.allocator = ExpandableAllocator(rank, self.window, self.hbm, self.reg, chunk)
         else:
             self.hbm = Hbm(rank, hbm_fds[rank], capacity)
