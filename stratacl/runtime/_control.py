@@ -19,6 +19,7 @@ Every word has exactly one writer except the central barrier counter and the sle
 from __future__ import annotations
 
 import mmap
+import os
 
 import numpy as np
 
@@ -196,6 +197,7 @@ class Control:
         self.layout = Layout(world)
         self.world = world
         self._mm = mmap.mmap(fd, self.layout.total, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        self._fd = os.dup(fd)       # for read(): its own, whatever the caller does with ``fd``
         self.u8 = np.frombuffer(self._mm, dtype=np.uint8)
         self.base = self.u8.ctypes.data
         self.u32 = self.u8.view(np.uint32)
@@ -217,6 +219,14 @@ class Control:
         self.u64[H_LAUNCHER_PID // 8] = launcher_pid
         assert h
         _native.store_u64(self.base + H_MAGIC, MAGIC)
+
+    def read(self, offset: int, nbytes: int) -> bytes:
+        """``nbytes`` at ``offset``, read from the file, not through the mapping: a page nobody
+        wrote reads as zeros without being allocated, so the reader (the launcher, reading a
+        failed job's flight records) cannot be killed by SIGBUS when the segment's mount is
+        full. Raises OSError (not a signal) if the read fails."""
+        out = os.pread(self._fd, nbytes, offset)
+        return out + bytes(nbytes - len(out))
 
     def header(self, offset: int) -> int:
         return int(self.u64[offset // 8])
@@ -307,6 +317,9 @@ class Control:
         _native.watch_failures(0)
         _native.set_carrier_bell(0)
         self.u8 = self.u32 = self.u64 = self.i64 = None  # type: ignore[assignment]
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
         try:
             self._mm.close()
         except BufferError:

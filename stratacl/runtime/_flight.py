@@ -10,7 +10,8 @@ per barrier. The slot holding a communicator's barrier counter lists its members
 (Layout.slot_members), so that entries name world ranks.
 
 Whoever maps the segment can read it, also after a rank died or hung; the launcher does when
-a job fails (jobs/_outcome.py, format_failure). A collective's state follows from its
+a job fails (jobs/_outcome.py, format_failure), from the file rather than the mapping
+(Control.read), so that no page it reads can raise SIGBUS in it. A collective's state follows from its
 barrier numbers and the communicator's barrier counter (barrier k has completed once the
 counter reaches k x size):
 
@@ -129,7 +130,7 @@ class FlightEntry:
 def _state(ctl: Control, comm: int, size: int, k_entry: int, k_last: int) -> str:
     if k_entry == 0:                                    # a point-to-point call
         return "departed" if k_last == FL_K_DONE else "entered"
-    counter = int(ctl.u64[comm // 8])
+    counter = int.from_bytes(ctl.read(comm, 8), "little")
 
     def passed(k: int) -> bool:
         return counter >= k * size
@@ -141,17 +142,20 @@ def _state(ctl: Control, comm: int, size: int, k_entry: int, k_last: int) -> str
 
 def _members(ctl: Control, comm: int, size: int) -> tuple[int, ...] | None:
     """The members' world ranks as the communicator's slot lists them (None if it does not)."""
-    at = (comm + ctl.layout.slot_members()) // 4
-    if int(ctl.i32[at]) != size or not 0 < size <= ctl.world:
+    if not 0 < size <= ctl.world:
         return None
-    members = tuple(int(m) for m in ctl.i32[at + 1:at + 1 + size])
+    words = np.frombuffer(ctl.read(comm + ctl.layout.slot_members(), 4 * (1 + size)), dtype=np.int32)
+    if int(words[0]) != size:
+        return None
+    members = tuple(int(m) for m in words[1:])
     return members if all(0 <= m < ctl.world for m in members) else None
 
 
 def read(ctl: Control, rank: int) -> list[FlightEntry]:
     """``rank``'s recorded calls, oldest first."""
-    off = ctl.layout.flight(rank) // 8
-    words = np.array(ctl.i64[off:off + FLIGHT_HEADER + FLIGHT_ENTRIES * FL_WORDS])
+    # read from the file, not the mapping (Control.read): a reader of a failed job never dies of SIGBUS
+    words = np.frombuffer(ctl.read(ctl.layout.flight(rank), 8 * (FLIGHT_HEADER + FLIGHT_ENTRIES * FL_WORDS)),
+                          dtype=np.int64)
     total = int(words[0])
     entries = words[FLIGHT_HEADER:].reshape(FLIGHT_ENTRIES, FL_WORDS)
     out = []
