@@ -117,7 +117,7 @@ def _segments_and_sum(comm, fifo_out: str | None, fifo_in: str | None):
     x[:] = comm.rank + 1
     comm.all_reduce(x)
     with open("/proc/self/maps") as f:
-        maps = sorted({ln.split(None, 5)[5].strip() for ln in f if "/dev/shm/" in ln})
+        maps = sorted({ln.split(None, 5)[5].strip() for ln in f if "/dev/shm/" in ln or "/memfd:" in ln})
     return {
         "job": job, "other": other,
         "ctl_mode": stat.S_IMODE(os.fstat(boot["ctl"]).st_mode),
@@ -434,12 +434,14 @@ def _check_isolated(results: list[dict], n: int) -> str:
     for rank, r in enumerate(results):
         assert r["ctl_mode"] == 0o600 and r["hbm_modes"] == [0o600] * n, r
         assert r["sum"] == [expected_sum] * 1000
-        # every shared mapping is one of this job's segments, already unlinked
+        # every shared mapping is one of this job's segments, already unlinked (a memfd never had
+        # a name; the HBM is in /dev/shm only when it held all of it: docs/memory.md)
         assert r["maps"], r
         for m in r["maps"]:
-            assert re.fullmatch(rf"/dev/shm/stratacl-{job}-(ctl|hbm-\d+) \(deleted\)", m), (rank, m)
-        assert f"/dev/shm/stratacl-{job}-hbm-{rank} (deleted)" in r["maps"]
-        assert f"/dev/shm/stratacl-{job}-ctl (deleted)" in r["maps"]
+            assert re.fullmatch(rf"(/dev/shm/|/memfd:)stratacl-{job}-(ctl|hbm-\d+) \(deleted\)", m), (rank, m)
+        assert {f"/dev/shm/stratacl-{job}-hbm-{rank} (deleted)", f"/memfd:stratacl-{job}-hbm-{rank} (deleted)"} \
+            & set(r["maps"]), (rank, r["maps"])
+        assert f"/memfd:stratacl-{job}-ctl (deleted)" in r["maps"]
         assert r["shm_listing"] == []          # no name in /dev/shm while the job runs
     return job
 
@@ -494,7 +496,7 @@ def _open_as_another_user(comm, uid: int):
         return None
     me = os.getpid()
     with open("/proc/self/maps") as f:
-        mapped = sorted({ln.split()[0] for ln in f if "/dev/shm/" in ln})[:3]
+        mapped = sorted({ln.split()[0] for ln in f if "/dev/shm/" in ln or "/memfd:" in ln})[:3]
     paths = ([f"/dev/shm/{n}" for n in os.listdir("/dev/shm") if job in n]
              + [f"/proc/{me}/fd/{fd}" for fd in [boot["ctl"], *boot["hbm"]]]
              + [f"/proc/{me}/map_files/{span}" for span in mapped])

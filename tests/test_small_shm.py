@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import os
 import shlex
+import stat
 import subprocess
 import sys
 
@@ -95,11 +96,13 @@ def test_segments_leave_dev_shm_when_it_cannot_hold_the_hbm(monkeypatch):
         ctl_fd, hbm_fds = _segments.create_job_segments("test-small-shm", 2, config)
         try:
             paths = [os.readlink(f"/proc/self/fd/{fd}") for fd in (ctl_fd, *hbm_fds)]
+            modes = [stat.S_IMODE(os.fstat(fd).st_mode) for fd in (ctl_fd, *hbm_fds)]
         finally:
             for fd in (ctl_fd, *hbm_fds):
                 os.close(fd)
         assert paths[0].startswith("/memfd:stratacl-test-small-shm-ctl"), paths   # always: sparse, N^2
         assert all(p.startswith(where) for p in paths[1:]), (free, paths)
+        assert modes == [0o600] * 3, modes
 
 
 READ_FULL_MOUNT = """

@@ -74,9 +74,11 @@ def shm_free() -> int:
 
 
 def _memfd(name: str, size: int) -> int:
-    """An anonymous shmem file of ``size`` bytes, sparse: no name anywhere, only the descriptor."""
+    """An anonymous shmem file of ``size`` bytes, mode 0600, sparse: no name anywhere, only the
+    descriptor."""
     fd = os.memfd_create(name, os.MFD_CLOEXEC)
     try:
+        os.fchmod(fd, 0o600)        # as the named segments: only the job's user, even through /proc
         os.ftruncate(fd, size)
     except BaseException:
         os.close(fd)
