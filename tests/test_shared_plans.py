@@ -3,6 +3,8 @@ others read it; a maker that dies leaves no one waiting; a large job's modeled t
 estimate's, with its plans shared."""
 from __future__ import annotations
 
+import errno
+import hashlib
 import multiprocessing
 import os
 import signal
@@ -113,3 +115,19 @@ def test_a_large_job_shares_its_plans_and_keeps_the_estimate():
     for rank, (period, shared) in enumerate(results):
         assert period == pytest.approx(want, rel=1e-9), f"rank {rank}"
         assert shared >= 2, f"rank {rank} saw {shared} shared plans"
+
+
+def test_a_full_dev_shm_shares_nothing_and_the_rank_goes_on(tmp_path, monkeypatch):
+    # a small /dev/shm (a container's 64 MiB) that a large job's plans fill: writing one fails
+    # with ENOSPC; the rank keeps the plan it made, and no partial file is left
+    from stratacl.runtime import _plans
+
+    def full(f, plan):
+        f.write(b"part of a plan")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(_plans, "_write", full)
+    got = SharedPlans("t0", str(tmp_path), share_from=1).fetch(b"shape", lambda: [1, 2, 3])
+    assert got == [1, 2, 3]
+    digest = hashlib.blake2b(b"shape", digest_size=16).hexdigest()
+    assert [p.name for p in tmp_path.iterdir()] == [f"{prefix('t0')}plan-{digest}.lock"]

@@ -78,7 +78,10 @@ class SharedPlans:
         got = _load(path)
         if got is not None:
             return got
-        fd = os.open(path + ".lock", os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
+        try:
+            fd = os.open(path + ".lock", os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
+        except OSError:             # /dev/shm full (of inodes): the plan is this rank's alone
+            return make()
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -94,9 +97,17 @@ class SharedPlans:
             got = _load(path)
             if got is None:
                 part = f"{path}.{os.getpid()}"
-                with open(part, "wb", opener=lambda p, flags: os.open(p, flags, 0o600)) as f:
-                    _write(f, make())
-                os.rename(part, path)
+                plan = make()
+                try:
+                    with open(part, "wb", opener=lambda p, flags: os.open(p, flags, 0o600)) as f:
+                        _write(f, plan)
+                    os.rename(part, path)
+                except OSError:     # /dev/shm full (a small one: docs/memory.md): share nothing, go on
+                    try:
+                        os.unlink(part)
+                    except OSError:
+                        pass
+                    return plan
                 got = _load(path)         # the maker holds the mapped plan too, not its own copy
                 _trim()
             return got
