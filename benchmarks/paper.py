@@ -1134,7 +1134,10 @@ def render(result: dict, sens: dict | None, command: str) -> str:
     if sens:
         lines += ["", "## Sensitivity", "",
                   f"Each parameter x0.5 and x2 (`python benchmarks/paper.py --sensitivity{' --quick' if sens['quick'] else ''}`), "
-                  "against the model rows above: the rows whose verdict flips, and the rows that move by more than 10%.", "",
+                  "against the model rows above: the rows whose verdict flips, and the rows that move by more than 10%. "
+                  "The recorded (end-to-end) rows are not varied: their runs' traces are not kept, so the parameters "
+                  "that govern only them (compute efficiency and peak, the workloads' own settings) show no flip here "
+                  "and say nothing about those rows.", "",
                   "| parameter | source | factor | rows that flip | rows moved > 10% |", "|---|---|---|---|---|"]
         for s in sens["rows"]:
             flips = s.get("error") or ", ".join("`" + c + "`" for c in s["flips"]) or "-"
