@@ -30,6 +30,7 @@ import sys
 
 from stratacl.runtime._carrier import MPIRUN_FLAGS, hosts_of, mpirun_env
 from stratacl.runtime._hosts import uncarried
+from stratacl.runtime._names import new_job_id
 
 HOSTJOB_ENV = "STRATACL_HOSTJOB"         # what the host launchers read (JSON; hostjob_env)
 
@@ -140,7 +141,7 @@ def launch(n: int, config, target: tuple, hosts: list[tuple[str, int]] | None) -
     env = dict(os.environ)
     env.update(config.as_env())
     env[HOSTJOB_ENV] = json.dumps({"n": n, "host_of": host_of, "target": list(target), "address": address,
-                                   "job": os.urandom(4).hex(), "secret": os.urandom(32).hex()})
+                                   "job": new_job_id(), "secret": os.urandom(32).hex()})
     root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
     where = ["--oversubscribe"] if emulated else ["-H", ",".join(f"{h}:1" for h, _ in hosts)]
     env, exported = mpirun_env(env)

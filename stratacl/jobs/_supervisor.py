@@ -42,6 +42,7 @@ from stratacl._config import Config
 from stratacl.runtime import _flight
 from stratacl.runtime._control import (FAILED_DAEMON, FAILED_EXIT, FAILED_SIGNAL, STATE_DEAD, STATE_FINALIZED,
                                        STATE_RUNNING, Control)
+from stratacl.runtime._names import new_job_id
 from stratacl.runtime._segments import create_job_segments
 
 from stratacl.runtime._carrier import CarrierThread
@@ -88,7 +89,7 @@ class Job:
         if start_method not in ("fork", "spawn"):
             raise ValueError(f"start_method is 'fork' (from the rank template) or 'spawn', not {start_method!r}")
         self.start_method = start_method
-        self.job_id = job_id or secrets.token_hex(4)
+        self.job_id = job_id or new_job_id()
         if part is not None:
             self.job_id += f"h{part.index}"         # each host's names and plans its own
         self._signal = 0

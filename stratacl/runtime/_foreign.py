@@ -4,21 +4,23 @@
 launcher of its own kind a program has no such parent, so ``init()`` reads the launcher's
 environment instead (``detect``) and the ranks on the host meet through /dev/shm:
 
-    every rank: job id = hash(what the launcher made unique for this launch, uid)
-                open (or create) the semaphore stratacl-<job id>-ready, 0600
-    local rank 0: create the segments by name (0600, names kept), start the host's daemon
+    first rank of the host: job id = a random one (runtime/_names.py; under torchrun the
+                  launch's first rank makes it and every rank reads it from torchrun's
+                  store); create the semaphore stratacl-<job id>-ready (O_EXCL, 0600) and the
+                  segments by name (O_EXCL, 0600, names kept), start the host's daemon
                   (stratacl.jobs._daemon --watch: a pidfd per rank; names a rank that ends
                   unfinalized in the control segment, sweeps /dev/shm once every rank ended),
-                  which posts the semaphore once it is watching; wait for that, pass it on
-    other ranks:  wait on the semaphore (kernel waits, within the timeout), pass it on, open the
-                  segments by name
+                  which posts the semaphore once it is watching; wait for that, remove the
+                  semaphore's name, then tell the host's other ranks the job id (or why it
+                  failed) through the launcher's channel: MPI (a broadcast on the host's
+                  ranks) under mpirun and mpiexec, torchrun's store under torchrun
+    other ranks:  wait for that word (within the timeout), open the segments by name
     every rank:  write its pid to the control segment (the daemon watches it from then on)
-    after init's barrier every rank holds every descriptor: local rank 0 unlinks the names
+    after init's barrier every rank holds every descriptor: the first rank unlinks the names
 
-No port is opened: the launcher's own store and rendezvous stay the launcher's business, and
-the job id is derived from what it already agreed on (torchrun's run id, master address and
-port and restart count; Open MPI's PMIx namespace; MPICH's process manager), so no exchange
-is needed.
+No port is opened: the launcher's own channel carries the one word. The names are random, so
+no other user can know them before they exist, and a name that exists already is refused,
+never opened: nobody can stop or enter a job by making its names first.
 
 A launch whose ranks span hosts (``hosts``: torchrun's nodes, Open MPI's host names gathered
 over MPI, or ``STRATACL_EMULATE_HOSTS`` on one machine) is one job of one part per host, as
@@ -41,6 +43,7 @@ import sys
 import time
 
 from .._errors import BootstrapError
+from ._names import create_semaphore, new_job_id
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,10 +59,11 @@ class Launch:
     nodes: int | None = None  # and how many there are (GROUP_WORLD_SIZE)
 
     @property
-    def job_id(self) -> str:
-        """The same on every rank of this launch on this host; another on any other launch."""
+    def key(self) -> str:
+        """The same on every rank of this launch; another on any other launch. Names this
+        launch's keys in its launcher's store; never a name in /dev/shm (anyone can derive it)."""
         key = f"{self.launcher}\0{self.identity}\0{os.getuid()}".encode()
-        return hashlib.sha256(key).hexdigest()[:8]
+        return hashlib.sha256(key).hexdigest()[:16]
 
 
 def _ints(environ, *names: str) -> list[int] | None:
@@ -129,7 +133,7 @@ def hosts(launch: Launch, config) -> list[int] | None:
         # torchrun numbers the ranks node after node; each node may run its own number of them,
         # which its first rank writes into torchrun's store
         store = _torchrun_store(config)
-        key = f"stratacl/{launch.job_id}/ranks-of-node/"
+        key = f"stratacl/{launch.key}/ranks-of-node/"
         if launch.local_rank == 0:
             store.set(f"{key}{launch.node}", str(launch.local_world))
         counts = [int(store.get(f"{key}{g}")) for g in range(launch.nodes)]
@@ -178,10 +182,76 @@ def _check_spanning(launch: Launch, config, host_of: list[int]) -> None:
                              + "; ".join(why))
 
 
-def _semaphore(job_id: str, prefix: str):
-    import posix_ipc
-    # every rank may be first: O_CREAT (not O_CREX) makes one semaphore whoever gets there first
-    return posix_ipc.Semaphore(f"/{prefix}ready", posix_ipc.O_CREAT, mode=0o600, initial_value=0)
+class _Word:
+    """The launcher's channel between the first rank of a host and the host's other ranks: one
+    word, the job id (or, starting with "!", why the first rank could not make the job)."""
+
+    def __init__(self, launch: Launch, config, host_of: list[int] | None, host: int):
+        self.launch, self.timeout, self.host = launch, config.timeout, host
+        self.comm = self.store = None
+        self.base = None                     # torchrun: the launch's job id, the same on every host
+        if launch.launcher == "torchrun":
+            self.store = _torchrun_store(config)
+            key = f"stratacl/{launch.key}/job-id"
+            if launch.rank == 0:
+                self.store.set(key, new_job_id())
+            self.base = self._get(key, "the launch's first rank to pick the job id")
+            self.local = launch.local_rank if host_of is None else [r for r, h in enumerate(host_of)
+                                                                    if h == host].index(launch.rank)
+        else:
+            mpi = _mpi()
+            world = mpi.COMM_WORLD
+            self.comm = world if host_of is None else world.Split(host, launch.rank)
+            self.local = self.comm.Get_rank()
+
+    def _get(self, key: str, what: str) -> str:
+        try:
+            return self.store.get(key).decode()
+        except Exception as e:          # noqa: BLE001 - torch's DistStoreError (a timeout) or its network errors
+            raise BootstrapError(
+                f"stratacl.init(): rank {self.launch.rank}: waited {self.timeout:g} s in torchrun's store for {what} "
+                f"({type(e).__name__}: {e}); it has not called stratacl.init() (or init_process_group('stratacl')) "
+                f"or it failed before; raise STRATACL_TIMEOUT if it is only slow") from None
+
+    def job_id(self) -> str:
+        """The first rank's job id: under torchrun the launch's (every host's first rank
+        appends its host), else a new one."""
+        return new_job_id() if self.base is None else self.base
+
+    def tell(self, word: str) -> None:
+        """The first rank: say the host's job id, or "!" and why it failed."""
+        if self.store is not None:
+            self.store.set(f"stratacl/{self.launch.key}/word/{self.host}", word)
+        else:
+            self._bcast(word)
+
+    def hear(self) -> str:
+        """Another rank: the first rank's word, within the timeout."""
+        if self.store is not None:
+            return self._get(f"stratacl/{self.launch.key}/word/{self.host}",
+                             "the first rank of this host to create the job")
+        return self._bcast(None)
+
+    def _bcast(self, word: str | None) -> str:
+        """A broadcast from the host's first rank that waits at most the timeout (an MPI
+        collective has none of its own), testing at most every 20 ms."""
+        buf = bytearray(4096)
+        if word is not None:
+            data = word.encode()[:len(buf) - 4]
+            buf[:4 + len(data)] = len(data).to_bytes(4, "little") + data
+        req = self.comm.Ibcast(buf, root=0)
+        deadline, pause = time.monotonic() + self.timeout, 0.0005
+        while not req.Test():
+            if time.monotonic() > deadline:
+                if word is not None:
+                    return word     # the others gave up: they raise, naming this rank
+                raise BootstrapError(
+                    f"stratacl.init(): rank {self.launch.rank}: waited {self.timeout:g} s for the first rank of this "
+                    f"host to create the job ({self.launch.launcher}); it has not called stratacl.init() (or "
+                    f"init_process_group('stratacl')) or it failed before; raise STRATACL_TIMEOUT if it is only slow")
+            time.sleep(pause)
+            pause = min(0.02, 2 * pause)
+        return bytes(buf[4:4 + int.from_bytes(buf[:4], "little")]).decode()
 
 
 def join(launch: Launch, config) -> Joined:
@@ -192,58 +262,26 @@ def join(launch: Launch, config) -> Joined:
     the carriers' communicator (collective over every rank of the launch)."""
     import posix_ipc        # here: a rank of a stratacl-launch job never needs it
 
-    from ._segments import create_job_segments, open_job_segments, prefix
+    from ._segments import create_job_segments, open_job_segments, prefix, unlink_job_names
     host_of = hosts(launch, config)
-    job_id, local, ranks, carriers = launch.job_id, launch.local_rank, None, None
+    carriers, host = None, 0
     if host_of is not None:
         _check_spanning(launch, config, host_of)
         host = host_of[launch.rank]
-        ranks = [r for r, h in enumerate(host_of) if h == host]
-        job_id, local = f"{job_id}h{host}", ranks.index(launch.rank)
-        if launch.launcher.startswith("mpirun"):
-            mpi = _mpi()
-            # the first rank of each host, in host order: the carriers' communicator
-            carriers = mpi.COMM_WORLD.Split(0 if local == 0 else mpi.UNDEFINED, host)
-            carriers = None if carriers == mpi.COMM_NULL else carriers
-    p = prefix(job_id)
-    ready = _semaphore(job_id, p)
-    try:
-        if local == 0:
-            try:
-                ctl_fd, hbm_fds = create_job_segments(job_id, launch.world, config, keep_names=True)
-            except posix_ipc.ExistentialError:
-                raise BootstrapError(
-                    f"stratacl.init(): rank {launch.rank}: /dev/shm already holds the segments of job {job_id} "
-                    f"({launch.launcher} launch {launch.identity!r}): a process of an earlier launch with the same "
-                    f"ids is still running, or was ended before its daemon could clean up; end it, or remove "
-                    f"/dev/shm/{p}* and /dev/shm/sem.{p}*") from None
-            try:
-                start_daemon(job_id, launch.world, ctl_fd, config.timeout, ranks,
-                             carrier_process=host_of is not None and carriers is None)
-                # the daemon posts the semaphore once it watches the ranks: until then nobody joins
-                if not _wait_posted(ready, config.timeout):
-                    raise BootstrapError(
-                        f"stratacl.init(): rank {launch.rank}: the host's daemon of job {job_id} did not start "
-                        f"within {config.timeout:g} s (python -m stratacl.jobs._daemon --watch); nothing would clean "
-                        f"up after the job, so it is not started")
-            except BaseException:
-                from ._segments import unlink_job_names
-                unlink_job_names(job_id, launch.world)
-                _forget(ready)
-                for fd in (ctl_fd, *hbm_fds):
-                    os.close(fd)
-                raise
-            ready.release()
-            if host_of is not None and carriers is None:
-                _start_carriers(launch, config, host_of, launch.job_id)
-            return Joined(job_id, ctl_fd, hbm_fds, True, host_of, carriers)
-        if not _wait_posted(ready, config.timeout):
-            _forget(ready)
-            raise BootstrapError(
-                f"stratacl.init(): rank {launch.rank}: waited {config.timeout:g} s for the first rank of this host to create job "
-                f"{job_id} ({launch.launcher}); it has not called stratacl.init() (or init_process_group('stratacl')) "
-                f"or it failed before; raise STRATACL_TIMEOUT if it is only slow")
-        ready.release()          # for the next rank
+    word = _Word(launch, config, host_of, host)
+    local = word.local
+    if host_of is not None and launch.launcher.startswith("mpirun"):
+        mpi = _mpi()
+        # the first rank of each host, in host order: the carriers' communicator
+        carriers = mpi.COMM_WORLD.Split(0 if local == 0 else mpi.UNDEFINED, host)
+        carriers = None if carriers == mpi.COMM_NULL else carriers
+    ranks = None if host_of is None else [r for r, h in enumerate(host_of) if h == host]
+    if local != 0:
+        said = word.hear()
+        if said.startswith("!"):
+            raise BootstrapError(f"stratacl.init(): rank {launch.rank}: the first rank of this host could not create "
+                                 f"the job: {said[1:]}")
+        job_id = said
         try:
             ctl_fd, hbm_fds = open_job_segments(job_id, launch.world)
         except posix_ipc.ExistentialError:
@@ -252,8 +290,47 @@ def join(launch: Launch, config) -> Joined:
                 f"failed, or the names were already removed because every rank had joined: is WORLD_SIZE "
                 f"{launch.world} right?)") from None
         return Joined(job_id, ctl_fd, hbm_fds, False, host_of, carriers)
+    base = word.job_id()
+    job_id = base if host_of is None else f"{base}h{host}"
+    p = prefix(job_id)
+    made: list[int] = []
+    ready = None
+    try:
+        ready = create_semaphore(f"/{p}ready")
+        try:
+            ctl_fd, hbm_fds = create_job_segments(job_id, launch.world, config, keep_names=True)
+        except posix_ipc.ExistentialError as e:
+            from ._names import refused
+            raise refused("a segment of the job", f"/{p}* ({e})") from None
+        made = [ctl_fd, *hbm_fds]
+        start_daemon(job_id, launch.world, ctl_fd, config.timeout, ranks,
+                     carrier_process=host_of is not None and carriers is None)
+        # the daemon posts the semaphore once it watches the ranks: until then nobody joins
+        if not _wait_posted(ready, config.timeout):
+            raise BootstrapError(
+                f"stratacl.init(): rank {launch.rank}: the host's daemon of job {job_id} did not start "
+                f"within {config.timeout:g} s (python -m stratacl.jobs._daemon --watch); nothing would clean "
+                f"up after the job, so it is not started")
+        _forget(ready)
+    except BaseException as e:
+        if made:
+            unlink_job_names(job_id, launch.world)
+            for fd in made:
+                os.close(fd)
+        if ready is not None:
+            _forget(ready)
+        try:
+            word.tell("!" + (str(e) or type(e).__name__))
+        except Exception:           # noqa: BLE001 - the others time out instead
+            pass
+        raise
     finally:
-        ready.close()
+        if ready is not None:
+            ready.close()
+    word.tell(job_id)
+    if host_of is not None and carriers is None:
+        _start_carriers(launch, config, host_of, base)
+    return Joined(job_id, ctl_fd, hbm_fds, True, host_of, carriers)
 
 
 def _start_carriers(launch: Launch, config, host_of: list[int], base: str) -> None:
@@ -319,8 +396,7 @@ def _wait_posted(ready, timeout: float) -> bool:
 
 
 def _forget(ready) -> None:
-    """A rank that gave up waiting removes the semaphore's name (it may have created it: the
-    job it waited for is gone, or never came)."""
+    """The first rank removes the semaphore's name: the daemon posted it (or never will)."""
     try:
         ready.unlink()
     except Exception:       # noqa: BLE001 - already gone
@@ -335,7 +411,7 @@ def joined(job_id: str, world: int, created: bool) -> None:
 
     from ._segments import prefix, unlink_job_names
     unlink_job_names(job_id, world)
-    try:
+    try:            # gone already (join removed it once the daemon posted), unless that failed
         posix_ipc.unlink_semaphore(f"/{prefix(job_id)}ready")
     except posix_ipc.ExistentialError:
         pass

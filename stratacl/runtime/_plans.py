@@ -49,7 +49,7 @@ import pickle
 import struct
 from typing import Callable
 
-from .._errors import StrataError
+from .._errors import BootstrapError, StrataError
 from ._segments import prefix
 
 SHARE_FROM = 64          # members of a call from which its plan is shared
@@ -79,10 +79,11 @@ class SharedPlans:
         if got is not None:
             return got
         try:
-            fd = os.open(path + ".lock", os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
+            fd = os.open(path + ".lock", os.O_CREAT | os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
         except OSError:             # /dev/shm full (of inodes): the plan is this rank's alone
             return make()
         try:
+            _own(fd, path + ".lock")
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -99,7 +100,8 @@ class SharedPlans:
                 part = f"{path}.{os.getpid()}"
                 plan = make()
                 try:
-                    with open(part, "wb", opener=lambda p, flags: os.open(p, flags, 0o600)) as f:
+                    with open(part, "wb", opener=lambda p, flags: os.open(p, flags | os.O_EXCL | os.O_NOFOLLOW,
+                                                                          0o600)) as f:
                         _write(f, plan)
                     os.rename(part, path)
                 except OSError:     # /dev/shm full (a small one: docs/memory.md): share nothing, go on
@@ -152,13 +154,23 @@ def _aligned(n: int) -> int:
     return -(-n // _ALIGN) * _ALIGN
 
 
+def _own(fd: int, path: str) -> None:
+    """Refuse a file of the job's that another user made (its name was taken first): a plan is
+    unpickled, a lock is held; neither may be another's."""
+    st = os.fstat(fd)
+    if st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        raise BootstrapError(f"{path}: made by uid {st.st_uid} with mode {st.st_mode & 0o777:o}, not by this user "
+                             f"with mode 600; it is not read (remove it, and find who made it)")
+
+
 def _load(path: str):
     """The plan in ``path``, its arrays read-only views of the file mapped shared; None if absent."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
     except FileNotFoundError:
         return None
     try:
+        _own(fd, path)
         view = memoryview(mmap.mmap(fd, 0, mmap.MAP_SHARED, mmap.PROT_READ))
     finally:
         os.close(fd)

@@ -12,7 +12,6 @@ import atexit
 import json
 import logging
 import os
-import secrets
 import threading
 import time
 import weakref
@@ -54,6 +53,7 @@ from ._control import (
 )
 from ._expandable import ExpandableAllocator
 from ._hbm import Hbm
+from ._names import new_job_id
 from ._hosts import HostMap
 from ._mailbox import Mailbox
 from ._plans import SharedPlans
@@ -334,7 +334,7 @@ def init(**settings: Any) -> Communicator:
                     ctl.record_shutdown(host_of[rank], FAILED_CARRIER)
                     raise
         else:
-            rank, world, job_id = 0, 1, secrets.token_hex(4)
+            rank, world, job_id = 0, 1, new_job_id()
             ctl, hbm_fds = _standalone(job_id, config)
         _setup_logging(rank, config.debug)
         rt = Runtime(rank, world, job_id, config, ctl, hbm_fds, host_of)
