@@ -33,7 +33,8 @@ def launcher_command() -> list[str]:
 
 def clean_env(**extra: str) -> dict[str, str]:
     """The test's environment without any STRATACL_* setting that could leak in, plus ``extra``."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STRATACL_")}
+    # the test's job tag stays (tests/conftest.py: the leak check counts the test's own jobs)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STRATACL_") or k == "STRATACL_TEST_JOB_TAG"}
     env.update(extra)
     return env
 
@@ -102,8 +103,15 @@ def read_lines_until(proc: subprocess.Popen, want: int, prefix: str, timeout: fl
     return found
 
 
+def own_shm_names() -> list[str]:
+    """The names in /dev/shm of this test's jobs (their ids start with the test's tag:
+    tests/conftest.py); other jobs on the host are not this test's business."""
+    return shm_names(os.environ["STRATACL_TEST_JOB_TAG"])
+
+
 def shm_names(job_id: str) -> list[str]:
-    p = f"stratacl-{job_id}-"
+    p = f"stratacl-{job_id}"
+    p = p if p.endswith("z") else p + "-"     # a test's tag (conftest) is a prefix of its ids
     return sorted(n for n in os.listdir(SHM) if n.startswith(p) or n.startswith("sem." + p))
 
 

@@ -19,7 +19,7 @@ import sys
 
 import psutil
 import pytest
-from launch_helpers import assert_all_gone, clean_env, launch, script, torchrun_nodes
+from launch_helpers import assert_all_gone, clean_env, launch, script, torchrun_nodes, own_shm_names
 
 MPIRUN = shutil.which("mpirun", path=os.path.dirname(sys.executable))
 pytestmark = [pytest.mark.timeout(240),
@@ -99,7 +99,7 @@ def _same_as_one_host_but_split(a: dict[int, dict], t: dict[int, dict]) -> None:
         assert a[r]["refusals"]["store"] == (
             f"slice_map: rank {r} (host {host}) and rank {far} (host {1 - host}) are on different hosts, and "
             f"stores into a peer's buffer are not carried across hosts yet")
-    assert not [n for n in os.listdir("/dev/shm") if n.startswith(("stratacl-", "sm_segment"))]
+    assert not own_shm_names()
 
 
 def test_every_collective_and_send_recv_across_two_hosts_are_exact_with_the_single_host_modeled_clock(one_host):
@@ -135,7 +135,7 @@ def test_hosts_under_mpirun_with_different_settings_are_refused_by_name():
                 f"the other hosts) failed") in run.stderr, run.stderr[-3000:]
     _gone, alive = psutil.wait_procs(_watching_daemons(), timeout=30)
     assert not alive
-    assert not [n for n in os.listdir("/dev/shm") if n.startswith(("stratacl-", "sm_segment"))]
+    assert not own_shm_names()
 
 
 def test_a_program_torchrun_starts_on_two_nodes_is_one_job_carried_by_carriers_under_mpirun(one_host):
@@ -163,7 +163,7 @@ def test_a_rank_killed_on_the_other_host_is_named_by_every_survivor_and_nothing_
                                   f"this operation cannot complete"), rec
     assert "\n  ended by  : killed by SIGKILL\n" in run.stderr, run.stderr[-2000:]
     assert_all_gone([dying[victim]["pid"], *(rec["pid"] for rec in errors.values())], timeout=15)
-    assert not [n for n in os.listdir("/dev/shm") if n.startswith("stratacl-")]
+    assert not own_shm_names()
     assert not _carriers_left()
 
 
@@ -194,7 +194,7 @@ def test_the_torch_backend_and_ep_dispatch_combine_run_exact_across_two_hosts():
         assert moe.returncode == 0, moe.explain()
         assert "dispatched rows exact and layer output within float32 rounding" in moe.stdout, moe.stdout
         assert moe.stdout.rstrip().endswith("on every rank: yes"), moe.stdout
-    assert not [n for n in os.listdir("/dev/shm") if n.startswith("stratacl-")]
+    assert not own_shm_names()
 
 
 def test_hosts_and_a_hostfile_run_the_job_through_mpirun_one_launcher_per_host(tmp_path):
@@ -213,7 +213,7 @@ def test_hosts_and_a_hostfile_run_the_job_through_mpirun_one_launcher_per_host(t
             assert all(v is True for v in rep[r]["checks"].values()), (r, rep[r]["checks"])
             for q in range(4):
                 assert (rep[q]["own"] in rep[r]["mapped"]) == (host_of[q] == host_of[r]), (flags, r, q)
-    assert not [n for n in os.listdir("/dev/shm") if n.startswith("stratacl-")]
+    assert not own_shm_names()
 
 
 def test_the_store_listens_where_the_other_hosts_reach_it():
@@ -254,4 +254,4 @@ def test_the_readme_example_on_a_second_machine_s_worth_of_ranks_through_mpi():
     lines = run.stdout.splitlines()
     assert lines[0].startswith("StrataCL-emu job: 64 ranks"), run.stdout
     assert sum(line.endswith("correct on every rank") for line in lines) == 2, run.stdout
-    assert not [n for n in os.listdir("/dev/shm") if n.startswith("stratacl-")]
+    assert not own_shm_names()

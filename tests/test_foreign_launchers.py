@@ -23,7 +23,7 @@ import psutil
 import pytest
 
 import stratacl
-from launch_helpers import read_lines_until, tagged, torchrun_nodes
+from launch_helpers import read_lines_until, tagged, torchrun_nodes, own_shm_names
 from stratacl.runtime import _foreign
 
 pytestmark = pytest.mark.timeout(240)
@@ -34,7 +34,8 @@ TAG = "EMU_TEST_TAG"       # not a STRATACL_ name: an unknown one is an error
 
 
 def _env(tag: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("STRATACL_", "OMPI_", "PMIX_", "TORCHELASTIC_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("STRATACL_", "OMPI_", "PMIX_", "TORCHELASTIC_"))
+           or k == "STRATACL_TEST_JOB_TAG"}         # the test's job tag (tests/conftest.py) stays
     env.update({TAG: tag, "OMP_NUM_THREADS": "1", "STRATACL_TIMEOUT": "60", "STRATACL_HBM_SIZE": "64M"})
     env.pop("PYTHONUNBUFFERED", None)    # a rank's report line must reach the shared pipe in one write
     return env
@@ -84,10 +85,11 @@ def test_torchrun_environment_is_read():
            "TORCHELASTIC_RESTART_COUNT": "0"}
     launch = _foreign.detect(env)
     assert (launch.launcher, launch.rank, launch.world, launch.local_rank) == ("torchrun", 2, 4, 2)
-    # every rank of the launch agrees on the job id without talking; another launch differs
-    assert _foreign.detect({**env, "RANK": "0", "LOCAL_RANK": "0"}).job_id == launch.job_id
-    assert _foreign.detect({**env, "TORCHELASTIC_RESTART_COUNT": "1"}).job_id != launch.job_id
-    assert _foreign.detect({**env, "MASTER_PORT": "29501"}).job_id != launch.job_id
+    # every rank of the launch agrees on the key of its words in the launcher's store without
+    # talking; another launch differs (the job id itself is random: test_hostile_names.py)
+    assert _foreign.detect({**env, "RANK": "0", "LOCAL_RANK": "0"}).key == launch.key
+    assert _foreign.detect({**env, "TORCHELASTIC_RESTART_COUNT": "1"}).key != launch.key
+    assert _foreign.detect({**env, "MASTER_PORT": "29501"}).key != launch.key
 
 
 def test_open_mpi_and_mpich_environments_are_read():
@@ -95,7 +97,7 @@ def test_open_mpi_and_mpich_environments_are_read():
             "OMPI_COMM_WORLD_LOCAL_SIZE": "3", "PMIX_NAMESPACE": "prterun-h-42@1"}
     launch = _foreign.detect(ompi)
     assert (launch.launcher, launch.rank, launch.world, launch.local_world) == ("mpirun (Open MPI)", 1, 3, 3)
-    assert _foreign.detect({**ompi, "PMIX_NAMESPACE": "prterun-h-43@1"}).job_id != launch.job_id
+    assert _foreign.detect({**ompi, "PMIX_NAMESPACE": "prterun-h-43@1"}).key != launch.key
     mpich = _foreign.detect({"PMI_RANK": "0", "PMI_SIZE": "2", "MPI_LOCALRANKID": "0", "MPI_LOCALNRANKS": "2"})
     assert (mpich.launcher, mpich.rank, mpich.world, mpich.local_world) == ("mpiexec (MPICH)", 0, 2, 2)
     assert _foreign.detect({"PATH": "/bin"}) is None
@@ -220,7 +222,7 @@ def test_a_rank_killed_on_one_torchrun_node_is_named_on_both_and_nothing_is_left
     for r in (0, 2, 3):
         assert reports[r]["error"] == (f"PeerFailure: barrier: rank {r}: peer rank 1 killed by SIGKILL; this "
                                        f"operation cannot complete"), reports[r]
-    assert not [n for n in os.listdir("/dev/shm") if n.startswith(("stratacl-", "sm_segment"))]
+    assert not own_shm_names()
 
 
 def test_a_carrier_that_dies_under_torchrun_is_named_by_every_rank_and_nothing_is_left():
@@ -243,7 +245,7 @@ def test_a_carrier_that_dies_under_torchrun_is_named_by_every_rank_and_nothing_i
     for r, rep in reports.items():
         assert re.fullmatch(rf"PeerFailure: barrier: rank {r}: the job is shutting down: the carrier of host [01] "
                             rf"\(its path to the other hosts\) failed", rep["error"]), rep
-    assert not [n for n in os.listdir("/dev/shm") if n.startswith(("stratacl-", "sm_segment"))]
+    assert not own_shm_names()
 
 
 def test_torchrun_nodes_with_different_settings_are_refused_by_name():
@@ -256,7 +258,7 @@ def test_torchrun_nodes_with_different_settings_are_refused_by_name():
         assert (f"BootstrapError: stratacl.init(): rank {first}: the hosts' settings differ (STRATACL_HBM_SIZE: "
                 f"host 0 67108864, host 1 33554432); give every node the same STRATACL_* settings") in run.stderr, \
             run.explain()
-    assert not [n for n in os.listdir("/dev/shm") if n.startswith(("stratacl-", "sm_segment"))]
+    assert not own_shm_names()
 
 
 # --- only the job's ranks get in (the store of a stratacl-launch job) -----------------------
