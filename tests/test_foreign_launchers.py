@@ -284,7 +284,7 @@ def _outsider_attempts(host: str, port: int) -> list[str]:
         s.recv(32)                              # the nonce
         s.sendall(b"\0" * 32 + b"GET secret-keys\n")
         try:
-            if s.recv(100) == b"":              # closed, nothing answered
+            if s.recv(100) in (b"", b"\0"):    # refused (told so), closed, nothing answered
                 refused.append("raw socket")
         except ConnectionResetError:            # closed with our bytes unread
             refused.append("raw socket")
