@@ -246,9 +246,10 @@ class StoreServer:
                 self.refused += 1
                 try:
                     conn.sendall(REFUSED)
-                    # read what is left of the proof: a close with unread bytes resets the
-                    # connection, and the client might not read the refusal
-                    while conn.recv(64, socket.MSG_DONTWAIT):
+                    # read what is left of the proof, without waiting: a close with unread bytes
+                    # resets the connection, and the client might not read the refusal
+                    conn.setblocking(False)
+                    while conn.recv(64):
                         pass
                 except OSError:
                     pass
