@@ -25,7 +25,9 @@ def _check_info(run, n: int, argv: list[str]) -> None:
     info = run.by_rank("info")
     assert sorted(info) == list(range(n)), run.explain()
     jobs = {rec["env"]["STRATACL_JOB_ID"] for rec in info.values()}
-    assert len(jobs) == 1 and re.fullmatch(r"[0-9a-f]+", jobs.pop())
+    # the test's tag (tests/conftest.py), then 64 random bits (stratacl/runtime/_names.py)
+    tag = os.environ.get("STRATACL_TEST_JOB_TAG", "")
+    assert len(jobs) == 1 and re.fullmatch(re.escape(tag) + r"[0-9a-f]{16}", jobs.pop())
     # torch's env:// rendezvous: one TCPStore port for the whole job, a real port number
     ports = {rec["env"]["MASTER_PORT"] for rec in info.values()}
     assert len(ports) == 1 and re.fullmatch(r"[1-9][0-9]*", port := ports.pop()) and 0 < int(port) < 65536, ports
