@@ -147,7 +147,7 @@ def test_spawn_reraises_the_ranks_exception_and_peers_get_peer_failure(tmp_path)
         stratacl.spawn(_raise_on_rank, n, args=(bad, str(tmp_path)), timeout=60)
     exc = info.value
     assert type(exc) is ValueError and exc.args == ("boom",)
-    assert any(re.fullmatch(rf"\(raised on rank {bad} of {n}; job [0-9a-f]+\)", note)
+    assert any(re.fullmatch(rf"\(raised on rank {bad} of {n}; job [0-9a-z]+\)", note)
                for note in exc.__notes__), exc.__notes__
     cause = exc.__cause__
     assert cause is not None and "raise ValueError(\"boom\")" in str(cause) and "_raise_on_rank" in str(cause)

@@ -55,7 +55,7 @@ def _debug_run(tmp_path, level: str):
 def test_debug_detail_logs_every_call_with_its_descriptor(tmp_path):
     err = _debug_run(tmp_path, "detail")
     for r in range(N):
-        assert re.search(rf"^\[rank {r}\] INFO stratacl: rank {r} of {N} joined job [0-9a-f]+ "
+        assert re.search(rf"^\[rank {r}\] INFO stratacl: rank {r} of {N} joined job [0-9a-z]+ "
                          r"\(registration=roa, metadata=direct\)$", err, re.M), err[-3000:]
         calls = re.findall(rf"^\[rank {r}\] DEBUG stratacl: all_reduce call (\d+): \[([-0-9, ]+)\]$", err, re.M)
         assert len(calls) == 3, err[-3000:]
