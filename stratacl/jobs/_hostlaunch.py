@@ -20,6 +20,10 @@ def main() -> int:
     from stratacl.jobs._supervisor import Job
     job = json.loads(os.environ.pop(HOSTJOB_ENV))
     comm = MPI.COMM_WORLD
+    # a host whose launcher died makes MPI calls that involve it raise (MPI_ERR_PROC_FAILED,
+    # with mpirun's --with-ft ulfm) rather than abort this launcher: its carrier names the lost
+    # host to this host's ranks, and this launcher prints its block
+    comm.Set_errhandler(MPI.ERRORS_RETURN)
     ending = comm.Dup()                 # the hosts' last meeting, apart from the carriers' traffic
     part = HostPart(comm.rank, job["host_of"], comm, job["address"])
     target = tuple(job["target"])
@@ -34,8 +38,11 @@ def main() -> int:
     # mpirun end the others, which may not have printed their part yet. Bounded: a host whose
     # launcher is gone for good does not hold the others.
     req, end = ending.Ibarrier(), time.monotonic() + 2 * config.grace + 10
-    while not req.Test() and time.monotonic() < end:
-        time.sleep(0.01)
+    try:
+        while not req.Test() and time.monotonic() < end:
+            time.sleep(0.01)
+    except MPI.Exception:               # a host was lost: nobody to wait for there
+        pass
     del run
     return outcome.exit_code
 

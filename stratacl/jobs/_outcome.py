@@ -111,6 +111,8 @@ def format_failure(outcome: JobOutcome) -> str:
         lines.append(f"  the launcher received {signal.Signals(outcome.signal).name} and shut the job down")
     elif outcome.reason == "deadline":
         lines.append("  the job ran past its deadline (--deadline / STRATACL_DEADLINE) and was ended")
+    elif outcome.reason == "carrier" and outcome.carrier.startswith("HostLost: "):
+        lines.append(f"  {outcome.carrier[len('HostLost: '):]}, so the job was ended on this host")
     elif outcome.reason == "carrier":
         lines.append(f"  this host's carrier (its path to the other hosts) failed, so the job was ended: "
                      f"{outcome.carrier}")

@@ -32,7 +32,8 @@ from . import _native
 from ._buffers import EAGER_BYTES
 from ._control import (CARRIER_QUEUE, COMM_SLOTS, DESC_FIXED, F_ADDR, F_AUX1, F_CALL, F_NBYTES, F_OP, F_SEG_OFF,
                        F_SEG_SIZE, F_SEG_VA, FAILED_CARRIER, H_CARRIER, H_CARRIER_BELL, H_CARRIER_PID, H_HBM_SIZE,
-                       H_SLICE, H_VA_BASE, P2P_DESC, REASON_BYTES, STATE_DEAD, STATE_FINALIZED, Control, Layout)
+                       H_SLICE, H_VA_BASE, P2P_DESC, REASON_BYTES, STATE_DEAD, STATE_FINALIZED, Control, Layout,
+                       carrier_failure, host_lost)
 
 
 class Carrier:
@@ -58,7 +59,12 @@ class Carrier:
         if wrong:
             raise ValueError(f"carrier of host {self.host}: ranks {wrong} are on the wrong side (a local segment "
                              f"must be of a rank of this host, a mirror of a rank of another host)")
+        # an MPI error raises here instead of aborting the process (MPI_ERRORS_ARE_FATAL): with
+        # Open MPI's fault tolerance on (MPIRUN_FLAGS), a host whose process died makes the next
+        # call that involves it raise MPI_ERR_PROC_FAILED, and ``failed`` names that host
+        comm.Set_errhandler(MPI.ERRORS_RETURN)
         self._win = MPI.Win.Create_dynamic(comm=comm)
+        self._win.Set_errhandler(MPI.ERRORS_RETURN)
         for a in self._local.values():
             self._win.Attach(a)
         self._at: dict[int, int] = {}                # rank -> address of its segment at its carrier
@@ -420,22 +426,57 @@ def same_settings(comm, config) -> None:
         raise ValueError(f"the hosts' settings differ ({said}); give every host the same STRATACL_* settings")
 
 
-def failed(ctl, carrier: Carrier, error: BaseException) -> None:
+class HostLost(RuntimeError):
+    """Another host's carrier process (a host launcher, or a carrier of its own) died: MPI says
+    it failed (MPI_ERR_PROC_FAILED, Open MPI's fault tolerance). ``host``, ``value``: the lost
+    host and FAILED_CARRIER's value naming it with its ranks."""
+
+    def __init__(self, host: int, host_of: Sequence[int], why: str):
+        ranks = [r for r, h in enumerate(host_of) if h == host] or [0]
+        self.host, self.value = host, host_lost(host, ranks[0], ranks[-1])
+        super().__init__(f"{carrier_failure(self.value)} (MPI: {why})")
+
+
+def lost_hosts(comm, error: BaseException) -> list[int]:
+    """The hosts (ranks of ``comm``) MPI knows died, if ``error`` is MPI's word that a process
+    failed; else []."""
+    from mpi4py import MPI
+    if not isinstance(error, MPI.Exception) or error.Get_error_class() not in (
+            MPI.ERR_PROC_FAILED, MPI.ERR_PROC_FAILED_PENDING, MPI.ERR_REVOKED):
+        return []
+    try:
+        group = comm.Get_failed()
+        gone = group.Translate_ranks(list(range(group.Get_size())), comm.Get_group())
+    except Exception:          # noqa: BLE001 - an MPI without the query: the error still says it
+        return []
+    return sorted(int(g) for g in gone if g is not None and g >= 0)
+
+
+def failed(ctl, carrier: Carrier, error: BaseException) -> BaseException:
     """Carrier ``carrier`` failed with ``error``: say so on stderr, end the job on this host (its
-    ranks raise PeerFailure naming the carrier's host at their next wait) and, as far as MPI
-    still goes, on the others."""
+    ranks raise PeerFailure naming the carrier's host at their next wait, or the host that was
+    lost when MPI says another host's process died) and, as far as MPI still goes, on the
+    others. Returns the error the launcher reports (a HostLost when a host was lost)."""
     import sys
 
-    print(f"stratacl: the carrier of host {carrier.host} failed: {type(error).__name__}: {error}",
-          file=sys.stderr, flush=True)
-    ctl.record_shutdown(carrier.host, FAILED_CARRIER)
+    gone = lost_hosts(carrier.comm, error)
+    if gone:
+        error = HostLost(gone[0], carrier.host_of, str(error).strip())
+        print(f"stratacl: host {carrier.host}: {error}", file=sys.stderr, flush=True)
+        value = error.value
+    else:
+        print(f"stratacl: the carrier of host {carrier.host} failed: {type(error).__name__}: {error}",
+              file=sys.stderr, flush=True)
+        value = carrier.host
+    ctl.record_shutdown(value, FAILED_CARRIER)
     try:
         for g in range(carrier.comm.size):
-            if g != carrier.host:
-                carrier.outstanding.append(carrier.comm.isend((-1, FAILED_CARRIER, carrier.host), dest=g,
+            if g != carrier.host and g not in gone:
+                carrier.outstanding.append(carrier.comm.isend((-1, FAILED_CARRIER, value), dest=g,
                                                               tag=TAG_FAILED))
     except Exception:          # noqa: BLE001 - MPI itself may be what failed
         pass
+    return error
 
 
 class CarrierThread:
@@ -491,8 +532,7 @@ class CarrierThread:
             try:
                 serve(ctl, self.carrier, chunk, table_offset, slice_start, stop=stop)
             except BaseException as e:
-                failed(ctl, self.carrier, e)
-                raise
+                raise failed(ctl, self.carrier, e) from None
             if self._ending is not None:
                 # this host is done, but another host's carrier may still read its segments:
                 # serve them (MPI progresses while we test) until every carrier is here. Bounded:
@@ -516,7 +556,8 @@ class CarrierThread:
 # how the carriers' processes are started when a launcher of ours starts them (jobs/_hostjob.py,
 # and under torchrun runtime/_foreign.py): TCP between hosts, the one-sided component that
 # serves dynamic windows over it
-MPIRUN_FLAGS = ("--bind-to", "none", "--mca", "btl", "self,tcp", "--mca", "pml", "ob1", "--mca", "osc", "rdma")
+MPIRUN_FLAGS = ("--with-ft", "ulfm", "--bind-to", "none", "--mca", "btl", "self,tcp", "--mca", "pml", "ob1",
+                "--mca", "osc", "rdma")
 
 
 def mpirun_env(env: dict[str, str]) -> tuple[dict[str, str], list[str]]:

@@ -92,6 +92,24 @@ FAILED_GONE = 5
 # FAILED_CARRIER: the carrier of host <value> (a job spanning hosts: runtime/_carrier.py) failed;
 # no call across hosts can complete
 FAILED_CARRIER = 6
+# ... or, with HOST_LOST set in <value>, another host was lost (its launcher or carrier died: its
+# MPI process is gone) and the carrier that saw it first says which: host_lost() packs the host
+# and its first and last rank into the value, carrier_failure() says it in words
+HOST_LOST = 1 << 62
+
+
+def host_lost(host: int, first: int, last: int) -> int:
+    """FAILED_CARRIER's value for "host ``host`` (ranks first-last) was lost"."""
+    return HOST_LOST | host | first << 20 | last << 40
+
+
+def carrier_failure(value: int) -> str:
+    """What FAILED_CARRIER's ``value`` says happened, in words."""
+    if value & HOST_LOST:
+        host, first, last = value & 0xFFFFF, value >> 20 & 0xFFFFF, value >> 40 & 0xFFFFF
+        ranks = f"rank {first}" if first == last else f"ranks {first}-{last}"
+        return f"host {host} ({ranks}) was lost: its launcher or carrier died"
+    return f"the carrier of host {value} (its path to the other hosts) failed"
 _SHUTDOWNS = (FAILED_SHUTDOWN, FAILED_DAEMON, FAILED_CARRIER)       # the whole job's, no rank's
 
 # rank region word offsets (bytes)

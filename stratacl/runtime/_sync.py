@@ -27,6 +27,7 @@ from ._control import (
     STATE_DEAD,
     STATE_FINALIZED,
     Control,
+    carrier_failure,
 )
 
 # Yielding polls before sleeping on the futex. A poll that yields hands the core to another
@@ -81,8 +82,8 @@ class JobHealth:
                 raise PeerFailure(f"{operation}: rank {self.rank}: the job is shutting down: its bootstrap "
                                   f"daemon ended ({how})", None, operation)
             if kind == FAILED_CARRIER:
-                raise PeerFailure(f"{operation}: rank {self.rank}: the job is shutting down: the carrier of host "
-                                  f"{value} (its path to the other hosts) failed", None, operation)
+                raise PeerFailure(f"{operation}: rank {self.rank}: the job is shutting down: "
+                                  f"{carrier_failure(value)}", None, operation)
             if kind == FAILED_SHUTDOWN:
                 why = ("it passed its deadline (--deadline)" if value == signal.SIGALRM
                        else f"the launcher got {_signal_name(value)}")
