@@ -19,7 +19,8 @@ import sys
 
 import psutil
 import pytest
-from launch_helpers import assert_all_gone, clean_env, launch, script, torchrun_nodes, own_shm_names
+from launch_helpers import (assert_all_gone, clean_env, launch, launcher_command, own_shm_names, read_lines_until,
+                            script, torchrun_nodes)
 
 MPIRUN = shutil.which("mpirun", path=os.path.dirname(sys.executable))
 pytestmark = [pytest.mark.timeout(240),
@@ -165,6 +166,49 @@ def test_a_rank_killed_on_the_other_host_is_named_by_every_survivor_and_nothing_
     assert_all_gone([dying[victim]["pid"], *(rec["pid"] for rec in errors.values())], timeout=15)
     assert not own_shm_names()
     assert not _carriers_left()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("n", [4, 8])
+def test_a_host_whose_launcher_is_killed_is_named_by_every_rank_of_the_other_host_and_nothing_is_left(n):
+    # host 1's launcher (which runs its carrier) is SIGKILLed while every rank waits in barriers
+    # across the hosts: Open MPI must not abort host 0's launcher (it runs with --with-ft ulfm,
+    # its carrier's MPI errors return); its carrier finds host 1's process failed and names it,
+    # every rank of host 0 raises at once (not CommTimeout 60 s later), host 0's launcher
+    # prints its block naming host 1, the job exits 1
+    p = subprocess.Popen(launcher_command() + ["-n", str(n), "--emulate-hosts", "2", "--timeout", "60",
+                                               script("barriers_until_failure.py")],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=clean_env(), start_new_session=True)
+    tree: list[psutil.Process] = []
+    try:
+        read_lines_until(p, 1, '@@ {"ready"', timeout=60)
+        tree = psutil.Process(p.pid).children(recursive=True)
+        launchers = {q.environ()["OMPI_COMM_WORLD_RANK"]: q for q in tree      # (not mpirun itself)
+                     if "stratacl.jobs._hostlaunch" in q.cmdline() and "OMPI_COMM_WORLD_RANK" in q.environ()}
+        assert sorted(launchers) == ["0", "1"], launchers
+        launchers["1"].kill()
+        out, err = p.communicate(timeout=40)        # the ranks' own timeout is 60 s
+    finally:
+        if p.poll() is None:            # mpirun runs in a session of its own: end the whole tree
+            for q in [psutil.Process(p.pid), *tree]:
+                try:
+                    q.kill()
+                except psutil.NoSuchProcess:
+                    pass
+            p.wait(10)
+    out, err = out.decode(), err.decode(errors="replace")
+    assert p.returncode == 1, out[-2000:] + err[-4000:]
+    half = n // 2
+    lost = f"host 1 (ranks {half}-{n - 1}) was lost: its launcher or carrier died"
+    errors = {rec["rank"]: rec["error"] for line in out.splitlines() if line.startswith("@@ ")
+              for rec in [json.loads(line[3:])] if "error" in rec}
+    assert sorted(errors) == list(range(half)), out[-2000:] + err[-4000:]
+    for r, e in errors.items():
+        assert e == f"PeerFailure: barrier: rank {r}: the job is shutting down: {lost}", e
+    assert f"\n  host 0 of 2: ranks 0..{half - 1} of {n} (each host's launcher reports its own ranks)\n  {lost} " \
+           f"(MPI: MPI_ERR_PROC_FAILED" in err, err[-4000:]
+    assert_all_gone([q.pid for q in tree], timeout=15)
+    assert not [name for name in os.listdir("/dev/shm") if name.startswith("stratacl-")]
 
 
 @pytest.mark.parametrize("flags, why", [
