@@ -169,15 +169,19 @@ def test_a_rank_killed_on_the_other_host_is_named_by_every_survivor_and_nothing_
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("n", [4, 8])
-def test_a_host_whose_launcher_is_killed_is_named_by_every_rank_of_the_other_host_and_nothing_is_left(n):
+@pytest.mark.parametrize("n, prog, op", [(4, "barriers_until_failure.py", "barrier"),
+                                         (8, "barriers_until_failure.py", "barrier"),
+                                         (4, "all_reduces_until_failure.py", "all_reduce")])
+def test_a_host_whose_launcher_is_killed_is_named_by_every_rank_of_the_other_host_and_nothing_is_left(n, prog, op):
     # host 1's launcher (which runs its carrier) is SIGKILLed while every rank waits in barriers
-    # across the hosts: Open MPI must not abort host 0's launcher (it runs with --with-ft ulfm,
-    # its carrier's MPI errors return); its carrier finds host 1's process failed and names it,
-    # every rank of host 0 raises at once (not CommTimeout 60 s later), host 0's launcher
-    # prints its block naming host 1, the job exits 1
+    # across the hosts, or runs all_reduces whose bytes the carriers read from each other: Open
+    # MPI must not abort host 0's launcher (it runs with --with-ft ulfm, its carrier's MPI
+    # errors return), and host 0's carrier may be in a read from host 1 that never returns; its
+    # host watch finds host 1's process failed and names it, every rank of host 0 raises at
+    # once (not CommTimeout 60 s later), host 0's launcher prints its block naming host 1, the
+    # job exits 1
     p = subprocess.Popen(launcher_command() + ["-n", str(n), "--emulate-hosts", "2", "--timeout", "60",
-                                               script("barriers_until_failure.py")],
+                                               script(prog)],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=clean_env(), start_new_session=True)
     tree: list[psutil.Process] = []
     try:
@@ -204,7 +208,7 @@ def test_a_host_whose_launcher_is_killed_is_named_by_every_rank_of_the_other_hos
               for rec in [json.loads(line[3:])] if "error" in rec}
     assert sorted(errors) == list(range(half)), out[-2000:] + err[-4000:]
     for r, e in errors.items():
-        assert e == f"PeerFailure: barrier: rank {r}: the job is shutting down: {lost}", e
+        assert e == f"PeerFailure: {op}: rank {r}: the job is shutting down: {lost}", e
     assert f"\n  host 0 of 2: ranks 0..{half - 1} of {n} (each host's launcher reports its own ranks)\n  {lost} " \
            f"(MPI: MPI_ERR_PROC_FAILED" in err, err[-4000:]
     assert_all_gone([q.pid for q in tree], timeout=15)

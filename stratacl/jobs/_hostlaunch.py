@@ -44,6 +44,12 @@ def main() -> int:
     except MPI.Exception:               # a host was lost: nobody to wait for there
         pass
     del run
+    if outcome.reason == "carrier" and outcome.carrier.startswith("HostLost: "):
+        # a host was lost: its carrier thread may be stuck in a read from it, and MPI's finalize
+        # would wait for it; nothing is left to tidy in MPI, so leave without it
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(outcome.exit_code)
     return outcome.exit_code
 
 

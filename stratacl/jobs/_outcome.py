@@ -88,6 +88,8 @@ class JobOutcome:
             return 128 + self.signal
         if self.reason == "deadline":
             return 124
+        if self.reason == "carrier":        # no call across hosts could complete: the ranks'
+            return 1                        # own exit codes are its consequence
         root = self.root_cause
         if root is not None and root.returncode and root.returncode > 0:
             return root.returncode

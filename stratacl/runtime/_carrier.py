@@ -20,6 +20,7 @@ Constructing a carrier is collective over ``comm``; ``close`` (collective too) f
 """
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
 from typing import Iterable, Mapping, Sequence
@@ -71,6 +72,8 @@ class Carrier:
         for table in comm.allgather({r: MPI.Get_address(a) for r, a in self._local.items()}):
             self._at.update(table)
         self.moved = 0                                # bytes read from other hosts, ever
+        self.failure: BaseException | None = None     # what ``failed`` made of the first error
+        self.failing = threading.Lock()               # the carrier and the host watch may both fail
         self.outstanding: list = []                   # serve's sends in flight (their buffers)
 
     def _bytes(self, buf, what: str) -> np.ndarray:
@@ -129,7 +132,9 @@ class Carrier:
 
 # --- the host's event loop -----------------------------------------------------------------
 TAG_SEND, TAG_DONE, TAG_FAILED, TAG_BLOCK = 11, 12, 13, 14   # carrier-to-carrier messages (serve)
+TAG_WATCH = 15                                      # never sent: the host watch's receive
 POLL_S = 0.001                                      # how often an idle carrier calls into MPI
+WATCH_S = 0.05                                      # how often the host watch asks MPI (CarrierThread)
 
 
 class _Words:
@@ -452,14 +457,22 @@ def lost_hosts(comm, error: BaseException) -> list[int]:
     return sorted(int(g) for g in gone if g is not None and g >= 0)
 
 
-def failed(ctl, carrier: Carrier, error: BaseException) -> BaseException:
+def failed(ctl, carrier: Carrier, error: BaseException, comm=None) -> BaseException:
     """Carrier ``carrier`` failed with ``error``: say so on stderr, end the job on this host (its
     ranks raise PeerFailure naming the carrier's host at their next wait, or the host that was
     lost when MPI says another host's process died) and, as far as MPI still goes, on the
-    others. Returns the error the launcher reports (a HostLost when a host was lost)."""
+    others. Returns the error the launcher reports (a HostLost when a host was lost); the first
+    call's, whichever thread made it."""
+    with carrier.failing:
+        if carrier.failure is None:
+            carrier.failure = _failed(ctl, carrier, error, comm)
+    return carrier.failure
+
+
+def _failed(ctl, carrier: Carrier, error: BaseException, comm) -> BaseException:
     import sys
 
-    gone = lost_hosts(carrier.comm, error)
+    gone = lost_hosts(carrier.comm if comm is None else comm, error)
     if gone:
         error = HostLost(gone[0], carrier.host_of, str(error).strip())
         print(f"stratacl: host {carrier.host}: {error}", file=sys.stderr, flush=True)
@@ -504,6 +517,9 @@ class CarrierThread:
         self.error: str | None = None
         self._stop = threading.Event()
         self._ending = comm.Dup() if until_done else None       # the carriers' last meeting
+        self._watched = comm.Dup()          # where the watch learns that another host's process died
+        self._watched.Set_errhandler(self.carrier._mpi.ERRORS_RETURN)
+        self.lost: HostLost | None = None
         self._grace = config.grace
         started, failed_at = time.monotonic(), []
 
@@ -525,7 +541,34 @@ class CarrierThread:
         self._thread = threading.Thread(
             target=self._run, args=(ctl, chunk, table_offset, lambda r: va_base + r * slice_bytes, done),
             name="stratacl-carrier", daemon=True)
+        self._watch = threading.Thread(target=self._watch_hosts, args=(ctl,), name="stratacl-host-watch",
+                                       daemon=True)
+        self._watch.start()
         self._thread.start()
+
+    def _watch_hosts(self, ctl) -> None:
+        """Until stopped, learn within WATCH_S that another host's process (its launcher, or its
+        carrier) died, whatever the carrier thread is doing: a read from that host's window may
+        never return (Open MPI's one-sided component does not fail it), so the carrier itself
+        might never see it. A receive nothing is ever sent to is failed by MPI once a process of
+        the communicator is (--with-ft ulfm): then the job ends here naming the lost host, as
+        ``failed`` would, and the launcher is told (``error``)."""
+        MPI = self.carrier._mpi
+        req = self._watched.Irecv(bytearray(8), source=MPI.ANY_SOURCE, tag=TAG_WATCH)
+        try:
+            while not self._stop.wait(WATCH_S):
+                req.Test()
+        except MPI.Exception as e:
+            if lost_hosts(self._watched, e) and self.error is None:
+                error = failed(ctl, self.carrier, e, self._watched)
+                self.lost = error if isinstance(error, HostLost) else None
+                self.error = f"{type(error).__name__}: {error}"
+            return
+        try:
+            req.Cancel()
+            req.Wait()
+        except MPI.Exception:
+            pass
 
     def _run(self, ctl, chunk: int, table_offset: int, slice_start, stop) -> None:
         try:
@@ -542,6 +585,10 @@ class CarrierThread:
                     time.sleep(POLL_S)
         except BaseException as e:      # the launcher ends the job and says why
             self.error = f"{type(e).__name__}: {e}"
+        finally:
+            if self._ending is not None:    # ended by itself: so does the watch, before MPI ends
+                self._stop.set()
+                self._watch.join(timeout=10)
 
     def join(self, timeout: float) -> bool:
         """Wait at most ``timeout`` s for the carrier to end by itself; True if it did."""
@@ -550,7 +597,9 @@ class CarrierThread:
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(timeout=10)
+        self._watch.join(timeout=10)
+        # a carrier stuck in a read from a lost host never returns: it is not waited for
+        self._thread.join(timeout=0.5 if self.lost is not None else 10)
 
 
 # how the carriers' processes are started when a launcher of ours starts them (jobs/_hostjob.py,
