@@ -503,7 +503,6 @@ class CarrierThread:
 
     def __init__(self, comm, host_of: list[int], ctl, hbm_fds: list[int], config, until_done: bool = False):
         import mmap
-        import threading
 
         same_settings(comm, config)
         hbm, slice_bytes, va_base = ctl.header(H_HBM_SIZE), ctl.header(H_SLICE), ctl.header(H_VA_BASE)
