@@ -238,9 +238,13 @@ def test_a_carrier_that_dies_under_torchrun_is_named_by_every_rank_and_nothing_i
         carriers[0].kill()
         return ready
 
-    env = _env(uuid.uuid4().hex)
-    run = torchrun_nodes(2, 2, os.path.join(SCRIPTS, "barriers_until_failure.py"), env=env,
-                         flags=("--monitor-interval", "3"), timeout=120, during=kill_carrier_of_node_1)
+    tag = uuid.uuid4().hex
+    env = _env(tag)
+    try:
+        run = torchrun_nodes(2, 2, os.path.join(SCRIPTS, "barriers_until_failure.py"), env=env,
+                             flags=("--monitor-interval", "3"), timeout=120, during=kill_carrier_of_node_1)
+    finally:
+        _host_daemon_ends(tag)       # the hosts' daemons sweep /dev/shm once their ranks are gone
     reports = _reports(run.stdout)
     assert sorted(reports) == [0, 1, 2, 3], run.explain()
     for r in (0, 1):
