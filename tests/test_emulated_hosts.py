@@ -212,7 +212,7 @@ def test_a_host_whose_launcher_is_killed_is_named_by_every_rank_of_the_other_hos
     assert f"\n  host 0 of 2: ranks 0..{half - 1} of {n} (each host's launcher reports its own ranks)\n  {lost} " \
            f"(MPI: MPI_ERR_PROC_FAILED" in err, err[-4000:]
     assert_all_gone([q.pid for q in tree], timeout=15)
-    assert not [name for name in os.listdir("/dev/shm") if name.startswith("stratacl-")]
+    assert not own_shm_names()
 
 
 @pytest.mark.parametrize("flags, why", [
