@@ -212,12 +212,14 @@ comm.barrier()
 
 job = _world.runtime().job_id    # this host's part of the job
 mapped, own = set(), None               # the shared-memory files this rank mapped (their inodes), its HBM's
-with open("/proc/self/maps") as f:
+with open("/proc/self/maps") as f:     # a segment is a /dev/shm name, or a memfd when /dev/shm is too small
     for line in f:
-        if "/dev/shm/stratacl-" in line:
-            inode, name = int(line.split()[4]), line.split("/dev/shm/", 1)[1].split()[0]
-            mapped.add(inode)
-            if name == f"stratacl-{job}-hbm-{me}":
-                own = inode
+        where = next((w for w in ("/dev/shm/", "/memfd:") if w + "stratacl-" in line), None)
+        if where is None:
+            continue
+        inode, name = int(line.split()[4]), line.split(where, 1)[1].split()[0]
+        mapped.add(inode)
+        if name == f"stratacl-{job}-hbm-{me}":
+            own = inode
 emit(rank=me, checks=checks, clocks=clocks, refusals=refusals, mapped=sorted(mapped), own=own)
 stratacl.finalize()
