@@ -587,7 +587,10 @@ def soak_rank(comm, seed: int, job: int, calls: int, settings: dict) -> dict:
 
 # --- the driver -----------------------------------------------------------------------------
 def _shm_names() -> set[str]:
-    return {n for n in os.listdir("/dev/shm") if "stratacl-" in n}
+    """The names the soak's own jobs may leave: under the test suite its jobs' ids start with the
+    test's tag (runtime/_names.py), so another job's names on the host are not counted."""
+    prefix = "stratacl-" + os.environ.get("STRATACL_TEST_JOB_TAG", "")
+    return {n for n in os.listdir("/dev/shm") if n.startswith((prefix, "sem." + prefix))}
 
 
 def run(nranks: int, calls: int, seed: int, jobs: int, timeout: float = 120.0, hbm_size: str = "1G",
