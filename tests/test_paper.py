@@ -8,7 +8,6 @@ JSON, so no number in it is typed by hand.
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 

@@ -31,10 +31,10 @@ from .._operators import OPERATORS
 from ..ub._registration import RegistrationUnit
 from . import _native
 from ._buffers import EAGER_BYTES
-from ._control import (CARRIER_QUEUE, COMM_SLOTS, DESC_FIXED, F_ADDR, F_AUX1, F_CALL, F_NBYTES, F_OP, F_SEG_OFF,
-                       F_SEG_SIZE, F_SEG_VA, FAILED_CARRIER, H_CARRIER, H_CARRIER_BELL, H_CARRIER_PID, H_HBM_SIZE,
-                       H_SLICE, H_VA_BASE, P2P_DESC, REASON_BYTES, STATE_DEAD, STATE_FINALIZED, Control, Layout,
-                       carrier_failure, host_lost)
+from ._carrierwords import CarrierWords
+from ._control import (CARRIER_QUEUE, COMM_SLOTS, F_ADDR, F_AUX1, F_CALL, F_NBYTES, F_OP, F_SEG_OFF, F_SEG_SIZE,
+                       F_SEG_VA, FAILED_CARRIER, H_CARRIER, H_CARRIER_BELL, H_CARRIER_PID, H_HBM_SIZE, H_SLICE,
+                       H_VA_BASE, STATE_DEAD, STATE_FINALIZED, Control, carrier_failure, host_lost)
 
 
 class Carrier:
@@ -137,62 +137,6 @@ POLL_S = 0.001                                      # how often an idle carrier 
 WATCH_S = 0.05                                      # how often the host watch asks MPI (CarrierThread)
 
 
-class _Words:
-    """Where the words ``serve`` carries sit in a control segment (the world communicator's
-    slots: a member's index is its world rank)."""
-
-    def __init__(self, ctl):
-        lay = ctl.layout
-        self.ctl, self.lay = ctl, lay
-        self._arrival, self._gen = Layout.SLOT_ARRIVAL, Layout.SLOT_GEN
-        self._p2p_desc = P2P_DESC
-
-    def own(self, r: int, slot: int) -> slice:       # r's words in its slot: all but counter, gen
-        at = self.lay.slot(r, slot)
-        return slice(at + self._arrival, at + self.lay.slot_bytes)
-
-    def gen(self, r: int, slot: int) -> int:         # the generation word of the communicator whose
-        return self.ctl.base + self.lay.slot(r, slot) + self._gen     # member 0 is r, in its slot
-
-    def card(self, r: int, slot: int) -> tuple[list[int], list[int]]:
-        """The members (world ranks) and their slots of the communicator in r's ``slot``."""
-        at = self.lay.slot(r, slot)
-        i32 = self.ctl.i32
-        n = int(i32[(at + self.lay.slot_members()) // 4])
-        members = i32[(at + self.lay.slot_members()) // 4 + 1:][:n].tolist()
-        return members, i32[(at + self.lay.slot_slots()) // 4:][:n].tolist()
-
-    # the point-to-point words of member a (world rank, in its ``slot`` of the communicator)
-    # towards the member of index b there
-    def send_seq(self, a: int, slot: int, b: int) -> int:     # a's announcement of its send to b (u32)
-        return self.lay.slot(a, slot) + Layout.SLOT_SEND_SEQ + 4 * b
-
-    def send_desc(self, a: int, slot: int, b: int) -> int:    # a's descriptor of that send (P2P_DESC int64)
-        return self.lay.slot(a, slot) + self.lay.slot_p2p_desc() + 8 * self._p2p_desc * b
-
-    def recv_done(self, a: int, slot: int, b: int) -> int:    # a's answer to b's send: done (u32) ...
-        return self.lay.slot(a, slot) + self.lay.slot_recv_done() + 4 * b
-
-    def recv_status(self, a: int, slot: int, b: int) -> int:  # ... and its status (u32, 0: received)
-        return self.lay.slot(a, slot) + self.lay.slot_recv_status() + 4 * b
-
-    def send_reason(self, a: int, slot: int, b: int) -> slice:  # why a rejected its send to b, if it did
-        return self._reason(a, slot, 2 + b)
-
-    def recv_reason(self, a: int, slot: int, b: int) -> slice:  # why a rejected or failed its receive from b
-        return self._reason(a, slot, 2 + self.ctl.world + b)
-
-    def _reason(self, a: int, slot: int, which: int) -> slice:
-        at = self.lay.slot(a, slot) + self.lay.slot_reason(which)
-        return slice(at, at + REASON_BYTES)
-
-    def descriptor(self, offset: int) -> np.ndarray:
-        return self.ctl.i64[offset // 8:offset // 8 + DESC_FIXED]
-
-    def extension(self, offset: int, n: int) -> np.ndarray:   # the first n extension words of a descriptor
-        return self.ctl.i64[offset // 8 + DESC_FIXED:offset // 8 + DESC_FIXED + n]
-
-
 def serve(ctl, carrier: Carrier, chunk: int, table_offset: int, slice_start, stop=lambda: False) -> None:
     """Carry this host's side of the job (runtime/_hosts.py) until ``stop()``, one event at a
     time, asleep on the host's bell between them (and calling into MPI every POLL_S, which is
@@ -218,7 +162,7 @@ def serve(ctl, carrier: Carrier, chunk: int, table_offset: int, slice_start, sto
     comm = carrier.comm
     world, lay, host, host_of = ctl.world, ctl.layout, carrier.host, carrier.host_of
     mine = [r for r in range(world) if host_of[r] == host]
-    w = _Words(ctl)
+    w = CarrierWords(ctl)
     queue, bell = ctl.base + H_CARRIER, ctl.base + H_CARRIER_BELL
     table_bytes = RegistrationUnit.table_bytes(slice_start(1) - slice_start(0), chunk) if chunk else 0
 
