@@ -25,3 +25,20 @@ def emit(**record) -> None:
 def failure_record(exc: BaseException) -> dict:
     return {"kind": "error", "type": type(exc).__name__, "message": str(exc),
             "peer": getattr(exc, "peer", None), "operation": getattr(exc, "operation", None)}
+
+
+def torch_job_still_works(dist, torch) -> list[str]:
+    """What is wrong, if anything, with a torch job after its store was attacked: an all_reduce
+    must be exact, and a new group (agreed through the store) must work. Every rank calls it."""
+    me, n = dist.get_rank(), dist.get_world_size()
+    bad = []
+    x = torch.arange(100, dtype=torch.float64) * (me + 1)
+    dist.all_reduce(x)
+    if not torch.equal(x, torch.arange(100, dtype=torch.float64) * (n * (n + 1) // 2)):
+        bad.append(f"all_reduce: {x[:4].tolist()}")
+    g = dist.new_group(list(range(n)))
+    y = torch.tensor([float(me)])
+    dist.all_reduce(y, group=g)
+    if y.item() != n * (n - 1) / 2:
+        bad.append(f"new_group all_reduce: {y.item()}")
+    return bad
