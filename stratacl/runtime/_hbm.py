@@ -73,7 +73,8 @@ class Hbm:
             st = os.fstatvfs(self.fd)
             raise OutOfMemory(
                 f"no room for {_mib(size)} of HBM in /dev/shm, which backs this job's HBM: "
-                f"{_mib(st.f_bavail * st.f_frsize)} free of {_mib(st.f_blocks * st.f_frsize)} ({os.strerror(e.errno)}). Free /dev/shm, or make it "
+                f"{_mib(st.f_bavail * st.f_frsize)} free of {_mib(st.f_blocks * st.f_frsize)} "
+                f"({os.strerror(e.errno)}). Free /dev/shm, or make it "
                 f"larger (docker run --shm-size); a job started by stratacl-launch or init() puts its HBM there only "
                 f"if /dev/shm holds all of it when the job starts (docs/memory.md)") from None
 

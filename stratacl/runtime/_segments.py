@@ -22,8 +22,9 @@ kernel's shmem, the same pages, the same speed; a memfd is charged to no mount's
 touching it never raises SIGBUS for want of room (memory short is the OOM killer's, which the
 launcher names). In /dev/shm a neighbour may still fill the mount after the check, so the HBM's
 pages there are reserved when an allocation carves them (``Hbm.alloc``): a full /dev/shm is an
-``OutOfMemory`` naming the size, never a SIGBUS. The names all start with ``prefix(job id)``: the launcher's sweep removes any
-leftover with it (in case a process died between create and unlink). The runtime owns the
+``OutOfMemory`` naming the size, never a SIGBUS.
+
+The names all start with ``prefix(job id)``: the launcher's sweep removes any leftover with it (in case a process died between create and unlink). The runtime owns the
 segments' names, sizes and header facts; the launcher only decides when a job starts and ends.
 
 A job started by another launcher (torchrun, mpirun: runtime/_foreign.py) has no common parent to
