@@ -10,21 +10,7 @@ Inside a rank::
 
 Nothing happens at import: no daemon, no shared memory, no threads until ``init()``.
 
-One call's data path, and where each step lives::
-
-    comm.all_reduce(x)     runtime/_comm.py      the operation; a repeated call on the same
-                                                 arrays is a native method (runtime/_prepared.py)
-      checks               runtime/_comm.py      _check_all_reduce: arguments, raised on every
-                                                 rank; zero copy from HBM or staged (_buffers.py)
-      plan                 collectives/          remote slices per operator (_slices.py),
-                                                 compiled into phases (_backend.py)
-      protocol             runtime/_mesh.py      the call's record, run by the native mesh machine
-                           runtime/_native.c     (numbering, descriptors, barriers, agreement,
-                                                 peers' buffers checked ready: ub/_registration.py)
-      backend              collectives/_kernels.c the cores copy and reduce; or sdma/_engine.py
-      bytes                                      pulled from peers' HBM at their shared addresses
-      completion           runtime/_native.c     departure; bytes and calls counted (stats());
-                           runtime/_modeling.py  the modeled clock (ub/) ticks
+One call's data path, front end to bytes, is drawn once, in docs/architecture.md.
 """
 from . import ep as ep
 from . import fabric as fabric

@@ -2,7 +2,7 @@
 
 Every launcher flag maps to one environment variable, so a rank sees the same settings however
 it was started. ``SETTINGS`` is the single table of names, types, defaults and effects; the
-README's settings table is generated from it (``python -m stratacl._config``).
+The settings table of docs/reference.md is generated from it (``python -m stratacl._config``).
 """
 from __future__ import annotations
 
@@ -247,7 +247,7 @@ def check_environment(environ: dict[str, str] | None = None) -> None:
 
 
 def settings_table() -> str:
-    """The markdown table of every setting, as printed in the README."""
+    """The markdown table of every setting, as printed in docs/reference.md."""
     rows = ["| setting | launcher flag | environment variable | type | default | effect |",
             "|---|---|---|---|---|---|"]
     for s in SETTINGS:

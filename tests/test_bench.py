@@ -98,7 +98,7 @@ def test_bench_api_torch_rows_and_the_numpy_twin(op, tmp_path):
     assert "# torch layer (same ranks" in run.stdout and "Out of bounds values : 0 OK" in run.stdout
 
 
-# --- what the README promises of stratacl-bench: --warmup-seconds, the host copy limit, --buffers plain
+# --- what docs/measuring.md promises of stratacl-bench: --warmup-seconds, the host copy limit, --buffers plain
 
 WARM_SECONDS = 0.2
 

@@ -295,7 +295,7 @@ def in_place_staging(comm, block: int):
 
 
 def test_in_place_forms_stay_zero_copy():
-    """The README: the in-place forms that need no copy stay zero copy (bytes_staged unchanged);
+    """docs/reference.md, "Buffers": the in-place forms that need no copy stay zero copy (bytes_staged unchanged);
     an overlap that is not such a form is staged, on the ranks where the chunks differ."""
     block = 20000                                   # 160 KB a chunk: above the eager size
     for rank, got in enumerate(stratacl.spawn(in_place_staging, 3, args=(block,), timeout=60)):

@@ -8,7 +8,7 @@ operation and a world all_reduce, checked byte for byte; the outcomes come back 
 (an all_gather), which asserts them. A call that hung would end the job with CommTimeout
 (the job's timeout is short), a corrupted channel would end it with a wrong case.
 
-    expected, per kind of bad argument (README, "Errors"):
+    expected, per kind of bad argument (docs/reference.md, "Errors"):
       the rank's own argument is wrong        TypeError / ValueError there, RegistrationError
                                               for a view of released HBM; CollectiveMismatch
                                               naming that rank on its peers

@@ -1,4 +1,4 @@
-"""Settings the README documents, seen to take effect in a launched job on 2 ranks.
+"""Settings docs/reference.md documents, seen to take effect in a launched job on 2 ranks.
 
 - ``STRATACL_DEBUG``: ``detail`` logs every call with its descriptor, ``info`` only the join;
 - ``--pool-size``: under ``--registration pool`` the pre-registered region, and so the rank's
