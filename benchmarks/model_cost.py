@@ -1,5 +1,5 @@
 """What the fabric model costs to evaluate on this host. A benchmark, not a test: it prints a
-markdown table. The unit tests check what the model computes (tests/test_fabric.py); how long
+markdown table. The unit tests check what the model computes (tests/test_model.py); how long
 it takes depends on the host's load, so it is measured here, where a slow run is a number to
 read, not a failure.
 
@@ -8,7 +8,7 @@ read, not a failure.
 
 Cases:
   phase 32      one full-mesh phase of 32 ranks on cm384, 1 GiB per transfer (992 transfers),
-                ``ub._fabric.Fabric.phase``: the model's inner step
+                ``ub._sharing.BandwidthSharing.phase``: the model's inner step
   estimate 256  ``stratacl.estimate("all_gather", 256, 256 GiB, algo="auto")``: both algorithms
                 at 256 ranks, what estimate-only mode does for the paper's largest sizes
 """
@@ -25,8 +25,8 @@ GIB = 1 << 30
 
 def _phase_32():
     from stratacl.ub import _topology
-    from stratacl.ub._fabric import LOAD, Fabric
-    f = Fabric(_topology.load("cm384"))
+    from stratacl.ub._sharing import LOAD, BandwidthSharing
+    f = BandwidthSharing(_topology.load("cm384"))
     r, o = np.meshgrid(np.arange(32), np.arange(32), indexing="ij")
     off = r != o
     return lambda: f.phase(r[off], o[off], GIB, LOAD)

@@ -106,9 +106,9 @@ def crossover(sizes, t_mesh, t_ring) -> float | None:
 def ring_wait_share(n: int, per_rank: int, topology="cm384") -> float:
     """Share of a ring all_gather each rank spends not moving data (barriers, waiting for its
     neighbour's flag), averaged over ranks: what a per-core profiler would call synchronisation."""
-    from stratacl.ub._clock import FabricModel, run_plan
+    from stratacl.ub._clock import FabricModel, advance
     plan = FabricModel(topology, eager_bytes=EAGER_BYTES).plan("all_gather", "ring", tuple(range(n)), per_rank)
-    total = run_plan(plan, np.zeros(n))
+    total = advance(plan, np.zeros(n))
     busy = sum(step[1].sum(axis=0) for step in plan if step[0] == "ring")
     return float(((total - busy) / total).mean())
 

@@ -116,7 +116,7 @@ def test_codes_and_plan_layout_come_from_the_kernels():
 
 def test_a_compiled_row_is_in_column_order():
     # one local copy and one two-source reduction, compiled, read back by the header's COL_*
-    smap = _slices.SliceMap(0, *(np.array(v, dtype=np.int64) for v in (
+    smap = _slices.Slices(0, *(np.array(v, dtype=np.int64) for v in (
         [0, 0, 1], [_slices.IN] * 3, [8, 16, 24], [_slices.OUT] * 3, [32, 40, 40], [4, 8, 8],
         [_slices.LOAD, _slices.LOAD_ACC, _slices.LOAD_ACC], [0, 0, 0])))
     table = _backend.compile(smap, itemsize=4).table

@@ -9,7 +9,7 @@ import pytest
 
 import stratacl
 from stratacl.ub._clock import FabricModel, model_exchange
-from stratacl.ub._fabric import HOST_LOAD, HOST_STORE
+from stratacl.ub._sharing import HOST_LOAD, HOST_STORE
 
 
 def swap_rows(comm):

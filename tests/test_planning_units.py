@@ -28,7 +28,7 @@ LD, ST, ACC = SL.LOAD, SL.STORE, SL.LOAD_ACC
 
 
 # --- slice maps --------------------------------------------------------------------------------
-def rows(smap: SL.SliceMap) -> list[tuple]:
+def rows(smap: SL.Slices) -> list[tuple]:
     """(peer, src_buf, src, dst_buf, dst, nbytes, op, flag) of every slice, in order."""
     cols = (smap.peer, smap.src_buf, smap.src, smap.dst_buf, smap.dst, smap.nbytes, smap.op, smap.flag)
     for c in cols:
@@ -982,13 +982,13 @@ def test_partitioner_starts_with_no_generation_time():
 @pytest.mark.parametrize("topology", ["cm384", "flat", "nvl72-like.json"])
 def test_the_barrier_waits_for_every_flag_at_its_tiers_latency(topology):
     """t_i after the barrier = max over j of (t_j + flag latency j -> i), t_i for j = i: worked
-    pair by pair from Fabric.flag_us, for member sets in and out of order, with tied clocks."""
+    pair by pair from BandwidthSharing.flag_us, for member sets in and out of order, with tied clocks."""
     from stratacl.ub._clock import FlagMesh
-    from stratacl.ub._fabric import Fabric
+    from stratacl.ub._sharing import BandwidthSharing
     from pathlib import Path
     if topology.endswith(".json"):
         topology = str(Path(__file__).resolve().parent.parent / "examples" / "topologies" / topology)
-    f = Fabric(T.load(topology))
+    f = BandwidthSharing(T.load(topology))
     rng = np.random.default_rng(7)
     for trial in range(60):
         n = int(rng.integers(1, 90))

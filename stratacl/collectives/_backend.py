@@ -1,6 +1,6 @@
 """The backend every operator runs on: compiled phases of remote slices.
 
-    frontend (collectives._slices)      [SliceMap, ...]  one per phase, in this rank's terms
+    frontend (collectives._slices)      [Slices, ...]  one per phase, in this rank's terms
         |  compile()                    once per call shape (Plans caches them per communicator)
         v
     Plan                                the phase as a native table (rank, buffer, offset) +
@@ -33,7 +33,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from . import _kernels
-from ._slices import LOAD, LOAD_ACC, SCRATCH, STORE, SliceMap
+from ._slices import LOAD, LOAD_ACC, SCRATCH, STORE, Slices
 
 # a compiled plan's row kinds and width, and the byte counters' words: _kernels.h defines them
 COPY, GROUP, SRC, COPY_SHARED = _kernels.K_COPY, _kernels.K_GROUP, _kernels.K_SRC, _kernels.K_COPY_SHARED
@@ -44,22 +44,22 @@ CACHE_LIMIT = 256
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """One phase of one rank, compiled."""
-    smap: SliceMap
+    smap: Slices
     table: np.ndarray          # every row, for the cores
     reductions: np.ndarray     # the GROUP/SRC rows alone (the SDMA path's share of the cores)
-    copies: SliceMap           # the copy slices alone (the SDMA path's share of the engine)
+    copies: Slices           # the copy slices alone (the SDMA path's share of the engine)
     local: int                 # bytes read from this rank's own buffers
     remote: int                # bytes read from (or written to) peers
     written: int               # bytes written to IN or OUT (not to SCRATCH)
     has_copies: bool
 
 
-def _subset(smap: SliceMap, keep: np.ndarray) -> SliceMap:
-    f = [fld.name for fld in dataclasses.fields(SliceMap) if fld.name != "me"]
-    return SliceMap(smap.me, *(getattr(smap, k)[keep] for k in f))
+def _subset(smap: Slices, keep: np.ndarray) -> Slices:
+    f = [fld.name for fld in dataclasses.fields(Slices) if fld.name != "me"]
+    return Slices(smap.me, *(getattr(smap, k)[keep] for k in f))
 
 
-def compile(smap: SliceMap, itemsize: int = 1, shared: bool = False) -> Plan:
+def compile(smap: Slices, itemsize: int = 1, shared: bool = False) -> Plan:
     """The native table of one phase. Reduction groups must cover whole ``itemsize`` elements.
     ``shared``: every member reads the same sources (broadcast, all_gather), so their copies
     are COPY_SHARED rows, for which the kernels keep the sources in cache (_kernels.c)."""
@@ -68,7 +68,7 @@ def compile(smap: SliceMap, itemsize: int = 1, shared: bool = False) -> Plan:
     return _compile_any(smap, itemsize, shared)
 
 
-def _compile_any(smap: SliceMap, itemsize: int, shared: bool) -> Plan:
+def _compile_any(smap: Slices, itemsize: int, shared: bool) -> Plan:
     me = smap.me
     store = smap.op == STORE
     src_rank = np.where(store, me, smap.peer)
@@ -96,7 +96,7 @@ def _compile_any(smap: SliceMap, itemsize: int, shared: bool) -> Plan:
                 bool(copy.any()))
 
 
-def _compile_loads(smap: SliceMap) -> Plan:
+def _compile_loads(smap: Slices) -> Plan:
     """compile() of a phase of plain LOAD slices (no reduction, none shared): the same table,
     built column by column."""
     table = np.empty((len(smap.peer), PLAN_COLUMNS), dtype=np.int64)
@@ -111,7 +111,7 @@ def _compile_loads(smap: SliceMap) -> Plan:
                 bool(table.size))
 
 
-def addresses(smap: SliceMap, bases: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def addresses(smap: Slices, bases: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Absolute (src, dst) address of every slice; ``bases[buf, rank]`` as run_plan reads them."""
     me = smap.me
     store = smap.op == STORE
@@ -154,7 +154,7 @@ class Plans:
         self._cache: dict = {}
         self._limit = limit
 
-    def get(self, key: tuple, build: Callable[[], Sequence[SliceMap]], itemsize: int = 1,
+    def get(self, key: tuple, build: Callable[[], Sequence[Slices]], itemsize: int = 1,
             shared: bool = False) -> tuple[Plan, ...]:
         got = self._cache.get(key)
         if got is None:
@@ -164,7 +164,7 @@ class Plans:
         return got
 
 
-def execute(smap: SliceMap, bases: np.ndarray, dtype=None, redop: str = "sum", divisor: float | None = None,
+def execute(smap: Slices, bases: np.ndarray, dtype=None, redop: str = "sum", divisor: float | None = None,
             shared: bool = False) -> int:
     """Compile and run one phase on the cores (tests, experiments; communicators cache their
     plans). ``bases[buf, rank]``: the (3, n) int64 base addresses of every member's IN, OUT and

@@ -20,7 +20,7 @@ producer's buffer.
     combine, at the token owner  the destinations' output rows for its tokens -> a local
                                  buffer, then reduced in float32 (ep/_buffer.py)
 
-The frontends return one ``SliceMap`` per phase (IN: the sender's token rows or the
+The frontends return one ``Slices`` per phase (IN: the sender's token rows or the
 destination's outputs; SCRATCH: every member's routing block; OUT: this rank's destination
 buffer of the phase). Rows are transfer units of ``row`` bytes; runs of consecutive rows from
 one member are merged into one slice (the partitioner cuts slices back into units).
@@ -53,7 +53,7 @@ import numpy as np
 from . import _eproute
 from ._schedule import LOAD as T_LOAD
 from ._schedule import LOAD_REDUCE as T_LOAD_REDUCE
-from ._slices import IN, LOAD, OUT, SCRATCH, SliceMap, make
+from ._slices import IN, LOAD, OUT, SCRATCH, Slices, make
 
 WEIGHT_WORDS = _eproute.WEIGHT_WORDS     # float32 weights per int64 word of a record (owned by _eproute.c)
 KIND_CODES = 16         # transfer kinds are below this; a row-granular phase adds KIND_CODES x row bytes
@@ -150,11 +150,11 @@ def received(me: int, rec: np.ndarray, sources: np.ndarray, k: int, local: int, 
     return tokens, idx, weights, per_expert, _row_map(me, out[:count] if row else out[:0])
 
 
-def _row_map(me: int, slices: np.ndarray) -> SliceMap:
+def _row_map(me: int, slices: np.ndarray) -> Slices:
     """LOAD slices IN -> OUT from ``slices`` [S, 4]: (peer, src, dst, bytes)."""
     s = len(slices)
     peer, src, dst, nbytes = (np.ascontiguousarray(slices[:, c]) for c in range(4))
-    return SliceMap(me, peer, np.full(s, IN, dtype=np.int64), src, np.full(s, OUT, dtype=np.int64), dst, nbytes,
+    return Slices(me, peer, np.full(s, IN, dtype=np.int64), src, np.full(s, OUT, dtype=np.int64), dst, nbytes,
                     np.full(s, LOAD, dtype=np.int64), np.full(s, -1, dtype=np.int64))
 
 
@@ -163,7 +163,7 @@ def _order(me: int, n: int) -> np.ndarray:
     return (me + 1 + np.arange(n)) % n
 
 
-def headers(me: int, n: int, words: int) -> SliceMap:
+def headers(me: int, n: int, words: int) -> Slices:
     """Phase A: member p's header (``words`` int64 at the start of its routing block) -> OUT
     row p."""
     p = _order(me, n)
@@ -171,7 +171,7 @@ def headers(me: int, n: int, words: int) -> SliceMap:
     return make(me, p, SCRATCH, 0, OUT, p * nb, nb, LOAD)
 
 
-def records(me: int, counts: np.ndarray, head: int, words: int) -> SliceMap:
+def records(me: int, counts: np.ndarray, head: int, words: int) -> Slices:
     """Phase B: from each member p the records it addressed to this rank (``counts[p, d]``:
     tokens p sends to d; ``head``: header words), packed by p ascending into OUT."""
     n = counts.shape[0]
@@ -182,7 +182,7 @@ def records(me: int, counts: np.ndarray, head: int, words: int) -> SliceMap:
     return make(me, p, SCRATCH, src[p], OUT, dst[p], counts[p, me] * rec, LOAD)
 
 
-def rows(me: int, n: int, peer: np.ndarray, src_row: np.ndarray, dst_row: np.ndarray, row: int) -> SliceMap:
+def rows(me: int, n: int, peer: np.ndarray, src_row: np.ndarray, dst_row: np.ndarray, row: int) -> Slices:
     """Row copies ``peer[j]``'s row ``src_row[j]`` (IN) -> this rank's row ``dst_row[j]``
     (OUT), rows of ``row`` bytes, runs of consecutive rows of one member merged; listed
     members after me first, each member's rows in the order given."""
@@ -192,7 +192,7 @@ def rows(me: int, n: int, peer: np.ndarray, src_row: np.ndarray, dst_row: np.nda
     return _row_map(me, out[:count])
 
 
-def combine_blocks(me: int, counts: np.ndarray, row: int) -> SliceMap:
+def combine_blocks(me: int, counts: np.ndarray, row: int) -> Slices:
     """High-throughput combine at token owner ``me``: from each destination d the block of
     rows it received from me (after those of members before me), into OUT grouped by d."""
     before = np.cumsum(counts, axis=0) - counts          # [p, d]: rows d received before p's

@@ -61,7 +61,7 @@ class Units:
     offset: np.ndarray      # byte offset inside the slice
     nbytes: np.ndarray
     peer: np.ndarray
-    tier: np.ndarray        # tier index (ub._fabric.Fabric order)
+    tier: np.ndarray        # tier index (ub._sharing.BandwidthSharing order)
     cost: np.ndarray        # tau = alpha_t + s / beta_t, us
 
     def __len__(self) -> int:

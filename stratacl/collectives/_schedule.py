@@ -74,7 +74,7 @@ import numpy as np
 
 from .._operators import names
 
-LOAD, LOAD_REDUCE, LOCAL_COPY, HOST_LOAD, HOST_STORE = 0, 1, 2, 3, 4   # transfer kinds (same codes as ub._fabric)
+LOAD, LOAD_REDUCE, LOCAL_COPY, HOST_LOAD, HOST_STORE = 0, 1, 2, 3, 4   # transfer kinds (same codes as ub._sharing)
 BARRIER_PHASE = -1      # in an exchange's phases: a barrier between two phases (its matrix is not read)
 
 OPS = names(schedule=True)        # the operator table (stratacl/_operators.py)

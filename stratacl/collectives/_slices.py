@@ -1,7 +1,7 @@
 """Remote slices: what an operator frontend produces and the one backend executes.
 
 A collective call on one rank is a list of phases (a barrier separates two phases); a phase is
-a ``SliceMap``: arrays, one entry per remote-slice transfer ``<peer, src, dst, bytes, op, flag>``
+a ``Slices``: arrays, one entry per remote-slice transfer ``<peer, src, dst, bytes, op, flag>``
 
     peer      the member whose memory the slice touches (== me for a local copy)
     src_buf   which buffer src is an offset into:  IN (the input), OUT, SCRATCH
@@ -12,7 +12,7 @@ a ``SliceMap``: arrays, one entry per remote-slice transfer ``<peer, src, dst, b
     op        LOAD (pull), STORE (push), LOAD_ACC (load, then accumulate on write into dst)
     flag      -1, or the flag id the slice raises when it completes (a dependency signal)
 
-    frontend (per operator, below)  ->  [SliceMap, ...] per rank
+    frontend (per operator, below)  ->  [Slices, ...] per rank
         |                                   |
         |   partitioner (_partition.py) cuts slices into transfer units, assigns them to cores
         v                                   v
@@ -41,7 +41,7 @@ IN, OUT, SCRATCH = BUF_IN, BUF_OUT, BUF_SCRATCH    # rows of the member buffer t
 
 
 @dataclasses.dataclass(frozen=True)
-class SliceMap:
+class Slices:
     """One phase of one rank: structure-of-arrays of remote-slice transfers."""
     me: int
     peer: np.ndarray
@@ -65,19 +65,19 @@ class SliceMap:
         return np.bincount(self.peer, weights=self.nbytes, minlength=n).astype(np.int64)
 
 
-def make(me: int, peer, src_buf, src, dst_buf, dst, nbytes, op, flag=-1) -> SliceMap:
+def make(me: int, peer, src_buf, src, dst_buf, dst, nbytes, op, flag=-1) -> Slices:
     """A slice map from array-likes (scalars broadcast); zero-byte slices are dropped."""
     peer = np.asarray(peer, dtype=np.int64).reshape(-1)
     shape = peer.shape
     arr = [np.broadcast_to(np.asarray(a, dtype=np.int64), shape).copy() for a in
            (src_buf, src, dst_buf, dst, nbytes, op, flag)]
     keep = arr[4] > 0
-    return SliceMap(int(me), peer[keep], *(a[keep] for a in arr))
+    return Slices(int(me), peer[keep], *(a[keep] for a in arr))
 
 
-def concat(*maps: SliceMap) -> SliceMap:
-    f = [fld.name for fld in dataclasses.fields(SliceMap) if fld.name != "me"]
-    return SliceMap(maps[0].me, *(np.concatenate([getattr(m, k) for m in maps]) for k in f))
+def concat(*maps: Slices) -> Slices:
+    f = [fld.name for fld in dataclasses.fields(Slices) if fld.name != "me"]
+    return Slices(maps[0].me, *(np.concatenate([getattr(m, k) for m in maps]) for k in f))
 
 
 def _order(me: int, n: int) -> np.ndarray:
@@ -91,19 +91,19 @@ def chunk_edges(count: int, n: int, itemsize: int) -> np.ndarray:
 
 
 # --- frontends: one per operator --------------------------------------------------------------
-def all_gather(me: int, n: int, nbytes: int) -> list[SliceMap]:
+def all_gather(me: int, n: int, nbytes: int) -> list[Slices]:
     """out[p*M:(p+1)*M] = x_p for every member p (M = ``nbytes``); own block copied locally."""
     p = _order(me, n)
     return [make(me, p, IN, 0, OUT, p * nbytes, nbytes, LOAD)]
 
 
-def reduce_scatter(me: int, n: int, count: int, itemsize: int) -> list[SliceMap]:
+def reduce_scatter(me: int, n: int, count: int, itemsize: int) -> list[Slices]:
     """out = reduction over p of chunk ``me`` of x_p (``count`` elements of input)."""
     e = chunk_edges(count, n, itemsize)
     return [make(me, np.arange(n), IN, e[me], OUT, 0, e[me + 1] - e[me], LOAD_ACC)]
 
 
-def all_reduce(me: int, n: int, count: int, itemsize: int, small: int = 0) -> list[SliceMap]:
+def all_reduce(me: int, n: int, count: int, itemsize: int, small: int = 0) -> list[Slices]:
     """In place on IN. Large: phase 1 reduces chunk ``me`` of every x_p into place, phase 2
     pulls every other chunk from its owner. Small (<= ``small`` bytes or fewer elements than
     members): phase 1 reduces the whole buffer into SCRATCH, phase 2 copies it back locally.
@@ -119,13 +119,13 @@ def all_reduce(me: int, n: int, count: int, itemsize: int, small: int = 0) -> li
             make(me, p, IN, e[p], IN, e[p], e[p + 1] - e[p], LOAD)]
 
 
-def all_reduce_eager(me: int, n: int, nbytes: int) -> list[SliceMap]:
+def all_reduce_eager(me: int, n: int, nbytes: int) -> list[Slices]:
     """Small all_reduce from eager copies (IN: every member's private copy of its input, taken
     before the arrival barrier): every member reduces the whole buffer into its OUT."""
     return [make(me, np.arange(n), IN, 0, OUT, 0, nbytes, LOAD_ACC)]
 
 
-def all_reduce_eager_chunks(me: int, n: int, count: int, itemsize: int) -> list[SliceMap]:
+def all_reduce_eager_chunks(me: int, n: int, count: int, itemsize: int) -> list[Slices]:
     """Small all_reduce from eager copies, each member reducing one chunk (IN: every member's
     eager slot, its input copy in the first ``nb`` bytes, room for its reduced chunk in the
     next ``nb``): phase 1 reduces chunk ``me`` of every copy into the own slot's second half,
@@ -138,14 +138,14 @@ def all_reduce_eager_chunks(me: int, n: int, count: int, itemsize: int) -> list[
             make(me, p, IN, nb + e[p], OUT, e[p], e[p + 1] - e[p], LOAD)]
 
 
-def all_to_all(me: int, n: int, nbytes: int) -> list[SliceMap]:
+def all_to_all(me: int, n: int, nbytes: int) -> list[Slices]:
     """Equal splits of an ``nbytes`` input: out block p = block ``me`` of x_p."""
     b = nbytes // n
     p = _order(me, n)
     return [make(me, p, IN, me * b, OUT, p * b, b, LOAD)]
 
 
-def all_to_all_v(me: int, n: int, send: np.ndarray, recv: np.ndarray, itemsize: int) -> list[SliceMap]:
+def all_to_all_v(me: int, n: int, send: np.ndarray, recv: np.ndarray, itemsize: int) -> list[Slices]:
     """``send[i, j]``: elements member i sends to j, packed in rank order in i's input; member
     ``me`` receives ``recv[me, p]`` elements from p, packed in rank order in its output."""
     send, recv = np.asarray(send, dtype=np.int64), np.asarray(recv, dtype=np.int64)
@@ -156,32 +156,32 @@ def all_to_all_v(me: int, n: int, send: np.ndarray, recv: np.ndarray, itemsize: 
                  recv[me, p] * itemsize, LOAD)]
 
 
-def broadcast(me: int, n: int, nbytes: int, root: int = 0) -> list[SliceMap]:
+def broadcast(me: int, n: int, nbytes: int, root: int = 0) -> list[Slices]:
     """Every member other than ``root`` pulls the root's buffer into its own (in place)."""
     if me == root:
         return [make(me, [], IN, 0, IN, 0, 0, LOAD)]
     return [make(me, root, IN, 0, IN, 0, nbytes, LOAD)]
 
 
-def gather(me: int, n: int, nbytes: int, root: int) -> list[SliceMap]:
+def gather(me: int, n: int, nbytes: int, root: int) -> list[Slices]:
     """At ``root``: out[p*M:(p+1)*M] = x_p for every member p (M = ``nbytes``; its own block
     copied locally). The other members pull nothing."""
     p = _order(me, n) if me == root else np.zeros(0, dtype=np.int64)
     return [make(me, p, IN, 0, OUT, p * nbytes, nbytes, LOAD)]
 
 
-def scatter(me: int, n: int, nbytes: int, root: int) -> list[SliceMap]:
+def scatter(me: int, n: int, nbytes: int, root: int) -> list[Slices]:
     """out = block ``me`` of the root's x (M = ``nbytes`` per member)."""
     return [make(me, root, IN, me * nbytes, OUT, 0, nbytes, LOAD)]
 
 
-def recv(me: int, src: int, nbytes: int) -> list[SliceMap]:
+def recv(me: int, src: int, nbytes: int) -> list[Slices]:
     """Point-to-point receive: pull ``nbytes`` of member ``src``'s send buffer (IN) into this
     rank's receive buffer (OUT)."""
     return [make(me, src, IN, 0, OUT, 0, nbytes, LOAD)]
 
 
-def ring_all_gather_step(me: int, n: int, nbytes: int, s: int) -> list[SliceMap]:
+def ring_all_gather_step(me: int, n: int, nbytes: int, s: int) -> list[Slices]:
     """Ring all_gather step s: pull chunk (me - s - 1) mod n from member me-1 (step 0: its
     input; later: its output) and raise step flag s. Step 0 also copies the own block."""
     c = (me - s - 1) % n
@@ -192,7 +192,7 @@ def ring_all_gather_step(me: int, n: int, nbytes: int, s: int) -> list[SliceMap]
     return [pull]
 
 
-def _ring_reduce_step(me: int, n: int, e: np.ndarray, s: int, final_buf: int, final_off: int) -> SliceMap:
+def _ring_reduce_step(me: int, n: int, e: np.ndarray, s: int, final_buf: int, final_off: int) -> Slices:
     c = (me - s - 2) % n
     left = (me - 1) % n
     dst_buf, dst = (final_buf, final_off) if s == n - 2 else (SCRATCH, e[c])
@@ -201,14 +201,14 @@ def _ring_reduce_step(me: int, n: int, e: np.ndarray, s: int, final_buf: int, fi
     return concat(a, b)
 
 
-def ring_reduce_scatter_step(me: int, n: int, count: int, itemsize: int, s: int) -> list[SliceMap]:
+def ring_reduce_scatter_step(me: int, n: int, count: int, itemsize: int, s: int) -> list[Slices]:
     """Ring reduce_scatter step s: accumulate chunk (me - s - 2) mod n of member me-1 (step 0:
     its input; later: its partial in SCRATCH) with this rank's own input chunk, into SCRATCH
     (the last step: into OUT). Chunk c is thus folded over members c+1, c+2, ..., c."""
     return [_ring_reduce_step(me, n, chunk_edges(count, n, itemsize), s, OUT, 0)]
 
 
-def ring_all_reduce_step(me: int, n: int, count: int, itemsize: int, s: int) -> list[SliceMap]:
+def ring_all_reduce_step(me: int, n: int, count: int, itemsize: int, s: int) -> list[Slices]:
     """Ring all_reduce step s of 2(n-1), in place on IN: steps 0..n-2 are the reduce_scatter
     steps (the last one writes chunk ``me`` of IN); steps n-1.. are the all_gather steps on the
     finished chunks, pulling chunk (me - t - 1) mod n from member me-1's IN (t = s - n + 1)."""

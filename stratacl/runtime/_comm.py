@@ -8,7 +8,7 @@ the components it is made of, each owning its state and given, when made (in thi
 components it uses:
 
     Modeling       _modeling.py   modeled clock: entering time, exit (tick); algorithm choice
-    Protocol       _protocol.py   slot words, call and barrier counts; publish, barriers,
+    SlotProtocol   _protocol.py   slot words, call and barrier counts; publish, barriers,
                                   agreement, a mismatch's message
     Executor       _execute.py    the call's buffer table, peers' readiness, compiled phases
                                   run on the call's path (the cores or the SDMA engine)
@@ -22,14 +22,14 @@ One collective call, end to end (the data path):
     comm.op(arrays, scalars)   the operation as a native method: a repeated call on the same
         |                      arrays replays its record with no Python (runtime/_prepared.py)
     _check_<op>                argument checks, raised on every rank of the call (a rank that
-        |                      rejects its own arguments tells its peers why: Protocol.begin);
+        |                      rejects its own arguments tells its peers why: SlotProtocol.begin);
         |                      input in own HBM? zero copy; else staged (Buffers)
     plan                       the operator's remote-slice phases (collectives._slices),
         |                      compiled once per call shape (collectives._backend, Executor)
     full mesh: MeshDriver      the call's record, run by native code's mesh machine: entry
         |                      barrier and agreement, readiness of peers' buffers, phases on
         |                      the cores (kernels) or the SDMA engine, departure (_native.c)
-    ring / variable splits     the same protocol step by step (Protocol, RingSteps)
+    ring / variable splits     the same protocol step by step (SlotProtocol, RingSteps)
         |
     completion                 bytes and calls counted natively; the modeled clock ticks
                                (Modeling); an output that was staged is copied out
@@ -78,7 +78,7 @@ from ._prepared import (
     _native_method,
 )
 from ._program import ProgramTime
-from ._protocol import OPS, Protocol
+from ._protocol import OPS, SlotProtocol
 from ._ringsteps import RingSteps
 from ._services import RankServices
 from ._sync import SLICE, SPIN_POLLS
@@ -113,7 +113,7 @@ class Communicator(ProgramTime, PipelinedOperators):
         self._modeling = Modeling(rt, self.members, self.rank)
         self.counters = _backend.Counters()      # summed over the rank's communicators by stats()
         rt.byte_counters.append(self.counters)
-        self._protocol = Protocol(rt, self.members, self.rank, slots, self.counters.words, self._modeling)
+        self._protocol = SlotProtocol(rt, self.members, self.rank, slots, self.counters.words, self._modeling)
         self._modeling.key = self._protocol.slot_offs[0]
         self._executor = Executor(rt, self.members, self.rank, self._protocol)
         self._buffers = Buffers(rt, self._protocol)

@@ -36,7 +36,7 @@ import time
 import numpy as np
 
 from ..collectives import _schedule
-from ..ub._clock import choose_algo, run_plan
+from ..ub._clock import advance, choose_algo
 from ..ub._compute import ComputeJob, kernel_end
 from ..ub._profile import profile_plan
 from ..ub._rankclock import from_bits, to_bits
@@ -230,7 +230,7 @@ class Modeling:
         (plus ``extra``: jit mappings), and its cores' profile when the profiler runs."""
         me = self._rank
         clocks = entering if extra is None else entering + extra
-        end = float(run_plan(plan, clocks)[me])
+        end = float(advance(plan, clocks)[me])
         self.ended(op, float(entering[me]), end, (model, plan, self._members, clocks, me))
         prof = self._rt.profiler
         if prof is not None:

@@ -35,7 +35,7 @@ transfer is timed as a point-to-point pull of its bytes between the two ranks
   left; the source may be reused), the bytes land a latency later: ``quiet`` joins the latest
   landing of this rank's puts;
 - ``put_signal``: a put, then the signal, which leaves behind the data (at the caller's clock
-  after the put) and arrives a flag latency later (``Fabric.flag_us``: the tier's latency +
+  after the put) and arrives a flag latency later (``BandwidthSharing.flag_us``: the tier's latency +
   ``sync.flag_us``), so with the data's landing; that arrival is logged under the value the
   signal makes;
 - ``wait_until``: the waiter's clock becomes max(own, the arrival of the update that made the

@@ -17,7 +17,7 @@ a barrier is numbered as this rank arrives at it, so after an error every rank s
 mismatch) the members still agree on the numbers. Python here waits, with the job's health
 checked between sleeps, where native code stopped waiting, and builds the messages.
 
-``Protocol`` is one component of a Communicator (runtime/_comm.py): it owns the slot's words
+``SlotProtocol`` is one component of a Communicator (runtime/_comm.py): it owns the slot's words
 and the counts native code keeps (``cx``, ``tally``), and the other components ask it for
 descriptors, extension words and reasons rather than computing slot offsets of their own.
 
@@ -95,7 +95,7 @@ def descriptor(operation: str, dtype: int, count: int, root: int, redop: int, in
     return (OPS[operation], dtype, count, root, redop, 0, addr, nbytes, 0, 0, 0, 0, clock, aux1, 0, 0)
 
 
-class Protocol:
+class SlotProtocol:
     """A communicator's slot protocol: every member's slot words, the counts native code
     keeps, and the protocol steps on them (publish, barriers, agreement, the mismatch's
     message). Given the runtime, the members and their slots, the byte counters native code

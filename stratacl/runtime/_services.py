@@ -1,8 +1,8 @@
 """What a rank's components may use of its runtime.
 
 ``init()`` makes one ``Runtime`` per rank process (runtime/_world.py); every component of a
-communicator (Protocol, Executor, Buffers, Modeling, MeshDriver, RingSteps, PointToPoint, the
-call Pipeline, HostRows) is handed it as ``rt`` and sees it through this Protocol: the rank's
+communicator (SlotProtocol, Executor, Buffers, Modeling, MeshDriver, RingSteps, PointToPoint, the
+call Pipeline, HostRows) is handed it as ``rt`` and sees it through this typing.Protocol: the rank's
 settings, its control segment and registration unit, its clocks and recorders, its HBM
 allocator, and the few services below. ``tests/test_layering.py`` checks both sides: the
 Runtime has every member, and the components use no other.

@@ -8,7 +8,7 @@
 
 Importing this module imports torch; ``import stratacl`` alone never does. The mapping of
 torch's operations onto the communicator is in _process_group.py, how they are run and what their
-Work does in _ordering.py, the tensors in _tensors.py, groups in _groups.py; docs/torch.md tells
+TorchWork does in _ordering.py, the tensors in _tensors.py, groups in _groups.py; docs/torch.md tells
 the whole story. ``symm_mem`` (symm_mem.py) is torch.distributed._symmetric_memory's API over
 HBM (docs/one-sided.md), a module as torch's is: ``import stratacl.torch.symm_mem as symm_mem``.
 """
@@ -23,11 +23,11 @@ from ._store import install as _install_store
 from ._tensors import empty as empty
 from ._tensors import empty_like as empty_like
 from ._tensors import zeros as zeros
-from ._ordering import Work as Work
+from ._ordering import TorchWork as TorchWork
 
 BACKEND = "stratacl"
 
-__all__ = ["BACKEND", "ProcessGroupStrataCL", "Work", "empty", "empty_like", "symm_mem", "zeros"]
+__all__ = ["BACKEND", "ProcessGroupStrataCL", "TorchWork", "empty", "empty_like", "symm_mem", "zeros"]
 
 if BACKEND.upper() not in _dist.Backend._plugins:
     _dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu"])

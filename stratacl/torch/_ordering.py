@@ -1,10 +1,10 @@
-"""How a process group's operations run, in the order the program issued them, and the Work
+"""How a process group's operations run, in the order the program issued them, and the TorchWork
 torch gets for each.
 
     caller thread                           the group's worker thread (started on first use)
     op(..., asyncOp=False), nothing queued  runs the operation inline: no thread hop
-    op(..., asyncOp=True) --queue-->        FIFO: runs it, completes its Future, then its Work
-        <-- Work                            (DDP's communication hooks chain on the Future)
+    op(..., asyncOp=True) --queue-->        FIFO: runs it, completes its Future, then its TorchWork
+        <-- TorchWork                            (DDP's communication hooks chain on the Future)
     work.wait()   runs the operation itself if it is next in line and the worker is idle
 
 Point-to-point operations are collected, not run, until the program waits on (or polls, or
@@ -44,17 +44,17 @@ def backend_error(operation: str, e: BaseException) -> BaseException:
     return e
 
 
-# executors whose worker thread was started: joined at exit (Executor.close), by a hook
+# sequencers whose worker thread was started: joined at exit (Sequencer.close), by a hook
 # registered at the first start, after stratacl.init() registered finalize(): atexit runs
 # hooks last-in first-out, so the queued operations run before the rank finalizes
-_LIVE: "weakref.WeakSet[Executor]" = weakref.WeakSet()
+_LIVE: "weakref.WeakSet[Sequencer]" = weakref.WeakSet()
 _HOOKED = False
 CLOSE_TIMEOUT_S = 60.0
 
 
 def _close_all() -> None:
-    for executor in list(_LIVE):
-        executor.close()
+    for sequencer in list(_LIVE):
+        sequencer.close()
 
 
 # guards a Work's completion against a concurrent first get_future(): the future is made
@@ -62,23 +62,23 @@ def _close_all() -> None:
 _COMPLETION = threading.Lock()
 
 
-class Work(dist._Work):
+class TorchWork(dist._Work):
     """One operation of a stratacl process group: torch's Work, completed with its Future.
 
     Cheap to make, since a blocking call makes one per call: its Future is made on the first
     ``get_future()`` (completed then if the operation already ran), and a wait for an operation
-    that has not run sleeps on its executor's condition, which every completion notifies."""
+    that has not run sleeps on its sequencer's condition, which every completion notifies."""
 
-    def __init__(self, operation: str, outputs: list, executor: Executor, p2p: bool = False):
+    def __init__(self, operation: str, outputs: list, sequencer: Sequencer, p2p: bool = False):
         super().__init__()
         self.operation = operation
         self._outputs = outputs
-        self._executor = executor
+        self._sequencer = sequencer
         self._p2p = p2p
         self._future: torch.futures.Future | None = None
         self._done = False
         self._error: BaseException | None = None
-        self._stand_in = None        # under a modeled clock, its place in modeled time (Executor.submit)
+        self._stand_in = None        # under a modeled clock, its place in modeled time (Sequencer.submit)
 
     def _run(self, fn: Callable[[], Any]) -> None:
         try:
@@ -92,7 +92,7 @@ class Work(dist._Work):
         self._complete(error)
 
     def _complete(self, error: BaseException | None) -> None:
-        # called inside Executor._execute, which then notifies the executor's waiters
+        # called inside Sequencer._execute, which then notifies the sequencer's waiters
         with _COMPLETION:
             self._error = error
             self._done = True
@@ -104,9 +104,9 @@ class Work(dist._Work):
         """Block until the operation has run; raise its error. Host-blocking, as gloo's."""
         if not self._done:
             if self._p2p:
-                self._executor.flush()
-            self._executor.help(self)
-            self._executor.wait_for(self)
+                self._sequencer.flush()
+            self._sequencer.help(self)
+            self._sequencer.wait_for(self)
         if self._error is not None:
             raise self._error
         if self._stand_in is not None:           # the program's modeled clock joins the operation
@@ -116,7 +116,7 @@ class Work(dist._Work):
 
     def is_completed(self) -> bool:
         if self._p2p and not self._done:
-            self._executor.flush()
+            self._sequencer.flush()
         return self._done
 
     def is_success(self) -> bool:
@@ -128,7 +128,7 @@ class Work(dist._Work):
     def get_future(self) -> torch.futures.Future:
         """Completes with the operation's output tensors (a list), or its error."""
         if self._p2p and not self._done:
-            self._executor.flush()
+            self._sequencer.flush()
         with _COMPLETION:
             future, made = self._future, False
             if future is None:
@@ -144,7 +144,7 @@ class Work(dist._Work):
 
     def __repr__(self) -> str:
         state = "failed" if self._error is not None else "completed" if self._done else "pending"
-        return f"stratacl.torch.Work({self.operation}, {state})"
+        return f"stratacl.torch.TorchWork({self.operation}, {state})"
 
 
 def _settle(future: torch.futures.Future, error: BaseException | None, outputs: list) -> None:
@@ -154,7 +154,7 @@ def _settle(future: torch.futures.Future, error: BaseException | None, outputs: 
         future.set_result(outputs)
 
 
-class Executor:
+class Sequencer:
     """One process group's operations, in program order: inline, on its worker thread, or
     batched (point-to-point); see the module docstring."""
 
@@ -174,7 +174,7 @@ class Executor:
         self._p2p_lock = threading.Lock()
         self._run_batch: Callable[[list], None] | None = None
 
-    def submit(self, work: Work, fn: Callable[[], Any], async_op: bool) -> Work:
+    def submit(self, work: TorchWork, fn: Callable[[], Any], async_op: bool) -> TorchWork:
         if self._p2p:
             self.flush()
         with self._lock:
@@ -207,9 +207,9 @@ class Executor:
                 return fn()
         return on_behalf
 
-    def now(self, operation: str, outputs: list, fn: Callable[..., Any], *args: Any) -> Work | None:
+    def now(self, operation: str, outputs: list, fn: Callable[..., Any], *args: Any) -> TorchWork | None:
         """A blocking operation run here and now, when nothing is queued, running or collected
-        (None otherwise: the caller goes through ``submit``): ``fn(*args)``, then its Work,
+        (None otherwise: the caller goes through ``submit``): ``fn(*args)``, then its TorchWork,
         completed. The common case of a training loop, with the least Python between the
         caller and the communicator: at N = 8 on two cores each microsecond of it costs about
         four of the call's wall time (docs/performance.md, "torch.distributed")."""
@@ -219,10 +219,10 @@ class Executor:
             if self._queue or self._busy:
                 return None
             self._busy = True
-        work = Work(operation, outputs, self)
+        work = TorchWork(operation, outputs, self)
         try:
             fn(*args)
-        except BaseException as e:      # nobody else sees the Work yet: no completion lock
+        except BaseException as e:      # nobody else sees the TorchWork yet: no completion lock
             work._error = backend_error(operation, e)
         finally:
             work._done = True
@@ -232,7 +232,7 @@ class Executor:
                     self._cond.notify_all()
         return work
 
-    def wait_for(self, work: Work) -> None:
+    def wait_for(self, work: TorchWork) -> None:
         """Sleep until ``work`` has completed (on the worker thread)."""
         with self._cond:
             while not work._done:
@@ -242,7 +242,7 @@ class Executor:
                 finally:
                     self._sleepers -= 1
 
-    def post_p2p(self, is_send: bool, array, peer: int, work: Work, run_batch: Callable[[list], None]) -> Work:
+    def post_p2p(self, is_send: bool, array, peer: int, work: TorchWork, run_batch: Callable[[list], None]) -> TorchWork:
         with self._p2p_lock:
             self._run_batch = run_batch
             self._p2p.append((is_send, array, peer, work))
@@ -261,7 +261,7 @@ class Executor:
                 self._start()
                 self._cond.notify_all()
 
-    def help(self, work: Work) -> None:
+    def help(self, work: TorchWork) -> None:
         """Run the queue's head in this thread while the worker is idle, up to ``work``."""
         while not work._done:
             with self._cond:
@@ -274,7 +274,7 @@ class Executor:
                 self._busy = True
             self._execute(item, fn)
 
-    def _execute(self, work: Work | list, fn: Callable[[], Any]) -> None:
+    def _execute(self, work: TorchWork | list, fn: Callable[[], Any]) -> None:
         try:
             if isinstance(work, list):
                 fn()                 # a point-to-point batch completes its own Works
@@ -300,7 +300,7 @@ class Executor:
         """Run what is queued, then end the worker thread and join it (a later operation starts
         another). Called when the group is shut down and at exit: a daemon thread still inside
         torch when the interpreter finalizes (completing a Future releases the GIL in C++, and
-        a waiter may already have seen the Work done) is ended by the interpreter mid-call, and
+        a waiter may already have seen the TorchWork done) is ended by the interpreter mid-call, and
         the process aborts ("terminate called without an active exception")."""
         with self._cond:
             thread = self._thread

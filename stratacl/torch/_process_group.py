@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 from . import _tensors
-from ._ordering import Executor, Work
+from ._ordering import Sequencer, TorchWork
 
 # torch's reduce ops the communicator's kernels do, by name (collectives/_reduce.py)
 _NATIVE_OPS = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.PRODUCT: "prod", dist.ReduceOp.MIN: "min",
@@ -63,14 +63,14 @@ class ProcessGroupStrataCL(dist.ProcessGroup):
     def __init__(self, comm, timeout=None):
         super().__init__(comm.rank, comm.size)
         self.comm = comm
-        self._executor = Executor(f"{comm.members[comm.rank]}-{len(comm.members)}", comm)
+        self._sequencer = Sequencer(f"{comm.members[comm.rank]}-{len(comm.members)}", comm)
 
     def getBackendName(self) -> str:
         return "stratacl"
 
     def shutdown(self) -> None:
         """``destroy_process_group``: the group's queued operations run, its thread ends."""
-        self._executor.close()
+        self._sequencer.close()
 
     # torch keeps a group's name and description in its C++ backends, which a Python process
     # group has none of; DeviceMesh and the functional collectives look groups up by name
@@ -92,9 +92,9 @@ class ProcessGroupStrataCL(dist.ProcessGroup):
         return f"ProcessGroupStrataCL(rank={self.comm.rank}, size={self.comm.size}, members={self.comm.members})"
 
     # --- plumbing ---------------------------------------------------------------------------
-    def _run(self, operation: str, outputs: list, fn, opts=None) -> Work:
+    def _run(self, operation: str, outputs: list, fn, opts=None) -> TorchWork:
         async_op = getattr(opts, "asyncOp", True) if opts is not None else True
-        return self._executor.submit(Work(operation, outputs, self._executor), fn, async_op)
+        return self._sequencer.submit(TorchWork(operation, outputs, self._sequencer), fn, async_op)
 
     @staticmethod
     def _single(tensors: list, operation: str) -> torch.Tensor:
@@ -178,7 +178,7 @@ class ProcessGroupStrataCL(dist.ProcessGroup):
         a = _tensors.checked(x, "allreduce")
         if not getattr(opts, "asyncOp", True):
             name = self._reduce_op(opts, x.dtype, "allreduce")
-            work = None if name is None else self._executor.now("allreduce", tensors, self.comm.all_reduce, a, name)
+            work = None if name is None else self._sequencer.now("allreduce", tensors, self.comm.all_reduce, a, name)
             if work is not None:
                 return work
         return self._run("allreduce", tensors, self._all_reduce_one(x, opts, "allreduce", a), opts)
@@ -211,7 +211,7 @@ class ProcessGroupStrataCL(dist.ProcessGroup):
             o = _tensors.checked(output, "all_gather_into_tensor", "output")
             a = _tensors.checked(input, "all_gather_into_tensor", "input")
             if output.dtype == input.dtype:
-                work = self._executor.now("all_gather_into_tensor", [output], self.comm.all_gather, o, a)
+                work = self._sequencer.now("all_gather_into_tensor", [output], self.comm.all_gather, o, a)
                 if work is not None:
                     return work
         fn = self._all_gather_one(output, input, "all_gather_into_tensor")
@@ -301,7 +301,7 @@ class ProcessGroupStrataCL(dist.ProcessGroup):
             a = _tensors.checked(input, "reduce_scatter_tensor", "input")
             if output.dtype == input.dtype:
                 name = self._reduce_op(opts, input.dtype, "reduce_scatter_tensor")
-                work = None if name is None else self._executor.now("reduce_scatter_tensor", [output],
+                work = None if name is None else self._sequencer.now("reduce_scatter_tensor", [output],
                                                                     self.comm.reduce_scatter, o, a, name)
                 if work is not None:
                     return work
@@ -347,7 +347,7 @@ class ProcessGroupStrataCL(dist.ProcessGroup):
             raise TypeError(f"stratacl {op}: output dtype {output.dtype} differs from input dtype {input.dtype}")
         if not output_split_sizes and not input_split_sizes:
             if not getattr(opts, "asyncOp", True):
-                work = self._executor.now(op, [output], self.comm.all_to_all, o, a)
+                work = self._sequencer.now(op, [output], self.comm.all_to_all, o, a)
                 if work is not None:
                     return work
             return self._run(op, [output], lambda: self.comm.all_to_all(o, a), opts)
@@ -445,13 +445,13 @@ class ProcessGroupStrataCL(dist.ProcessGroup):
         return t, _tensors.array(t), listed
 
     # --- point to point (batched: _ordering.py) -----------------------------------------------
-    def _p2p(self, operation: str, tensors, peer: int, is_send: bool) -> Work:
+    def _p2p(self, operation: str, tensors, peer: int, is_send: bool) -> TorchWork:
         x = self._single(tensors, operation)
         if not (0 <= peer < self.comm.size) or peer == self.comm.rank:
             raise ValueError(f"stratacl {operation}: peer {peer} is not another rank of this group "
                              f"(size {self.comm.size})")
-        work = Work(operation, tensors, self._executor, p2p=True)
-        return self._executor.post_p2p(is_send, _tensors.array(x), peer, work, self._run_p2p)
+        work = TorchWork(operation, tensors, self._sequencer, p2p=True)
+        return self._sequencer.post_p2p(is_send, _tensors.array(x), peer, work, self._run_p2p)
 
     def send(self, tensors, dstRank: int, tag: int = 0):
         _untagged("send", tag)

@@ -3,7 +3,7 @@
     model_call(model, op, algo, members, nbytes, clocks_in, extra_us)
         clocks = clocks_in + extra_us                    (e.g. jit mappings made in this call)
         plan   = the call's schedule (collectives._schedule), timed once by the fabric model
-                 (ub._fabric) and cached: per-member durations of every phase, flag latencies
+                 (ub._sharing) and cached: per-member durations of every phase, flag latencies
         for each step of the plan:
             Barrier   full mesh: every member stores its arrival flag into every other and
                       waits for all of them: t_i = max over j of (t_j + flag latency j -> i)
@@ -59,7 +59,7 @@ from ..collectives import _schedule as S
 from ..collectives._ep import split_kind
 from ..sdma import _offload as sdma_model
 from . import _cores
-from ._fabric import Fabric
+from ._sharing import BandwidthSharing
 from ._registration_cost import ub_registration_us
 from ._topology import UNIT_US, Topology, load
 
@@ -82,7 +82,7 @@ class FabricModel:
         if completion not in sdma_model.COMPLETIONS:
             raise ValueError(f"completion must be one of {', '.join(sdma_model.COMPLETIONS)}, got {completion!r}")
         self.topology = load(topology) if isinstance(topology, str) else topology
-        self.fabric = Fabric(self.topology)
+        self.fabric = BandwidthSharing(self.topology)
         self.registration = registration
         self.staged_buffer = staged_buffer
         self.eager_bytes = int(eager_bytes)  # the modeled runtime's eager threshold (its policy, given)
@@ -432,10 +432,10 @@ class FlagMesh:
     barrier is a max over blocks: O(N) a level instead of the N x N latency matrix, which every
     member would otherwise build and reduce on every synchronising call (O(N^3) a job)."""
     blocks: np.ndarray         # (levels + 1, members) int64: block index at each level; last row: all 0 (beyond)
-    latency: np.ndarray        # (levels + 1,) flag latency from a member of that level's block (Fabric.flag_us)
+    latency: np.ndarray        # (levels + 1,) flag latency from a member of that level's block (BandwidthSharing.flag_us)
 
     @classmethod
-    def of(cls, f: Fabric, m: np.ndarray) -> "FlagMesh":
+    def of(cls, f: BandwidthSharing, m: np.ndarray) -> "FlagMesh":
         rows = [np.unique(m // span, return_inverse=True)[1].reshape(-1) for span in f.spans]
         rows.append(np.zeros(m.size, dtype=np.int64))
         lat = np.append(f.latency[f.level_tier], f.latency[f.beyond]) + f.flag_extra
@@ -492,7 +492,7 @@ class RingRuns:
         return ends[self.index]
 
 
-def run_plan(plan: list, clocks: np.ndarray) -> np.ndarray:
+def advance(plan: list, clocks: np.ndarray) -> np.ndarray:
     """Every member's clock after a timed plan (``FabricModel.plan``, ``plan_exchange``) that
     they entered at ``clocks``."""
     t = clocks
@@ -539,7 +539,7 @@ def model_call(model: FabricModel, op: str, algo: str, members, nbytes: int, clo
         clocks = clocks + np.asarray(extra_us, dtype=np.float64)
     if algo == "auto":
         algo = choose_algo(model, op, members, nbytes, root, itemsize)
-    return run_plan(model.plan(op, algo, members, int(nbytes), root, itemsize), clocks)
+    return advance(model.plan(op, algo, members, int(nbytes), root, itemsize), clocks)
 
 
 def model_exchange(model: FabricModel, members, phases: list[tuple[np.ndarray, int]], clocks_in,
@@ -552,7 +552,7 @@ def model_exchange(model: FabricModel, members, phases: list[tuple[np.ndarray, i
     clocks = np.array(clocks_in, dtype=np.float64).reshape(-1)
     if extra_us is not None:
         clocks = clocks + np.asarray(extra_us, dtype=np.float64)
-    return run_plan(model.plan_exchange(members, phases, staging), clocks)
+    return advance(model.plan_exchange(members, phases, staging), clocks)
 
 
 def model_send_recv(model: FabricModel, sender: int, receiver: int, nbytes: int, t_send: float,
@@ -581,7 +581,7 @@ def choose_algo(model: FabricModel, op: str, members, nbytes: int, root: int = 0
     got = model._auto.get(key)
     if got is None:
         zero = np.zeros(len(members))
-        t = {a: run_plan(model.plan(op, a, members, int(nbytes), root, itemsize), zero).max() for a in S.ALGOS}
+        t = {a: advance(model.plan(op, a, members, int(nbytes), root, itemsize), zero).max() for a in S.ALGOS}
         got = "ring" if t["ring"] < t["mesh"] else "mesh"
         if len(model._auto) >= _CACHE_LIMIT:
             model._auto.clear()

@@ -2,7 +2,7 @@
 
     units of the phase (collectives._partition.cut) + a policy (core, slot of every unit)
     + the reader's fabric share S (bytes/us: what the fabric model gives this rank's transfers
-      of the phase together, ub._fabric) + one core's issue rate r (topology ``cores.issue_gbps``)
+      of the phase together, ub._sharing) + one core's issue rate r (topology ``cores.issue_gbps``)
         |
         v   event simulation: every active core runs its task list in order; a unit of tier t
             costs alpha_t (its access latency, paid first) + s / b(t), where
@@ -15,7 +15,7 @@
         v
     CoreRun: start and end of every unit, end and busy time of every core
 
-Why this combination. The fabric model (``_fabric.py``) says how much bandwidth this rank's
+Why this combination. The fabric model (``_sharing.py``) says how much bandwidth this rank's
 transfers get against everybody else's (ports, uplinks, fan-in); the cores decide how much of it
 is used: a core cannot issue faster than r, so with few cores, or when cores of a naive policy
 sit idle while others still have work, the rank gets less than its share. With cores enough

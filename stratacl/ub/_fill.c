@@ -1,5 +1,5 @@
 /*
- * Max-min fair rates by progressive filling (ub/_fabric.py, ``Fabric._fill``): the fabric
+ * Max-min fair rates by progressive filling (ub/_sharing.py, ``BandwidthSharing._fill``): the fabric
  * model's inner loop, called once per transfer that finishes in a phase.
  *
  *   fill(res, w, cap, tier_cap, active, x)
@@ -220,7 +220,7 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fill", "Progressive filling (ub/_fabric.py).", -1,
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fill", "Progressive filling (ub/_sharing.py).", -1,
                                     methods};
 
 PyMODINIT_FUNC PyInit__fill(void) { return PyModule_Create(&module); }

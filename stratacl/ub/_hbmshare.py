@@ -28,7 +28,7 @@ import numpy as np
 def use(plan: list, clocks, me: int) -> tuple[np.ndarray, np.ndarray]:
     """Member ``me``'s HBM traffic while it runs ``plan`` entered at ``clocks`` (one per member):
     (times, bytes/us from each time on), a step function like ub._compute.occupied's."""
-    from ._clock import run_plan
+    from ._clock import advance
     t = np.asarray(clocks, dtype=np.float64).copy()
     begin, end, nbytes = [], [], []
     for step in plan:
@@ -37,17 +37,17 @@ def use(plan: list, clocks, me: int) -> tuple[np.ndarray, np.ndarray]:
             dur, lat, hbm = step[1], step[2], step[4]
             st, fin = t, t + dur[0]
             for s in range(dur.shape[0]):
-                if s > 0:          # as run_plan: after its own step and i-1's, one flag latency later
+                if s > 0:          # as advance: after its own step and i-1's, one flag latency later
                     st = np.maximum(fin, np.roll(fin, 1)) + lat
                     fin = st + dur[s]
                 begin.append(st[me]), end.append(fin[me]), nbytes.append(hbm[s, me])
             t = fin
             continue
-        t_next = run_plan([step], t)
+        t_next = advance([step], t)
         if kind == "add":
             begin.append(t[me]), end.append(t[me] + step[1][me]), nbytes.append(step[3][me])
         elif kind == "shift":
-            start = max(t[me], np.roll(t, 1)[me]) + step[2][me]     # after i-1's send flag (run_plan)
+            start = max(t[me], np.roll(t, 1)[me]) + step[2][me]     # after i-1's send flag (advance)
             begin.append(start), end.append(start + step[1][me]), nbytes.append(step[5][me])
         t = t_next
     return steps(np.array(begin), np.array(end), np.array(nbytes, dtype=np.float64))

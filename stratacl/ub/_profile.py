@@ -160,7 +160,7 @@ def profile_call(model, op: str, algo: str, members, nbytes: int, root: int = 0,
 
 def profile_plan(model, plan: list, members, clocks_in=None, ranks=None) -> list[Profiler]:
     """``profile_call`` for any timed plan of ``model`` (``FabricModel.plan``, ``plan_exchange``)."""
-    from ._clock import run_plan
+    from ._clock import advance
     members = tuple(int(r) for r in np.asarray(members).reshape(-1))
     n = len(members)
     t = np.zeros(n) if clocks_in is None else np.asarray(clocks_in, dtype=np.float64).copy()
@@ -187,7 +187,7 @@ def profile_plan(model, plan: list, members, clocks_in=None, ranks=None) -> list
                         _record_run(profs[i], run[0], st[i])
             t = end
             continue
-        t_next = run_plan([step], t)
+        t_next = advance([step], t)
         for i in want:
             if kind == "add":
                 if step[2][i] is not None:

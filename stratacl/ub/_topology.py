@@ -4,7 +4,7 @@ A topology is a list of nested levels (innermost first) and a tier per level. Tw
 over the tier of the innermost level they share. ``cm384`` is CloudMatrix384 as the StrataCL
 paper describes it (2 dies per NPU, 8 NPUs per node, 4 nodes per rack, 12 racks; Table 1 gives
 die-to-die 0.2 us / 210 GB/s, intra-node 0.7 us / 170 GB/s, inter-node 2.1 us / 150 GB/s).
-Rank r is die r, packed in that order. The fabric model (``_fabric.py``) reads the capacities
+Rank r is die r, packed in that order. The fabric model (``_sharing.py``) reads the capacities
 below; every value of ``cm384`` carries its source next to it.
 
 A file (JSON) describes other machines::
@@ -35,7 +35,7 @@ Optional fields, all with defaults that add no constraint:
                                                  null: each tier's bandwidth is the port's rate
                                                  for that tier's traffic
     port.fan_in_efficiency              1.0      fraction of a port's rate left when it carries
-                                                 many concurrent flows (see _fabric.py); 1: none lost
+                                                 many concurrent flows (see _sharing.py); 1: none lost
     host                                null     tier a rank reaches its host memory (CPU DRAM) over;
                                                  null: the machine has no host tier, host_rows
                                                  refuses. Its transfers cross the rank's own port

@@ -25,7 +25,7 @@ import os
 import numpy as np
 
 from .._errors import ReplayError
-from ._clock import FabricModel, run_plan
+from ._clock import FabricModel, advance
 from ._compute import ComputeJob, kernel_end
 from ._topology import load as load_topology
 
@@ -161,7 +161,7 @@ class _Replayer:
         clocks = np.array([c.entering[m] for m in c.members], dtype=np.float64)
         if rec.get("extra") is not None:
             clocks = clocks + np.asarray(rec["extra"], dtype=np.float64)
-        c.ends = run_plan(plan, clocks)
+        c.ends = advance(plan, clocks)
         c.occupancy = (model, plan, list(c.members), clocks)
         for i, m in enumerate(c.members):
             rm = self.ranks[m]

@@ -57,7 +57,7 @@ _GBPS = 1e3          # 1 GB/s in bytes per microsecond
 _SAME = 1e-9         # relative tolerance: transfers finishing this close together finish together
 
 
-class Fabric:
+class BandwidthSharing:
     """A topology turned into arrays the cost model indexes by global rank."""
 
     def __init__(self, topology: Topology):

@@ -22,7 +22,7 @@ from stratacl.collectives import _schedule as S
 from stratacl.runtime._buffers import EAGER_BYTES
 from stratacl.ub import _topology
 from stratacl.ub._clock import FabricModel, choose_algo, model_call, model_exchange, model_send_recv
-from stratacl.ub._fabric import HOST_LOAD, HOST_STORE, LOAD, LOCAL_COPY, Fabric
+from stratacl.ub._sharing import HOST_LOAD, HOST_STORE, LOAD, LOCAL_COPY, BandwidthSharing
 
 KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
 GB = 1e3                      # bytes per microsecond in one GB/s
@@ -99,27 +99,27 @@ def test_malformed_level_and_tier_fields_name_the_field():
 
 # --- contention ---------------------------------------------------------------------------------
 def test_two_readers_of_one_owner_each_get_half_its_port():
-    f = Fabric(_topo())
+    f = BandwidthSharing(_topo())
     m = 10 * MIB
     done = f.phase([0, 1], [1, 0], m, LOAD)          # one flow each way: no sharing
     assert done == pytest.approx([1.0 + m / (100 * GB)] * 2)
     done = f.phase([0, 2], [1, 1], m, LOAD)           # rank 1 serves 0 (near) and 2 (far)
     # no port.gbps: the owner's port time is shared, r/100 + r/50 = 1, so both run at 100/3 GB/s
     assert done == pytest.approx([1.0 + m / (100 / 3 * GB), 3.0 + m / (100 / 3 * GB)])
-    f2 = Fabric(_topology.load("flat"))
+    f2 = BandwidthSharing(_topology.load("flat"))
     done = f2.phase([1, 2], [0, 0], m, LOAD)          # flat: port = 170 GB/s, shared by two
     assert done == pytest.approx([0.7 + m / (85 * GB)] * 2)
 
 
 def test_one_reader_from_many_peers_is_bound_by_its_port():
-    f = Fabric(_topology.load("flat"))
+    f = BandwidthSharing(_topology.load("flat"))
     m = 4 * MIB
     done = f.phase([0] * 4, [1, 2, 3, 4], m, LOAD)
     assert done == pytest.approx([0.7 + 4 * m / (170 * GB)] * 4)
 
 
 def test_fan_in_efficiency_and_dedicated_links_on_cm384():
-    f = Fabric(_topology.load("cm384"))
+    f = BandwidthSharing(_topology.load("cm384"))
     e = f.fan_in
     m = 8 * MIB
     # die 0 pulls from its sibling (SIO, not the port) and from one intra-node peer
@@ -134,7 +134,7 @@ def test_fan_in_efficiency_and_dedicated_links_on_cm384():
 def test_uplinks_are_shared_by_the_flows_crossing_them():
     t = _topo(levels=[{"name": "rank", "size": 1, "tier": "local"},
                       {"name": "node", "size": 2, "tier": "near", "uplink_gbps": 60}])
-    f = Fabric(t)
+    f = BandwidthSharing(t)
     m = MIB
     # ranks 2 and 3 (node 1) both pull from node 0: node 0's uplink (60) is the bottleneck
     done = f.phase([2, 3], [0, 1], m, LOAD)
@@ -142,7 +142,7 @@ def test_uplinks_are_shared_by_the_flows_crossing_them():
 
 
 def test_capacity_freed_by_a_finished_transfer_goes_to_the_rest():
-    f = Fabric(_topology.load("flat"))
+    f = BandwidthSharing(_topology.load("flat"))
     m = MIB
     done = f.phase([0, 0], [1, 2], [m, 2 * m], LOAD)
     # both at 85 until the first finishes at m/85; the second then runs alone at 170
@@ -150,7 +150,7 @@ def test_capacity_freed_by_a_finished_transfer_goes_to_the_rest():
 
 
 def test_local_copies_move_at_half_the_hbm_bandwidth_and_zero_bytes_cost_nothing():
-    f = Fabric(_topology.load("cm384"))
+    f = BandwidthSharing(_topology.load("cm384"))
     done = f.phase([3, 5], [3, 5], [16 * MIB, 0], LOCAL_COPY)
     assert done == pytest.approx([16 * MIB / (800 * GB), 0.0])
 
@@ -158,7 +158,7 @@ def test_local_copies_move_at_half_the_hbm_bandwidth_and_zero_bytes_cost_nothing
 def test_a_32_rank_full_mesh_phase_models_every_transfer():
     # its cost to evaluate (about 1 ms) is measured by benchmarks/model_cost.py
     topo = _topology.load("cm384")
-    f = Fabric(topo)
+    f = BandwidthSharing(topo)
     r, o = np.meshgrid(np.arange(32), np.arange(32), indexing="ij")
     off = r != o
     done = np.asarray(f.phase(r[off], o[off], GIB, LOAD))
@@ -191,7 +191,7 @@ def _fill_reference(res, w, cap, tier_cap, active) -> np.ndarray:
 @pytest.mark.parametrize("seed", range(6))
 def test_the_native_fill_gives_the_reference_rates(seed):
     rng = np.random.default_rng(seed)
-    f = Fabric(_topology.load("cm384"))
+    f = BandwidthSharing(_topology.load("cm384"))
     n = int(rng.choice([8, 40, 96]))
     flows = int(rng.integers(1, 3 * n))
     reader, owner = rng.integers(0, n, flows), rng.integers(0, n, flows)
@@ -200,7 +200,7 @@ def test_the_native_fill_gives_the_reference_rates(seed):
     res, w, cap0, is_port, tier_cap, _ = f._route(reader, owner, kind)
     active = nbytes > 0
     cap = f._port_capacity(res, w, active, cap0, is_port)
-    got = Fabric._fill(res, w, cap, tier_cap, active)
+    got = BandwidthSharing._fill(res, w, cap, tier_cap, active)
     ref = _fill_reference(res, w, cap, tier_cap, active)
     np.testing.assert_allclose(got, ref, rtol=1e-13)
     assert (got > 0).sum() == active.sum()
@@ -531,13 +531,13 @@ def test_the_host_tier_is_optional_and_named_by_field_host():
     with pytest.raises(stratacl.ConfigError, match="field 'host' must be str"):
         _topo(host=3)
     with pytest.raises(stratacl.ConfigError, match="no 'host' tier"):
-        Fabric(_topo()).phase([0], [0], MIB, HOST_LOAD)
+        BandwidthSharing(_topo()).phase([0], [0], MIB, HOST_LOAD)
 
 
 def test_host_transfers_cost_the_host_tier_and_share_the_readers_port():
     tiers = {"local": {"latency_us": 0.0, "bandwidth_gbps": 1000}, "near": {"latency_us": 1.0, "bandwidth_gbps": 100},
              "far": {"latency_us": 3.0, "bandwidth_gbps": 50}, "dram": {"latency_us": 2.0, "bandwidth_gbps": 40}}
-    f = Fabric(_topo(tiers=tiers, host="dram", port={"gbps": 60}))
+    f = BandwidthSharing(_topo(tiers=tiers, host="dram", port={"gbps": 60}))
     m = MIB
     # alone: alpha + bytes at the tier's 40 GB/s; a load and a store of one rank run side by side
     assert f.phase([1], [1], m, HOST_LOAD) == pytest.approx([2.0 + m / (40 * GB)])
