@@ -81,17 +81,19 @@ def report(statuses: dict[str, str]) -> dict:
     total = sum(r["total"] for r in rows.values())
     killed = sum(r["killed"] for r in rows.values())
     return {"modules": rows, "total": total, "killed": killed,
-            "score": killed / total if total else 0.0}
+            "score": killed / total if total else None}
 
 
 def show(result: dict, survivors: bool) -> None:
     print(f"{'module':32} {'mutants':>8} {'killed':>7} {'(timeout)':>9} {'survived':>9} {'score':>7}")
     for module, r in result["modules"].items():
-        score = r["killed"] / r["total"] if r["total"] else 0.0
-        print(f"{module:32} {r['total']:8d} {r['killed']:7d} {r['timeout']:9d} {len(r['survived']):9d} {score:7.1%}")
+        # a module none of whose mutants ran (a run over a selection) has no score, not 0%
+        score = f"{r['killed'] / r['total']:7.1%}" if r["total"] else f"{'-':>7}"
+        print(f"{module:32} {r['total']:8d} {r['killed']:7d} {r['timeout']:9d} {len(r['survived']):9d} {score}")
     t, k = result["total"], result["killed"]
     to = sum(r["timeout"] for r in result["modules"].values())
-    print(f"{'overall':32} {t:8d} {k:7d} {to:9d} {t - k:9d} {result['score']:7.1%}")
+    overall = f"{result['score']:7.1%}" if t else f"{'-':>7}"
+    print(f"{'overall':32} {t:8d} {k:7d} {to:9d} {t - k:9d} {overall}")
     if survivors:
         for module, r in result["modules"].items():
             for s in r["survived"]:
