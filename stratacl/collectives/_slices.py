@@ -170,6 +170,13 @@ def gather(me: int, n: int, nbytes: int, root: int) -> list[Slices]:
     return [make(me, p, IN, 0, OUT, p * nbytes, nbytes, LOAD)]
 
 
+def reduce(me: int, n: int, nbytes: int, root: int) -> list[Slices]:
+    """At ``root``: out = the reduction of every member's x, in rank order (as all_reduce's).
+    The other members pull nothing."""
+    p = np.arange(n) if me == root else np.zeros(0, dtype=np.int64)
+    return [make(me, p, IN, 0, OUT, 0, nbytes, LOAD_ACC)]
+
+
 def scatter(me: int, n: int, nbytes: int, root: int) -> list[Slices]:
     """out = block ``me`` of the root's x (M = ``nbytes`` per member)."""
     return [make(me, root, IN, me * nbytes, OUT, 0, nbytes, LOAD)]

@@ -400,7 +400,14 @@ class ProcessGroupStrataCL(dist.ProcessGroup):
     def reduce(self, tensors, opts=None):
         opts = opts if opts is not None else dist.ReduceOptions()
         x = self._single(tensors, "reduce")
-        target = x if self.comm.rank == opts.rootRank else torch.empty_like(x)
+        root = opts.rootRank
+        name = self._reduce_op(opts, x.dtype, "reduce")
+        if name is not None:        # the rooted reduce: only the root loads its peers' tensors
+            a = _tensors.array(x)
+            return self._run("reduce", tensors, lambda: self.comm.reduce(a if self.comm.rank == root else None, a,
+                                                                         name, root), opts)
+        # an op the library folds in torch (_all_reduce_folded): every rank reduces, the root keeps it
+        target = x if self.comm.rank == root else torch.empty_like(x)
         fn = self._all_reduce_one(target, opts, "reduce")
         if target is x:
             return self._run("reduce", tensors, fn, opts)
