@@ -371,13 +371,10 @@ def run_mpi(n: int, cells: list[dict], a) -> list[list[dict]] | str:
         with open(spec, "w") as f:
             json.dump({"cells": cells, "ops": a.ops, "warmup": a.warmup, "iters": a.iters, "seed": a.seed}, f)
         root = ("--allow-run-as-root",) if os.geteuid() == 0 else ()
-        cmd = [_peers.mpirun(), *root, *_peers.MPIRUN_FLAGS, "-np", str(n),
-               sys.executable, os.path.abspath(__file__), "--mpi-rank", spec, out]
-        before = _peers._shm_names()
-        try:
+        with _peers.sm_backing_directory() as sm:
+            cmd = [_peers.mpirun(), *root, *_peers.MPIRUN_FLAGS, *sm, "-np", str(n),
+                   sys.executable, os.path.abspath(__file__), "--mpi-rank", spec, out]
             o = _peers._run("mpi", [cmd], a.timeout)
-        finally:
-            _peers._remove_new_vader_segments(before)
         if o.timed_out:
             return f"mpi timed out after {o.seconds:.0f} s; last output: {_peers._last(o.tail)}"
         if o.first_failure is not None or not os.path.exists(out):

@@ -9,6 +9,14 @@ import time
 import zlib
 
 import numpy as np
+import pytest
+
+def ranks(*ns: int, slow_from: int = 32) -> list:
+    """Rank counts for ``@pytest.mark.parametrize("n", ranks(...))``: those of ``slow_from`` ranks
+    and more carry the ``slow`` mark, so the fast tier (``pytest -m "not slow"``, docs/testing.md)
+    keeps the small jobs of every test and the suite keeps them all."""
+    return [pytest.param(n, marks=pytest.mark.slow) if n >= slow_from else n for n in ns]
+
 
 DTYPES = [np.bool_, np.uint8, np.int8, np.int16, np.int32, np.int64, np.float16, np.float32, np.float64,
           np.uint16, np.uint32, np.uint64]

@@ -19,6 +19,7 @@ from stratacl.runtime._buffers import EAGER_BYTES
 from stratacl.ub._clock import FabricModel, model_call
 from stratacl.ub._compute import ComputeJob, overlap
 from stratacl.ub._profile import Profiler, profile_call, write_chrome_trace
+from helpers import ranks
 
 MIB = 1 << 20
 
@@ -37,7 +38,7 @@ def _coverage(maps, out_bytes, buf):
     return cov
 
 
-@pytest.mark.parametrize("n", [1, 2, 3, 8, 32])
+@pytest.mark.parametrize("n", ranks(1, 2, 3, 8, 32))
 def test_slice_maps_cover_every_output_byte_once(n):
     M = 4 * 13
     for me in range(n):

@@ -69,6 +69,7 @@ def test_bench_rows_follow_nccl_tests(op, tmp_path):
 TORCH_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("op", TORCH_OPS)
 def test_bench_api_torch_rows_and_the_numpy_twin(op, tmp_path):
@@ -213,6 +214,7 @@ def _installed(peer: str):
     return pytest.mark.skipif(why is not None, reason=why or "")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("peer", [pytest.param(p, marks=_installed(p)) for p in _peers.PEERS])
 def test_peer_runs_the_same_sweep(peer):
     rows = _peers.run_peer(peer, 3, Spec("all_gather", [4096, 16384], warmup=1, iters=2), timeout=120)
@@ -221,6 +223,7 @@ def test_peer_runs_the_same_sweep(peer):
     assert all(set(r) == KEYS for r in rows)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("peer", [pytest.param(p, marks=_installed(p)) for p in _peers.PEERS])
 def test_peer_failure_and_timeout_are_messages(peer):
     bad_root = _peers.run_peer(peer, 2, Spec("broadcast", [4096], root=5), timeout=120)

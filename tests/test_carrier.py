@@ -14,7 +14,7 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 MPIRUN = shutil.which("mpirun", path=os.path.dirname(sys.executable))
 
-pytestmark = [pytest.mark.timeout(120),
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120),      # jobs over emulated hosts: the jobs tier
               pytest.mark.skipif(MPIRUN is None, reason="no mpirun beside this Python: pip install -e '.[cluster]'")]
 
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import stratacl
-from helpers import DTYPES, place, rank_data
+from helpers import DTYPES, place, rank_data, ranks
 
 REDUCE = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum, "avg": np.add}
 SIZES = {1: [0, 1, 7, 1000, 65537, 300001], 2: [0, 1, 7, 1000, 65537, 300001],
@@ -144,7 +144,7 @@ def _expected_cases(n: int, sizes: list[int], dtypes=None) -> int:
     return total
 
 
-@pytest.mark.parametrize("n", [1, 2, 3, 8, 32])
+@pytest.mark.parametrize("n", ranks(1, 2, 3, 8, 32, slow_from=8))
 def test_every_operator_dtype_and_size(n):
     results = stratacl.spawn(matrix, n, args=(SIZES[n],), hbm_size="1G", timeout=120)
     assert len(results) == n
@@ -160,6 +160,7 @@ def test_every_operator_dtype_and_size(n):
     dict(path="sdma"), dict(path="sdma", partition="naive", clock="virtual"), dict(partition="naive", clock="virtual"),
     dict(path="sdma", algo="ring")],
     ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()))
+@pytest.mark.slow
 @pytest.mark.parametrize("n", [3, 8])
 def test_matrix_under_every_mode_clock_and_algorithm(n, settings):
     sizes = [0, 7, 1000, 65537]
@@ -259,6 +260,7 @@ def overlapping(comm, block: int):
     return bad
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("settings", [{}, dict(algo="ring"), dict(path="sdma")],
                          ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()) or "default")
 @pytest.mark.parametrize("n", [1, 2, 3, 8])

@@ -57,6 +57,7 @@ def _record(tmp_path, fn, n, *args, **settings):
     return ub.load_traces(str(out)), clocks
 
 
+@pytest.mark.slow
 def test_traces_fitted_at_three_hidden_sizes_match_a_real_run_at_a_larger_one(tmp_path):
     recs = [_record(tmp_path, layer, 3, h)[0] for h in (64, 128, 256)]
     real, _ = _record(tmp_path, layer, 3, 512)
@@ -103,6 +104,7 @@ def gathers(comm, h: int) -> float:
     return comm.clock() * 1e6
 
 
+@pytest.mark.slow
 def test_an_algorithm_chosen_by_auto_is_chosen_again_at_the_target(tmp_path):
     recs = [_record(tmp_path, gathers, 3, h, algo="auto")[0] for h in (64, 128, 256)]
     real, _ = _record(tmp_path, gathers, 3, 1024, algo="auto")
@@ -164,6 +166,7 @@ def maps_at_some_widths(comm, h: int) -> None:
     comm.all_reduce(x if h <= 64 else y)
 
 
+@pytest.mark.slow
 def test_what_does_not_extrapolate_in_a_dimension_says_why(tmp_path):
     a, b = (_record(tmp_path, grows_a_call, 2, h)[0] for h in (64, 128))
     with pytest.raises(ub.ReplayError, match=r"extrapolate_dimension: rank 0 at x=64 made other events than rank 0 "
@@ -195,6 +198,7 @@ def test_what_does_not_extrapolate_in_a_dimension_says_why(tmp_path):
         ub.extrapolate_dimension([e, f, g], [32, 64, 128], 512)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_the_training_example_extrapolates_in_its_hidden_size(tmp_path):
     """examples/train_step.py (TP, FSDP, EP, its kernels through ``charge_kernel``) recorded at

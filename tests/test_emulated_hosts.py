@@ -23,7 +23,7 @@ from launch_helpers import (assert_all_gone, clean_env, launch, launcher_command
                             script, torchrun_nodes)
 
 MPIRUN = shutil.which("mpirun", path=os.path.dirname(sys.executable))
-pytestmark = [pytest.mark.timeout(240),
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240),      # jobs over emulated hosts: the jobs tier
               pytest.mark.skipif(MPIRUN is None, reason="no mpirun beside this Python: pip install -e '.[cluster]'")]
 
 N, K = 8, 2

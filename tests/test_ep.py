@@ -190,6 +190,7 @@ def test_dispatch_and_combine_exact_bytes(n):
     assert stratacl.spawn(_each, n, args=(cases,), timeout=120) == [[] for _ in range(n)]
 
 
+@pytest.mark.slow
 def test_dispatch_and_combine_exact_bytes_at_32():
     n = 32
     cases = [_case(n, tokens=(0, 1, 5), topk=4, seed=6),
@@ -388,6 +389,7 @@ def test_virtual_clock_times_low_latency_calls_row_by_row_as_the_estimate_does(r
         assert len(st_d) == 4 and np.all(model_exchange(model, range(n), dispatch, t0, None, st_d[:2]) - t0 < t1 - t0)
 
 
+@pytest.mark.slow
 def test_low_latency_rows_pay_their_latency_and_setup_high_throughput_streams_do_not():
     """The mechanism behind Table 2's HT/LL columns: the same bytes cost more as rows, each its
     own transfer (latency + cores.transfer_us each) than as a bulk stream, and more still with

@@ -16,6 +16,8 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 sys.path.insert(0, str(EXAMPLES.parent / "benchmarks"))
 import e2e  # noqa: E402  (benchmarks/e2e.py: serving_metrics)
 
+pytestmark = pytest.mark.slow      # the example programs as jobs: the jobs tier (docs/testing.md)
+
 
 @pytest.mark.parametrize("n, clock, source", [(4, "virtual", "virtual clock"), (3, "off", "estimate")])
 def test_allreduce_example_prints_the_job_and_both_calls(n, clock, source):

@@ -7,6 +7,7 @@ import pytest
 
 import stratacl
 from stratacl import ub
+from helpers import ranks
 
 KiB, MiB = 1024, 1024 * 1024
 CHUNK = 64 * KiB                 # small chunks: blocks straddle several without using much memory
@@ -72,7 +73,7 @@ def fresh_chunks(comm, registration: str):
     return ok, views, bool(straddles), bool(shares_old_chunk), new_chunks, staged
 
 
-@pytest.mark.parametrize("n", [1, 2, 3, 8])
+@pytest.mark.parametrize("n", ranks(1, 2, 3, 8, slow_from=8))
 @pytest.mark.parametrize("registration", ["roa", "jit"])
 def test_blocks_in_freshly_mapped_chunks_are_zero_copy_and_exact(n, registration):
     for rank, (ok, views, straddles, shares, new_chunks, staged) in enumerate(stratacl.spawn(
@@ -168,6 +169,7 @@ def churn(comm, iters: int, seed: int):
                                       dict(registration="pool", hbm_size="256M"), dict(metadata_path="relay"),
                                       dict(registration="roa", chunk_size="2M")],
                          ids=["roa", "jit", "pool", "relay", "roa-2M"])
+@pytest.mark.slow
 def test_grow_shrink_empty_cache_under_traffic_never_reads_a_stale_byte(settings):
     kwargs = dict(hbm_size="64M", chunk_size=CHUNK)
     kwargs.update(settings)

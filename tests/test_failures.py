@@ -264,6 +264,7 @@ def test_spawn_rank_sigkilled_gives_rank_failure(tmp_path):
 
 # --- after the first failure: grace, then SIGTERM, then SIGKILL ----------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode, ender", [("plain", "SIGTERM"), ("ignore-term", "SIGKILL")])
 def test_ranks_outside_collectives_are_ended_after_the_grace_period(mode, ender):
     n, grace = 3, 1.0
@@ -306,6 +307,7 @@ def _start_blocking_job(n: int, tmp_path: Path, own_group: bool = False, grace: 
     return proc, pids, jobs.pop(), err
 
 
+@pytest.mark.slow
 def test_launcher_sigkilled_takes_ranks_and_daemon_with_it(tmp_path):
     import psutil
     n = 8
@@ -371,6 +373,7 @@ def test_launcher_signal_orderly_shutdown(tmp_path, sig, code, to_group):
 
 # --- 5. --deadline --------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_deadline_ends_a_hung_job_with_124():
     n, stuck, deadline = 4, 1, 4
     run = launch("-n", str(n), "--timeout", "600", "--deadline", str(deadline), script("hang_barrier.py"),
@@ -414,6 +417,7 @@ def _wait_forever_on_rank(comm, who: int):
     comm.barrier()
 
 
+@pytest.mark.slow
 def test_spawn_deadline_raises_rank_failure_naming_no_rank():
     t0 = time.monotonic()
     with pytest.raises(stratacl.RankFailure) as info:
@@ -553,6 +557,7 @@ def test_cli_rank_sys_exit_code_is_the_launchers():
                              block, re.M), block
 
 
+@pytest.mark.slow
 def test_cli_rank_exiting_0_without_finalize_is_the_root_cause():
     """os._exit(0) after init() is no clean finish: the peers raise naming it, the launcher makes it
     the root cause and exits 1."""

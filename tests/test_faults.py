@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow      # the fault matrix: the jobs tier (docs/testing.md)
+
 FAULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "faults.py"
 CELLS = "raise:all_gather,kill:dispatch,hang:barrier,daemon:all_reduce,launcher:split,kill:registration"
 DEATH_TIMEOUT = 20.0        # faults.py's --timeout for a death cell (DEFAULT_TIMEOUT): a death must not need it

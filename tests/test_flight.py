@@ -40,6 +40,7 @@ def test_a_rank_in_a_different_collective_is_named():
             "where rank(s) [0, 1, 3] entered all_reduce") in block, block
 
 
+@pytest.mark.slow
 def test_a_rank_that_never_arrived_is_named_with_what_it_did_last():
     block = _flight_block("absent")
     for r in (0, 2, 3):
@@ -52,6 +53,7 @@ def test_a_rank_that_never_arrived_is_named_with_what_it_did_last():
                      r"its newest call is split #\d+ on this communicator", block, re.M), block
 
 
+@pytest.mark.slow
 def test_a_rank_waiting_on_another_communicator_is_named_there():
     block = _flight_block("elsewhere")
     assert re.search(r"^  rank 1: barrier \(call #1 on a communicator of 2 \[1, 3\], 0 elements\): entered ",
@@ -63,6 +65,7 @@ def test_a_rank_waiting_on_another_communicator_is_named_there():
                      r"its newest call is all_gather #\d+ on another communicator, entered$", block, re.M), block
 
 
+@pytest.mark.slow
 def test_a_rank_waiting_on_its_peer_in_a_recv_is_named_with_what_the_peer_does():
     block = _flight_block("p2p")
     assert re.search(r"^  rank 0: recv from rank 3 #1 \(1024 elements\): entered ", block, re.M), block

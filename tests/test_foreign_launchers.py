@@ -26,7 +26,8 @@ import stratacl
 from launch_helpers import read_lines_until, tagged, torchrun_nodes, own_shm_names
 from stratacl.runtime import _foreign
 
-pytestmark = pytest.mark.timeout(240)
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]      # torchrun and mpirun jobs: the jobs tier
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPTS = os.path.join(HERE, "scripts")

@@ -757,6 +757,7 @@ def after_finalize(comm, runner) -> list:
     return [(name, attempt(fn)) for name, fn in calls.items()]
 
 
+@pytest.mark.slow
 def test_fuzzed_bad_input_never_hangs_nor_corrupts():
     results = stratacl.spawn(fuzz_job, N, args=(EXAMPLES,), timeout=20, hbm_size="256M")
     seen = results[0][0]

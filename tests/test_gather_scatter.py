@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import stratacl
-from helpers import attempt, place, rank_data
+from helpers import attempt, place, rank_data, ranks
 
 SIZES = {1: [0, 5, 70000], 2: [0, 5, 70000], 3: [1, 1000, 70001], 8: [3, 1000, 20001], 32: [1, 300, 4001]}
 DTYPES = (np.float32, np.int64, np.uint8, np.float16)
@@ -41,7 +41,7 @@ def rooted(comm, sizes, dtypes):
     return bad
 
 
-@pytest.mark.parametrize("n", [1, 2, 3, 8, 32])
+@pytest.mark.parametrize("n", ranks(1, 2, 3, 8, 32))
 def test_gather_and_scatter_give_exact_bytes(n):
     results = stratacl.spawn(rooted, n, args=(SIZES[n], DTYPES if n < 32 else DTYPES[:2]), hbm_size="512M",
                              timeout=240)

@@ -62,6 +62,7 @@ def _limit_files(n: int):
 
 # --- the store under a flood ----------------------------------------------------------------
 
+@pytest.mark.slow
 def test_a_flood_of_silent_connections_at_job_start_does_not_stop_the_job(tmp_path):
     # rank 0 (open-file limit 1024) serves the store; 1,100 silent connections arrive before
     # the other ranks': accept must not end at EMFILE, and the ranks get in

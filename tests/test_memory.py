@@ -230,6 +230,7 @@ def churn(comm, iters):
 @pytest.mark.parametrize("settings", [dict(registration="roa"), dict(registration="jit"),
                                       dict(registration="pool", hbm_size="256M"), dict(metadata_path="relay")],
                          ids=["roa", "jit", "pool", "relay"])
+@pytest.mark.slow
 def test_alloc_free_realloc_under_traffic_never_reads_stale_data(settings):
     kwargs = dict(hbm_size="64M")
     kwargs.update(settings)

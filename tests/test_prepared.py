@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import stratacl
+from helpers import ranks
 
 BIG = 100_000          # float32 elements: past the eager size, so peers read the array itself
 SMALL = 1000           # float32 elements: copied into the eager slots
@@ -64,7 +65,7 @@ def repeated_calls(comm):
     return bad
 
 
-@pytest.mark.parametrize("n", [1, 3, 8])
+@pytest.mark.parametrize("n", ranks(1, 3, 8, slow_from=8))
 def test_repeated_calls_on_the_same_arrays_see_new_contents(n):
     for rank, bad in enumerate(stratacl.spawn(repeated_calls, n, timeout=120)):
         assert bad == [], f"rank {rank}: {bad}"

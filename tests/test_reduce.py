@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import stratacl
-from helpers import attempt, place, rank_data
+from helpers import attempt, place, rank_data, ranks
 
 SIZES = {1: [0, 5, 70000], 2: [0, 5, 70000], 3: [1, 1000, 70001], 8: [3, 1000, 20001], 32: [1, 300, 4001]}
 CASES = [(np.float32, "sum"), (np.float64, "avg"), (np.int64, "prod"), (np.uint8, "max"), (np.float16, "min"),
@@ -49,7 +49,7 @@ def rooted_reduce(comm, sizes, cases):
     return bad
 
 
-@pytest.mark.parametrize("n", [1, 2, 3, 8, 32])
+@pytest.mark.parametrize("n", ranks(1, 2, 3, 8, 32))
 def test_reduce_gives_the_rank_order_fold_at_every_root(n):
     results = stratacl.spawn(rooted_reduce, n, args=(SIZES[n], CASES if n < 32 else CASES[:2]), hbm_size="512M",
                              timeout=240)

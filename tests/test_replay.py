@@ -165,6 +165,7 @@ def test_path_auto_offloads_the_overlapped_calls_to_sdma(tmp_path):
                                                           ("all_gather", "sdma")], calls
 
 
+@pytest.mark.slow
 def test_sub_communicators_replay_with_their_members(tmp_path):
     traces, _ = _record(tmp_path, with_split, 4)
     r = ub.replay(traces)
@@ -175,6 +176,7 @@ def test_sub_communicators_replay_with_their_members(tmp_path):
     np.testing.assert_allclose(guess.end_us, real.recorded_us, rtol=1e-9)
 
 
+@pytest.mark.slow
 def test_groups_and_shrinking_shards_extrapolate_from_three_runs(tmp_path):
     t2, t4, t6 = (_record(tmp_path, groups_and_shards, n)[0] for n in (2, 4, 6))
     real = ub.replay(_record(tmp_path, groups_and_shards, 8)[0])
@@ -184,6 +186,7 @@ def test_groups_and_shrinking_shards_extrapolate_from_three_runs(tmp_path):
     assert not np.allclose(two, real.recorded_us, rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_moe_calls_extrapolate_with_their_routing_drawn_anew(tmp_path):
     t2, t3 = (_record(tmp_path, moe_step, n)[0] for n in (2, 3))
     real, _ = _record(tmp_path, moe_step, 4)
@@ -220,6 +223,7 @@ def fetches_and_exchanges(comm) -> float:
     return comm.clock() * 1e6
 
 
+@pytest.mark.slow
 def test_calls_of_a_rank_with_itself_extrapolate(tmp_path):
     t2, t3 = (_record(tmp_path, fetches_and_exchanges, n)[0] for n in (2, 3))
     real = ub.replay(_record(tmp_path, fetches_and_exchanges, 5)[0])
@@ -251,6 +255,7 @@ def test_traces_extrapolated_from_two_small_runs_match_a_real_larger_run(tmp_pat
     assert ub.replay(ub.extrapolate(t2, t3, 64)).time_us > real.time_us
 
 
+@pytest.mark.slow
 def test_what_does_not_extrapolate_says_why(tmp_path):
     a, b = (_record(tmp_path, rank_dependent, n)[0] for n in (2, 3))
     with pytest.raises(stratacl.ub.ReplayError, match=r"not SPMD in shape .*; first at event 2: the end \(after 2 "

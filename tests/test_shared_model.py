@@ -59,7 +59,7 @@ BEFORE = {
 }
 
 
-@pytest.mark.parametrize("n,share_from", [(8, None), (8, 1), (32, 1)])
+@pytest.mark.parametrize("n,share_from", [(8, None), (8, 1), pytest.param(32, 1, marks=pytest.mark.slow)])
 def test_modeled_clocks_are_the_same_bits_with_the_plans_mapped(n, share_from):
     results = stratacl.spawn(_program, n, args=(share_from,), clock="virtual", hbm_size=64 << 20, timeout=200)
     for rank, (clocks, ok, shared) in enumerate(results):

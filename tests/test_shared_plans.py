@@ -108,6 +108,7 @@ def _modeled_all_reduce(comm):
     return period, len(shared)
 
 
+@pytest.mark.slow
 def test_a_large_job_shares_its_plans_and_keeps_the_estimate():
     n = 64
     results = stratacl.spawn(_modeled_all_reduce, n, clock="virtual", hbm_size=8 << 20, timeout=240)

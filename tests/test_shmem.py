@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 
 import stratacl
 from stratacl import shmem
-from helpers import rank_data
+from helpers import rank_data, ranks
 
-NS = [2, 3, 8, 32]
+NS = ranks(2, 3, 8, 32)
 TIMEOUT = {2: 120, 3: 120, 8: 200, 32: 400}     # the communication timeout: a shared, loaded host
 
 
@@ -253,6 +253,7 @@ def test_modeled_clock_charges_the_tier_and_joins_at_the_signal():
     assert again == big                                  # deterministic, whatever the host's load
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_modeled_clock_at_32_ranks_follows_the_tiers():
     out = _spawn(_clock, 32, 1 << 20, [1, 16], clock="virtual")

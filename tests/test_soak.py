@@ -12,7 +12,8 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
 import soak  # noqa: E402  (benchmarks/soak.py; the ranks find it through the same sys.path)
 
-pytestmark = pytest.mark.timeout(180)
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]      # a seeded soak: the jobs tier
 
 
 def test_short_soak_is_exact_and_leaves_nothing():

@@ -12,8 +12,9 @@ torch = pytest.importorskip("torch", reason="the torch backend's tests need torc
 import torch.distributed as dist  # noqa: E402
 
 import stratacl  # noqa: E402
+from helpers import ranks
 
-NS = [2, 3, 8, 32]
+NS = ranks(2, 3, 8, 32, slow_from=8)
 TIMEOUT = {2: 120, 3: 120, 8: 200, 32: 400}
 
 
@@ -135,7 +136,7 @@ def _error_cases():
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("n", [2, 3, 8])          # and 32: in test_symm_mem_exact_bytes_all_gather_and_signals
+@pytest.mark.parametrize("n", ranks(2, 3, 8, slow_from=8))          # and 32: in test_symm_mem_exact_bytes_all_gather_and_signals
 def test_symm_mem_errors(n):
     assert stratacl.spawn(_errors, n, timeout=TIMEOUT[n]) == [[]] * n
 

@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch", reason="the torch backend's tests need torc
 import torch.distributed as dist  # noqa: E402
 
 import stratacl  # noqa: E402
-from helpers import after_peer_gave_up  # noqa: E402
+from helpers import after_peer_gave_up, ranks  # noqa: E402
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -166,7 +166,7 @@ def matrix(comm, dtypes, sizes):
     return bad, cases, stratacl.stats()["bytes_staged"]
 
 
-@pytest.mark.parametrize("n", [1, 2, 3])
+@pytest.mark.parametrize("n", ranks(1, 2, 3, slow_from=3))
 def test_every_operation_and_dtype_gives_torchs_bits(n):
     results = stratacl.spawn(matrix, n, args=(DTYPES, SIZES), hbm_size="1G", timeout=120)
     for rank, (bad, cases, _) in enumerate(results):
@@ -326,6 +326,7 @@ def late_barrier(comm, flag):
     return None
 
 
+@pytest.mark.slow
 def test_a_timeout_reaches_torch_as_dist_backend_error(tmp_path):
     # the communication timeout is the feature here: short, in a job that does nothing else
     err, _ = stratacl.spawn(late_barrier, 2, args=(tmp_path / "rank0-timed-out",), timeout=3.0)
@@ -341,6 +342,7 @@ def dies(comm, outdir):
     (outdir / "rank0.json").write_text(json.dumps(err))
 
 
+@pytest.mark.slow
 def test_a_dead_peer_is_a_dist_backend_error_naming_it(tmp_path):
     with pytest.raises(stratacl.RankFailure):
         stratacl.spawn(dies, 2, args=(tmp_path,), timeout=30)
@@ -396,6 +398,7 @@ def modeled_overlap(comm):
     return got
 
 
+@pytest.mark.slow
 def test_an_async_torch_operation_overlaps_charged_compute_in_modeled_time():
     # The group's worker runs the all_reduce when it likes; its modeled place is where the
     # program issued it: it overlaps the 200 us kernel (sharing the cores) exactly as the
@@ -425,6 +428,7 @@ def worker_ends_at_destroy(comm):
     return before, _torch_threads(), slow.done()
 
 
+@pytest.mark.slow
 def test_the_groups_worker_thread_ends_at_destroy_process_group():
     # A waiter sees its Work done while the worker may still be inside torch completing its
     # Future (a callback here, sleeping); destroy_process_group lets it finish and joins it

@@ -16,6 +16,7 @@ import torch.distributed as dist  # noqa: E402
 import torch.nn as nn  # noqa: E402
 
 import stratacl  # noqa: E402
+from helpers import ranks
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -79,8 +80,8 @@ def ddp(comm, backend: str, hook: bool):
     return params
 
 
-@pytest.mark.parametrize("hook", [False, True], ids=["builtin", "future_hook"])
-@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("hook", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["builtin", "future_hook"])
+@pytest.mark.parametrize("n", ranks(2, 4, slow_from=4))
 def test_ddp_parameters_bit_identical_to_the_reference(n, hook):
     want = reference(n)
     for rank, params in enumerate(stratacl.spawn(ddp, n, args=("stratacl", hook), timeout=120)):
@@ -113,6 +114,7 @@ def fsdp2(comm, backend: str):
     return losses
 
 
+@pytest.mark.slow
 def test_fsdp2_losses_equal_gloos():
     n = 2
     ours = stratacl.spawn(fsdp2, n, args=("stratacl",), timeout=120)

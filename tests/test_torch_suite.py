@@ -20,6 +20,8 @@ import pytest
 
 from launch_helpers import launch, script
 
+pytestmark = pytest.mark.slow      # torch's own distributed tests: the jobs tier (docs/testing.md)
+
 # method name patterns that do not apply, with the reason (docs/torch.md has the full account)
 NOT_APPLICABLE = {
     "*any_source*": "recv from any source is refused by the backend",

