@@ -86,7 +86,7 @@ def test_the_root_gets_all_reduce_s_bits_in_rank_order():
 
 
 def in_place(comm, count):
-    n, me, root = comm.size, comm.rank, 1
+    me, root = comm.rank, 1
     x = stratacl.empty((count,), np.int32)
     x[...] = np.arange(count) + 1000 * me
     comm.reduce(x if me == root else None, x, op="sum", root=root)
