@@ -398,7 +398,7 @@ def test_low_latency_rows_pay_their_latency_and_setup_high_throughput_streams_do
 
     from stratacl.runtime._buffers import EAGER_BYTES
     from stratacl.ub import _topology
-    from stratacl.ub._clock import FabricModel, run_plan
+    from stratacl.ub._clock import FabricModel, advance
 
     def model(transfer_us):
         d = copy.deepcopy(_topology._CM384)
@@ -411,7 +411,7 @@ def test_low_latency_rows_pay_their_latency_and_setup_high_throughput_streams_do
     b = np.array([[0, 256 * row], [256 * row, 0]], dtype=np.int64)
 
     def time(m, kind):
-        return float(run_plan(m.plan_exchange((0, 1), [(b, kind)]), np.zeros(2)).max())
+        return float(advance(m.plan_exchange((0, 1), [(b, kind)]), np.zeros(2)).max())
     bulk = time(model(0.5), _ep.T_LOAD)
     rows = time(model(0.5), _ep.rows_kind(_ep.T_LOAD, row))
     assert rows > 1.15 * bulk
