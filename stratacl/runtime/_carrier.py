@@ -310,9 +310,7 @@ def serve(ctl, carrier: Carrier, chunk: int, table_offset: int, slice_start, sto
                 at, g = 0, status.Get_source()
                 for m, sl in zip(members, slots):
                     if host_of[m] == g:
-                        own = w.own(m, sl)
-                        ctl.u8[own] = np.frombuffer(block, np.uint8, own.stop - own.start, at)
-                        at += own.stop - own.start
+                        at += w.write_collective(m, sl, block, at)
                 key = (members[0], slots[0])
                 inbox[key, g] = inbox.get((key, g), 0) + 1
             elif tag == TAG_SEND:

@@ -24,6 +24,27 @@ class CarrierWords:
         at = self.lay.slot(r, slot)
         return slice(at + self._arrival, at + self.lay.slot_bytes)
 
+    def collective(self, r: int, slot: int) -> list[slice]:
+        """The parts of ``own`` a barrier's block carries to other hosts: the arrival word, the
+        root and ring counters, the call descriptors and their reasons, the card. Not the
+        point-to-point words (sequence numbers, answers, send descriptors and their reasons):
+        those travel with their send or answer (TAG_SEND, TAG_DONE), and a block written over
+        them could announce a send or an answer before its descriptor, bytes or modeled time."""
+        at, lay, w = self.lay.slot(r, slot), self.lay, self.ctl.world
+        return [slice(at + self._arrival, at + Layout.SLOT_SEND_SEQ),
+                slice(at + lay.slot_recv_status() + 4 * w, at + lay.slot_p2p_desc()),
+                slice(at + lay.slot_desc(0), at + lay.slot_reason(2)),
+                slice(at + lay.slot_reason(2 + 2 * w), at + lay.slot_bytes)]
+
+    def write_collective(self, r: int, slot: int, block: bytes, at: int) -> int:
+        """Write the ``collective`` parts of r's words from another host's block, whose copy of
+        ``own`` starts at byte ``at``; returns the bytes of ``own`` the block holds."""
+        own = self.own(r, slot)
+        words = np.frombuffer(block, np.uint8, own.stop - own.start, at)
+        for part in self.collective(r, slot):
+            self.ctl.u8[part] = words[part.start - own.start:part.stop - own.start]
+        return own.stop - own.start
+
     def gen(self, r: int, slot: int) -> int:         # the generation word of the communicator whose
         return self.ctl.base + self.lay.slot(r, slot) + self._gen     # member 0 is r, in its slot
 
