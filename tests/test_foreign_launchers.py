@@ -163,8 +163,8 @@ def test_an_mpi4py_program_started_by_mpirun_joins_a_job():
 
 def test_a_rank_killed_under_torchrun_is_named_by_the_survivors_and_nothing_is_left():
     tag = uuid.uuid4().hex
-    # torchrun ends the other workers at its next look at them (--monitor-interval): give the
-    # survivors the time to report what they saw
+    # torchrun ends the other workers at its next look at them; the script's survivors ignore
+    # its SIGTERM until they have reported what they saw
     run = _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3",
                 "--monitor-interval", "3", os.path.join(SCRIPTS, "foreign_kill.py")], tag, timeout=120)
     reports = _reports(run.stdout)

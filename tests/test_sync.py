@@ -15,9 +15,9 @@ LONG_SLICE = 10.0          # seconds: Python's counted waits sleep this long unl
 
 
 def late_arrivals(comm, rounds: int):
-    """Rank 0 comes late (longer than a native wait slice, so the others sleep in Python's
-    counted waits first) to a barrier, a broadcast and a send; returns how long after rank 0's
-    arrival each wait ended, and the sleepers' count just before rank 0 arrived.
+    """Rank 0 comes late to a barrier, a broadcast and a send: once the others are counted asleep
+    in Python's waits (or 20 s into the rounds, if they never are). Returns how long after rank
+    0's arrival each wait ended, and the sleepers' count just before rank 0 arrived.
 
     Python's waits here sleep LONG_SLICE between health checks instead of 50 ms, so a wake
     skipped wrongly costs a waiter seconds, not milliseconds: the test can tell a missed wake
@@ -31,9 +31,11 @@ def late_arrivals(comm, rounds: int):
     ops = [comm.barrier, lambda: comm.broadcast(x, root=0),
            lambda: comm.send(x, 1) if me == 0 else comm.recv(x, 0) if me == 1 else None]
     lags, asleep = [], []
+    deadline = time.monotonic() + 20              # for all rounds: a count that never comes fails once
     for r in range(rounds):
-        if me == 0:
-            time.sleep(0.2)
+        if me == 0:                               # every other rank waits for rank 0 in some call
+            while _native.load_u32(word) < n - 1 and time.monotonic() < deadline:
+                time.sleep(0.01)
             asleep.append(_native.load_u32(word))
             mine[0] = time.monotonic()
             ops[r % 3]()
@@ -53,7 +55,7 @@ def test_sleeping_waiters_are_counted_and_woken_at_once():
     a woken waiter runs is the host's business, not this test's.)"""
     results = stratacl.spawn(late_arrivals, 4, args=(12,), timeout=60)
     lags, asleep = results[0][0], results[0][1]
-    assert min(asleep) >= 1, f"peers waiting for a late rank were not counted asleep: {asleep}"
+    assert asleep == [3] * 12, f"peers waiting for a late rank were not counted asleep: {asleep}"
     assert max(lags) < LONG_SLICE / 2, f"waits ended {sorted(lags)} s after the last arrival: not woken"
 
 

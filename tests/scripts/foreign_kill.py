@@ -7,6 +7,11 @@ With the argument ``exit0`` rank 1 ends with os._exit(0) instead, without finali
 failure to its peers.
 
 Every survivor prints ``@@ {"rank": r, "error": "<type>: <message>"}`` and exits 3.
+
+torchrun ends the other workers (SIGTERM, then SIGKILL 30 s later) at its first look at them
+after the kill (--monitor-interval), which may come before a loaded host has let the survivors
+see rank 1 go. What they see is this script's subject, so they ignore SIGTERM: torchrun then
+waits for them to report and exit.
 """
 import json
 import os
@@ -19,6 +24,7 @@ import stratacl
 
 
 def main() -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     comm = stratacl.init()
     x = stratacl.empty((16,), dtype=np.float32)
     x[:] = 1
