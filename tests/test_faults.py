@@ -41,6 +41,14 @@ def _run(tmp_path, cells: str) -> tuple[list[dict], subprocess.CompletedProcess]
     return rows, run
 
 
+def _found_by_timeout(row: dict) -> bool:
+    """A hang is found by a survivor's timeout (CommTimeout). Survivors wait with the same
+    timeout but do not start at the same instant: on a loaded host one times out and ends first,
+    and a peer still waiting learns it as that rank's failure (PeerFailure), which the cell's
+    "held" accepts only as a failure because of the hung rank (faults.py, names_peer)."""
+    return "CommTimeout" in row["classes"] and set(row["classes"]) <= {"CommTimeout", "PeerFailure"}
+
+
 @pytest.mark.timeout(240)
 def test_one_cell_of_each_fault_holds(tmp_path):
     rows, run = _run(tmp_path, CELLS)
@@ -48,7 +56,7 @@ def test_one_cell_of_each_fault_holds(tmp_path):
         assert r["held"], (r, run.stdout[-3000:], run.stderr[-3000:])
     assert run.returncode == 0
     hang = next(r for r in rows if r["fault"] == "hang")
-    assert hang["classes"] == ["CommTimeout"] and hang["operations"] == ["barrier"]
+    assert _found_by_timeout(hang) and hang["operations"] == ["barrier"]
     kill = next(r for r in rows if r["fault"] == "kill" and r["phase"] == "dispatch")
     assert kill["classes"] == ["PeerFailure"] and kill["detect_s"] < DEATH_TIMEOUT
 
@@ -71,7 +79,7 @@ def test_faults_inside_a_call_and_a_hang_in_finalize_hold(tmp_path):
         assert any("failed with its call" in note and "had finished" not in note for note in r["notes"]), r
     for r in rows[:3]:
         assert r["classes"] == ["PeerFailure"] and r["detect_s"] < DEATH_TIMEOUT, r
-    assert rows[3]["classes"] == ["CommTimeout"], rows[3]
+    assert _found_by_timeout(rows[3]), rows[3]
     # nothing waits on a rank hung in finalize: the launcher names it, long before the deadline
     final = rows[4]
     assert final["raised"] == 0 and final["root_cause"] and final["exit"] not in (0, 124), final

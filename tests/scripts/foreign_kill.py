@@ -10,8 +10,8 @@ Every survivor prints ``@@ {"rank": r, "error": "<type>: <message>"}`` and exits
 
 torchrun ends the other workers (SIGTERM, then SIGKILL 30 s later) at its first look at them
 after the kill (--monitor-interval), which may come before a loaded host has let the survivors
-see rank 1 go. What they see is this script's subject, so they ignore SIGTERM: torchrun then
-waits for them to report and exit.
+see rank 1 go. What they see is this script's subject, so under torchrun they ignore SIGTERM:
+torchrun then waits for them to report and exit. (mpirun waits for them as it is.)
 """
 import json
 import os
@@ -24,7 +24,8 @@ import stratacl
 
 
 def main() -> None:
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     comm = stratacl.init()
     x = stratacl.empty((16,), dtype=np.float32)
     x[:] = 1
