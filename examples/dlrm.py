@@ -1,7 +1,7 @@
 """A DLRM-like recommendation model trained through torch.distributed on the emulated supernode.
 
     stratacl-launch -n 8 [--clock virtual] examples/dlrm.py [--steps 3] [--batch 16] [--rows 512]
-        [--cache-rows C] [--zipf A] [--prefetch]
+        [--cache-rows C] [--zipf A] [--prefetch] [--sparse-dist]
         [--bottom-mlp 512,256,128] [--top-mlp 1024,1024,512,256]
 
 The embedding tables are sharded table-wise (rank r owns tables r*P .. r*P+P-1, P per rank)
@@ -37,6 +37,15 @@ an asynchronous ``host_rows`` for them (``async_op=True``; on SDMA under ``--pat
 choosing victims among slots neither step uses; the next step waits for it before its
 lookups. The cache must then hold two steps' rows (checked). The same rows hit, miss and are
 written back as without it whenever the LRU's choices agree; the arithmetic is the same.
+
+``--sparse-dist``: TorchRec's ``TrainPipelineSparseDist``. Before this step's forward, the
+next step's indices start towards their owners (``all_to_all_single(async_op=True)``, the same
+call a step would make, on the library's one data path); this step's lookups, pooled-embedding
+exchange and dense forward run beside it, and the step waits for it before its backward. The
+next step then starts from indices already in place. With ``--prefetch`` too, the next step's
+missing rows are brought in right after that wait (they need its indices), still while this
+step's backward runs. The first step's indices are exchanged before it, as a pipeline's fill.
+The arithmetic is unchanged (same rows, same order), so the run stays bit-exact.
 
 Every exchanged tensor lives in HBM (``stratacl.torch.empty``): peers pull from it in place.
 Then every rank computes the same steps for the whole job alone, in this process (every
@@ -80,6 +89,9 @@ p.add_argument("--zipf", type=float, default=0.0,
 p.add_argument("--prefetch", action="store_true",
                help="bring the next step's missing rows into the cache during this step (asynchronous "
                     "host_rows), as TorchRec's prefetch pipeline does (nothing to bring without --cache-rows)")
+p.add_argument("--sparse-dist", action="store_true",
+               help="TorchRec's TrainPipelineSparseDist: the next step's index all_to_all starts "
+                    "asynchronously before this step's forward and is waited for before its backward")
 p.add_argument("--no-check", dest="check", action="store_false",
                help="skip the one-process recomputation (for sweeps at sizes where it is slow)")
 args = p.parse_args()
@@ -244,24 +256,32 @@ dense_flops = 2 * B * sum(i * o for i, o in LAYERS)          # one forward; a ba
 
 
 def step_distributed(step: int, params: dict, tables: list, bufs: dict, ahead: list | None):
-    """One step; returns its loss and, under --prefetch, the next step's prefetch (``ahead``
-    next time: its rows' slots and Work per table, its indices already in bufs["idx_next"])."""
+    """One step; returns its loss and what the next step finds ready (``ahead`` next time: its
+    indices already in bufs["idx_next"], and per table under --prefetch its rows' slots and
+    Work, else None)."""
     dense, idx, labels = samples(step, me)
     if ahead is None:
         bufs["idx_out"].copy_(idx.view(n, P, B, L))
         dist.all_to_all_single(bufs["idx_in"], bufs["idx_out"])   # [s, j]: rank s's bags for my table j
     else:
         bufs["idx_in"], bufs["idx_next"] = bufs["idx_next"], bufs["idx_in"]
+    dist_next = None
+    if args.sparse_dist:
+        # the next step's input dist, in flight beside this step's forward (after the last step
+        # too, so that every step has the same shape); idx_out is not written again until it ends
+        bufs["idx_out"].copy_(samples(step + 1, me)[1].view(n, P, B, L))
+        dist_next = dist.all_to_all_single(bufs["idx_next"], bufs["idx_out"], async_op=True)
     for j in range(P):
         if C:
-            slots, fetching = tables[j].fetch(step, bufs["idx_in"][:, j]) if ahead is None else ahead[j]
+            slots, fetching = (tables[j].fetch(step, bufs["idx_in"][:, j]) if ahead is None or ahead[j] is None
+                               else ahead[j])
             if fetching is not None:
                 fetching.wait()
             bufs["pooled_out"][:, j] = pool(tables[j].rows, slots)
         else:
             bufs["pooled_out"][:, j] = pool(tables[j], bufs["idx_in"][:, j])
     ahead = None
-    if args.prefetch and C:
+    if args.prefetch and C and not args.sparse_dist:
         # the next step's indices to their owners now, and its missing rows brought in while
         # this step runs (this step's rows stay pinned); after the last step too, as a training
         # loop's pipeline would, so that every step has the same shape
@@ -272,7 +292,17 @@ def step_distributed(step: int, params: dict, tables: list, bufs: dict, ahead: l
     dist.all_to_all_single(bufs["pooled_in"], bufs["pooled_out"])  # [o, j]: owner o's table j, my bags
     pooled = bufs["pooled_in"].permute(2, 0, 1, 3).reshape(B, T, D)
     loss, grads, gpooled = dense_backward(params, dense, pooled, labels)
-    charge(3 * dense_flops, 4 * 3 * (FLAT + B * sum(i for i, _ in LAYERS)))
+    dense_bytes = 4 * 3 * (FLAT + B * sum(i for i, _ in LAYERS))
+    if dist_next is None:
+        charge(3 * dense_flops, dense_bytes)
+    else:
+        # forward (a third of the dense work), then the next step's indices must have
+        # arrived before the backward (the other two thirds), as the pipeline waits
+        charge(dense_flops, dense_bytes / 3)
+        dist_next.wait()
+        ahead = ([tables[j].fetch(step + 1, bufs["idx_next"][:, j], pinned=step) for j in range(P)]
+                 if args.prefetch and C else [None] * P)
+        charge(2 * dense_flops, dense_bytes * 2 / 3)
     flat = bufs["flat"]
     torch.cat([grads[k].reshape(-1) for k in params], out=flat)
     work = dist.all_reduce(flat, op=dist.ReduceOp.AVG, async_op=True)       # overlaps the exchange below
@@ -330,7 +360,7 @@ bufs = {"idx_out": stratacl.torch.empty((n, P, B, L), dtype=torch.int64),
         "pooled_out": stratacl.torch.empty((n, P, B, D)), "pooled_in": stratacl.torch.empty((n, P, B, D)),
         "grad_out": stratacl.torch.empty((n, P, B, D)), "grad_in": stratacl.torch.empty((n, P, B, D)),
         "flat": stratacl.torch.empty((FLAT,))}
-if args.prefetch and C:
+if (args.prefetch and C) or args.sparse_dist:
     bufs["idx_next"] = stratacl.torch.empty((n, P, B, L), dtype=torch.int64)
 losses, step_us, ahead = [], [], None
 for step in range(args.steps):
@@ -339,8 +369,9 @@ for step in range(args.steps):
     loss, ahead = step_distributed(step, params, tables, bufs, ahead)
     losses.append(loss)
     step_us.append(((comm.clock() - t0) if modeled else time.perf_counter() - w0) * 1e6)
-for _, fetching in ahead or ():
-    fetching.wait()
+for pending in ahead or ():
+    if pending is not None and pending[1] is not None:
+        pending[1].wait()
 # this rank's cache counts (hits, lookups, fetched, written), summed over its tables: every
 # step's, and the last step's own (counted when its rows were brought in)
 counts = sum(c.counts[:args.steps] for c in tables) if C else np.zeros((args.steps, 4), dtype=np.int64)

@@ -114,6 +114,32 @@ def test_dlrm_prefetching_the_next_steps_rows_trains_exactly_and_takes_the_misse
     assert all(float(a[2]) < float(p[2]) for p, a in zip(steps[0][1:], steps[1][1:])), steps
 
 
+@pytest.mark.timeout(300)
+def test_dlrm_sparse_dist_pipeline_trains_exactly_and_takes_the_index_exchange_off_the_step():
+    # TorchRec's TrainPipelineSparseDist: the next step's index all_to_all in flight beside this
+    # step's forward; alone and with the cache's prefetch (96 of 256 rows: evictions too)
+    common = ("-n", "3", "--clock", "virtual", "--timeout", "90", str(EXAMPLES / "dlrm.py"), "--steps", "4",
+              "--batch", "8", "--rows", "256", "--cache-rows", "96", "--zipf", "1.05")
+    runs = [launch(*common, *flag, timeout=200)
+            for flag in ((), ("--sparse-dist",), ("--prefetch",), ("--prefetch", "--sparse-dist"))]
+    steps = []
+    for run in runs:
+        assert run.returncode == 0, run.explain()
+        lines = run.stdout.splitlines()
+        assert lines[1] == "exact against the job computed in one process, on every rank: yes", run.explain()
+        found = re.findall(r"^step (\d): loss ([\d.]+)   modeled ([\d.]+) us", run.stdout, re.M)
+        assert [int(k) for k, _, _ in found] == [1, 2, 3, 4], run.explain()
+        steps.append(found)
+    outs = [run.stdout.splitlines() for run in runs]
+    assert outs[0][2:4] == outs[1][2:4] == outs[2][2:4] == outs[3][2:4]   # the same hits, misses, write-backs
+    assert len({tuple(loss for _, loss, _ in found) for found in steps}) == 1
+    # from step 2 on the step's indices arrived while the step before ran: shorter than without;
+    # with the prefetch (whose exchange of the next indices is already off the lookups) not longer
+    times = [[float(t) for _, _, t in found[1:]] for found in steps]
+    assert all(q < p for p, q in zip(times[0], times[1])), times
+    assert all(q <= p for p, q in zip(times[2], times[3])), times
+
+
 @pytest.mark.timeout(120)
 def test_dlrm_with_deeper_mlps_trains_exactly_as_one_process():
     # --bottom-mlp / --top-mlp (MLPerf's layer structure, narrower): the same exact check
