@@ -211,3 +211,25 @@ def test_the_committed_doc_is_the_rendering_of_the_committed_json():
     with open(os.path.join(ROOT, "docs", "paper-reproduction.md")) as f:
         assert f.read() == paper.render(result, sens, command)
     assert not result["quick"], "the committed report is the full one"
+
+
+def test_dlrm_misses_a_die_follow_the_zipf_law_and_the_caches_fraction():
+    import numpy as np
+
+    import dlrm_misses as dm
+
+    k = np.arange(1, 300_001, dtype=np.float64)
+    exact = float(np.sum(k[::-1] ** -1.05))
+    assert dm.harmonic(300_000, 1.05) == pytest.approx(exact, rel=1e-12)        # the tail's approximation
+    assert dm.harmonic(1000, 1.05) == float(np.sum(k[:1000][::-1] ** -1.05))
+    assert dm.miss_fraction(0.0, 1000, 1.05) == 1.0 and dm.miss_fraction(1.0, 1000, 1.05) == 0.0
+    assert dm.miss_fraction(0.0, 1000, 0.0) == 1.0 and dm.miss_fraction(0.25, 1000, 0.0) == pytest.approx(0.75)
+    rows = [dm.per_die(c, 1.05) for c in dm.CACHE_GIB]
+    assert rows[0]["rows_per_die"] == 7 * 2**40 // 128 // 512
+    assert [round(r["cache_fraction"], 3) for r in rows] == [0.089, 0.179, 0.268, 0.357, 0.446]
+    misses = [r["misses_per_step"] for r in rows]
+    assert all(a > b > 0 for a, b in zip(misses, misses[1:]))                   # fewer as the cache grows
+    # per die: with fewer dies each holds more of the 7 TiB, so the same cache a die misses more
+    assert dm.per_die(5, 1.05, dies=128)["miss_fraction"] < dm.per_die(5, 1.05, dies=8)["miss_fraction"]
+    with pytest.raises(ValueError, match="cache_fraction"):
+        dm.miss_fraction(1.5, 1000, 1.05)
