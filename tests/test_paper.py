@@ -233,3 +233,22 @@ def test_dlrm_misses_a_die_follow_the_zipf_law_and_the_caches_fraction():
     assert dm.per_die(5, 1.05, dies=128)["miss_fraction"] < dm.per_die(5, 1.05, dies=8)["miss_fraction"]
     with pytest.raises(ValueError, match="cache_fraction"):
         dm.miss_fraction(1.5, 1000, 1.05)
+
+
+def test_dlrm_paper_width_rows_read_the_sparse_dist_run_and_bound_the_caches_misses(quick):
+    import re
+
+    rows = {r["claim"]: r for r in quick["rows"]}
+    sparse = [r for r in paper._rows_of(paper.DLRM_WIDE_SPARSE) if r.get("scale") == "paper-size"]
+    n = max(r["ranks"] for r in sparse)
+    t = {r["config"]: r["modeled_step_us"] for r in sparse if r["ranks"] == n}
+    hccl = rows["fig12b.strata_shorter_than_hccl.paper_width"]
+    assert paper.DLRM_WIDE_SPARSE in hccl["basis"] and n == 128
+    assert hccl["here"] == pytest.approx(1 - t["auto"] / t["staged"])
+    assert rows["fig12b.strata_shorter_than_zerocopy.paper_width"]["here"] == pytest.approx(1 - t["auto"] / t["pool"])
+    # the bound: the misses of the headline cache, all on HCCL's step, none on StrataCL's
+    miss = paper._pick(json.load(open(os.path.join(ROOT, "docs", paper.DLRM_MISSES)))["rows"],
+                       cache_gib=paper.DLRM_HEADLINE_GIB)
+    most = float(re.search(r"at most ([\d.]+)% shorter than HCCL", hccl["reason"]).group(1)) / 100
+    assert most == pytest.approx(1 - t["auto"] / (t["staged"] + miss["host_rows_us_staged"]), abs=5e-4)
+    assert most > hccl["here"]
