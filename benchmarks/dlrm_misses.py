@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 
 import numpy as np
 
@@ -98,6 +99,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--cache-gib", default=",".join(map(str, CACHE_GIB)))
     p.add_argument("--cost", default="", help="registrations to time the misses under (e.g. staged,roa)")
     p.add_argument("--json", default=None)
+    argv = sys.argv[1:] if argv is None else argv
     a = p.parse_args(argv)
     rows = [per_die(float(c), a.zipf) for c in a.cache_gib.split(",")]
     for r in rows:
@@ -109,7 +111,7 @@ def main(argv: list[str] | None = None) -> None:
               + "".join(f", {k[13:]} {v:.1f} us" for k, v in r.items() if k.startswith("host_rows_us_")))
     if a.json:
         with open(a.json, "w") as fh:
-            json.dump({"command": "python benchmarks/dlrm_misses.py " + " ".join(argv or []), "zipf": a.zipf,
+            json.dump({"command": " ".join(["python benchmarks/dlrm_misses.py", *argv]), "zipf": a.zipf,
                        "rows": rows}, fh, indent=1)
 
 
