@@ -172,6 +172,10 @@ SETTINGS: tuple[Setting, ...] = (
             "Split the job's ranks into this many emulated hosts (contiguous blocks of ranks): each host has "
             "its own control segment and launcher, no rank maps another host's segments, and what crosses "
             "hosts goes through MPI, one carrier per host (needs the `cluster` extra; docs/cluster.md)."),
+    Setting("shared_hosts", _bool, False, "--shared-hosts",
+            "Under --emulate-hosts, run the emulated hosts in this machine's namespaces (one /dev/shm, one "
+            "loopback) instead of network, IPC and mount namespaces of their own; also what a job falls back "
+            "to where namespaces cannot be made (docs/cluster.md)."),
     Setting("va_base", _positive(_int), 0x1000_0000_0000, None,
             "Start of the shared virtual-address window every rank reserves (advanced)."),
 )

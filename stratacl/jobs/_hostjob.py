@@ -129,12 +129,42 @@ def store_address(hosts: list[tuple[str, int]]) -> str:
 
 def launch(n: int, config, target: tuple, hosts: list[tuple[str, int]] | None) -> int:
     """Run the job through mpirun, one host launcher per host (``hosts``: real hosts; None:
-    ``config.emulate_hosts`` hosts on this machine). Returns the exit code."""
-    emulated = hosts is None
+    ``config.emulate_hosts`` hosts on this machine, each in namespaces of its own where they can
+    be made, jobs/_machines.py). Returns the exit code."""
+    machines, emulated = None, hosts is None
     if emulated:
         k = config.emulate_hosts
         counts = [hosts_of(n, k).count(g) for g in range(k)]
         hosts = [("localhost", c) for c in counts]
+        machines = _emulated_machines(k, config)
+        if machines is not None:
+            hosts = [(a, c) for a, c in zip(machines.addresses, counts)]
+    try:
+        return _run(n, config, target, hosts, machines, shared=emulated and machines is None)
+    finally:
+        if machines is not None:
+            machines.close()
+
+
+def _emulated_machines(k: int, config):
+    """K machines of namespaces for ``--emulate-hosts K``, or None (``--shared-hosts``, or they
+    cannot be made here: said in one line)."""
+    from stratacl.jobs import _machines
+    if config.shared_hosts:
+        return None
+    why = _machines.unavailable()
+    if why is None:
+        try:
+            return _machines.Machines(k)
+        except OSError as e:
+            why = str(e)
+    print(f"stratacl-launch: --emulate-hosts {k}: the hosts share this machine's /dev/shm and loopback "
+          f"(no namespaces of their own: {why})", file=sys.stderr, flush=True)
+    return None
+
+
+def _run(n: int, config, target: tuple, hosts: list[tuple[str, int]], machines, shared: bool) -> int:
+    emulated = shared                  # hosts sharing this machine's namespaces: no -H, loopback
     host_of = [g for g, (_, c) in enumerate(hosts) for _ in range(c)]
     # the store listens on rank 0's host (docs/cluster.md, "On real hosts")
     address = "127.0.0.1" if emulated else store_address(hosts)
@@ -147,6 +177,9 @@ def launch(n: int, config, target: tuple, hosts: list[tuple[str, int]] | None) -
     env, exported = mpirun_env(env)
     argv = [_mpirun(), *root, *where, *MPIRUN_FLAGS, *([] if emulated else exported), "-n", str(len(hosts)),
             sys.executable, "-P", "-m", "stratacl.jobs._hostlaunch"]
+    if machines is not None:
+        # mpirun runs on the machines' link, as on a login node; its agent enters each machine
+        argv, env = machines.head_command(argv), machines.mpirun_env(env)
     # mpirun hands this stdin to host 0's launcher, whose ranks inherit it as on one host
     p = subprocess.Popen(argv, env=env, start_new_session=True)
 
