@@ -66,11 +66,12 @@ def parse_records(text: str) -> list[dict]:
     return [json.loads(line[len(MARK):]) for line in text.splitlines() if line.startswith(MARK)]
 
 
-def launch(*args: str, timeout: float = 120, env: dict[str, str] | None = None, cwd: str | Path | None = None
-           ) -> Run:
-    """Run ``stratacl-launch ARGS`` to completion (killed after ``timeout`` seconds)."""
+def launch(*args: str, timeout: float = 120, env: dict[str, str] | None = None, cwd: str | Path | None = None,
+           wrap: list[str] = ()) -> Run:
+    """Run ``stratacl-launch ARGS`` to completion (killed after ``timeout`` seconds), under the
+    command ``wrap`` if given."""
     t0 = time.monotonic()
-    p = subprocess.run(launcher_command() + list(args), capture_output=True, text=True, timeout=timeout,
+    p = subprocess.run([*wrap, *launcher_command(), *args], capture_output=True, text=True, timeout=timeout,
                        env=clean_env() if env is None else env, cwd=cwd)
     return Run(p.returncode, p.stdout, p.stderr, time.monotonic() - t0)
 

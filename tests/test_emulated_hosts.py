@@ -5,7 +5,11 @@ through one MPI carrier per host (stratacl/runtime/_carrier.py, _hostjob.py, run
 K = 2, N = 8: every collective of the world communicator and point-to-point calls between
 hosts exact on every rank, the modeled clock after each call equal bit for bit to the same
 program on one host, what is not carried refused by name, a rank killed on the other host
-named by every survivor (its failure carried by the carriers), nothing left."""
+named by every survivor (its failure carried by the carriers), nothing left.
+
+Each emulated host runs in network, IPC, mount and UTS namespaces of its own (jobs/_machines.py):
+the kernel keeps a rank from another host's /dev/shm and loopback, and after every test of this
+file (passed or failed) no namespace of a job is left, nor a link or mount of this machine changed."""
 from __future__ import annotations
 
 import ipaddress
@@ -13,9 +17,11 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import time
 
 import psutil
 import pytest
@@ -27,6 +33,41 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(240),      # jobs over emula
               pytest.mark.skipif(MPIRUN is None, reason="no mpirun beside this Python: pip install -e '.[cluster]'")]
 
 N, K = 8, 2
+
+
+def _net_namespaces() -> set[int]:
+    """The network namespaces (inodes) some process of this machine is in."""
+    out = set()
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                out.add(os.stat(f"/proc/{name}/ns/net").st_ino)
+            except OSError:
+                pass
+    return out
+
+
+def _machine_view() -> tuple:
+    """This machine's own links, mounts and named network namespaces."""
+    links = sorted(line.split(":")[1].strip() for line in subprocess.run(
+        ["ip", "-o", "link"], capture_output=True, text=True).stdout.splitlines())
+    with open("/proc/self/mountinfo") as f:
+        mounts = sorted(line.split(" - ")[0].split(" ", 4)[4] for line in f)
+    netns = subprocess.run(["ip", "netns"], capture_output=True, text=True).stdout
+    return links, mounts, netns
+
+
+@pytest.fixture(autouse=True)
+def _no_namespace_link_or_mount_left():
+    before, view = _net_namespaces(), _machine_view()
+    yield
+    # the kernel removes a namespace (its links, its /dev/shm) once its last process ended
+    new, end = _net_namespaces() - before, time.monotonic() + 20
+    while new and time.monotonic() < end:
+        time.sleep(0.1)
+        new = _net_namespaces() - before
+    assert not new, f"network namespaces left: {new}"
+    assert _machine_view() == view
 
 
 def _carriers_left() -> list[psutil.Process]:
@@ -291,6 +332,71 @@ def test_a_bad_host_list_is_refused_at_launch(flags, why):
     run = launch("-n", "4", *flags, script("rank_info.py"), timeout=60)
     assert run.returncode == 2, run.explain()
     assert run.stderr.strip() == f"stratacl-launch: {why}", run.stderr
+
+
+def _isolation(run) -> dict[int, dict]:
+    assert run.returncode == 0, run.explain()
+    rep = {r["rank"]: r for r in run.records if r.get("kind") == "isolation"}
+    assert sorted(rep) == [0, 1, 2, 3], run.explain()
+    return rep
+
+
+def test_each_emulated_host_has_its_own_dev_shm_address_and_loopback_kept_apart_by_the_kernel():
+    run = launch("-n", "4", "--emulate-hosts", "2", script("host_isolation.py"), env=clean_env(STRATACL_TIMEOUT="60"),
+                 timeout=120)
+    rep = _isolation(run)
+    assert "no namespaces of their own" not in run.stderr
+    here = os.stat("/dev/shm").st_dev
+    for r in range(4):
+        same, other = (0, 1) if r < 2 else (2, 3), (2, 3) if r < 2 else (0, 1)
+        # rank 0's object is in host 0's /dev/shm only: on host 1 the kernel finds no such name
+        assert rep[r]["opened"] == ("ok" if r < 2 else "ENOENT"), rep[r]
+        assert rep[r]["shm_dev"] != here and all(rep[r]["shm_dev"] == rep[q]["shm_dev"] for q in same)
+        assert all(rep[r]["shm_dev"] != rep[q]["shm_dev"] for q in other)
+        assert rep[r]["interfaces"] == ["eth0", "lo"], rep[r]
+        assert not ipaddress.ip_address(rep[r]["address"]).is_loopback
+        assert all(rep[r]["address"] == rep[q]["address"] for q in same)
+        assert all(rep[r]["address"] != rep[q]["address"] for q in other)
+        assert all(rep[r]["hostname"] != rep[q]["hostname"] for q in other)
+        # the store is on host 0's address: reached there from both hosts, never over a loopback
+        assert rep[r]["store_host"] == rep[0]["address"] and rep[r]["store"] == "ok", rep[r]
+        assert rep[r]["loopback_store"] == "ECONNREFUSED", rep[r]
+
+
+def test_where_namespaces_cannot_be_made_the_hosts_share_the_machine_and_the_launcher_says_so():
+    # without CAP_SYS_ADMIN (root, but unshare gets EPERM): today's emulation, said in one line
+    run = launch("-n", "4", "--emulate-hosts", "2", script("host_isolation.py"), env=clean_env(STRATACL_TIMEOUT="60"),
+                 timeout=120, wrap=["setpriv", "--bounding-set", "-sys_admin", "--inh-caps", "-sys_admin"])
+    rep = _isolation(run)
+    assert run.stderr.count("stratacl-launch: --emulate-hosts 2: the hosts share this machine's /dev/shm and "
+                            "loopback (no namespaces of their own: unshare: unshare failed: Operation not "
+                            "permitted)\n") == 1, run.stderr[-2000:]
+    assert all(rep[r]["opened"] == "ok" and rep[r]["loopback_store"] == "ok" for r in range(4)), rep
+    assert len({rep[r]["shm_dev"] for r in range(4)} | {os.stat("/dev/shm").st_dev}) == 1
+
+
+def test_sigint_to_the_launcher_ends_every_host_and_removes_their_namespaces():
+    p = subprocess.Popen(launcher_command() + ["-n", "4", "--emulate-hosts", "2", "--timeout", "60",
+                                               script("barriers_until_failure.py")],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=clean_env())
+    tree: list[psutil.Process] = []
+    try:
+        read_lines_until(p, 1, '@@ {"ready"', timeout=60)
+        tree = psutil.Process(p.pid).children(recursive=True)
+        inside = {os.stat(f"/proc/{q.pid}/ns/net").st_ino for q in tree if q.is_running()}
+        assert len(inside - {os.stat("/proc/self/ns/net").st_ino}) >= 2       # the head's and the hosts'
+        p.send_signal(signal.SIGINT)
+        p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            for q in [psutil.Process(p.pid), *tree]:
+                try:
+                    q.kill()
+                except psutil.NoSuchProcess:
+                    pass
+            p.wait(10)
+    assert p.returncode != 0
+    assert_all_gone([q.pid for q in tree], timeout=15)
 
 
 def test_the_readme_example_on_a_second_machine_s_worth_of_ranks_through_mpi():

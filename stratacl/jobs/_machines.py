@@ -51,7 +51,7 @@ def _holder(script: str, *flags: str) -> subprocess.Popen:
     if line.strip() != "ready":
         p.stdin.close()
         p.wait()
-        raise OSError(f"unshare {' '.join(flags)}: {p.stderr.read().strip() or 'failed'}")
+        raise OSError(p.stderr.read().strip() or f"unshare {' '.join(flags)} failed")
     return p
 
 
