@@ -13,8 +13,10 @@ is an MPI process (its host index is its MPI rank) and runs the host's part of t
 host's daemon and forks its ranks, and runs the host's carrier (runtime/_carrier.py) in a thread,
 which is how words, bytes and failures cross hosts. No rank maps a segment of another host.
 
-Under ``--emulate-hosts K`` the K host launchers run on this machine (loopback TCP between
-their carriers), each with a job id of its own for its segments' names.
+Under ``--emulate-hosts K`` the K host launchers run on this machine, each with a job id of its
+own for its segments' names; as root, each in namespaces of its own (jobs/_machines.py: its own
+/dev/shm, loopback and address on a link the job makes, entered by mpirun's remote-launch
+agent), otherwise sharing this machine's (loopback TCP between their carriers).
 """
 from __future__ import annotations
 
