@@ -35,15 +35,16 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(240),      # jobs over emula
 N, K = 8, 2
 
 
-def _net_namespaces() -> set[int]:
-    """The network namespaces (inodes) some process of this machine is in."""
+def _net_namespaces(tag: str | None = None) -> set[int]:
+    """The network namespaces (inodes) some process of this machine is in (with ``tag``: some
+    process of this test's jobs, whose environment carries it; other tests may run meanwhile)."""
     out = set()
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                out.add(os.stat(f"/proc/{name}/ns/net").st_ino)
-            except OSError:
-                pass
+    for p in psutil.process_iter():
+        try:
+            if tag is None or p.environ().get("STRATACL_TEST_JOB_TAG") == tag:
+                out.add(os.stat(f"/proc/{p.pid}/ns/net").st_ino)
+        except (psutil.Error, OSError):
+            pass
     return out
 
 
@@ -62,10 +63,11 @@ def _no_namespace_link_or_mount_left():
     before, view = _net_namespaces(), _machine_view()
     yield
     # the kernel removes a namespace (its links, its /dev/shm) once its last process ended
-    new, end = _net_namespaces() - before, time.monotonic() + 20
+    tag = os.environ["STRATACL_TEST_JOB_TAG"]
+    new, end = _net_namespaces(tag) - before, time.monotonic() + 20
     while new and time.monotonic() < end:
         time.sleep(0.1)
-        new = _net_namespaces() - before
+        new = _net_namespaces(tag) - before
     assert not new, f"network namespaces left: {new}"
     assert _machine_view() == view
 
