@@ -1,5 +1,5 @@
 """Where the CPU of one torch.distributed call on backend "stratacl" goes, against the same call
-through the numpy API, in the same ranks (the "why" of docs/performance.md, "torch.distributed").
+through the numpy API, in the same ranks (the "why" of docs/notebook/performance-2026-12-02.md, "torch.distributed").
 
     python benchmarks/torch_call_cost.py -n 8 --size 64K
     python benchmarks/torch_call_cost.py -n 8 --size 1M --op all_gather

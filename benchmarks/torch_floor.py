@@ -1,6 +1,6 @@
 """The floor of torch.distributed's own layer on this host: what a ``dist.<op>`` call costs when
 the backend behind it does nothing, against the same call through the numpy API, in the same
-ranks (docs/performance.md, "torch.distributed", "Why the torch layer costs what it costs").
+ranks (docs/notebook/performance-2026-12-02.md, "torch.distributed", "Why the torch layer costs what it costs").
 
     python benchmarks/torch_floor.py -n 8
     python benchmarks/torch_floor.py -n 32 --sizes 64K --iters 30

@@ -212,7 +212,7 @@ class Sequencer:
         (None otherwise: the caller goes through ``submit``): ``fn(*args)``, then its TorchWork,
         completed. The common case of a training loop, with the least Python between the
         caller and the communicator: at N = 8 on two cores each microsecond of it costs about
-        four of the call's wall time (docs/performance.md, "torch.distributed")."""
+        four of the call's wall time (docs/notebook/performance-2026-12-02.md, "torch.distributed")."""
         if self._p2p:
             return None
         with self._lock:

@@ -169,7 +169,7 @@ class ProcessGroupStrataCL(dist.ProcessGroup):
     # The four operations a training step repeats (allreduce, all_gather_single,
     # reduce_scatter_single, all_to_all_single) take each tensor's kept view with its checks
     # (_tensors.checked): at N = 8 on two cores, a rank's Python per call costs about four
-    # times as much of the call's wall time (docs/performance.md, "torch.distributed").
+    # times as much of the call's wall time (docs/notebook/performance-2026-12-02.md, "torch.distributed").
     def allreduce(self, tensors, opts=None):
         opts = opts if opts is not None else dist.AllreduceOptions()
         if len(tensors) != 1:
