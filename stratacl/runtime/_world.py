@@ -323,6 +323,7 @@ def init(**settings: Any) -> Communicator:
             job_id, hbm_fds, host_of = joined.job_id, joined.hbm_fds, joined.host_of
             ctl = Control(joined.ctl_fd, world)
             ctl.set_pid(rank, os.getpid())      # the host's daemon watches the rank from here on
+            _foreign.failure_reported_by(lambda ctl=ctl: ctl.failure() is not None, config.grace)
             if joined.carriers is not None:
                 # the first rank of a host under mpirun carries the host's part across hosts
                 from ._carrier import CarrierThread
