@@ -423,20 +423,16 @@ def _fig3a_gains(algo):
 
 
 @pytest.mark.slow
-def test_fig3a_zero_copy_beats_staged_above_8_mib():
-    assert min(_fig3a_gains("ring")) > 0.20 and min(_fig3a_gains("mesh")) > 0.15
-
-
-@pytest.mark.slow
-def test_fig3a_zero_copy_gains_about_30_percent_with_the_ring():
+def test_fig3a_zero_copy_beats_staged_above_8_mib_by_about_30_percent_with_the_ring():
     """Paper 2.2: "more than 30%" above 8 MiB; 9.1: "~1.3x on average". The model gives +27..30%
     with the ring above 8 MiB (docs/paper-reproduction.md, row fig3a.zerocopy_gain_above_8m),
     so the bound is 25%, not the paper's 30%: the model misses by a few points because its
     staging copies run at the HBM's copy rate (half its bandwidth: a copy reads and writes) and
     are not pipelined with the transfers. Nothing was fitted to this figure; raise the bound
-    only if the model earns it."""
+    only if the model earns it. The full mesh gains too, less."""
     ring = _fig3a_gains("ring")
     assert 0.25 <= min(ring) and 0.25 <= sum(ring) / len(ring) <= 0.40
+    assert min(_fig3a_gains("mesh")) > 0.15
 
 
 @pytest.mark.slow
