@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pickle
 import sys
+import types
 from typing import Any, Callable
 
 from ._config import Config
@@ -18,6 +19,13 @@ class RemoteTraceback(Exception):
 
     def __str__(self) -> str:
         return "\n" + self.tb
+
+
+def _imports_of(fn) -> set[str]:
+    """The top-level packages of the modules bound in ``fn``'s module (its ``import x`` lines)."""
+    module = sys.modules.get(getattr(fn, "__module__", None) or "")
+    return {v.__name__.split(".")[0] for v in vars(module).values()
+            if isinstance(v, types.ModuleType)} if module is not None else set()
 
 
 def spawn(fn: Callable[..., Any], nranks: int, args: tuple = (), **settings: Any) -> list[Any]:
@@ -46,7 +54,7 @@ def spawn(fn: Callable[..., Any], nranks: int, args: tuple = (), **settings: Any
         # started with -m: the rank imports the module by name; else it runs the file by path
         main_path = ("module", spec.name) if spec is not None else ("path", getattr(main, "__file__", None))
     payload = pickle.dumps((fn, tuple(args)), protocol=pickle.HIGHEST_PROTOCOL)
-    outcome = Job(nranks, config, ("spawn", list(sys.path), main_path, payload)).run()
+    outcome = Job(nranks, config, ("spawn", list(sys.path), main_path, payload), imports=_imports_of(fn)).run()
     if outcome.ok:
         return [pickle.loads(r.result) if r.result is not None else None for r in outcome.ranks]
     root = outcome.root_cause

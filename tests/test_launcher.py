@@ -218,6 +218,21 @@ def test_ranks_run_numeric_libraries_on_one_thread_unless_told_otherwise(monkeyp
     assert stratacl.spawn(_thread_settings, 2, timeout=60) == [expected, expected]
 
 
+def test_the_rank_template_imports_torch_for_a_script_that_imports_it_at_its_top(tmp_path):
+    # a rank of a torch script starts with torch imported (the template's, shared), on one
+    # thread as before; a script that imports torch only inside a branch gets no torch from it
+    run = launch("-n", "2", script("torch_preloaded.py"), env=clean_env(), timeout=60)
+    assert run.returncode == 0, run.explain()
+    assert sorted(ln for ln in run.stdout.splitlines() if ln.startswith("@@")) == [
+        "@@ rank 0 torch before True threads 1", "@@ rank 1 torch before True threads 1"], run.explain()
+    assert "spawned, not forked" not in run.stderr, run.explain()
+    lazy = tmp_path / "lazy_torch.py"
+    lazy.write_text("import sys\nif len(sys.argv) > 5:\n    import torch\nprint('@@', 'torch' in sys.modules)\n")
+    run = launch("-n", "2", str(lazy), env=clean_env(), timeout=60)
+    assert run.returncode == 0, run.explain()
+    assert run.stdout.splitlines() == ["@@ False", "@@ False"], run.explain()
+
+
 def test_unknown_stratacl_environment_variable_is_an_error():
     run = launch("-n", "2", script("rank_info.py"), env=clean_env(STRATACL_TIMEOUTT="3"), timeout=60)
     assert run.returncode == 2, run.explain()

@@ -71,16 +71,57 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+# modules the rank template imports for a target that will (jobs/_template.py): heavy to
+# import, and single-threaded once imported; with each, the library's own module for it
+PRELOADABLE = {"torch": ["torch", "stratacl.torch"]}
+
+
+def preload_for(target: tuple, imports: set[str] = frozenset()) -> list[str]:
+    """The PRELOADABLE modules ``target`` imports: a script's or module's top-level imports
+    (read, not run); for ``stratacl.spawn``, ``imports`` (what the function's module has)."""
+    names = set(imports) if target[0] == "spawn" else _top_level_imports(target)
+    return [m for top, mods in PRELOADABLE.items() if top in names for m in mods]
+
+
+def _top_level_imports(target: tuple) -> set[str]:
+    """The top-level packages a script's or module's top-level code imports (read, not run)."""
+    path = target[1]
+    if target[0] == "module":
+        if "." in target[1]:
+            return set()     # finding a submodule would import its package here, in the launcher
+        import importlib.util
+        try:
+            spec = importlib.util.find_spec(target[1])
+        except (ImportError, ValueError):
+            return set()
+        path = spec.origin if spec is not None else None
+    try:
+        import ast
+        with open(path, "rb") as f:
+            tree = ast.parse(f.read())
+    except (OSError, TypeError, ValueError, SyntaxError):
+        return set()        # the rank reports what is wrong with its target
+    names = set()
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            names |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
 class Job:
     """Run ``target`` on ``nprocs`` ranks. target: ('script', path, args) | ('module', name, args)
-    | ('spawn', payload)."""
+    | ('spawn', payload). ``imports``: for 'spawn', the top-level packages the function's
+    module has imported (what the rank template may import beforehand: ``preload_for``)."""
 
     def __init__(self, nprocs: int, config: Config, target: tuple, handle_signals: bool = False,
                  extra_env: dict[str, str] | None = None, start_method: str = "fork", part: HostPart | None = None,
-                 job_id: str | None = None, secret: str | None = None):
+                 job_id: str | None = None, secret: str | None = None, imports: set[str] | None = None):
         if nprocs < 1:
             raise ValueError(f"need at least one rank, got {nprocs}")
         self.n, self.config, self.target = nprocs, config, target
+        self.imports = imports or set()
         # a job over hosts (_hostjob.py): this launcher runs this host's part, its ranks only
         self.part = part
         self.ranks = part.ranks if part is not None else list(range(nprocs))
@@ -189,7 +230,7 @@ class Job:
             common = self._common_env()
             template = Template() if self.start_method == "fork" else None
             if template is not None and not template.start(common, [*job_fds, *([store_fd] if store_fd >= 0 else [])],
-                                                           stdin):
+                                                           stdin, preload_for(self.target, self.imports)):
                 print(f"stratacl-launch: ranks are spawned, not forked from a template: {template.why}",
                       file=sys.stderr, flush=True)
                 template = None

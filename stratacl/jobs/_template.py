@@ -30,10 +30,18 @@ sets the C environment), its descriptors (stdout and stderr on its pipes, the re
 job's segments; every other descriptor closed), default signal dispositions, fresh random
 seeds, then ``_rankboot.main``, which ties it to its parent (PR_SET_PDEATHSIG, a process group
 of its own, the parent checked) and runs the target.
+
+The launcher may name heavy modules the target will import (``preload``: torch, when the
+script or module imports it at its top, or when the process calling ``stratacl.spawn`` has):
+the template imports them too, after the library and before its single-thread check, so a
+rank does not pay torch's import (about 1.3 s of CPU) on its own. A module that fails to
+import is left to the rank, which then fails as it would have; one that starts a thread makes
+the template refuse, and the launcher starts a template without it.
 """
 from __future__ import annotations
 
 import gc
+import importlib
 import json
 import os
 import pickle
@@ -140,6 +148,11 @@ def main() -> None:
     # the public face, first: numpy, the runtime, the fabric model, the operators)
     from stratacl.runtime import _native, _world   # noqa: F401
     from . import _rankboot, _wire      # noqa: F401
+    for name in filter(None, sys.argv[4].split(",") if len(sys.argv) > 4 else []):
+        try:
+            importlib.import_module(name)
+        except Exception:       # noqa: BLE001 - the rank imports it again and fails as it would have
+            pass
     _native.set_pdeathsig(signal.SIGKILL)
     if os.getppid() != launcher:
         os._exit(70)                    # the launcher is already gone
@@ -196,14 +209,21 @@ class Template:
         self._gone = False           # the template ended: every rank not reported died with it
         self._read_at = 0.0
 
-    def start(self, env: dict[str, str], job_fds: list[int], stdin) -> bool:
+    def start(self, env: dict[str, str], job_fds: list[int], stdin, preload: list[str] = ()) -> bool:
+        """Start the template (importing ``preload`` too); False if it refused or did not start.
+        A template that refused with ``preload`` is started again without it."""
+        if preload and self._start(env, job_fds, stdin, preload):
+            return True
+        return self._start(env, job_fds, stdin, [])
+
+    def _start(self, env: dict[str, str], job_fds: list[int], stdin, preload: list[str]) -> bool:
         import subprocess
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             # a process group of its own: a terminal's Ctrl-C reaches the launcher alone
             self.proc = subprocess.Popen(
                 [sys.executable, "-P", "-m", "stratacl.jobs._template", str(theirs.fileno()),
-                 ",".join(map(str, job_fds)), str(os.getpid())],
+                 ",".join(map(str, job_fds)), str(os.getpid()), ",".join(preload)],
                 env=env, pass_fds=(*job_fds, theirs.fileno()), process_group=0, stdin=stdin)
         finally:
             theirs.close()
