@@ -28,8 +28,8 @@ every mapping in ``/proc/self/smaps``. A rank's touched HBM pages are shared-mem
 own segment, and the peers' segments it has mapped at shadow addresses) and count as private
 while no other process has touched them, so they would inflate USS in a way that is the
 emulated device's memory, not the rank's overhead. Here the private pages of mappings backed
-by a shared-memory file (``/dev/shm/...``, deleted or not: the HBM segments and the control
-segment) are summed apart and subtracted; what remains is heap, Python objects, libraries'
+by a shared-memory file (``/dev/shm/...``, deleted or not, or the job's memfds where
+``/dev/shm`` has no room: the HBM segments and the control segment) are summed apart and subtracted; what remains is heap, Python objects, libraries'
 private data and thread stacks. Page tables (VmPTE) are reported beside it. The table gives the
 mean over the ranks and the largest rank: under ``--clock virtual`` the fabric model's timed
 plans are mapped from the job's store (runtime/_plans.py), so a rank's memory stays flat in N.
@@ -79,7 +79,9 @@ def _smaps_private() -> tuple[int, int, int]:
             if line[:1].isdigit() or line[:1] in b"abcdef" and b"-" in line.split(b" ", 1)[0]:
                 parts = line.split(None, 5)
                 path = parts[5].strip() if len(parts) > 5 else b""
-                in_shm = path.startswith(b"/dev/shm/") or path.startswith(b"/SYSV")
+                # HBM is a /dev/shm name, or a memfd where /dev/shm has no room for the job's
+                # (runtime/_segments.py): both are the job's shared memory
+                in_shm = path.startswith((b"/dev/shm/", b"/SYSV", b"/memfd:stratacl-"))
             elif line.startswith(b"Private_Clean:") or line.startswith(b"Private_Dirty:"):
                 kb = int(line.split()[1]) * 1024
                 total += kb
