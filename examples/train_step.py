@@ -2,7 +2,8 @@
 
     stratacl-launch -n 8 [--clock virtual] examples/train_step.py [--steps 2] [--layers 2] [--hidden 64]
                                                                   [--tp 2] [--ep 8]
-                                                                  [--routing gate|seeded] [--no-check]
+                                                                  [--routing gate|seeded] [--imbalance 1.0]
+                                                                  [--no-check]
 
 The paper trains DeepSeek V3.2 with TorchTitan on 512 dies, FSDP=128 x TP=4, EP=64 (section
 9.1, "LLM training"). Here the N ranks form the same three kinds of groups, sized from N:
@@ -13,17 +14,17 @@ The paper trains DeepSeek V3.2 with TorchTitan on 512 dies, FSDP=128 x TP=4, EP=
     EP groups     ranks [k*EP, (k+1)*EP) (--ep, default N: the world): --experts-per-rank
                   experts on every rank, EP x experts-per-rank experts in all; each of the N/EP
                   EP groups holds a full copy of them
-    expert        ranks {j, j+EP, j+2*EP, ...}: the N/EP ranks that hold the same experts; their
-    replicas      gradients are all_reduce'd over this group (async, beside the backward of the
-                  layers below) before SGD. At EP = N the group is the rank alone: no reduction
+    expert FSDP   ranks {j, j+EP, j+2*EP, ...}: the R = N/EP ranks that hold the same experts;
+                  the experts' weights are FSDP-sharded over this group (below). At EP = N the
+                  group is the rank alone: its experts are local, nothing gathered or reduced
 
 This is TorchTitan's device mesh [dp_shard_mod_ep, dp_shard_in_ep, tp] (tp innermost) with
 expert tensor parallelism 1, where EP = dp_shard_in_ep x tp spans the TP groups it holds (the
 TP ranks split the tokens, so each dispatches its own) and the experts are FSDP'd over
-dp_shard_mod_ep = N/EP, the replica groups above (here replicated and all-reduced rather than
-sharded and reduce-scattered: the same bytes reduced, the same sum). The paper's 512 dies are
-TP 4, FSDP 128, EP 64: dp_shard_in_ep 16, 8 replicas of each expert. An EP smaller than TP
-(allowed for small recordings) is a block of one TP group, which TorchTitan does not build.
+dp_shard_mod_ep = N/EP, the expert-FSDP groups above (TorchTitan's efsdp, dp_shard x tp / ep).
+The paper's 512 dies are TP 4, FSDP 128, EP 64: dp_shard_in_ep 16, each expert sharded over 8.
+An EP smaller than TP (allowed for small recordings) is a block of one TP group, which
+TorchTitan does not build.
 
 One layer (--layers of them) is a tensor-parallel dense block standing in for attention, then a
 mixture-of-experts block, each with a residual (no norms, no embedding or output head):
@@ -55,6 +56,14 @@ does not reshard the last block either). The backward runs the same chain in rev
 and each layer's flat gradient is reduce-scattered (``reduce_scatter_single``, async) over the
 FSDP group onto its shard as soon as the layer's backward is done. Then SGD on the shards and
 on the local experts. Every exchanged tensor lives in HBM (``stratacl.torch.empty``).
+
+The experts, when R > 1, are FSDP units of their own, as TorchTitan's ``apply_fsdp`` wraps
+each MoE block's experts on the expert-FSDP mesh: a layer's local experts are one flat vector
+sharded over the R ranks of the expert-FSDP group; it is all-gathered (async) together with the
+layer's dense weights and prefetched with them, one block ahead in the forward and one behind
+in the backward (TorchTitan prefetches [next block, next block's experts]), and waited for
+just before the experts run; its gradient is reduce-scattered (async) onto the shard as soon as
+the experts' backward is done, beside the rest of that layer's backward and the layers below.
 
 Under ``--clock virtual`` every kernel is charged its roofline time on the die
 (``comm.charge_kernel``: FLOPs and HBM bytes, float32; a matmul is one kernel with its
@@ -95,6 +104,11 @@ p.add_argument("--routing", choices=("gate", "seeded"), default="gate",
                     "the experts drawn by stratacl.ep.routing, uniform, from --seed, the step, micro-batch, layer "
                     "and rank, the same at every --hidden (so the traces extrapolate in it)")
 p.add_argument("--seed", type=int, default=0, help="--routing seeded draws from it")
+p.add_argument("--imbalance", type=float, default=1.0,
+               help="--routing seeded: the experts' load imbalance, max / mean of their expected loads (1: "
+                    "uniform); the experts' popularity is then a Zipf law over one order shared by every rank "
+                    "(drawn anew for each step, micro-batch and layer), its exponent stratacl.ep.skew_for(this, "
+                    "experts, top-k)")
 p.add_argument("--no-check", action="store_true",
                help="skip the check against the job computed in one process (N times the step's compute on "
                     "every rank); for recordings of settings already checked")
@@ -111,6 +125,8 @@ DP = n // TP                                     # FSDP degree = data-parallel r
 EP = args.ep or n
 if EP < 1 or n % EP:
     raise SystemExit(f"--ep {EP} must divide the ranks ({n})")
+if args.imbalance != 1.0 and args.routing != "seeded":
+    raise SystemExit("--imbalance draws the experts: it needs --routing seeded")
 cfg = stratacl.config
 # HCCL-zerocopy's pre-registered pool runs on the caching (non-expandable) allocator, which
 # fragments: in the training trace of docs/fragmentation-2026-12-02.json one die fits 17
@@ -142,13 +158,18 @@ K = min(args.topk, E)
 P = 2 * H * Ft + H * E                           # a layer's flat dense weights (one TP shard)
 S = -(-P // DP)                                  # its FSDP shard
 M = DP * T * H                                   # the loss's elements
+R = n // EP                                      # each expert's replicas: its expert-FSDP group
+Q = 2 * LE * H * Fe                              # a layer's local experts' weights, flat
+SE = -(-Q // R)                                  # their shard over the expert-FSDP group
+rep = me // EP                                   # this rank's place in that group
+SKEW = ep.skew_for(args.imbalance, E, K) if args.imbalance != 1.0 else 0.0
 modeled = cfg.clock != "off"
 
 # every rank makes every group, in the same order (torch.distributed requires it)
 tp_groups = [dist.new_group(list(range(g * TP, (g + 1) * TP))) for g in range(DP)]
 fsdp_groups = [dist.new_group(list(range(t, n, TP))) for t in range(TP)]
 tp_group, fsdp_group = tp_groups[dp_rank], fsdp_groups[tp_rank]
-# the ranks that hold this rank's experts; none to reduce with at EP = N
+# the ranks that hold this rank's experts (its expert-FSDP group); none at EP = N
 replica_groups = [dist.new_group(list(range(j, n, EP))) for j in range(EP)] if EP < n else None
 replica_group = replica_groups[ep_rank] if replica_groups else None
 buf = ep.Buffer(comm if EP == n else comm.split(me // EP, me), E)
@@ -199,6 +220,15 @@ def expert_init(layer: int, expert: int):
     return [torch.randn(H, Fe, generator=g) / H ** 0.5, torch.randn(Fe, H, generator=g) / Fe ** 0.5]
 
 
+def expert_flat(weights: list) -> torch.Tensor:
+    """An EP rank's experts' weights (2 per expert, in order) as one flat vector, padded to R * SE."""
+    return torch.cat([w.reshape(-1) for w in weights] + [torch.zeros(R * SE - Q)])
+
+
+def expert_unflat(flat: torch.Tensor) -> list:
+    return [flat[i * H * Fe:(i + 1) * H * Fe].view((H, Fe) if i % 2 == 0 else (Fe, H)) for i in range(2 * LE)]
+
+
 def batch(step: int, replica: int):
     """Replica ``replica``'s tokens [T, H] and targets [T, H] at ``step``."""
     g = torch.Generator().manual_seed(step * 100003 + replica)
@@ -216,7 +246,7 @@ def drawn(step: int, micro: int, layer: int, rank: int, tokens: int):
     if args.routing == "gate":
         return None
     seed = ((args.seed * 1_000_003 + step) * MB + micro) * NL + layer
-    return torch.from_numpy(ep.routing([0] * rank + [tokens], E, K, rank + 1, 0.0, seed)[rank])
+    return torch.from_numpy(ep.routing([0] * rank + [tokens], E, K, rank + 1, SKEW, seed, shared=SKEW > 0)[rank])
 
 
 def gate_fwd(c, wg, idx=None):
@@ -283,9 +313,17 @@ def rows_routed(recv_idx) -> list:
 
 
 # --- the step, distributed -------------------------------------------------------------------
-def gather(shards: list, layer: int):
+def gather(shards: list, experts: list, layer: int):
+    """Layer ``layer``'s FSDP gathers, issued (async): its dense weights over the FSDP group and,
+    when they are sharded (R > 1), its experts' over the expert-FSDP group. Returns (the dense
+    gather's work, the dense weights, the experts' gather's work or None, the experts' weights)."""
     full = stratacl.torch.empty((DP * S,))
-    return dist.all_gather_single(full, shards[layer], group=fsdp_group, async_op=True), full
+    work = dist.all_gather_single(full, shards[layer], group=fsdp_group, async_op=True)
+    if R == 1:
+        return work, full, None, experts[layer]
+    eflat = stratacl.torch.empty((R * SE,))
+    ework = dist.all_gather_single(eflat, experts[layer], group=replica_group, async_op=True)
+    return work, full, ework, expert_unflat(eflat)
 
 
 def step_distributed(step: int, shards: list, experts: list) -> torch.Tensor:
@@ -309,12 +347,12 @@ def micro_step(step: int, micro: int, x, target, shards: list, experts: list, gr
     Tc = T // TP
     x = hbm(x)
     mine = slice(tp_rank * Tc, (tp_rank + 1) * Tc)
-    saved, pending = [], {0: gather(shards, 0)}
+    saved, pending = [], {0: gather(shards, experts, 0)}
     for layer in range(NL):
-        work, full = pending.pop(layer)
+        work, full, ework, ew = pending.pop(layer)
         work.wait()
         if layer + 1 < NL:                         # prefetch: overlaps this layer's compute
-            pending[layer + 1] = gather(shards, layer + 1)
+            pending[layer + 1] = gather(shards, experts, layer + 1)
         w1, w2, wg = unflat(full)
         part = hbm(dense_fwd(x, w1, w2))
         matmul(T, H, Ft)
@@ -327,14 +365,16 @@ def micro_step(step: int, micro: int, x, target, shards: list, experts: list, gr
         matmul(Tc, H, E)
         recv_x, recv_idx, recv_w, _, handle = buf.dispatch(c.numpy(), idx.numpy(), w.numpy())
         rx, ri, rw = torch.from_numpy(recv_x), torch.from_numpy(recv_idx), torch.from_numpy(recv_w)
-        y = hbm(experts_fwd(rx, ri, rw, *experts[layer]))
+        if ework is not None:
+            ework.wait()
+        y = hbm(experts_fwd(rx, ri, rw, *ew))
         for rows in rows_routed(ri):
             matmul(rows, H, Fe)
             matmul(rows, Fe, H)
         moe, _ = buf.combine(y.numpy(), handle)
         out = hbm(c + torch.from_numpy(moe))
         elementwise(Tc * H)
-        saved.append((x, c, idx, w, rx, ri, rw, full if layer == NL - 1 else None))
+        saved.append((x, c, idx, w, rx, ri, rw, (full, ew) if layer == NL - 1 else None))
         if layer + 1 < NL:
             x = stratacl.torch.empty((T, H))
             dist.all_gather_single(x, out, group=tp_group)
@@ -344,20 +384,40 @@ def micro_step(step: int, micro: int, x, target, shards: list, experts: list, gr
 
     reducing, expert_reducing = [], []
     for layer in reversed(range(NL)):
-        x, c, idx, w, rx, ri, rw, full = saved[layer]
-        if full is None:
-            work, full = pending.pop(layer)
+        x, c, idx, w, rx, ri, rw, kept = saved[layer]
+        if kept is None:
+            work, full, ework, ew = pending.pop(layer)
             work.wait()
+        else:
+            (full, ew), ework = kept, None
         if layer > 0:                              # prefetch the next layer of the backward
-            pending[layer - 1] = gather(shards, layer - 1)
+            pending[layer - 1] = gather(shards, experts, layer - 1)
         w1, w2, wg = unflat(full)
         # combine's backward: each expert row gets its token's output gradient (a dispatch)
         d_y, _, _, _, back = buf.dispatch(hbm(d_out).numpy(), idx.numpy(), w.numpy())
-        grads = vjp(experts_fwd, [rx, ri, rw, *experts[layer]], [True, False, True] + [True] * 2 * LE,
+        if ework is not None:
+            ework.wait()
+        grads = vjp(experts_fwd, [rx, ri, rw, *ew], [True, False, True] + [True] * 2 * LE,
                     torch.from_numpy(d_y))
         for rows in rows_routed(ri):
             matmul(rows, Fe, H, backward=True)
             matmul(rows, H, Fe, backward=True)
+        d_experts = grads[3:]
+        if grad_sums[1][layer] is not None:        # accumulate: earlier micro-batches' sum + this one's
+            d_experts = [a + b for a, b in zip(grad_sums[1][layer], d_experts)]
+            elementwise(Q)
+        if not last:
+            grad_sums[1][layer] = d_experts
+        elif R == 1:
+            for e in range(2 * LE):
+                experts[layer][e] -= args.lr * d_experts[e]
+            elementwise(Q)
+        else:                                      # FSDP's reduce-scatter, beside the rest of the backward
+            eflat = stratacl.torch.zeros((R * SE,))
+            torch.cat([d.reshape(-1) for d in d_experts], out=eflat[:Q])
+            eshard = stratacl.torch.empty((SE,))
+            expert_reducing.append((dist.reduce_scatter_single(eshard, eflat, group=replica_group, async_op=True),
+                                    eshard, eflat, layer))
         # dispatch's backward: the rows' and the weights' gradients back to the tokens (a combine)
         d_rows = hbm(torch.cat([grads[0], grads[2]], dim=1))
         d_back, _ = buf.combine(d_rows.numpy(), back)
@@ -377,38 +437,25 @@ def micro_step(step: int, micro: int, x, target, shards: list, experts: list, gr
         dist.all_reduce(d_wg, group=tp_group)
         flat = stratacl.torch.zeros((DP * S,))
         torch.cat([d_w1.reshape(-1), d_w2.reshape(-1), d_wg.reshape(-1)], out=flat[:P])
-        d_experts = grads[3:]
         if grad_sums[0][layer] is not None:        # accumulate: earlier micro-batches' sum + this one's
             flat += grad_sums[0][layer]
-            d_experts = [a + b for a, b in zip(grad_sums[1][layer], d_experts)]
-            elementwise(DP * S + 2 * LE * H * Fe)
+            elementwise(DP * S)
         if last:
             shard = stratacl.torch.empty((S,))
             reducing.append((dist.reduce_scatter_single(shard, flat, group=fsdp_group, async_op=True), shard,
                              flat))
-            if replica_group is None:
-                for e in range(2 * LE):
-                    experts[layer][e] -= args.lr * d_experts[e]
-                elementwise(2 * LE * H * Fe)
-            else:                                  # summed over the replicas, beside the layers below
-                summed = hbm(torch.cat([d.reshape(-1) for d in d_experts]))
-                expert_reducing.append((dist.all_reduce(summed, group=replica_group, async_op=True), summed,
-                                        layer))
         else:
-            grad_sums[0][layer], grad_sums[1][layer] = flat, d_experts
+            grad_sums[0][layer] = flat
         d_out = (d_h + d_x)[mine]
         elementwise(T * H)
     for (work, grad, _), layer in zip(reducing, reversed(range(NL))):
         work.wait()
         shards[layer] -= args.lr * grad
         elementwise(2 * S)
-    for work, summed, layer in expert_reducing:
+    for work, grad, _, layer in expert_reducing:
         work.wait()
-        at = 0
-        for e, w in enumerate(experts[layer]):
-            experts[layer][e] -= args.lr * summed[at:at + w.numel()].view(w.shape)
-            at += w.numel()
-        elementwise(2 * LE * H * Fe)
+        experts[layer] -= args.lr * grad
+        elementwise(2 * SE)
     return loss
 
 
@@ -522,6 +569,8 @@ for layer in range(NL):
     s.copy_(flat_init(layer, tp_rank)[dp_rank * S:(dp_rank + 1) * S])
     shards.append(s)
 experts = [[w for e in range(LE) for w in expert_init(layer, ep_rank * LE + e)] for layer in range(NL)]
+if R > 1:          # each layer's experts: this rank's shard of them over the expert-FSDP group
+    experts = [hbm(expert_flat(ws)[rep * SE:(rep + 1) * SE]) for ws in experts]
 losses, step_us, compute_us = [], [], []
 for step in range(args.steps):
     t0 = comm.clock() if modeled else 0.0
@@ -542,9 +591,15 @@ else:
                    for layer in range(NL)]
     ref_losses = [step_alone(step, ref_flats, ref_experts) for step in range(args.steps)]
     mine = slice(dp_rank * S, (dp_rank + 1) * S)
+    if R > 1:
+        experts_exact = all(torch.equal(experts[layer], expert_flat(ref_experts[layer][me])[rep * SE:(rep + 1) * SE])
+                            for layer in range(NL))
+    else:
+        experts_exact = all(torch.equal(a, b) for layer in range(NL) for a, b in zip(experts[layer],
+                                                                                     ref_experts[layer][me]))
     exact = (all(torch.equal(losses[s], ref_losses[s][me]) for s in range(args.steps))
              and all(torch.equal(shards[layer], ref_flats[layer][tp_rank][mine]) for layer in range(NL))
-             and all(torch.equal(a, b) for layer in range(NL) for a, b in zip(experts[layer], ref_experts[layer][me])))
+             and experts_exact)
 verdict = torch.tensor([int(exact)], dtype=torch.int32)
 dist.all_reduce(verdict, op=dist.ReduceOp.MIN)
 slowest = torch.tensor(step_us, dtype=torch.float64)
@@ -553,11 +608,12 @@ most = torch.tensor(compute_us, dtype=torch.float64)
 dist.all_reduce(most, op=dist.ReduceOp.MAX)
 if me == 0:
     print(f"training step: {n} ranks (TP {TP} x FSDP {DP}, EP {EP}"
-          f"{f' x {n // EP} expert replicas' if EP < n else ''}), {NL} layers, hidden {H}, {E} experts "
+          f"{f' x expert FSDP {R}' if R > 1 else ''}), {NL} layers, hidden {H}, {E} experts "
           f"(top-{K}), {T} tokens per replica in {MB} micro-batch{'es' if MB > 1 else ''}"
           f"{' of ' + ', '.join(str(hi - lo) for lo, hi in MICRO) if MB > 1 else ''}; registration {cfg.registration}, partition {cfg.partition}, "
           f"path {cfg.path}, clock {cfg.clock}"
-          + (f"; routing seeded (seed {args.seed})" if args.routing == "seeded" else ""))
+          + (f"; routing seeded (seed {args.seed}" + (f", imbalance {args.imbalance:g}" if SKEW else "") + ")"
+             if args.routing == "seeded" else ""))
     print("exact against the job computed in one process, on every rank: "
           + ("not checked (--no-check)" if args.no_check else "yes" if verdict.item() else "NO"))
     what = "modeled" if modeled else "wall"

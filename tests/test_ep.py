@@ -450,6 +450,40 @@ def test_routing_skew_shows_as_a_core_gap_for_naive_partitioning_not_balanced():
         assert balanced.time_us < naive.time_us
 
 
+@pytest.mark.parametrize("experts, topk", [(8, 4), (32, 8), (256, 8)])
+@pytest.mark.parametrize("imbalance", [1.05, 1.2, 1.8])
+def test_a_shared_skew_gives_the_expert_loads_the_imbalance_asked_for(experts, topk, imbalance):
+    """ep.skew_for's exponent, drawn with one popularity order on every rank (shared=True),
+    gives expert loads over many tokens whose max / mean is the imbalance asked for (the draw's
+    own noise aside); per-rank orders at the same exponent balance out over the ranks."""
+    skew = ep.skew_for(imbalance, experts, topk)
+    tokens = 400_000 // experts * experts // 8
+    shared = ep.routing(tokens, experts, topk, 8, skew, 11, shared=True)
+    load = np.bincount(np.concatenate(shared).ravel(), minlength=experts)
+    noise = 4 * np.sqrt(load.mean()) / load.mean()          # four standard deviations of one expert's count
+    assert abs(load.max() / load.mean() - imbalance) < 0.02 + noise, (load.max() / load.mean(), imbalance)
+    # every rank the same hot experts: each rank's own loads are as uneven as the whole batch's
+    hot = int(np.argmax(load))
+    assert all(np.bincount(r.ravel(), minlength=experts).argmax() == hot for r in shared) or imbalance < 1.5
+    apart = ep.routing(tokens, experts, topk, 8, skew, 11)
+    spread = np.bincount(np.concatenate(apart).ravel(), minlength=experts)
+    assert spread.max() / spread.mean() < load.max() / load.mean() or imbalance < 1.5
+    assert ep.skew_for(1.0, experts, topk) == 0.0
+    assert ep.skew_for(imbalance, experts, topk) < ep.skew_for(imbalance + 0.1, experts, topk)
+
+
+def test_skew_for_refuses_what_no_draw_can_give():
+    with pytest.raises(ValueError, match="at least 1"):
+        ep.skew_for(0.9, 16, 4)
+    with pytest.raises(ValueError, match="picks every expert"):
+        ep.skew_for(1.5, 4, 4)
+    with pytest.raises(ValueError, match="cannot reach"):
+        ep.skew_for(2.5, 8, 4)                 # top-4 of 8: an expert's load is at most 2x the mean
+    # without shared, the draws are the ones routing made before shared existed
+    assert [r.tolist() for r in ep.routing(5, 16, 4, 2, 0.7, 3)] == \
+        [r.tolist() for r in ep.routing(5, 16, 4, 2, 0.7, 3, shared=False)]
+
+
 @pytest.mark.parametrize("dtype", [np.float16, np.float32])
 @pytest.mark.parametrize("weighted", [False, True])
 def test_the_combine_kernel_rounds_as_numpy_does_step_by_step(dtype, weighted):

@@ -286,20 +286,28 @@ def test_serving_seeded_routing_is_exact_and_extrapolates_in_hidden(tmp_path):
                                                                ("pool", "2 micro-batches of 4, 4", "gate", 8),
                                                                ("pool", "2 micro-batches of 4, 4", "seeded", 8),
                                                                ("roa", "1 micro-batch", "gate", 4),
-                                                               ("pool", "2 micro-batches of 4, 4", "seeded", 2)])
+                                                               ("pool", "2 micro-batches of 4, 4", "seeded", 2),
+                                                               ("roa", "1 micro-batch", "skewed", 2)])
 def test_train_step_example_trains_exactly_as_one_process(registration, batches, routing, ep):
     # under pool the caching allocator fits 8 x 17/27 -> 4 tokens: two micro-batches, accumulated;
     # seeded routing draws each micro-batch's experts apart, and the one-process check must draw the same;
-    # --ep 4 and 2: two and four EP groups, each expert's gradients all_reduce'd over its replicas
+    # --ep 4 and 2: two and four EP groups, each expert's weights FSDP-sharded over its replicas (gathered
+    # with the layer's dense weights, gradients reduce-scattered); skewed: seeded with --imbalance 1.5
+    # (one hot order of 16 experts shared by every rank)
+    extra = ["--routing", "seeded", "--imbalance", "1.5", "--experts-per-rank", "8"] if routing == "skewed" else \
+        ["--routing", routing]
     run = launch("-n", "8", "--clock", "virtual", "--timeout", "90", "--registration", registration,
-                 str(EXAMPLES / "train_step.py"), "--steps", "2", "--routing", routing, "--ep", str(ep),
+                 str(EXAMPLES / "train_step.py"), "--steps", "2", "--ep", str(ep), *extra,
                  "--layers", "2", "--hidden", "32", "--ffn", "64", "--tokens", "8", timeout=140)
     assert run.returncode == 0, run.explain()
     lines = run.stdout.splitlines()
-    layout = f"EP {ep}" + (f" x {8 // ep} expert replicas" if ep < 8 else "")
-    assert lines[0] == (f"training step: 8 ranks (TP 2 x FSDP 4, {layout}), 2 layers, hidden 32, {2 * ep} experts "
+    layout = f"EP {ep}" + (f" x expert FSDP {8 // ep}" if ep < 8 else "")
+    experts = 16 if routing == "skewed" else 2 * ep
+    assert lines[0] == (f"training step: 8 ranks (TP 2 x FSDP 4, {layout}), 2 layers, hidden 32, {experts} experts "
                         f"(top-4), 8 tokens per replica in {batches}; registration {registration}, partition balanced, "
-                        "path mte, clock virtual" + ("; routing seeded (seed 0)" if routing == "seeded" else "")), \
+                        "path mte, clock virtual" + ("; routing seeded (seed 0)" if routing == "seeded" else
+                                                     "; routing seeded (seed 0, imbalance 1.5)" if routing == "skewed"
+                                                     else "")), \
         run.explain()
     assert lines[1] == "exact against the job computed in one process, on every rank: yes", run.explain()
     steps = [re.fullmatch(r"step (\d): loss ([\d.]+)   modeled ([\d.]+) us \(slowest rank\)", x) for x in lines[2:4]]
@@ -345,8 +353,8 @@ def test_train_step_seeded_routing_extrapolates_in_hidden(tmp_path):
 
 @pytest.mark.timeout(400)
 def test_train_step_ep_groups_extrapolate_in_n_to_a_real_run(tmp_path):
-    """EP groups of N / 2 ranks (--ep, each expert on 2 replicas whose gradients are
-    all_reduce'd over them), TP 2, FSDP N / 2, the paper-size load's --routing seeded: the
+    """EP groups of N / 2 ranks (--ep, each expert FSDP-sharded over its 2 replicas: gathered
+    and its gradients reduce-scattered over them), TP 2, FSDP N / 2, the paper-size load's --routing seeded: the
     traces at 4, 6 and 8 ranks extrapolated (ub.extrapolate, as benchmarks/paper_size.py
     --workload train takes its EP N / 8 layout to 512 dies) give a real 12-rank run's second
     step within 1%, with every call among the real run's members and of its size."""
@@ -361,8 +369,8 @@ def test_train_step_ep_groups_extrapolate_in_n_to_a_real_run(tmp_path):
                      "--layers", "2", "--hidden", "32", "--ffn", "64", "--tokens", "8", "--tp", "2", "--ep",
                      str(n // 2), timeout=170)
         assert run.returncode == 0, run.explain()
-        assert run.stdout.startswith(f"training step: {n} ranks (TP 2 x FSDP {n // 2}, EP {n // 2} x 2 expert "
-                                     f"replicas)"), run.explain()
+        assert run.stdout.startswith(f"training step: {n} ranks (TP 2 x FSDP {n // 2}, EP {n // 2} x expert "
+                                     f"FSDP 2)"), run.explain()
         traces[n] = ub.load_traces(str(d))
     guess = ub.extrapolate(traces[4], traces[6], traces[8], 12, routing=stratacl.ep.routing)
 
@@ -372,7 +380,9 @@ def test_train_step_ep_groups_extrapolate_in_n_to_a_real_run(tmp_path):
         assert [(c["op"], c["members"]) for c in calls(g)] == [(c["op"], c["members"]) for c in calls(r)]
         assert [c.get("nbytes") or 0 for c in calls(g)] == pytest.approx([c.get("nbytes") or 0 for c in calls(r)],
                                                                           rel=0.01)
-    assert ("all_reduce", [0, 6]) in [(c["op"], c["members"]) for c in calls(guess[0])]     # the experts' replicas
+    ops = [(c["op"], c["members"]) for c in calls(guess[0])]
+    assert ("reduce_scatter", [0, 6]) in ops and ("all_gather", [0, 6]) in ops      # the experts' FSDP group
+    assert ("all_reduce", [0, 6]) not in ops
     fitted = paper_size.train_metrics(ub.replay(guess))["modeled_step_us"]
     real = paper_size.train_metrics(ub.replay(traces[12]))["modeled_step_us"]
     assert real > 0 and abs(fitted / real - 1) < 0.01, (fitted, real)

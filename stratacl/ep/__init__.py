@@ -7,6 +7,7 @@
     recv_x, recv_count, handle = buf.low_latency_dispatch(x, topk_idx, max_tokens_per_rank)
     combined_x = buf.low_latency_combine(y, topk_idx, topk_weights, handle)
     stratacl.ep.routing(tokens, experts, topk, nranks, skew, seed)    # seeded gate-like routing
+    stratacl.ep.skew_for(2.0, 256, 8)      # the skew whose shared routing's expert loads have max / mean 2
     stratacl.ep.estimate("dispatch", 32, 4096, 7168, 8, 256, mode="ht")  # modeled, no ranks
 
 Pull mode and zero copy, on the collectives' data path: token rows are remote slices that
@@ -17,5 +18,6 @@ from ._buffer import Handle as Handle
 from ._model import MoeEstimate as MoeEstimate
 from ._model import estimate as estimate
 from ._routing import routing as routing
+from ._routing import skew_for as skew_for
 
-__all__ = ["Buffer", "Handle", "MoeEstimate", "estimate", "routing"]
+__all__ = ["Buffer", "Handle", "MoeEstimate", "estimate", "routing", "skew_for"]
