@@ -55,6 +55,18 @@ step time is the second step's, read off the replay's clocks (the example reads
 H``: as for serving, the fit to H (a multiple of 7) against a real run at H, at each recorded N,
 and at each N of ``--scale`` against a real run at N ranks and H.
 
+``--tokens T1,T2`` (train): the replica's tokens as a second fitted dimension. At each rank count
+the example runs at both token counts and at each hidden size (six recordings); at each token
+count ``ub.extrapolate_dimension`` fits hidden to ``--target``, then fits those two in the tokens
+(``moe="fit"``: the MoE calls' tokens and traffic and the experts' kernels are numbers fitted
+like the rest; linear, as every number of the step is a + b T at one width) to
+``--target-tokens`` (16384: the paper's global batch 512 x 4096 over FSDP 128), and
+``ub.extrapolate`` takes those to each N. ``--iterations I1,I2,...``: the routing of iteration I
+(examples/train_step.py ``--imbalance`` = ``imbalance(I)``, the decay written down in
+docs/end-to-end.md), recorded and extrapolated for each I; the rows say which. ``--verify-tokens
+T``: the fit in the tokens (from ``--tokens``, at the first of ``--hidden``) against a real run
+at T tokens, at each recorded N.
+
 ``--workload dlrm``: examples/dlrm.py (tables sharded table-wise, one per die; MLPs data
 parallel) runs with ``--trace`` at each rank count of ``--ranks`` (default 4, 8: every number
 of its step is a + b N, the pooled-embedding exchanges' bytes and the top MLP's input width
@@ -132,13 +144,17 @@ TRAIN_SOURCES = {
     "fsdp": "N / TP (every TP group a data-parallel replica): paper section 9.1, FSDP 128 at 512",
     "ep": "N / 8: paper section 9.1, EP 64 at 512 dies; EP groups of consecutive ranks (TorchTitan's "
           "dp_shard_in_ep x tp, expert TP 1), each holding every expert",
-    "expert_replicas": "N / EP = 8 at every N (the paper's 512 / 64): each expert's gradients all_reduce'd over "
-                       "its 8 replicas (TorchTitan FSDPs them over dp_shard_mod_ep: reduce-scatter, the same sum)",
-    "tokens": "assumed: 64 per replica (the host's limit at these widths); the paper's global batch 512 x "
-              "sequence 4096 over FSDP 128 is 16384 per replica",
+    "expert_replicas": "N / EP = 8 at every N (the paper's 512 / 64): each expert FSDP-sharded over its 8 "
+                       "replicas, gathered with its layer's dense weights and its gradients reduce-scattered "
+                       "(TorchTitan's efsdp = dp_shard x tp / ep)",
+    "tokens": "with --tokens: 16384 per replica (the paper's global batch 512 x sequence 4096 over FSDP 128), fitted "
+              "from the recorded token counts; without: 64 (assumed, the host's limit at three widths)",
+    "imbalance": "with --iterations: the experts' load max / mean at iteration I, 1.05 + 0.95 exp(-I / 1000) "
+                 "(assumed shape; docs/end-to-end.md), a shared Zipf skew (ep.skew_for) drawn anew at N",
     "layers": "2 (DeepSeek-V3: 61, 3 of them dense)",
-    "routing": "seeded uniform top-8 (stratacl.ep.routing), as DeepEP's tests draw it; not a trained gate",
-    "ranks": "recorded at the --ranks (16, 32, 64: EP 2, 4, 8), extrapolated to --scale (paper: 512 dies, "
+    "routing": "seeded top-8 (stratacl.ep.routing), uniform or, with --iterations, a shared skew; not a trained "
+               "gate",
+    "ranks": "recorded at the --ranks (16, 32, 64: EP 2, 4, 8; with --iterations 32, 48, 64), extrapolated to --scale (paper: 512 dies, "
              "section 9.1)",
 }
 
@@ -177,6 +193,26 @@ DLRM_SOURCES = {
 }
 
 
+def imbalance(iteration: float) -> float:
+    """The experts' load imbalance (max / mean) at a training iteration: 1.05 + 0.95 exp(-i / 1000),
+    2 at a cold start, 1.83 at 200, 1.18 at 2000, 1.056 at 5000. The shape and its e-folding time are
+    assumed (docs/end-to-end.md, "The paper's deployments": no public curve; 2 from DeepSeek's EPLB
+    example, about 1.05 by the paper's last iteration)."""
+    import math
+    return 1.05 + 0.95 * math.exp(-iteration / 1000.0)
+
+
+def skewed_routing(load_imbalance: float):
+    """ub.extrapolate's routing generator for a shared skew of the given imbalance: the exponent
+    found for each call's expert count (ep.skew_for), so the imbalance holds at every N."""
+    from stratacl import ep
+
+    def draw(tokens, experts, topk, nranks, skew, seed):
+        s = ep.skew_for(load_imbalance, experts, topk) if load_imbalance != 1.0 else 0.0
+        return ep.routing(tokens, experts, topk, nranks, s, seed, shared=s > 0)
+    return draw
+
+
 def _flag(args: list[str], name: str, default):
     # the last one given wins, as argparse takes it (arguments after -- follow the load's)
     return type(default)(args[len(args) - args[::-1].index(name)]) if name in args else default
@@ -200,12 +236,12 @@ def ep_size(n: int, replicas: int = EXPERT_REPLICAS) -> int:
 
 
 def record(config: str, n: int, hidden: int, args: list[str], tmp: str, workload: str = "serve",
-           replicas: int = EXPERT_REPLICAS) -> tuple[list, dict]:
+           replicas: int = EXPERT_REPLICAS, tag: str = "") -> tuple[list, dict]:
     """The example at ``n`` ranks and ``hidden``: its traces and its timeline (None for training,
-    whose EP groups are of ``n / replicas`` ranks)."""
+    whose EP groups are of ``n / replicas`` ranks). ``tag`` keeps recordings of other settings apart."""
     from stratacl import ub
 
-    d = os.path.join(tmp, f"{config}-{n}-{hidden}")
+    d = os.path.join(tmp, f"{config}-{n}-{hidden}{tag}")
     if workload == "train":
         _launch(WORKLOADS["train"][0], n, config, widths(hidden) + ["--ep", str(ep_size(n, replicas))], args, trace=d)
     elif workload == "dlrm":
@@ -233,17 +269,28 @@ def train_metrics(replay) -> dict:
 
 
 def at_width(config: str, n: int, hiddens: list[int], target: int, args: list[str], tmp: str,
-             workload: str = "serve") -> tuple[list, dict]:
+             workload: str = "serve", tag: str = "") -> tuple[list, dict]:
     """Every rank's traces at ``n`` ranks and hidden ``target``, fitted from ``hiddens`` (for
     DLRM, the batch per die)."""
     from stratacl import ub
 
-    got = [record(config, n, h, args, tmp, workload) for h in hiddens]
+    got = [record(config, n, h, args, tmp, workload, tag=tag) for h in hiddens]
     timelines = [t for _, t in got]
     if any(t != timelines[0] for t in timelines):
         raise ub.ReplayError(f"{config} at N={n}: the timelines differ between hidden sizes {hiddens}")
-    print(f"  {config}: recorded N={n} at {'batch' if workload == 'dlrm' else 'hidden'} {hiddens}", flush=True)
+    print(f"  {config}: recorded N={n} at {'batch' if workload == 'dlrm' else 'hidden'} {hiddens}{tag}", flush=True)
     return ub.extrapolate_dimension([r for r, _ in got], hiddens, target), timelines[0]
+
+
+def at_tokens(config: str, n: int, hiddens: list[int], target: int, tokens: list[int], target_tokens: int,
+              args: list[str], tmp: str, tag: str = "") -> list:
+    """Every rank's training traces at ``n`` ranks, hidden ``target`` and ``target_tokens`` tokens
+    per replica: fitted in hidden at each of ``tokens``, then in the tokens (moe="fit")."""
+    from stratacl import ub
+
+    wide = [at_width(config, n, hiddens, target, args + ["--tokens", str(t)], tmp, "train", f"{tag}-t{t}")[0]
+            for t in tokens]
+    return ub.extrapolate_dimension(wide, tokens, target_tokens, moe="fit")
 
 
 def train_dims(args: list[str], hiddens: list[int], target: int, ranks: list[int], n: int) -> dict:
@@ -305,6 +352,15 @@ def main(argv: list[str] | None = None) -> int:
                                                         "computed in one process (N times the compute)")
     p.add_argument("--verify", type=int, default=None, help="one configuration: the fit to this hidden size "
                                                             "against a real run at it, at each recorded N")
+    p.add_argument("--tokens", default=None, help="train: two token counts per replica recorded, fitted to "
+                                                  "--target-tokens (a second fitted dimension)")
+    p.add_argument("--target-tokens", type=int, default=16384, help="train, with --tokens: the replica's tokens "
+                                                                    "fitted to (the paper's 512 x 4096 / 128)")
+    p.add_argument("--iterations", default=None, help="train: the iterations whose routing skew (imbalance(I)) "
+                                                      "is recorded, one set of rows each")
+    p.add_argument("--verify-tokens", type=int, default=None, help="train, with --tokens: the fit in the tokens "
+                                                                   "against a real run at this many, at each "
+                                                                   "recorded N and the first --hidden")
     a = p.parse_args(argv)
     train = a.workload == "train"
     dlrm = a.workload == "dlrm"
@@ -312,6 +368,8 @@ def main(argv: list[str] | None = None) -> int:
     a.hidden = a.hidden or ("56,112,224" if train else "128,256,512" if dlrm else "32,64,128")
     a.scale = a.scale if a.scale is not None else ("128,512" if train else "128" if dlrm else "16,32")
     a.target = a.target or (1024 if dlrm else 7168)
+    if train and (a.tokens or a.iterations):
+        return train_tokens_main(a, TRAIN + ([] if a.check else NO_CHECK) + extra)
     if train or dlrm:
         return train_main(a, (TRAIN if train else DLRM) + ([] if a.check else NO_CHECK) + extra, a.workload)
     from stratacl import ep, ub
@@ -438,6 +496,76 @@ def train_main(a, args: list[str], workload: str = "train") -> int:
                 rows.append(row)
                 print(f"{config:<10}{n:>6}{row['modeled_step_us']:>20.1f}", flush=True)
                 save("rows")
+    return 0
+
+
+def train_tokens_main(a, args: list[str]) -> int:
+    """``--workload train`` with ``--tokens`` and/or ``--iterations``: per configuration and
+    iteration, the step at the target width and tokens, at the recorded rank counts and at each N
+    of ``--scale``; or, with ``--verify-tokens T``, the fit in the tokens against real runs."""
+    from stratacl import ub
+
+    configs = a.configs.split(",")
+    ranks = [int(x) for x in a.ranks.split(",")]
+    hiddens = [int(x) for x in a.hidden.split(",")]
+    scales = [int(x) for x in a.scale.split(",")] if a.scale else []
+    tokens = [int(x) for x in a.tokens.split(",")] if a.tokens else [_flag(args, "--tokens", 64)]
+    target_tokens = a.target_tokens if a.tokens else tokens[0]
+    iterations = [int(x) for x in a.iterations.split(",")] if a.iterations else [None]
+    command = " ".join(["python", "benchmarks/paper_size.py", *sys.argv[1:]])
+    rows = []
+
+    def save(key):
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump({"command": command, key: rows}, f, indent=1)
+
+    def skew_args(it):
+        return [] if it is None else ["--imbalance", f"{imbalance(it):.6f}"]
+
+    with tempfile.TemporaryDirectory(prefix="stratacl-paper-size-") as tmp:
+        if a.verify_tokens is not None:
+            config, h = configs[0], hiddens[0]
+            for it in iterations:
+                run = args + skew_args(it)
+                for n in ranks:
+                    got = [record(config, n, h, run + ["--tokens", str(t)], tmp, "train", tag=f"-i{it}-t{t}")[0]
+                           for t in tokens]
+                    fit_m = train_metrics(ub.replay(ub.extrapolate_dimension(got, tokens, a.verify_tokens,
+                                                                             moe="fit")))
+                    real_m = train_metrics(ub.replay(record(config, n, h, run + ["--tokens", str(a.verify_tokens)],
+                                                            tmp, "train", tag=f"-i{it}-real")[0]))
+                    err = {k: fit_m[k] / real_m[k] - 1 for k in fit_m}
+                    print(f"{config} N={n} hidden {h} iteration {it}: tokens {tokens} -> {a.verify_tokens}: fitted "
+                          f"{fit_m}, real {real_m}, relative error {err}", flush=True)
+                    rows.append({"config": config, "ranks": n, "hidden": h, "iteration": it,
+                                 "imbalance": None if it is None else imbalance(it), "tokens": a.verify_tokens,
+                                 "recorded_tokens": tokens, "fitted": fit_m, "real": real_m, "relative_error": err})
+                    save("verify")
+            return 0
+        print(f"{'config':<10}{'iteration':>10}{'ranks':>6}{'modeled step (us)':>20}", flush=True)
+        for config in configs:
+            for it in iterations:
+                run = args + skew_args(it)
+                load = 1.0 if it is None else imbalance(it)
+                try:
+                    fitted = [at_tokens(config, n, hiddens, a.target, tokens, target_tokens, run, tmp, f"-i{it}")
+                              if a.tokens else at_width(config, n, hiddens, a.target, run, tmp, "train", f"-i{it}")[0]
+                              for n in ranks]
+                except ub.ReplayError as e:
+                    print(f"{config:<10} not extrapolated: {e}", flush=True)
+                    continue
+                for n, traces in [(n, t) for n, t in zip(ranks, fitted)] + [(n, None) for n in scales]:
+                    if traces is None:
+                        traces = ub.extrapolate(*fitted, n, routing=skewed_routing(load))
+                    row = _row("train", config, n, "paper-size", train_metrics(ub.replay(traces)),
+                               run + ["--batch", str(a.target)])
+                    row["dims"] = train_dims(run + ["--tokens", str(target_tokens)], hiddens, a.target, ranks, n)
+                    row["dims"]["recorded_tokens"] = tokens
+                    row["iteration"], row["imbalance"] = it, load
+                    rows.append(row)
+                    print(f"{config:<10}{str(it):>10}{n:>6}{row['modeled_step_us']:>20.1f}", flush=True)
+                    save("rows")
     return 0
 
 

@@ -388,6 +388,57 @@ def test_train_step_ep_groups_extrapolate_in_n_to_a_real_run(tmp_path):
     assert real > 0 and abs(fitted / real - 1) < 0.01, (fitted, real)
 
 
+@pytest.mark.timeout(400)
+def test_train_step_extrapolates_in_its_tokens_to_a_real_run(tmp_path):
+    """The replica's tokens as a fitted dimension (ub.extrapolate_dimension(moe="fit"), as
+    benchmarks/paper_size.py --tokens takes 2048 and 4096 to the paper's 16384): the traces at
+    256 and 512 tokens, a skewed seeded routing (--imbalance 1.5), EP groups of 4 with 2 expert
+    replicas, fitted to 2048 give a real 2048-token run's second step within 3%; with the
+    routing held fixed (the default) the same recordings are refused."""
+    import paper_size
+    from stratacl import ub
+
+    traces = {}
+    for t in (256, 512, 2048):
+        d = tmp_path / f"t{t}"
+        run = launch("-n", "8", "--clock", "virtual", "--trace", str(d), "--timeout", "120",
+                     str(EXAMPLES / "train_step.py"), "--no-check", "--routing", "seeded", "--imbalance", "1.5",
+                     "--steps", "2", "--layers", "2", "--hidden", "32", "--ffn", "64", "--expert-ffn", "16",
+                     "--experts-per-rank", "4", "--ep", "4", "--tokens", str(t), timeout=200)
+        assert run.returncode == 0, run.explain()
+        traces[t] = ub.load_traces(str(d))
+    fitted = ub.extrapolate_dimension([traces[256], traces[512]], [256, 512], 2048, moe="fit")
+    got = paper_size.train_metrics(ub.replay(fitted))["modeled_step_us"]
+    real = paper_size.train_metrics(ub.replay(traces[2048]))["modeled_step_us"]
+    small = paper_size.train_metrics(ub.replay(traces[512]))["modeled_step_us"]
+    assert real > 1.3 * small                       # the tokens move the step: the check has something to see
+    assert abs(got / real - 1) < 0.03, (got, real)
+    # the MoE calls' tokens follow the fit: each member's tokens at 2048 are the real run's
+    calls = [c for e in fitted[0]["events"] for c in ([e] if e["e"] == "call" else e.get("calls", []))
+             if "routing" in c]
+    real_calls = [c for e in traces[2048][0]["events"] for c in ([e] if e["e"] == "call" else e.get("calls", []))
+                  if "routing" in c]
+    assert [c["routing"]["tokens"] for c in calls] == [c["routing"]["tokens"] for c in real_calls]
+    with pytest.raises(ub.ReplayError, match="routing changes with the dimension|changes with the dimension"):
+        ub.extrapolate_dimension([traces[256], traces[512]], [256, 512], 2048)
+
+
+def test_the_training_skew_decays_as_written_down():
+    """paper_size.imbalance: 1.05 + 0.95 exp(-i / 1000) (docs/end-to-end.md), and the routing
+    ub.extrapolate draws with at N keeps that imbalance whatever the expert count."""
+    import numpy as np
+    import paper_size
+
+    assert [round(paper_size.imbalance(i), 3) for i in (0, 200, 2000, 5000)] == [2.0, 1.828, 1.179, 1.056]
+    draw = paper_size.skewed_routing(paper_size.imbalance(200))
+    for experts in (32, 256):
+        idx = draw([4096] * 8, experts, 8, 8, 0.0, 5)
+        load = np.bincount(np.concatenate(idx).ravel(), minlength=experts)
+        assert abs(load.max() / load.mean() - 1.828) < 0.15, (experts, load.max() / load.mean())
+    flat = paper_size.skewed_routing(1.0)([64] * 2, 16, 4, 2, 0.0, 5)
+    assert [x.tolist() for x in flat] == [x.tolist() for x in stratacl.ep.routing([64] * 2, 16, 4, 2, 0.0, 5)]
+
+
 def test_e2e_nocomm_topology_frees_communication_and_keeps_the_compute(tmp_path):
     """benchmarks/e2e.py --configs nocomm: cm384 with the fabric free bounds a library's gain
     only if its kernels take cm384's time and its calls are bound by nothing but the die's

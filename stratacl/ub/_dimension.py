@@ -34,6 +34,16 @@ under auto, a call with jit mappings whose algorithm the fit changes (its mappin
 algorithm); a call whose jit mappings are paid in some recordings and not in others (a miss is
 an event, not a polynomial); recordings under auto made before traces recorded ``algo``, when
 their choices differ.
+
+``moe="fit"``, for a dimension that is the tokens themselves (a batch, a replica's tokens): an
+MoE call's tokens and traffic change with it by construction, and they are fitted like any
+other number (each member's tokens, every entry of every phase, the staged bytes), as are the
+experts' kernels. That is the expected value of a routing whose draws extend as the tokens grow
+(``stratacl.ep.routing`` draws token t's experts the same whatever follows it, so a larger
+recording's routing is a smaller one's plus new tokens): exact in expectation, with the draw's
+noise carried along, so it is checked against a real run rather than assumed (the examples'
+gates route by the activations and change at every size; record with ``--routing seeded``).
+The experts, the top-k, the row size and the call's mode must still be the same.
 """
 from __future__ import annotations
 
@@ -51,13 +61,18 @@ _NAMES = frozenset({"e", "op", "comm", "members", "k", "id", "async", "root", "i
                     "dispatch", "mode", "topk", "experts", "tokens"})
 
 
-def extrapolate_dimension(recordings: list[list[dict]], values: list[float], value: float) -> list[dict]:
+def extrapolate_dimension(recordings: list[list[dict]], values: list[float], value: float,
+                          moe: str = "same") -> list[dict]:
     """The traces of the program at ``value`` of one model dimension, from ``recordings``
     (``ub.load_traces`` of each) of the same SPMD program at the same rank count and at the two
     or three increasing ``values`` of that dimension. Every number that changes is fitted
     through the recordings (linear with two, quadratic with three), kernels charged with FLOPs
     are timed again by the roofline, ``--algo auto`` chooses again. Feed the result to
-    ``ub.replay``. See the module docstring for what is assumed and refused. Local; no ranks."""
+    ``ub.replay``. ``moe``: "same" (an MoE call's routing must not change) or "fit" (its tokens
+    and traffic are fitted too: for a dimension that is the tokens). See the module docstring
+    for what is assumed and refused. Local; no ranks."""
+    if moe not in ("same", "fit"):
+        raise ReplayError(f"extrapolate_dimension: moe is 'same' or 'fit', got {moe!r}")
     recs, xs = list(recordings), list(values)
     if len(recs) not in (2, 3) or len(xs) != len(recs):
         raise ReplayError(f"extrapolate_dimension: two or three recordings and as many values, got {len(recs)} "
@@ -79,14 +94,15 @@ def extrapolate_dimension(recordings: list[list[dict]], values: list[float], val
                                   f"rank 0 at x={xs[-1]}: {', '.join(diff)}")
     labels = [f"x={x}" for x in xs]
     _check_shape(recs, labels, "extrapolate_dimension", "the dimension")
-    return _Fit(recs, xs, value, settings).traces()
+    return _Fit(recs, xs, value, settings, moe == "fit").traces()
 
 
 class _Fit:
     """Every rank's events at ``value``, walked field by field through the recordings."""
 
-    def __init__(self, recs: list, xs: list, value: float, settings: dict):
+    def __init__(self, recs: list, xs: list, value: float, settings: dict, fit_moe: bool = False):
         self.recs, self.xs, self.value, self.settings = recs, xs, value, settings
+        self.names = _NAMES - {"tokens"} if fit_moe else _NAMES
         self.model = fabric_model(settings)
         self.topology = self.model.topology
         # Lagrange: the value at x of the polynomial through (xs[i], y[i]) is sum(w[i] y[i])
@@ -126,7 +142,7 @@ class _Fit:
                                                                  for it in items])
             return [self.walk([it[i] for it in items], f"{where}[{i}]", key) for i in range(len(last))]
         numeric = [isinstance(it, (int, float)) and not isinstance(it, bool) for it in items]
-        if all(numeric) and key not in _NAMES:
+        if all(numeric) and key not in self.names:
             return self.number(items, where)
         if any(it != last or type(it) is not type(last) for it in items):
             raise self.refuse(where, "it changes with the dimension", items)
@@ -149,7 +165,7 @@ class _Fit:
                                   "polynomial; members paying", [sum(p) for p in paid])
         algos = [c.pop("algo", None) for c in calls]
         out = self.walk(calls, where)
-        if "routing" in out:
+        if "routing" in out and self.names is _NAMES:
             self.same_routing(calls, where)
         if algos[-1] is None:
             return out
