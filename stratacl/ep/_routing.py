@@ -13,6 +13,12 @@ experts, and which experts are hot differs between batches. The receiving ranks 
 uneven shares from their sources, the imbalance that workload-balanced partitioning is for
 (the paper's section 6.2, "uneven traffic", and its Appendix D). Measured expert loads of
 deployed MoE models are far from uniform, so benchmarks report the skew they assume.
+
+``shared=True``: one order of the experts, drawn from ``seed`` alone, for every source rank: the
+same experts are hot on every rank, so the load on the experts (summed over the sources) keeps
+the Zipf law's skew, as a deployment's expert-load statistics show it (DeepSeek's EPLB balances
+such loads; its example has max / mean 2.13 and 2.05). With one order a rank, the sum over many
+sources flattens instead. Each rank's tokens still draw their experts from their own stream.
 """
 from __future__ import annotations
 
