@@ -70,6 +70,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+import serving_deployment as deploy
 import stratacl
 import stratacl.torch
 from stratacl import ep
@@ -117,7 +118,35 @@ p.add_argument("--routing", choices=("gate", "seeded"), default="gate",
                help="gate: each row's top-k of its gate scores (routing follows the activations); seeded: each "
                     "iteration's experts drawn by stratacl.ep.routing, uniform, from --seed, the iteration, layer, "
                     "micro-batch and rank, the same at every --hidden (so the traces extrapolate in it)")
+# the paper's deployment (docs/end-to-end.md, "Serving as the paper deploys it"; defaults keep the example's own)
+p.add_argument("--lengths", choices=("lognormal", "splitwise"), default="lognormal",
+               help="lognormal: the example's scaled-down lengths (--mean-input, --ratio); splitwise: drawn from the "
+                    "distributions fitted to the Splitwise conversation trace (examples/serving_deployment.py)")
+p.add_argument("--skew", type=float, default=0.0,
+               help="--routing seeded: the experts' popularity (q + 1)^-skew over one order shared by every rank "
+                    "(ep.routing(shared=True)); 0: uniform. The deployment's: serving_deployment.zipf_exponent()")
+p.add_argument("--mtp", action="store_true",
+               help="multi-token prediction, one draft token: a decode step runs the model on each request's last "
+                    "token and its draft, keeps the draft with probability --mtp-accept (seeded) and then a bonus "
+                    "token, and an MTP layer (one more layer) drafts the next from the last kept row")
+p.add_argument("--mtp-accept", type=float, default=deploy.MTP_ACCEPT)
+p.add_argument("--attention", choices=("mixing", "v4"), default="mixing",
+               help="what the token mixing is charged as: mixing, causal attention of H-wide K and V; v4, DeepSeek "
+                    "V4 Flash's compressed sparse attention over its KV layout (serving_deployment.v4_attention)")
+p.add_argument("--vocab-charged", type=int, default=0,
+               help="the output head's vocabulary in the modeled kernels (0: --vocab, which the host computes)")
+p.add_argument("--step-table", default=None,
+               help="instead of a request stream, these iterations only, e.g. 'prefill=1,4;decode=1,16': prefill "
+                    "iterations of that many prompts of --prompt tokens a rank, decode iterations of that many "
+                    "requests a rank at context --context (their prompts not run: seeded states stand for them); "
+                    "each iteration's modeled time is printed (and, with --timeline, its clock reads written)")
+p.add_argument("--prompt", type=int, default=64, help="--step-table: a prefill iteration's prompt length")
+p.add_argument("--context", type=int, default=64, help="--step-table: a decode request's context on entering")
+p.add_argument("--layer-clocks", action="store_true",
+               help="read the clock at the top of every layer (the timeline names the reads): a layer's period")
 args = p.parse_args()
+if args.skew and args.routing != "seeded":
+    p.error("--skew draws the experts with ep.routing: it needs --routing seeded")
 
 torch.set_num_threads(1)              # the same kernels, so the same bits, in the check below
 dist.init_process_group("stratacl")
@@ -138,7 +167,26 @@ if args.timeline and not modeled:
 # (caching allocator, registration pool) against 394 (expandable, roa)
 POOL_FITS = 359 / 394
 MAX_BATCH = args.max_batch if stratacl.config.registration != "pool" else max(2, int(args.max_batch * POOL_FITS))
-LL_CAP = (MAX_BATCH + 1) // 2         # low-latency buffers: tokens per rank per micro-batch
+
+
+def step_table(spec: str) -> list:
+    """``--step-table``: [(kind, requests a rank), ...] in the order given."""
+    out = []
+    for part in spec.split(";"):
+        kind, _, counts = part.partition("=")
+        if kind.strip() not in ("prefill", "decode") or not counts:
+            raise SystemExit(f"moe_serving: --step-table {spec!r}: parts are prefill=... or decode=...")
+        out += [(kind.strip(), int(c)) for c in counts.split(",")]
+    return out
+
+
+TABLE = step_table(args.step_table) if args.step_table else None
+if TABLE:                             # the batches are the table's: no cap (the pool's included)
+    MAX_BATCH = max(c for _, c in TABLE)
+ROWS = 2 if args.mtp else 1           # rows a decode step runs per request: its token, and its draft
+LL_CAP = ROWS * ((MAX_BATCH + 1) // 2)    # low-latency buffers: tokens per rank per micro-batch
+VC = args.vocab_charged or V          # the head's vocabulary as the modeled kernels read it
+NLM = NL + (1 if args.mtp else 0)     # layers with a state: the model's, and the MTP layer
 
 
 def charge(flops: float, nbytes: float) -> None:
@@ -154,6 +202,8 @@ def lognormal(rng, mean: float, sigma: float, size: int) -> np.ndarray:
 
 
 def lengths(rng, count: int) -> tuple:
+    if args.lengths == "splitwise":
+        return deploy.splitwise_lengths(rng, count)
     # lognormal: positive and right-skewed, as request lengths are; sigma 0.6 is this example's
     # choice, the means are the Splitwise conversation trace's ratio (input:output ~8:1)
     ins = np.clip(np.rint(lognormal(rng, args.mean_input, 0.6, count)), 2, 4 * args.mean_input).astype(int)
@@ -179,6 +229,16 @@ if args.per_rank:
                                                                             warm_out))
     R, W = R * n, W * n
 IN_LEN, OUT_LEN = np.concatenate([IN_LEN, warm_in]), np.concatenate([OUT_LEN, warm_out])
+TABLE_LOG = []             # --step-table: the iterations, [(kind, per-rank request lists)]
+if TABLE:                  # dealt as --per-rank deals: request base + k N + r is rank r's k-th
+    for kind, c in TABLE:
+        base = sum(len(x) for _, per in TABLE_LOG for x in per)
+        TABLE_LOG.append((kind, [[base + k * n + r for k in range(c)] for r in range(n)]))
+    R, W = sum(c for _, c in TABLE) * n, 0
+    IN_LEN = np.concatenate([np.full(c * n, args.prompt if kind == "prefill" else args.context) for kind, c in TABLE])
+    OUT_LEN = np.concatenate([np.full(c * n, 1 if kind == "prefill" else 1 + ROWS) for kind, c in TABLE])
+    STREAM = np.zeros(R)
+SAME_EVERYWHERE = args.per_rank or bool(TABLE)     # every rank's k-th request alike
 OWNER = np.concatenate([np.arange(R) % n, np.arange(W) % n])
 ARRIVAL = np.zeros(R + W)                                  # absolute (the clock's seconds), set when served
 
@@ -193,6 +253,8 @@ g = torch.Generator().manual_seed(7)
 EMBED = torch.randn(V, H, generator=g)
 GATE = [torch.randn(H, E, generator=g) / math.sqrt(H) for _ in range(NL)]
 HEAD = torch.randn(H, V, generator=g) / math.sqrt(H)
+if args.mtp:                          # the MTP layer's gate (its experts: expert_weights(NL, e))
+    GATE.append(torch.randn(H, E, generator=g) / math.sqrt(H))
 _experts: dict = {}
 
 
@@ -210,41 +272,71 @@ def mlp(layer: int, e: int, rows: torch.Tensor) -> torch.Tensor:
 
 
 class States:
-    """Every request's token-mixing state: per layer the running sum of its inputs, and the
-    tokens it has seen (the KV cache's stand-in)."""
+    """Every request's token-mixing state: per layer the running sum of its inputs, the tokens
+    it has seen (the KV cache's stand-in), the tokens it generated and, under --mtp, its draft
+    and how many inputs its MTP layer has had."""
 
     def __init__(self):
         self.sums, self.seen, self.tokens = {}, collections.Counter(), collections.defaultdict(list)
+        self.draft, self.mtp = {}, collections.Counter()
 
-    def attend(self, layer: int, reqs: list, lens: list, x: torch.Tensor, prefill: bool) -> torch.Tensor:
-        """x [tokens, H] -> x plus the running mean of each request's inputs so far."""
+    def attend(self, layer: int, reqs: list, lens: list, x: torch.Tensor, prefill: bool,
+               keep: list | None = None) -> torch.Tensor:
+        """x [tokens, H] -> x plus the running mean of each request's inputs so far. A prompt
+        starts its sums; otherwise each request's ``lens`` rows continue them, and the sum keeps
+        ``keep`` of them (all when None: the KV cache keeps a rejected draft's row no longer)."""
         if prefill:
             out, at = [], 0
             for q, t in zip(reqs, lens):
                 s = torch.cumsum(x[at:at + t], 0)
-                self.sums.setdefault(q, torch.zeros(NL, H))[layer] = s[-1]
+                self.sums.setdefault(q, torch.zeros(NLM, H))[layer] = s[-1]
                 out.append(x[at:at + t] + s / torch.arange(1, t + 1, dtype=torch.float32)[:, None])
                 at += t
             return torch.cat(out) if out else x.clone()
         if not reqs:
             return x.clone()
-        s = torch.stack([self.sums[q][layer] for q in reqs]) + x
-        for i, q in enumerate(reqs):
-            self.sums[q][layer] = s[i]
-        seen = torch.tensor([self.seen[q] + 1 for q in reqs], dtype=torch.float32)[:, None]
-        return x + s / seen
+        base = [self.mtp[q] if layer == NL else self.seen[q] for q in reqs]
+        if keep is None and all(t == 1 for t in lens):
+            s = torch.stack([self.sums[q][layer] for q in reqs]) + x
+            for i, q in enumerate(reqs):
+                self.sums[q][layer] = s[i]
+            return x + s / torch.tensor([b + 1 for b in base], dtype=torch.float32)[:, None]
+        out, at = [], 0
+        for i, (q, t) in enumerate(zip(reqs, lens)):
+            s = self.sums[q][layer] + torch.cumsum(x[at:at + t], 0)
+            self.sums[q][layer] = s[(t if keep is None else keep[i]) - 1]
+            out.append(x[at:at + t] + s / torch.arange(base[i] + 1, base[i] + t + 1, dtype=torch.float32)[:, None])
+            at += t
+        return torch.cat(out)
 
 
-def attention_cost(lens: list, prefill: bool, ctx: list) -> tuple:
-    """FLOPs and HBM bytes of the causal attention the token mixing stands for (K and V of H
-    each per token, ``AB`` bytes an element): a prompt of t attends t(t+1)/2 pairs; a decode
-    token its context. Its ``AW`` projection weights (``--attention-weights``) are read once."""
-    tokens = sum(lens)
+def start(states: States) -> None:
+    """--step-table: the decode iterations' requests as if their prompts of --context tokens had
+    been prefilled (seeded states, a seeded last token and draft), the same on every rank."""
+    for kind, per_rank in TABLE_LOG:
+        for q in (q for x in per_rank for q in x if kind == "decode"):
+            gq = torch.Generator().manual_seed(1_000_003 + q)
+            states.sums[q] = torch.randn(NLM, H, generator=gq)
+            states.seen[q], states.mtp[q] = args.context, 1
+            states.tokens[q] = [int(torch.randint(0, V, (1,), generator=gq))]
+            states.draft[q] = int(torch.randint(0, V, (1,), generator=gq))
+
+
+def attention_cost(reqs: list, prefill: bool) -> tuple:
+    """FLOPs and HBM bytes of the attention the token mixing stands for, ``reqs`` [(context
+    before the step, new tokens)]. ``--attention mixing``: causal attention with K and V of H
+    each per token (``AB`` bytes an element), a new token at context p attending p pairs;
+    ``v4``: V4 Flash's (serving_deployment.v4_attention). Its ``AW`` projection weights
+    (``--attention-weights``) are read once."""
+    tokens = sum(t for _, t in reqs)
     proj = 2 * tokens * AW, WB * AW if tokens else 0
+    if args.attention == "v4":
+        flops, nbytes = deploy.v4_attention(reqs)
+        return flops + proj[0], nbytes + proj[1]
+    pairs = sum(t * c + t * (t + 1) / 2 for c, t in reqs)
     if prefill:
-        pairs = sum(t * (t + 1) / 2 for t in lens)
         return 4 * H * pairs + proj[0], AB * H * (4 * tokens) + proj[1]          # read q, write k, v, out
-    return 4 * H * sum(ctx) + proj[0], AB * H * (2 * sum(ctx) + 2 * len(ctx)) + proj[1]
+    return 4 * H * pairs + proj[0], AB * H * (2 * pairs + 2 * tokens) + proj[1]
 
 
 def gate(layer: int, a: torch.Tensor, it: int, m: int, r: int):
@@ -257,8 +349,9 @@ def gate(layer: int, a: torch.Tensor, it: int, m: int, r: int):
     if args.routing == "gate":
         top, idx = torch.topk(scores, K, dim=1)
     else:
-        seed = ((args.seed * 1_000_003 + it) * NL + layer) * 2 + m
-        idx = torch.from_numpy(ep.routing([0] * r + [a.shape[0]], E, K, r + 1, 0.0, seed)[r])
+        seed = ((args.seed * 1_000_003 + it) * NLM + layer) * 2 + m
+        idx = torch.from_numpy(ep.routing([0] * r + [a.shape[0]], E, K, r + 1, args.skew, seed,
+                                          shared=args.skew > 0)[r])
         top = torch.gather(scores, 1, idx)
     return idx, torch.softmax(top, dim=1)
 
@@ -327,29 +420,119 @@ def hbm(t: torch.Tensor) -> torch.Tensor:
 
 
 ITER = 0           # iterations stepped so far (the warm-up's first): --routing seeded draws by it
+LAYER_AT: list = []    # --layer-clocks: per iteration, the reads at the top of each layer
+
+
+def kept(q: int, it: int) -> int:
+    """The rows of request ``q``'s decode step ``it`` its KV cache keeps: its token, and under
+    --mtp its draft if the seeded draw accepts it. The draw is keyed by the request's place in
+    its rank's stream under --per-rank and --step-table, so it is the same on every rank, at
+    every N and at every hidden size."""
+    if ROWS == 1:
+        return 1
+    which, k = (0, q) if q < R else (1, q - R)
+    if SAME_EVERYWHERE:
+        k //= n
+    return 1 + int(np.random.default_rng([args.seed, 11, which, k, it]).random() < args.mtp_accept)
+
+
+def inputs(states: States, mb: list, prefill: bool) -> torch.Tensor:
+    """A micro-batch's input rows: its prompts, or each request's last token (and its draft)."""
+    if prefill and mb:
+        t = torch.cat([prompt(q) for q in mb])
+    else:
+        t = torch.tensor([v for q in mb for v in ((states.tokens[q][-1], states.draft[q]) if ROWS == 2
+                                                  else (states.tokens[q][-1],))], dtype=torch.int64)
+    return EMBED[t]
+
+
+def plan(states: States, mbs: list, prefill: bool, it: int) -> tuple:
+    """A step's rows per request, kept rows and attention contexts [(before, new)], per micro-batch."""
+    lens = [[int(IN_LEN[q]) if prefill else ROWS for q in mb] for mb in mbs]
+    keep = [None if prefill or ROWS == 1 else [kept(q, it) for q in mb] for mb in mbs]
+    ctx = [[(0 if prefill else states.seen[q], t) for q, t in zip(mb, ln)] for mb, ln in zip(mbs, lens)]
+    return lens, keep, ctx
+
+
+def last_rows(x: torch.Tensor, lens: list, keep: list | None) -> torch.Tensor:
+    """Each request's row at its last kept position (the MTP layer's input)."""
+    if not lens:
+        return x[:0]
+    ends = np.cumsum(lens) - np.asarray(lens) + np.asarray(keep if keep is not None else lens) - 1
+    return x[torch.from_numpy(ends)]
+
+
+def head(x: torch.Tensor, timed: bool = True) -> list:
+    """The output head on rows ``x``: each row's next token (argmax); charged at --vocab-charged."""
+    if not x.shape[0]:
+        return []
+    if timed:
+        charge(2 * x.shape[0] * H * VC, WB * H * VC + AB * x.shape[0] * (H + VC))
+    return torch.argmax(x @ HEAD, dim=1).tolist()
+
+
+def emit(states: States, mb: list, lens: list, keep: list | None, x: torch.Tensor, prefill: bool,
+         timed: bool = True) -> None:
+    """A micro-batch's new tokens from its last layer's rows ``x``: a prompt's next token; a
+    decode step's token or, its draft accepted, the draft and the token after it (no more than
+    the request's output length). Its requests' contexts grow by the rows kept."""
+    if not mb:
+        return
+    toks = head(x[torch.tensor(np.cumsum(lens) - 1)] if prefill else x, timed)
+    for i, q in enumerate(mb):
+        new = (toks[i:i + 1] if prefill or ROWS == 1 else
+               [states.draft[q], toks[2 * i + 1]] if keep[i] == 2 else toks[2 * i:2 * i + 1])
+        states.tokens[q] += new[:max(0, int(OUT_LEN[q]) - len(states.tokens[q]))]
+        states.seen[q] += lens[i] if keep is None else keep[i]
+
+
+def drafts(states: States, mb: list, x: torch.Tensor, timed: bool = True) -> None:
+    """The MTP layer's rows through the head: each request's draft for its next step."""
+    for q, tok in zip(mb, head(x, timed)):
+        states.draft[q] = tok
+        states.mtp[q] += 1
 
 
 def step(states: States, kind: str, reqs: list) -> None:
-    """One iteration on this rank: its requests ``reqs`` (maybe none) in two micro-batches."""
+    """One iteration on this rank: its requests ``reqs`` (maybe none) in two micro-batches: the
+    model's layers, the head, and under --mtp the MTP layer on each request's last kept row."""
     global ITER
     it, ITER = ITER, ITER + 1
     prefill = kind == "prefill"
     mbs = split(reqs)
-    lens = [[int(IN_LEN[q]) if prefill else 1 for q in mb] for mb in mbs]
-    x = [torch.cat([prompt(q) for q in mb]) if prefill and mb else
-         torch.tensor([states.tokens[q][-1] for q in mb], dtype=torch.int64) if mb else
-         torch.zeros(0, dtype=torch.int64) for mb in mbs]
-    x = [EMBED[t] for t in x]
+    LAYER_AT.append([])
+    lens, keep, ctx = plan(states, mbs, prefill, it)
+    # the MTP layer's input: each request's last kept row, at that row's context
+    mctx = [[(c + (k or t) - 1, 1) for (c, t), k in zip(ctx[m], keep[m] or [None] * len(ctx[m]))] for m in range(2)]
+    tops = [None, None]
+
+    def done(m: int, xm: torch.Tensor) -> None:      # as each micro-batch's last combine arrives
+        tops[m] = last_rows(xm, lens[m], keep[m])
+        emit(states, mbs[m], lens[m], keep[m], xm, prefill)
+
+    layers(states, range(NL), mbs, lens, keep, [inputs(states, mb, prefill) for mb in mbs], prefill, it, ctx, done)
+    if args.mtp:
+        layers(states, [NL], mbs, [[1] * len(mb) for mb in mbs], [None, None], tops, prefill, it, mctx,
+               lambda m, xm: drafts(states, mbs[m], xm))
+
+
+def layers(states: States, ids, mbs: list, lens: list, keep: list, x: list, prefill: bool, it: int,
+           ctx: list, done) -> None:
+    """Layers ``ids`` on this rank's two micro-batches ``x`` under two-batch overlap: one's
+    dispatch and combine in flight while the other's attention or experts run; ``done(m, rows)``
+    takes each micro-batch's output as its last combine arrives."""
     a, pending, disp = [None, None], [None, None], [None, None]
     route = [None, None]
-    for layer in range(NL):
+    for layer in ids:
+        if args.layer_clocks:
+            clock_now()
+            LAYER_AT[-1].append(READS - 1)
         for m in range(2):
             if pending[m] is not None:          # the previous layer's combine of this micro-batch
                 x[m] = a[m] + combined(pending[m], prefill)
-            ctx = [states.seen[q] + 1 for q in mbs[m]]
-            a[m] = states.attend(layer, mbs[m], lens[m], x[m], prefill)
+            a[m] = states.attend(layer, mbs[m], lens[m], x[m], prefill, keep[m])
             idx, w = gate(layer, a[m], it, m, me)
-            charge(*attention_cost(lens[m], prefill, ctx))
+            charge(*attention_cost(ctx[m], prefill))
             charge(2 * a[m].shape[0] * H * E, AB * a[m].shape[0] * (H + E) + WB * H * E)
             rows = hbm(a[m].to(ROW))
             route[m] = (rows, idx.numpy().copy(), w.numpy().copy())
@@ -377,26 +560,12 @@ def step(states: States, kind: str, reqs: list) -> None:
                 pending[m] = BUFS[m].low_latency_combine(y.numpy(), route[m][1], route[m][2], handle,
                                                          async_op=True)
     for m in range(2):
-        x[m] = a[m] + combined(pending[m], prefill)
-        finish_tokens(states, mbs[m], lens[m], x[m])
+        done(m, a[m] + combined(pending[m], prefill))
 
 
 def combined(work, prefill: bool) -> torch.Tensor:
     out = work.result()
     return torch.from_numpy(np.array(out[0] if prefill else out)).float()
-
-
-def finish_tokens(states: States, mb: list, lens: list, x: torch.Tensor, timed: bool = True) -> None:
-    """The output head on each request's last row: its next token (argmax)."""
-    if not mb:
-        return
-    last = torch.tensor(np.cumsum(lens) - 1)
-    logits = x[last] @ HEAD
-    if timed:
-        charge(2 * len(mb) * H * V, WB * H * V + AB * len(mb) * (H + V))
-    for q, tok, t in zip(mb, torch.argmax(logits, dim=1).tolist(), lens):
-        states.tokens[q].append(tok)
-        states.seen[q] += t
 
 
 FIRST, FINISH = np.zeros(R + W), np.zeros(R + W)   # per request: first-token and finish times (agreed)
@@ -410,18 +579,18 @@ def schedule_and_run(states: States, reqs: list) -> tuple:
     running = [[] for _ in range(n)]
     arrived, done = 0, 0
     first, finish, generated = FIRST, FINISH, np.zeros(R + W, dtype=int)
-    log, last = [], None
+    log, last, it = [], None, ITER
     now = agreed_now()
     while True:
-        if last is not None:                   # the previous iteration ended at `now`
+        if last is not None:                   # the previous iteration (number `it`) ended at `now`
             kind, per_rank = last
             for r in range(n):
                 for q in per_rank[r]:
-                    generated[q] += 1
+                    generated[q] += 1 if kind == "prefill" else min(kept(q, it), OUT_LEN[q] - generated[q])
                     if kind == "prefill":
                         first[q], FIRST_AT[q] = now, AT[-1]
                         running[r].append(q)
-                    if generated[q] == OUT_LEN[q]:
+                    if generated[q] >= OUT_LEN[q]:
                         finish[q], FINISH_AT[q] = now, AT[-1]
                         running[r].remove(q)
                         done += 1
@@ -449,6 +618,7 @@ def schedule_and_run(states: States, reqs: list) -> tuple:
             now, last = agreed_now(), None
             continue
         log.append(last)
+        it = ITER
         step(states, last[0], last[1][me])
         now = agreed_now()
 
@@ -503,42 +673,79 @@ def moe_alone(layer: int, prefill: bool, a: list, route: list) -> list:
     return out
 
 
+def layers_alone(states: States, ids, mbs: list, lens: list, keep: list, x: list, prefill: bool, it: int) -> None:
+    """``layers`` for every rank at once (``x[r][m]`` replaced by each layer's output)."""
+    for layer in ids:
+        for m in range(2):
+            a = [states.attend(layer, mbs[r][m], lens[r][m], x[r][m], prefill, keep[r][m]) for r in range(n)]
+            route = [gate(layer, a[r], it, m, r) for r in range(n)]
+            y = moe_alone(layer, prefill, a, route)
+            for r in range(n):
+                x[r][m] = a[r] + y[r]
+
+
 def run_alone(log: list) -> States:
     states = States()
+    start(states)
     for it, (kind, per_rank) in enumerate(log):
         prefill = kind == "prefill"
         mbs = [split(per_rank[r]) for r in range(n)]
-        lens = [[[int(IN_LEN[q]) if prefill else 1 for q in mb] for mb in mbs[r]] for r in range(n)]
-        x = [[EMBED[torch.cat([prompt(q) for q in mb]) if prefill and mb else
-                    torch.tensor([states.tokens[q][-1] for q in mb], dtype=torch.int64) if mb else
-                    torch.zeros(0, dtype=torch.int64)] for mb in mbs[r]] for r in range(n)]
-        for layer in range(NL):
-            for m in range(2):
-                a = [states.attend(layer, mbs[r][m], lens[r][m], x[r][m], prefill) for r in range(n)]
-                route = [gate(layer, a[r], it, m, r) for r in range(n)]
-                y = moe_alone(layer, prefill, a, route)
-                for r in range(n):
-                    x[r][m] = a[r] + y[r]
+        planned = [plan(states, mbs[r], prefill, it) for r in range(n)]
+        lens, keep = [p_[0] for p_ in planned], [p_[1] for p_ in planned]
+        x = [[inputs(states, mb, prefill) for mb in mbs[r]] for r in range(n)]
+        layers_alone(states, range(NL), mbs, lens, keep, x, prefill, it)
+        tops = [[last_rows(x[r][m], lens[r][m], keep[r][m]) for m in range(2)] for r in range(n)]
         for r in range(n):
             for m in range(2):
-                finish_tokens(states, mbs[r][m], lens[r][m], x[r][m], timed=False)
+                emit(states, mbs[r][m], lens[r][m], keep[r][m], x[r][m], prefill, timed=False)
+        if args.mtp:
+            layers_alone(states, [NL], mbs, [[[1] * len(mb) for mb in mbs[r]] for r in range(n)],
+                         [[None, None]] * n, tops, prefill, it)
+            for r in range(n):
+                for m in range(2):
+                    drafts(states, mbs[r][m], tops[r][m], timed=False)
     return states
 
 
 states = States()
-warm_log, ORIGIN = [], 0.0
-if W:                        # all at once, then the metrics' origin moves to the warm-up's end
-    ARRIVAL[R:] = agreed_now()
-    warm_log, ORIGIN = schedule_and_run(states, list(range(R, R + W)))
+warm_log, ORIGIN, log, TIMES = [], 0.0, [], []
+if TABLE:                    # the table's iterations, each between two agreed clock reads
+    start(states)
+    TIMES.append(agreed_now())
+    for kind, per_rank in TABLE_LOG:
+        log.append((kind, per_rank))
+        step(states, kind, per_rank[me])
+        TIMES.append(agreed_now())
+else:
+    if W:                    # all at once, then the metrics' origin moves to the warm-up's end
+        ARRIVAL[R:] = agreed_now()
+        warm_log, ORIGIN = schedule_and_run(states, list(range(R, R + W)))
+    ARRIVAL[:R] = ORIGIN + STREAM
+    log, _ = schedule_and_run(states, list(range(R)))
 ORIGIN_AT = AT[-1] if W else None
-ARRIVAL[:R] = ORIGIN + STREAM
-log, _ = schedule_and_run(states, list(range(R)))
 ref = None if args.no_check else run_alone(warm_log + log)     # the warm-up's iterations are checked too
 mine = [q for q in range(R + W) if OWNER[q] == me]
-exact = ref is None or all(states.tokens[q] == ref.tokens[q] and len(ref.tokens[q]) == OUT_LEN[q]
-            and torch.equal(states.sums[q], ref.sums[q]) for q in mine)
+exact = ref is None or all(states.tokens[q] == ref.tokens[q] and (TABLE or len(ref.tokens[q]) == OUT_LEN[q])
+                           and torch.equal(states.sums[q], ref.sums[q]) for q in mine)
 verdict = torch.tensor([int(exact)], dtype=torch.int32)
 dist.all_reduce(verdict, op=dist.ReduceOp.MIN)
+
+if TABLE:
+    if me == 0 and args.timeline:
+        os.makedirs(os.path.dirname(os.path.abspath(args.timeline)), exist_ok=True)
+        with open(args.timeline, "w") as f:
+            json.dump({"ranks": n, "table": TABLE, "bounds": AT[-len(TABLE) - 1:], "layer_reads": LAYER_AT}, f)
+    if me == 0:
+        print(f"MoE serving step table: {n} ranks, {E} experts (top-{K}, {LX} per rank), {NL} layers"
+              f"{' + MTP' if args.mtp else ''}, hidden {H}; prompts of {args.prompt}, decode at context {args.context}")
+        print(f"exact against the job computed in one process, on every rank: "
+              f"{'not checked (--no-check)' if ref is None else 'yes' if verdict.item() else 'NO'}")
+        for (kind, c), t0, t1 in zip(TABLE, TIMES, TIMES[1:]):
+            print(f"{kind} {c} a rank: {(t1 - t0) * 1e6:.3f} us ({'modeled' if modeled else 'wall'})")
+    dist.destroy_process_group()
+    if not verdict.item():
+        raise SystemExit(1)
+    raise SystemExit(0)
 
 if me == 0 and args.timeline:
     # the measured requests' times as reads of comm.clock(): with ub.replay's clocks (the latest of
