@@ -189,6 +189,109 @@ def _decode_step(t: Trace, rng, c: dict, sh: dict, d: dict, local: int, mbs: lis
     t.free(*logits, *hidden)
 
 
+# --- serving DeepSeek V4 Flash as the paper deploys it (docs/end-to-end.md, "Serving as the paper deploys it")
+def _deploy():
+    """examples/serving_deployment.py: the deployment's numbers, one definition."""
+    import os
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
+    import serving_deployment
+    return serving_deployment
+
+
+V4_DECODE = dict(ep=16, page_tokens=256, rows=2, row_bytes=2)     # EP 16; MTP: 2 rows a request; bf16
+
+
+def serving_v4_trace(batch: int, steps: int, seed: int, staged: bool = False, d: dict = V4_DECODE) -> Trace:
+    """A decode die of a V4 Flash decode instance with ``batch`` requests a die: its weights
+    (int8), each request's KV (the windows at admission, 256-token pages of compressed entries as
+    it grows), each step's activations (MTP: two rows a request, in two micro-batches under
+    TBO), the low-latency dispatch's receive buffer and the combine's input as
+    examples/moe_serving.py allocates them ([local experts, ranks x tokens a rank, hidden],
+    tokens a rank from the batch), the logits; ``staged``: also the communication buffers the
+    runtime keeps for staged calls (the largest staged input and output, each rounded up to a
+    power of two, runtime/_buffers.buffer_size, never freed). Each slot starts part-way through
+    a request (uniformly), so the peak is a steady state's."""
+    from stratacl.runtime._buffers import buffer_size
+
+    v4 = _deploy()
+    rng = np.random.default_rng(seed)
+    t = Trace()
+    h, e, local = v4.HIDDEN, v4.EXPERTS, v4.EXPERTS // d["ep"]
+    layers = v4.LAYERS + v4.MTP_LAYERS
+    shared, router = v4.EXPERT_WEIGHTS, e * h * 4
+    for _ in range(layers):                   # int8 weights, allocated once
+        t.alloc(int(v4.DENSE_PER_LAYER) - shared - router // 4)      # attention, indexer, compressors
+        t.alloc(shared)
+        t.alloc(router)                       # the router, fp32
+        t.alloc(local * v4.EXPERT_WEIGHTS)    # the die's routed experts, one grouped weight
+    t.alloc(v4.VOCAB * h)
+    t.alloc(v4.VOCAB * h)
+    page = d["page_tokens"] * v4.KV_TOKEN_BYTES
+    cap = d["rows"] * ((batch + 1) // 2)      # tokens a rank a micro-batch (moe_serving's LL_CAP)
+    ll = local * d["ep"] * cap * h * d["row_bytes"]    # [local experts, ranks x cap, hidden]
+    if staged:                                # kept for good: the largest staged input and output
+        t.alloc(buffer_size(ll))
+        t.alloc(buffer_size(ll))
+
+    def new_request(part_way: bool):
+        ins, outs = v4.splitwise_lengths(rng, 1)
+        done = int(rng.integers(0, outs[0])) if part_way else 0
+        r = {"len": int(ins[0]) + done, "left": int(outs[0]) - done, "window": t.alloc(v4.KV_REQUEST_BYTES)}
+        r["pages"] = [t.alloc(page) for _ in range(-(-r["len"] // d["page_tokens"]))]
+        return r
+
+    slots = [new_request(True) for _ in range(batch)]
+    for _ in range(steps):
+        for i in range(batch):
+            if slots[i] is None:
+                slots[i] = new_request(False)
+        active = batch
+        mbs = [d["rows"] * ((active + 1) // 2), d["rows"] * (active // 2)]
+        _decode_step_v4(t, v4, mbs, local, d, ll)
+        for i, r in enumerate(slots):
+            gained = 1 + int(rng.random() < v4.MTP_ACCEPT)        # MTP: the draft kept or not
+            r["len"] += gained
+            r["left"] -= gained
+            while len(r["pages"]) * d["page_tokens"] < r["len"]:
+                r["pages"].append(t.alloc(page))
+            if r["left"] <= 0:
+                t.free(r["window"], *r["pages"])
+                slots[i] = None
+    return t
+
+
+def _decode_step_v4(t: Trace, v4, mbs: list[int], local: int, d: dict, ll: int) -> None:
+    """One decode step: per layer an attention phase and a MoE phase for each micro-batch, a
+    phase's buffers freed once the other micro-batch's next phase has allocated its own (TBO)."""
+    h, b = v4.HIDDEN, d["row_bytes"]
+    hidden = [t.alloc(n * h * b) for n in mbs]
+    pending: list[int] = []
+
+    def attention(n: int) -> list[int]:
+        return [t.alloc(n * h * b), t.alloc(n * 1024 * b), t.alloc(n * v4.HEADS * v4.HEAD_DIM * b),
+                t.alloc(n * v4.INDEX_HEADS * v4.INDEX_DIM * b), t.alloc(n * v4.HEADS * v4.HEAD_DIM * b),
+                t.alloc(n * 8 * 1024 * b)]
+
+    def moe(n: int) -> list[int]:
+        rows = n * v4.TOPK      # rows this die's experts compute, on average
+        return [t.alloc(n * v4.EXPERTS * 4), t.alloc(n * v4.TOPK * 8), t.alloc(ll),
+                t.alloc(rows * 2 * v4.EXPERT_FFN * b), t.alloc(ll), t.alloc(n * h * b)]
+
+    for layer in range(v4.LAYERS + v4.MTP_LAYERS):
+        scale = 2 if layer == v4.LAYERS else 1            # the MTP layer: one row a request
+        for phase in (attention, moe):
+            for m, n in enumerate(mbs):
+                bufs = phase(max(1, n // scale))
+                t.free(*pending)
+                out = t.alloc(n * h * b)
+                t.free(hidden[m])
+                hidden[m] = out
+                pending = bufs
+    t.free(*pending)
+    logits = [t.alloc(n * v4.VOCAB * 4) for n in mbs]
+    t.free(*logits, *hidden)
+
+
 # --- training -----------------------------------------------------------------------------------
 TRAIN = dict(tp=4, ep=64, fsdp=128, dies=512, seq=4096, route_sigma=0.25)
 
@@ -285,7 +388,8 @@ def _layer_transients(t: Trace, rng, c: dict, d: dict, tokens: int, layer: int, 
     return bufs + moe[3:]
 
 
-TRACES = {"serving": serving_trace, "training": training_trace}
+TRACES = {"serving": serving_trace, "training": training_trace, "serving-v4flash": serving_v4_trace,
+          "serving-v4flash-staged": lambda batch, steps, seed: serving_v4_trace(batch, steps, seed, staged=True)}
 
 
 # --- inside the one-rank job --------------------------------------------------------------------
@@ -345,15 +449,20 @@ def run_allocator(comm, trace: str, steps: int, seed: int, lo: int, hi: int, mea
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--traces", default="serving,training")
+    ap.add_argument("--model", choices=("v3", "v4flash"), default="v3",
+                    help="v4flash: a decode die of the paper's V4 Flash deployment (EP 16), the largest batch under "
+                         "the pool's caching allocator, the expandable one, and the expandable one with the staged "
+                         "path's communication buffers (HCCL): the decode batch caps of docs/end-to-end.md")
     ap.add_argument("--quick", action="store_true", help="fewer steps, a narrower search")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", help="write the rows here")
     args = ap.parse_args()
-    steps = {"serving": 12 if args.quick else 48, "training": 2 if args.quick else 3}
-    bounds = {"serving": (16, 1024), "training": (1, 64)}
+    steps = {"serving": 12 if args.quick else 48, "training": 2 if args.quick else 3,
+             "serving-v4flash": 8 if args.quick else 24}
+    bounds = {"serving": (16, 1024), "training": (1, 64), "serving-v4flash": (16, 8192)}
     rows = []
     t_all = time.perf_counter()
-    for trace in args.traces.split(","):
+    for trace in (["serving-v4flash"] if args.model == "v4flash" else args.traces.split(",")):
         lo, hi = bounds[trace]
         common = dict(hbm_size=str(HBM), timeout=3600)
         caching, = stratacl.spawn(run_allocator, 1, args=(trace, steps[trace], args.seed, lo, hi, None),
@@ -361,7 +470,13 @@ def main() -> None:
         expandable, = stratacl.spawn(run_allocator, 1, args=(trace, steps[trace], args.seed, lo, hi,
                                                              caching[0]["max_batch"]),
                                      registration="roa", allocator="expandable", **common)
-        for name, measured in (("caching (pool)", caching), ("expandable (roa)", expandable)):
+        found = [("caching (pool)", caching), ("expandable (roa)", expandable)]
+        if trace == "serving-v4flash":        # HCCL: the expandable allocator and the staged path's buffers
+            staged, = stratacl.spawn(run_allocator, 1, args=(trace + "-staged", steps[trace], args.seed, lo, hi,
+                                                             None), registration="roa", allocator="expandable",
+                                     **common)
+            found.append(("expandable, staged buffers (staged)", staged))
+        for name, measured in found:
             for r in measured:
                 rows.append({"trace": trace, "allocator": name, "peak_allocated": r["peak_allocated"],
                              "peak_reserved": r["peak_reserved"],
@@ -369,7 +484,8 @@ def main() -> None:
                              "max_batch": r["max_batch"], "batch": r["batch"], "peak_requested": r["peak_requested"],
                              "num_alloc_retries": r["num_alloc_retries"], "hbm_bytes": HBM, "steps": steps[trace],
                              "seed": args.seed, "larger_batches_that_fit": r["larger_that_fit"]})
-    print(f"### Fragmentation and largest batch in {HBM // GiB} GiB of HBM (DeepSeek-V3 shapes, one die)\n")
+    shapes = "DeepSeek V4 Flash, a decode die at EP 16" if args.model == "v4flash" else "DeepSeek-V3 shapes, one die"
+    print(f"### Fragmentation and largest batch in {HBM // GiB} GiB of HBM ({shapes})\n")
     print("| trace | allocator | batch | peak requested (GiB) | peak allocated (GiB) | peak reserved (GiB) | "
           "fragmentation = reserved - allocated (GiB) | OOM retries | largest batch |")
     print("|---|---|---|---|---|---|---|---|---|")
