@@ -164,9 +164,10 @@ def decode(ready: np.ndarray, outs: np.ndarray, cap: int, step_us, seed: int) ->
     return finish, largest
 
 
-def simulate(rate: float, tables: dict, cap: int, kv_us, seed: int = 1) -> dict:
-    """One configuration at one rate: the paper's metrics over the requests arriving after WARM_S."""
-    arrival, ins, outs = stream(rate, seed)
+def simulate(rate: float, tables: dict, cap: int, kv_us, seed: int = 1, duration: float = DURATION_S,
+             warm: float = WARM_S) -> dict:
+    """One configuration at one rate: the paper's metrics over the requests arriving after ``warm``."""
+    arrival, ins, outs = stream(rate, seed, duration)
     prefill_us = curve([(c * tables["prompt"], r["us"]) for r in tables["prefill"] for c in [r["count"]]])
     decode_us = curve([(r["count"], r["us"]) for r in tables["decode"]])
     first = prefill(arrival, ins, prefill_us)
@@ -174,7 +175,7 @@ def simulate(rate: float, tables: dict, cap: int, kv_us, seed: int = 1) -> dict:
     i = np.arange(arrival.size)
     ready = first + np.array([kv_us(p, d, deploy.kv_bytes(x)) for p, d, x in zip(i % dies_p, i % dies_d, ins)]) * 1e-6
     finish, largest = decode(ready, outs, cap, decode_us, seed)
-    m = arrival >= WARM_S
+    m = arrival >= warm
     ttft = first[m] - arrival[m]
     multi = m & (outs > 1)
     tpot = (finish[multi] - first[multi]) / (outs[multi] - 1)
