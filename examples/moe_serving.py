@@ -708,7 +708,7 @@ def run_alone(log: list) -> States:
 
 
 states = States()
-warm_log, ORIGIN, log, TIMES = [], 0.0, [], []
+warm_log, ORIGIN, ORIGIN_AT, log, TIMES = [], 0.0, None, [], []
 if TABLE:                    # the table's iterations, each between two agreed clock reads
     start(states)
     TIMES.append(agreed_now())
@@ -720,9 +720,9 @@ else:
     if W:                    # all at once, then the metrics' origin moves to the warm-up's end
         ARRIVAL[R:] = agreed_now()
         warm_log, ORIGIN = schedule_and_run(states, list(range(R, R + W)))
+    ORIGIN_AT = AT[-1] if W else None      # the warm-up's end, read before the measured requests
     ARRIVAL[:R] = ORIGIN + STREAM
     log, _ = schedule_and_run(states, list(range(R)))
-ORIGIN_AT = AT[-1] if W else None
 ref = None if args.no_check else run_alone(warm_log + log)     # the warm-up's iterations are checked too
 mine = [q for q in range(R + W) if OWNER[q] == me]
 exact = ref is None or all(states.tokens[q] == ref.tokens[q] and (TABLE or len(ref.tokens[q]) == OUT_LEN[q])
