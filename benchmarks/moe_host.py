@@ -1,6 +1,6 @@
 """MoE dispatch and combine on this host: stratacl.ep against what a CPU user writes with mpi4py.
 
-    python benchmarks/moe_host.py --repeat 3 -w 2 -i 5 -J docs/moe-host-2026-12-02.json   # docs/notebook/performance-2026-12-02.md's grid
+    python benchmarks/moe_host.py --repeat 3 -w 2 -i 5 -J docs/results/moe-host-2026-12-02.json   # docs/notebook/performance-2026-12-02.md's grid
     python benchmarks/moe_host.py --nranks 8 --tokens 128 --hidden 1024 -w 1 -i 3   # a quick look
 
 Per cell (N ranks, tokens per rank, hidden, mode ht|ll) both sides run the same inputs and

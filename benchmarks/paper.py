@@ -1,13 +1,13 @@
 """Every quantitative claim of the paper StrataCL-emu addresses, beside what the emulator gives.
 
-    python benchmarks/paper.py                      # the full report: docs/paper-results.json and
+    python benchmarks/paper.py                      # the full report: docs/results/paper-results.json and
                                                     # docs/paper-reproduction.md (rendered from it)
     python benchmarks/paper.py --quick              # reduced sizes (CI): the same rows, faster
     python benchmarks/paper.py --json PATH          # the JSON elsewhere (and no doc unless --doc)
     python benchmarks/paper.py --sensitivity        # every listed parameter x0.5 and x2 against
-                                                    # the operator-level rows: docs/paper-sensitivity.json
-    python benchmarks/paper.py --recorded           # only the rows read off docs/e2e-*.json, in place
-                                                    # in docs/paper-results.json, and the doc rendered
+                                                    # the operator-level rows: docs/results/paper-sensitivity.json
+    python benchmarks/paper.py --recorded           # only the rows read off docs/results/e2e-*.json, in place
+                                                    # in docs/results/paper-results.json, and the doc rendered
 
 A row: ``claim`` (a stable id that begins with its figure or table), ``paper`` (the paper's
 number), ``here`` (the emulator's), ``ratio`` (here / paper), ``holds`` and ``reason``. A claim
@@ -48,6 +48,7 @@ import fabric_native  # noqa: E402
 import paper_reproduction as pr  # noqa: E402
 
 DOCS = os.path.join(os.path.dirname(HERE), "docs")
+RESULTS = os.path.join(DOCS, "results")      # every recorded measurement (docs/results/README.md)
 KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
 TOLERANCE = 1.5
 
@@ -628,9 +629,9 @@ def registration_table() -> str:
     return "\n".join(lines)
 
 
-# --- recorded workload runs (docs/e2e-*.json, with their commands) ---------------------------------
+# --- recorded workload runs (docs/results/e2e-*.json, with their commands) ---------------------------------
 def _rows_of(name: str) -> list[dict]:
-    with open(os.path.join(DOCS, name)) as f:
+    with open(os.path.join(RESULTS, name)) as f:
         d = json.load(f)
     return d["rows"] if isinstance(d, dict) else d
 
@@ -684,13 +685,13 @@ def _pool_batch(batch: int) -> str:
 def recorded() -> list[dict]:
     out = []
     s = _rows_of(SERVE)
-    b = f"recorded docs/{SERVE} (32 dies, replayed)"
+    b = f"recorded docs/results/{SERVE} (32 dies, replayed)"
     pool = _pool_batch(_pick(s, config="pool", ranks=32)["batch"])
     tp = {c: _pick(s, config=c, ranks=32)["throughput"] for c in ("staged", "jit", "roa", "balanced", "sdma",
                                                                  "auto", "pool")}
     free = _pick(_rows_of(SERVE_NOCOMM), config="nocomm", ranks=32)["throughput"] / tp["staged"]
     small = ("the workload's sizes are far below the paper's (hidden 1024 against 7168, iterations of ~0.3 ms); "
-             f"bound: with the fabric free (docs/{SERVE_NOCOMM}) the throughput would be {free:.2f}x HCCL's")
+             f"bound: with the fabric free (docs/results/{SERVE_NOCOMM}) the throughput would be {free:.2f}x HCCL's")
     for c, p in (("jit", 1.1), ("roa", 1.4), ("balanced", 1.7), ("sdma", 1.9)):
         out.append(row(f"fig13a.{c}", p, tp[c] / tp["staged"], neutral=1.0, basis=b,
                        why="a registration miss costs 100 us per peer (Fig. 5a) against iterations of ~0.3 ms"
@@ -707,7 +708,7 @@ def recorded() -> list[dict]:
                 neutral=1.0, basis=b)]
     out += _serving_at_width()
     t = {c: _pick(_rows_of(TRAIN), config=c)["modeled_step_us"] for c in ("staged", "pool", "balanced", "auto")}
-    b = f"recorded docs/{TRAIN} (512 dies, replayed)"
+    b = f"recorded docs/results/{TRAIN} (512 dies, replayed)"
     out += [row("fig12a.zerocopy_shorter_than_hccl", 0.06, 1 - t["pool"] / t["staged"], basis=b,
                 why="the pool's micro-batch cap (17 of 27 fit, docs/fragmentation) costs more than zero copy saves"),
             row("fig12a.strata_shorter_than_zerocopy", (0.18, 0.24), 1 - t["auto"] / t["pool"], basis=b,
@@ -715,11 +716,11 @@ def recorded() -> list[dict]:
             row("fig12a.strata_over_hccl", 1.4, t["staged"] / t["auto"], neutral=1.0, basis=b,
                 why=f"bound: HCCL's step is "
                     f"{t['staged'] / _pick(_rows_of(TRAIN_NOCOMM), config='nocomm')['modeled_step_us']:.2f}x the "
-                    f"step with the fabric free (docs/{TRAIN_NOCOMM}); the workload is not the paper's: the experts' gradients are all-reduced "
+                    f"step with the fabric free (docs/results/{TRAIN_NOCOMM}); the workload is not the paper's: the experts' gradients are all-reduced "
                     "once at the end, 64 tokens a replica (the paper's 16,384)")]
     out += _training_at_width()
     d = _rows_of(DLRM)
-    b = f"recorded docs/{DLRM} (8 dies, C = 2560 of 8192 rows, prefetch)"
+    b = f"recorded docs/results/{DLRM} (8 dies, C = 2560 of 8192 rows, prefetch)"
 
     def step(c, rows):
         return _pick(d, config=c, cache_rows=rows)["modeled_step_us"]
@@ -731,17 +732,17 @@ def recorded() -> list[dict]:
                                             "every row cached")]
     out += _dlrm_at_width()
     frag = _rows_of(FRAGMENTATION)
-    b = f"recorded docs/{FRAGMENTATION} (benchmarks/fragmentation.py)"
+    b = f"recorded docs/results/{FRAGMENTATION} (benchmarks/fragmentation.py)"
     gib = {t: _pick(frag, trace=t, allocator="caching (pool)")["fragmentation_bytes"] / GIB
            for t in ("serving", "training")}
     out += [row("fig5b.serving_gib", (1.0, 2.0), gib["serving"], basis=b,
                 why="the serving trace is not the paper's model"),
             row("fig5b.training_gib", (3.0, 4.0), gib["training"], basis=b,
                 why="the training trace is not the paper's model")]
-    gaps = json.load(open(os.path.join(DOCS, GAPS)))["gaps_s"]
+    gaps = json.load(open(os.path.join(RESULTS, GAPS)))["gaps_s"]
     low = min(min(v) for v in gaps.values())
     out.append(row("fig15a.min_gap_s", 2.6, low, kind="at_least",
-                   basis=f"recorded docs/{GAPS} (wall seconds on the host)",
+                   basis=f"recorded docs/results/{GAPS} (wall seconds on the host)",
                    why="the host's programs run for well under a second from allocation to their calls; the "
                        "smallest gap is still longer than a rank's whole registration (0.87 ms at N = 8)"))
     return out
@@ -757,16 +758,16 @@ def _training_at_width() -> list[dict]:
     t = {r["config"]: r["modeled_step_us"] for r in rows + _rows_of(TRAIN_WIDE_ROA) + _rows_of(TRAIN_WIDE_NOCOMM)
          if r["ranks"] == n}
     d = next(r["dims"] for r in rows if r["ranks"] == n)
-    roa = f"zero copy without the pool's cap (RoA, docs/{TRAIN_WIDE_ROA}) is {100 * (1 - t['roa'] / t['staged']):.1f}% " \
+    roa = f"zero copy without the pool's cap (RoA, docs/results/{TRAIN_WIDE_ROA}) is {100 * (1 - t['roa'] / t['staged']):.1f}% " \
           "shorter than HCCL"
     ladder = (f"{roa}, more than the paper's 6%, and StrataCL (partitioning, SDMA) only "
               f"{100 * (1 - t['auto'] / t['roa']):.1f}% shorter than RoA against the paper's 18-24% over zero copy; "
-              f"with the fabric free (docs/{TRAIN_WIDE_NOCOMM}) the step would be "
+              f"with the fabric free (docs/results/{TRAIN_WIDE_NOCOMM}) the step would be "
               f"{100 * (1 - t['nocomm'] / t['roa']):.1f}% shorter than RoA's, so the fabric is not a small share of "
               "it; the step ends waiting on the experts' gradient all_reduce (2 x 470 MB over the 8 replicas, at the "
               "fabric's rate: partitioning shortens it 3%, SDMA's engine lengthens it 7%); made free, StrataCL's "
               "step would be 34% shorter (benchmarks/train_breakdown.py)")
-    b = (f"recorded docs/{TRAIN_WIDE} (hidden {d['hidden']}, {n} dies: TP {d['tp']}, FSDP {d['fsdp']}, EP {d['ep']}; "
+    b = (f"recorded docs/results/{TRAIN_WIDE} (hidden {d['hidden']}, {n} dies: TP {d['tp']}, FSDP {d['fsdp']}, EP {d['ep']}; "
          f"extrapolated from {', '.join(map(str, d['recorded_ranks']))})")
     cap = ("the pool's micro-batch cap (17 of 27, docs/fragmentation) splits 64 tokens in two: at this batch "
            "the kernels are bound by reading the weights, so a second micro-batch doubles them (the paper's "
@@ -793,20 +794,20 @@ def _dlrm_at_width() -> list[dict]:
           if r["ranks"] == n and r.get("scale") == "paper-size"}
     t = t0 | {r["config"]: r["modeled_step_us"] for r in _rows_of(DLRM_WIDE_SPARSE)
               if r["ranks"] == n and r.get("scale") == "paper-size"}
-    b = (f"recorded docs/{DLRM_WIDE_SPARSE} (batch 1024 per die, MLPerf DLRM widths, TorchRec's sparse-dist "
+    b = (f"recorded docs/results/{DLRM_WIDE_SPARSE} (batch 1024 per die, MLPerf DLRM widths, TorchRec's sparse-dist "
          f"pipeline, {n} dies, extrapolated)")
-    miss = _pick(json.load(open(os.path.join(DOCS, DLRM_MISSES)))["rows"], cache_gib=DLRM_HEADLINE_GIB)
+    miss = _pick(json.load(open(os.path.join(RESULTS, DLRM_MISSES)))["rows"], cache_gib=DLRM_HEADLINE_GIB)
     most = 1 - t["auto"] / (t["staged"] + miss["host_rows_us_staged"])
     cache = (f"every row in HBM here; the paper's {DLRM_HEADLINE_GIB} GiB cache a die misses "
-             f"{100 * miss['miss_fraction']:.1f}% of its lookups (Zipf 1.05, derived, docs/{DLRM_MISSES}): "
+             f"{100 * miss['miss_fraction']:.1f}% of its lookups (Zipf 1.05, derived, docs/results/{DLRM_MISSES}): "
              f"{miss['misses_per_step']:,.0f} rows a step fetched and written back, "
              f"{miss['host_rows_us_staged']:.0f} us on HCCL's path; were HCCL to pay all of it and StrataCL none, "
              f"StrataCL would be at most {100 * most:.1f}% shorter than HCCL ({1 / (1 - most):.3f}x)")
-    free = (f"bound: with the fabric free (docs/{DLRM_WIDE_NOCOMM}) the step would be "
+    free = (f"bound: with the fabric free (docs/results/{DLRM_WIDE_NOCOMM}) the step would be "
             f"{100 * (1 - t['nocomm'] / t['staged']):.1f}% shorter than HCCL's ({t['staged'] / t['nocomm']:.2f}x) and "
             f"{100 * (1 - t['nocomm'] / t['pool']):.1f}% shorter than the pool's")
     part = (f"Part. alone (MTE) is {100 * (1 - t0['balanced'] / t0['staged']):.1f}% shorter than HCCL (both "
-            f"without the pipeline, docs/{DLRM_WIDE})")
+            f"without the pipeline, docs/results/{DLRM_WIDE})")
     idle = ("SDMA gives back cores to kernels beside a call, and here the asynchronous all_reduce runs beside the "
             "gradient exchange and the table update only, so its slower stream lengthens what the step waits for; "
             "TorchRec's sparse-dist pipeline takes only the 1 MB index exchange off the step; missing: the "
@@ -827,7 +828,7 @@ def _serving_at_width() -> list[dict]:
     (benchmarks/paper_size.py; docs/end-to-end.md "Serving at the paper's width")."""
     rows = [r for name in SERVE_WIDE for r in _rows_of(name) if r.get("ranks") == 32]
     tp = {r["config"]: r for r in rows}
-    b = (f"recorded docs/{SERVE_WIDE[0]} (+ sdma, nocomm; hidden 7168 top-8: Table 2's and DeepSeek-V3's, not "
+    b = (f"recorded docs/results/{SERVE_WIDE[0]} (+ sdma, nocomm; hidden 7168 top-8: Table 2's and DeepSeek-V3's, not "
          "DeepSeek V4 Flash's 4096 top-6; FP8 weights, 2-byte rows, 32 dies, extrapolated)")
     bound = tp["nocomm"]["throughput"] / tp["staged"]["throughput"]
     why = (f"the fabric is a small share of this step: with communication free it would be {bound:.2f}x HCCL's "
@@ -876,13 +877,13 @@ def figure_data() -> list[dict]:
     ladder = ("staged", "jit", "roa", "balanced", "sdma")
     return [
         dict(fig="fig11a", title="Fig. 11a: normalized latency against request rate (serving, 8 dies)",
-             source=f"docs/{SERVE_RATES}", x="request rate (requests per modeled second)",
+             source=f"docs/results/{SERVE_RATES}", x="request rate (requests per modeled second)",
              y="normalized latency (us per token)", kind="line",
              series=series(rates, "rate", "normalized_latency_us", ("staged", "roa", "balanced", "sdma")),
              note="recorded with HCCL and the ablation's configs (no pool run at these rates); the paper's "
                   "x axis is 0-30 req/s at 192 dies"),
         dict(fig="fig12a", title="Fig. 12a: training iteration time, normalized to HCCL",
-             source=f"docs/{TRAIN}, docs/{TRAIN_WIDE}", x="setting", y="iteration time / HCCL's", kind="bars",
+             source=f"docs/results/{TRAIN}, docs/results/{TRAIN_WIDE}", x="setting", y="iteration time / HCCL's", kind="bars",
              series={NAMES[c]: [("host sizes, 512 dies", _pick(train, config=c)["modeled_step_us"]
                                  / _pick(train, config="staged")["modeled_step_us"]),
                                 (f"hidden 7168, {n_wide} dies", _pick(train_wide, config=c, ranks=n_wide)
@@ -892,14 +893,14 @@ def figure_data() -> list[dict]:
              note="one iteration's step (the paper shows iterations 200, 2000, 5000; the routing here does not "
                   "change with the iteration)"),
         dict(fig="fig12b", title="Fig. 12b: Recsys iteration time against the embedding cache (8 dies)",
-             source=f"docs/{DLRM_CACHE}", x="cache rows per table", y="iteration time (us)",
+             source=f"docs/results/{DLRM_CACHE}", x="cache rows per table", y="iteration time (us)",
              kind="line", series=series([r for r in cache if r["cache_rows"]], "cache_rows", "modeled_step_us",
                                         ("staged", "pool", "roa", "balanced", "sdma")),
              note="8192 rows per table, the rest in host memory; with every row in HBM: " + ", ".join(
                  f"{NAMES[c]} {_pick(cache, config=c, cache_rows=0)['modeled_step_us']:g} us"
                  for c in ("staged", "pool", "sdma")) + "; the paper sweeps 5-25 GiB of a 7 TiB table at 128 dies"),
         dict(fig="fig13a", title="Fig. 13a: serving throughput ladder, normalized to HCCL",
-             source=f"docs/{SERVE}, docs/{SERVE_WIDE[0]}", x="configuration", y="throughput / HCCL's",
+             source=f"docs/results/{SERVE}, docs/results/{SERVE_WIDE[0]}", x="configuration", y="throughput / HCCL's",
              kind="bars",
              series={"host sizes, 32 dies": [(NAMES[c], _pick(serve, config=c, ranks=32)["throughput"]
                                               / _pick(serve, config="staged", ranks=32)["throughput"])
@@ -1101,7 +1102,7 @@ def _fmt(v) -> str:
 def render(result: dict, sens: dict | None, command: str) -> str:
     topo = _topology._CM384
     lines = ["# Paper reproduction: every claim beside the emulator's number", "",
-             "Generated by `" + command + "` from `docs/paper-results.json`; do not edit by hand.",
+             "Generated by `" + command + "` from `docs/results/paper-results.json`; do not edit by hand.",
              "Each row is one claim the paper makes, with its source in the paper's words, judged by its kind:", "",
              "- **value**: the paper's number (or range) against the emulator's, compared as *gains* over the "
              "neutral value (1 for a speedup, 0 for a reduction or an absolute quantity): it holds when it is on "
@@ -1177,20 +1178,20 @@ def render(result: dict, sens: dict | None, command: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="reduced sizes (CI)")
-    p.add_argument("--json", default=None, help="write the JSON here (default docs/paper-results.json, and render "
+    p.add_argument("--json", default=None, help="write the JSON here (default docs/results/paper-results.json, and render "
                                                 "docs/paper-reproduction.md)")
     p.add_argument("--doc", default=None, help="render the markdown here")
     p.add_argument("--sensitivity", action="store_true", help="vary every parameter x0.5 and x2")
     p.add_argument("--recorded", action="store_true",
-                   help="only the rows read off recorded workload runs (docs/e2e-*.json; seconds, no model "
-                        "sections) again, in place in docs/paper-results.json, then render: after a new recording")
+                   help="only the rows read off recorded workload runs (docs/results/e2e-*.json; seconds, no model "
+                        "sections) again, in place in docs/results/paper-results.json, then render: after a new recording")
     p.add_argument("--render", action="store_true",
-                   help="only render docs/paper-reproduction.md again from docs/paper-results.json and "
-                        "docs/paper-sensitivity.json (after a --sensitivity run)")
+                   help="only render docs/paper-reproduction.md again from docs/results/paper-results.json and "
+                        "docs/results/paper-sensitivity.json (after a --sensitivity run)")
     a = p.parse_args(argv)
     t0 = time.perf_counter()
     if a.recorded:
-        with open(os.path.join(DOCS, "paper-results.json")) as f:
+        with open(os.path.join(RESULTS, "paper-results.json")) as f:
             result = json.load(f)
         fresh = {r["claim"]: r for r in recorded()}
         result["rows"] = [fresh.pop(r["claim"], r) if r["basis"].startswith("recorded") else r
@@ -1199,17 +1200,17 @@ def main(argv: list[str] | None = None) -> int:
         result["summary"] = summary(result["rows"])
         result["figures"] = [figure_table(f) for f in figure_data()]
         draw_figures(figure_data())
-        with open(os.path.join(DOCS, "paper-results.json"), "w") as f:
+        with open(os.path.join(RESULTS, "paper-results.json"), "w") as f:
             json.dump(result, f, indent=1)
         print(result["summary"])
     if a.render or a.recorded:
-        with open(os.path.join(DOCS, "paper-results.json")) as f:
+        with open(os.path.join(RESULTS, "paper-results.json")) as f:
             result = json.load(f)
         _write_doc(result, a.doc or os.path.join(DOCS, "paper-reproduction.md"))
         return 0
     if a.sensitivity:
         sens = sensitivity(a.quick)
-        path = a.json or os.path.join(DOCS, "paper-sensitivity.json")
+        path = a.json or os.path.join(RESULTS, "paper-sensitivity.json")
         with open(path, "w") as f:
             json.dump(sens, f, indent=1)
         print(f"wrote {path} in {time.perf_counter() - t0:.0f} s")
@@ -1220,7 +1221,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['claim']:<48} {r['kind']:<8} paper {_fmt(r['paper']):>9} here {_fmt(r['here']):>8} "
               f"{verdict:>5}  {r['basis']}")
     print(result["summary"])
-    path = a.json or os.path.join(DOCS, "paper-results.json")
+    path = a.json or os.path.join(RESULTS, "paper-results.json")
     with open(path, "w") as f:
         json.dump(result, f, indent=1)
     doc = a.doc or (None if a.json else os.path.join(DOCS, "paper-reproduction.md"))
@@ -1232,7 +1233,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _write_doc(result: dict, doc: str) -> None:
-    sens_path = os.path.join(DOCS, "paper-sensitivity.json")
+    sens_path = os.path.join(RESULTS, "paper-sensitivity.json")
     sens = json.load(open(sens_path)) if os.path.exists(sens_path) else None
     with open(doc, "w") as f:
         f.write(render(result, sens, "python benchmarks/paper.py" + (" --quick" if result["quick"] else "")))

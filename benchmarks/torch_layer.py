@@ -1,7 +1,7 @@
 """torch.distributed on StrataCL against gloo, and against StrataCL's own numpy API: the
 "torch.distributed" table of docs/notebook/performance-2026-12-02.md (issue 22, point 5).
 
-    python benchmarks/torch_layer.py --json docs/torchbench-2026-12-02.json         # N = 8 and 32, 4 ops
+    python benchmarks/torch_layer.py --json docs/results/torchbench-2026-12-02.json         # N = 8 and 32, 4 ops
     python benchmarks/torch_layer.py --ranks 8 --ops all_reduce --repeat 1          # a slice
 
 For every (N, operator) and repetition it runs

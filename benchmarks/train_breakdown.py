@@ -4,9 +4,9 @@ traces replayed with one kind of call made free, or with another partitioning or
 
     python benchmarks/paper_size.py --workload train --configs roa,auto --keep KEEP     # the traces (~25 min)
     python benchmarks/train_breakdown.py --keep KEEP --configs roa,balanced,auto --ranks 64 \
-        --json docs/train-breakdown-64.json                                             # ~4 min
+        --json docs/results/train-breakdown-64.json                                             # ~4 min
     python benchmarks/train_breakdown.py --keep KEEP --configs roa,auto --ranks 512 \
-        --free "expert all_reduce" --short --json docs/train-breakdown-512.json          # ~20 min
+        --free "expert all_reduce" --short --json docs/results/train-breakdown-512.json          # ~20 min
 
 ``KEEP/<config>.pkl`` holds a configuration's traces fitted to hidden 7168 at the recorded rank
 counts (paper_size.py's ``--keep``). ``--ranks`` is one of those counts, or any larger N: the

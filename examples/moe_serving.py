@@ -29,7 +29,7 @@ projections) through ``charge_kernel``, which shares
 the die's cores with the dispatches and combines in flight: MTE copies hold their cores for
 the whole call, SDMA only for posting. Under ``--registration pool`` a rank admits fewer
 requests at once: the pre-registered pool's caching allocator fits 359 of the 394 requests
-the expandable allocator fits (docs/memory.md, docs/fragmentation-2026-12-02.json).
+the expandable allocator fits (docs/memory.md, docs/results/fragmentation-2026-12-02.json).
 
 With ``--warmup W``, W requests of their own seed, all arriving at once, are served first
 through the same code (so their shapes are allocated and, under ``--registration jit``, the
@@ -163,7 +163,7 @@ AW = args.attention_weights * H * H      # the attention's projection weights pe
 modeled = stratacl.config.clock != "off"
 if args.timeline and not modeled:
     raise SystemExit("moe_serving: --timeline names comm.clock() reads: launch with --clock virtual")
-# the pool's tax on the batch: docs/fragmentation-2026-12-02.json, serving, largest batch 359
+# the pool's tax on the batch: docs/results/fragmentation-2026-12-02.json, serving, largest batch 359
 # (caching allocator, registration pool) against 394 (expandable, roa)
 POOL_FITS = 359 / 394
 MAX_BATCH = args.max_batch if stratacl.config.registration != "pool" else max(2, int(args.max_batch * POOL_FITS))

@@ -129,7 +129,7 @@ if args.imbalance != 1.0 and args.routing != "seeded":
     raise SystemExit("--imbalance draws the experts: it needs --routing seeded")
 cfg = stratacl.config
 # HCCL-zerocopy's pre-registered pool runs on the caching (non-expandable) allocator, which
-# fragments: in the training trace of docs/fragmentation-2026-12-02.json one die fits 17
+# fragments: in the training trace of docs/results/fragmentation-2026-12-02.json one die fits 17
 # sequences under it ("caching (pool)", max_batch 17) where the expandable allocator fits 27
 # ("expandable (roa)", max_batch 27); docs/memory.md. The replica's batch stays --tokens (the
 # global batch is the job's), so under pool it runs as several smaller micro-batches whose

@@ -1,6 +1,6 @@
 """The paper-reproduction report (benchmarks/paper.py): its rows, its verdicts, its rendered doc.
 
-``--quick`` runs here at reduced sizes; the full report is a benchmark (docs/paper-results.json
+``--quick`` runs here at reduced sizes; the full report is a benchmark (docs/results/paper-results.json
 holds its last run). The verdict rule is re-implemented below, so a row whose ``holds`` the
 report computes wrongly fails here; the committed doc must be the rendering of the committed
 JSON, so no number in it is typed by hand.
@@ -203,9 +203,9 @@ def test_fig3b_is_the_kernel_beside_the_paper_s_prefetch_weighted_by_time(quick)
 
 
 def test_the_committed_doc_is_the_rendering_of_the_committed_json():
-    with open(os.path.join(ROOT, "docs", "paper-results.json")) as f:
+    with open(os.path.join(ROOT, "docs", "results", "paper-results.json")) as f:
         result = json.load(f)
-    sens_path = os.path.join(ROOT, "docs", "paper-sensitivity.json")
+    sens_path = os.path.join(ROOT, "docs", "results", "paper-sensitivity.json")
     sens = json.load(open(sens_path)) if os.path.exists(sens_path) else None
     command = "python benchmarks/paper.py" + (" --quick" if result["quick"] else "")
     with open(os.path.join(ROOT, "docs", "paper-reproduction.md")) as f:
@@ -247,7 +247,7 @@ def test_dlrm_paper_width_rows_read_the_sparse_dist_run_and_bound_the_caches_mis
     assert hccl["here"] == pytest.approx(1 - t["auto"] / t["staged"])
     assert rows["fig12b.strata_shorter_than_zerocopy.paper_width"]["here"] == pytest.approx(1 - t["auto"] / t["pool"])
     # the bound: the misses of the headline cache, all on HCCL's step, none on StrataCL's
-    miss = paper._pick(json.load(open(os.path.join(ROOT, "docs", paper.DLRM_MISSES)))["rows"],
+    miss = paper._pick(json.load(open(os.path.join(paper.RESULTS, paper.DLRM_MISSES)))["rows"],
                        cache_gib=paper.DLRM_HEADLINE_GIB)
     most = float(re.search(r"at most ([\d.]+)% shorter than HCCL", hccl["reason"]).group(1)) / 100
     assert most == pytest.approx(1 - t["auto"] / (t["staged"] + miss["host_rows_us_staged"]), abs=5e-4)
