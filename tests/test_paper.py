@@ -160,8 +160,12 @@ def test_rows_against_the_pool_say_what_its_batch_cap_rounds_away(quick):
 
 
 def test_the_summary_counts_the_rows_that_hold(quick):
-    checked = [r for r in quick["rows"] if r["kind"] != "trend" and r["basis"] not in ("calibrated", "read off")]
+    checked = [r for r in quick["rows"] if r["kind"] != "trend" and r["basis"] not in ("calibrated", "read off")
+               and not r.get("context")]
     assert [r["claim"] for r in checked] == [r["claim"] for r in quick["rows"] if r["counted"]]
+    # each claim once: no two counted rows are the same claim at two workloads
+    bases = [paper._level(r["claim"])[0] for r in checked]
+    assert len(bases) == len(set(bases))
     held = sum(r["holds"] for r in checked)
     trends = [r for r in quick["rows"] if r["kind"] == "trend"]
     shown = [r for r in quick["rows"] if r["basis"] in ("calibrated", "read off")]
@@ -252,3 +256,18 @@ def test_dlrm_paper_width_rows_read_the_sparse_dist_run_and_bound_the_caches_mis
     most = float(re.search(r"at most ([\d.]+)% shorter than HCCL", hccl["reason"]).group(1)) / 100
     assert most == pytest.approx(1 - t["auto"] / (t["staged"] + miss["host_rows_us_staged"]), abs=5e-4)
     assert most > hccl["here"]
+
+
+def test_a_claim_recorded_at_several_workloads_is_counted_at_the_most_faithful_with_a_number():
+    def r(claim, here, holds):
+        return paper.row(claim, 1.9, here, neutral=1.0, basis="recorded x") | {"holds": holds}
+    rows = [r("fig11a.strata_over_hccl", 1.8, True), r("fig11a.strata_over_hccl.paper_width", 1.1, False),
+            r("fig11a.strata_over_hccl.deployed", 1.2, False), r("fig13a.roa", 1.3, True),
+            r("fig13a.roa.paper_width", None, False), r("fig13a.roa.deployed", None, False)]
+    paper.count_once(rows)
+    counted = {x["claim"]: x.get("context") for x in rows if x["counted"]}
+    assert counted == {"fig11a.strata_over_hccl.deployed": None, "fig13a.roa": None}
+    assert {x["claim"]: x["context"] for x in rows if not x["counted"]} == {
+        "fig11a.strata_over_hccl": "fig11a.strata_over_hccl.deployed",
+        "fig11a.strata_over_hccl.paper_width": "fig11a.strata_over_hccl.deployed",
+        "fig13a.roa.paper_width": "fig13a.roa", "fig13a.roa.deployed": "fig13a.roa"}
