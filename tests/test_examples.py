@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 import math
 import re
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,8 +12,7 @@ import stratacl
 from launch_helpers import launch
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
-sys.path.insert(0, str(EXAMPLES.parent / "benchmarks"))
-import e2e  # noqa: E402  (benchmarks/e2e.py: serving_metrics)
+from benchmarks import e2e  # noqa: E402  (benchmarks/e2e.py: serving_metrics)
 
 pytestmark = pytest.mark.slow      # the example programs as jobs: the jobs tier (docs/testing.md)
 

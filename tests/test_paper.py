@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-import paper  # noqa: E402
+from benchmarks import paper
 
 pytestmark = pytest.mark.timeout(300)
 

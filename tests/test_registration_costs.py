@@ -5,8 +5,6 @@ broadcast of its path (section 7). Pure functions: no ranks."""
 from __future__ import annotations
 
 import copy
-import os
-import sys
 
 import numpy as np
 import pytest
@@ -17,9 +15,7 @@ from stratacl.ub import _registration_cost as RC
 from stratacl.ub import _topology as T
 from stratacl.ub._clock import FabricModel
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-import paper  # noqa: E402
+from benchmarks import paper
 
 MIB, GIB = 1 << 20, 1 << 30
 PAYLOADS = (2 * MIB, 128 * MIB, GIB)        # Fig. 4a / 4b

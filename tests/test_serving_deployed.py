@@ -7,7 +7,6 @@ to the paper's size (benchmarks/serve_deployed.py), the decode batch caps' mecha
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,12 +17,8 @@ from launch_helpers import launch
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
-sys.path.insert(0, str(EXAMPLES))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import fragmentation  # noqa: E402
-import pd_model  # noqa: E402
-import serve_deployed  # noqa: E402
-import serving_deployment as deploy  # noqa: E402
+from benchmarks import fragmentation, pd_model, serve_deployed  # noqa: E402
+from examples import serving_deployment as deploy  # noqa: E402
 
 
 # --- the numbers ---------------------------------------------------------------------------------

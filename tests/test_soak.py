@@ -4,13 +4,10 @@ in docs/reliability.md."""
 from __future__ import annotations
 
 import io
-import os
-import sys
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
-import soak  # noqa: E402  (benchmarks/soak.py; the ranks find it through the same sys.path)
+from benchmarks import soak  # noqa: E402  (the ranks import it too: spawn gives them this sys.path)
 
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]      # a seeded soak: the jobs tier
