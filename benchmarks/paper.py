@@ -791,6 +791,14 @@ def recorded() -> list[dict]:
     return out
 
 
+def _rate_ratio(reach: dict, config: str, over: str) -> float | None:
+    """``config``'s sustained rate over ``over``'s (None where either has none or is unbounded)."""
+    x, y = reach.get(config), reach.get(over)
+    if x is None or y is None or not np.isfinite(x) or not np.isfinite(y) or y == 0:
+        return None
+    return x / y
+
+
 def _serving_deployed() -> list[dict]:
     """Serving as the paper deploys it: DeepSeek V4 Flash, 4 prefill instances (EP 32) and 4 decode
     instances (EP 16) on 192 dies, a Poisson stream of Splitwise-length requests swept over rates.
@@ -808,10 +816,7 @@ def _serving_deployed() -> list[dict]:
         return _pick(sweep["rows"], config=config, rate=rate)
 
     def speedup(c, over):
-        x, y = reach.get(c), reach.get(over)
-        if x is None or y is None or not np.isfinite(x) or not np.isfinite(y) or y == 0:
-            return None
-        return x / y
+        return _rate_ratio(reach, c, over)
     with open(os.path.join(RESULTS, SERVE_DEPLOYED_TABLES)) as f:
         tables = json.load(f)["tables"]
 
@@ -1009,9 +1014,7 @@ def figure_data() -> list[dict]:
                 "hidden 7168, 32 dies": [(NAMES[c], serve_wide[c]["throughput"] / serve_wide["staged"]["throughput"]
                                           if c in serve_wide else None) for c in ladder]}
     if deployed:
-        ladder13["V4 Flash deployed, 192 dies"] = [
-            (NAMES[c], reach[c] / reach["staged"] if reach.get(c) is not None and reach.get("staged")
-             and np.isfinite(reach[c]) else None) for c in ladder]
+        ladder13["V4 Flash deployed, 192 dies"] = [(NAMES[c], _rate_ratio(reach, c, "staged")) for c in ladder]
     host = dict(fig="fig11a-host" if deployed else "fig11a",
                 title="Fig. 11a: normalized latency against request rate (serving, 8 dies)",
                 source=f"docs/results/{SERVE_RATES}", x="request rate (requests per modeled second)",
