@@ -80,6 +80,13 @@ change), so the fit is exact. ``ub.extrapolate_dimension`` takes each rank count
 replay's clocks as for training. The target batch is small enough to run: ``--verify 1024``
 checks the fit against a real run at the paper's batch itself, at each recorded N, and at each
 N of ``--scale`` against a real run at N ranks.
+
+``--cache-gib G1,G2,...`` (dlrm): the paper's embedding cache (Fig. 12b), one set of rows per
+size: ``dlrm_misses.per_die(G, --zipf)`` derives the steady state's misses a lookup at the
+paper's table (7 TiB over 128 dies), and the example pays them (``--miss-rate``: its hot rows
+pinned in HBM, the misses fetched from host memory and as many dirty rows written back, each
+step). A step's misses are about m x N x batch a die's table (rounded a rank), linear in both
+fitted dimensions.
 """
 from __future__ import annotations
 
@@ -358,6 +365,12 @@ def main(argv: list[str] | None = None) -> int:
                                                                     "fitted to (the paper's 512 x 4096 / 128)")
     p.add_argument("--iterations", default=None, help="train: the iterations whose routing skew (imbalance(I)) "
                                                       "is recorded, one set of rows each")
+    p.add_argument("--cache-gib", default=None, help="dlrm: the per-die cache sizes (GiB of the paper's 7 TiB "
+                                                     "over 128 dies) whose steady-state misses (benchmarks/"
+                                                     "dlrm_misses.py, Zipf --zipf) examples/dlrm.py pays "
+                                                     "(--miss-rate), one set of rows each")
+    p.add_argument("--zipf", type=float, default=1.05, help="dlrm, with --cache-gib: the access law's exponent "
+                                                            "(assumed: docs/end-to-end.md)")
     p.add_argument("--verify-tokens", type=int, default=None, help="train, with --tokens: the fit in the tokens "
                                                                    "against a real run at this many, at each "
                                                                    "recorded N and the first --hidden")
@@ -370,8 +383,18 @@ def main(argv: list[str] | None = None) -> int:
     a.target = a.target or (1024 if dlrm else 7168)
     if train and (a.tokens or a.iterations):
         return train_tokens_main(a, TRAIN + ([] if a.check else NO_CHECK) + extra)
+    variants = [({}, [])]
+    if dlrm and a.cache_gib:
+        from dlrm_misses import per_die
+        variants = []
+        for g in (float(x) for x in a.cache_gib.split(",")):
+            die = per_die(g, a.zipf)
+            variants.append(({"cache_gib": g, "zipf": a.zipf, "miss_rate": die["miss_fraction"],
+                              "cache_fraction": die["cache_fraction"]},
+                             ["--miss-rate", repr(die["miss_fraction"])]))
     if train or dlrm:
-        return train_main(a, (TRAIN if train else DLRM) + ([] if a.check else NO_CHECK) + extra, a.workload)
+        return train_main(a, (TRAIN if train else DLRM) + ([] if a.check else NO_CHECK) + extra, a.workload,
+                          variants)
     from stratacl import ep, ub
 
     args = LOAD + PAPER + ([] if a.check else NO_CHECK) + extra
@@ -431,10 +454,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def train_main(a, args: list[str], workload: str = "train") -> int:
+def train_main(a, args: list[str], workload: str = "train", variants=(({}, []),)) -> int:
     """``--workload train`` or ``dlrm``: the training step's time at the target width (batch),
     at the recorded rank counts and at each N of ``--scale``; or, with ``--verify H``, the fit
-    against real runs."""
+    against real runs. ``variants``: (fields, arguments) pairs, each run with its arguments
+    added and its fields written into its rows (dlrm's cache sizes)."""
     from stratacl import ep, ub
 
     configs = a.configs.split(",")
@@ -451,51 +475,57 @@ def train_main(a, args: list[str], workload: str = "train") -> int:
                 json.dump({"command": command, key: rows}, f, indent=1)
 
     with tempfile.TemporaryDirectory(prefix="stratacl-paper-size-") as tmp:
-        if a.verify is not None:
-            config, fitted = configs[0], []
-            for n in ranks:
-                traces, _ = at_width(config, n, hiddens, a.verify, args, tmp, workload)
-                fitted.append(traces)
-                fit_m = train_metrics(ub.replay(traces))
-                real_m = train_metrics(ub.replay(record(config, n, a.verify, args, tmp, workload)[0]))
-                err = {k: fit_m[k] / real_m[k] - 1 for k in fit_m}
-                print(f"{config} N={n} {what} {hiddens} -> {a.verify}: fitted {fit_m}, real {real_m}, "
-                      f"relative error {err}", flush=True)
-                rows.append({"config": config, "ranks": n, what: a.verify, f"recorded_{what}": hiddens,
-                             "fitted": fit_m, "real": real_m, "relative_error": err})
-                save("verify")
-            for n in scales:            # and in N, against a real run at n ranks and the verified width
-                fit_m = train_metrics(ub.replay(ub.extrapolate(*fitted, n, routing=ep.routing)))
-                real_m = train_metrics(ub.replay(record(config, n, a.verify, args, tmp, workload)[0]))
-                err = {k: fit_m[k] / real_m[k] - 1 for k in fit_m}
-                print(f"{config} N={ranks} -> {n}, {what} {hiddens} -> {a.verify}: fitted {fit_m}, real {real_m}, "
-                      f"relative error {err}", flush=True)
-                rows.append({"config": config, "ranks": n, "recorded_ranks": ranks, what: a.verify,
-                             f"recorded_{what}": hiddens, "fitted": fit_m, "real": real_m, "relative_error": err})
-                save("verify")
-            return 0
-        print(f"{'config':<10}{'ranks':>6}{'modeled step (us)':>20}", flush=True)
-        for config in configs:
-            try:
-                fitted = [at_width(config, n, hiddens, a.target, args, tmp, workload)[0] for n in ranks]
-            except ub.ReplayError as e:
-                print(f"{config:<10} not extrapolated: {e}", flush=True)
+        base = args
+        for fields, more in variants:
+            run = base + more
+            tag = "".join(f"-{k}{v:g}" for k, v in fields.items() if k == "cache_gib")
+            if a.verify is not None:
+                config, fitted = configs[0], []
+                for n in ranks:
+                    traces, _ = at_width(config, n, hiddens, a.verify, run, tmp, workload, tag)
+                    fitted.append(traces)
+                    fit_m = train_metrics(ub.replay(traces))
+                    real_m = train_metrics(ub.replay(record(config, n, a.verify, run, tmp, workload, tag=tag + "-real")[0]))
+                    err = {k: fit_m[k] / real_m[k] - 1 for k in fit_m}
+                    print(f"{config} N={n} {what} {hiddens} -> {a.verify}: fitted {fit_m}, real {real_m}, "
+                          f"relative error {err}", flush=True)
+                    rows.append({"config": config, "ranks": n, what: a.verify, f"recorded_{what}": hiddens,
+                                 "fitted": fit_m, "real": real_m, "relative_error": err, **fields})
+                    save("verify")
+                for n in scales:            # and in N, against a real run at n ranks and the verified width
+                    fit_m = train_metrics(ub.replay(ub.extrapolate(*fitted, n, routing=ep.routing)))
+                    real_m = train_metrics(ub.replay(record(config, n, a.verify, run, tmp, workload, tag=tag + "-real")[0]))
+                    err = {k: fit_m[k] / real_m[k] - 1 for k in fit_m}
+                    print(f"{config} N={ranks} -> {n}, {what} {hiddens} -> {a.verify}: fitted {fit_m}, real {real_m}, "
+                          f"relative error {err}", flush=True)
+                    rows.append({"config": config, "ranks": n, "recorded_ranks": ranks, what: a.verify,
+                                 f"recorded_{what}": hiddens, "fitted": fit_m, "real": real_m, "relative_error": err,
+                                 **fields})
+                    save("verify")
                 continue
-            if a.keep:
-                import pickle
-                os.makedirs(a.keep, exist_ok=True)
-                with open(os.path.join(a.keep, f"{config}.pkl"), "wb") as f:
-                    pickle.dump({"ranks": ranks, "hidden": a.target, "traces": fitted}, f)
-            found = [(n, t) for n, t in zip(ranks, fitted)]
-            found += [(n, None) for n in scales]
-            for n, traces in found:
-                if traces is None:
-                    traces = ub.extrapolate(*fitted, n, routing=ep.routing)
-                row = _row(workload, config, n, "paper-size", train_metrics(ub.replay(traces)), args + ["--batch", str(a.target)])
-                row["dims"] = (train_dims if workload == "train" else dlrm_dims)(args, hiddens, a.target, ranks, n)
-                rows.append(row)
-                print(f"{config:<10}{n:>6}{row['modeled_step_us']:>20.1f}", flush=True)
-                save("rows")
+            print(f"{'config':<10}{'ranks':>6}{'modeled step (us)':>20}  {tag[1:]}", flush=True)
+            for config in configs:
+                try:
+                    fitted = [at_width(config, n, hiddens, a.target, run, tmp, workload, tag)[0] for n in ranks]
+                except ub.ReplayError as e:
+                    print(f"{config:<10} not extrapolated: {e}", flush=True)
+                    continue
+                if a.keep:
+                    import pickle
+                    os.makedirs(a.keep, exist_ok=True)
+                    with open(os.path.join(a.keep, f"{config}{tag}.pkl"), "wb") as f:
+                        pickle.dump({"ranks": ranks, "hidden": a.target, "traces": fitted}, f)
+                found = [(n, t) for n, t in zip(ranks, fitted)]
+                found += [(n, None) for n in scales]
+                for n, traces in found:
+                    if traces is None:
+                        traces = ub.extrapolate(*fitted, n, routing=ep.routing)
+                    row = _row(workload, config, n, "paper-size", train_metrics(ub.replay(traces)), run + ["--batch", str(a.target)])
+                    row["dims"] = (train_dims if workload == "train" else dlrm_dims)(run, hiddens, a.target, ranks, n)
+                    row.update(fields)
+                    rows.append(row)
+                    print(f"{config:<10}{n:>6}{row['modeled_step_us']:>20.1f}", flush=True)
+                    save("rows")
     return 0
 
 

@@ -1,7 +1,7 @@
 """A DLRM-like recommendation model trained through torch.distributed on the emulated supernode.
 
     stratacl-launch -n 8 [--clock virtual] examples/dlrm.py [--steps 3] [--batch 16] [--rows 512]
-        [--cache-rows C] [--zipf A] [--prefetch] [--sparse-dist]
+        [--cache-rows C | --miss-rate M] [--zipf A] [--prefetch] [--sparse-dist]
         [--bottom-mlp 512,256,128] [--top-mlp 1024,1024,512,256]
 
 The embedding tables are sharded table-wise (rank r owns tables r*P .. r*P+P-1, P per rank)
@@ -29,6 +29,21 @@ indices from a seeded Zipf-like law, P(k-th most popular row) ~ 1/k^A over a fix
 order of each table's rows (this example's choice: A = 1.05 for the cache sweeps, a heavy
 tail like Criteo's; 0, the default, is uniform). Rank 0 reports the hit rate: the fraction
 of lookups whose row was in HBM when the step's rows were brought in.
+
+``--miss-rate M``: the steady state of a cache over a table far larger than the host holds (the
+paper's 7 TiB over 128 dies: 117M rows a die, docs/end-to-end.md "Recsys against the cache at
+the paper's scale"). Of each rank's lookups into a table, round(M x batch x pooling) miss a
+step, at seeded places (a count, not a coin per lookup, so that a step's misses are exactly
+linear in the ranks and the batch, as ``benchmarks/paper_size.py`` fits them); the others draw
+from the table's ``--rows`` hot rows (by ``--zipf``, as without it); a miss reads a row of the table's
+tail that no lookup has read before, since at that size the tail's rows are nearly all
+distinct. The cache (sized by the example; ``--cache-rows`` is not given) pins the hot rows,
+as a cache of the most popular rows keeps them, and holds the tail's rows in a window that
+starts warm and full of dirty rows, so each miss evicts a dirty row and writes it back: every
+step is the steady state, the first included. The window holds every lookup of a step (two
+steps' under ``--prefetch``). The kernels are charged as over the ``--rows`` hot rows (the
+tail's rows exist only to be fetched and written back), so a step differs from one without
+misses only by the cache's traffic.
 
 ``--prefetch`` (with a cache): the next step's rows are brought in while this step runs, as
 TorchRec's prefetch pipeline does. Right after its lookups, a step sends the next step's
@@ -84,6 +99,9 @@ p.add_argument("--top-mlp", default=None,
 p.add_argument("--lr", type=float, default=0.05)
 p.add_argument("--cache-rows", type=int, default=0,
                help="HBM cache rows per table, the rest in host memory (0: every row in HBM)")
+p.add_argument("--miss-rate", type=float, default=0.0,
+               help="the steady state of a cache over a huge table: each lookup misses with this probability "
+                    "and reads a tail row never read before (see above; not with --cache-rows)")
 p.add_argument("--zipf", type=float, default=0.0,
                help="index skew: P(k-th most popular row) ~ 1/k^A (0: uniform)")
 p.add_argument("--prefetch", action="store_true",
@@ -107,9 +125,20 @@ TOP = [int(w) for w in args.top_mlp.split(",")] if args.top_mlp else [H]
 # each linear layer's (inputs, outputs), bottom MLP first: the dense features in, its last
 # width concatenated with the T pooled embeddings into the top MLP, one logit out
 LAYERS = list(zip([FD] + BOTTOM[:-1], BOTTOM)) + list(zip([BOTTOM[-1] + T * D] + TOP, TOP + [1]))
-C = args.cache_rows
-if not 0 <= C <= R or args.zipf < 0:
-    raise SystemExit(f"dlrm: --cache-rows must be in 0..{R} (--rows) and --zipf >= 0, got {C}, {args.zipf}")
+C, MISS = args.cache_rows, args.miss_rate
+if not 0 <= C <= R or args.zipf < 0 or not 0 <= MISS < 1 or (MISS and C):
+    raise SystemExit(f"dlrm: --cache-rows must be in 0..{R} (--rows), --zipf >= 0 and --miss-rate in [0, 1), "
+                     f"not both --cache-rows and --miss-rate; got {C}, {args.zipf}, {MISS}")
+# --miss-rate: the window for the tail's rows holds every lookup of a step (two under --prefetch),
+# the host table adds the window's first rows and a fresh row for every lookup of every step
+# (the one after the last too, which --prefetch brings in), and the cache is the hot rows and
+# the window
+LOOKUPS = n * B * L                   # a table's lookups a step
+WINDOW = (2 if args.prefetch else 1) * LOOKUPS if MISS else 0
+TAIL0 = R + WINDOW                    # the first row no lookup has read
+ROWS = TAIL0 + (args.steps + 1) * LOOKUPS if MISS else R
+if MISS:
+    C = R + WINDOW
 modeled = stratacl.config.clock != "off"
 
 
@@ -120,7 +149,7 @@ def charge(flops: float, nbytes: float) -> None:
 
 
 def table_init(t: int) -> torch.Tensor:
-    return torch.randn(R, D, generator=torch.Generator().manual_seed(1000 + t)) * 0.1
+    return torch.randn(ROWS, D, generator=torch.Generator().manual_seed(1000 + t)) * 0.1
 
 
 def mlp_init() -> dict:
@@ -153,6 +182,16 @@ def samples(step: int, rank: int):
         ranks = torch.searchsorted(_cdf, u).clamp_(max=R - 1)
         idx = torch.stack([_order[t][ranks[t]] for t in range(T)]).view(T, B, L)
     labels = torch.randint(0, 2, (B,), generator=g).float()
+    if MISS:
+        # round(MISS x B x L) of this rank's lookups into each table miss, at seeded places drawn
+        # apart so that the other draws stay as without misses; a miss reads the tail row of its
+        # step, rank and place, read by no other
+        gm = torch.Generator().manual_seed(step * 100003 + rank + 7919)
+        miss = torch.zeros(T, B * L, dtype=torch.bool)
+        for t in range(T):
+            miss[t, torch.randperm(B * L, generator=gm)[:round(MISS * B * L)]] = True
+        fresh = TAIL0 + (step * n + rank) * B * L + torch.arange(B * L)
+        idx = torch.where(miss, fresh, idx.view(T, B * L)).view(T, B, L)
     return dense, idx, labels
 
 
@@ -200,9 +239,17 @@ class Cache:
         self.host = table_init(t)                          # host memory: an ordinary tensor
         self.rows = stratacl.torch.empty((C, D))           # HBM
         self.slot_row = np.full(C, -1, dtype=np.int64)     # row held by each slot (-1: empty)
-        self.row_slot = np.full(R, -1, dtype=np.int64)     # slot holding each row (-1: in host memory)
+        self.row_slot = np.full(ROWS, -1, dtype=np.int64)  # slot holding each row (-1: in host memory)
         self.used = np.full(C, -1, dtype=np.int64)         # step of each slot's last use
         self.dirty = np.zeros(C, dtype=bool)
+        self.pinned = np.zeros(C, dtype=bool)              # never a victim (--miss-rate: the hot rows)
+        if MISS:
+            # warm: the hot rows and the window's first rows resident, slot s holding row s, the
+            # window's rows dirty (brought in before the first step, outside its time)
+            warm = np.arange(C)
+            comm.host_rows(self.rows.numpy(), self.host.numpy(), warm, warm)
+            self.slot_row[:], self.row_slot[:C] = warm, warm
+            self.pinned[:R], self.dirty[R:] = True, True
         # per step (and the one after the last, which --prefetch brings in too): hits, lookups,
         # rows fetched, rows written back
         self.counts = np.zeros((args.steps + 1, 4), dtype=np.int64)
@@ -222,7 +269,7 @@ class Cache:
         self.counts[step, :2] += int(resident.sum()), ids.size
         self.used[self.row_slot[rows[self.row_slot[rows] >= 0]]] = step
         miss = rows[self.row_slot[rows] < 0]
-        free = np.flatnonzero(self.used < pinned)          # slots no running or coming step uses
+        free = np.flatnonzero((self.used < pinned) & ~self.pinned)   # slots no running or coming step uses
         if free.size < miss.size:
             raise SystemExit(f"dlrm: table {self.table}: {miss.size} rows to bring in and {free.size} slots free; "
                              f"--cache-rows {C} cannot hold two steps' rows (raise it, or drop --prefetch)")
@@ -309,7 +356,7 @@ def step_distributed(step: int, params: dict, tables: list, bufs: dict, ahead: l
     bufs["grad_out"].copy_((gpooled / n).permute(1, 0, 2).reshape(n, P, B, D))
     dist.all_to_all_single(bufs["grad_in"], bufs["grad_out"])      # [s, j]: rank s's gradients for my table j
     for j in range(P):
-        grad = torch.zeros(R, D)
+        grad = torch.zeros(ROWS, D)
         for s in range(n):
             scatter_grads(grad, bufs["idx_in"][s, j], bufs["grad_in"][s, j])
         if C:
@@ -342,7 +389,7 @@ def step_alone(step: int, params: dict, tables: list) -> list:
         avg += g
     avg /= n
     for t in range(T):
-        grad = torch.zeros(R, D)
+        grad = torch.zeros(ROWS, D)
         for r in range(n):
             scatter_grads(grad, idxs[r][t], gpooled[r][:, t])
         tables[t] -= args.lr * grad
@@ -403,7 +450,9 @@ if me == 0:
     else:
         print("exact against the job computed in one process, on every rank: not checked (--no-check)")
     if C:
-        print(f"embedding cache: {C} of {R} rows per table in HBM (LRU), indices Zipf {args.zipf:g}: hit rate "
+        what = (f"the {R} hot rows pinned and a window of {WINDOW} for the tail, misses at {MISS:g} a lookup"
+                if MISS else f"{C} of {R} rows per table in HBM (LRU)")
+        print(f"embedding cache: {what}, indices Zipf {args.zipf:g}: hit rate "
               f"{hits[0].item() / max(hits[1].item(), 1):.4f} ({hits[0].item()} of {hits[1].item()} lookups); "
               f"{hits[2].item()} rows fetched from host memory, {hits[3].item()} written back on eviction")
         print(f"embedding cache, last step only: hit rate {hits[4].item() / max(hits[5].item(), 1):.4f} "
