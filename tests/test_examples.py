@@ -138,6 +138,35 @@ def test_dlrm_sparse_dist_pipeline_trains_exactly_and_takes_the_index_exchange_o
     assert all(q <= p for p, q in zip(times[2], times[3])), times
 
 
+@pytest.mark.timeout(300)
+def test_dlrm_miss_rate_runs_the_caches_steady_state_exactly():
+    # --miss-rate 0.25 over 64 hot rows, batch 8, bags of 2: round(0.25 x 16) = 4 of each rank's
+    # lookups into a table miss a step, every miss fetched and a dirty row written back from the
+    # first step on (the window starts warm), and the arithmetic is the table's own
+    common = ("-n", "3", "--clock", "virtual", "--timeout", "90", str(EXAMPLES / "dlrm.py"), "--steps", "3",
+              "--batch", "8", "--rows", "64", "--pooling", "2", "--zipf", "1.05")
+    runs = [launch(*common, *flag, timeout=200)
+            for flag in ((), ("--miss-rate", "0.25"), ("--miss-rate", "0.25", "--prefetch", "--sparse-dist"))]
+    times = []
+    for run in runs:
+        assert run.returncode == 0, run.explain()
+        lines = run.stdout.splitlines()
+        assert lines[1] == "exact against the job computed in one process, on every rank: yes", run.explain()
+        times.append([float(t) for t in re.findall(r"^step \d: loss [\d.]+   modeled ([\d.]+) us", run.stdout, re.M)])
+    misses = 3 * 4 * 6        # a step: 3 ranks x 4 misses into each of 6 tables, of 3 x 8 x 2 x 6 = 288 lookups
+    for run, window in zip(runs[1:], (48, 96)):
+        lines = run.stdout.splitlines()
+        assert lines[2] == (f"embedding cache: the 64 hot rows pinned and a window of {window} for the tail, misses "
+                            f"at 0.25 a lookup, indices Zipf 1.05: hit rate 0.7500 ({3 * 288 - 3 * misses} of "
+                            f"{3 * 288} lookups); {3 * misses} rows fetched from host memory, {3 * misses} written "
+                            "back on eviction"), run.explain()
+        assert lines[3] == (f"embedding cache, last step only: hit rate 0.7500 ({288 - misses} of 288 lookups); "
+                            f"{misses} rows fetched, {misses} written back"), run.explain()
+    # the misses cost the step time; the pipeline takes them off it from step 2 on
+    assert all(m > p for p, m in zip(times[0], times[1])), times
+    assert all(q < m for m, q in zip(times[1][1:], times[2][1:])), times
+
+
 @pytest.mark.timeout(120)
 def test_dlrm_with_deeper_mlps_trains_exactly_as_one_process():
     # --bottom-mlp / --top-mlp (MLPerf's layer structure, narrower): the same exact check
