@@ -115,14 +115,15 @@ def _get(d: dict, path: tuple):
     return _holder(d, path).get(path[-1])
 
 
-def _scaled(path: tuple, factor: float) -> _topology.Topology:
-    """cm384 with the parameter at ``path`` times ``factor`` (kept in its range: counts at least
-    1 and communication cores at most the cores, efficiencies at most 1)."""
-    d = copy.deepcopy(_topology._CM384)
+def scaled_dict(path: tuple, factor: float, base: dict | None = None) -> dict:
+    """A copy of ``base`` (cm384's dict) with the parameter at ``path`` times ``factor`` (kept in
+    its range: counts at least 1 and communication cores at most the cores, efficiencies at most
+    1)."""
+    d = copy.deepcopy(_topology._CM384 if base is None else base)
     if path[1] == "*":
         for k in ("die-to-die", "intra-node", "inter-node"):
             d["tiers"][k][path[2]] *= factor
-        return _topology.from_dict(d)
+        return d
     h, key = _holder(d, path), path[-1]
     v = h[key] * factor
     if isinstance(h[key], int):
@@ -132,7 +133,12 @@ def _scaled(path: tuple, factor: float) -> _topology.Topology:
     if path == ("cores", "comm"):
         v = min(v, d["cores"]["count"])
     h[key] = v
-    return _topology.from_dict(d)
+    return d
+
+
+def _scaled(path: tuple, factor: float) -> _topology.Topology:
+    """cm384 with the parameter at ``path`` times ``factor`` (scaled_dict)."""
+    return _topology.from_dict(scaled_dict(path, factor))
 
 
 # --- rows --------------------------------------------------------------------------------------
@@ -186,6 +192,7 @@ SOURCES = {
     "fig12a.strata_over_hccl": ("§1", "For training workloads, StrataCL accelerates LLM training and recommendation-model training by up to 1.4× and 1.3×"),
     "fig12b.strata_shorter_than_": ("Fig. 12b", "StrataCL reduces iteration time by ∼23% over HCCL and ∼16% over HCCL-zerocopy"),
     "fig12b.strata_over_hccl": ("§1", "For training workloads, StrataCL accelerates LLM training and recommendation-model training by up to 1.4× and 1.3×"),
+    "fig12a.gain_shrinks_with_iterations": ("Fig. 12a", "The benefit becomes smaller in later iterations because gate layers gradually improve expert load balance"),
     "fig12b.gain_grows_as_cache_shrinks": ("Fig. 12b", "The communication benefit becomes more pronounced when the embedding cache is smaller"),
     "fig5b.serving_gib": ("§3.1, Fig. 5b", "DeepSeek V4 Flash inference loses 1–2 GiB of usable memory per NPU die"),
     "fig5b.training_gib": ("§3.1, Fig. 5b", "while DeepSeek V3.2 671B training loses 3–4 GiB"),
@@ -709,6 +716,10 @@ FRAGMENTATION = "fragmentation-2026-12-02.json"
 SERVE_DEPLOYED_TABLES = "e2e-2026-12-05-serve-deployed-tables.json"
 SERVE_DEPLOYED_CAPS = "fragmentation-2026-12-05-v4flash.json"
 SERVE_DEPLOYED = "e2e-2026-12-05-serve-deployed-sweep.json"
+TRAIN_DEPLOYED = "e2e-2026-12-05-train-deployed.json"    # training as deployed (16,384 tokens, expert FSDP, skew)
+TRAIN_DEPLOYED_BOUNDS = "e2e-2026-12-05-train-deployed-bounds.json"    # the same, nocomm and RoA
+TRAIN_DEPLOYED_ITERATION = 200                      # the iteration the headline rows read (docs, before the run)
+DLRM_DEPLOYED = "e2e-2026-12-05-dlrm-cache-deployed.json"    # DLRM at 128 dies with the cache's misses
 GAPS = "e2e-2026-12-02-gaps.json"
 
 
@@ -762,6 +773,8 @@ def recorded() -> list[dict]:
                     f"step with the fabric free (docs/results/{TRAIN_NOCOMM}); the workload is not the paper's: the experts' gradients are all-reduced "
                     "once at the end, 64 tokens a replica (the paper's 16,384)")]
     out += _training_at_width()
+    if os.path.exists(os.path.join(RESULTS, TRAIN_DEPLOYED)):
+        out += _training_deployed()
     d = _rows_of(DLRM)
     b = f"recorded docs/results/{DLRM} (8 dies, C = 2560 of 8192 rows, prefetch)"
 
@@ -774,6 +787,8 @@ def recorded() -> list[dict]:
                 kind="trend", basis=b, note="StrataCL's reduction over HCCL with a 2560-row cache over it with "
                                             "every row cached")]
     out += _dlrm_at_width()
+    if os.path.exists(os.path.join(RESULTS, DLRM_DEPLOYED)):
+        out += _dlrm_deployed()
     frag = _rows_of(FRAGMENTATION)
     b = f"recorded docs/results/{FRAGMENTATION} (benchmarks/fragmentation.py)"
     gib = {t: _pick(frag, trace=t, allocator="caching (pool)")["fragmentation_bytes"] / GIB
@@ -942,6 +957,95 @@ def _dlrm_at_width() -> list[dict]:
                 why=f"{part}; {free}", note=cache)]
 
 
+def _training_deployed(rows: list[dict] | None = None) -> list[dict]:
+    """Training as the paper deploys it: DeepSeek V3.2's width (hidden 7168) in TorchTitan's
+    layout at 512 dies (TP 4, FSDP 128, EP 64, the experts' gradients reduce-scattered over their
+    expert-FSDP group of 8), 16,384 tokens a replica, routing skew of the iteration (recorded at
+    32/48/64 ranks, hidden 28/56/112 and 2,048/4,096 tokens; extrapolated in the width, the tokens
+    and N: docs/end-to-end.md "Training as the paper deploys it"). The headline rows read
+    iteration TRAIN_DEPLOYED_ITERATION; the trend row compares the last iteration recorded.
+    ``rows``: steps in TRAIN_DEPLOYED's form from elsewhere (default: the recorded ones)."""
+    rows = _rows_of(TRAIN_DEPLOYED) if rows is None else rows
+    bounds = _rows_of(TRAIN_DEPLOYED_BOUNDS) if os.path.exists(os.path.join(RESULTS, TRAIN_DEPLOYED_BOUNDS)) else []
+    n = max(r["ranks"] for r in rows)
+    its = sorted({r["iteration"] for r in rows})
+
+    def t(config, it=TRAIN_DEPLOYED_ITERATION):
+        r = _pick(rows + bounds, config=config, ranks=n, iteration=it)
+        return None if r is None else r["modeled_step_us"]
+    d = next(r for r in rows if r["ranks"] == n)
+    b = (f"recorded docs/results/{TRAIN_DEPLOYED} (hidden {d['dims']['hidden']}, {d['dims'].get('tokens', 16384)} tokens a "
+         f"replica, {n} dies: TP {d['dims']['tp']}, FSDP {d['dims']['fsdp']}, EP {d['dims']['ep']}, iteration "
+         f"{TRAIN_DEPLOYED_ITERATION} (imbalance {d['imbalance']:.2f}); extrapolated from "
+         f"{', '.join(map(str, d['dims']['recorded_ranks']))} ranks and {d['dims']['recorded_tokens']} tokens)")
+    hccl, pool, strata = t("staged"), t("pool"), t("auto")
+    free, roa = t("nocomm"), t("roa")
+    bound = (f"bound: with the fabric free (docs/results/{TRAIN_DEPLOYED_BOUNDS}) the step would be "
+             f"{100 * (1 - free / hccl):.1f}% shorter than HCCL's and {100 * (1 - free / pool):.1f}% shorter than "
+             "the pool's" if free else "no fabric-free run recorded")
+    zc = (f"zero copy without the pool's cap (RoA) is {100 * (1 - roa / hccl):.1f}% shorter than HCCL"
+          if roa else "no RoA run recorded")
+    cap = "the pool's micro-batch cap (17 of 27 fit) runs the replica's 16,384 tokens as 2 micro-batches of 8,192"
+    out = [row("fig12a.zerocopy_shorter_than_hccl.deployed", 0.06, 1 - pool / hccl, basis=b,
+               why=f"{cap}; {zc}; {bound}"),
+           row("fig12a.strata_shorter_than_zerocopy.deployed", (0.18, 0.24), 1 - strata / pool, basis=b,
+               why=f"{bound}; {zc}", note=cap),
+           row("fig12a.strata_over_hccl.deployed", 1.4, hccl / strata, neutral=1.0, basis=b, why=bound)]
+    if len(its) > 1:
+        first, last = its[0], its[-1]
+        gains = {it: 1 - t("auto", it) / t("pool", it) for it in (first, last)}
+        out.append(row("fig12a.gain_shrinks_with_iterations.deployed", "falls", gains[last] / gains[first],
+                       kind="trend", basis=b,
+                       note=f"StrataCL's reduction over HCCL-zerocopy at iteration {last} "
+                            f"({100 * gains[last]:.1f}%) over that at {first} ({100 * gains[first]:.1f}%)"))
+    return out
+
+
+def _dlrm_deployed(rows: list[dict] | None = None) -> list[dict]:
+    """DLRM with the paper's embedding cache: 128 dies, batch 1024, MLPerf's widths, TorchRec's
+    sparse-dist pipeline with the cache's prefetch, and the steady-state misses a 5-25 GiB cache
+    a die pays over the 7 TiB table (Zipf 1.05, derived; examples/dlrm.py --miss-rate). The
+    headline rows read DLRM_HEADLINE_GIB; the trend row compares the smallest cache with the
+    largest (docs/end-to-end.md "Recsys against the cache at the paper's scale"). ``rows``: steps
+    in DLRM_DEPLOYED's form (config, ranks, cache_gib, miss_rate, modeled_step_us) from elsewhere,
+    e.g. benchmarks/e2e_sensitivity.py's replays (default: the recorded ones)."""
+    rows = _rows_of(DLRM_DEPLOYED) if rows is None else rows
+    n = max(r["ranks"] for r in rows)
+    sizes = sorted({r["cache_gib"] for r in rows})
+
+    def t(config, gib=DLRM_HEADLINE_GIB):
+        r = _pick(rows, config=config, ranks=n, cache_gib=gib)
+        return None if r is None else r["modeled_step_us"]
+    m = _pick(rows, ranks=n, cache_gib=DLRM_HEADLINE_GIB)["miss_rate"]
+    b = (f"recorded docs/results/{DLRM_DEPLOYED} ({n} dies, batch 1024 a die, MLPerf DLRM widths, a "
+         f"{DLRM_HEADLINE_GIB:g} GiB cache a die missing {100 * m:.1f}% of lookups, sparse-dist pipeline with prefetch; "
+         "extrapolated from 4 and 8 ranks and batches 128-512)")
+    nocomm = {r["config"]: r["modeled_step_us"] for r in _rows_of(DLRM_WIDE_NOCOMM)
+              if r["ranks"] == n and r.get("scale") == "paper-size"}.get("nocomm")
+    hccl, pool, strata = t("staged"), t("pool"), t("auto")
+    free = (f"bound: the fabric-free step without the cache (docs/results/{DLRM_WIDE_NOCOMM}) is "
+            f"{100 * (1 - nocomm / hccl):.1f}% shorter than HCCL's step here" if nocomm else "")
+    hbm = {r["config"]: r["modeled_step_us"] for r in _rows_of(DLRM_WIDE_SPARSE)
+           if r["ranks"] == n and r.get("scale") == "paper-size"}
+    misses = ("with every row in HBM (docs/results/" + DLRM_WIDE_SPARSE + ") the steps are " + ", ".join(
+        f"{NAMES[c]} {hbm[c]:.0f} us" for c in ("staged", "pool", "auto") if c in hbm) + "; with the cache "
+        + ", ".join(f"{NAMES[c]} {t(c):.0f} us" for c in ("staged", "pool", "auto")))
+    same = ("the pool's calls are RoA's here (no fragmentation cut at this batch), so StrataCL adds only "
+            "partitioning and SDMA over it")
+    out = [row("fig12b.strata_shorter_than_hccl.deployed", 0.23, 1 - strata / hccl, basis=b, why=free, note=misses),
+           row("fig12b.strata_shorter_than_zerocopy.deployed", 0.16, 1 - strata / pool, basis=b,
+               why=f"{same}; {free}", note=misses),
+           row("fig12b.strata_over_hccl.deployed", 1.3, hccl / strata, neutral=1.0, basis=b, why=free)]
+    if len(sizes) > 1:
+        small, large = sizes[0], sizes[-1]
+        gains = {g: 1 - t("auto", g) / t("staged", g) for g in (small, large)}
+        out.append(row("fig12b.gain_grows_as_cache_shrinks.deployed", "rises", gains[small] / gains[large],
+                       kind="trend", basis=b,
+                       note=f"StrataCL's reduction over HCCL with a {small:g} GiB cache ({100 * gains[small]:.1f}%) "
+                            f"over that with {large:g} GiB ({100 * gains[large]:.1f}%)"))
+    return out
+
+
 def _serving_at_width() -> list[dict]:
     """Serving at the paper's width (hidden 7168, top-8, expert FFN 2048), 32 dies: traces
     recorded at hidden 64/128/256 and 4/8 ranks, extrapolated in the width and in N
@@ -1022,18 +1126,47 @@ def figure_data() -> list[dict]:
                 series=series(rates, "rate", "normalized_latency_us", ("staged", "roa", "balanced", "sdma")),
                 note="recorded with HCCL and the ablation's configs (no pool run at these rates); the paper's "
                      "x axis is 0-30 req/s at 192 dies")
-    return ([fig11a, host] if deployed else [host]) + [
-        dict(fig="fig12a", title="Fig. 12a: training iteration time, normalized to HCCL",
-             source=f"docs/results/{TRAIN}, docs/results/{TRAIN_WIDE}", x="setting", y="iteration time / HCCL's", kind="bars",
-             series={NAMES[c]: [("host sizes, 512 dies", _pick(train, config=c)["modeled_step_us"]
+    fig12a_series = {NAMES[c]: [("host sizes, 512 dies", _pick(train, config=c)["modeled_step_us"]
                                  / _pick(train, config="staged")["modeled_step_us"]),
                                 (f"hidden 7168, {n_wide} dies", _pick(train_wide, config=c, ranks=n_wide)
                                  ["modeled_step_us"] / _pick(train_wide, config="staged", ranks=n_wide)
                                  ["modeled_step_us"])]
-                     for c in ("staged", "pool", "auto")},
-             note="one iteration's step (the paper shows iterations 200, 2000, 5000; the routing here does not "
-                  "change with the iteration)"),
-        dict(fig="fig12b", title="Fig. 12b: Recsys iteration time against the embedding cache (8 dies)",
+                     for c in ("staged", "pool", "auto")}
+    fig12a_note = "host sizes and hidden 7168: one iteration's step, uniform routing"
+    fig12a_source = f"docs/results/{TRAIN}, docs/results/{TRAIN_WIDE}"
+    if os.path.exists(os.path.join(RESULTS, TRAIN_DEPLOYED)):
+        dep = _rows_of(TRAIN_DEPLOYED)
+        n_dep = max(r["ranks"] for r in dep)
+        for it in sorted({r["iteration"] for r in dep}):
+            hccl = _pick(dep, config="staged", ranks=n_dep, iteration=it)
+            for c in ("staged", "pool", "auto"):
+                r = _pick(dep, config=c, ranks=n_dep, iteration=it)
+                if hccl and r:
+                    fig12a_series[NAMES[c]].append((f"deployed, iteration {it}",
+                                                    r["modeled_step_us"] / hccl["modeled_step_us"]))
+        fig12a_note += (f"; deployed: DeepSeek V3.2 at {n_dep} dies, 16,384 tokens a replica, the experts' gradients "
+                        "on FSDP's path, routing skew of the iteration (the paper's Fig. 12a shows 200, 2000, 5000)")
+        fig12a_source += f", docs/results/{TRAIN_DEPLOYED}"
+    figs = [fig11a, host] if deployed else [host]
+    figs.append(dict(fig="fig12a", title="Fig. 12a: training iteration time, normalized to HCCL",
+                     source=fig12a_source, x="setting", y="iteration time / HCCL's", kind="bars",
+                     series=fig12a_series, note=fig12a_note))
+    dlrm_deployed = os.path.exists(os.path.join(RESULTS, DLRM_DEPLOYED))
+    if dlrm_deployed:
+        dep = _rows_of(DLRM_DEPLOYED)
+        n_dep = max(r["ranks"] for r in dep)
+        figs.append(dict(fig="fig12b", title=f"Fig. 12b: Recsys iteration time against the embedding cache ({n_dep} dies)",
+                         source=f"docs/results/{DLRM_DEPLOYED}", x="cache a die (GiB)", y="iteration time (ms)",
+                         kind="line",
+                         series={NAMES[c]: sorted((r["cache_gib"], r["modeled_step_us"] / 1e3) for r in dep
+                                                  if r["config"] == c and r["ranks"] == n_dep)
+                                 for c in ("staged", "pool", "auto")},
+                         note="DLRM at batch 1024 a die, MLPerf's widths, a 7 TiB table, the steady-state misses of "
+                              "each cache (Zipf 1.05, derived), TorchRec's sparse-dist pipeline with the cache's "
+                              "prefetch"))
+    return figs + [
+        dict(fig="fig12b-host" if dlrm_deployed else "fig12b",
+             title="Fig. 12b: Recsys iteration time against the embedding cache (8 dies)",
              source=f"docs/results/{DLRM_CACHE}", x="cache rows per table", y="iteration time (us)",
              kind="line", series=series([r for r in cache if r["cache_rows"]], "cache_rows", "modeled_step_us",
                                         ("staged", "pool", "roa", "balanced", "sdma")),

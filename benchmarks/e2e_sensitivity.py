@@ -1,0 +1,162 @@
+"""How the end-to-end rows move when an assumed parameter moves: the recorded traces replayed
+under cm384 with one parameter x0.5 and x2, no new runs.
+
+    python benchmarks/e2e_sensitivity.py --keep DIR [--workload dlrm] [--scale 128]
+                                         [--parameters all|NAME,...] [--json FILE]
+
+``DIR`` holds the traces ``benchmarks/paper_size.py --keep DIR`` pickled (per configuration and
+cache size: every recorded rank count's traces at the target batch). For each variant of the
+model (cm384 as it is, then each parameter of ASSUMED x0.5 and x2, ``paper.scaled_dict``) every
+configuration's traces are extrapolated to ``--scale`` dies and replayed with the variant's
+topology, and the report's own function for the workload's rows (``paper._dlrm_deployed``)
+judges the steps it gives: which rows change whether they hold, and how far each moves.
+
+What a replay can vary: every fabric, core, SDMA and registration parameter (the replay times
+each call from the topology the traces name, here the variant's file); ``compute.efficiency``
+too, since a trace keeps each kernel's time alone, the roofline over peak x efficiency and HBM x
+efficiency, which scales exactly as 1 / efficiency (``_scale_kernels``). What it cannot: the
+workload's own settings (the access law's exponent, the batch), which change what the program
+does and need new recordings; the table says so.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import pickle
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+if HERE not in sys.path:             # run as a file: its siblings import as they do in the package
+    sys.path.insert(0, HERE)
+
+import paper                          # noqa: E402
+from dlrm_misses import per_die       # noqa: E402
+from paper_size import train_metrics  # noqa: E402
+
+CONFIGS = ("staged", "pool", "auto")
+ZIPF = 1.05                           # the access law the recordings' misses come from (docs/end-to-end.md)
+# the assumed parameters the end-to-end rows can depend on (paper.PARAMETERS' names and paths);
+# "registration split" moves the four UB steps together, "RDMA pair" both RDMA numbers
+ASSUMED = {
+    "compute efficiency": [("compute", "efficiency")],
+    "SDMA polling cores": [("sdma", "poll_cores")],
+    "core setup of one row-granular transfer (us)": [("cores", "transfer_us")],
+    "UB registration split (export, import, reserve VA, map)": [("registration", "export_us"),
+                                                                ("registration", "import_us"),
+                                                                ("registration", "reserve_va_us"),
+                                                                ("registration", "map_us")],
+    "RDMA registration pair (fixed, per GiB)": [("registration", "rdma_us"), ("registration", "rdma_us_per_gib")],
+    "SDMA doorbell (us)": [("sdma", "doorbell_us")],
+    "SDMA notify (us)": [("sdma", "notify_us")],
+    "host tier latency (us)": [("tiers", "host", "latency_us")],
+}
+NOT_REPLAYED = {"the access law's exponent (Zipf 1.05)": "changes the misses a step: new recordings",
+                "the batch a die (1024)": "changes the program's arrays: new recordings"}
+
+
+def _variant(paths: list[tuple], factor: float) -> dict:
+    d = copy.deepcopy(paper._topology._CM384)
+    for path in paths:
+        d = paper.scaled_dict(path, factor, d)
+    return d
+
+
+def _scale_kernels(traces: list[dict], factor: float) -> list[dict]:
+    """The traces with every kernel's time alone divided by ``factor`` (compute.efficiency x factor)."""
+    out = []
+    for t in traces:
+        t = dict(t)
+        t["events"] = [dict(e, us=e["us"] / factor) if e.get("e") == "compute" else e for e in t["events"]]
+        out.append(t)
+    return out
+
+
+def _retarget(traces: list[dict], topology: str) -> list[dict]:
+    return [dict(t, settings=dict(t["settings"], topology=topology)) for t in traces]
+
+
+def steps(kept: dict, scale: int, topology: str, kernel_factor: float = 1.0) -> dict:
+    """Each kept (config, cache) set's step at ``scale`` dies, replayed under ``topology``."""
+    from stratacl import ep, ub
+
+    out = {}
+    for key, k in kept.items():
+        traces = ub.extrapolate(*k["traces"], scale, routing=ep.routing)
+        if kernel_factor != 1.0:
+            traces = _scale_kernels(traces, kernel_factor)
+        out[key] = train_metrics(ub.replay(_retarget(traces, topology)))["modeled_step_us"]
+    return out
+
+
+def load(keep: str) -> dict:
+    """{(config, cache_gib): pickle} from paper_size.py --keep's files ``<config>-cache_gib<G>.pkl``."""
+    kept = {}
+    for name in sorted(os.listdir(keep)):
+        stem, ext = os.path.splitext(name)
+        if ext != ".pkl" or "-cache_gib" not in stem:
+            continue
+        config, gib = stem.split("-cache_gib")
+        if config in CONFIGS:
+            with open(os.path.join(keep, name), "rb") as f:
+                kept[(config, float(gib))] = pickle.load(f)
+    if not kept:
+        raise SystemExit(f"e2e_sensitivity: no <config>-cache_gib<G>.pkl in {keep} (paper_size.py --keep)")
+    return kept
+
+
+def judge(found: dict, scale: int) -> dict:
+    """The report's rows from these steps: {claim: (here, holds)}."""
+    rows = [{"config": c, "ranks": scale, "cache_gib": g, "modeled_step_us": us,
+             "miss_rate": per_die(g, ZIPF)["miss_fraction"]} for (c, g), us in found.items()]
+    return {r["claim"]: (r["here"], r["holds"]) for r in paper._dlrm_deployed(rows)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--keep", required=True)
+    p.add_argument("--workload", choices=("dlrm",), default="dlrm")
+    p.add_argument("--scale", type=int, default=128)
+    p.add_argument("--parameters", default="all")
+    p.add_argument("--json", default=None)
+    a = p.parse_args(argv)
+    kept = load(a.keep)
+    names = list(ASSUMED) if a.parameters == "all" else a.parameters.split(",")
+    command = " ".join(["python", "benchmarks/e2e_sensitivity.py", *sys.argv[1:]])
+    out = {"command": command, "scale": a.scale, "not_replayed": NOT_REPLAYED, "rows": []}
+    with tempfile.TemporaryDirectory(prefix="stratacl-sensitivity-") as tmp:
+        def run(name, factor, topo, kernel_factor=1.0):
+            path = os.path.join(tmp, f"topology-{len(out['rows'])}.json")
+            with open(path, "w") as f:
+                json.dump(topo, f)
+            found = steps(kept, a.scale, path, kernel_factor)
+            claims = judge(found, a.scale)
+            out["rows"].append({"parameter": name, "factor": factor,
+                                "steps_us": {f"{c}@{g:g}": us for (c, g), us in found.items()},
+                                "claims": {k: {"here": h, "holds": bool(ok)} for k, (h, ok) in claims.items()}})
+            print(f"{name} x{factor:g}: " + ", ".join(f"{k.split('.')[1]} {h:.3f} ({'holds' if ok else 'no'})"
+                                                    for k, (h, ok) in claims.items()), flush=True)
+            if a.json:
+                with open(a.json, "w") as f:
+                    json.dump(out, f, indent=1)
+        run("cm384", 1.0, paper._topology._CM384)
+        for name in names:
+            for factor in (0.5, 2.0):
+                paths = ASSUMED[name]
+                kernels = factor if paths == [("compute", "efficiency")] else 1.0
+                # efficiency is in the traces' kernel times, not read again by the replay
+                run(name, factor, paper._topology._CM384 if kernels != 1.0 else _variant(paths, factor), kernels)
+    base = out["rows"][0]["claims"]
+    print("\n| parameter | x | " + " | ".join(k.split(".", 1)[1] for k in base) + " |")
+    print("|---|---|" + "---|" * len(base))
+    for r in out["rows"]:
+        cells = [f"{v['here']:.3f}" + ("" if v["holds"] == base[k]["holds"] else " (flips)")
+                 for k, v in r["claims"].items()]
+        print(f"| {r['parameter']} | {r['factor']:g} | " + " | ".join(cells) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

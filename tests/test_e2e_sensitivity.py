@@ -1,0 +1,64 @@
+"""benchmarks/e2e_sensitivity.py: the end-to-end rows' sensitivity by replaying kept traces.
+
+The replays stand in for new runs, so each way it varies the model must equal a run made with
+that model: a parameter through the topology file the traces are retargeted to, and the compute
+efficiency through the kernels' recorded times."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from launch_helpers import launch
+
+from benchmarks import e2e_sensitivity as sens
+from benchmarks.paper_size import train_metrics
+from stratacl import ub
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+DLRM = ("--steps", "2", "--batch", "8", "--rows", "64", "--tables-per-rank", "1", "--pooling", "1",
+        "--miss-rate", "0.25", "--no-check")      # misses on the step: the host tier shows in it
+
+
+def test_a_variant_scales_every_parameter_it_names_and_nothing_else():
+    base = sens.paper._topology._CM384
+    d = sens._variant(sens.ASSUMED["UB registration split (export, import, reserve VA, map)"], 2.0)
+    for key in ("export_us", "import_us", "reserve_va_us", "map_us"):
+        assert d["registration"][key] == 2 * base["registration"][key]
+    assert d["registration"]["map_us_per_gib"] == base["registration"]["map_us_per_gib"]
+    assert {k: v for k, v in d.items() if k != "registration"} == {k: v for k, v in base.items() if k != "registration"}
+    # counts stay at least 1: half of one polling core is one
+    assert sens._variant([("sdma", "poll_cores")], 0.5)["sdma"]["poll_cores"] == 1
+
+
+def test_scaling_kernels_touches_compute_events_only():
+    traces = [{"events": [{"e": "compute", "us": 8.0, "cores": 4}, {"e": "clock"}, {"e": "call", "us": 3.0}]}]
+    out = sens._scale_kernels(traces, 2.0)
+    assert out[0]["events"] == [{"e": "compute", "us": 4.0, "cores": 4}, {"e": "clock"}, {"e": "call", "us": 3.0}]
+    assert traces[0]["events"][0]["us"] == 8.0                  # the kept traces are not changed
+
+
+@pytest.mark.timeout(300)
+def test_replays_under_a_variant_equal_runs_made_with_it(tmp_path):
+    # a DLRM step with the cache's misses, recorded under cm384, replayed (1) under a topology file
+    # with the host tier's latency doubled and (2) with the compute efficiency halved through the
+    # kernels' times; each equals a run recorded with that topology file
+    cm384 = sens.paper._topology._CM384
+    variants = {"host": sens._variant([("tiers", "host", "latency_us")], 2.0),
+                "efficiency": sens._variant([("compute", "efficiency")], 0.5)}
+    steps = {}
+    for name, topo in [("cm384", cm384)] + list(variants.items()):
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(topo))
+        run = launch("-n", "3", "--clock", "virtual", "--timeout", "90", "--topology", str(path),
+                     "--registration", "staged", "--trace", str(tmp_path / name), str(EXAMPLES / "dlrm.py"), *DLRM,
+                     timeout=200)
+        assert run.returncode == 0, run.explain()
+        steps[name] = train_metrics(ub.replay(ub.load_traces(str(tmp_path / name))))["modeled_step_us"]
+    kept = ub.load_traces(str(tmp_path / "cm384"))
+    host = train_metrics(ub.replay(sens._retarget(kept, str(tmp_path / "host.json"))))["modeled_step_us"]
+    slow = train_metrics(ub.replay(sens._retarget(sens._scale_kernels(kept, 0.5), str(tmp_path / "efficiency.json")))
+                         )["modeled_step_us"]
+    assert host == pytest.approx(steps["host"], rel=1e-9) and host != pytest.approx(steps["cm384"], rel=1e-6)
+    assert slow == pytest.approx(steps["efficiency"], rel=1e-9) and slow > steps["cm384"]
