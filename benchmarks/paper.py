@@ -302,7 +302,7 @@ def count_once(rows: list[dict]) -> list[dict]:
         group.sort(key=lambda x: x[0])
         chosen = next((r for _, r in group if r["here"] is not None), group[0][1])
         for _, r in group:
-            if r is not chosen and r["counted"]:
+            if r is not chosen and (r["counted"] or r["kind"] == "trend"):
                 r["counted"] = False
                 r["context"] = chosen["claim"]
     return rows
@@ -1024,7 +1024,8 @@ def _dlrm_deployed(rows: list[dict] | None = None) -> list[dict]:
               if r["ranks"] == n and r.get("scale") == "paper-size"}.get("nocomm")
     hccl, pool, strata = t("staged"), t("pool"), t("auto")
     free = (f"bound: the fabric-free step without the cache (docs/results/{DLRM_WIDE_NOCOMM}) is "
-            f"{100 * (1 - nocomm / hccl):.1f}% shorter than HCCL's step here" if nocomm else "")
+            f"{100 * (1 - nocomm / hccl):.1f}% shorter than HCCL's step here and {100 * (1 - nocomm / pool):.1f}% "
+            "shorter than the pool's" if nocomm else "")
     hbm = {r["config"]: r["modeled_step_us"] for r in _rows_of(DLRM_WIDE_SPARSE)
            if r["ranks"] == n and r.get("scale") == "paper-size"}
     misses = ("with every row in HBM (docs/results/" + DLRM_WIDE_SPARSE + ") the steps are " + ", ".join(
@@ -1314,7 +1315,7 @@ def summary(rows: list[dict]) -> str:
     checked = [r for r in rows if r["counted"]]
     held = sum(r["holds"] for r in checked)
     kinds = {k: [r for r in checked if (r["kind"] == "value") == (k == "values")] for k in ("values", "bounds")}
-    trends = [r for r in rows if r["kind"] == "trend"]
+    trends = [r for r in rows if r["kind"] == "trend" and not r.get("context")]
     shown = [r for r in rows if r["basis"] in ("calibrated", "read off")]
     heads = {r["claim"]: r for r in rows}
     head = []
