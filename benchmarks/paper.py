@@ -1430,9 +1430,8 @@ def render(result: dict, sens: dict | None, command: str) -> str:
         lines += ["", "## Sensitivity", "",
                   f"Each parameter x0.5 and x2 (`python benchmarks/paper.py --sensitivity{' --quick' if sens['quick'] else ''}`), "
                   "against the model rows above: the rows whose verdict flips, and the rows that move by more than 10%. "
-                  "The recorded (end-to-end) rows are not varied: their runs' traces are not kept, so the parameters "
-                  "that govern only them (compute efficiency and peak, the workloads' own settings) show no flip here "
-                  "and say nothing about those rows.", "",
+                  "The recorded (end-to-end) rows are varied apart, by replaying kept traces (below), where traces "
+                  "were kept.", "",
                   "| parameter | source | factor | rows that flip | rows moved > 10% |", "|---|---|---|---|---|"]
         for s in sens["rows"]:
             flips = s.get("error") or ", ".join("`" + c + "`" for c in s["flips"]) or "-"
@@ -1451,7 +1450,37 @@ def render(result: dict, sens: dict | None, command: str) -> str:
                   "- Verdicts that hinge on one parameter (flip under a single change), most fragile first: " +
                   ("; ".join(f"`{c}` ({len(v)}: {', '.join(v)})" for c, v in
                              sorted(count.items(), key=lambda kv: -len(kv[1]))) or "none") + "."]
+    lines += e2e_sensitivity_lines()
     return "\n".join(lines) + "\n"
+
+
+E2E_SENSITIVITY = ("e2e-2026-12-05-dlrm-sensitivity.json",)      # benchmarks/e2e_sensitivity.py's runs
+
+
+def e2e_sensitivity_lines() -> list[str]:
+    """The end-to-end rows under each assumed parameter x0.5 and x2, from benchmarks/
+    e2e_sensitivity.py's replays of kept traces (no new runs)."""
+    lines = []
+    for name in E2E_SENSITIVITY:
+        path = os.path.join(RESULTS, name)
+        if not os.path.exists(path):
+            continue
+        with open(path) as f:
+            d = json.load(f)
+        base = d["rows"][0]["claims"]
+        lines += ["", f"### End-to-end rows by replay: docs/results/{name}", "",
+                  f"`{d['command']}`: the kept traces extrapolated to {d['scale']} dies and replayed under cm384 "
+                  "with one assumed parameter x0.5 or x2 (compute efficiency through the kernels' recorded times). "
+                  "A cell is the row's number; `(flips)` marks a verdict that changes. Not varied by replay: "
+                  + "; ".join(f"{k} ({v})" for k, v in d["not_replayed"].items()) + ".", "",
+                  "| parameter | x | " + " | ".join(f"`{k}`" for k in base) + " |", "|---|---|" + "---|" * len(base)]
+        for r in d["rows"]:
+            cells = [f"{v['here']:.3f}" + ("" if v["holds"] == base[k]["holds"] else " (flips)")
+                     for k, v in r["claims"].items()]
+            lines.append(f"| {r['parameter']} | {r['factor']:g} | " + " | ".join(cells) + " |")
+    if not lines:
+        lines = ["", "The end-to-end rows have not been varied: no kept traces replayed (benchmarks/e2e_sensitivity.py)."]
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
