@@ -137,6 +137,35 @@ def test_all_to_all_v_follows_the_counts():
     assert rows(m) == [(1, IN, 0, OUT, 0, 8, LD, -1)]
 
 
+def test_gather_pulls_every_block_to_the_root_only():
+    # at the root (1 of 3): peers after it first, block p at p x M of its output, its own copied too
+    (m,) = SL.gather(1, 3, 8, root=1)
+    assert m.me == 1
+    assert rows(m) == [(2, IN, 0, OUT, 16, 8, LD, -1), (0, IN, 0, OUT, 0, 8, LD, -1), (1, IN, 0, OUT, 8, 8, LD, -1)]
+    (m,) = SL.gather(0, 3, 8, root=1)
+    assert m.me == 0 and rows(m) == []                      # not the root: pulls nothing
+    (m,) = SL.gather(0, 2, 5, root=0)
+    assert rows(m) == [(1, IN, 0, OUT, 5, 5, LD, -1), (0, IN, 0, OUT, 0, 5, LD, -1)]
+
+
+def test_reduce_accumulates_every_member_in_rank_order_at_the_root_only():
+    (m,) = SL.reduce(2, 3, 12, root=2)
+    assert m.me == 2
+    assert rows(m) == [(p, IN, 0, OUT, 0, 12, ACC, -1) for p in (0, 1, 2)]   # rank order, as all_reduce's sum
+    (m,) = SL.reduce(1, 3, 12, root=2)
+    assert m.me == 1 and rows(m) == []
+    (m,) = SL.reduce(0, 1, 4, root=0)
+    assert rows(m) == [(0, IN, 0, OUT, 0, 4, ACC, -1)]
+
+
+def test_scatter_pulls_block_me_of_the_roots_input():
+    for me in range(3):
+        (m,) = SL.scatter(me, 3, 8, root=2)
+        assert m.me == me and rows(m) == [(2, IN, 8 * me, OUT, 0, 8, LD, -1)]
+    (m,) = SL.scatter(1, 2, 0, root=0)
+    assert rows(m) == []                                    # an empty block: no slice
+
+
 def test_broadcast_recv():
     assert SL.broadcast(1, 4, 16, root=1)[0].me == 1 and len(SL.broadcast(1, 4, 16, root=1)[0]) == 0
     assert rows(SL.broadcast(2, 4, 16, root=1)[0]) == [(1, IN, 0, IN, 0, 16, LD, -1)]
@@ -1000,3 +1029,28 @@ def test_the_barrier_waits_for_every_flag_at_its_tiers_latency(topology):
         mesh = FlagMesh.of(f, m)
         assert mesh.after(t).tolist() == want
         assert mesh.matrix()[0].tolist() == [0.0 if j == 0 else float(f.flag_us(m[j], m[0])) for j in range(n)]
+
+
+# --- bounded settings (stratacl._config._at_least) ----------------------------------------------
+def test_positive_and_nonnegative_settings_refuse_their_boundary_exactly():
+    pos, nonneg = _config._positive(_config._float), _config._nonnegative(_config._int)
+    assert pos("0.5") == 0.5 and pos(3) == 3.0
+    assert nonneg("0") == 0 and nonneg("0x10") == 16
+    for bad, text in ((pos, "0"), (pos, "-1"), (pos, "nan")):
+        with pytest.raises(ConfigError) as e:
+            bad(text)
+        assert str(e.value) == f"expected a number > 0, got {text!r}"
+    for text in ("-1", -3):
+        with pytest.raises(ConfigError) as e:
+            nonneg(text)
+        assert str(e.value) == f"expected a number >= 0, got {text!r}"
+    with pytest.raises(ConfigError) as e:
+        _config._at_least(_config._float, 2.5, strict=False)("2")
+    assert str(e.value) == "expected a number >= 2.5, got '2'"
+    assert _config._at_least(_config._float, 2.5, strict=False)("2.5") == 2.5
+    # the bound keeps the parser's name, which the settings table shows as the type
+    assert pos.__name__ == "_float" and nonneg.__name__ == "_int"
+    timeout = next(s for s in _config.SETTINGS if s.name == "timeout")
+    cores = next(s for s in _config.SETTINGS if s.name == "cores")
+    hbm = next(s for s in _config.SETTINGS if s.name == "hbm_size")
+    assert (timeout.type_name, cores.type_name, hbm.type_name) == ("float", "int", "size")
