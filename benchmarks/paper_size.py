@@ -365,6 +365,10 @@ def main(argv: list[str] | None = None) -> int:
                                                                     "fitted to (the paper's 512 x 4096 / 128)")
     p.add_argument("--iterations", default=None, help="train: the iterations whose routing skew (imbalance(I)) "
                                                       "is recorded, one set of rows each")
+    p.add_argument("--verify-ranks", type=int, default=None, help="train, with --iterations: the extrapolation in "
+                                                                  "N (skewed routing) from --ranks against a real "
+                                                                  "run at this many ranks, at the first --hidden "
+                                                                  "and --tokens")
     p.add_argument("--cache-gib", default=None, help="dlrm: the per-die cache sizes (GiB of the paper's 7 TiB "
                                                      "over 128 dies) whose steady-state misses (benchmarks/"
                                                      "dlrm_misses.py, Zipf --zipf) examples/dlrm.py pays "
@@ -381,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     a.hidden = a.hidden or ("56,112,224" if train else "128,256,512" if dlrm else "32,64,128")
     a.scale = a.scale if a.scale is not None else ("128,512" if train else "128" if dlrm else "16,32")
     a.target = a.target or (1024 if dlrm else 7168)
-    if train and (a.tokens or a.iterations):
+    if train and (a.tokens or a.iterations or a.verify_ranks):
         return train_tokens_main(a, TRAIN + ([] if a.check else NO_CHECK) + extra)
     variants = [({}, [])]
     if dlrm and a.cache_gib:
@@ -554,6 +558,23 @@ def train_tokens_main(a, args: list[str]) -> int:
         return [] if it is None else ["--imbalance", f"{imbalance(it):.6f}"]
 
     with tempfile.TemporaryDirectory(prefix="stratacl-paper-size-") as tmp:
+        if a.verify_ranks is not None:
+            config, h, t = configs[0], hiddens[0], tokens[0]
+            for it in iterations:
+                run = args + skew_args(it) + ["--tokens", str(t)]
+                load = 1.0 if it is None else imbalance(it)
+                got = [record(config, n, h, run, tmp, "train", tag=f"-i{it}")[0] for n in ranks]
+                fit_m = train_metrics(ub.replay(ub.extrapolate(*got, a.verify_ranks, routing=skewed_routing(load))))
+                real_m = train_metrics(ub.replay(record(config, a.verify_ranks, h, run, tmp, "train",
+                                                        tag=f"-i{it}-real")[0]))
+                err = {k: fit_m[k] / real_m[k] - 1 for k in fit_m}
+                print(f"{config} N={ranks} -> {a.verify_ranks}, hidden {h}, {t} tokens, iteration {it}: fitted {fit_m}, "
+                      f"real {real_m}, relative error {err}", flush=True)
+                rows.append({"config": config, "ranks": a.verify_ranks, "recorded_ranks": ranks, "hidden": h,
+                             "tokens": t, "iteration": it, "imbalance": load, "fitted": fit_m, "real": real_m,
+                             "relative_error": err})
+                save("verify")
+            return 0
         if a.verify_tokens is not None:
             config, h = configs[0], hiddens[0]
             for it in iterations:
