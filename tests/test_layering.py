@@ -24,6 +24,11 @@ function, relative ones resolved. The floors, from the bottom:
     stratacl.torch    the torch.distributed backend: uses the public face only; nothing in the
                       library imports it (torch stays optional)
 
+Each package's ``__init__`` is its API: a private module (``_hbm``: its last name starts with
+``_``) is imported only from inside its own package (a package's own subpackages included, so
+every module may import the base's ``stratacl._errors``, and every runtime package the native
+layer ``stratacl.runtime._native``). No package directory holds more than 15 modules.
+
 Import arrows do not show a front end that reaches into a communicator's private parts, so two
 rules read the code itself: outside ``stratacl/runtime`` no module touches a private attribute
 of the runtime's objects (``comm._protocol``: the call pipeline, runtime/pipeline/_call.py, is
@@ -46,6 +51,7 @@ RUNTIME_PACKAGES = ("services", "memory", "pipeline", "communicator", "hosts")
 RUNTIME_FACE = ("_world", "_onesided")
 NATIVE = "stratacl.runtime (native)"
 RUNTIME_FLOORS = (NATIVE, *(f"stratacl.runtime.{p}" for p in RUNTIME_PACKAGES), "stratacl.runtime")
+MAX_MODULES = 15
 
 # Imports known to break a rule, each with why it is still there. Keep this short: an entry is
 # a debt, not a permission.
@@ -119,6 +125,18 @@ def package_of(module: str) -> str:
 
 def in_runtime(floor: str) -> bool:
     return floor in RUNTIME_FLOORS
+
+
+def _reach_ins(graph=None, known=None) -> list[str]:
+    """Imports of a private module from outside its package: ``stratacl.runtime.memory._hbm``
+    may be imported by modules of ``stratacl.runtime.memory`` (and of packages inside it) only."""
+    found = []
+    for src, dst in _edges(graph, known):
+        package, _, last = dst.rpartition(".")
+        inside = src == package or src.startswith(package + ".")
+        if last.startswith("_") and not last.startswith("__") and not inside:
+            found.append(f"{src} imports {dst}")
+    return found
 
 
 def _edges(graph=None, known=None):
@@ -204,6 +222,41 @@ def test_the_runtime_packages_stand_on_each_other_from_the_bottom():
         return in_runtime(s) and in_runtime(d) and RUNTIME_FLOORS.index(d) > RUNTIME_FLOORS.index(s)
     assert _violations(up) == []
     assert set(RUNTIME_FLOORS) <= {package_of(m) for targets in GRAPH.values() for m in targets}   # all seen
+
+
+def test_no_module_imports_another_package_s_private_module():
+    # a package's __init__ is its API: other packages import that, never its modules
+    assert _reach_ins() == []
+
+
+def test_the_reach_in_rule_sees_a_planted_one(tmp_path):
+    # a small graph: the daemon reaching into services' mailbox module, the runtime's face into
+    # memory's; what a package may import (its own modules, an enclosing package's, an API)
+    planted = {"stratacl.jobs._daemon": {"stratacl.runtime.services", "stratacl.runtime.services._mailbox",
+                                         "stratacl.jobs._resources"},
+               "stratacl.runtime.memory._hbm": {"stratacl.runtime._native", "stratacl._errors",
+                                                "stratacl.runtime.memory._window"},
+               "stratacl.runtime._world": {"stratacl.runtime.memory", "stratacl.runtime.memory._hbm"}}
+    assert _reach_ins(planted) == ["stratacl.jobs._daemon imports stratacl.runtime.services._mailbox",
+                                   "stratacl.runtime._world imports stratacl.runtime.memory._hbm"]
+    excused = {("stratacl.runtime._world", "stratacl.runtime.memory._hbm"): "planted by this test"}
+    assert _reach_ins(planted, excused) == ["stratacl.jobs._daemon imports stratacl.runtime.services._mailbox"]
+    # and in source text, as the graph reads it: a module imported by name or from inside it
+    jobs = tmp_path / "stratacl" / "jobs"
+    jobs.mkdir(parents=True)
+    (jobs / "_planted.py").write_text("from ..runtime.services import _mailbox, Control\n"
+                                      "from stratacl.runtime.memory._segments import prefix\n"
+                                      "from ..runtime.memory import new_job_id\nfrom . import _wire\n")
+    graph = {"stratacl.jobs._planted": _imports("stratacl.jobs._planted", jobs / "_planted.py")}
+    assert _reach_ins(graph) == ["stratacl.jobs._planted imports stratacl.runtime.memory._segments",
+                                 "stratacl.jobs._planted imports stratacl.runtime.services._mailbox"]
+
+
+def test_no_package_directory_holds_more_than_15_modules():
+    # one concept per package: count its Python and C modules (a package's subpackages are its own)
+    counts = collections.Counter(path.parent.relative_to(ROOT).as_posix() for path in MODULES.values())
+    assert {folder: n for folder, n in counts.items() if n > MAX_MODULES} == {}
+    assert counts["stratacl/runtime"] > 1 and counts["stratacl/runtime/memory"] > 1
 
 
 def test_the_base_imports_nothing_above_it():
