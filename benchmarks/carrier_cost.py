@@ -3,7 +3,7 @@
     python benchmarks/carrier_cost.py [--hosts 2] [--ranks-per-host 4] [--bytes 4M] [-i 10]
                                       [--btl tcp] [--json PATH]
 
-Starts ``--hosts`` carriers (stratacl/runtime/_carrier.py) under the Open MPI wheel's ``mpirun``
+Starts ``--hosts`` carriers (stratacl/runtime/hosts/_carrier.py) under the Open MPI wheel's ``mpirun``
 on this machine, each with ``--ranks-per-host`` HBM segments, and times, best and median of
 ``-i`` rounds:
 
@@ -44,7 +44,7 @@ def _carrier_body(a) -> None:
     import numpy as np
     from mpi4py import MPI
 
-    from stratacl.runtime._carrier import Carrier
+    from stratacl.runtime.hosts._carrier import Carrier
     comm = MPI.COMM_WORLD
     host, hosts, per = comm.rank, comm.size, a.ranks_per_host
     nbytes = _size(a.bytes)

@@ -209,7 +209,7 @@ def serving_metrics(replay, timeline: dict, n: int) -> dict:
 
 
 def _gaps(workload: str, n: int, steps: int, extra: list[str]) -> list[float]:
-    """Every call's allocation-to-communication gap (wall seconds, runtime/_trace.py) in a run
+    """Every call's allocation-to-communication gap (wall seconds, runtime/services/_trace.py) in a run
     of ``workload`` at ``n`` ranks, registration on allocation."""
     from stratacl import ub
 

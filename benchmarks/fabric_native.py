@@ -23,7 +23,7 @@ import numpy as np
 
 import stratacl
 from stratacl.collectives import _partition as P
-from stratacl.runtime._buffers import EAGER_BYTES
+from stratacl.runtime.pipeline import EAGER_BYTES
 from stratacl.ub._clock import FabricModel, model_call
 from stratacl.ub._compute import ComputeJob, overlap
 from stratacl.ub._profile import profile_call, write_chrome_trace

@@ -209,9 +209,9 @@ def serving_v4_trace(batch: int, steps: int, seed: int, staged: bool = False, d:
     examples/moe_serving.py allocates them ([local experts, ranks x tokens a rank, hidden],
     tokens a rank from the batch), the logits; ``staged``: also the communication buffers the
     runtime keeps for staged calls (the largest staged input and output, each rounded up to a
-    power of two, runtime/_buffers.buffer_size, never freed). Each slot starts part-way through
+    power of two, runtime/pipeline/_buffers.buffer_size, never freed). Each slot starts part-way through
     a request (uniformly), so the peak is a steady state's."""
-    from stratacl.runtime._buffers import buffer_size
+    from stratacl.runtime.pipeline import buffer_size
 
     v4 = _deploy()
     rng = np.random.default_rng(seed)

@@ -38,7 +38,7 @@ import time
 import numpy as np
 
 import stratacl
-from stratacl.runtime._buffers import EAGER_BYTES
+from stratacl.runtime.pipeline import EAGER_BYTES
 from stratacl.ub import _registration_cost as RC
 from stratacl.ub import _topology
 from stratacl.ub._clock import FabricModel, model_call

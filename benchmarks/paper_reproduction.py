@@ -27,7 +27,7 @@ import sys
 import numpy as np
 
 import stratacl
-from stratacl.runtime._buffers import EAGER_BYTES
+from stratacl.runtime.pipeline import EAGER_BYTES
 from stratacl.ub import _topology
 
 KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30

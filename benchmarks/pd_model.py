@@ -61,7 +61,7 @@ def kv_time(config: str, topology: str = "cm384"):
     idle fabric, so timed at two sizes per pair and interpolated."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from e2e import CONFIGS, NOCOMM, _nocomm_topology
-    from stratacl.runtime._buffers import EAGER_BYTES
+    from stratacl.runtime.pipeline import EAGER_BYTES
     from stratacl.ub._clock import FabricModel, model_send_recv
 
     flags = CONFIGS["roa" if config == NOCOMM else config]

@@ -73,8 +73,8 @@ class _PullTimer:
     it) to the end of the backend's execution of the copy phase."""
 
     def __init__(self):
-        from stratacl.runtime import _execute
-        from stratacl.runtime._comm import Communicator
+        from stratacl.runtime.pipeline import _execute
+        from stratacl.runtime.communicator import Communicator
         sources, gather = Communicator._peer_sources, _execute.run_plan
         self.t0 = None
         self.last = 0
@@ -175,7 +175,7 @@ def broadcast_rank(comm, count: int, timeout: float, keep: list | None = None) -
     """Part B in one rank: allocation k is made by rank k % N; returns this rank's
     (owner, recv_ns, mapped_ns) records, in arrival order. The allocations go into ``keep``
     (if given), so that the caller can hold them beyond the call."""
-    from stratacl.runtime._world import runtime
+    from stratacl.runtime import runtime
     reg = runtime().reg
     n, me = comm.size, comm.rank
     keep = [] if keep is None else keep            # kept alive: no RELEASE traffic during the run

@@ -52,7 +52,7 @@ import numpy as np
 
 import stratacl
 from stratacl._config import parse_size
-from stratacl.runtime._buffers import EAGER_BYTES
+from stratacl.runtime.pipeline import EAGER_BYTES
 from stratacl.ub._clock import FabricModel
 
 from registration import FRESH_BYTES, _Host, broadcast_rank   # benchmarks/registration.py
@@ -62,7 +62,7 @@ WHOLE_REPEAT = 5                                  # whole-segment re-registratio
 
 
 def grow_rank(comm, base: int, iters: int, gap_ms: float, timeout: float = 120.0) -> dict:
-    from stratacl.runtime._world import runtime
+    from stratacl.runtime import runtime
     rt = runtime()
     reg, chunk = rt.reg, rt.allocator.chunk
     assert chunk == FRESH_BYTES, "part B's allocations must be one chunk each"

@@ -32,7 +32,7 @@ by a shared-memory file (``/dev/shm/...``, deleted or not, or the job's memfds w
 ``/dev/shm`` has no room: the HBM segments and the control segment) are summed apart and subtracted; what remains is heap, Python objects, libraries'
 private data and thread stacks. Page tables (VmPTE) are reported beside it. The table gives the
 mean over the ranks and the largest rank: under ``--clock virtual`` the fabric model's timed
-plans are mapped from the job's store (runtime/_plans.py), so a rank's memory stays flat in N.
+plans are mapped from the job's store (runtime/pipeline/_plans.py), so a rank's memory stays flat in N.
 
 ``--readme`` times the README's first command (``stratacl-launch -n N --clock virtual
 examples/allreduce.py``) as a user would run it, at the given rank counts (``--readme-clock
@@ -80,7 +80,7 @@ def _smaps_private() -> tuple[int, int, int]:
                 parts = line.split(None, 5)
                 path = parts[5].strip() if len(parts) > 5 else b""
                 # HBM is a /dev/shm name, or a memfd where /dev/shm has no room for the job's
-                # (runtime/_segments.py): both are the job's shared memory
+                # (runtime/memory/_segments.py): both are the job's shared memory
                 in_shm = path.startswith((b"/dev/shm/", b"/SYSV", b"/memfd:stratacl-"))
             elif line.startswith(b"Private_Clean:") or line.startswith(b"Private_Dirty:"):
                 kb = int(line.split()[1]) * 1024

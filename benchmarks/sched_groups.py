@@ -11,7 +11,7 @@ the loop. With autogroup scheduling (/proc/sys/kernel/sched_autogroup_enabled = 
 session is a scheduling group of its own, and sched_yield only yields to tasks of the caller's
 group: a process alone in its session gets its core straight back, so its polls are spins and
 the barrier costs as much as with futex sleeps. The launcher therefore keeps the ranks in its
-session (stratacl/jobs/_supervisor.py), and waits poll before sleeping (runtime/_sync.py).
+session (stratacl/jobs/_supervisor.py), and waits poll before sleeping (runtime/services/_sync.py).
 """
 from __future__ import annotations
 

@@ -588,7 +588,7 @@ def soak_rank(comm, seed: int, job: int, calls: int, settings: dict) -> dict:
 # --- the driver -----------------------------------------------------------------------------
 def _shm_names() -> set[str]:
     """The names the soak's own jobs may leave: under the test suite its jobs' ids start with the
-    test's tag (runtime/_names.py), so another job's names on the host are not counted."""
+    test's tag (runtime/memory/_names.py), so another job's names on the host are not counted."""
     prefix = "stratacl-" + os.environ.get("STRATACL_TEST_JOB_TAG", "")
     return {n for n in os.listdir("/dev/shm") if n.startswith((prefix, "sem." + prefix))}
 

@@ -14,11 +14,8 @@ import argparse
 import os
 import sys
 
-from stratacl._config import SETTINGS, Config, check_environment
-from stratacl._errors import ConfigError
-from stratacl.jobs import _hostjob, _preflight
-from stratacl.jobs._outcome import format_failure
-from stratacl.jobs._supervisor import Job
+from stratacl import SETTINGS, Config, ConfigError
+from stratacl.jobs import Job, check_environment, format_failure, hosts_refusal, launch_on_hosts, parse_hosts, preflight
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -71,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"stratacl-launch: -n must be at least 1, got {ns.nprocs}", file=sys.stderr)
         return 2
     try:
-        _preflight.check(ns.nprocs, config)
+        preflight(ns.nprocs, config)
     except ConfigError as e:
         print(f"stratacl-launch: {e}", file=sys.stderr)
         return 2
@@ -82,18 +79,18 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if ns.hostfile:
             with open(ns.hostfile) as f:
-                hosts = _hostjob.parse_hosts(f.read())
+                hosts = parse_hosts(f.read())
         elif ns.hosts:
-            hosts = _hostjob.parse_hosts(ns.hosts)
+            hosts = parse_hosts(ns.hosts)
     except (OSError, ValueError) as e:
         print(f"stratacl-launch: {'--hostfile' if ns.hostfile else '--hosts'}: {e}", file=sys.stderr)
         return 2
-    why = _hostjob.refusal(ns.nprocs, config, hosts)
+    why = hosts_refusal(ns.nprocs, config, hosts)
     if why:
         print(f"stratacl-launch: {why}", file=sys.stderr)
         return 2
     if hosts is not None or config.emulate_hosts > 1:
-        return _hostjob.launch(ns.nprocs, config, target, hosts)
+        return launch_on_hosts(ns.nprocs, config, target, hosts)
     outcome = Job(ns.nprocs, config, target, handle_signals=True).run()
     if not outcome.ok:
         print(format_failure(outcome), file=sys.stderr)

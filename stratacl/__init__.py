@@ -43,10 +43,10 @@ from ._errors import TooManyCommunicators as TooManyCommunicators
 from ._estimate import Estimate as Estimate
 from ._estimate import estimate as estimate
 from ._spawn import spawn as spawn
-from .runtime._comm import Communicator as Communicator
-from .runtime._world import finalize as finalize
-from .runtime._world import init as init
-from .runtime._world import is_initialized as is_initialized
+from .runtime import Communicator as Communicator
+from .runtime import finalize as finalize
+from .runtime import init as init
+from .runtime import is_initialized as is_initialized
 
 __version__ = "0.1.0"
 
@@ -63,6 +63,6 @@ __all__ = [
 def __getattr__(name: str):
     if name == "config":
         # the running rank's settings; before init(), what init() would read from the environment
-        from .runtime import _world
-        return _world._RUNTIME.config if _world._RUNTIME is not None else Config()
+        from .runtime import is_initialized, runtime
+        return runtime().config if is_initialized() else Config()
     raise AttributeError(f"module 'stratacl' has no attribute {name!r}")

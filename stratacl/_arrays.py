@@ -5,9 +5,8 @@ from typing import Any
 
 import numpy as np
 
-from .runtime import _allocator, _memstats
-from .runtime._world import NATIVE_CALLS
-from .runtime._world import runtime as _runtime
+from .runtime import NATIVE_CALLS, runtime as _runtime
+from .runtime.memory import fmt_bytes, summary_table
 
 
 def empty(shape, dtype=np.float32) -> np.ndarray:
@@ -53,7 +52,7 @@ def memory_summary() -> str:
              f"deregistrations: {s['num_deregistrations']}",
              f"in flight: {s['registrations_in_flight']} registrations to send, "
              f"{s['deregistrations_in_flight']} releases awaiting peers ({_fmt(s['deregistration_in_flight_bytes'])})"]
-    return _memstats.summary(s, f"StrataCL HBM memory summary, rank {rt.rank}", notes)
+    return summary_table(s, f"StrataCL HBM memory summary, rank {rt.rank}", notes)
 
 
 def reset_peak_memory_stats() -> None:
@@ -76,7 +75,7 @@ def empty_cache() -> int:
 
 
 def _fmt(n: int) -> str:
-    return _allocator.fmt_bytes(n)
+    return fmt_bytes(n)
 
 
 def stats() -> dict[str, Any]:

@@ -241,7 +241,7 @@ def check_environment(environ: dict[str, str] | None = None) -> None:
                 "STRATACL_LAUNCHER_PID", "STRATACL_NPROCS",
                 "STRATACL_JOB_SECRET", "STRATACL_STORE",    # the job's store: stratacl/torch/_store.py
                 "STRATACL_TEST_HOST_MEMORY",   # a test hook: stratacl/jobs/_memory.py
-                "STRATACL_TEST_JOB_TAG"}       # a test hook: stratacl/runtime/_names.py
+                "STRATACL_TEST_JOB_TAG"}       # a test hook: stratacl/runtime/memory/_names.py
     known = {s.env for s in SETTINGS} | internal
     for key in environ:
         if key.startswith("STRATACL_") and key not in known:

@@ -27,7 +27,7 @@ class NotInitialized(StrataError):
 
 class TooManyCommunicators(StrataError):
     """A rank has no communicator slot left for a new communicator (``split``): each rank has
-    a fixed number of slots in the job's control segment (runtime/_control.py, COMM_SLOTS),
+    a fixed number of slots in the job's control segment (runtime/services/_control.py, COMM_SLOTS),
     and a communicator keeps its slot for the rest of the job. Split once and reuse the
     sub-communicators instead of splitting again per step."""
 

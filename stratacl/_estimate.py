@@ -6,7 +6,7 @@
                                    rank to finish), algbw = size / time, busbw = algbw x factor
 
 It runs the same schedules and cost model as the data path's virtual clock (with the
-runtime's eager threshold, runtime/_buffers.py), so where both fit they report the same
+runtime's eager threshold, runtime/pipeline/_buffers.py), so where both fit they report the same
 modeled time; no bytes are allocated, so 1 GiB per rank on 256 ranks is
 as cheap as 1 KiB. ``registration="jit"`` assumes every buffer is fresh, so each rank pays the
 mappings of every peer buffer it reads (the paper's dynamic-shape case, section 3.1).
@@ -18,14 +18,13 @@ import os
 
 import numpy as np
 
-from ._sizes import OPS as SIZED_OPS
-from ._sizes import bus_factor, shape
-from .collectives import _schedule
-from .runtime._buffers import EAGER_BYTES
-from .ub._clock import FabricModel, choose_algo, model_call
-from .ub._estimates import ModeledCost, cached_model
-from .ub._profile import call_cores, profile_call, write_chrome_trace
-from .ub._topology import Topology
+from ._sizes import OPS as SIZED_OPS, bus_factor, shape
+from .collectives import schedules
+from .runtime.pipeline import EAGER_BYTES
+from .ub import (
+    FabricModel, ModeledCost, Topology, cached_model, call_cores, choose_algo, model_call, profile_call,
+    write_chrome_trace,
+)
 
 ALGOS = ("mesh", "ring", "auto")
 
@@ -87,11 +86,11 @@ def estimate(op: str, nranks: int, nbytes: int, algo: str = "mesh", topology: st
     per_rank = sh.n_in * itemsize
     members = np.arange(nranks)
     chosen = choose_algo(model, op, members, per_rank, root, itemsize) if algo == "auto" else algo
-    if op not in _schedule.RING_OPS:
+    if op not in schedules.RING_OPS:
         chosen = "mesh"
     extra = None
     if registration == "jit":
-        extra = model.registration_us(_schedule.peers_read(op, chosen, nranks, root), per_rank)
+        extra = model.registration_us(schedules.peers_read(op, chosen, nranks, root), per_rank)
     gen0, k0 = model.partitioner.total_us, model.partitioner.generated
     times = model_call(model, op, chosen, members, per_rank, np.zeros(nranks), extra, root, itemsize)
     k = model.partitioner.generated - k0

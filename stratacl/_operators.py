@@ -3,17 +3,17 @@
 Each row says what the rest of the library needs to know about an operator; the lists that
 used to be kept by hand are read off this table:
 
-    runtime/_protocol.py   OPS: the descriptor's operation code (F_OP), compared on entry
-    runtime/_p2p.py        the point-to-point codes, owned by the native layer (_native.h
+    runtime/pipeline/_protocol.py   OPS: the descriptor's operation code (F_OP), compared on entry
+    runtime/communicator/_p2p.py        the point-to-point codes, owned by the native layer (_native.h
                            OP_SEND...); tests/test_constants.py checks the rows against it
     runtime/_world.py      NATIVE_CALLS: the calls the native methods count
     collectives/_schedule  OPS, RING_OPS: the operators the fabric model times from a schedule
     _sizes.py              OPS: their nccl-tests size conventions and bus bandwidth factor
 
 An operator without a schedule (``all_to_all_v``, ``gather``, ``scatter``, the MoE calls) is
-timed from the traffic matrices of its slice map (runtime/_call.py, ``Pipeline.tick``).
+timed from the traffic matrices of its slice map (runtime/pipeline/_call.py, ``Pipeline.tick``).
 Adding an operator: a row here, its slice map (collectives/_slices.py), and its front end
-written on the call pipeline (runtime/_comm.py); docs/architecture.md walks through one.
+written on the call pipeline (runtime/communicator/_comm.py); docs/architecture.md walks through one.
 
 ``sizes`` gives a scheduled operator's buffers at an nccl-tests size S on N ranks: ``per``
 elements are S / N (whole chunks), ``total`` N x per, ``count`` S, ``-`` none (in place).
@@ -35,7 +35,7 @@ class Operator:
     native: bool = False              # its common case is a native method, which counts its calls
     # a second buffer peers read, named in the descriptor's extension words by its block
     # (address, segment address, size, offset, epoch) at word a * N + b (N: the members), or
-    # None: across hosts the carriers read it with the input (runtime/_carrier.py)
+    # None: across hosts the carriers read it with the input (runtime/hosts/_carrier.py)
     read_block: tuple[int, int] | None = None
 
 

@@ -37,16 +37,14 @@ def spawn(fn: Callable[..., Any], nranks: int, args: tuple = (), **settings: Any
     (with the rank's traceback as its cause), otherwise ``RankFailure``. Host-blocking.
     """
     from . import jobs
-    from .jobs._outcome import format_failure
-    from .jobs._supervisor import Job
+    from .jobs import Job, format_failure, preflight
 
     if jobs.importing_main:
         raise BootstrapError(
             "stratacl.spawn was called while a rank was importing the main module to find the function "
             "it runs: start the job under `if __name__ == \"__main__\":`, as with multiprocessing's spawn")
     config = Config(**settings)
-    from .jobs import _preflight
-    _preflight.check(nranks, config)          # what every rank would refuse, raised once, here
+    preflight(nranks, config)          # what every rank would refuse, raised once, here
     main_path = None
     if getattr(fn, "__module__", None) == "__main__":
         main = sys.modules["__main__"]

@@ -6,7 +6,7 @@ faulthandler dumping stacks just before.
 
 Other jobs may run on the host meanwhile (another suite, a user's job): the leak check counts
 only the names of this test's own jobs. Each test gets a tag (``STRATACL_TEST_JOB_TAG``, which
-every job id its jobs make starts with: runtime/_names.py) in the environment its jobs inherit
+every job id its jobs make starts with: runtime/memory/_names.py) in the environment its jobs inherit
 (the helpers that clean a job's environment keep it); after the test, every process that
 carries the tag (a job's daemon in a session of its own, say) is waited for, then any name
 ``stratacl-<tag>...`` left in /dev/shm is a leak of this test's.
@@ -19,7 +19,7 @@ import os
 import psutil
 
 from stratacl.jobs._processes import collect, end, wait_gone
-from stratacl.runtime._names import TAG_ENV
+from stratacl.runtime.memory._names import TAG_ENV
 import pytest
 
 SHM = "/dev/shm"

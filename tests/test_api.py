@@ -116,10 +116,10 @@ def test_topology_file_errors_name_the_field(tmp_path):
 
 def test_operations_show_their_signatures_and_docs():
     """Every operation's signature shows the keywords the ``collective`` decorator adds
-    (runtime/_work.py), native methods (runtime/_replay.c) included; the native ones show the
+    (runtime/pipeline/_work.py), native methods (runtime/_replay.c) included; the native ones show the
     Python operation's docstring."""
     import inspect
-    from stratacl.runtime._comm import Communicator
+    from stratacl.runtime.communicator import Communicator
     keywords = "*, async_op: 'bool' = False, path: 'str | None' = None"
     expected = {
         "barrier": "(self, /, *, async_op=False, path=None)",
@@ -172,7 +172,7 @@ def test_every_public_name_has_a_docstring():
     """trio's test_exports walks the exports; here each one, and each public method, property
     or slot of the exported classes (Communicator and Work with their bases' ones), must say
     what it is."""
-    from stratacl.runtime._work import Work
+    from stratacl.runtime.pipeline import Work
     missing = []
     classes = []
     for module in (stratacl, stratacl.ub, stratacl.ep, stratacl.shmem):

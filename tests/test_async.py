@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import stratacl
-from stratacl.runtime._buffers import EAGER_BYTES
+from stratacl.runtime.pipeline import EAGER_BYTES
 
 
 BUSY = float(np.sum(np.sqrt(np.arange(200_000, dtype=np.float64))))     # computed with nothing in flight
@@ -67,7 +67,7 @@ def test_async_mismatch_is_raised_by_wait_on_every_rank_and_the_queue_goes_on():
 
 
 def test_a_failure_the_ranks_do_not_share_stops_the_queue():
-    from stratacl.runtime._work import Worker, agreed
+    from stratacl.runtime.pipeline import Worker, agreed
     w = Worker("test")
     try:
         shared = w.submit("rejected", lambda: (_ for _ in ()).throw(agreed(ValueError("bad argument"))))
@@ -85,7 +85,7 @@ def test_a_failure_the_ranks_do_not_share_stops_the_queue():
 
 
 def test_work_wait_with_timeout_returns_false_while_pending():
-    from stratacl.runtime._work import Worker
+    from stratacl.runtime.pipeline import Worker
     import threading
     gate = threading.Event()
     w = Worker("test")

@@ -15,7 +15,7 @@ from stratacl.collectives import _partition as P
 from stratacl.collectives import _schedule as S
 from stratacl.collectives import _kernels
 from stratacl.collectives import _slices as SL
-from stratacl.runtime._buffers import EAGER_BYTES
+from stratacl.runtime.pipeline import EAGER_BYTES
 from stratacl.ub._clock import FabricModel, model_call
 from stratacl.ub._compute import ComputeJob, overlap
 from stratacl.ub._profile import Profiler, profile_call, write_chrome_trace

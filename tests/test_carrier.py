@@ -1,4 +1,4 @@
-"""The cross-host carrier (stratacl/runtime/_carrier.py) under the MPI launcher: one carrier per
+"""The cross-host carrier (stratacl/runtime/hosts/_carrier.py) under the MPI launcher: one carrier per
 emulated host, every byte between hosts through MPI (a dynamic window over the host's
 segments, MPI_Get under passive-target locks)."""
 from __future__ import annotations

@@ -16,8 +16,11 @@ import pytest
 
 import stratacl
 from stratacl.collectives import _backend, _kernels, _reduce, _slices
-from stratacl.runtime import _comm, _control, _mesh, _native, _p2p, _prepared, _protocol
-from stratacl.runtime._world import NATIVE_CALLS
+from stratacl.runtime.communicator import _comm, _mesh, _p2p, _prepared
+from stratacl.runtime.services import _control
+from stratacl.runtime import _native
+from stratacl.runtime.pipeline import _protocol
+from stratacl.runtime import NATIVE_CALLS
 
 ROOT = Path(__file__).resolve().parents[1] / "stratacl"
 _ENUM = re.compile(r"\benum\s*\{([^}]*)\}", re.S)
@@ -186,8 +189,8 @@ def test_the_routing_records_layout_comes_from_the_native_pass():
 def test_operation_codes_in_messages_are_names():
     # a rank in send (its code comes from the point-to-point table) while its peers are in
     # all_reduce, or a member whose descriptor holds no call yet, is named in words, not "op#N"
-    from stratacl.runtime import _flight
-    from stratacl.runtime._control import F_OP
+    from stratacl.runtime.services import _flight
+    from stratacl.runtime.services import F_OP
     for op in ("all_reduce", "send", "recv", "sendrecv", "split", "dispatch"):
         code = next(o.code for o in stratacl._operators.OPERATORS if o.name == op)
         assert _protocol._value_name(F_OP, code) == op

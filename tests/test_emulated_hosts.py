@@ -1,6 +1,6 @@
 """A job split over emulated hosts (``stratacl-launch --emulate-hosts K``): each host has its
 own control segment copy, no rank maps a segment of another host, and what crosses hosts goes
-through one MPI carrier per host (stratacl/runtime/_carrier.py, _hostjob.py, runtime/_hosts.py).
+through one MPI carrier per host (stratacl/runtime/hosts/_carrier.py, _hostjob.py, runtime/hosts/_hosts.py).
 
 K = 2, N = 8: every collective of the world communicator and point-to-point calls between
 hosts exact on every rank, the modeled clock after each call equal bit for bit to the same
@@ -75,7 +75,7 @@ def _no_namespace_link_or_mount_left():
 def _carriers_left() -> list[psutil.Process]:
     left = []
     for p in psutil.process_iter(["cmdline"]):
-        if "stratacl.runtime._carrier" in (p.info["cmdline"] or []):
+        if "stratacl.runtime.hosts" in (p.info["cmdline"] or []):
             left.append(p)
     return left
 

@@ -335,15 +335,15 @@ def _modeled(comm, case: dict):
 
 
 def test_virtual_clock_times_dispatch_and_combine_from_their_traffic():
-    from stratacl.runtime._buffers import EAGER_BYTES
+    from stratacl.runtime.pipeline import EAGER_BYTES
     from stratacl.ub._clock import FabricModel, model_exchange
     n, row = 4, 1024 * 4
     case = _case(n, tokens=(300, 0, 1000), hidden=1024, seed=12)
     t0, t1, t2 = np.array(stratacl.spawn(_modeled, n, args=(case,), timeout=120, clock="virtual")).T
     routes = [_inputs(case, n, r)[1] for r in range(n)]
     model = FabricModel("cm384", "roa", eager_bytes=EAGER_BYTES)
-    dispatch, received, _ = ep._model.traffic("dispatch", "ht", routes, case["experts"], row)
-    combine, _, _ = ep._model.traffic("combine", "ht", routes, case["experts"], row)
+    dispatch, received, _ = _ep.traffic("dispatch", "ht", routes, case["experts"], row)
+    combine, _, _ = _ep.traffic("combine", "ht", routes, case["experts"], row)
     assert received.sum() > 0
     # every member times each call from the same traffic and every member's entering clock
     assert np.allclose(t1, model_exchange(model, range(n), dispatch, t0), rtol=0, atol=1e-6)
@@ -369,7 +369,7 @@ def test_virtual_clock_times_low_latency_calls_row_by_row_as_the_estimate_does(r
     """A low-latency dispatch and combine under the virtual clock: the modeled times are the
     estimate path's (the same row-granular traffic and, staged, the row-by-row copies), and
     they are not what the same traffic costs as one bulk phase."""
-    from stratacl.runtime._buffers import EAGER_BYTES
+    from stratacl.runtime.pipeline import EAGER_BYTES
     from stratacl.ub._clock import FabricModel, model_exchange
     n, row = 4, 1024 * 4
     case = _case(n, tokens=(300, 0, 1000), hidden=1024, seed=12)
@@ -377,8 +377,8 @@ def test_virtual_clock_times_low_latency_calls_row_by_row_as_the_estimate_does(r
                                          registration=registration)).T
     routes = [_inputs(case, n, r)[1] for r in range(n)]
     model = FabricModel("cm384", registration, eager_bytes=EAGER_BYTES)
-    dispatch, received, st_d = ep._model.traffic("dispatch", "ll", routes, case["experts"], row)
-    combine, _, st_c = ep._model.traffic("combine", "ll", routes, case["experts"], row)
+    dispatch, received, st_d = _ep.traffic("dispatch", "ll", routes, case["experts"], row)
+    combine, _, st_c = _ep.traffic("combine", "ll", routes, case["experts"], row)
     assert received.sum() > 0
     assert np.allclose(t1, model_exchange(model, range(n), dispatch, t0, None, st_d), rtol=0, atol=1e-6)
     assert np.allclose(t2, model_exchange(model, range(n), combine, t1, None, st_c), rtol=0, atol=1e-6)
@@ -396,7 +396,7 @@ def test_low_latency_rows_pay_their_latency_and_setup_high_throughput_streams_do
     a larger per-transfer setup; the bulk phase does not depend on the setup at all."""
     import copy
 
-    from stratacl.runtime._buffers import EAGER_BYTES
+    from stratacl.runtime.pipeline import EAGER_BYTES
     from stratacl.ub import _topology
     from stratacl.ub._clock import FabricModel, advance
 

@@ -301,7 +301,7 @@ def out_of_slots(comm):
 
 
 def test_running_out_of_communicator_slots_is_named_on_every_rank():
-    from stratacl.runtime._control import COMM_SLOTS
+    from stratacl.runtime.services import COMM_SLOTS
     r0, r1 = stratacl.spawn(out_of_slots, 2, timeout=60)
     own = (f"split: rank 1 has used all {COMM_SLOTS} of its communicator slots (a communicator keeps its "
            f"slot until the job ends); split once and reuse the sub-communicators rather than splitting again")
@@ -313,7 +313,7 @@ def test_running_out_of_communicator_slots_is_named_on_every_rank():
 def test_a_long_reason_is_cut_with_a_marker():
     import os
 
-    from stratacl.runtime._control import REASON_BYTES, REASON_CUT, Control
+    from stratacl.runtime.services._control import REASON_BYTES, REASON_CUT, Control
     fd = os.memfd_create("reason")
     try:
         os.ftruncate(fd, Control.size_for(2))

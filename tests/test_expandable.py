@@ -257,7 +257,7 @@ def invariants(comm, steps: int, seed: int):
 
 
 def hbm_block(a: np.ndarray):
-    from stratacl.runtime._allocator import hbm_base
+    from stratacl.runtime.memory import hbm_base
     return hbm_base(a).block
 
 

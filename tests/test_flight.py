@@ -1,6 +1,6 @@
 """The flight recorder: the launcher's root-cause block names what each rank was doing.
 
-Every rank records its last calls in the control segment (runtime/_flight.py); when a job
+Every rank records its last calls in the control segment (runtime/services/_flight.py); when a job
 fails the launcher reads them and says which ranks are behind the others or in another
 operation: a rank in a different collective, a rank that never arrived, a rank waiting on
 another communicator, a rank waiting on its peer in a point-to-point call.
@@ -80,7 +80,7 @@ def _recorded(comm, half):
     import numpy as np
 
     import stratacl
-    from stratacl.runtime import _flight
+    from stratacl.runtime.services import _flight
 
     x = stratacl.empty((256,), np.float32)
     y = stratacl.empty_like(x)

@@ -26,7 +26,7 @@ import pytest
 
 import stratacl
 from launch_helpers import read_lines_until, tagged, torchrun_nodes, own_shm_names
-from stratacl.runtime import _foreign
+from stratacl.runtime.hosts import _foreign
 
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]      # torchrun and mpirun jobs: the jobs tier
@@ -243,7 +243,7 @@ def test_a_carrier_that_dies_under_torchrun_is_named_by_every_rank_and_nothing_i
     # CommTimeout 60 s later), naming host 1's carrier, not host 0's
     def kill_carrier_of_node_1(agents, tag):
         ready = read_lines_until(agents[0], 1, '@@ {"ready"', timeout=60)
-        carriers = [p for p in tagged(tag) if "stratacl.runtime._carrier" in p.cmdline()
+        carriers = [p for p in tagged(tag) if "stratacl.runtime.hosts" in p.cmdline()
                     and p.environ().get("OMPI_COMM_WORLD_RANK") == "1"]
         assert len(carriers) == 1, carriers
         carriers[0].kill()

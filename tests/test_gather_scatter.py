@@ -2,7 +2,7 @@
 every root, HBM and plain inputs, in place, under a modeled clock, and their argument errors.
 
 Both are rows of the operator table (stratacl/_operators.py) with a slice map
-(collectives/_slices.py) and a front end on the call pipeline (runtime/_comm.py, _rooted).
+(collectives/_slices.py) and a front end on the call pipeline (runtime/communicator/_comm.py, _rooted).
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``Communicator.host_rows``: rows between host memory and an HBM cache (runtime/_hostrows.py).
+"""``Communicator.host_rows``: rows between host memory and an HBM cache (runtime/communicator/_hostrows.py).
 
 Exact bytes on every data path and registration, clear errors for bad arguments, and a modeled
 time equal to the fabric model's for the same transfers (ub._clock.model_exchange)."""

@@ -224,7 +224,8 @@ class _FakeStore:
 def picked(monkeypatch):
     """The job id the next job will pick, made known (as if the random source were guessed),
     and torchrun's store faked: the squatter knows the name the job picks."""
-    from stratacl.runtime import _foreign, _names
+    from stratacl.runtime.hosts import _foreign
+    from stratacl.runtime.memory import _names
     monkeypatch.setattr(_names.secrets, "token_hex", lambda n: "5a" * n)
     store = _FakeStore()
     monkeypatch.setattr(_foreign, "_torchrun_store", lambda config: store)
@@ -244,7 +245,7 @@ def picked(monkeypatch):
 
 def _join_as_first_rank():
     from stratacl._config import Config
-    from stratacl.runtime import _foreign
+    from stratacl.runtime.hosts import _foreign
     launch = _foreign.Launch("torchrun", 0, 2, 0, 2, "run/127.0.0.1/29500/0")
     return _foreign.join(launch, Config(timeout=20))
 
@@ -290,13 +291,13 @@ def test_a_squatted_segment_is_refused_and_nothing_of_the_job_is_left(picked):
 
 
 def _foreign_key() -> str:
-    from stratacl.runtime import _foreign
+    from stratacl.runtime.hosts import _foreign
     return _foreign.Launch("torchrun", 0, 2, 0, 2, "run/127.0.0.1/29500/0").key
 
 
 def test_a_tag_that_is_not_letters_and_digits_is_refused(monkeypatch):
     from stratacl import BootstrapError
-    from stratacl.runtime import _names
+    from stratacl.runtime.memory import _names
     monkeypatch.setenv(_names.TAG_ENV, "../x")
     with pytest.raises(BootstrapError, match=r"STRATACL_TEST_JOB_TAG='../x': expected at most 16 lowercase"):
         _names.new_job_id()
@@ -305,7 +306,7 @@ def test_a_tag_that_is_not_letters_and_digits_is_refused(monkeypatch):
 def test_a_plan_file_another_user_could_have_made_is_not_unpickled(tmp_path):
     # a plan file is unpickled: one that is not this user's, mode 600, is refused
     from stratacl import BootstrapError
-    from stratacl.runtime._plans import SharedPlans
+    from stratacl.runtime.pipeline import SharedPlans
     plans = SharedPlans("x", directory=str(tmp_path), share_from=1)
     key = b"k"
     path = plans._stem + hashlib.blake2b(key, digest_size=16).hexdigest()
@@ -364,7 +365,7 @@ def test_a_leak_of_the_tests_own_job_is_found(tmp_path):
     # whose name was left), see it found, remove it
     import conftest
     tag = os.environ["STRATACL_TEST_JOB_TAG"]
-    from stratacl.runtime._names import new_job_id
+    from stratacl.runtime.memory import new_job_id
     leaked = f"/dev/shm/stratacl-{new_job_id()}-ctl"
     other = f"/dev/shm/stratacl-{os.urandom(8).hex()}-ctl"
     for path in (leaked, other):

@@ -25,7 +25,7 @@ def _check_info(run, n: int, argv: list[str]) -> None:
     info = run.by_rank("info")
     assert sorted(info) == list(range(n)), run.explain()
     jobs = {rec["env"]["STRATACL_JOB_ID"] for rec in info.values()}
-    # the test's tag (tests/conftest.py), then 64 random bits (stratacl/runtime/_names.py)
+    # the test's tag (tests/conftest.py), then 64 random bits (stratacl/runtime/memory/_names.py)
     tag = os.environ.get("STRATACL_TEST_JOB_TAG", "")
     assert len(jobs) == 1 and re.fullmatch(re.escape(tag) + r"[0-9a-f]{16}", jobs.pop())
     # torch's env:// rendezvous: one TCPStore port for the whole job, a real port number

@@ -4,10 +4,18 @@ Every module under ``stratacl/`` and ``launcher/`` (installed as ``stratacl_laun
 with ``ast``, nothing is imported; every import counts, at the top of a module or inside a
 function, relative ones resolved. The floors, from the bottom:
 
-    stratacl          the base: _config, _errors, _sizes (the library's top-level modules)
+    stratacl          the base: _config, _errors, _sizes, _operators (the library's top-level modules)
     collectives, sdma slices, schedules, partitioner, kernels; the SDMA engine and its model
-    ub                the fabric and its model; registration
-    runtime           inside a rank
+    ub                the fabric and its model (no mechanism: the runtime's registration unit
+                      serves ub.view through ub/_mappings.py)
+    runtime, inside a rank, by concept:
+      (native)        stratacl.runtime._native: the C layer every runtime package stands on
+      services        the control segment, waits, mailbox, flight recorder, trace
+      memory          HBM, the shadow window, segments, allocators, the registration unit
+      pipeline        the call pipeline and a communicator's components
+      communicator    the Communicator and its operators
+      hosts           jobs across hosts and under other launchers
+      runtime         the rank's Runtime (_world), one-sided access, the runtime's API (__init__)
     jobs              outside the ranks: supervision of a job's processes, the bootstrap daemon
     public face       stratacl/__init__.py and the modules that compose the floors below it
                       for users: _arrays, _estimate (the runtime's model), _spawn
@@ -16,10 +24,15 @@ function, relative ones resolved. The floors, from the bottom:
     stratacl.torch    the torch.distributed backend: uses the public face only; nothing in the
                       library imports it (torch stays optional)
 
+Each package's ``__init__`` is its API: a private module (``_hbm``: its last name starts with
+``_``) is imported only from inside its own package (a package's own subpackages included, so
+every module may import the base's ``stratacl._errors``, and every runtime package the native
+layer ``stratacl.runtime._native``). No package directory holds more than 15 modules.
+
 Import arrows do not show a front end that reaches into a communicator's private parts, so two
 rules read the code itself: outside ``stratacl/runtime`` no module touches a private attribute
-of the runtime's objects (``comm._protocol``: the call pipeline, runtime/_call.py, is the door),
-and no module imports a private name (``_deferred``) from another package.
+of the runtime's objects (``comm._protocol``: the call pipeline, runtime/pipeline/_call.py, is
+the door), and no module imports a private name (``_deferred``) from another package.
 """
 from __future__ import annotations
 
@@ -33,6 +46,12 @@ TREES = {"stratacl": ROOT / "stratacl", "stratacl_launcher": ROOT / "launcher"}
 SUBPACKAGES = ("runtime", "ub", "collectives", "sdma", "ep", "fabric", "shmem", "jobs", "bench", "torch")
 PUBLIC_FACE = ("_arrays", "_estimate", "_spawn")
 PUBLIC = "stratacl (public face)"
+# the runtime's packages, from the bottom floor up; its native layer is below them, its face above
+RUNTIME_PACKAGES = ("services", "memory", "pipeline", "communicator", "hosts")
+RUNTIME_FACE = ("_world", "_onesided")
+NATIVE = "stratacl.runtime (native)"
+RUNTIME_FLOORS = (NATIVE, *(f"stratacl.runtime.{p}" for p in RUNTIME_PACKAGES), "stratacl.runtime")
+MAX_MODULES = 15
 
 # Imports known to break a rule, each with why it is still there. Keep this short: an entry is
 # a debt, not a permission.
@@ -74,8 +93,10 @@ def _imports(name: str, path: pathlib.Path) -> set[str]:
             targets = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
             mod = _from_module(node, package)
-            # "from X import y" imports X, and X.y too when y is a module
-            targets = [mod] + [f"{mod}.{a.name}" for a in node.names if f"{mod}.{a.name}" in MODULES]
+            # "from X import y" imports X, or X.y when y is a module: then X (whose __init__ runs
+            # first, as for any module inside X) is named only to reach it
+            subs = [f"{mod}.{a.name}" for a in node.names if f"{mod}.{a.name}" in MODULES]
+            targets = subs + ([mod] if len(subs) < len(node.names) else [])
         else:
             continue
         found.update(t for t in targets if t.split(".")[0] in TREES)
@@ -87,14 +108,35 @@ GRAPH = {name: _imports(name, path) for name, path in MODULES.items() if path.su
 
 
 def package_of(module: str) -> str:
+    """The floor a module stands on (the docstring's list)."""
     parts = module.split(".")
     if parts[0] == "stratacl_launcher":
         return "stratacl_launcher"
+    if len(parts) > 2 and parts[1] == "runtime":
+        if parts[2] in RUNTIME_PACKAGES:
+            return f"stratacl.runtime.{parts[2]}"
+        return "stratacl.runtime" if parts[2] in RUNTIME_FACE else NATIVE
     if len(parts) > 1 and parts[1] in SUBPACKAGES:
         return f"stratacl.{parts[1]}"
     if len(parts) == 1 or parts[1] in PUBLIC_FACE:
         return PUBLIC
     return "stratacl"
+
+
+def in_runtime(floor: str) -> bool:
+    return floor in RUNTIME_FLOORS
+
+
+def _reach_ins(graph=None, known=None) -> list[str]:
+    """Imports of a private module from outside its package: ``stratacl.runtime.memory._hbm``
+    may be imported by modules of ``stratacl.runtime.memory`` (and of packages inside it) only."""
+    found = []
+    for src, dst in _edges(graph, known):
+        package, _, last = dst.rpartition(".")
+        inside = src == package or src.startswith(package + ".")
+        if last.startswith("_") and not last.startswith("__") and not inside:
+            found.append(f"{src} imports {dst}")
+    return found
 
 
 def _edges(graph=None, known=None):
@@ -116,9 +158,11 @@ def _stale(known, graph) -> list[str]:
 
 
 def test_the_graph_was_read():
-    assert {"stratacl.runtime._world", "stratacl.ub._registration", "stratacl.jobs._supervisor", "stratacl_launcher._cli"} <= set(GRAPH)
-    assert "stratacl.ub._clock" in GRAPH["stratacl.runtime._world"]
-    assert "stratacl.runtime._native" in GRAPH["stratacl.runtime._world"]     # a C extension, by name
+    assert {"stratacl.runtime._world", "stratacl.runtime.memory._registration", "stratacl.jobs._supervisor",
+            "stratacl_launcher._cli", "stratacl.runtime.memory", "stratacl.collectives"} <= set(GRAPH)
+    assert {"stratacl.ub", "stratacl.runtime.memory", "stratacl.runtime._native"} <= GRAPH["stratacl.runtime._world"]
+    assert "stratacl.runtime._native" in GRAPH["stratacl.runtime.memory._hbm"]     # a C extension, by name
+    assert "stratacl.runtime.memory._window" in GRAPH["stratacl.runtime.memory._hbm"]
 
 
 def test_known_exceptions_still_exist():
@@ -158,18 +202,61 @@ def test_the_torch_backend_is_a_user_of_the_public_face_only():
 
 
 def test_the_fabric_reads_no_runtime_internals():
-    assert _violations(lambda s, d, _: s == "stratacl.ub" and d == "stratacl.runtime") == []
+    assert _violations(lambda s, d, _: s == "stratacl.ub" and in_runtime(d)) == []
 
 
 def test_collectives_and_sdma_sit_below_the_runtime_and_the_fabric():
     below = ("stratacl.collectives", "stratacl.sdma")
-    above = ("stratacl.runtime", "stratacl.ub")
-    assert _violations(lambda s, d, _: s in below and d in above) == []
+    assert _violations(lambda s, d, _: s in below and (d == "stratacl.ub" or in_runtime(d))) == []
 
 
 def test_what_runs_inside_a_rank_does_not_import_job_supervision():
-    inside = ("stratacl", "stratacl.runtime", "stratacl.ub", "stratacl.collectives", "stratacl.sdma")
+    inside = ("stratacl", "stratacl.ub", "stratacl.collectives", "stratacl.sdma", *RUNTIME_FLOORS)
     assert _violations(lambda s, d, _: s in inside and d == "stratacl.jobs") == []
+
+
+def test_the_runtime_packages_stand_on_each_other_from_the_bottom():
+    # native layer, services, memory, pipeline, communicator, hosts, the runtime's face: none
+    # imports a floor above its own
+    def up(s, d, _):
+        return in_runtime(s) and in_runtime(d) and RUNTIME_FLOORS.index(d) > RUNTIME_FLOORS.index(s)
+    assert _violations(up) == []
+    assert set(RUNTIME_FLOORS) <= {package_of(m) for targets in GRAPH.values() for m in targets}   # all seen
+
+
+def test_no_module_imports_another_package_s_private_module():
+    # a package's __init__ is its API: other packages import that, never its modules
+    assert _reach_ins() == []
+
+
+def test_the_reach_in_rule_sees_a_planted_one(tmp_path):
+    # a small graph: the daemon reaching into services' mailbox module, the runtime's face into
+    # memory's; what a package may import (its own modules, an enclosing package's, an API)
+    planted = {"stratacl.jobs._daemon": {"stratacl.runtime.services", "stratacl.runtime.services._mailbox",
+                                         "stratacl.jobs._resources"},
+               "stratacl.runtime.memory._hbm": {"stratacl.runtime._native", "stratacl._errors",
+                                                "stratacl.runtime.memory._window"},
+               "stratacl.runtime._world": {"stratacl.runtime.memory", "stratacl.runtime.memory._hbm"}}
+    assert _reach_ins(planted) == ["stratacl.jobs._daemon imports stratacl.runtime.services._mailbox",
+                                   "stratacl.runtime._world imports stratacl.runtime.memory._hbm"]
+    excused = {("stratacl.runtime._world", "stratacl.runtime.memory._hbm"): "planted by this test"}
+    assert _reach_ins(planted, excused) == ["stratacl.jobs._daemon imports stratacl.runtime.services._mailbox"]
+    # and in source text, as the graph reads it: a module imported by name or from inside it
+    jobs = tmp_path / "stratacl" / "jobs"
+    jobs.mkdir(parents=True)
+    (jobs / "_planted.py").write_text("from ..runtime.services import _mailbox, Control\n"
+                                      "from stratacl.runtime.memory._segments import prefix\n"
+                                      "from ..runtime.memory import new_job_id\nfrom . import _wire\n")
+    graph = {"stratacl.jobs._planted": _imports("stratacl.jobs._planted", jobs / "_planted.py")}
+    assert _reach_ins(graph) == ["stratacl.jobs._planted imports stratacl.runtime.memory._segments",
+                                 "stratacl.jobs._planted imports stratacl.runtime.services._mailbox"]
+
+
+def test_no_package_directory_holds_more_than_15_modules():
+    # one concept per package: count its Python and C modules (a package's subpackages are its own)
+    counts = collections.Counter(path.parent.relative_to(ROOT).as_posix() for path in MODULES.values())
+    assert {folder: n for folder, n in counts.items() if n > MAX_MODULES} == {}
+    assert counts["stratacl/runtime"] > 1 and counts["stratacl/runtime/memory"] > 1
 
 
 def test_the_base_imports_nothing_above_it():
@@ -266,7 +353,7 @@ def _private_attributes(package: str) -> set[str]:
     return {n for n in names if n.startswith("_") and not n.startswith("__")}
 
 
-RUNTIME_PRIVATE = _private_attributes("stratacl.runtime")
+RUNTIME_PRIVATE = set().union(*(_private_attributes(floor) for floor in RUNTIME_FLOORS))
 
 
 def _reach_through(source: str, filename: str, own: set[str]) -> list[str]:
@@ -301,7 +388,7 @@ def test_front_ends_go_through_the_call_pipeline_not_the_communicators_parts():
     found = []
     for name, path in MODULES.items():
         package = package_of(name)
-        if path.suffix == ".py" and package != "stratacl.runtime":
+        if path.suffix == ".py" and not in_runtime(package):
             own = _private_attributes(package)
             found += _reach_through(path.read_text(), str(path.relative_to(ROOT)), own)
     assert found == []
@@ -327,13 +414,14 @@ def test_no_module_imports_a_private_name_of_another_package():
 def test_the_private_import_rule_sees_one(tmp_path):
     ep = tmp_path / "stratacl" / "ep"
     ep.mkdir(parents=True)
-    (ep / "_planted.py").write_text("from ..runtime._work import _deferred, Work\nfrom ..collectives import _ep\n")
+    (ep / "_planted.py").write_text("from ..runtime.pipeline._work import _deferred, Work\n"
+                                    "from ..collectives import _ep\n")
     found = _private_imports("stratacl.ep._planted", ep / "_planted.py")
-    assert found == ["stratacl.ep._planted imports stratacl.runtime._work._deferred"]
+    assert found == ["stratacl.ep._planted imports stratacl.runtime.pipeline._work._deferred"]
 
 
 def _services_members() -> set[str]:
-    tree = ast.parse((ROOT / "stratacl" / "runtime" / "_services.py").read_text())
+    tree = ast.parse((ROOT / "stratacl" / "runtime" / "pipeline" / "_services.py").read_text())
     cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "RankServices")
     return ({n.target.id for n in cls.body if isinstance(n, ast.AnnAssign)}
             | {n.name for n in cls.body if isinstance(n, ast.FunctionDef)})
@@ -356,9 +444,9 @@ def test_components_use_the_runtime_through_its_typed_services_only():
     members = _services_members()
     outside = []
     for name, path in MODULES.items():
-        if path.suffix != ".py" or name in ("stratacl.runtime._world", "stratacl.runtime._services"):
+        if path.suffix != ".py" or name in ("stratacl.runtime._world", "stratacl.runtime.pipeline._services"):
             continue
-        if package_of(name) in ("stratacl.runtime", PUBLIC):
+        if in_runtime(package_of(name)) or package_of(name) == PUBLIC:
             outside += [f"{path.relative_to(ROOT)}:{line}: rt.{attr}" for attr, line in _rt_uses(path)
                         if attr not in members]
     assert outside == []
@@ -380,5 +468,5 @@ def test_the_one_sided_front_end_uses_the_runtime_package_interface_only():
     # stratacl.shmem reaches the runtime through the names stratacl/runtime/__init__.py exports
     # (SymmetricHeap, runtime/_onesided.py), never through its private modules
     assert "stratacl.runtime" in GRAPH["stratacl.shmem._api"]
-    assert _violations(lambda s, d, dst: s == "stratacl.shmem" and d == "stratacl.runtime"
+    assert _violations(lambda s, d, dst: s == "stratacl.shmem" and in_runtime(d)
                        and dst != "stratacl.runtime") == []

@@ -19,7 +19,7 @@ import stratacl
 from stratacl.bench import _cases
 from stratacl.bench import _command as _cli
 from stratacl.collectives import _schedule as S
-from stratacl.runtime._buffers import EAGER_BYTES
+from stratacl.runtime.pipeline import EAGER_BYTES
 from stratacl.ub import _topology
 from stratacl.ub._clock import FabricModel, choose_algo, model_call, model_exchange, model_send_recv
 from stratacl.ub._sharing import HOST_LOAD, HOST_STORE, LOAD, LOCAL_COPY, BandwidthSharing

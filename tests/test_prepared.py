@@ -1,4 +1,4 @@
-"""Prepared calls (runtime/_prepared.py): a call repeated on the same arrays reuses its checks,
+"""Prepared calls (runtime/communicator/_prepared.py): a call repeated on the same arrays reuses its checks,
 and only while those arrays are what the checks saw."""
 from __future__ import annotations
 
@@ -270,7 +270,7 @@ def native_methods(comm):
     with positional or the operation's own keyword arguments does not reach the Python
     operation; keywords like path= do, reset the path for the next call, and bad arguments get
     Python's TypeError. Returns the Python operations reached per case, and the errors."""
-    from stratacl.runtime._comm import Communicator
+    from stratacl.runtime.communicator import Communicator
     n, me = comm.size, comm.rank
     x, y, part = stratacl.empty((BIG,), np.float32), stratacl.empty((n * BIG,), np.float32), \
         stratacl.empty((BIG,), np.float32)

@@ -3,7 +3,7 @@ every reduce op, HBM and plain inputs, in place, under a modeled clock, its argu
 torch's ``dist.reduce`` mapped onto it.
 
 The operator is a row of the operator table (stratacl/_operators.py), a slice map
-(collectives/_slices.py, ``reduce``) and a front end on the call pipeline (runtime/_pipelined.py).
+(collectives/_slices.py, ``reduce``) and a front end on the call pipeline (runtime/communicator/_pipelined.py).
 """
 from __future__ import annotations
 

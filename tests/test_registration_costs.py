@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from stratacl._errors import ConfigError
-from stratacl.runtime._buffers import EAGER_BYTES
+from stratacl.runtime.pipeline import EAGER_BYTES
 from stratacl.ub import _registration_cost as RC
 from stratacl.ub import _topology as T
 from stratacl.ub._clock import FabricModel

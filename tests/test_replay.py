@@ -303,7 +303,7 @@ def test_a_blocking_operation_queued_behind_another_is_recorded_as_the_call_it_i
     program have one shape; an asynchronous issue, or a blocking one not joined at once, stays."""
     import types
 
-    from stratacl.runtime._trace import Trace
+    from stratacl.runtime.services import Trace
 
     def work():
         return types.SimpleNamespace()

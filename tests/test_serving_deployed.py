@@ -66,7 +66,7 @@ def test_weights_kv_and_attention_follow_the_model_s_dimensions():
 def test_the_staged_path_s_buffers_take_hbm_the_zero_copy_paths_do_not():
     from collections import Counter
 
-    from stratacl.runtime._buffers import buffer_size
+    from stratacl.runtime.pipeline import buffer_size
 
     zero, staged = (fragmentation.serving_v4_trace(64, 2, 1, staged=s) for s in (False, True))
     sizes = [Counter(op[2] for op in t.ops if op[0] == "a") for t in (zero, staged)]

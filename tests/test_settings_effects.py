@@ -16,7 +16,7 @@ import textwrap
 
 import pytest
 
-from stratacl.runtime._protocol import OPS
+from stratacl.runtime.pipeline import OPS
 
 from launch_helpers import clean_env, launch
 

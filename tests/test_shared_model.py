@@ -1,5 +1,5 @@
 """The fabric model's per-job state held once per host: the timed plans a job's ranks share are
-mapped read-only from the job's store (runtime/_plans.py), not copied into every rank, and the
+mapped read-only from the job's store (runtime/pipeline/_plans.py), not copied into every rank, and the
 modeled clocks stay what they were, bit for bit."""
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 import stratacl
-from stratacl.runtime._plans import SharedPlans
-from stratacl.runtime._segments import prefix
+from stratacl.runtime.pipeline import SharedPlans
+from stratacl.runtime.memory import prefix
 from stratacl.ub._clock import FabricModel, model_call
-from stratacl.runtime._buffers import EAGER_BYTES
+from stratacl.runtime.pipeline import EAGER_BYTES
 
 pytestmark = pytest.mark.timeout(240)
 

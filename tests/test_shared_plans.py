@@ -1,4 +1,4 @@
-"""The job's shared store of timed plans (runtime/_plans.py): one process times a shape, the
+"""The job's shared store of timed plans (runtime/pipeline/_plans.py): one process times a shape, the
 others read it; a maker that dies leaves no one waiting; a large job's modeled times are the
 estimate's, with its plans shared."""
 from __future__ import annotations
@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 import stratacl
-from stratacl.runtime._plans import SharedPlans
-from stratacl.runtime._segments import prefix
+from stratacl.runtime.pipeline import SharedPlans
+from stratacl.runtime.memory import prefix
 
 pytestmark = pytest.mark.timeout(120)
 ctx = multiprocessing.get_context("fork")
@@ -121,7 +121,7 @@ def test_a_large_job_shares_its_plans_and_keeps_the_estimate():
 def test_a_full_dev_shm_shares_nothing_and_the_rank_goes_on(tmp_path, monkeypatch):
     # a small /dev/shm (a container's 64 MiB) that a large job's plans fill: writing one fails
     # with ENOSPC; the rank keeps the plan it made, and no partial file is left
-    from stratacl.runtime import _plans
+    from stratacl.runtime.pipeline import _plans
 
     def full(f, plan):
         f.write(b"part of a plan")

@@ -20,7 +20,7 @@ import pytest
 
 from launch_helpers import clean_env, launcher_command, script
 from stratacl._config import Config
-from stratacl.runtime import _segments
+from stratacl.runtime.memory import _segments
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LISTING = "@@ /dev/shm: "
@@ -107,8 +107,8 @@ def test_segments_leave_dev_shm_when_it_cannot_hold_the_hbm(monkeypatch):
 
 READ_FULL_MOUNT = """
 import os, posix_ipc
-from stratacl.runtime import _flight
-from stratacl.runtime._control import Control
+from stratacl.runtime.services import flight as _flight
+from stratacl.runtime.services._control import Control
 shm = posix_ipc.SharedMemory("/stratacl-test-full-ctl", posix_ipc.O_CREX, mode=0o600,
                              size=Control.size_for(8))
 shm.unlink()

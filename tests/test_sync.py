@@ -6,9 +6,10 @@ import time
 import numpy as np
 
 import stratacl
-from stratacl.runtime import _native, _sync
-from stratacl.runtime._control import H_SLEEPERS
-from stratacl.runtime._world import runtime
+from stratacl.runtime import _native
+from stratacl.runtime.services import _sync
+from stratacl.runtime.services._control import H_SLEEPERS
+from stratacl.runtime import runtime
 
 
 LONG_SLICE = 10.0          # seconds: Python's counted waits sleep this long unless woken

@@ -6,6 +6,8 @@ rank that reports no template was spawned)."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import types
 
 import psutil
@@ -36,6 +38,16 @@ def test_ranks_are_forked_from_one_template_that_ends_with_the_job():
     assert not psutil.pid_exists(template.pop())
 
 
+def test_what_runs_as_a_module_is_not_imported_by_its_package_first():
+    # python -m X runs X as __main__ after importing X's package: had the package imported X
+    # already (an API that names it), X would run twice, as two modules (runpy warns)
+    run_as_main = ["stratacl.jobs._rankboot", "stratacl.jobs._template", "stratacl.jobs._daemon"]
+    code = ("import sys, stratacl, stratacl.jobs, stratacl.runtime.hosts; "
+            f"print([m for m in {run_as_main!r} if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
 def test_spawned_ranks_report_no_template(capfd):
     # the other start method, through the same supervisor: the probe tells them apart
     outcome = Job(2, Config(), ("script", script("template_probe.py"), [script("template_probe.py")]),
@@ -64,7 +76,8 @@ def test_a_long_wait_sleeps_longer_each_time_up_to_the_cap(monkeypatch):
     import array
 
     from stratacl._errors import CommTimeout
-    from stratacl.runtime import _native, _sync
+    from stratacl.runtime import _native
+    from stratacl.runtime.services import _sync
 
     clock = [0.0]
     naps: list[float] = []
@@ -100,8 +113,8 @@ def test_draining_a_full_ring_rings_its_producers_doorbell():
     in a full ring rings it (else the producer would poll)."""
     import os
 
-    from stratacl.runtime._control import RING_ENTRIES, Control
-    from stratacl.runtime._mailbox import Mailbox
+    from stratacl.runtime.services._control import RING_ENTRIES, Control
+    from stratacl.runtime.services import Mailbox
 
     fd = os.memfd_create("mailbox")
     try:

@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 
-from ..collectives import _kernels
+from ..collectives import copy_many
 
 STREAMING = (0, 1)     # copy_many's stream argument: ordinary stores, streaming stores
 
@@ -28,11 +28,11 @@ def _worker(footprints: list[int], seconds: float, start, results) -> None:
         dst = np.zeros(half, np.uint8)
         table = np.array([[dst.__array_interface__["data"][0], src.__array_interface__["data"][0], half]], np.int64)
         for stream in STREAMING:
-            _kernels.copy_many(table, stream)
+            copy_many(table, stream)
             start.wait()
             copied, t0 = 0, time.perf_counter()
             while True:
-                _kernels.copy_many(table, stream)
+                copy_many(table, stream)
                 copied += half
                 if time.perf_counter() - t0 >= seconds:
                     break

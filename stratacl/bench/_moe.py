@@ -101,7 +101,7 @@ def rank_main(comm, spec: dict) -> list[dict] | None:
     """Inside every rank: one row per token count; rank 0's rows are the job's."""
     import stratacl
     from stratacl import ep
-    from stratacl.collectives import _ep
+    from stratacl.collectives import ep_slices
     n, me = comm.size, comm.rank
     dt = np.dtype(spec["dtype"])
     H, K, E = spec["hidden"], spec["topk"], spec["experts"]
@@ -146,9 +146,9 @@ def rank_main(comm, spec: dict) -> list[dict] | None:
             got = run()
             got = got[0] if isinstance(got, tuple) else got
             wrong += _wrong(spec, n, me, routes, got)
-        counts = np.stack([_ep.route(r, n, E).per_rank for r in routes])
-        per_expert = np.stack([_ep.route(r, n, E).per_expert for r in routes])
-        sent = _ep.rows_to_members(per_expert, n) if low_latency else counts
+        counts = np.stack([ep_slices.route(r, n, E).per_rank for r in routes])
+        per_expert = np.stack([ep_slices.route(r, n, E).per_expert for r in routes])
+        sent = ep_slices.rows_to_members(per_expert, n) if low_latency else counts
         rows_in = float(sent.sum(axis=0).mean())
         size = rows_in * H * dt.itemsize
         t = reduce(elapsed, "sum") / n
@@ -176,9 +176,10 @@ def _in_hbm(stratacl, a: np.ndarray) -> np.ndarray:
 
 def _core_gap(comm, spec: dict, routes: list[np.ndarray], dt) -> float:
     """The core gap of one call as the ranks' model times it (the plan of its traffic)."""
-    from stratacl.ep._model import traffic
-    from stratacl.ub._profile import profile_plan, profiles_cores
-    phases, _, staging = traffic(spec["op"], spec["mode"], routes, spec["experts"], spec["hidden"] * dt.itemsize)
+    from stratacl.collectives import ep_slices
+    from stratacl.ub import profile_plan, profiles_cores
+    phases, _, staging = ep_slices.traffic(spec["op"], spec["mode"], routes, spec["experts"],
+                                           spec["hidden"] * dt.itemsize)
     from stratacl.runtime import pipeline
     model = pipeline(comm).model
     members = tuple(comm.members)

@@ -27,7 +27,7 @@ class StrataBackend:
         """core_gap and core_busy_us of one call as the ranks' model times it (the same
         ub._profile.call_cores that estimate rows use)."""
         from ..runtime import pipeline
-        from ..ub._profile import call_cores
+        from ..ub import call_cores
         pipe = pipeline(self.comm)
         return call_cores(pipe.model, op, pipe.algo_for(op, nbytes, itemsize), self.comm.members, nbytes, root,
                           itemsize)

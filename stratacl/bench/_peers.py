@@ -37,7 +37,7 @@ import time
 import uuid
 
 
-from ..jobs._processes import collect, end
+from ..jobs import collect_processes, end_processes
 from . import _cases
 
 PEERS = ("mpi", "gloo")
@@ -252,7 +252,7 @@ def _forward(fd: int, peer: str, tail: collections.deque) -> None:
 def _end(procs: list[subprocess.Popen], job: str, grace: float = 3.0) -> None:
     """End every process of this run: the ones started here and any that carry the job's marker."""
     live = [p.pid for p in procs if p.poll() is None]
-    end(collect(live, marker=(MARKER, job)), grace)
+    end_processes(collect_processes(live, marker=(MARKER, job)), grace)
     for p in procs:
         try:
             p.wait(timeout=grace)

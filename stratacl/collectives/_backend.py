@@ -10,7 +10,7 @@
     MTE: _kernels.run_plan(table, bases, ...)   the cores move the bytes: one native call per phase
                                         (or inside the mesh machine or a point-to-point call,
                                         runtime/_native.c, through the same executor)
-    SDMA (runtime/_execute.py)          the copies go to the SDMA engine, reductions stay on
+    SDMA (runtime/pipeline/_execute.py)          the copies go to the SDMA engine, reductions stay on
                                         the cores (run_plan on the plan's reduction table)
 
 Table rows are ``(kind, src_rank, src_buf, src_off, dst_rank, dst_buf, dst_off, nbytes)``:

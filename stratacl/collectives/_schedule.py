@@ -3,7 +3,7 @@
 A schedule is a list of steps in communicator-local indices (member i is global rank
 ``members[i]``; the clock module maps them). Every collective starts with the arrival barrier
 (inputs ready, descriptors agree) and, unless said otherwise, ends with the departure barrier
-(nobody returns while a peer may still read its buffers), exactly as ``runtime/_comm.py`` does.
+(nobody returns while a peer may still read its buffers), exactly as ``runtime/communicator/_comm.py`` does.
 
     Barrier        every member stores an arrival flag into every other and waits for all of
                    them (one full-mesh step of flags)
@@ -63,7 +63,7 @@ buffers, and copies the output out (Local). The buffer holds at most ``buffer_by
 round's input or output, so large payloads run as several rounds, each with its own barriers,
 as HCCL does with its HCCL_BUFFSIZE communication buffer (default 200 MB).
 
-``eager_bytes`` is the runtime's buffer policy (runtime/_buffers.py, 16 KiB), not this
+``eager_bytes`` is the runtime's buffer policy (runtime/pipeline/_buffers.py, 16 KiB), not this
 module's: whoever times a schedule passes the threshold of the runtime it models.
 """
 from __future__ import annotations
@@ -190,7 +190,7 @@ def schedule(op: str, algo: str, n: int, nbytes: int, root: int = 0, itemsize: i
                     Ring(per[ring_all_gather_chunk(i, s, n)], np.full(n - 1, LOAD)), Barrier()]
         if nbytes <= eager_bytes:
             # eager: copy into the call's slot, then every rank reduces the whole buffer from
-            # the peers' slots straight into its own; the slots outlive the call (runtime/_buffers.py)
+            # the peers' slots straight into its own; the slots outlive the call (runtime/pipeline/_buffers.py)
             whole = _mesh_all_pairs(n, lambda r, o: np.full(r.size, nbytes), LOAD_REDUCE, True)
             return [Local(np.full(n, nbytes)), Barrier(), whole]
         if nbytes // itemsize < n:
@@ -216,7 +216,7 @@ def exchange(phases: list[tuple[np.ndarray, int]]) -> list:
     departure barrier. The phases follow each other without a barrier: each reads only what
     its owners published before the arrival (runtime: ep/_buffer.py, all_to_all_v). A phase of
     kind HOST_LOAD or HOST_STORE moves B[i, i] bytes between member i's HBM and its host DRAM
-    (runtime/_hostrows.py: one member, so no barrier is timed). A phase of kind BARRIER_PHASE
+    (runtime/communicator/_hostrows.py: one member, so no barrier is timed). A phase of kind BARRIER_PHASE
     is a barrier between the phases around it (a user's slice map, stratacl.fabric)."""
     steps: list = [Barrier()]
     for b, kind in phases:

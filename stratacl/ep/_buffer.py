@@ -34,9 +34,9 @@ import numpy as np
 
 from .._errors import CollectiveMismatch
 from .._operators import OPERATORS
-from ..collectives import _backend, _ep, _kernels, _reduce
+from ..collectives import Plan, combine, dtype_code, ep_slices
 from ..runtime import Pipeline, pipeline
-from ..runtime._buffers import buffer_size
+from ..runtime.pipeline import buffer_size
 
 DTYPES = (np.dtype(np.float16), np.dtype(np.float32))
 # extension words of an ep descriptor: the routing block (address, segment va, size, offset,
@@ -113,7 +113,7 @@ class Buffer:
         self._calls = 0
         self._block: np.ndarray | None = None        # this rank's routing block (HBM)
         self._ready = np.full((n, 2), -1, dtype=np.int64)      # peers' routing blocks mapped here
-        self._last_plan: dict[str, tuple[bytes, _backend.Plan]] = {}   # each operation's last row plan
+        self._last_plan: dict[str, tuple[bytes, Plan]] = {}   # each operation's last row plan
         self._spare: dict[str, np.ndarray] = {}      # scratch kept across calls (_scratch)
 
     def __repr__(self) -> str:
@@ -125,7 +125,7 @@ class Buffer:
         bool) of this rank's ``topk_idx`` [T, K] (int64, -1: no expert). Local."""
         idx = self._check_idx(topk_idx, "get_dispatch_layout")
         self._header(idx, "get_dispatch_layout")
-        r = _ep.route(idx, self.comm.size, self.num_experts)
+        r = ep_slices.route(idx, self.comm.size, self.num_experts)
         return r.per_rank, r.per_expert, r.dest
 
     # --- high throughput ------------------------------------------------------------------
@@ -192,18 +192,18 @@ class Buffer:
         """The routing's header (collectives/_ep.py, header), its values checked: each in
         [-1, E), no expert twice in one token."""
         try:
-            return _ep.header(idx, self.comm.size, self.num_experts)
+            return ep_slices.header(idx, self.comm.size, self.num_experts)
         except ValueError as e:
             raise ValueError(f"{operation}: {e}") from None
 
     def _routing_block(self, head: np.ndarray, idx: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """This rank's routing block of the call, written into its HBM (grown as needed), and
         each record's token (collectives/_ep.py, write_block)."""
-        words = _ep.block_words(head, self.comm.size, idx.shape[1])
+        words = ep_slices.block_words(head, self.comm.size, idx.shape[1])
         if self._block is None or self._block.size < words:
             self._block = None
             self._block = self._pipe.empty((buffer_size(words * 8) // 8,), np.int64)
-        return self._block, _ep.write_block(self._block, head, idx, weights, self.comm.size)
+        return self._block, ep_slices.write_block(self._block, head, idx, weights, self.comm.size)
 
     def _enter(self, operation: str, dtype_code: int, inp, block, tokens: int, hidden: int, topk: int,
                param: int, error: BaseException | None) -> tuple[int, np.ndarray]:
@@ -243,7 +243,7 @@ class Buffer:
         pipe = self._pipe
         pipe.run(operation, pipe.phase(key, lambda: [build()]), out)
 
-    def _rows(self, operation: str, plan: _backend.Plan, out: np.ndarray) -> None:
+    def _rows(self, operation: str, plan: Plan, out: np.ndarray) -> None:
         """Run the row phase into ``out`` (HBM): straight into it, or, staged (registration
         ``staged``), into a communication buffer copied out after, as the collectives do."""
         pipe = self._pipe
@@ -279,13 +279,13 @@ class Buffer:
         out = pipe.empty((tokens, rows.shape[-1]), rows.dtype)
         flat = out.reshape(-1)
         target = pipe.output(flat)
-        _kernels.combine(target.reshape(out.shape), rows.reshape(-1, rows.shape[-1]),
-                         np.ascontiguousarray(token, dtype=np.int64), weight, code,
-                         self._scratch("acc", (out.size,), np.float32))
+        combine(target.reshape(out.shape), rows.reshape(-1, rows.shape[-1]),
+                np.ascontiguousarray(token, dtype=np.int64), weight, code,
+                self._scratch("acc", (out.size,), np.float32))
         pipe.output_done(flat, target)
         return out
 
-    def _row_plan(self, operation: str, key: bytes, build) -> _backend.Plan:
+    def _row_plan(self, operation: str, key: bytes, build) -> Plan:
         """The row phase of this call compiled: the operation's last one when its routing was
         the same (``key``: everything the phase is built from; ``build()`` its slices)."""
         last = self._last_plan.get(operation)
@@ -318,7 +318,7 @@ class Buffer:
             else:
                 weights = _check_weights(topk_weights, idx.shape, operation)
             pipe.check_path(operation)
-            code = _reduce.dtype_code(x.dtype, operation)
+            code = dtype_code(x.dtype, operation)
             block, sent = self._routing_block(self._header(idx, operation), idx, weights)
             inp = pipe.input(x, operation)
         except Exception as e:
@@ -326,24 +326,24 @@ class Buffer:
         parity, every = self._enter(operation, code, inp, block, tokens, hidden, topk, int(max_tokens), error)
         self._calls += 1
         self._blocks_ready(operation, every)
-        head = _ep.header_words(n, self.num_experts)
+        head = ep_slices.header_words(n, self.num_experts)
         heads = np.empty((n, head), dtype=np.int64)
-        self._phase(operation, ("ep_headers", head), lambda: _ep.headers(me, n, head), heads)
+        self._phase(operation, ("ep_headers", head), lambda: ep_slices.headers(me, n, head), heads)
         counts, per_expert = heads[:, :n], heads[:, n:]
-        words = _ep.record_words(topk)
+        words = ep_slices.record_words(topk)
         rec = np.empty(int(counts[:, me].sum()) * words, dtype=np.int64)
         self._phase(operation, ("ep_records", head, words, counts.tobytes()),
-                    lambda: _ep.records(me, counts, head, words), rec)
+                    lambda: ep_slices.records(me, counts, head, words), rec)
         sources = counts[:, me]
         pipe.sources_ready(operation, parity, inp.addr, need=(sources > 0).astype(np.int64))
         row = hidden * x.itemsize
         # under a modeled clock: the call's traffic, and the bytes a staged call copies
         timed = pipe.timed
         if timed:
-            rows_in = _ep.rows_to_members(per_expert, n) if low_latency else counts
-            staging = _ep.staging(operation, every[:, E_TOKENS], rows_in.sum(axis=0), row)
+            rows_in = ep_slices.rows_to_members(per_expert, n) if low_latency else counts
+            staging = ep_slices.staging(operation, every[:, E_TOKENS], rows_in.sum(axis=0), row)
         cap = n * max_tokens if low_latency else -1
-        tids, got_idx, got_w, got_per_expert, smap = _ep.received(me, rec, sources, topk, L, row, cap)
+        tids, got_idx, got_w, got_per_expert, smap = ep_slices.received(me, rec, sources, topk, L, row, cap)
         # the row plan: the operation's last one when the records are the same
         plan = self._row_plan(operation, rec.tobytes() + sources.tobytes() + bytes(str((n, row, cap)), "ascii"),
                               lambda: smap)
@@ -352,17 +352,17 @@ class Buffer:
             self._rows(operation, plan, recv_x)
             pipe.finish(operation)
             if timed:
-                pipe.tick(operation, parity, _ep.dispatch_traffic(counts, per_expert, topk, row, True),
+                pipe.tick(operation, parity, ep_slices.dispatch_traffic(counts, per_expert, topk, row, True),
                                     staging, self._routing("ll", every[:, E_TOKENS], topk, row, self._calls))
             handle = Handle(self._id, self._calls, "ll", tokens, int(got_per_expert.sum()), per_expert.copy(),
-                            every[:, E_TOKENS].copy(), idx, slots=_ep.expert_slots(per_expert, me, idx),
+                            every[:, E_TOKENS].copy(), idx, slots=ep_slices.expert_slots(per_expert, me, idx),
                             max_tokens=int(max_tokens))
             return recv_x, got_per_expert, handle
         recv_x = pipe.empty((tids.size, hidden), x.dtype)
         self._rows(operation, plan, recv_x)
         pipe.finish(operation)
         if timed:
-            pipe.tick(operation, parity, _ep.dispatch_traffic(counts, per_expert, topk, row, False), staging,
+            pipe.tick(operation, parity, ep_slices.dispatch_traffic(counts, per_expert, topk, row, False), staging,
                                 self._routing("ht", every[:, E_TOKENS], topk, row, self._calls))
         handle = Handle(self._id, self._calls, "ht", tokens, tids.size, counts.copy(), every[:, E_TOKENS].copy(),
                         idx, sent=sent, weights=weights)
@@ -396,16 +396,16 @@ class Buffer:
                                      f"recv_x, got shape {y.shape}")
             hidden = y.shape[-1]
             pipe.check_path(operation)
-            code = _reduce.dtype_code(y.dtype, operation)
+            code = dtype_code(y.dtype, operation)
             inp = pipe.input(y, operation)
         except Exception as e:
             error = e
         parity, _ = self._enter(operation, code, inp, None, 0, hidden, 0, call, error)
         row = hidden * y.itemsize
         counts = handle.counts
-        sent_rows = _ep.rows_to_members(counts, n) if low_latency else counts
+        sent_rows = ep_slices.rows_to_members(counts, n) if low_latency else counts
         timed = pipe.timed
-        staging = _ep.staging(operation, handle.tokens_all, sent_rows.sum(axis=0), row) if timed else None
+        staging = ep_slices.staging(operation, handle.tokens_all, sent_rows.sum(axis=0), row) if timed else None
         if low_latency:
             valid = idx >= 0
             t_k = np.flatnonzero(valid.reshape(-1))
@@ -417,22 +417,23 @@ class Buffer:
             pipe.sources_ready(operation, parity, inp.addr, need=need)
             cap = n * handle.max_tokens
             key = idx.tobytes() + handle.slots.tobytes() + bytes(str((n, row, cap)), "ascii")
-            plan = self._row_plan(operation, key, lambda: _ep.rows(
+            plan = self._row_plan(operation, key, lambda: ep_slices.rows(
                 me, n, owner, (e - owner * L) * cap + handle.slots.reshape(-1)[t_k], t_k, row))
             pipe.run(operation, plan, got)
             pipe.finish(operation)
             if timed:
-                pipe.tick(operation, parity, _ep.combine_traffic(sent_rows, row, True), staging,
+                pipe.tick(operation, parity, ep_slices.combine_traffic(sent_rows, row, True), staging,
                                     self._routing("ll", handle.tokens_all, idx.shape[1], row, call))
             token = np.where(valid, np.arange(idx.shape[0])[:, None], -1).reshape(-1)
             return self._reduced(got, token, weights.reshape(-1), idx.shape[0], code)
         mine = counts[me]
         got = self._scratch("rows", (int(mine.sum()), hidden), y.dtype)
         pipe.sources_ready(operation, parity, inp.addr, need=(mine > 0).astype(np.int64))
-        self._phase(operation, ("ep_combine", row, counts.tobytes()), lambda: _ep.combine_blocks(me, counts, row), got)
+        self._phase(operation, ("ep_combine", row, counts.tobytes()), lambda: ep_slices.combine_blocks(me, counts, row),
+                    got)
         pipe.finish(operation)
         if timed:
-            pipe.tick(operation, parity, _ep.combine_traffic(counts, row), staging,
+            pipe.tick(operation, parity, ep_slices.combine_traffic(counts, row), staging,
                                 self._routing("ht", handle.tokens_all, handle.topk_idx.shape[1], row, call))
         # the rows are grouped by destination ascending: each token's sum follows that order
         out = self._reduced(got, handle.sent, None, handle.tokens, code)

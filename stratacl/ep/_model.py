@@ -16,11 +16,9 @@ import dataclasses
 
 import numpy as np
 
-from ..collectives._ep import traffic
-from ..runtime._buffers import EAGER_BYTES
-from ..ub._clock import model_exchange
-from ..ub._estimates import ModeledCost, cached_model
-from ..ub._profile import profile_plan, profiles_cores
+from ..collectives import ep_slices
+from ..runtime.pipeline import EAGER_BYTES
+from ..ub import ModeledCost, cached_model, model_exchange, profile_plan, profiles_cores
 from ._routing import routing
 
 OPS = ("dispatch", "combine")
@@ -68,7 +66,8 @@ def estimate(op: str, nranks: int, tokens: int, hidden: int, topk: int, experts:
         raise ValueError(f"ep.estimate: experts ({experts}) must be a multiple of nranks ({nranks})")
     row = int(hidden) * np.dtype(dtype).itemsize
     model = cached_model(topology, registration, partition=partition, path=path, eager_bytes=EAGER_BYTES)
-    phases, received, staging = traffic(op, mode, routing(tokens, experts, topk, nranks, skew, seed), experts, row)
+    routes = routing(tokens, experts, topk, nranks, skew, seed)
+    phases, received, staging = ep_slices.traffic(op, mode, routes, experts, row)
     members = tuple(range(nranks))
     extra = None
     if registration == "jit":

@@ -8,7 +8,7 @@ store into). The backend does the rest, as for the library's own operators:
     SliceMap (this rank's slices, phase by phase)
         |  local checks: offsets and sizes inside the buffers, dtypes
         v
-    run(comm, smap, src, dst)   on the communicator's call pipeline (runtime/_call.py):
+    run(comm, smap, src, dst)   on the communicator's call pipeline (runtime/pipeline/_call.py):
         enter                   descriptor: dtype, phases, reduce op (every member agrees);
         |                       extension words: the dst buffer's block and both sizes, which
         |                       must be the same on every rank (symmetric buffers); a rank that
@@ -33,11 +33,10 @@ import numpy as np
 
 from .._errors import CollectiveMismatch
 from .._operators import BY_NAME
-from ..collectives import _reduce, _slices
-from ..collectives._schedule import BARRIER_PHASE, LOAD, LOAD_REDUCE
+from ..collectives import dtype_code, reduce_code, schedules, slices
 from ..runtime import pipeline
 
-ACTIONS = {"load": _slices.LOAD, "store": _slices.STORE, "reduce": _slices.LOAD_ACC}
+ACTIONS = {"load": slices.LOAD, "store": slices.STORE, "reduce": slices.LOAD_ACC}
 # extension words after the 2 N words of needs (the src bytes this rank reads of each peer, the dst
 # bytes it writes of each): dst's block (address, segment address, size, offset, epoch), the
 # sizes of src and dst, the traffic block (timed calls only)
@@ -104,7 +103,7 @@ class SliceMap:
             if bad.any():
                 raise ValueError(f"{name}: phase {k}: peer {int(peer[bad][0])} is not a rank of the communicator "
                                  f"(size {n})")
-            store = op == _slices.STORE
+            store = op == slices.STORE
             # this rank's own side: a load's or reduce's dst, a store's src
             for what, off, limit, sel in (("dst", dst, dst_bytes, ~store), ("src", src, src_bytes, store)):
                 over = sel & (off + nbytes > limit)
@@ -113,15 +112,15 @@ class SliceMap:
                     raise ValueError(f"{name}: phase {k}: a slice with peer {int(peer[i])} touches this rank's "
                                      f"{what} bytes {int(off[i])}..{int(off[i] + nbytes[i])}, but {what} has "
                                      f"{limit} bytes")
-            if ((op == _slices.LOAD_ACC) & (((src | dst | nbytes) % itemsize) != 0)).any():
+            if ((op == slices.LOAD_ACC) & (((src | dst | nbytes) % itemsize) != 0)).any():
                 raise ValueError(f"{name}: phase {k}: reduce slices must be whole elements of {itemsize} bytes")
             np.maximum.at(need[0], peer[~store], (src + nbytes)[~store])
             np.maximum.at(need[1], peer[store], (dst + nbytes)[store])
             # offsets: a load's or reduce's src is the peer's, dst this rank's; a store's the other
             # way (collectives/_slices.py)
-            maps.append(_slices.make(me, peer, _slices.IN, src, _slices.OUT, dst, nbytes, op))
+            maps.append(slices.make(me, peer, slices.IN, src, slices.OUT, dst, nbytes, op))
             np.add.at(traffic[k], peer, nbytes)
-            traffic[k, n] = LOAD_REDUCE if (op == _slices.LOAD_ACC).any() else LOAD
+            traffic[k, n] = schedules.LOAD_REDUCE if (op == slices.LOAD_ACC).any() else schedules.LOAD
         return maps, need, traffic
 
 
@@ -151,13 +150,13 @@ def _run(comm, pipe, smap: SliceMap, src, dst, reduce: str, name: str) -> None:
                 raise TypeError(f"{name}: {what} must be a numpy array, got {type(a).__name__}")
         if not dst.flags.c_contiguous or not dst.flags.writeable:
             raise ValueError(f"{name}: dst must be a writable C-contiguous array")
-        code = _reduce.dtype_code(dst.dtype, name)
-        rcode = _reduce.reduce_code(reduce, dst.dtype, name)
+        code = dtype_code(dst.dtype, name)
+        rcode = reduce_code(reduce, dst.dtype, name)
         phases = smap.phases
         maps, need, traffic = smap._maps(me, n, src.nbytes, dst.nbytes, dst.itemsize, name)
         # a store writes into the peer's memory, which across hosts is only this host's mirror
         # of it: refused by name (the carriers bring bytes here, they do not write them back)
-        pipe.check_near(name, [p for m in maps for p in m.peer[m.op == _slices.STORE]], "stores into a peer's buffer")
+        pipe.check_near(name, [p for m in maps for p in m.peer[m.op == slices.STORE]], "stores into a peer's buffer")
         pipe.check_path(name)
         inp = pipe.input(src, name, bool(np.may_share_memory(src, dst)))
         flat = dst.reshape(-1)
@@ -186,14 +185,14 @@ def _run(comm, pipe, smap: SliceMap, src, dst, reduce: str, name: str) -> None:
     reads = np.zeros(n, dtype=np.int64)
     writes = np.zeros(n, dtype=np.int64)
     for m in maps:
-        store = m.op == _slices.STORE
+        store = m.op == slices.STORE
         reads[m.peer[~store]] = 1
         writes[m.peer[store]] = 1
     reads[me] = writes[me] = 0
     pipe.sources_ready(name, parity, inp.addr, need=reads)
     for i in np.flatnonzero(writes).tolist():
         pipe.block_ready(name, i, *(int(v) for v in every[i, X_DST + 1:X_DST + 5]))
-    pipe.name_buffers(_slices.OUT, every[:, X_DST].copy())
+    pipe.name_buffers(slices.OUT, every[:, X_DST].copy())
     for k, m in enumerate(maps):
         if k:
             pipe.barrier(name)
@@ -206,7 +205,7 @@ def _run(comm, pipe, smap: SliceMap, src, dst, reduce: str, name: str) -> None:
         exchange = []
         for k in range(phases):
             if k:
-                exchange.append((np.zeros((n, n), dtype=np.int64), BARRIER_PHASE))
+                exchange.append((np.zeros((n, n), dtype=np.int64), schedules.BARRIER_PHASE))
             exchange.append((matrices[:, k, :n], int(matrices[:, k, n].max())))
         pipe.tick(name, parity, exchange)
 
@@ -238,8 +237,8 @@ def _every_traffic(comm, pipe, name: str, parity: int, every: np.ndarray, shape:
     nbytes = int(np.prod(shape)) * 8
     peers = np.arange(n)
     pipe.name_scratch(every[:, X_TRAFFIC].copy())
-    pipe.set_bases(_slices.OUT, me, got.ctypes.data)
+    pipe.set_bases(slices.OUT, me, got.ctypes.data)
     # metadata, like a collective's descriptors: moved, not counted in the byte counters
-    pipe.execute(name, pipe.compile(_slices.make(me, peers, _slices.SCRATCH, 0, _slices.OUT, peers * nbytes, nbytes,
-                                                 _slices.LOAD)))
+    pipe.execute(name, pipe.compile(slices.make(me, peers, slices.SCRATCH, 0, slices.OUT, peers * nbytes, nbytes,
+                                                slices.LOAD)))
     return np.array(got)

@@ -14,7 +14,23 @@ rank forked from the template, after the template's few lines that make it the r
     _wire         length-prefixed pickle frames between the supervisor and a rank
     _resources    the sweep of a job's leftover names in /dev/shm
     _preflight    the settings every rank would refuse (topology, address window), checked first
+    _hostjob      a job over hosts: the host list, what refuses it, one launcher per host by mpirun
+    _processes    finding and ending a job's processes (also the bench's peers)
+
+The names below are what the two front doors (and the bench) use of it.
 """
+from .._config import check_environment as check_environment
+from ._hostjob import launch as launch_on_hosts
+from ._hostjob import parse_hosts as parse_hosts
+from ._hostjob import refusal as hosts_refusal
+from ._outcome import format_failure as format_failure
+from ._preflight import check as preflight
+from ._processes import collect as collect_processes
+from ._processes import end as end_processes
+from ._supervisor import Job as Job
+
+__all__ = ["Job", "check_environment", "collect_processes", "end_processes", "format_failure", "hosts_refusal",
+           "launch_on_hosts", "parse_hosts", "preflight"]
 
 # True in a rank while _rankboot imports the spawning script to find the function it runs: a
 # stratacl.spawn reached then is the script's own top-level call, and must not start a job

@@ -7,7 +7,7 @@ gone (finished, or killed even by SIGKILL): the daemon then kills any rank still
 removes every leftover name of the job from /dev/shm and exits.
 
 Started with ``--watch`` by the first rank of a job that another launcher (torchrun, mpirun)
-started (runtime/_foreign.py; over hosts, by the first rank of each host, for that host's
+started (runtime/hosts/_foreign.py; over hosts, by the first rank of each host, for that host's
 ranks), it has no launcher to follow: it watches every rank itself,
 with a pidfd from the moment the rank writes its pid to the control segment. A rank that ends
 unfinalized is recorded as the job's failure (its peers raise PeerFailure naming it); once
@@ -26,9 +26,10 @@ import sys
 import threading
 import time
 
-from stratacl.runtime._control import (FAILED_CARRIER, FAILED_EXIT, FAILED_GONE, FAILED_SIGNAL, H_CARRIER_PID,
-                                       STATE_DEAD, STATE_FINALIZED, Control)
-from stratacl.runtime._mailbox import BROADCAST, Mailbox, unpack_header
+from stratacl.runtime.services import (
+    BROADCAST, FAILED_CARRIER, FAILED_EXIT, FAILED_GONE, FAILED_SIGNAL, H_CARRIER_PID, STATE_DEAD, STATE_FINALIZED,
+    Control, Mailbox, unpack_header,
+)
 
 
 def _relay(ctl: Control, stop: threading.Event) -> None:
@@ -173,10 +174,10 @@ def main_watch() -> None:
     stop = threading.Event()
     threading.Thread(target=_relay, args=(ctl, stop), daemon=True, name="stratacl-relay").start()
     try:
-        # the ranks join once this is posted (runtime/_foreign.py): none is left unwatched
+        # the ranks join once this is posted (runtime/hosts/_foreign.py): none is left unwatched
         import posix_ipc
 
-        from stratacl.runtime._segments import prefix
+        from stratacl.runtime.memory import prefix
         ready = posix_ipc.Semaphore(f"/{prefix(job_id)}ready")
         ready.release()
         ready.close()

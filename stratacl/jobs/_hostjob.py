@@ -10,7 +10,7 @@ is an MPI process (its host index is its MPI rank) and runs the host's part of t
 ``stratacl-launch`` runs a whole job on one host (jobs/_supervisor.py, ``Job`` with a
 ``HostPart``): it creates the host's control segment and one HBM segment per rank of the job
 (its own ranks' HBM; for each rank of another host, this host's mirror of it), starts the
-host's daemon and forks its ranks, and runs the host's carrier (runtime/_carrier.py) in a thread,
+host's daemon and forks its ranks, and runs the host's carrier (runtime/hosts/_carrier.py) in a thread,
 which is how words, bytes and failures cross hosts. No rank maps a segment of another host.
 
 Under ``--emulate-hosts K`` the K host launchers run on this machine, each with a job id of its
@@ -30,9 +30,8 @@ import socket
 import subprocess
 import sys
 
-from stratacl.runtime._carrier import MPIRUN_FLAGS, hosts_of, mpirun_env
-from stratacl.runtime._hosts import uncarried
-from stratacl.runtime._names import new_job_id
+from stratacl.runtime.hosts import MPIRUN_FLAGS, hosts_of, mpirun_env, uncarried
+from stratacl.runtime.memory import new_job_id
 
 HOSTJOB_ENV = "STRATACL_HOSTJOB"         # what the host launchers read (JSON; hostjob_env)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import signal
 
-from stratacl.runtime import _flight
+from stratacl.runtime.services import flight
 
 from ._memory import MemoryReport, memory_lines
 
@@ -50,7 +50,7 @@ class JobOutcome:
     reason: str = ""            # '' | 'failure' | 'signal' | 'deadline' | 'daemon' | 'carrier'
     signal: int = 0             # the signal the launcher got; 'daemon': the daemon's returncode
     shutdown_at: float | None = None    # when the launcher began ending the ranks still running
-    flight: dict | None = None          # a failed job's flight records, rank -> [FlightEntry] (runtime/_flight.py)
+    flight: dict | None = None          # a failed job's flight records, rank -> [FlightEntry] (services/_flight.py)
     flight_read_at: float = 0.0         # time.monotonic() when they were read
     memory: MemoryReport | None = None  # the ranks' memory and the OOM kill counters (_memory.py)
     part: str = ""                      # a job over hosts: which part this launcher ran (_hostjob.py)
@@ -161,7 +161,7 @@ def _flight_lines(outcome: JobOutcome) -> list[str]:
     lines = ["Flight recorder (each rank's newest call):"]
     for rank, recs in sorted(records.items()):
         lines.append(f"  rank {rank}: " + (recs[-1].describe(outcome.flight_read_at) if recs else "no call"))
-    odd = _flight.stragglers(records, len(outcome.ranks))
+    odd = flight.stragglers(records, len(outcome.ranks))
     if odd:
         lines.append("  so:")
         lines += [f"  - {line}" for line in odd]

@@ -30,8 +30,8 @@ import types
 
 def _bind_to_launcher() -> None:
     import stratacl.jobs as jobs
-    from stratacl.runtime import _native
-    _native.set_pdeathsig(signal.SIGKILL)
+    from stratacl.runtime import set_pdeathsig
+    set_pdeathsig(signal.SIGKILL)
     try:
         os.setpgid(0, 0)     # a group of its own (done by the launcher on Python >= 3.11; see _supervisor)
     except OSError:
@@ -66,10 +66,10 @@ def _report_error(sock: socket.socket, exc: BaseException) -> None:
 
 
 def _mark_dead() -> None:
-    from stratacl.runtime import _world
-    from stratacl.runtime._control import STATE_DEAD
-    rt = _world._RUNTIME
-    if rt is not None:
+    from stratacl.runtime import is_initialized, runtime
+    from stratacl.runtime.services import STATE_DEAD
+    if is_initialized():
+        rt = runtime()
         rt.ctl.set_state(rt.rank, STATE_DEAD)
 
 
@@ -108,8 +108,8 @@ def main() -> None:
             if main_path and main_path[1]:
                 _load_main(main_path)
             fn, args = pickle.loads(payload)
-            from stratacl.runtime import _world
-            comm = _world.init()
+            from stratacl.runtime import init
+            comm = init()
             result = fn(comm, *args)
             _wire.send(sock, ("result", pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL)))
         elif kind == "script":
@@ -139,8 +139,8 @@ def main() -> None:
             # the program's exit hooks, as its interpreter would run them (os._exit below does
             # not): last registered first, finalize() among them when init() registered it
             atexit._run_exitfuncs()
-            from stratacl.runtime import _world
-            _world.finalize()
+            from stratacl.runtime import finalize
+            finalize()
         sys.stdout.flush()
         sys.stderr.flush()
     os._exit(code)

@@ -1,6 +1,6 @@
 """The job's shared resources, named ``stratacl-<job id>-...``: their cleanup path.
 
-The library creates them (``stratacl.runtime._segments``: each segment 0600 and unlinked the
+The library creates them (``stratacl.runtime.memory._segments``: each segment 0600 and unlinked the
 moment it exists, or a memfd that never had a name; the launcher keeps the descriptors and hands them to the processes it
 starts). ``sweep`` removes anything with the job's prefix all the same: the daemon runs it
 when the launcher disappears, in case the launcher died between create and unlink.
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from stratacl.runtime._segments import prefix
+from stratacl.runtime.memory import prefix
 
 SHM_DIR = "/dev/shm"
 

@@ -21,7 +21,7 @@ Each rank leads its own process group, so a terminal's Ctrl-C reaches only the l
 then shuts the job down in order; a terminal stdin is replaced by /dev/null, a pipe or file is
 inherited. Ranks stay in the launcher's session: with autogroup scheduling
 (/proc/sys/kernel/sched_autogroup_enabled) a session is one scheduling group, and a rank alone in
-its group could not hand its core to a peer with sched_yield (runtime/_sync.py).
+its group could not hand its core to a peer with sched_yield (runtime/services/_sync.py).
 """
 from __future__ import annotations
 
@@ -39,13 +39,11 @@ import threading
 import time
 
 from stratacl._config import Config
-from stratacl.runtime import _flight
-from stratacl.runtime._control import (FAILED_DAEMON, FAILED_EXIT, FAILED_SIGNAL, STATE_DEAD, STATE_FINALIZED,
-                                       STATE_RUNNING, Control)
-from stratacl.runtime._names import new_job_id
-from stratacl.runtime._segments import create_job_segments
-
-from stratacl.runtime._carrier import CarrierThread
+from stratacl.runtime.hosts import CarrierThread
+from stratacl.runtime.memory import create_job_segments, new_job_id
+from stratacl.runtime.services import (
+    FAILED_DAEMON, FAILED_EXIT, FAILED_SIGNAL, STATE_DEAD, STATE_FINALIZED, STATE_RUNNING, Control, flight,
+)
 from ._hostjob import HostPart
 
 from . import _wire
@@ -53,7 +51,6 @@ from ._memory import MemoryWatch, short_memory_warning
 from ._outcome import JobOutcome, RankEnd
 from ._output import OutputForwarder
 from ._resources import sweep
-from ._template import Template
 
 # each rank leads a process group: set before exec where Popen can (Python >= 3.11), and by
 # the rank itself first thing in _rankboot otherwise (preexec_fn is unsafe with threads)
@@ -228,6 +225,8 @@ class Job:
             # a rank outside the foreground group that read the terminal would be stopped (SIGTTIN)
             stdin = subprocess.DEVNULL if os.isatty(0) else None
             common = self._common_env()
+            # imported here, not with the package: the template runs as python -m stratacl.jobs._template
+            from ._template import Template
             template = Template() if self.start_method == "fork" else None
             if template is not None and not template.start(common, [*job_fds, *([store_fd] if store_fd >= 0 else [])],
                                                            stdin, preload_for(self.target, self.imports)):
@@ -433,7 +432,7 @@ class Job:
         sel.close()
         outcome.memory = watch.report()
         if not outcome.ok:
-            outcome.flight = {r: _flight.read(ctl, r) for r in self.ranks}
+            outcome.flight = {r: flight.read(ctl, r) for r in self.ranks}
             outcome.flight_read_at = time.monotonic()
         return outcome
 
@@ -451,7 +450,7 @@ class Job:
         last_peer = max(e.ended_at for e in ends if e is not r)
         if ctl.state(r.rank) == STATE_FINALIZED or now - last_peer <= self.config.timeout:
             return None
-        recs = _flight.read(ctl, r.rank)
+        recs = flight.read(ctl, r.rank)
         newest = recs[-1].call_name() if recs else "no call recorded"
         r.hung_at = now
         r.hung = (f"still running, not finalized, {now - last_peer:.1f} s after its last peer finished (the "

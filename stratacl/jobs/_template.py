@@ -146,14 +146,14 @@ def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)              # the launcher handles Ctrl-C
     # what every rank needs, imported once (a submodule's import runs the package's __init__,
     # the public face, first: numpy, the runtime, the fabric model, the operators)
-    from stratacl.runtime import _native, _world   # noqa: F401
+    from stratacl.runtime import set_pdeathsig
     from . import _rankboot, _wire      # noqa: F401
     for name in filter(None, sys.argv[4].split(",") if len(sys.argv) > 4 else []):
         try:
             importlib.import_module(name)
         except Exception:       # noqa: BLE001 - the rank imports it again and fails as it would have
             pass
-    _native.set_pdeathsig(signal.SIGKILL)
+    set_pdeathsig(signal.SIGKILL)
     if os.getppid() != launcher:
         os._exit(70)                    # the launcher is already gone
     if _threads() != 1:

@@ -22,7 +22,7 @@
 #include "_native.h"
 
 /* Hand barrier k of the communicator `cx` to the host's carrier: take a place in its queue
- * (u64 tail, u64 head, CARRIER_QUEUE entries: runtime/_control.py, H_CARRIER), wait (yielding)
+ * (u64 tail, u64 head, CARRIER_QUEUE entries: runtime/services/_control.py, H_CARRIER), wait (yielding)
  * while the queue is full, write the entry, ring. */
 static void carrier_post(const int64_t *cx, uint64_t k, uint64_t mark) {
     uint64_t *q = (uint64_t *)(uintptr_t)cx[CX_CARRIER];
@@ -37,7 +37,7 @@ static void carrier_post(const int64_t *cx, uint64_t k, uint64_t mark) {
  * generation word to k and wakes the sleepers. When the communicator spans hosts (CX_CARRIER),
  * the counter counts this host's members only and the last of them hands k to the host's
  * carrier (carrier_post): the carrier trades the hosts' words and bytes and sets the
- * generation word itself (runtime/_carrier.py), which is then the only completion. */
+ * generation word itself (runtime/hosts/_carrier.py), which is then the only completion. */
 int barrier(const int64_t *cx, uint64_t k, long polls, double seconds) {
     return barrier_marked(cx, k, polls, seconds, 0);
 }
@@ -298,7 +298,7 @@ static PyObject *post(PyObject *self, PyObject *const *args, Py_ssize_t n) {
 }
 
 /* received(status_addr, status, done_addr, seq): a receive's answer to its sender
- * (announce_received): status 0 received, else why not (runtime/_p2p.py, RECV_*). */
+ * (announce_received): status 0 received, else why not (runtime/communicator/_p2p.py, RECV_*). */
 static PyObject *received(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     if (n != 4) { PyErr_SetString(PyExc_TypeError, "received(status_addr, status, done_addr, seq)"); return NULL; }
     void *status_word, *done;
@@ -311,7 +311,7 @@ static PyObject *received(PyObject *self, PyObject *const *args, Py_ssize_t n) {
 
 /* carrier_post(cx, k): hand the host's carrier entry k of the communicator `cx` (carrier_post);
  * k = 0 names no barrier: the communicator is new, and its point-to-point words are to be
- * carried from now on (runtime/_protocol.py, runtime/_carrier.py). */
+ * carried from now on (runtime/pipeline/_protocol.py, runtime/hosts/_carrier.py). */
 static PyObject *carrier_post_py(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     if (n != 2) { PyErr_SetString(PyExc_TypeError, "carrier_post(cx, k)"); return NULL; }
     unsigned long k = PyLong_AsUnsignedLong(args[1]);

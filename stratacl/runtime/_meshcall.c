@@ -22,7 +22,7 @@
 
 /* ---- the full-mesh call: its protocol, advanced here and nowhere else ----------------------
  * A full-mesh call is described by a row of RP_* parameters per call parity (_native.h; built
- * by runtime/_mesh.py) and advanced by mesh_advance from a MeshState:
+ * by runtime/communicator/_mesh.py) and advanced by mesh_advance from a MeshState:
  *
  *     (mesh_start: number the call, publish its descriptor, number the entry barrier k)
  *     arrive at barrier k ------------------------------ not all there in time: MESH_ENTER_WAIT

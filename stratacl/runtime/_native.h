@@ -32,35 +32,35 @@
  *   [CX_N] members   [CX_ME] this rank's index
  *   [CX_TALLY] its T_* words   [CX_ROOTS] rooted calls per root   [CX_SENT], [CX_RECEIVED]
  *   point-to-point sequence numbers per peer   [CX_COUNTERS] its byte counters, CTR_*
- *   (the int64 arrays of runtime/_comm.py, all n long but the tally and the counters)
+ *   (the int64 arrays of runtime/communicator/_comm.py, all n long but the tally and the counters)
  *   [CX_BARRIERS] the rank's count of barriers completed natively (Runtime.native_calls)
  *   [CX_FLIGHT] the rank's flight recorder (0: none)   [CX_CTL] the control segment's base
  *   [CX_LOCAL_N] members on this rank's host (== CX_N on one host)   [CX_CARRIER] the host
- *   carrier's queue (runtime/_control.py, H_CARRIER; 0: the communicator spans no hosts;
- *   runtime/_carrier.py) [CX_CARRIER_ID] what this rank's entries in it name: its world rank
+ *   carrier's queue (runtime/services/_control.py, H_CARRIER; 0: the communicator spans no hosts;
+ *   runtime/hosts/_carrier.py) [CX_CARRIER_ID] what this rank's entries in it name: its world rank
  *   * COMM_SLOTS + the communicator's slot + 1
  *   [CX_DESC + p*n + i] member i's descriptor, parity p
- * Descriptor fields are the F_* words of a descriptor in the control segment (runtime/_control.py).
+ * Descriptor fields are the F_* words of a descriptor in the control segment (runtime/services/_control.py).
  *
  * Every enumerator of this header is defined here only: _native exports each under its own name
- * (native_init in _native.c) and the Python side imports them from there (runtime/_control.py,
- * _comm.py, _p2p.py); tests/test_constants.py checks that none is missing. */
+ * (native_init in _native.c) and the Python side imports them from there (runtime/services/_control.py,
+ * runtime/communicator/_comm.py, runtime/communicator/_p2p.py); tests/test_constants.py checks that none is missing. */
 enum { CX_COUNTER, CX_GEN, CX_ARRIVAL, CX_N, CX_ME, CX_TALLY, CX_ROOTS, CX_SENT, CX_RECEIVED, CX_COUNTERS, CX_BARRIERS,
        CX_FLIGHT, CX_CTL, CX_LOCAL_N, CX_CARRIER, CX_CARRIER_ID, CX_DESC };
-enum { CARRIER_QUEUE = 64 };     /* entries of a carrier's queue (runtime/_control.py) */
+enum { CARRIER_QUEUE = 64 };     /* entries of a carrier's queue (runtime/services/_control.py) */
 #define CARRIER_NO_READS (1ULL << 63)  /* an entry's mark: complete the barrier, read nothing */
 enum { T_CALLS, T_SYNCS, T_NATIVE, T_WORDS };   /* calls, barrier numbers, native methods allowed */
 enum { F_OP, F_DTYPE, F_COUNT, F_ROOT, F_REDOP, F_FLAGS, F_ADDR, F_NBYTES, F_SEG_VA, F_SEG_SIZE,
        F_SEG_OFF, F_EPOCH, F_AUX0, F_AUX1, F_AUX2, F_CALL, DESC_FIXED };
 
 /* The flight recorder: a rank's last FLIGHT_ENTRIES collective calls, on any communicator, in
- * its region of the control segment (runtime/_control.py, Layout.flight), for the launcher to
+ * its region of the control segment (runtime/services/_control.py, Layout.flight), for the launcher to
  * read when a job fails. Word 0 counts the calls ever opened; entry s % FLIGHT_ENTRIES (after
  * FLIGHT_HEADER words) holds call s: FL_* words. flight_open writes one as a call publishes its
  * descriptor; every barrier this rank arrives at notes its number and time in the newest entry
  * of its communicator. FL_COMM is the communicator's barrier counter as an offset in the
  * control segment: whether barrier k has completed is that counter >= k * FL_N; the slot it is
- * in also lists the communicator's members (runtime/_control.py, Layout.slot_members). */
+ * in also lists the communicator's members (runtime/services/_control.py, Layout.slot_members). */
 enum { FL_SEQ, FL_COMM, FL_N, FL_ME, FL_OP, FL_CALL, FL_COUNT, FL_NBYTES, FL_ROOT, FL_K_ENTRY, FL_K_LAST,
        FL_T_ENTER, FL_T_LAST, FL_DST, FL_SRC, FL_RECV_CALL, FL_WORDS };
 /* A point-to-point call's entry (flight_p2p): FL_OP one of OP_* below, FL_K_ENTRY 0, FL_K_LAST 0
@@ -68,12 +68,12 @@ enum { FL_SEQ, FL_COMM, FL_N, FL_ME, FL_OP, FL_CALL, FL_COUNT, FL_NBYTES, FL_ROO
  * receives from (-1: none), FL_CALL and FL_RECV_CALL its sequence numbers with them. A
  * collective's entry has FL_DST = FL_SRC = -1. */
 enum { FL_K_DONE = -1 };
-/* The point-to-point operations' codes: a send descriptor's F_OP is OP_SEND (runtime/_p2p.py);
- * runtime/_protocol.py names them beside the collectives' codes. */
+/* The point-to-point operations' codes: a send descriptor's F_OP is OP_SEND (runtime/communicator/_p2p.py);
+ * runtime/pipeline/_protocol.py names them beside the collectives' codes. */
 enum { OP_SEND = 100, OP_RECV, OP_SENDRECV };
 enum { FLIGHT_HEADER = 8, FLIGHT_ENTRIES = 32 };
 
-/* A communicator's per-peer point-to-point words, (n, PX_WORDS) addresses (runtime/_p2p.py),
+/* A communicator's per-peer point-to-point words, (n, PX_WORDS) addresses (runtime/communicator/_p2p.py),
  * and the stages where p2p_core stops. */
 enum { PX_SEND_DESC, PX_SEND_FLAG, PX_RECV_FLAG, PX_RECV_DESC, PX_RECV_STATUS, PX_RECV_DONE, PX_SENT_DONE,
        PX_SENT_STATUS, PX_WORDS };
@@ -86,13 +86,13 @@ enum { MESH_DONE, MESH_ENTER_WAIT, MESH_DISAGREE, MESH_SOURCES, MESH_RUN_FIRST, 
 enum { MESH_NO_DEPARTURE, MESH_BARRIER, MESH_ROOT_READER, MESH_ROOT };
 enum { MESH_NOT_RUN = -1 };                        /* replay: nothing done (debug logging is on) */
 
-/* A prepared sendrecv's parameters (p2p_replay in _replay.c; built by runtime/_p2p.py,
+/* A prepared sendrecv's parameters (p2p_replay in _replay.c; built by runtime/communicator/_p2p.py,
  * check_sendrecv): the send's DESC_FIXED descriptor fields, then PP_*; and its call tuple, Q_*. */
 enum { PP_ME = DESC_FIXED, PP_DST, PP_SRC, PP_DTYPE, PP_COUNT, PP_ITEMSIZE, PP_OUT, PP_N, PP_SENDS, PP_RECVS, PP_CX,
        PP_PX, PP_BASES, PP_READY, PP_PLAN, PP_PLAN_ROWS, PP_BYTES, PP_LEN = PP_BYTES + 3 };
 enum { Q_PARAMS, Q_CX, Q_PX, Q_BASES, Q_READY, Q_PLAN, Q_PARAMS_ADDR, Q_LEN };
 /* A prepared full-mesh call's parameters, one row per call parity (replay in _replay.c; built by
- * runtime/_mesh.py, MeshDriver.record): the descriptor's DESC_FIXED fields, then RP_*; its call tuple, R_*. */
+ * communicator/_mesh.py, MeshDriver.record): the descriptor's DESC_FIXED fields, then RP_*; its call tuple, R_*. */
 enum { RP_OWN = DESC_FIXED, RP_ONLY, RP_DTYPE, RP_REDOP, RP_DEPARTURE, RP_ROOT, RP_WORD, RP_OUT, RP_EAGER_FROM,
        RP_EAGER_BYTES, RP_COUNTED, RP_CALLER_PHASES, RP_CX, RP_READY, RP_BASES, RP_PLAN, RP_PLAN_ROWS, RP_PLAN2, RP_PLAN2_ROWS, RP_BYTES,
        RP_LEN = RP_BYTES + 6 };

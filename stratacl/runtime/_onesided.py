@@ -56,10 +56,10 @@ import weakref
 import numpy as np
 
 from .._errors import OneSidedError, SignalTimeout
-from ..ub._rankclock import to_bits, us_from_bits
+from ..ub import to_bits, us_from_bits
 from . import _native
-from ._sync import SLICE
 from ._world import runtime
+from .services import SLICE
 
 # a signal pad's rows of n u64 words: the signals, then their bookkeeping (module docstring)
 PAD_SIGNAL, PAD_SEQ, PAD_WAITERS, PAD_LAST, PAD_LOG = range(5)

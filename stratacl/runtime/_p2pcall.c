@@ -22,7 +22,7 @@
 
 /* ---- one point-to-point call in one native call ------------------------------------------
  * A communicator hands its per-peer words over once, as an int64 array `px` of (n, PX_WORDS)
- * addresses (runtime/_p2p.py). The protocol is the one _p2p.py describes; this is its common
+ * addresses (communicator/_p2p.py). The protocol is the one communicator/_p2p.py describes; this is its common
  * case, and it stops, returning the stage, wherever Python must take over: a wait that needs
  * health checks, a descriptor that does not match or names a buffer not checked yet. */
 
@@ -121,6 +121,6 @@ done:
 
 /* The point-to-point call's Python entry. */
 PyMethodDef p2p_methods[] = {
-    {"p2p", (PyCFunction)(void (*)(void))p2p, METH_FASTCALL, "One point-to-point call's common case (see _p2p.py)."},
+    {"p2p", (PyCFunction)(void (*)(void))p2p, METH_FASTCALL, "One point-to-point call's common case (communicator/_p2p.py)."},
     {NULL, NULL, 0, NULL},
 };

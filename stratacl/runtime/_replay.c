@@ -2,7 +2,7 @@
  * Calls described by records, and the common case of a repeated call with no Python: the
  * barrier as a method, every full-mesh call's entry (mesh_call, mesh_resume; a prepared one's
  * record is replayed), a prepared sendrecv, and the prepared operations as methods. Part of
- * stratacl.runtime._native (see _native.h); runtime/_mesh.py and _p2p.py build the records.
+ * stratacl.runtime._native (see _native.h); communicator/_mesh.py and _p2p.py build the records.
  *
  *   comm.op(arrays, scalars)       PreparedMethod (operations as methods)
  *     -> key, prepared entry, identity and layout test          else: the Python operation
@@ -136,7 +136,7 @@ static PyObject *barrier_call(PyObject *self, PyObject *const *args, Py_ssize_t 
 
 /* ---- a prepared sendrecv, replayed --------------------------------------------------------
  * p2p_replay(comm, call) -> None once done, else (stage, send_seq, recv_seq, flight entry)
- * sendrecv repeated on the same arrays and peers (runtime/_p2p.py, check_sendrecv): number
+ * sendrecv repeated on the same arrays and peers (runtime/communicator/_p2p.py, check_sendrecv): number
  * the send and the receive (the communicator's words at CX_SENT and CX_RECEIVED), then
  * p2p_core, the receive's byte counts and both halves' call counts. A stage other than
  * P2P_DONE is returned with the sequence numbers and the call's flight entry (flight_p2p), for
@@ -209,7 +209,7 @@ static PyObject *p2p_replay(PyObject *self, PyObject *const *args, Py_ssize_t na
  *   call = (params, cx, ready, bases, plan, plan2, divisor, stats, params' address): R_*
  *   params (int64, one row per call parity): the descriptor's DESC_FIXED fields (F_CALL set
  *   by mesh_start), then RP_* (_native.h); the rows differ only where an eager input has a
- *   slot per parity. A call's record is built once by runtime/_mesh.py (for a prepared call,
+ *   slot per parity. A call's record is built once by runtime/communicator/_mesh.py (for a prepared call,
  *   once for all its repetitions), and every full-mesh call runs through here. */
 
 static PyObject *mesh_advance_from(PyObject *call, const int64_t *rows, MeshState *s) {
@@ -622,8 +622,8 @@ static PyObject *prepared_method(PyObject *self, PyObject *const *args, Py_ssize
 PyMethodDef record_methods[] = {
     {"mesh_call", (PyCFunction)(void (*)(void))mesh_call, METH_FASTCALL, "Start a full-mesh call (see mesh_advance)."},
     {"mesh_resume", (PyCFunction)(void (*)(void))mesh_resume, METH_FASTCALL, "Resume a full-mesh call from its stop."},
-    {"replay", (PyCFunction)(void (*)(void))replay, METH_FASTCALL, "A prepared full-mesh call (see runtime/_mesh.py)."},
-    {"p2p_replay", (PyCFunction)(void (*)(void))p2p_replay, METH_FASTCALL, "A prepared sendrecv (see _p2p.py)."},
+    {"replay", (PyCFunction)(void (*)(void))replay, METH_FASTCALL, "A prepared full-mesh call (communicator/_mesh.py)."},
+    {"p2p_replay", (PyCFunction)(void (*)(void))p2p_replay, METH_FASTCALL, "A prepared sendrecv (communicator/_p2p.py)."},
     {"prepared_method", (PyCFunction)(void (*)(void))prepared_method, METH_FASTCALL,
      "An operation's prepared common case as a method."},
     {"set_barrier", (PyCFunction)(void (*)(void))set_barrier, METH_FASTCALL,

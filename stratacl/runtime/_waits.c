@@ -94,7 +94,7 @@ static PyObject *set_sleepers(PyObject *self, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
-/* The control segment's failure word (runtime/_control.py, H_FAILED_KIND), nonzero once the
+/* The control segment's failure word (runtime/services/_control.py, H_FAILED_KIND), nonzero once the
  * launcher recorded a rank's failure or began ending the job; set once per process by
  * watch_failures. Once it is set, a rank arrives at no barrier and starts no point-to-point
  * transfer: those return "not yet", and the caller's wait, which checks the job's health
@@ -106,7 +106,7 @@ uint64_t *failure_word;            /* _native.h: job_failed */
 /* The bell of this host's carrier (a u32 in the control segment's header, H_CARRIER_BELL), set
  * once per process by set_carrier_bell when the job spans hosts, else NULL. Rung after every
  * word the carrier forwards to other hosts is written: a barrier's last local arrival, a
- * point-to-point announcement (runtime/_carrier.py scans its ranks' words when woken). */
+ * point-to-point announcement (runtime/hosts/_carrier.py scans its ranks' words when woken). */
 uint32_t *carrier_bell;            /* _native.h: ring_carrier */
 
 void ring_carrier(void) {

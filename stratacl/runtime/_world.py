@@ -20,46 +20,22 @@ from typing import Any
 import numpy as np
 
 from .._config import Config, check_environment
-from .._errors import (
-    BootstrapError,
-    CommTimeout,
-    ConfigError,
-    NotInitialized,
-    OutOfMemory,
-    TooManyCommunicators,
-)
+from .._errors import BootstrapError, CommTimeout, ConfigError, NotInitialized, OutOfMemory, TooManyCommunicators
 from .._operators import names
-from ..sdma._offload import paths_of
-from ..ub import _registration, _topology
-from ..ub._clock import FabricModel
-from ..ub._profile import Profiler, write_chrome_trace
-from ..ub._rankclock import RankClock
-from ..ub._registration import RegistrationUnit
-from . import _foreign, _native
-from ._allocator import CachingAllocator, array_from_block
-from ._buffers import EAGER_BYTES
-from ._comm import Communicator
-from ._control import (
-    COMM_SLOTS,
-    FAILED_CARRIER,
-    H_HBM_SIZE,
-    H_MAGIC,
-    H_SLICE,
-    H_VA_BASE,
-    MAGIC,
-    STATE_FINALIZED,
-    STATE_RUNNING,
-    Control,
+from ..sdma import paths_of
+from ..ub import FabricModel, Profiler, RankClock, activate_mappings, load_topology, write_chrome_trace
+from . import _native
+from .communicator import Communicator
+from .hosts import HostMap, foreign
+from .memory import (
+    CachingAllocator, ExpandableAllocator, Hbm, RegistrationUnit, ShadowWindow, array_extent, array_from_block,
+    new_job_id, round_up,
 )
-from ._expandable import ExpandableAllocator
-from ._hbm import Hbm
-from ._names import new_job_id
-from ._hosts import HostMap
-from ._mailbox import Mailbox
-from ._plans import SharedPlans
-from ._sync import SLICE, JobHealth
-from ._trace import Trace
-from ._window import ShadowWindow, round_up
+from .pipeline import EAGER_BYTES, SharedPlans
+from .services import (
+    COMM_SLOTS, FAILED_CARRIER, H_HBM_SIZE, H_MAGIC, H_SLICE, H_VA_BASE, MAGIC, SLICE, STATE_FINALIZED, STATE_RUNNING,
+    Control, JobHealth, Mailbox, Trace,
+)
 
 # the operations whose completed calls the native methods count in Runtime.native_calls
 NATIVE_CALLS = names(native=True)
@@ -93,7 +69,7 @@ class Runtime:
                               f"(STRATACL_CLOCK=virtual), not {config.clock!r}")
         if _native.load_u64(ctl.base + H_MAGIC) != MAGIC:
             raise BootstrapError(f"rank {rank}: the control segment of job {job_id} is not initialised")
-        self.topology = _topology.load(config.topology)
+        self.topology = load_topology(config.topology)
         self.health = JobHealth(ctl, rank)
         ctl.count_sleepers()
         self.window = ShadowWindow(ctl.header(H_VA_BASE), world, ctl.header(H_SLICE))
@@ -146,12 +122,12 @@ class Runtime:
         modeled = config.clock if config.clock != "off" else "virtual"
         self.clock = (RankClock(self.topology, config.registration, modeled, config.dilation, EAGER_BYTES)
                       if config.clock != "off" or config.profile else None)
-        # the ranks of a launched job time each call's shape once between them (runtime/_plans.py)
+        # the ranks of a launched job time each call's shape once between them (runtime/pipeline/_plans.py)
         self.plans = SharedPlans(job_id) if world > 1 else None
         if self.clock is not None:
             self.clock.model.shared = self.plans
         self.profiler = Profiler(rank) if config.profile else None
-        # what ub.replay needs to rebuild this rank's fabric model (runtime/_trace.py)
+        # what ub.replay needs to rebuild this rank's fabric model (runtime/services/_trace.py)
         self.trace = (Trace(rank, world, dict(topology=config.topology, registration=config.registration, algo=config.algo,
                                               cores=config.cores, comm_cores=config.comm_cores,
                                               partition=config.partition, path=paths_of(config.path)[0],
@@ -161,7 +137,7 @@ class Runtime:
         self.communicators: weakref.WeakSet = weakref.WeakSet()   # every one made here, for close()
         self.in_flight: list = []        # asynchronous operations under a modeled clock, for charge_compute
         self.sdma = None                 # the SDMA engine (--path sdma), started on first use
-        self.host = None                 # the channel to host memory (runtime/_hostrows.py), made on first use
+        self.host = None                 # the channel to host memory (communicator/_hostrows.py), made on first use
         self._next_slot = 1
         self._slot_lock = threading.Lock()
         ctl.set_pid(rank, os.getpid())
@@ -257,7 +233,7 @@ class Runtime:
         if dtype.hasobject:
             # peers would read pointers into this process; numpy would own references it never took
             raise TypeError(f"empty: HBM arrays hold plain data, not Python objects (dtype {dtype})")
-        shape, nbytes = _registration.array_extent(shape, dtype, "empty")
+        shape, nbytes = array_extent(shape, dtype, "empty")
         block = self.allocator.malloc(nbytes)
         return array_from_block(self.allocator, block, shape, dtype)
 
@@ -281,7 +257,7 @@ class Runtime:
 _RUNTIME: Runtime | None = None
 _LOCK = threading.Lock()
 # this process's carrier, when it is the first rank of a host in a job mpirun started over
-# hosts (runtime/_foreign.py): it ends once every rank of every host has; finalize waits for it
+# hosts (runtime/hosts/_foreign.py): it ends once every rank of every host has; finalize waits for it
 _CARRIER = None
 
 
@@ -316,17 +292,17 @@ def init(**settings: Any) -> Communicator:
             ctl = Control(info["ctl"], world)
             hbm_fds = list(info["hbm"])
             host_of = info.get("hosts")
-        elif (launch := _foreign.detect()) is not None:
+        elif (launch := foreign.detect()) is not None:
             # torchrun or mpirun started this process: the ranks on the host meet by name
             rank, world = launch.rank, launch.world
-            joined = _foreign.join(launch, config)
+            joined = foreign.join(launch, config)
             job_id, hbm_fds, host_of = joined.job_id, joined.hbm_fds, joined.host_of
             ctl = Control(joined.ctl_fd, world)
             ctl.set_pid(rank, os.getpid())      # the host's daemon watches the rank from here on
-            _foreign.failure_reported_by(lambda ctl=ctl: ctl.failure() is not None, config.grace)
+            foreign.failure_reported_by(lambda ctl=ctl: ctl.failure() is not None, config.grace)
             if joined.carriers is not None:
                 # the first rank of a host under mpirun carries the host's part across hosts
-                from ._carrier import CarrierThread
+                from .hosts import CarrierThread
                 global _CARRIER
                 try:
                     _CARRIER = CarrierThread(joined.carriers, host_of, ctl, hbm_fds, config, until_done=True)
@@ -340,13 +316,13 @@ def init(**settings: Any) -> Communicator:
         _setup_logging(rank, config.debug)
         rt = Runtime(rank, world, job_id, config, ctl, hbm_fds, host_of)
         _RUNTIME = rt
-        _registration.activate(rt.reg)
+        activate_mappings(rt.reg)
         atexit.register(finalize)
     log.info("rank %d of %d joined job %s (registration=%s, metadata=%s)", rank, world, job_id,
              config.registration, config.metadata_path)
     rt.world_comm.barrier()
     if launch is not None:
-        _foreign.joined(job_id, world, joined.created)
+        foreign.joined(job_id, world, joined.created)
     if rt.clock is not None:
         rt.clock.anchor()
     return rt.world_comm
@@ -355,7 +331,7 @@ def init(**settings: Any) -> Communicator:
 def _standalone(job_id: str, config: Config) -> tuple[Control, list[int]]:
     """A one-rank job without the launcher: same segments, unlinked as soon as they exist."""
     # imported here: a rank of a launched job inherits its segments and never needs posix_ipc
-    from ._segments import create_job_segments
+    from .memory import create_job_segments
     ctl_fd, hbm_fds = create_job_segments(job_id, 1, config)
     return Control(ctl_fd, 1), hbm_fds
 
@@ -379,7 +355,7 @@ def finalize() -> None:
     global _RUNTIME
     with _LOCK:
         rt, _RUNTIME = _RUNTIME, None
-        _registration.activate(None)
+        activate_mappings(None)
     if rt is not None:
         rt.close()
         global _CARRIER

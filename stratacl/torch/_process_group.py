@@ -507,7 +507,7 @@ def _root_list(tensors: list, n: int, like, op: str, what: str, other: str) -> l
 
 def _untagged(operation: str, tag: int) -> None:
     """Refuse a tag: sends and receives between two ranks match in the order they were posted
-    (runtime/_p2p.py), never by tag as gloo's do, so a tagged exchange whose tags arrive out of
+    (runtime/communicator/_p2p.py), never by tag as gloo's do, so a tagged exchange whose tags arrive out of
     order would pair the wrong messages without a word."""
     if tag != 0:
         raise ValueError(f"stratacl {operation}: tag {tag} is not supported: messages between two ranks are "

@@ -12,7 +12,7 @@ No byte is copied: the communicator sees the tensor's own memory, so a tensor ma
 
 The view of an HBM tensor is cut from the HBM array its storage was made from (``_HBM``), not
 made by ``Tensor.numpy()``, whose base is a tensor: the communicator then sees an array that
-holds its HBM block, the condition for remembering a call (runtime/_prepared.py). And a
+holds its HBM block, the condition for remembering a call (runtime/communicator/_prepared.py). And a
 tensor's view is kept while the tensor lives (``_VIEWS``), so a program that calls the same
 operation on the same tensors again and again hands the communicator the same arrays again
 and again, and its repeated-call fast path (the checks made once, the call replayed in native

@@ -54,13 +54,12 @@ import pickle
 
 import numpy as np
 
-from ..collectives import _partition as P
-from ..collectives import _schedule as S
-from ..collectives._ep import split_kind
-from ..sdma import _offload as sdma_model
+from ..collectives import Partitioner, cut, default_fan_out_cap, default_unit_bytes, ep_slices
+from ..collectives import schedules as S
+from ..sdma import COMPLETIONS, PATHS, paths_of, run_sdma
 from . import _cores
-from ._sharing import BandwidthSharing
 from ._registration_cost import ub_registration_us
+from ._sharing import BandwidthSharing
 from ._topology import UNIT_US, Topology, load
 
 REGISTRATIONS = ("roa", "jit", "pool", "staged")
@@ -77,10 +76,10 @@ class FabricModel:
                  completion: str = "flag", *, eager_bytes: int):
         if registration not in REGISTRATIONS:
             raise ValueError(f"registration must be one of {', '.join(REGISTRATIONS)}, got {registration!r}")
-        if path not in sdma_model.PATHS:
-            raise ValueError(f"path must be one of {', '.join(sdma_model.PATHS)}, got {path!r}")
-        if completion not in sdma_model.COMPLETIONS:
-            raise ValueError(f"completion must be one of {', '.join(sdma_model.COMPLETIONS)}, got {completion!r}")
+        if path not in PATHS:
+            raise ValueError(f"path must be one of {', '.join(PATHS)}, got {path!r}")
+        if completion not in COMPLETIONS:
+            raise ValueError(f"completion must be one of {', '.join(COMPLETIONS)}, got {completion!r}")
         self.topology = load(topology) if isinstance(topology, str) else topology
         self.fabric = BandwidthSharing(self.topology)
         self.registration = registration
@@ -91,7 +90,7 @@ class FabricModel:
         self.comm_cores = int(comm_cores if comm_cores else min(tc.comm, self.cores))
         if not 1 <= self.comm_cores <= self.cores:
             raise ValueError(f"comm_cores must be in 1..cores ({self.cores}), got {self.comm_cores}")
-        self.partitioner = P.Partitioner(partition)
+        self.partitioner = Partitioner(partition)
         self.partition, self.path, self.completion = partition, path, completion
         f = self.fabric
         self.issue_rate = tc.issue_gbps * 1e3 if tc.issue_gbps else None      # bytes/us
@@ -103,11 +102,11 @@ class FabricModel:
         # (its tier's rate, shared by the cores), not the per-core rate of remote requests
         self._issue_cap = (np.where(np.arange(len(tiers)) == f.local_tier, np.inf, self.issue_rate)
                            if self.issue_rate else None)
-        self.unit_bytes = np.array([t.unit_bytes or P.default_unit_bytes(b, UNIT_US) for t, b in zip(tiers, self._beta)])
-        self.fan_out_cap = np.array([t.fan_out_cap or P.default_fan_out_cap(b, self.issue_rate, self.comm_cores)
+        self.unit_bytes = np.array([t.unit_bytes or default_unit_bytes(b, UNIT_US) for t, b in zip(tiers, self._beta)])
+        self.fan_out_cap = np.array([t.fan_out_cap or default_fan_out_cap(b, self.issue_rate, self.comm_cores)
                                      for t, b in zip(tiers, self._beta)])
         self._plans: dict = {}
-        # a store the job's ranks share plans through (runtime/_plans.py SharedPlans), or None
+        # a store the job's ranks share plans through (runtime/pipeline/_plans.py SharedPlans), or None
         self.shared = None
         self._rounds: dict = {}
         self._barriers: dict = {}
@@ -122,7 +121,7 @@ class FabricModel:
         from .._config import Config
         c = Config()
         return cls(topology, registration, cores=c.cores, comm_cores=c.comm_cores, partition=c.partition,
-                   path=sdma_model.paths_of(c.path)[0], eager_bytes=eager_bytes)
+                   path=paths_of(c.path)[0], eager_bytes=eager_bytes)
 
     def with_path(self, path: str) -> "FabricModel":
         """The same model with another data path (mte | sdma)."""
@@ -174,8 +173,8 @@ class FabricModel:
         beta = np.minimum(self._beta, self.issue_rate) if self.issue_rate else self._beta
         if grain and path == "mte":
             beta = self._row_beta(beta, grain)
-        units = P.cut(peers, nbytes, tiers, self.unit_bytes, self.fabric.latency, beta,
-                      self.comm_cores if path == "mte" else 0)
+        units = cut(peers, nbytes, tiers, self.unit_bytes, self.fabric.latency, beta,
+                    self.comm_cores if path == "mte" else 0)
         pol = self.partitioner.policy(units, self.comm_cores, self.fan_out_cap,
                                       key=(path, peers.tobytes(), nbytes.tobytes(), tiers.tobytes(), self.comm_cores,
                                            int(grain)))
@@ -213,8 +212,8 @@ class FabricModel:
             sdma = self.topology.sdma
             if grain:
                 sdma = dataclasses.replace(sdma, max_descriptor_bytes=min(sdma.max_descriptor_bytes, grain))
-            run = sdma_model.run_sdma(units.nbytes, alpha, pol.core, pol.slot, self.comm_cores, share,
-                                       sdma, self.completion)
+            run = run_sdma(units.nbytes, alpha, pol.core, pol.slot, self.comm_cores, share,
+                           sdma, self.completion)
         run = (run, pol, units)
         if len(self._runs) >= 4 * _CACHE_LIMIT:
             self._runs.clear()
@@ -250,7 +249,7 @@ class FabricModel:
 
     def registration_us(self, mappings, nbytes) -> np.ndarray:
         """Modeled cost of ``mappings`` just-in-time peer registrations of ``nbytes`` buffers each
-        (each its four steps, ``ub._registration_cost``)."""
+        (each its four steps, ``runtime.memory._registration_cost``)."""
         return np.asarray(mappings, dtype=np.float64) * ub_registration_us(self.topology.contention, nbytes)
 
     # --- plans ------------------------------------------------------------------------------
@@ -299,7 +298,7 @@ class FabricModel:
             if len(self._plans) >= _CACHE_LIMIT:
                 self._plans.clear()
             m = np.asarray(members, dtype=np.int64)
-            split = [split_kind(k) for _, k in phases]
+            split = [ep_slices.split_kind(k) for _, k in phases]
             # the exchange's steps: the arrival barrier, a Mesh per phase, the departure barrier
             grains = [0] + [g for _, g in split] + [0]
             got = self._timed_steps(m, S.exchange([(b, k) for (b, _), (k, _) in zip(phases, split)]), grains)
@@ -557,7 +556,7 @@ def model_exchange(model: FabricModel, members, phases: list[tuple[np.ndarray, i
 
 def model_send_recv(model: FabricModel, sender: int, receiver: int, nbytes: int, t_send: float,
                     t_recv: float) -> tuple[float, float]:
-    """One send/recv pair (global ranks), pull mode as runtime/_p2p.py runs it: the sender's flag
+    """One send/recv pair (global ranks), pull mode as runtime/communicator/_p2p.py runs it: the sender's flag
     reaches the receiver, which pulls the bytes and flags back; returns (sender's, receiver's)
     clocks after the pair. ``sendrecv`` in ``model_call`` is the ring shift built from these."""
     f = model.fabric

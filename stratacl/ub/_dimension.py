@@ -1,7 +1,7 @@
 """The traces of a job at a larger model dimension, made from recordings at smaller ones.
 
     recordings of one SPMD program at one rank count and x1 < x2 [< x3] of one model
-    dimension (hidden size, FFN width, ...; ``--trace DIR`` at each, runtime/_trace.py)
+    dimension (hidden size, FFN width, ...; ``--trace DIR`` at each, runtime/services/_trace.py)
         |   every rank's events have one shape, the same at every x (``_extrapolate``'s shape
         |   check), and each event the same fields: lists of the same lengths, the same
         |   strings, the same communicators and members; anything else is refused, naming the

@@ -1,6 +1,6 @@
 """The traces of a larger job, made from recordings of the same SPMD program at smaller rank counts.
 
-    recordings at N1 < N2 [< N3] (``--trace DIR``, runtime/_trace.py)
+    recordings at N1 < N2 [< N3] (``--trace DIR``, runtime/services/_trace.py)
         |   every rank's events have one shape, the same at every N (rank 0's events are the
         |   template; anything else is refused)
         v
@@ -35,7 +35,7 @@ from typing import Callable
 import numpy as np
 
 from .._errors import ReplayError
-from ..collectives._ep import traffic
+from ..collectives import ep_slices
 from ._tracereplay import FORMAT
 
 
@@ -220,7 +220,7 @@ class _Extrapolation:
             self.routings[key] = (idx, experts)
         idx, experts = self.routings[key]
         row = int(round(float(self.number(self.per_rank(i, j, lambda c, r: c["routing"]["row"]))[0])))
-        phases, _, staging = traffic(op, route["mode"], idx, experts, row)
+        phases, _, staging = ep_slices.traffic(op, route["mode"], idx, experts, row)
         return {"phases": phases, "staging": None if rec.get("staging") is None else list(staging)}
 
     def own(self, i: int, j: int, rec: dict, rank: int) -> dict:

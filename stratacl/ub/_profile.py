@@ -203,7 +203,7 @@ def profile_plan(model, plan: list, members, clocks_in=None, ranks=None) -> list
 
 
 def _record_run(prof: Profiler, run, t0: float) -> None:
-    from ..sdma._offload import SdmaRun
+    from ..sdma import SdmaRun
     if isinstance(run, SdmaRun):
         c = np.arange(run.build_end.size)
         prof.record_many(c, "descriptor", t0, t0 + run.doorbell_end)

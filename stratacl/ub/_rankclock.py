@@ -6,7 +6,7 @@
         every member runs the call's timed plan (ub._clock: FabricModel.plan, or plan_exchange
         for calls given by their traffic) on all entering clocks (+ the jit mappings the call
         made, which every member derives from the descriptors alike) and keeps its own exit
-        time -> RankClock.set (runtime/_modeling.py)
+        time -> RankClock.set (runtime/pipeline/_modeling.py)
     throttled: advance then sleeps until wall time = anchor + modeled time x dilation; a call
     that ends later than that is counted late and the anchor moves by the lag (lateness is the
     host's, it never enters modeled time). Wall time the rank spends between calls (its real
@@ -18,7 +18,7 @@ enters at the program's clock when it was issued (or when the previous operation
 communicator ended, if later), and its exit does not move the program's clock until
 ``Work.wait()`` (``join``): the program computes meanwhile, as a framework overlaps a kernel
 with a collective. ``comm.charge_compute`` during that time shares the rank's cores with the
-operations in flight (runtime/_modeling.py, ub/_compute.py).
+operations in flight (runtime/pipeline/_modeling.py, ub/_compute.py).
 
 The modeled time depends only on the calls, their sizes, the topology and the registration
 mode, never on how long the host took: the same program gives the same modeled times on an

@@ -1,6 +1,6 @@
 """Replay of recorded traces through the fabric model: a job's modeled time without ranks.
 
-    traces (``--trace DIR``: runtime/_trace.py, one per rank, program order)
+    traces (``--trace DIR``: runtime/services/_trace.py, one per rank, program order)
         |   every rank walks its events; a call is timed once every member has reached it
         v
     the timing the ranks did under ``--clock virtual``: ``FabricModel.plan`` or ``plan_exchange``

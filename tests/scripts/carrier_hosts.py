@@ -14,7 +14,7 @@ from mpi4py import MPI
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _report import emit  # noqa: E402
 
-from stratacl.runtime._carrier import Carrier  # noqa: E402
+from stratacl.runtime.hosts._carrier import Carrier  # noqa: E402
 
 HBM = 1 << 20
 comm = MPI.COMM_WORLD

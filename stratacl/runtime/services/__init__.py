@@ -1,0 +1,77 @@
+"""The rank's services: what every part of a rank (and the launcher) stands on.
+
+    _control    the job's control segment: its layout (header, a region per rank, the
+                communicators' slots) and ``Control``, every process's view of it
+    _sync       waits with deadlines: a yielding spin, then futex sleeps; a dead peer or the
+                job's failure ends a wait with an error naming them (``wait_until``, ``JobHealth``)
+    _mailbox    host-DRAM mailbox rings between ranks and the daemon (registration metadata)
+    _flight     the flight recorder read back: every rank's last calls (the launcher's report)
+    _trace      a rank's calls in modeled time, recorded for ``stratacl.ub.replay``
+
+Their words live in shared memory and are read and written through the runtime's native
+layer (stratacl/runtime/_native.h; the flight recorder and the waits are written in C there).
+"""
+from . import _flight as flight
+from ._control import CARRIER_QUEUE as CARRIER_QUEUE
+from ._control import COMM_SLOTS as COMM_SLOTS
+from ._control import Control as Control
+from ._control import DESC_FIXED as DESC_FIXED
+from ._control import EXT_WORDS_EXTRA as EXT_WORDS_EXTRA
+from ._control import FAILED_CARRIER as FAILED_CARRIER
+from ._control import FAILED_DAEMON as FAILED_DAEMON
+from ._control import FAILED_EXIT as FAILED_EXIT
+from ._control import FAILED_GONE as FAILED_GONE
+from ._control import FAILED_SIGNAL as FAILED_SIGNAL
+from ._control import FLAG_REJECTED as FLAG_REJECTED
+from ._control import F_ADDR as F_ADDR
+from ._control import F_AUX0 as F_AUX0
+from ._control import F_AUX1 as F_AUX1
+from ._control import F_AUX2 as F_AUX2
+from ._control import F_CALL as F_CALL
+from ._control import F_COUNT as F_COUNT
+from ._control import F_DTYPE as F_DTYPE
+from ._control import F_EPOCH as F_EPOCH
+from ._control import F_FLAGS as F_FLAGS
+from ._control import F_NBYTES as F_NBYTES
+from ._control import F_OP as F_OP
+from ._control import F_REDOP as F_REDOP
+from ._control import F_ROOT as F_ROOT
+from ._control import F_SEG_OFF as F_SEG_OFF
+from ._control import F_SEG_SIZE as F_SEG_SIZE
+from ._control import F_SEG_VA as F_SEG_VA
+from ._control import H_CARRIER as H_CARRIER
+from ._control import H_CARRIER_BELL as H_CARRIER_BELL
+from ._control import H_CARRIER_PID as H_CARRIER_PID
+from ._control import H_HBM_SIZE as H_HBM_SIZE
+from ._control import H_MAGIC as H_MAGIC
+from ._control import H_SLICE as H_SLICE
+from ._control import H_VA_BASE as H_VA_BASE
+from ._control import Layout as Layout
+from ._control import MAGIC as MAGIC
+from ._control import P2P_DESC as P2P_DESC
+from ._control import REASON_BYTES as REASON_BYTES
+from ._control import STATE_DEAD as STATE_DEAD
+from ._control import STATE_FINALIZED as STATE_FINALIZED
+from ._control import STATE_RUNNING as STATE_RUNNING
+from ._control import WORLD_INIT_CALLS as WORLD_INIT_CALLS
+from ._control import carrier_failure as carrier_failure
+from ._control import host_lost as host_lost
+from ._mailbox import BROADCAST as BROADCAST
+from ._mailbox import Mailbox as Mailbox
+from ._mailbox import unpack_header as unpack_header
+from ._sync import JobHealth as JobHealth
+from ._sync import SLICE as SLICE
+from ._sync import SPIN_POLLS as SPIN_POLLS
+from ._sync import WAKE_ALL as WAKE_ALL
+from ._sync import wait_until as wait_until
+from ._trace import Trace as Trace
+
+__all__ = [
+    "BROADCAST", "CARRIER_QUEUE", "COMM_SLOTS", "DESC_FIXED", "EXT_WORDS_EXTRA", "F_ADDR", "F_AUX0", "F_AUX1",
+    "F_AUX2", "F_CALL", "F_COUNT", "F_DTYPE", "F_EPOCH", "F_FLAGS", "F_NBYTES", "F_OP", "F_REDOP", "F_ROOT",
+    "F_SEG_OFF", "F_SEG_SIZE", "F_SEG_VA", "FAILED_CARRIER", "FAILED_DAEMON", "FAILED_EXIT", "FAILED_GONE",
+    "FAILED_SIGNAL", "FLAG_REJECTED", "H_CARRIER", "H_CARRIER_BELL", "H_CARRIER_PID", "H_HBM_SIZE", "H_MAGIC",
+    "H_SLICE", "H_VA_BASE", "MAGIC", "P2P_DESC", "REASON_BYTES", "SLICE", "SPIN_POLLS", "STATE_DEAD",
+    "STATE_FINALIZED", "STATE_RUNNING", "WAKE_ALL", "WORLD_INIT_CALLS", "Control", "JobHealth", "Layout", "Mailbox",
+    "Trace", "carrier_failure", "flight", "host_lost", "unpack_header", "wait_until",
+]
