@@ -152,6 +152,8 @@ def test_reduce_accumulates_every_member_in_rank_order_at_the_root_only():
     (m,) = SL.reduce(2, 3, 12, root=2)
     assert m.me == 2
     assert rows(m) == [(p, IN, 0, OUT, 0, 12, ACC, -1) for p in (0, 1, 2)]   # rank order, as all_reduce's sum
+    (m,) = SL.reduce(0, 3, 12, root=0)                      # not peers-after-me: 0, 1, 2 still
+    assert rows(m) == [(p, IN, 0, OUT, 0, 12, ACC, -1) for p in (0, 1, 2)]
     (m,) = SL.reduce(1, 3, 12, root=2)
     assert m.me == 1 and rows(m) == []
     (m,) = SL.reduce(0, 1, 4, root=0)
