@@ -679,6 +679,11 @@ def _rows_of(name: str) -> list[dict]:
     return d["rows"] if isinstance(d, dict) else d
 
 
+def _steps_at(name: str, n: int) -> dict:
+    """{config: modeled step} of a paper_size.py recording's rows at ``n`` ranks."""
+    return {r["config"]: r["modeled_step_us"] for r in _rows_of(name) if r["ranks"] == n and r.get("scale") == "paper-size"}
+
+
 def _pick(rows, **kw):
     for r in rows:
         if all(r.get(k) == v for k, v in kw.items()):
@@ -925,10 +930,8 @@ def _dlrm_at_width() -> list[dict]:
     HBM: the misses of the paper's cache are a bound beside the rows, not in them."""
     rows = [r for r in _rows_of(DLRM_WIDE) if r.get("scale") == "paper-size"]
     n = max(r["ranks"] for r in rows)
-    t0 = {r["config"]: r["modeled_step_us"] for r in rows + _rows_of(DLRM_WIDE_NOCOMM)
-          if r["ranks"] == n and r.get("scale") == "paper-size"}
-    t = t0 | {r["config"]: r["modeled_step_us"] for r in _rows_of(DLRM_WIDE_SPARSE)
-              if r["ranks"] == n and r.get("scale") == "paper-size"}
+    t0 = _steps_at(DLRM_WIDE, n) | _steps_at(DLRM_WIDE_NOCOMM, n)
+    t = t0 | _steps_at(DLRM_WIDE_SPARSE, n)
     b = (f"recorded docs/results/{DLRM_WIDE_SPARSE} (batch 1024 per die, MLPerf DLRM widths, TorchRec's sparse-dist "
          f"pipeline, {n} dies, extrapolated)")
     miss = _pick(json.load(open(os.path.join(RESULTS, DLRM_MISSES)))["rows"], cache_gib=DLRM_HEADLINE_GIB)
@@ -1028,14 +1031,12 @@ def _dlrm_deployed(rows: list[dict] | None = None) -> list[dict]:
     b = (f"recorded docs/results/{DLRM_DEPLOYED} ({n} dies, batch 1024 a die, MLPerf DLRM widths, a "
          f"{DLRM_HEADLINE_GIB:g} GiB cache a die missing {100 * m:.1f}% of lookups, sparse-dist pipeline with prefetch; "
          "extrapolated from 4 and 8 ranks and batches 128-512)")
-    nocomm = {r["config"]: r["modeled_step_us"] for r in _rows_of(DLRM_WIDE_NOCOMM)
-              if r["ranks"] == n and r.get("scale") == "paper-size"}.get("nocomm")
+    nocomm = _steps_at(DLRM_WIDE_NOCOMM, n).get("nocomm")
     hccl, pool, strata = t("staged"), t("pool"), t("auto")
     free = (f"bound: the fabric-free step without the cache (docs/results/{DLRM_WIDE_NOCOMM}) is "
             f"{100 * (1 - nocomm / hccl):.1f}% shorter than HCCL's step here and {100 * (1 - nocomm / pool):.1f}% "
             "shorter than the pool's" if nocomm else "")
-    hbm = {r["config"]: r["modeled_step_us"] for r in _rows_of(DLRM_WIDE_SPARSE)
-           if r["ranks"] == n and r.get("scale") == "paper-size"}
+    hbm = _steps_at(DLRM_WIDE_SPARSE, n)
     misses = ("with every row in HBM (docs/results/" + DLRM_WIDE_SPARSE + ") the steps are " + ", ".join(
         f"{NAMES[c]} {hbm[c]:.0f} us" for c in ("staged", "pool", "auto") if c in hbm) + "; with the cache "
         + ", ".join(f"{NAMES[c]} {t(c):.0f} us" for c in ("staged", "pool", "auto")))
