@@ -16,7 +16,7 @@ import pytest
 
 import stratacl
 from stratacl.collectives import _backend, _kernels, _reduce, _slices
-from stratacl.runtime.communicator import _comm, _mesh, _p2p, _prepared
+from stratacl.runtime.communicator import _comm, _mesh, _meshops, _p2p, _prepared
 from stratacl.runtime.services import _control
 from stratacl.runtime import _native
 from stratacl.runtime.pipeline import _protocol
@@ -92,10 +92,10 @@ def test_descriptors_are_built_in_field_order():
 
 def test_stages_and_words_come_from_native():
     # each Python name that stands for a native enumerator has its value (a copy would drift)
-    for module in (_comm, _mesh, _protocol, _p2p, _control):
+    for module in (_comm, _mesh, _meshops, _protocol, _p2p, _control):
         shared = [name for name in NATIVE if hasattr(module, name)]
         assert {name: getattr(module, name) for name in shared} == {name: NATIVE[name] for name in shared}
-    used = {name for name in NATIVE for module in (_comm, _mesh, _protocol) if hasattr(module, name)}
+    used = {name for name in NATIVE for module in (_comm, _mesh, _meshops, _protocol) if hasattr(module, name)}
     assert {"MESH_SOURCES", "MESH_DEPART_WAIT", "MESH_ROOT", "T_CALLS", "T_NATIVE"} <= used
     assert {n for n in NATIVE if n.startswith("P2P_")} <= {name for name in NATIVE if hasattr(_p2p, name)}
 

@@ -1,7 +1,8 @@
 """The communicator: its operators and what each decides.
 
-    _comm        Communicator: the operators the native mesh machine runs (barrier, all_gather,
-                 all_to_all, broadcast, reduce_scatter, all_reduce) and point to point; split
+    _comm        Communicator: its components, barrier, point to point, split, subgroup
+    _meshops     the operators the native mesh machine runs (all_gather, all_to_all, broadcast,
+                 reduce_scatter, all_reduce), each its argument check; the one skeleton
     _pipelined   all_to_all_v, gather, scatter, reduce: the call pipeline's stages alone
     _mesh        the full-mesh call's record and Python's part in its protocol (MeshDriver)
     _prepared    prepared calls: a repeated call's checks made once and replayed in native code

@@ -1,44 +1,31 @@
-"""Communicator: the public operations, their argument checks, and what each decides. Its
-methods live in a few parts: this module (the operators the native mesh machine runs: barrier,
-all_gather, all_to_all, broadcast, reduce_scatter, all_reduce; point to point), _pipelined.py
-(all_to_all_v, gather, scatter: the call pipeline's stages alone), _program.py (modeled time,
-host rows). Every call runs through the communicator's pipeline (runtime/pipeline/_call.py),
-which front ends outside the runtime use too. The rest is done by the components it is made
-of, each owning its state and given, when made (in this order), the components it uses:
+"""Communicator: the public operations and the components that run them. Its methods live in
+a few parts: this module (barrier, point to point, split, subgroup), _meshops.py (the
+operators the native mesh machine runs: all_gather, all_to_all, broadcast, reduce_scatter,
+all_reduce, each its argument check), _pipelined.py (all_to_all_v, gather, scatter, reduce:
+the call pipeline's stages alone), _program.py (modeled time, host rows). Every call runs
+through the communicator's pipeline (runtime/pipeline/_call.py), which front ends outside the
+runtime use too. The rest is done by the components it is made of, each owning its state and
+given, when made (in this order), the components it uses:
 
     Modeling       pipeline/_modeling.py   modeled clock: entering time, exit (tick); algorithm choice
-    SlotProtocol   pipeline/_protocol.py   slot words, call and barrier counts; publish, barriers,
-                                           agreement, a mismatch's message
+    SlotProtocol   pipeline/_protocol.py   slot words, call and barrier counts; the entry (publish,
+                                           arrive, agree), barriers, a mismatch's message
     Executor       pipeline/_execute.py    the call's buffer table, peers' readiness, compiled phases
                                            run on the call's path (the cores or the SDMA engine)
     Buffers        pipeline/_buffers.py    zero copy or staged, eager slots
-    RingSteps      _ringsteps.py           a ring call's entry, steps and scratch buffer
+    RingSteps      _ringsteps.py           a ring call: entry, steps, scratch buffer
     MeshDriver     _mesh.py                full-mesh records: built, run, replayed, resumed
     PointToPoint   _p2p.py                 every peer's send and receive words; the calls
 
-One collective call, end to end (the data path):
-
-    comm.op(arrays, scalars)   the operation as a native method: a repeated call on the same
-        |                      arrays replays its record with no Python (_prepared.py)
-    _check_<op>                argument checks, raised on every rank of the call (a rank that
-        |                      rejects its own arguments tells its peers why: SlotProtocol.begin);
-        |                      input in own HBM? zero copy; else staged (Buffers)
-    plan                       the operator's remote-slice phases (collectives._slices),
-        |                      compiled once per call shape (collectives._backend, Executor)
-    full mesh: MeshDriver      the call's record, run by native code's mesh machine: entry
-        |                      barrier and agreement, readiness of peers' buffers, phases on
-        |                      the cores (kernels) or the SDMA engine, departure (_native.c)
-    ring / variable splits     the same protocol step by step (SlotProtocol, RingSteps)
-        |
-    completion                 bytes and calls counted natively; the modeled clock ticks
-                               (Modeling); an output that was staged is copied out
+A collective call end to end (the data path) is drawn once, in docs/architecture.md.
 
 Native code reads a few names on the communicator itself (_native.NAMES_READ): ``_cx``,
 ``_arrived``, ``_replayed``, ``_p2p_replayed``, the components' own, bound when it is made, and
-``_path``, which each operation's wrapper sets (runtime/pipeline/_work.py). The operations' common case,
-a repeated blocking call with positional arguments, no modeled clock and no debug logging, runs
-in native code from the method call on (``_native_method``); at N = 32 on two cores every
-microsecond of a rank's Python costs about 16 of the call (docs/performance.md).
+``_path``, which each operation's wrapper sets (runtime/pipeline/_work.py). The operations'
+common case, a repeated blocking call with positional arguments, no modeled clock and no debug
+logging, runs in native code from the method call on (_meshops.py, ``mesh_operator``); at
+N = 32 on two cores every microsecond of a rank's Python costs about 16 of the call
+(docs/performance.md).
 """
 from __future__ import annotations
 
@@ -48,20 +35,16 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..._errors import TooManyCommunicators
-from ...collectives import OUT, SCRATCH, Counters, dtype_code, reduce_code, slices
+from ...collectives import Counters
 from .. import _native
-from .._native import MESH_BARRIER, MESH_NO_DEPARTURE, MESH_ROOT, MESH_ROOT_READER, T_NATIVE
-from ..pipeline import (
-    EAGER_BYTES, EAGER_CHUNKS_READ, OPS, Buffers, CallInput, Executor, Modeling, Pipeline, RankServices, SlotProtocol,
-    Worker, aliased, as_flat, collective, copy_back, dtype_of, expect,
-)
+from .._native import T_NATIVE
+from ..pipeline import OPS, Buffers, Executor, Modeling, Pipeline, RankServices, SlotProtocol, Worker, collective, expect
 from ..services import F_AUX0, F_AUX1, F_AUX2, SLICE, SPIN_POLLS
 from ._mesh import MeshDriver
+from ._meshops import MeshOperators
 from ._p2p import PointToPoint
 from ._pipelined import PipelinedOperators
-from ._prepared import (
-    AllGatherArgs, AllReduceArgs, AllToAllArgs, BroadcastArgs, PreparedCalls, ReduceScatterArgs, _native_method,
-)
+from ._prepared import PreparedCalls
 from ._program import ProgramTime
 from ._ringsteps import RingSteps
 
@@ -70,7 +53,7 @@ log = logging.getLogger("stratacl")
 _native.set_barrier(OPS["barrier"], SPIN_POLLS, SLICE, log.isEnabledFor, logging.DEBUG, getattr(log, "_cache", None))
 
 
-class Communicator(ProgramTime, PipelinedOperators):
+class Communicator(ProgramTime, MeshOperators, PipelinedOperators):
     """A group of ranks that run collectives together (MPI semantics for ``split``).
 
     Every collective method is a *collective operation*: all ranks of the communicator must
@@ -151,338 +134,6 @@ class Communicator(ProgramTime, PipelinedOperators):
     _barrier = barrier
     barrier = _native.barrier_method
 
-    @collective
-    def all_gather(self, out: np.ndarray, x: np.ndarray) -> None:
-        """``out`` (size * x.size elements) receives every rank's ``x``, rank-major. Collective.
-
-        In place: ``x`` may be this rank's chunk of ``out`` (zero copy); an ``x`` overlapping
-        ``out`` otherwise is copied first."""
-        op = "all_gather"
-        key = (op, id(out), id(x)) if self._path is self._default_path else None
-        code, algo, eager, inp, plan, out_addr, target, replay = self._prepared.get(
-            key, (out, x), self._check_all_gather, out, x)
-        if replay is not None and self._mesh.replay(replay):
-            return
-        me, n, nb = self.rank, self.size, x.nbytes
-        if eager:
-            inp = self._buffers.eager_input(as_flat(x, op, "input"))
-        self._bases[OUT, me] = out_addr
-        if algo == "ring":
-            parity = self._ring.enter(op, OUT, target, code, x.size, 0, inp)
-            steps = self._executor.phases(("ring_all_gather", nb), lambda: [
-                m for s in range(n - 1) for m in slices.ring_all_gather_step(me, n, nb, s)])
-            self._ring.run(op, steps, self._path)
-            self._protocol.finish(op)
-        else:
-            parity = self._mesh.call(op, self._path, inp, plan, MESH_NO_DEPARTURE if eager else MESH_BARRIER, code,
-                                     x.size)
-        if target is not None:
-            self._buffers.output_done(out, target)
-        self._pipe.tick_schedule(op, parity, x.nbytes, algo, itemsize=x.itemsize)
-
-    _all_gather = all_gather
-    all_gather = _native_method(all_gather, "aa")
-
-    def _check_all_gather(self, out: np.ndarray, x: np.ndarray) -> tuple[tuple, bool]:
-        """all_gather's argument checks (raising on every rank of the call), and what they decided
-        (see _prepared.py): dtype code, algorithm, eager, the input (None: the eager copy, made
-        per call), the mesh's plan, the output's address, where it is written (None: in place),
-        the call's MeshCall (None: not replayed natively)."""
-        op = "all_gather"
-        try:
-            code = dtype_code(dtype_of(x, op, "input"), op)
-            o = as_flat(out, op, "output", writable=True)
-            self._buffers.check_mapped(o, op, "output")
-            expect(o.size == self.size * x.size, lambda: f"{op}: output has {o.size} elements, expected "
-                   f"{self.size} x {x.size} = {self.size * x.size}")
-            expect(o.dtype == x.dtype, lambda: f"{op}: output dtype {o.dtype} differs from input dtype {x.dtype}",
-                   TypeError)
-            algo = self._modeling.algo_for(op, x.nbytes, x.itemsize)
-            eager = algo == "mesh" and x.nbytes <= EAGER_BYTES
-            if self._path is not self._default_path:
-                self._executor.check_path(op, self._path)
-            if eager:                      # an eager input is read per call, but checked here
-                self._buffers.check_mapped(as_flat(x, op, "input"), op, "input")
-            own = o[self.rank * x.size:(self.rank + 1) * x.size]
-            inp = None if eager else self._buffers.as_input(x, op, aliased(o, x, (x, own)))
-            target = self._buffers.output(o, hbm=algo == "ring")
-        except Exception as e:
-            self._protocol.begin(op, {}, error=e)
-        me, n, nb = self.rank, self.size, x.nbytes
-        plan = (self._executor.phase(("all_gather", nb), lambda: slices.all_gather(me, n, nb), shared=True)
-                if algo == "mesh" else None)
-        out_addr = _native.data_address(target)
-        if algo == "mesh" and target is o:
-            held = None if eager else inp.in_place_of(x)
-            if eager:
-                replay = self._mesh.record(op, self._path, None, plan, MESH_NO_DEPARTURE, code, x.size,
-                                           out_addr=out_addr, eager=x)
-                return AllGatherArgs(code, algo, eager, None, plan, out_addr, None, replay), True
-            if held is not None:
-                replay = self._mesh.record(op, self._path, held, plan, MESH_BARRIER, code, x.size, out_addr=out_addr)
-                return AllGatherArgs(code, algo, eager, held, plan, out_addr, None, replay), True
-        return AllGatherArgs(code, algo, eager, inp, plan, out_addr, target, None), False
-
-    @collective
-    def all_to_all(self, out: np.ndarray, x: np.ndarray) -> None:
-        """Equal splits: chunk j of rank i's ``x`` lands in chunk i of rank j's ``out``. Collective.
-
-        ``out`` may be ``x`` or overlap it (in place): ``x`` is then copied first."""
-        op = "all_to_all"
-        key = (op, id(out), id(x)) if self._path is self._default_path else None
-        code, inp, plan, out_addr, target, replay = self._prepared.get(key, (out, x), self._check_all_to_all, out, x)
-        if replay is not None and self._mesh.replay(replay):
-            return
-        self._bases[OUT, self.rank] = out_addr
-        parity = self._mesh.call(op, self._path, inp, plan, MESH_BARRIER, code, x.size)
-        if target is not None:
-            self._buffers.output_done(out, target)
-        self._pipe.tick_schedule(op, parity, x.nbytes, itemsize=x.itemsize)
-
-    _all_to_all = all_to_all
-    all_to_all = _native_method(all_to_all, "aa")
-
-    def _check_all_to_all(self, out: np.ndarray, x: np.ndarray) -> tuple[tuple, bool]:
-        """all_to_all's checks and what they decided (as _check_all_gather)."""
-        op = "all_to_all"
-        try:
-            code = dtype_code(dtype_of(x, op, "input"), op)
-            o = as_flat(out, op, "output", writable=True)
-            self._buffers.check_mapped(o, op, "output")
-            expect(x.size % self.size == 0, lambda: f"{op}: input has {x.size} elements, not divisible by "
-                   f"{self.size} ranks")
-            expect(o.size == x.size, lambda: f"{op}: output has {o.size} elements, expected {x.size}")
-            expect(o.dtype == x.dtype, lambda: f"{op}: output dtype {o.dtype} differs from input dtype {x.dtype}",
-                   TypeError)
-            if self._path is not self._default_path:
-                self._executor.check_path(op, self._path)
-            inp = self._buffers.as_input(x, op, aliased(o, x))
-            target = self._buffers.output(o)
-        except Exception as e:
-            self._protocol.begin(op, {}, error=e)
-        me, n, nb = self.rank, self.size, x.nbytes
-        plan = self._executor.phase(("all_to_all", nb), lambda: slices.all_to_all(me, n, nb))
-        out_addr = _native.data_address(target)
-        held = inp.in_place_of(x) if target is o else None
-        if held is not None:
-            replay = self._mesh.record(op, self._path, held, plan, MESH_BARRIER, code, x.size, out_addr=out_addr)
-            return AllToAllArgs(code, held, plan, out_addr, None, replay), True
-        return AllToAllArgs(code, inp, plan, out_addr, target, None), False
-
-    @collective
-    def broadcast(self, x: np.ndarray, root: int = 0) -> None:
-        """Every rank's ``x`` receives the root's ``x``. Collective."""
-        op = "broadcast"
-        key = (op, id(x), root) if type(root) is int and self._path is self._default_path else None
-        code, inp, plan, target, replay = self._prepared.get(key, (x,), self._check_broadcast, x, root)
-        if replay is not None and self._mesh.replay(replay):
-            return
-        # a reader pulls into its own buffer, which it names as its input (bases[IN, me])
-        parity = self._mesh.call(op, self._path, inp, plan, MESH_ROOT if self.rank == root else MESH_ROOT_READER, code,
-                                 x.size, root, only=root)
-        if target is not None:
-            self._buffers.output_done(x, target)
-        self._pipe.tick_schedule(op, parity, x.nbytes, root=root, itemsize=x.itemsize)
-
-    _broadcast = broadcast
-    broadcast = _native_method(broadcast, "as")
-
-    def _check_broadcast(self, x: np.ndarray, root: int) -> tuple[tuple, bool]:
-        """broadcast's checks and what they decided: dtype code, this rank's input (the root's
-        buffer, or where a reader pulls to), a reader's plan (None at the root), where a reader
-        writes (None: in place), the MeshCall (as _check_all_gather)."""
-        op = "broadcast"
-        try:
-            code = dtype_code(dtype_of(x, op, "buffer"), op)
-            expect(isinstance(root, (int, np.integer)) and 0 <= root < self.size,
-                   lambda: f"{op}: root {root!r} is not a rank of this communicator (size {self.size})")
-            if self._path is not self._default_path:
-                self._executor.check_path(op, self._path)
-            xf = as_flat(x, op, "buffer", writable=True)
-            self._buffers.check_mapped(xf, op, "buffer")
-            inp = self._buffers.as_input(x, op) if self.rank == root else CallInput(xf, None)
-            target = self._buffers.output(xf) if self.rank != root else xf
-        except Exception as e:
-            self._protocol.begin(op, {}, error=e)
-        me, n, nb = self.rank, self.size, x.nbytes
-        if me == root:
-            held = inp.in_place_of(x)
-            if held is None:
-                return BroadcastArgs(code, inp, None, None, None), False
-            replay = self._mesh.record(op, self._path, held, None, MESH_ROOT, code, x.size, root, only=root)
-            return BroadcastArgs(code, held, None, None, replay), True
-        plan = self._executor.phase(("broadcast", nb, root), lambda: slices.broadcast(me, n, nb, root), shared=True)
-        if target is xf:         # in place: remember the address only, not the caller's array
-            own = CallInput(None, None, _native.data_address(xf) if nb else 0, nb)
-            replay = self._mesh.record(op, self._path, own, plan, MESH_ROOT_READER, code, x.size, root, only=root)
-            return BroadcastArgs(code, own, plan, None, replay), True
-        return BroadcastArgs(code, CallInput(target, None), plan, target, None), False
-
-    @collective
-    def reduce_scatter(self, out: np.ndarray, x: np.ndarray, op: str = "sum") -> None:
-        """``out`` receives chunk ``rank`` of the element-wise reduction of every rank's ``x``. Collective.
-
-        In place: ``out`` may be this rank's chunk of ``x`` (zero copy); an ``out`` overlapping
-        ``x`` otherwise has ``x`` copied first.
-
-        Mesh: every output element is reduced in rank order. Ring: chunk c is reduced in the
-        order the ring visits the ranks, c+1, c+2, ..., c (runtime/communicator/_ringsteps.py)."""
-        name = "reduce_scatter"
-        key = (name, id(out), id(x), op) if type(op) is str and self._path is self._default_path else None
-        code, rcode, algo, inp, plan, out_addr, target, replay = self._prepared.get(
-            key, (out, x), self._check_reduce_scatter, out, x, op)
-        if replay is not None and self._mesh.replay(replay):
-            return
-        me, n, count, item = self.rank, self.size, x.size, x.itemsize
-        self._bases[OUT, me] = out_addr
-        if algo == "ring":
-            parity = self._ring.enter(name, SCRATCH, self._ring.scratch(x.nbytes), code, out.size, rcode, inp)
-            steps = self._executor.phases(("ring_reduce_scatter", count, item), lambda: [
-                m for s in range(n - 1) for m in slices.ring_reduce_scatter_step(me, n, count, item, s)], item)
-            self._ring.run(name, steps, self._path, code, rcode)
-            self._protocol.finish(name)
-        else:
-            parity = self._mesh.call(name, self._path, inp, plan, MESH_BARRIER, code, out.size, 0, rcode, float(n))
-        if target is not None:
-            self._buffers.output_done(out, target)
-        self._pipe.tick_schedule(name, parity, x.nbytes, algo, itemsize=x.itemsize)
-
-    _reduce_scatter = reduce_scatter
-    reduce_scatter = _native_method(reduce_scatter, "aas")
-
-    def _check_reduce_scatter(self, out: np.ndarray, x: np.ndarray, op: str) -> tuple[tuple, bool]:
-        """reduce_scatter's checks and what they decided (as _check_all_gather, with the reduce op)."""
-        name = "reduce_scatter"
-        try:
-            code = dtype_code(dtype_of(x, name, "input"), name)
-            rcode = reduce_code(op, x.dtype, name)
-            o = as_flat(out, name, "output", writable=True)
-            self._buffers.check_mapped(o, name, "output")
-            expect(x.size == self.size * o.size, lambda: f"{name}: input has {x.size} elements, expected "
-                   f"{self.size} x {o.size} = {self.size * o.size}")
-            expect(o.dtype == x.dtype, lambda: f"{name}: output dtype {o.dtype} differs from input dtype {x.dtype}",
-                   TypeError)
-            if self._path is not self._default_path:
-                self._executor.check_path(name, self._path)
-            own = as_flat(x, name, "input")[self.rank * o.size:(self.rank + 1) * o.size]
-            inp = self._buffers.as_input(x, name, aliased(o, x, (o, own)))
-            algo = self._modeling.algo_for(name, x.nbytes, x.itemsize)
-            target = self._buffers.output(o)
-        except Exception as e:
-            self._protocol.begin(name, {}, error=e)
-        me, n, count, item = self.rank, self.size, x.size, x.itemsize
-        plan = None
-        if algo == "mesh":
-            plan = self._executor.phase(("reduce_scatter", count, item),
-                                        lambda: slices.reduce_scatter(me, n, count, item), item)
-        out_addr = _native.data_address(target)
-        held = inp.in_place_of(x) if algo == "mesh" and target is o else None
-        if held is not None:
-            replay = self._mesh.record(name, self._path, held, plan, MESH_BARRIER, code, o.size, 0, rcode, float(n),
-                                     out_addr=out_addr)
-            return ReduceScatterArgs(code, rcode, algo, held, plan, out_addr, None, replay), True
-        return ReduceScatterArgs(code, rcode, algo, inp, plan, out_addr, target, None), False
-
-    @collective
-    def all_reduce(self, x: np.ndarray, op: str = "sum") -> None:
-        """In place: every rank's ``x`` becomes the element-wise reduction of all ranks' ``x``.
-
-        Collective. Mesh, up to EAGER_BYTES: every rank reduces the whole buffer from all
-        ranks' eager copies (one barrier; runtime/pipeline/_buffers.py), or, once that would read
-        EAGER_CHUNKS_READ bytes or more, its own chunk of them and gathers the others' reduced
-        chunks (two barriers); above: reduce own chunk in
-        place, then gather the others (three); every element is reduced in rank order. Ring: ring reduce-scatter, a barrier,
-        ring all-gather; chunk c is reduced in the order c+1, ..., c (runtime/communicator/_ringsteps.py).
-        """
-        name = "all_reduce"
-        key = (name, id(x), op) if type(op) is str and self._path is self._default_path else None
-        code, rcode, algo, eager, inp, first, second, out_addr, target, replay = self._prepared.get(
-            key, (x,), self._check_all_reduce, x, op)
-        if replay is not None and self._mesh.replay(replay):
-            return
-        n, me, count, item = self.size, self.rank, x.size, x.itemsize
-        bases = self._bases
-        if eager:
-            # every rank reduces the whole buffer (or its chunk) from the peers' eager copies
-            # straight into x: nobody reads x, and the copies stay valid until the next call's
-            # arrival barrier
-            inp = self._buffers.eager_input(as_flat(x, name, "buffer"))
-            bases[OUT, me] = out_addr
-            parity = self._mesh.call(name, self._path, inp, first, MESH_NO_DEPARTURE, code, count, 0, rcode, float(n),
-                                     second)
-            if target is not None:
-                self._buffers.output_done(x, target)
-            self._pipe.tick_schedule(name, parity, x.nbytes, algo, itemsize=item)
-            return
-        if algo == "ring":
-            parity = self._ring.enter(name, SCRATCH, self._ring.scratch(x.nbytes), code, count, rcode, inp)
-            steps = self._executor.phases(("ring_all_reduce", count, item), lambda: [
-                m for s in range(2 * (n - 1)) for m in slices.ring_all_reduce_step(me, n, count, item, s)], item)
-            self._ring.run(name, steps, self._path, code, rcode, barrier=lambda: self._protocol.sync(name))
-            self._protocol.finish(name)
-        else:
-            # large: reduce own chunk in place, barrier, gather the finished chunks; fewer
-            # elements than ranks: reduce the whole buffer privately, barrier (nobody reads this
-            # rank's input any more), copy it back
-            scratch = np.empty(x.nbytes, np.uint8) if count < n else None
-            if scratch is not None:
-                bases[SCRATCH, me] = _native.data_address(scratch)
-            departure = MESH_BARRIER if scratch is None else MESH_NO_DEPARTURE
-            parity = self._mesh.call(name, self._path, inp, first, departure, code, count, 0, rcode, float(n), second)
-        if target is not None:       # the input was staged: the result is in the staged copy
-            copy_back(x, target)
-            self._rt.stats["bytes_staged"] += x.nbytes
-        self._pipe.tick_schedule(name, parity, x.nbytes, algo, itemsize=item)
-
-    _all_reduce = all_reduce
-    all_reduce = _native_method(all_reduce, "as")
-
-    def _check_all_reduce(self, x: np.ndarray, op: str) -> tuple[tuple, bool]:
-        """all_reduce's checks and what they decided: dtype and reduce codes, algorithm, eager,
-        the input (None: the eager copy, made per call), the mesh's phases, and where the
-        result is written: eager, the output's address and array (None: x in place); otherwise
-        the staged copy to copy back (None: x was reduced in place); the MeshCall (as
-        _check_all_gather)."""
-        name = "all_reduce"
-        try:
-            code = dtype_code(dtype_of(x, name, "buffer"), name)
-            rcode = reduce_code(op, x.dtype, name)
-            xf = as_flat(x, name, "buffer", writable=True)
-            self._buffers.check_mapped(xf, name, "buffer")
-            if self._path is not self._default_path:
-                self._executor.check_path(name, self._path)
-            algo = self._modeling.algo_for(name, x.nbytes, x.itemsize)
-            eager = algo == "mesh" and x.nbytes <= EAGER_BYTES
-            inp = None if eager else self._buffers.as_input(x, name)
-        except Exception as e:
-            self._protocol.begin(name, {}, error=e)
-        n, me, count, item, nb = self.size, self.rank, x.size, x.itemsize, x.nbytes
-        first = second = None
-        if eager:
-            target = self._buffers.output(xf)
-            if count >= n and n * nb >= EAGER_CHUNKS_READ:
-                first, second = self._executor.phases(("all_reduce_eager_chunks", count, item),
-                                                      lambda: slices.all_reduce_eager_chunks(me, n, count, item), item)
-            else:
-                first = self._executor.phase(("all_reduce_eager", nb, item),
-                                             lambda: slices.all_reduce_eager(me, n, nb), item)
-            out_addr = _native.data_address(target)
-            if target is xf:
-                replay = self._mesh.record(name, self._path, None, first, MESH_NO_DEPARTURE, code, count, 0, rcode,
-                                           float(n), second, out_addr=out_addr, eager=x)
-                return AllReduceArgs(code, rcode, algo, True, None, first, second, out_addr, None, replay), True
-            return AllReduceArgs(code, rcode, algo, True, None, first, second, out_addr, target, None), False
-        if algo == "mesh":
-            first, second = self._executor.phases(("all_reduce", count, item),
-                                                  lambda: slices.all_reduce(me, n, count, item, small=0), item)
-        staged = inp.flat if inp.addr != _native.data_address(xf) or not xf.flags.c_contiguous else None
-        held = inp.in_place_of(x) if algo == "mesh" and count >= n else None
-        if held is not None:
-            replay = self._mesh.record(name, self._path, held, first, MESH_BARRIER, code, count, 0, rcode, float(n),
-                                       second)
-            return AllReduceArgs(code, rcode, algo, False, held, first, second, 0, None, replay), True
-        return AllReduceArgs(code, rcode, algo, False, inp, first, second, 0, staged, None), False
-
     # --- point to point (runtime/communicator/_p2p.py) ---------------------------------------------------
     @collective
     def send(self, x: np.ndarray, dst: int) -> None:
@@ -528,14 +179,14 @@ class Communicator(ProgramTime, PipelinedOperators):
             expect(color is None or isinstance(color, (int, np.integer)), lambda: f"{op}: color must be an int or None")
             expect(isinstance(key, (int, np.integer)), lambda: f"{op}: key must be an int")
         except Exception as e:
-            self._protocol.begin(op, {}, error=e)
+            self._protocol.enter(op, error=e)
         color = -1 if color is None or color < 0 else int(color)
         try:
             slot = self._rt.reserve_slot() if color >= 0 else -1
         except TooManyCommunicators as e:        # the peers are told, as for a rejected argument
-            self._protocol.begin(op, {}, error=e)
+            self._protocol.enter(op, error=e)
         try:
-            descs = self._protocol.begin(op, {F_AUX0: color, F_AUX1: int(key), F_AUX2: slot})
+            descs = self._protocol.descriptors(self._protocol.enter(op, aux=(color, int(key), slot)))
         except BaseException:
             if slot >= 0:            # a peer rejected the split: no communicator holds the slot
                 self._rt.release_slot(slot)

@@ -32,14 +32,9 @@ that died and a new one that took its ``id`` fail the identity test. The cache i
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, NamedTuple
+from typing import Any, Callable
 
 import numpy as np
-
-from .. import _native
-
-if TYPE_CHECKING:
-    from ._mesh import MeshCall
 
 CACHE_LIMIT = 64
 
@@ -87,68 +82,3 @@ class PreparedCalls:
                 self._entries.clear()
             self._entries[key] = PreparedCall(arrays, checked)
         return checked
-
-
-def _native_method(op, spec: str):
-    """``op``'s prepared common case as a native method (_replay.c, PreparedMethod): a call
-    repeated on the same arrays with positional arguments runs without Python; anything else
-    calls the Python operation, kept as ``_<name>``. ``spec``: 'a' for each array parameter,
-    's' for each scalar, in order."""
-    names = op.__code__.co_varnames[1:len(spec) + 1]
-    return _native.prepared_method(op.__name__, names, spec, op.__defaults__ or (), f"_{op.__name__}",
-                                   _native.METHOD_MESH, op)
-
-
-# What each operation's checks decided (its _check_*), remembered by _prepared.PreparedCalls. The
-# operation unpacks them in order; the native methods read only ``replay`` (_replay.c, NAMES_READ):
-# the call's MeshCall, or None where the call is not replayed natively.
-class AllGatherArgs(NamedTuple):
-    code: int
-    algo: str
-    eager: bool
-    inp: Any
-    plan: Any
-    out_addr: int
-    target: Any
-    replay: MeshCall | None
-
-
-class AllToAllArgs(NamedTuple):
-    code: int
-    inp: Any
-    plan: Any
-    out_addr: int
-    target: Any
-    replay: MeshCall | None
-
-
-class BroadcastArgs(NamedTuple):
-    code: int
-    inp: Any
-    plan: Any
-    target: Any
-    replay: MeshCall | None
-
-
-class ReduceScatterArgs(NamedTuple):
-    code: int
-    rcode: int
-    algo: str
-    inp: Any
-    plan: Any
-    out_addr: int
-    target: Any
-    replay: MeshCall | None
-
-
-class AllReduceArgs(NamedTuple):
-    code: int
-    rcode: int
-    algo: str
-    eager: bool
-    inp: Any
-    first: Any
-    second: Any
-    out_addr: int
-    target: Any
-    replay: MeshCall | None

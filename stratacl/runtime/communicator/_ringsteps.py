@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ...collectives import REDUCE_OPS
+from ...collectives import OUT, REDUCE_OPS, SCRATCH, slices
 from .. import _native
 from ..pipeline import RankServices, buffer_size
 from ..services import DESC_FIXED, F_AUX1, SLICE, SPIN_POLLS, WAKE_ALL, wait_until
@@ -54,6 +54,29 @@ class RingSteps:
         self._scratch = None
         self._ready_extra = np.full((n, 2), -1, dtype=np.int64)   # as Executor.ready, for the extra buffers
 
+    def call(self, operation: str, a, inp: "CallInput | None", path: str) -> int:
+        """A ring call of ``operation`` (all_gather, reduce_scatter or all_reduce) from its
+        checked arguments ``a`` (communicator/_meshops.py, MeshArgs), start to end. Returns
+        the slot parity. all_gather's right neighbour pulls forwarded chunks from the output
+        (in this rank's HBM: ``a.target``); the reductions' from the scratch buffer."""
+        me, n, item = self._rank, self._size, a.itemsize
+        count = a.nbytes // item                 # the input's elements
+        if operation == "all_gather":
+            parity = self.enter(operation, OUT, a.target, a.code, a.count, 0, inp)
+            steps = self._executor.phases(("ring_all_gather", a.nbytes), lambda: [
+                m for s in range(n - 1) for m in slices.ring_all_gather_step(me, n, a.nbytes, s)])
+            self.run(operation, steps, path)
+        else:
+            parity = self.enter(operation, SCRATCH, self.scratch(a.nbytes), a.code, a.count, a.rcode, inp)
+            chains, step = ((1, slices.ring_reduce_scatter_step) if operation == "reduce_scatter"
+                            else (2, slices.ring_all_reduce_step))
+            steps = self._executor.phases((f"ring_{operation}", count, item), lambda: [
+                m for s in range(chains * (n - 1)) for m in step(me, n, count, item, s)], item)
+            self.run(operation, steps, path, a.code, a.rcode,
+                     barrier=(lambda: self._protocol.sync(operation)) if chains == 2 else None)
+        self._protocol.finish(operation)
+        return parity
+
     def enter(self, operation: str, buf: int, extra: np.ndarray, dtype: int, count: int, redop: int,
               inp: "CallInput | None") -> int:
         """Enter a ring call: publish this rank's descriptor naming ``extra`` (in this rank's
@@ -63,10 +86,8 @@ class RingSteps:
         Returns the slot parity."""
         addr = _native.data_address(extra)
         seg = self._buffers.hbm_segment(extra, addr) if extra.nbytes else None
-        parity = self._protocol.next_parity()
-        self._protocol.publish_extension(parity, (seg.va, seg.size, seg.hbm_offset, seg.epoch) if seg is not None
-                                         else (0, 0, 0, 0))
-        parity = self._protocol.enter(operation, dtype, count, 0, redop, inp, aux1=addr)
+        ext = (seg.va, seg.size, seg.hbm_offset, seg.epoch) if seg is not None else (0, 0, 0, 0)
+        parity = self._protocol.enter(operation, dtype, count, 0, redop, inp, aux1=addr, ext=ext)
         left = self._left
         self._executor.peer_sources(operation, parity, inp.addr if inp is not None else 0, only=left)
         bases = self._executor.bases

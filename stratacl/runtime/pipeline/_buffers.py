@@ -33,7 +33,6 @@ import numpy as np
 from ..._errors import RegistrationError
 from .. import _native
 from ..memory import hbm_base
-from ..services import F_ADDR, F_EPOCH, F_NBYTES, F_SEG_OFF, F_SEG_SIZE, F_SEG_VA
 from ._args import as_flat, copy_back
 from ._services import RankServices
 
@@ -177,13 +176,6 @@ class Buffers:
             self._staging = None
             self._staging = self._rt.empty((buffer_size(nbytes),), np.uint8)
         return self._staging
-
-    def input_fields(self, inp: CallInput) -> dict[int, int]:
-        seg = inp.seg
-        if seg is None:
-            return {F_ADDR: inp.addr, F_NBYTES: inp.nbytes}
-        return {F_ADDR: inp.addr, F_NBYTES: inp.nbytes, F_SEG_VA: seg.va, F_SEG_SIZE: seg.size,
-                F_SEG_OFF: seg.hbm_offset, F_EPOCH: seg.epoch}
 
     def output(self, o: np.ndarray, hbm: bool = False) -> np.ndarray:
         """Where an operation writes its output: ``o`` itself when it is 1-D and contiguous

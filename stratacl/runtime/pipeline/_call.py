@@ -34,7 +34,7 @@ import numpy as np
 
 from ...collectives import OUT, SCRATCH, Plan, compile_plan
 from .. import _native
-from ..services import EXT_WORDS_EXTRA, F_COUNT, F_DTYPE, F_REDOP, F_ROOT
+from ..services import EXT_WORDS_EXTRA
 from ._buffers import Buffers, CallInput
 from ._execute import Executor
 from ._modeling import Modeling
@@ -134,17 +134,11 @@ class Pipeline:
         agree on; an ``operation`` outside the operator table is a user's slice map), arrive and
         agree; returns the call's parity. ``error``: this rank rejected its arguments: raised
         here once the peers know why. Collective."""
-        if error is not None:
-            self._protocol.begin(operation, {}, error=error)
-        desc = {F_DTYPE: dtype, F_COUNT: count, F_ROOT: root, F_REDOP: redop}
-        if inp is not None:
-            desc.update(self._buffers.input_fields(inp))
-        self._protocol.begin(operation, desc, ext=ext)
-        return self._protocol.calls & 1
+        return self._protocol.enter(operation, dtype, count, root, redop, inp, ext=ext, error=error)
 
     def reject(self, operation: str, error: BaseException) -> None:
         """This rank rejects its arguments: raise ``error`` once the peers know why. Collective."""
-        self._protocol.begin(operation, {}, error=error)
+        self._protocol.enter(operation, error=error)
 
     def extensions(self, parity: int) -> np.ndarray:
         """Every member's extension words of the call of ``parity`` [size, words]."""

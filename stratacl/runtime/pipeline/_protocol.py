@@ -55,6 +55,7 @@ log = logging.getLogger("stratacl")
 OPS = {op.name: op.code for op in OPERATORS if op.family != "p2p"}
 # every code a member's descriptor can hold, point to point's too, by name: a message names them
 OP_NAMES = {op.code: op.name for op in OPERATORS}
+_SLICE_MAP = OPS["slice_map"]       # the code of any other name: a user's slice map (stratacl.fabric)
 
 _COMPARED = ((F_DTYPE, "dtype"), (F_COUNT, "element count"), (F_ROOT, "root"), (F_REDOP, "reduce op"))
 
@@ -77,10 +78,10 @@ def descriptor(operation: str, dtype: int, count: int, root: int, redop: int, in
     """A descriptor's fields, F_* order (F_CALL 0: native code numbers the call)."""
     seg = inp.seg if inp is not None else None
     if seg is not None:
-        return (OPS[operation], dtype, count, root, redop, 0, inp.addr, inp.nbytes, seg.va, seg.size,
+        return (OPS.get(operation, _SLICE_MAP), dtype, count, root, redop, 0, inp.addr, inp.nbytes, seg.va, seg.size,
                 seg.hbm_offset, seg.epoch, clock, aux1, 0, 0)
     addr, nbytes = (inp.addr, inp.nbytes) if inp is not None else (0, 0)
-    return (OPS[operation], dtype, count, root, redop, 0, addr, nbytes, 0, 0, 0, 0, clock, aux1, 0, 0)
+    return (OPS.get(operation, _SLICE_MAP), dtype, count, root, redop, 0, addr, nbytes, 0, 0, 0, 0, clock, aux1, 0, 0)
 
 
 class SlotProtocol:
@@ -242,13 +243,36 @@ class SlotProtocol:
 
     # --- entry: publish, arrive, agree ------------------------------------------------------
     def enter(self, operation: str, dtype: int = 0, count: int = 0, root: int = 0, redop: int = 0,
-               inp: "CallInput | None" = None, aux1: int = 0) -> int:
-        """Publish this rank's descriptor of the next call, arrive, wait, compare (one native
-        call in the common case); raises on a disagreement. Returns the slot parity."""
-        fields = descriptor(operation, dtype, count, root, redop, inp, self._entering_bits(), aux1)
+              inp: "CallInput | None" = None, aux1: int = 0, *, ext=None, aux: tuple | None = None,
+              error: BaseException | None = None) -> int:
+        """The one entry of every call: publish this rank's descriptor of the next call (the
+        dtype code, element ``count``, ``root`` and reduce op code ``redop`` every member must
+        agree on, the input ``inp``, F_AUX1 ``aux1``; ``ext`` its extension words; ``aux`` the
+        F_AUX0-2 words in place of the modeled clock and ``aux1``, as split's), arrive, wait,
+        agree: one native call in the common case. Returns the call's slot parity; raises on
+        a disagreement. ``error``: this rank rejected its arguments; the descriptor says so
+        and ``error`` is raised here once the peers know why."""
+        if error is not None:
+            fields = [0] * DESC_FIXED
+            fields[F_OP] = OPS.get(operation, OPS["slice_map"])
+            fields[F_FLAGS] = FLAG_REJECTED
+            fields[F_AUX0] = 0 if operation == "split" else self._entering_bits()
+            self.put_reason(self.next_parity(), error)
+        else:
+            fields = descriptor(operation, dtype, count, root, redop, inp,
+                                0 if aux is not None or operation == "split" else self._entering_bits(), aux1)
+            if aux is not None:
+                fields = (*fields[:F_AUX0], *aux, *fields[F_AUX0 + len(aux):])
+        if ext is not None:
+            self.publish_extension(self.next_parity(), ext)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("%s call %d: %s", operation, self.calls + 1, list(fields))
-        status, parity, k = _native.enter(self.cx, SPIN_POLLS, SLICE, fields)
+        status, parity, k = _native.enter(self.cx, SPIN_POLLS, SLICE, tuple(fields))
+        if error is not None:
+            if status == 1:
+                self.wait_barrier(k, operation)
+                _native.agree(self.cx, parity)
+            raise agreed(error)
         if status:
             self.arrived(operation, parity, k, status)
         return parity
@@ -261,35 +285,6 @@ class SlotProtocol:
             status = 0 if _native.agree(self.cx, parity) else 2
         if status:
             self.validate(operation, parity)   # raises
-
-    def begin(self, operation: str, fields: dict[int, int], error: BaseException | None = None,
-               ext: np.ndarray | None = None) -> np.ndarray:
-        """Publish this rank's descriptor of the next call (``fields`` by F_*, ``ext`` its
-        extension words; ``error``: this rank rejected its arguments, raised here after the
-        peers learned it), arrive, and return every member's descriptor."""
-        desc = [0] * DESC_FIXED
-        desc[F_OP] = OPS.get(operation, OPS["slice_map"])     # any other name: a user's slice map
-        for f, v in fields.items():
-            desc[f] = v
-        if F_AUX0 not in fields and operation != "split" and self._rt.clock is not None:
-            desc[F_AUX0] = self._entering_bits()
-        parity = self.next_parity()
-        if error is not None:
-            desc[F_FLAGS] = FLAG_REJECTED
-            self.put_reason(parity, error)
-        if ext is not None:
-            self.publish_extension(parity, ext)
-        if log.isEnabledFor(logging.DEBUG):
-            log.debug("%s call %d: %s", operation, self.calls + 1, desc)
-        status, parity, k = _native.enter(self.cx, SPIN_POLLS, SLICE, tuple(desc))
-        if status == 1:
-            self.wait_barrier(k, operation)
-            status = 0 if _native.agree(self.cx, parity) else 2
-        if error is not None:
-            raise agreed(error)
-        if status:
-            self.validate(operation, parity)   # builds the message, raises
-        return self.descriptors(parity)
 
     def finish(self, operation: str, departure: bool = True) -> None:
         """Departure barrier (unless nobody can still be reading this rank's input), then stats."""
