@@ -57,7 +57,7 @@ OPERATORS: tuple[Operator, ...] = (
     Operator("scatter", 14, "collective"),
     # a user's slice map run as an operator (stratacl.fabric), whatever its name
     Operator("slice_map", 15, "fabric", read_block=(2, 7)),      # the traffic block (fabric/_usermap.py)
-    Operator("reduce", 16, "collective"),
+    Operator("reduce", 16, "collective", native=True),
     # point to point: codes owned by the native layer (_native.h, OP_SEND = 100, ...)
     Operator("send", 100, "p2p", native=True),
     Operator("recv", 101, "p2p", native=True),

@@ -100,6 +100,23 @@ case("reduce_scatter", reduce_scatter)
 case("broadcast root 0", lambda: broadcast(0))
 case("broadcast root n-1", lambda: broadcast(n - 1))
 case("all_to_all", all_to_all)
+
+
+def reduce(root):
+    # twice on the same arrays: the second call is the prepared one (replayed natively)
+    x = stratacl.empty((20000,), np.float32)
+    out = stratacl.empty((20000,), np.float32)
+    ok = True
+    for k in range(2):
+        x[:] = np.arange(x.size) % 13 + me + k
+        out[:] = -1
+        comm.reduce(out, x, "sum", root)
+        ok &= (out == ((np.arange(x.size) % 13 + k) * n + n * (n - 1) / 2 if me == root else -1)).all()
+    return bool(ok)
+
+
+case("reduce root 0", lambda: reduce(0))
+case("reduce root n-1", lambda: reduce(n - 1))
 case("barrier", lambda: comm.barrier() or True)
 
 

@@ -2,8 +2,8 @@
 
     _comm        Communicator: its components, barrier, point to point, split, subgroup
     _meshops     the operators the native mesh machine runs (all_gather, all_to_all, broadcast,
-                 reduce_scatter, all_reduce), each its argument check; the one skeleton
-    _pipelined   all_to_all_v, gather, scatter, reduce: the call pipeline's stages alone
+                 reduce_scatter, all_reduce, reduce), each its argument check; the one skeleton
+    _pipelined   all_to_all_v, gather, scatter: the call pipeline's stages alone
     _mesh        the full-mesh call's record and Python's part in its protocol (MeshDriver)
     _prepared    prepared calls: a repeated call's checks made once and replayed in native code
     _p2p         send/recv/sendrecv, pull mode

@@ -1,7 +1,7 @@
 """Communicator: the public operations and the components that run them. Its methods live in
 a few parts: this module (barrier, point to point, split, subgroup), _meshops.py (the
 operators the native mesh machine runs: all_gather, all_to_all, broadcast, reduce_scatter,
-all_reduce, each its argument check), _pipelined.py (all_to_all_v, gather, scatter, reduce:
+all_reduce, reduce, each its argument check), _pipelined.py (all_to_all_v, gather, scatter:
 the call pipeline's stages alone), _program.py (modeled time, host rows). Every call runs
 through the communicator's pipeline (runtime/pipeline/_call.py), which front ends outside the
 runtime use too. The rest is done by the components it is made of, each owning its state and

@@ -330,3 +330,41 @@ class MeshOperators:
         return self._remembered(name, a, held) if held is not None else (a, False)
 
     all_reduce, _all_reduce = mesh_operator(_check_all_reduce)
+
+    def _check_reduce(self, out: np.ndarray | None, x: np.ndarray, op: str = "sum", root: int = 0
+                      ) -> tuple[MeshArgs, bool]:
+        """At ``root``, ``out`` (as many elements as ``x``, its dtype) receives the reduction of
+        every rank's ``x`` in rank order, the same bits all_reduce gives (MPI_Reduce); on the
+        other ranks ``out`` is not used (None will do). ``out`` may be ``x`` (in place).
+        Collective: one full-mesh phase in which the root loads every member's ``x`` and
+        accumulates, then the departure barrier."""
+        name, me, n = "reduce", self.rank, self.size
+        o = target = None
+        try:
+            expect(isinstance(root, (int, np.integer)) and not isinstance(root, bool) and 0 <= root < n,
+                   lambda: f"reduce: root {root!r} is not a rank of this communicator (size {n})")
+            code = dtype_code(dtype_of(x, name, "input"), name)
+            rcode = reduce_code(op, x.dtype, name)
+            self._buffers.check_mapped(as_flat(x, name, "input"), name, "input")
+            if self._path is not self._default_path:
+                self._executor.check_path(name, self._path)
+            if me == root:
+                o = self._output(out, name)
+                expect(o.size == x.size, lambda: f"reduce: the root's output has {o.size} elements, "
+                       f"expected {x.size} (the input's)")
+                expect(o.dtype == x.dtype, lambda: f"reduce: the root's output dtype {o.dtype} differs "
+                       f"from the input dtype {x.dtype}", TypeError)
+                target = self._buffers.output(o)
+            # the root writes its output while its peers read its input: an overlap is staged
+            inp = self._buffers.as_input(x, name, o is not None and aliased(o, x, (x, o)))
+        except Exception as e:
+            self._protocol.enter(name, error=e)
+        nb, root = x.nbytes, int(root)
+        plan = self._executor.phase((name, nb, root, me == root), lambda: slices.reduce(me, n, nb, root), x.itemsize)
+        a = MeshArgs(code, rcode, "mesh", inp, plan, None, MESH_BARRIER, x.size, root, -1 if me == root else me,
+                     float(n), -1 if target is None else _native.data_address(target), -1, False, 0, target, nb,
+                     x.itemsize, None, self._traffic(lambda r: slices.reduce(r, n, nb, root)))
+        held = inp.in_place_of(x) if out is not None and target is o else None
+        return self._remembered(name, a, held) if held is not None else (a, False)
+
+    reduce, _reduce = mesh_operator(_check_reduce)

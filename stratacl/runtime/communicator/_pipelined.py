@@ -1,6 +1,6 @@
 """Operators written on the call pipeline alone (runtime/pipeline/_call.py), with no native mesh
-machine: all_to_all_v (variable splits), gather and scatter (to and from a root), and reduce (to
-a root). A part of the Communicator (runtime/communicator/_comm.py).
+machine: all_to_all_v (variable splits), gather and scatter (to and from a root). A part of the
+Communicator (runtime/communicator/_comm.py).
 
 Each is the pipeline's stages in order: local checks (a rejecting rank's error travels to its
 peers), enter and agree, peers' sources ready, one slice-map phase per step
@@ -14,7 +14,7 @@ from typing import Sequence
 import numpy as np
 
 from ..._errors import CollectiveMismatch
-from ...collectives import dtype_code, reduce_code, schedules, slices
+from ...collectives import dtype_code, schedules, slices
 from .. import _native
 from ..pipeline import aliased, as_flat, collective, dtype_of, expect
 
@@ -42,7 +42,7 @@ def _counts(counts, n: int, limit: int, operation: str, what: str, buffer: str) 
 
 
 class PipelinedOperators:
-    """The Communicator's ``all_to_all_v``, ``gather``, ``scatter`` and ``reduce``."""
+    """The Communicator's ``all_to_all_v``, ``gather`` and ``scatter``."""
 
     @collective
     def all_to_all_v(self, out: np.ndarray, x: np.ndarray, send_counts: Sequence[int],
@@ -160,50 +160,3 @@ class PipelinedOperators:
         else:
             traffic[:, root] = nb
         pipe.tick(op, parity, [(traffic, schedules.LOAD)])
-
-    @collective
-    def reduce(self, out: np.ndarray | None, x: np.ndarray, op: str = "sum", root: int = 0) -> None:
-        """At ``root``, ``out`` (as many elements as ``x``, its dtype) receives the reduction of
-        every rank's ``x`` in rank order, the same bits all_reduce gives (MPI_Reduce); on the
-        other ranks ``out`` is not used (None will do). ``out`` may be ``x`` (in place).
-        Collective: one full-mesh phase in which the root loads every member's ``x`` and
-        accumulates, then the departure barrier."""
-        pipe, n, me, name = self._pipe, self.size, self.rank, "reduce"
-        error = inp = target = flat = None
-        code = rcode = count = 0
-        try:
-            expect(isinstance(root, (int, np.integer)) and not isinstance(root, bool) and 0 <= root < n,
-                   lambda: f"reduce: root {root!r} is not a rank of this communicator (size {n})")
-            code = dtype_code(dtype_of(x, name, "input"), name)
-            rcode = reduce_code(op, x.dtype, name)
-            count = x.size
-            xf = as_flat(x, name, "input")
-            self._buffers.check_mapped(xf, name, "input")
-            pipe.check_path(name)
-            if me == root:
-                flat = as_flat(out, name, "output", writable=True)
-                self._buffers.check_mapped(flat, name, "output")
-                expect(flat.size == count, lambda: f"reduce: the root's output has {flat.size} elements, "
-                       f"expected {count} (the input's)")
-                expect(flat.dtype == x.dtype, lambda: f"reduce: the root's output dtype {flat.dtype} differs "
-                       f"from the input dtype {x.dtype}", TypeError)
-                target = pipe.output(flat)
-            # the root writes its output while its peers read its input: an overlap is staged
-            inp = pipe.input(x, name, flat is not None and aliased(flat, x, (x, flat)))
-        except Exception as e:
-            error = e
-        parity = pipe.enter(name, code, inp, error=error, count=count, root=int(root), redop=rcode)
-        nb = count * x.itemsize
-        need = np.zeros(n, dtype=np.int64)
-        if me == root:
-            need[:] = 1
-        need[me] = 0
-        pipe.sources_ready(name, parity, inp.addr, need)
-        plan = pipe.phase((name, nb, root, me == root), lambda: slices.reduce(me, n, nb, root), x.itemsize)
-        pipe.run(name, plan, _native.data_address(target) if target is not None else 0, code, rcode, float(n))
-        pipe.finish(name)
-        if target is not None:
-            pipe.output_done(flat, target)
-        traffic = np.zeros((n, n), dtype=np.int64)
-        traffic[root] = nb
-        pipe.tick(name, parity, [(traffic, schedules.LOAD_REDUCE)])
