@@ -139,19 +139,27 @@ def _names_read_missing(comm):
     comm.all_reduce(x)
     comm.all_reduce(x)       # prepared: an entry with a MeshCall
     entry = next(iter(comm._prepared._entries.values()))
-    objects = {"Communicator": comm, "PreparedCalls": comm._prepared, "PreparedCall": entry,
-               "checked arguments": entry.args, "MeshCall": entry.args.replay}
+    objects = {"Communicator": comm, "PreparedCall": entry, "checked arguments": entry.args,
+               "MeshCall": entry.args.replay}
     missing = [(name, owner) for name, owner in _native.NAMES_READ
                if owner in objects and not hasattr(objects[owner], name)]
-    return missing, sorted(stratacl.stats()), type(entry).__name__
+    # the communicator's view for native code, item by item (NV_*)
+    view = comm._native_view
+    items = {"NV_CX": view[_native.NV_CX] is comm._protocol.cx,
+             "NV_ARRIVED": view[_native.NV_ARRIVED] == comm._protocol.arrived,
+             "NV_PREPARED": view[_native.NV_PREPARED] is comm._prepared._entries,
+             "NV_MESH_STOPPED": view[_native.NV_MESH_STOPPED] == comm._mesh.resume,
+             "NV_P2P_STOPPED": view[_native.NV_P2P_STOPPED] == comm._p2p.replayed}
+    return missing, sorted(stratacl.stats()), type(entry).__name__, len(view) == _native.NV_LEN and all(items.values())
 
 
 def test_names_native_code_reads_exist_where_it_reads_them():
     owners = {owner for _, owner in _native.NAMES_READ}
-    assert owners == {"Communicator", "PreparedCalls", "PreparedCall", "MeshCall", "checked arguments",
-                      "operation", "stats"}, owners
-    for missing, stats_keys, entry_type in stratacl.spawn(_names_read_missing, 2, timeout=60):
-        assert missing == [] and entry_type == _prepared.PreparedCall.__name__
+    assert owners == {"Communicator", "PreparedCall", "MeshCall", "checked arguments", "operation", "stats"}, owners
+    # of the communicator, one declared structure only
+    assert [name for name, owner in _native.NAMES_READ if owner == "Communicator"] == ["_native_view"]
+    for missing, stats_keys, entry_type, view_ok in stratacl.spawn(_names_read_missing, 2, timeout=60):
+        assert missing == [] and entry_type == _prepared.PreparedCall.__name__ and view_ok
         assert {name for name, owner in _native.NAMES_READ if owner == "stats"} <= set(stats_keys)
     assert {name for name, owner in _native.NAMES_READ if owner == "operation"} <= set(NATIVE_CALLS)
 

@@ -99,6 +99,12 @@ enum { RP_OWN = DESC_FIXED, RP_ONLY, RP_DTYPE, RP_REDOP, RP_DEPARTURE, RP_ROOT, 
 enum { R_PARAMS, R_CX, R_READY, R_BASES, R_PLAN, R_PLAN2, R_DIVISOR, R_STATS, R_PARAMS_ADDR, R_LEN };
 /* What a prepared method replays (prepared_method's kind). */
 enum { METHOD_MESH, METHOD_SENDRECV };
+/* What native code reads of a communicator: one tuple, Communicator._native_view, laid out by NV_*
+ * (runtime/communicator/_comm.py): its native words (cx), the slow half of an entry that waited
+ * or disagreed (SlotProtocol.arrived), the prepared calls' dict (PreparedCalls), and where a
+ * replayed mesh call or sendrecv goes on in Python when it stops (MeshDriver.resume,
+ * PointToPoint.replayed). */
+enum { NV_CX, NV_ARRIVED, NV_PREPARED, NV_MESH_STOPPED, NV_P2P_STOPPED, NV_LEN };
 
 /* The next point-to-point sequence number with `peer` (u32, wrapping): `which` CX_SENT for a
  * send to it, CX_RECEIVED for a receive from it. The one place they are numbered (p2p_replay,

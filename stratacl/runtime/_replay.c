@@ -8,7 +8,8 @@
  *     -> key, prepared entry, identity and layout test          else: the Python operation
  *     -> replay (full mesh) or p2p_replay (sendrecv)
  *          -> mesh_start, mesh_advance / p2p_core (_meshcall.c, _p2pcall.c)
- *          -> a stop where Python must act: comm._replayed / comm._p2p_replayed
+ *          -> a stop where Python must act: the communicator's NV_MESH_STOPPED / NV_P2P_STOPPED
+ * A communicator is read through its _native_view, one tuple laid out by NV_* (_native.h).
  */
 #include "_native.h"
 
@@ -27,23 +28,39 @@
  * so the common case, `comm.barrier()` with no keywords, no worker thread, no modeled clock (the
  * communicator's T_NATIVE word) and no debug logging, is all here: number the call and the
  * barrier (its T_CALLS and T_SYNCS words), publish the descriptor {op, call}, arrive, wait one
- * slice, compare, count the call (the rank's word at CX_BARRIERS). Anything else calls `comm._barrier(...)`, the Python operation; a wait
- * past the slice or a disagreement calls `comm._arrived("barrier", parity, k, status)`. */
-static PyObject *debug_check, *debug_level, *debug_cache;
-static PyObject *s_cx, *s_slow, *s_barrier, *s_bytes_eager, *s_arrived;
+ * slice, compare, count the call (the rank's word at CX_BARRIERS). Anything else calls the Python
+ * operation (set_barrier's `slow`); a wait past the slice or a disagreement calls the
+ * communicator's NV_ARRIVED("barrier", parity, k, status). */
+static PyObject *debug_check, *debug_level, *debug_cache, *barrier_slow;
+static PyObject *s_view, *s_barrier, *s_bytes_eager;
 
-/* set_barrier(op_code, polls, seconds, debug_check, debug_level, debug_cache): the barrier's
- * operation code (F_OP), its yielding polls and the wait before Python takes over, and the
- * logging check (debug_check(debug_level) true: take the Python path, which logs), with the
- * dict in which the logger caches that answer (None: none), read first: calling the check is
- * a Python call on every operation. */
+/* Item `i` (NV_*) of what native code reads of communicator `comm`, its _native_view: a new
+ * reference, or NULL with an exception set. */
+static PyObject *view_item(PyObject *comm, int i) {
+    PyObject *v = PyObject_GetAttr(comm, s_view);
+    if (v == NULL) return NULL;
+    if (!PyTuple_Check(v) || PyTuple_GET_SIZE(v) != NV_LEN) {
+        Py_DECREF(v);
+        PyErr_SetString(PyExc_TypeError, "a communicator's _native_view must be a tuple of NV_LEN items");
+        return NULL;
+    }
+    PyObject *item = Py_NewRef(PyTuple_GET_ITEM(v, i));
+    Py_DECREF(v);
+    return item;
+}
+
+/* set_barrier(op_code, polls, seconds, debug_check, debug_level, debug_cache, slow): the
+ * barrier's operation code (F_OP), its yielding polls and the wait before Python takes over,
+ * the logging check (debug_check(debug_level) true: take the Python path, which logs), with
+ * the dict in which the logger caches that answer (None: none), read first: calling the check
+ * is a Python call on every operation; and the Python operation, called for anything else. */
 static int64_t barrier_code;
 static long barrier_polls;
 static double barrier_seconds;
 
 static PyObject *set_barrier(PyObject *self, PyObject *const *args, Py_ssize_t n) {
-    if (n != 6) {
-        PyErr_SetString(PyExc_TypeError, "set_barrier(op_code, polls, seconds, debug_check, debug_level, debug_cache)");
+    if (n != 7) {
+        PyErr_SetString(PyExc_TypeError, "set_barrier(op_code, polls, seconds, debug_check, debug_level, debug_cache, slow)");
         return NULL;
     }
     barrier_code = PyLong_AsLongLong(args[0]);
@@ -54,6 +71,7 @@ static PyObject *set_barrier(PyObject *self, PyObject *const *args, Py_ssize_t n
     Py_XSETREF(debug_check, args[3]);
     Py_XSETREF(debug_level, args[4]);
     Py_XSETREF(debug_cache, PyDict_Check(args[5]) ? Py_NewRef(args[5]) : NULL);
+    Py_XSETREF(barrier_slow, Py_NewRef(args[6]));
     Py_RETURN_NONE;
 }
 
@@ -88,7 +106,7 @@ static PyObject *barrier_call(PyObject *self, PyObject *const *args, Py_ssize_t 
     Py_buffer cx;
     const int64_t *c = NULL;
     if (nargs == 1 && (kwnames == NULL || PyTuple_GET_SIZE(kwnames) == 0) && debug_check != NULL) {
-        PyObject *cxo = PyObject_GetAttr(comm, s_cx);
+        PyObject *cxo = view_item(comm, NV_CX);
         if (cxo == NULL) return NULL;
         int rc = get_i64_buffer(cxo, &cx, 0, "barrier");
         Py_DECREF(cxo);
@@ -102,11 +120,8 @@ static PyObject *barrier_call(PyObject *self, PyObject *const *args, Py_ssize_t 
         }
     }
     if (c == NULL) {
-        PyObject *slow = PyObject_GetAttr(comm, s_slow);
-        if (slow == NULL) return NULL;
-        PyObject *r = PyObject_Vectorcall(slow, args + 1, nargs - 1, kwnames);
-        Py_DECREF(slow);
-        return r;
+        if (barrier_slow == NULL) { PyErr_SetString(PyExc_RuntimeError, "barrier: set_barrier was not called"); return NULL; }
+        return PyObject_Vectorcall(barrier_slow, args, nargs, kwnames);
     }
     int64_t *t = (int64_t *)(uintptr_t)c[CX_TALLY];
     int64_t fields[DESC_FIXED] = {0};
@@ -122,7 +137,7 @@ static PyObject *barrier_call(PyObject *self, PyObject *const *args, Py_ssize_t 
     Py_END_ALLOW_THREADS
     if (rc) {
         PyObject *a = Py_BuildValue("(OiKi)", s_barrier, parity, (unsigned long long)k, rc);
-        PyObject *arrived = a == NULL ? NULL : PyObject_GetAttr(comm, s_arrived);
+        PyObject *arrived = a == NULL ? NULL : view_item(comm, NV_ARRIVED);
         PyObject *r = arrived == NULL ? NULL : PyObject_Call(arrived, a, NULL);
         Py_XDECREF(a);
         Py_XDECREF(arrived);
@@ -290,10 +305,11 @@ static PyObject *replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
  * the interpreter's working set cold, and they came to about 5 us of CPU per rank and call.
  * A PreparedMethod is the operation's common case as the method itself (bound like a
  * function, through an instancemethod): positional arguments only, no worker thread, no
- * modeled clock. It builds the key the operation builds, finds the entry in comm._prepared,
+ * modeled clock. It builds the key the operation builds, finds the entry in the prepared calls
+ * (the communicator's NV_PREPARED),
  * tests it as PreparedCall.holds does and runs its replay; anything else (keywords, a first
  * call, a changed array, a call that cannot be replayed) calls the Python operation, and a
- * replay that stops early goes on in Python (comm._replayed, comm._p2p_replayed).
+ * replay that stops early goes on in Python (NV_MESH_STOPPED, NV_P2P_STOPPED).
  *   spec: one letter per parameter, 'a' an array (keyed by identity, tested by layout), 's' a
  *   scalar (keyed by value: int or str exactly, else the Python operation). */
 #define METHOD_MAX_PARAMS 4
@@ -308,14 +324,13 @@ static PyObject *replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
-    PyObject *name, *slow, *defaults, *wrapped, *params;
+    PyObject *name, *defaults, *wrapped, *params;
     PyObject *last_refs, *last_layouts, *last_call, *last_rp, *last_comm, *last_params[METHOD_MAX_PARAMS];
     char spec[METHOD_MAX_PARAMS + 1];
     int nparams, kind;
 } PreparedMethod;
 
-static PyObject *s_prepared, *s_entries, *s_refs, *s_layouts, *s_args, *s_replay, *s_call;
-static PyObject *s_path, *s_default_path, *s_replayed, *s_p2p_replayed;
+static PyObject *s_refs, *s_layouts, *s_args, *s_replay, *s_call;
 
 static PyTypeObject *ndarray_type;        /* numpy.ndarray, set by prepared_method */
 
@@ -424,9 +439,11 @@ static int prepared_call(PreparedMethod *m, PyObject *comm, PyObject *const *par
         }
         PyTuple_SET_ITEM(key, i + 1, v);
     }
-    PyObject *prepared = PyObject_GetAttr(comm, s_prepared);
-    PyObject *entries = prepared == NULL ? NULL : PyObject_GetAttr(prepared, s_entries);
-    Py_XDECREF(prepared);
+    PyObject *entries = view_item(comm, NV_PREPARED);
+    if (entries != NULL && !PyDict_Check(entries)) {
+        Py_CLEAR(entries);
+        PyErr_SetString(PyExc_TypeError, "a communicator's NV_PREPARED must be a dict");
+    }
     PyObject *entry = entries == NULL ? NULL : PyDict_GetItemWithError(entries, key);   /* borrowed */
     Py_XINCREF(entry);
     Py_XDECREF(entries);
@@ -456,16 +473,6 @@ static int prepared_call(PreparedMethod *m, PyObject *comm, PyObject *const *par
     Py_XDECREF(eargs);
     if (ok == 1 && *call == NULL) return 0;
     return ok;
-}
-
-/* Set the communicator's path to the default one, as the Python wrapper would for this call.
- * 0, or -1 with an exception set. */
-static int reset_path(PyObject *comm) {
-    PyObject *path = PyObject_GetAttr(comm, s_path), *dflt = path ? PyObject_GetAttr(comm, s_default_path) : NULL;
-    int rc = dflt == NULL ? -1 : path == dflt ? 0 : PyObject_SetAttr(comm, s_path, dflt);
-    Py_XDECREF(path);
-    Py_XDECREF(dflt);
-    return rc;
 }
 
 static PyObject *method_vectorcall(PreparedMethod *m, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
@@ -500,7 +507,6 @@ static PyObject *method_vectorcall(PreparedMethod *m, PyObject *const *args, siz
                            : call_params(call, R_LEN, R_PARAMS_ADDR, "replay");
     const int64_t *cx = p == NULL ? NULL : (const int64_t *)(uintptr_t)p[p2p ? PP_CX : RP_CX];
     int now = cx == NULL ? -1 : ((const int64_t *)(uintptr_t)cx[CX_TALLY])[T_NATIVE] != 0;
-    if (now == 1 && reset_path(comm) < 0) now = -1;
     PyObject *r = NULL;
     if (now == 1) {
         r = p2p ? p2p_replay_impl(call) : replay_impl(call);
@@ -508,9 +514,12 @@ static PyObject *method_vectorcall(PreparedMethod *m, PyObject *const *args, siz
             Py_CLEAR(r);
             now = 0;                        /* debug logging: the Python operation, which logs */
         } else if (r != NULL && r != Py_None) {
-            PyObject *cont = p2p ? PyObject_CallMethodObjArgs(comm, s_p2p_replayed, call, r, params[0], params[1],
-                                                              params[2], params[3], NULL)
-                                 : PyObject_CallMethodObjArgs(comm, s_replayed, rp, r, NULL);
+            PyObject *stopped = view_item(comm, p2p ? NV_P2P_STOPPED : NV_MESH_STOPPED), *cont = NULL;
+            if (stopped != NULL)
+                cont = p2p ? PyObject_CallFunctionObjArgs(stopped, call, r, params[0], params[1], params[2], params[3],
+                                                          NULL)
+                           : PyObject_CallFunctionObjArgs(stopped, rp, r, NULL);
+            Py_XDECREF(stopped);
             Py_DECREF(r);
             r = cont;
         }
@@ -521,18 +530,13 @@ static PyObject *method_vectorcall(PreparedMethod *m, PyObject *const *args, siz
     if (r == NULL) return NULL;
     Py_DECREF(r);
     Py_RETURN_NONE;
-slow:
+slow:                                       /* the Python operation */
     if (nargs < 1) { PyErr_SetString(PyExc_TypeError, "needs the communicator"); return NULL; }
-    PyObject *f = PyObject_GetAttr(args[0], m->slow);
-    if (f == NULL) return NULL;
-    PyObject *res = PyObject_Vectorcall(f, args + 1, nargs - 1, kwnames);
-    Py_DECREF(f);
-    return res;
+    return PyObject_Vectorcall(m->wrapped, args, nargs, kwnames);
 }
 
 static void method_dealloc(PreparedMethod *m) {
     Py_XDECREF(m->name);
-    Py_XDECREF(m->slow);
     Py_XDECREF(m->defaults);
     Py_XDECREF(m->wrapped);
     remember(m, NULL, NULL, NULL, NULL, NULL, NULL);
@@ -565,16 +569,16 @@ static PyTypeObject PreparedMethodType = {
 
 /* prepared_method(name, params, spec, defaults, slow, kind, op) -> an instancemethod for a
  * class body: `name` the operation (the key's first item), `params` its parameters' names,
- * `spec` their kinds (see above), `defaults` the trailing parameters' defaults, `slow` the
- * attribute of the Python operation, `kind` METHOD_MESH or METHOD_SENDRECV, `op` the Python
- * operation (its docstring and signature are the method's). */
+ * `spec` their kinds (see above), `defaults` the trailing parameters' defaults, `kind`
+ * METHOD_MESH or METHOD_SENDRECV, `op` the Python operation: called, with the communicator
+ * first, for anything but the common case; its docstring and signature are the method's. */
 static PyObject *prepared_method(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 7 || !PyUnicode_Check(args[0]) || !PyTuple_Check(args[1]) || !PyUnicode_Check(args[2]) ||
-        !PyTuple_Check(args[3]) || !PyUnicode_Check(args[4])) {
-        PyErr_SetString(PyExc_TypeError, "prepared_method(name, params, spec, defaults, slow, kind, op)");
+    if (nargs != 6 || !PyUnicode_Check(args[0]) || !PyTuple_Check(args[1]) || !PyUnicode_Check(args[2]) ||
+        !PyTuple_Check(args[3]) || !PyCallable_Check(args[5])) {
+        PyErr_SetString(PyExc_TypeError, "prepared_method(name, params, spec, defaults, kind, op)");
         return NULL;
     }
-    PyObject *name = args[0], *names = args[1], *defaults = args[3], *slow = args[4], *op = args[6];
+    PyObject *name = args[0], *names = args[1], *defaults = args[3], *op = args[5];
     if (ndarray_type == NULL) {
         PyObject *numpy = PyImport_ImportModule("numpy");
         PyObject *t = numpy == NULL ? NULL : PyObject_GetAttrString(numpy, "ndarray");
@@ -584,7 +588,7 @@ static PyObject *prepared_method(PyObject *self, PyObject *const *args, Py_ssize
         ndarray_type = (PyTypeObject *)t;
     }
     const char *spec = PyUnicode_AsUTF8(args[2]);
-    int kind = (int)PyLong_AsLong(args[5]);
+    int kind = (int)PyLong_AsLong(args[4]);
     if (spec == NULL || (kind == -1 && PyErr_Occurred())) return NULL;
     size_t np = strlen(spec);
     if (np > METHOD_MAX_PARAMS || strspn(spec, "as") != np || PyTuple_GET_SIZE(defaults) > (Py_ssize_t)np ||
@@ -604,8 +608,6 @@ static PyObject *prepared_method(PyObject *self, PyObject *const *args, Py_ssize
     m->name = Py_NewRef(name);
     m->defaults = Py_NewRef(defaults);
     m->wrapped = Py_NewRef(op);
-    m->slow = Py_NewRef(slow);
-    PyUnicode_InternInPlace(&m->slow);
     m->params = PyTuple_New((Py_ssize_t)np);
     for (size_t i = 0; m->params != NULL && i < np; i++) {
         PyObject *interned = Py_NewRef(PyTuple_GET_ITEM(names, i));
@@ -639,11 +641,7 @@ int replay_init(PyObject *m) {
     /* Every Python name this file reads, and whose it is: the one list of them, exported as
      * NAMES_READ, which tests/test_constants.py checks against the objects. */
     struct { PyObject **slot; const char *name, *owner; } names[] = {
-        {&s_cx, "_cx", "Communicator"}, {&s_slow, "_barrier", "Communicator"},
-        {&s_arrived, "_arrived", "Communicator"}, {&s_prepared, "_prepared", "Communicator"},
-        {&s_path, "_path", "Communicator"}, {&s_default_path, "_default_path", "Communicator"},
-        {&s_replayed, "_replayed", "Communicator"}, {&s_p2p_replayed, "_p2p_replayed", "Communicator"},
-        {&s_entries, "_entries", "PreparedCalls"}, {&s_refs, "_refs", "PreparedCall"},
+        {&s_view, "_native_view", "Communicator"}, {&s_refs, "_refs", "PreparedCall"},
         {&s_layouts, "_layouts", "PreparedCall"}, {&s_args, "args", "PreparedCall"},
         {&s_replay, "replay", "checked arguments"}, {&s_call, "call", "MeshCall"},
         {&s_barrier, "barrier", "operation"}, {&s_bytes_eager, "bytes_eager", "stats"}};

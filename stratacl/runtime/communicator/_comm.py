@@ -19,10 +19,9 @@ given, when made (in this order), the components it uses:
 
 A collective call end to end (the data path) is drawn once, in docs/architecture.md.
 
-Native code reads a few names on the communicator itself (_native.NAMES_READ): ``_cx``,
-``_arrived``, ``_replayed``, ``_p2p_replayed``, the components' own, bound when it is made, and
-``_path``, which each operation's wrapper sets (runtime/pipeline/_work.py). The operations'
-common case, a repeated blocking call with positional arguments, no modeled clock and no debug
+Native code reads the communicator through one tuple, ``_native_view``, laid out by NV_*
+(runtime/_native.h): the components' words and methods it needs, bound when it is made. The
+operations' common case, a repeated blocking call with positional arguments, no modeled clock and no debug
 logging, runs in native code from the method call on (_meshops.py, ``mesh_operator``); at
 N = 32 on two cores every microsecond of a rank's Python costs about 16 of the call
 (docs/performance.md).
@@ -49,8 +48,6 @@ from ._program import ProgramTime
 from ._ringsteps import RingSteps
 
 log = logging.getLogger("stratacl")
-
-_native.set_barrier(OPS["barrier"], SPIN_POLLS, SLICE, log.isEnabledFor, logging.DEBUG, getattr(log, "_cache", None))
 
 
 class Communicator(ProgramTime, MeshOperators, PipelinedOperators):
@@ -88,10 +85,12 @@ class Communicator(ProgramTime, MeshOperators, PipelinedOperators):
                                  self._modeling, self._prepared)
         self._bases = self._executor.bases      # the call's buffers, which the operators name
         self._pipe = Pipeline(self, rt, self._executor, self._modeling, self._protocol, self._buffers)
-        self._cx = self._protocol.cx            # what native code reads (see the module docstring)
-        self._arrived = self._protocol.arrived
-        self._replayed = self._mesh.resume
-        self._p2p_replayed = self._p2p.replayed
+        # what native code reads of this communicator (runtime/_native.h, NV_*)
+        view = [None] * _native.NV_LEN
+        view[_native.NV_CX], view[_native.NV_ARRIVED] = self._protocol.cx, self._protocol.arrived
+        view[_native.NV_PREPARED] = self._prepared._entries      # never replaced, only cleared
+        view[_native.NV_MESH_STOPPED], view[_native.NV_P2P_STOPPED] = self._mesh.resume, self._p2p.replayed
+        self._native_view = tuple(view)
         self._default_path = self._executor.default_path
         self._overlap_path = self._executor.overlap_path
         self._path = self._default_path
@@ -130,7 +129,8 @@ class Communicator(ProgramTime, MeshOperators, PipelinedOperators):
 
     # The common case, a blocking call with no worker, no modeled clock and no debug logging,
     # is native (_replay.c, barrier_call): at N = 32 on two cores each microsecond of a rank's
-    # Python is about 16 of the barrier's (performance.md). It calls _barrier for anything else.
+    # Python is about 16 of the barrier's (performance.md). It calls _barrier for anything else
+    # (set_barrier, below the class).
     _barrier = barrier
     barrier = _native.barrier_method
 
@@ -161,13 +161,12 @@ class Communicator(ProgramTime, MeshOperators, PipelinedOperators):
             return
         r = _native.p2p_replay(self, call)       # prepared: the whole call in one native call
         if r is not None:
-            self._p2p_replayed(call, r, x, dst, out, src)
+            self._p2p.replayed(call, r, x, dst, out, src)
 
-    # The prepared common case is native (_replay.c, PreparedMethod); it calls _sendrecv for
-    # anything else.
-    _sendrecv = sendrecv
-    sendrecv = _native.prepared_method("sendrecv", ("x", "dst", "out", "src"), "asas", (), "_sendrecv",
-                                       _native.METHOD_SENDRECV, sendrecv)
+    # The prepared common case is native (_replay.c, PreparedMethod); it calls this Python
+    # operation for anything else.
+    sendrecv = _native.prepared_method("sendrecv", ("x", "dst", "out", "src"), "asas", (), _native.METHOD_SENDRECV,
+                                       sendrecv)
 
     # --- sub-communicators ------------------------------------------------------------------
     @collective
@@ -221,3 +220,9 @@ class Communicator(ProgramTime, MeshOperators, PipelinedOperators):
         s = self._rt.stats
         s["calls"][op] = s["calls"].get(op, 0) + 1
         return Communicator(self._rt, [self.members[r] for r in ranks], slots)
+
+
+# the barrier's settings for native code, and its Python operation, which it calls for anything
+# but the common case
+_native.set_barrier(OPS["barrier"], SPIN_POLLS, SLICE, log.isEnabledFor, logging.DEBUG, getattr(log, "_cache", None),
+                    Communicator._barrier)

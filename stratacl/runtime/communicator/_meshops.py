@@ -57,10 +57,9 @@ class MeshArgs(NamedTuple):
     traffic: list | None = None
 
 
-def mesh_operator(check: Callable) -> tuple[Any, Callable]:
-    """The native method of the operator checked by ``check`` (``_check_<operator>``) and its
-    Python operation, which the native method calls for anything but its common case and so
-    must be the class's ``_<operator>``: ``op, _op = mesh_operator(_check_op)``."""
+def mesh_operator(check: Callable) -> Any:
+    """The method of the operator checked by ``check`` (``_check_<operator>``): native, calling
+    the Python operation derived from the check for anything but its common case."""
     name = check.__name__.removeprefix("_check_")
     signature = inspect.signature(check).replace(return_annotation="None")
     params = list(signature.parameters.values())[1:]
@@ -79,11 +78,9 @@ def mesh_operator(check: Callable) -> tuple[Any, Callable]:
     operation.__name__ = operation.__qualname__ = name
     operation.__doc__ = check.__doc__
     operation.__signature__ = signature
-    python = collective(operation)
     defaults = tuple(p.default for p in params if p.default is not p.empty)
-    native = _native.prepared_method(name, tuple(p.name for p in params), spec, defaults, f"_{name}",
-                                     _native.METHOD_MESH, python)
-    return native, python
+    return _native.prepared_method(name, tuple(p.name for p in params), spec, defaults, _native.METHOD_MESH,
+                                   collective(operation))
 
 
 class MeshOperators:
@@ -186,7 +183,7 @@ class MeshOperators:
                 return self._remembered(op, a, held)
         return a, False
 
-    all_gather, _all_gather = mesh_operator(_check_all_gather)
+    all_gather = mesh_operator(_check_all_gather)
 
     def _check_all_to_all(self, out: np.ndarray, x: np.ndarray) -> tuple[MeshArgs, bool]:
         """Equal splits: chunk j of rank i's ``x`` lands in chunk i of rank j's ``out``. Collective.
@@ -212,7 +209,7 @@ class MeshOperators:
         held = inp.in_place_of(x) if target is o else None
         return self._remembered(op, a, held) if held is not None else (a, False)
 
-    all_to_all, _all_to_all = mesh_operator(_check_all_to_all)
+    all_to_all = mesh_operator(_check_all_to_all)
 
     def _check_broadcast(self, x: np.ndarray, root: int = 0) -> tuple[MeshArgs, bool]:
         """Every rank's ``x`` receives the root's ``x``. Collective."""
@@ -243,7 +240,7 @@ class MeshOperators:
             return self._remembered(op, a, CallInput(None, None, _native.data_address(xf) if nb else 0, nb))
         return a._replace(inp=CallInput(target, None), target=target), False
 
-    broadcast, _broadcast = mesh_operator(_check_broadcast)
+    broadcast = mesh_operator(_check_broadcast)
 
     def _check_reduce_scatter(self, out: np.ndarray, x: np.ndarray, op: str = "sum") -> tuple[MeshArgs, bool]:
         """``out`` receives chunk ``rank`` of the element-wise reduction of every rank's ``x``. Collective.
@@ -279,7 +276,7 @@ class MeshOperators:
         held = inp.in_place_of(x) if algo == "mesh" and target is o else None
         return self._remembered(name, a, held) if held is not None else (a, False)
 
-    reduce_scatter, _reduce_scatter = mesh_operator(_check_reduce_scatter)
+    reduce_scatter = mesh_operator(_check_reduce_scatter)
 
     def _check_all_reduce(self, x: np.ndarray, op: str = "sum") -> tuple[MeshArgs, bool]:
         """In place: every rank's ``x`` becomes the element-wise reduction of all ranks' ``x``.
@@ -329,7 +326,7 @@ class MeshOperators:
         held = inp.in_place_of(x) if algo == "mesh" and count >= n else None
         return self._remembered(name, a, held) if held is not None else (a, False)
 
-    all_reduce, _all_reduce = mesh_operator(_check_all_reduce)
+    all_reduce = mesh_operator(_check_all_reduce)
 
     def _check_reduce(self, out: np.ndarray | None, x: np.ndarray, op: str = "sum", root: int = 0
                       ) -> tuple[MeshArgs, bool]:
@@ -367,4 +364,4 @@ class MeshOperators:
         held = inp.in_place_of(x) if out is not None and target is o else None
         return self._remembered(name, a, held) if held is not None else (a, False)
 
-    reduce, _reduce = mesh_operator(_check_reduce)
+    reduce = mesh_operator(_check_reduce)
