@@ -33,8 +33,8 @@ from ..memory import RegistrationUnit
 from ..pipeline import EAGER_BYTES
 from ..services import (
     CARRIER_QUEUE, COMM_SLOTS, F_ADDR, F_AUX1, F_CALL, F_NBYTES, F_OP, F_SEG_OFF, F_SEG_SIZE, F_SEG_VA, FAILED_CARRIER,
-    H_CARRIER, H_CARRIER_BELL, H_CARRIER_PID, H_HBM_SIZE, H_SLICE, H_VA_BASE, STATE_DEAD, STATE_FINALIZED, Control,
-    carrier_failure, host_lost,
+    H_CARRIER, H_CARRIER_BELL, H_CARRIER_PID, H_CARRIER_READ, H_HBM_SIZE, H_SLICE, H_VA_BASE, STATE_DEAD,
+    STATE_FINALIZED, Control, carrier_failure, host_lost,
 )
 from ._carrierwords import CarrierWords
 
@@ -168,6 +168,10 @@ def serve(ctl, carrier: Carrier, chunk: int, table_offset: int, slice_start, sto
     queue, bell = ctl.base + H_CARRIER, ctl.base + H_CARRIER_BELL
     table_bytes = RegistrationUnit.table_bytes(slice_start(1) - slice_start(0), chunk) if chunk else 0
 
+    def read(wants) -> None:     # counted for the host's ranks (stats()), before they are told
+        carrier.read(wants)
+        _native.store_u64(ctl.base + H_CARRIER_READ, carrier.moved)
+
     def reads(r: int, addr: int, nbytes: int, va: int, size: int, off: int) -> list:
         """The reads that bring [addr, addr + nbytes) of rank r's segment (va, size, at HBM
         offset off) into its mirror: one run, or with the expandable allocator one per chunk it
@@ -181,7 +185,7 @@ def serve(ctl, carrier: Carrier, chunk: int, table_offset: int, slice_start, sto
         table = carrier.mirror(r)[table_offset:table_offset + table_bytes].view(np.int64)
         chunks = range(va + (lo - va) // chunk * chunk, hi, chunk)
         first = (chunks[0] - slice_start(r)) // chunk
-        carrier.read([(r, table_offset + 8 * first, 8 * len(chunks))])
+        read([(r, table_offset + 8 * first, 8 * len(chunks))])
         out = []
         for c in chunks:
             at = int(table[(c - slice_start(r)) // chunk]) - 1
@@ -275,7 +279,7 @@ def serve(ctl, carrier: Carrier, chunk: int, table_offset: int, slice_start, sto
                         at = max((lay.slot(m, sl) + lay.slot_desc(p) for p in (0, 1)),
                                  key=lambda a: int(w.descriptor(a)[F_CALL]))
                         wants += call_wants(m, at, len(members))
-                carrier.read(wants)
+                read(wants)
                 gen = w.gen(members[0], slots[0])
                 _native.store_u32(gen, k)
                 _native.futex_wake(gen, 2**31 - 1)
@@ -321,8 +325,8 @@ def serve(ctl, carrier: Carrier, chunk: int, table_offset: int, slice_start, sto
                 a = pair[:3]
                 w.descriptor(w.send_desc(*a))[:] = d
                 ctl.u8[w.send_reason(*a)] = np.frombuffer(why, np.uint8)
-                carrier.read(reads(pair[0], int(d[F_ADDR]), int(d[F_NBYTES]), int(d[F_SEG_VA]), int(d[F_SEG_SIZE]),
-                                   int(d[F_SEG_OFF])))
+                read(reads(pair[0], int(d[F_ADDR]), int(d[F_NBYTES]), int(d[F_SEG_VA]), int(d[F_SEG_SIZE]),
+                           int(d[F_SEG_OFF])))
                 _native.store_u32(ctl.base + w.send_seq(*a), seq)
                 _native.futex_wake(ctl.base + w.send_seq(*a), 2**31 - 1)
             elif tag == TAG_DONE:
