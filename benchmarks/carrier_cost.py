@@ -128,73 +128,78 @@ def _calls_body(a) -> None:
     n, me = comm.size, comm.rank
 
     def call(op: str, count: int):
-        """The call's arrays, and a function that makes the call and says whether it was exact."""
+        """The call's arrays and three functions: ``fill(t)`` writes the inputs of call t (other
+        values every call, so that bytes a carrier failed to bring would show), ``run()`` makes
+        the call, ``exact(t)`` says whether its result is."""
         x = stratacl.empty((count,), np.float32)
-        x[:] = np.arange(count) % 11 + me
         out = stratacl.empty((n * count if op in ("all_gather", "gather") else count,), np.float32)
-        base = np.arange(count) % 11
-        if op == "all_reduce":
-            def run():
-                x[:] = base + me
-                comm.all_reduce(x)
-                return (x == base * n + n * (n - 1) / 2).all()
-        elif op == "all_gather":
-            def run():
-                comm.all_gather(out, x)
-                return (out.reshape(n, count) == base + np.arange(n)[:, None]).all()
-        elif op == "reduce_scatter":
-            out = stratacl.empty((count // n,), np.float32)
-            def run():
-                comm.reduce_scatter(out, x)
-                return (out == base.reshape(n, -1)[me] * n + n * (n - 1) / 2).all()
-        elif op == "all_to_all":
-            def run():
-                comm.all_to_all(out, x)
-                return (out.reshape(n, -1) == base.reshape(n, -1)[me] + np.arange(n)[:, None]).all()
-        elif op == "broadcast":
-            def run():
-                x[:] = base + me
-                comm.broadcast(x, 0)
-                return (x == base).all()
-        elif op == "gather":
-            def run():
-                comm.gather(out, x, 0)
-                return me != 0 or (out.reshape(n, count) == base + np.arange(n)[:, None]).all()
-        elif op == "scatter":
-            whole = stratacl.empty((n * count,), np.float32)
-            whole[:] = np.arange(n * count) % 13 + me
-            def run():
-                comm.scatter(x, whole if me == 0 else None, 0)
-                return (x == np.arange(me * count, (me + 1) * count) % 13).all()
-        elif op == "reduce":
-            def run():
-                comm.reduce(out, x, "sum", 0)
-                return me != 0 or (out == base * n + n * (n - 1) / 2).all()
-        else:                       # all_to_all_v: rank i sends j (i + j) % 3 + 1 parts of count / (4 n)
-            part = count // (4 * n)
-            sends = np.array([[(i + j) % 3 + 1 for j in range(n)] for i in range(n)]) * part
-            def run():
-                comm.all_to_all_v(out, x, sends[me], sends[:, me])
-                at = np.cumsum(sends, axis=1) - sends        # where p's part for me starts in its x
-                want = np.concatenate([base[at[p, me]:at[p, me] + sends[p, me]] + p for p in range(n)])
-                return (out[:want.size] == want).all()
-        return run
+        base = np.arange(count, dtype=np.float32) % 11
+        own = stratacl.empty((count // n,), np.float32) if op == "reduce_scatter" else None
+        whole = stratacl.empty((n * count,), np.float32) if op == "scatter" else None
+        # all_to_all_v: rank i sends rank j (i + j) % 3 + 1 parts of count / (4 n) elements
+        sends = np.array([[(i + j) % 3 + 1 for j in range(n)] for i in range(n)]) * (count // (4 * n))
+        sent_at = np.cumsum(sends, axis=1) - sends       # where i's part for j starts in its x
+        sums = np.arange(n)[:, None]                     # what rank p adds to base in call t: p + 100 t
+
+        def fill(t: int) -> None:
+            x[:] = base + me + 100 * t
+            if whole is not None:
+                whole[:] = np.arange(n * count) % 13 + 100 * t
+
+        def total(t: int) -> np.ndarray:                 # the sum over ranks of rank p's x of call t
+            return base * n + n * (n - 1) / 2 + n * 100 * t
+
+        run = {
+            "all_reduce": lambda: comm.all_reduce(x),
+            "all_gather": lambda: comm.all_gather(out, x),
+            "reduce_scatter": lambda: comm.reduce_scatter(own, x),
+            "all_to_all": lambda: comm.all_to_all(out, x),
+            "broadcast": lambda: comm.broadcast(x, 0),
+            "gather": lambda: comm.gather(out, x, 0),
+            "scatter": lambda: comm.scatter(x, whole if me == 0 else None, 0),
+            "reduce": lambda: comm.reduce(out, x, "sum", 0),
+            "all_to_all_v": lambda: comm.all_to_all_v(out, x, sends[me], sends[:, me]),
+        }[op]
+
+        def exact(t: int) -> bool:
+            if op == "all_reduce":
+                return (x == total(t)).all()
+            if op in ("all_gather", "gather"):
+                return (op == "gather" and me) or (out.reshape(n, count) == base + sums + 100 * t).all()
+            if op == "reduce_scatter":
+                return (own == total(t).reshape(n, -1)[me]).all()
+            if op == "all_to_all":
+                return (out.reshape(n, -1) == base.reshape(n, -1)[me] + sums + 100 * t).all()
+            if op == "broadcast":
+                return (x == base + 100 * t).all()
+            if op == "scatter":
+                return (x == np.arange(me * count, (me + 1) * count) % 13 + 100 * t).all()
+            if op == "reduce":
+                return me or (out == total(t)).all()
+            got = np.concatenate([base[sent_at[p, me]:sent_at[p, me] + sends[p, me]] + p + 100 * t for p in range(n)])
+            return (out[:got.size] == got).all()
+        return fill, run, exact
 
     rows = []
     for name, op, count in CALLS:
-        run = call(op, count)
-        exact = bool(run()) and bool(run())
+        fill, run, exact = call(op, count)
+        good = True
+        for t in range(2):                          # untimed: plans compiled, segments mapped
+            fill(t)
+            run()
+            good = good and bool(exact(t))
         read, wall = [], []
-        for _ in range(a.iters):
+        for t in range(2, 2 + a.iters):
+            fill(t)
             comm.barrier()
             b0 = stratacl.stats()["bytes_carried"]
             t0 = time.perf_counter()
-            ok = run()
+            run()
             wall.append(time.perf_counter() - t0)
             comm.barrier()
             read.append(stratacl.stats()["bytes_carried"] - b0)
-            exact = exact and bool(ok)
-        rows.append({"name": name, "read": read, "wall": wall, "exact": exact})
+            good = good and bool(exact(t))
+        rows.append({"name": name, "read": read, "wall": wall, "exact": good})
     # every rank's walls, and the read of each host's first rank (its host's carrier)
     got = comm_gather(comm, rows)
     if me == 0:
