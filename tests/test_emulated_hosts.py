@@ -5,7 +5,8 @@ through one MPI carrier per host (stratacl/runtime/hosts/_carrier.py, _hostjob.p
 K = 2, N = 8: every collective of the world communicator and point-to-point calls between
 hosts exact on every rank, the modeled clock after each call equal bit for bit to the same
 program on one host, what is not carried refused by name, a rank killed on the other host
-named by every survivor (its failure carried by the carriers), nothing left.
+named by every survivor (its failure carried by the carriers), nothing left; what a host's
+carrier reads for a call, exactly what the call's slice maps pull from the other host.
 
 Each emulated host runs in network, IPC, mount and UTS namespaces of its own (jobs/_machines.py):
 the kernel keeps a rank from another host's /dev/shm and loopback, and after every test of this
