@@ -220,6 +220,7 @@ def serve(ctl, carrier: Carrier, chunk: int, table_offset: int, slice_start, sto
             busy = True
             if not v & 0xFFFFFFFF:           # a new communicator: carry r's point-to-point words
                 carry_p2p(r, members, slots)
+                far.forget(members, slots)
                 continue
             key = (members[0], slots[0])
             block = b"".join(bytes(ctl.u8[w.own(m, sl)]) for m, sl in zip(members, slots) if host_of[m] == host)

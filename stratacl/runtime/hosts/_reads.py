@@ -190,6 +190,11 @@ class FarReads:
                                int(di[F_SEG_VA]), int(di[F_SEG_SIZE]), int(di[F_SEG_OFF]))
         return wants
 
+    def forget(self, members: list[int], slots: list[int]) -> None:
+        """A communicator is made in these slots: its calls are numbered from the start (a
+        failed split gives its slot back to the next one)."""
+        self._calls.pop((members[0], slots[0]), None)
+
     def _whole(self, members: list[int], at: list[int], d: np.ndarray) -> list:
         """An operator read as a whole: each far member's input (an eager slot, twice its
         size: an eager all_reduce by chunks leaves its reduced chunk after the copy) and the
