@@ -91,6 +91,8 @@ def stats() -> dict[str, Any]:
     out["bytes_local"] = sum(k.local for k in c)
     out["output_bytes_written"] = sum(k.written for k in c)
     out["registration"] = rt.reg.stats()
+    if rt.hosts.spanned:
+        out["bytes_carried"] = rt.hosts.bytes_carried()
     out["memory"] = memory_stats()
     if rt.config.clock != "off":
         out["clock"] = rt.clock.stats()

@@ -35,7 +35,7 @@ class Operator:
     native: bool = False              # its common case is a native method, which counts its calls
     # a second buffer peers read, named in the descriptor's extension words by its block
     # (address, segment address, size, offset, epoch) at word a * N + b (N: the members), or
-    # None: across hosts the carriers read it with the input (runtime/hosts/_carrier.py)
+    # None: across hosts the carriers read it with the input (runtime/hosts/_reads.py)
     read_block: tuple[int, int] | None = None
 
 

@@ -5,7 +5,8 @@ through one MPI carrier per host (stratacl/runtime/hosts/_carrier.py, _hostjob.p
 K = 2, N = 8: every collective of the world communicator and point-to-point calls between
 hosts exact on every rank, the modeled clock after each call equal bit for bit to the same
 program on one host, what is not carried refused by name, a rank killed on the other host
-named by every survivor (its failure carried by the carriers), nothing left.
+named by every survivor (its failure carried by the carriers), nothing left; what a host's
+carrier reads for a call, exactly what the call's slice maps pull from the other host.
 
 Each emulated host runs in network, IPC, mount and UTS namespaces of its own (jobs/_machines.py):
 the kernel keeps a rank from another host's /dev/shm and loopback, and after every test of this
@@ -152,6 +153,53 @@ def test_every_collective_and_send_recv_across_two_hosts_are_exact_with_the_sing
     assert apart.returncode == 0, apart.explain()
     _same_as_one_host_but_split(_reports(apart), one_host)
     assert not _carriers_left()
+
+
+def _planned_reads(frontend: str, args: list, host: int) -> int:
+    """The bytes the ranks of ``host`` pull from the other host's inputs in a call whose slice
+    maps are ``slices.<frontend>(me, N, *args)``: phase by phase, the union of their slices
+    that load from a far rank's input (a byte pulled by two ranks here crosses once)."""
+    import numpy as np
+
+    from stratacl.collectives import slices
+    here = [r for r in range(N) if r * K // N == host]
+    args = [np.array(a) if isinstance(a, list) else a for a in args]
+    maps = [getattr(slices, frontend)(me, N, *args) for me in here]
+    total = 0
+    for phase in range(max(len(m) for m in maps)):
+        pulled: dict[int, set] = {}
+        for m in maps:
+            if phase < len(m):
+                s = m[phase]
+                for q, buf, src, nb, op in zip(s.peer, s.src_buf, s.src, s.nbytes, s.op):
+                    if q * K // N != host and buf == slices.IN and op != slices.STORE:
+                        pulled.setdefault(int(q), set()).update(range(int(src), int(src + nb)))
+        total += sum(len(b) for b in pulled.values())
+    return total
+
+
+def test_a_carrier_reads_for_a_call_exactly_the_slices_its_plans_pull_from_the_other_host():
+    # what a host's carrier reads for a call (stats()["bytes_carried"]), against what the
+    # call's slice maps have the host's ranks pull from far ranks: not a byte more (a whole
+    # input, a phase's slices read at another barrier too), not a byte less (a result would
+    # come out of stale mirror bytes: inputs change at every call). The caching allocator:
+    # no chunk-table entries are read beside the bytes.
+    run = launch("-n", str(N), "--emulate-hosts", str(K), "--allocator", "caching", script("carrier_reads.py"),
+                 env=clean_env(STRATACL_TIMEOUT="60"), timeout=200)
+    assert run.returncode == 0, run.explain()
+    cases = [r for r in run.records if "case" in r]
+    assert len(cases) == 12 * N, [r["case"] for r in cases]
+    planned = {}
+    for r in cases:
+        host = r["rank"] * K // N
+        key = (r["case"], host)
+        if key not in planned:
+            planned[key] = _planned_reads(r["frontend"], r["args"], host)
+        assert r["exact"], (r["rank"], r["case"])
+        assert r["reads"] == [planned[key]] * len(r["reads"]), (r["rank"], r["case"], planned[key])
+    # something crosses both ways (the test would pass on nothing read for nothing planned)
+    assert all(planned["all_reduce 262144 B", h] and planned["all_to_all", h] for h in range(K)), planned
+    assert not own_shm_names()
 
 
 def test_a_program_mpirun_starts_over_two_hosts_is_one_job_carried_by_the_first_rank_of_each(one_host):

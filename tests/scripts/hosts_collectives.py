@@ -117,6 +117,34 @@ def reduce(root):
 
 case("reduce root 0", lambda: reduce(0))
 case("reduce root n-1", lambda: reduce(n - 1))
+
+
+def rooted(op, root):
+    # gather and scatter: the operators on the call pipeline alone (no native mesh machine)
+    x = stratacl.empty((1500,), np.float32)
+    x[:] = np.arange(1500) % 7 + me
+    whole = stratacl.empty((n * 1500,), np.float32)
+    if op == "gather":
+        comm.gather(whole if me == root else None, x, root)
+        return me != root or (whole.reshape(n, -1) == np.arange(1500) % 7 + np.arange(n)[:, None]).all()
+    if op == "scatter":
+        whole[:] = np.arange(n * 1500) % 5 + me
+        comm.scatter(x, whole if me == root else None, root)
+        return (x == np.arange(me * 1500, (me + 1) * 1500) % 5 + root).all()
+
+
+def all_to_all_v():
+    sends = np.array([[(i + 2 * j) % 5 for j in range(n)] for i in range(n)]) * 50
+    x = stratacl.empty((int(sends[me].sum()),), np.int32)
+    x[:] = me * 1000 + np.repeat(np.arange(n), sends[me])
+    out = stratacl.empty((int(sends[:, me].sum()),), np.int32)
+    comm.all_to_all_v(out, x, sends[me], sends[:, me])
+    return (out == np.repeat(np.arange(n) * 1000 + me, sends[:, me])).all()
+
+
+case("gather root n-1", lambda: rooted("gather", n - 1))
+case("scatter root 0", lambda: rooted("scatter", 0))
+case("all_to_all_v", all_to_all_v)
 case("barrier", lambda: comm.barrier() or True)
 
 

@@ -5,6 +5,7 @@
                    other hosts' bytes in mirrors, words and failures carried at barriers; run in
                    the host's launcher, in its first rank, or as a process of its own
     _carrierwords  where the words a carrier carries sit in the host's control segment
+    _reads         what a carrier reads for a barrier of a call: the far slices of its plans
     _foreign       joining a job torchrun or mpirun started (``foreign``: detect, join, joined)
 """
 from . import _foreign as foreign

@@ -27,16 +27,15 @@ from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from ..._operators import OPERATORS
 from .. import _native
 from ..memory import RegistrationUnit
-from ..pipeline import EAGER_BYTES
 from ..services import (
-    CARRIER_QUEUE, COMM_SLOTS, F_ADDR, F_AUX1, F_CALL, F_NBYTES, F_OP, F_SEG_OFF, F_SEG_SIZE, F_SEG_VA, FAILED_CARRIER,
-    H_CARRIER, H_CARRIER_BELL, H_CARRIER_PID, H_HBM_SIZE, H_SLICE, H_VA_BASE, STATE_DEAD, STATE_FINALIZED, Control,
+    CARRIER_QUEUE, COMM_SLOTS, F_ADDR, F_AUX1, F_NBYTES, F_SEG_OFF, F_SEG_SIZE, F_SEG_VA, FAILED_CARRIER, H_CARRIER,
+    H_CARRIER_BELL, H_CARRIER_PID, H_CARRIER_READ, H_HBM_SIZE, H_SLICE, H_VA_BASE, STATE_DEAD, STATE_FINALIZED, Control,
     carrier_failure, host_lost,
 )
 from ._carrierwords import CarrierWords
+from ._reads import FarReads
 
 
 class Carrier:
@@ -148,8 +147,9 @@ def serve(ctl, carrier: Carrier, chunk: int, table_offset: int, slice_start, sto
       (an entry in the host's queue, H_CARRIER, naming the member that arrived last and its
       slot, whose card lists the members and their slots): send their slot words to every
       other host in the communicator, and once every such host's have come, write them here,
-      read the segments the far members' descriptors name into the mirrors (passive-target
-      reads), set the barrier's generation word;
+      read what the call's slice maps have the members here pull from far members in the
+      next phase into the mirrors (passive-target reads; runtime/hosts/_reads.py), set the
+      barrier's generation word;
     - a send from a rank here to a far rank (its sequence word moved): the descriptor and the
       number go to the receiver's carrier, which reads the sender's segment into its mirror
       before it announces the send to the receiver; the receiver's answer (done word, status)
@@ -158,55 +158,18 @@ def serve(ctl, carrier: Carrier, chunk: int, table_offset: int, slice_start, sto
       recorded elsewhere is recorded here."""
     from mpi4py import MPI
 
-    READ_BLOCK = {op.code: op.read_block for op in OPERATORS if op.read_block is not None}
-
     NO_READS = _native.CARRIER_NO_READS
     comm = carrier.comm
-    world, lay, host, host_of = ctl.world, ctl.layout, carrier.host, carrier.host_of
+    world, host, host_of = ctl.world, carrier.host, carrier.host_of
     mine = [r for r in range(world) if host_of[r] == host]
     w = CarrierWords(ctl)
     queue, bell = ctl.base + H_CARRIER, ctl.base + H_CARRIER_BELL
-    table_bytes = RegistrationUnit.table_bytes(slice_start(1) - slice_start(0), chunk) if chunk else 0
 
-    def reads(r: int, addr: int, nbytes: int, va: int, size: int, off: int) -> list:
-        """The reads that bring [addr, addr + nbytes) of rank r's segment (va, size, at HBM
-        offset off) into its mirror: one run, or with the expandable allocator one per chunk it
-        touches, where r's chunk table says the chunk is (its entries for those chunks read
-        first)."""
-        lo, hi = max(addr, va), min(addr + nbytes, va + size)
-        if hi <= lo or not size:
-            return []
-        if not chunk:
-            return [(r, off + lo - va, hi - lo)]
-        table = carrier.mirror(r)[table_offset:table_offset + table_bytes].view(np.int64)
-        chunks = range(va + (lo - va) // chunk * chunk, hi, chunk)
-        first = (chunks[0] - slice_start(r)) // chunk
-        carrier.read([(r, table_offset + 8 * first, 8 * len(chunks))])
-        out = []
-        for c in chunks:
-            at = int(table[(c - slice_start(r)) // chunk]) - 1
-            a, b = max(lo, c), min(hi, c + chunk)
-            out.append((r, (at if at >= 0 else off + c - va) + a - c, b - a))
-        return out
+    def read(wants) -> None:     # counted for the host's ranks (stats()), before they are told
+        carrier.read(wants)
+        _native.store_u64(ctl.base + H_CARRIER_READ, carrier.moved)
 
-    def call_wants(r: int, at: int, n: int) -> list:
-        """What the members here may pull from far member r (of a communicator of n) after a
-        barrier of the call whose descriptor is at ``at``: its input, and the second buffer a
-        call names in its extension words that peers read: an expert-parallel call's routing
-        block (ep/_buffer.py), a slice map's traffic block (fabric/_usermap.py)."""
-        d = w.descriptor(at)
-        nbytes = int(d[F_NBYTES])
-        # a small input is an eager slot (runtime/pipeline/_buffers.py), whose member leaves its reduced
-        # chunk right after the copy for the others to gather: the bytes after it are read too
-        extent = 2 * nbytes if nbytes <= EAGER_BYTES else nbytes
-        out = reads(r, int(d[F_ADDR]), extent, int(d[F_SEG_VA]), int(d[F_SEG_SIZE]), int(d[F_SEG_OFF]))
-        where = READ_BLOCK.get(int(d[F_OP]))
-        if where is not None:
-            block = where[0] * n + where[1]
-            e = w.extension(at, block + 4)[block:]   # the block's address, its segment's va, size, offset
-            if int(e[0]):
-                out += reads(r, int(e[0]), int(e[1]) + int(e[2]) - int(e[0]), int(e[1]), int(e[2]), int(e[3]))
-        return out
+    far = FarReads(ctl, host, host_of, read, carrier.mirror, chunk, table_offset, slice_start)
 
     # point-to-point words of members here towards far members, of the world communicator and
     # of each communicator spanning hosts a member here announced (an entry k = 0, with its
@@ -257,6 +220,7 @@ def serve(ctl, carrier: Carrier, chunk: int, table_offset: int, slice_start, sto
             busy = True
             if not v & 0xFFFFFFFF:           # a new communicator: carry r's point-to-point words
                 carry_p2p(r, members, slots)
+                far.forget(members, slots)
                 continue
             key = (members[0], slots[0])
             block = b"".join(bytes(ctl.u8[w.own(m, sl)]) for m, sl in zip(members, slots) if host_of[m] == host)
@@ -269,13 +233,8 @@ def serve(ctl, carrier: Carrier, chunk: int, table_offset: int, slice_start, sto
                 k, members, slots, hosts, pulled = barriers.popleft()
                 for g in hosts:
                     inbox[key, g] -= 1
-                wants = []
-                for m, sl in zip(members, slots):
-                    if pulled and host_of[m] != host:
-                        at = max((lay.slot(m, sl) + lay.slot_desc(p) for p in (0, 1)),
-                                 key=lambda a: int(w.descriptor(a)[F_CALL]))
-                        wants += call_wants(m, at, len(members))
-                carrier.read(wants)
+                if pulled:
+                    read(far.barrier(members, slots))
                 gen = w.gen(members[0], slots[0])
                 _native.store_u32(gen, k)
                 _native.futex_wake(gen, 2**31 - 1)
@@ -321,8 +280,8 @@ def serve(ctl, carrier: Carrier, chunk: int, table_offset: int, slice_start, sto
                 a = pair[:3]
                 w.descriptor(w.send_desc(*a))[:] = d
                 ctl.u8[w.send_reason(*a)] = np.frombuffer(why, np.uint8)
-                carrier.read(reads(pair[0], int(d[F_ADDR]), int(d[F_NBYTES]), int(d[F_SEG_VA]), int(d[F_SEG_SIZE]),
-                                   int(d[F_SEG_OFF])))
+                read(far.runs(pair[0], [(int(d[F_ADDR]), int(d[F_NBYTES]))], int(d[F_SEG_VA]), int(d[F_SEG_SIZE]),
+                              int(d[F_SEG_OFF])))
                 _native.store_u32(ctl.base + w.send_seq(*a), seq)
                 _native.futex_wake(ctl.base + w.send_seq(*a), 2**31 - 1)
             elif tag == TAG_DONE:

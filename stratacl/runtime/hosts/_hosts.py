@@ -15,7 +15,8 @@ refused with ``NotImplementedError`` naming the operation, rather than left to t
 """
 from __future__ import annotations
 
-from ..services import COMM_SLOTS, H_CARRIER
+from .. import _native
+from ..services import COMM_SLOTS, H_CARRIER, H_CARRIER_READ
 
 
 def uncarried(config) -> list[tuple[str, str, str]]:
@@ -38,6 +39,13 @@ class HostMap:
         self.host_of = list(host_of) if host_of is not None and len(set(host_of)) > 1 else None
         self.host = self.host_of[rank] if self.host_of is not None else 0
         self._queue = ctl_base + H_CARRIER
+        self._read = ctl_base + H_CARRIER_READ
+
+    def bytes_carried(self) -> int:
+        """The bytes this host's carrier has read from other hosts into its mirrors since the job
+        began (the host's count, the same on each of its ranks; 0 on one host). A barrier's
+        reads are counted before it completes."""
+        return _native.load_u64(self._read) if self.host_of is not None else 0
 
     @property
     def spanned(self) -> bool:

@@ -42,6 +42,7 @@ from ._control import F_SEG_VA as F_SEG_VA
 from ._control import H_CARRIER as H_CARRIER
 from ._control import H_CARRIER_BELL as H_CARRIER_BELL
 from ._control import H_CARRIER_PID as H_CARRIER_PID
+from ._control import H_CARRIER_READ as H_CARRIER_READ
 from ._control import H_HBM_SIZE as H_HBM_SIZE
 from ._control import H_MAGIC as H_MAGIC
 from ._control import H_SLICE as H_SLICE
@@ -70,8 +71,8 @@ __all__ = [
     "BROADCAST", "CARRIER_QUEUE", "COMM_SLOTS", "DESC_FIXED", "EXT_WORDS_EXTRA", "F_ADDR", "F_AUX0", "F_AUX1",
     "F_AUX2", "F_CALL", "F_COUNT", "F_DTYPE", "F_EPOCH", "F_FLAGS", "F_NBYTES", "F_OP", "F_REDOP", "F_ROOT",
     "F_SEG_OFF", "F_SEG_SIZE", "F_SEG_VA", "FAILED_CARRIER", "FAILED_DAEMON", "FAILED_EXIT", "FAILED_GONE",
-    "FAILED_SIGNAL", "FLAG_REJECTED", "H_CARRIER", "H_CARRIER_BELL", "H_CARRIER_PID", "H_HBM_SIZE", "H_MAGIC",
-    "H_SLICE", "H_VA_BASE", "MAGIC", "P2P_DESC", "REASON_BYTES", "SLICE", "SPIN_POLLS", "STATE_DEAD",
+    "FAILED_SIGNAL", "FLAG_REJECTED", "H_CARRIER", "H_CARRIER_BELL", "H_CARRIER_PID", "H_CARRIER_READ", "H_HBM_SIZE",
+    "H_MAGIC", "H_SLICE", "H_VA_BASE", "MAGIC", "P2P_DESC", "REASON_BYTES", "SLICE", "SPIN_POLLS", "STATE_DEAD",
     "STATE_FINALIZED", "STATE_RUNNING", "WAKE_ALL", "WORLD_INIT_CALLS", "Control", "JobHealth", "Layout", "Mailbox",
     "Trace", "carrier_failure", "flight", "host_lost", "unpack_header", "wait_until",
 ]

@@ -59,6 +59,10 @@ H_HBM_SIZE, H_VA_BASE, H_SLICE = 48, 56, 64
 # a host's carrier in a process of its own (runtime/hosts/_carrier.py main): its pid | its host << 32,
 # which the host's daemon watches (jobs/_daemon.py --watch); 0: none
 H_CARRIER_PID = 72
+# u64: the bytes the host's carrier has read from other hosts into its mirrors since the job
+# began (runtime/hosts/_carrier.py, ``serve``; written before the barrier the read was for
+# completes), which every rank of the host reads as stats()["bytes_carried"]
+H_CARRIER_READ = 80
 H_SLEEPERS = 128                          # u32, own cache line: see set_sleepers in _waits.c
 # the carrier's queue of barriers its host's ranks have all arrived at: a u64 tail (producers
 # take a place with fetch-add), a u64 head (the carrier's), then CARRIER_QUEUE u64 entries, each

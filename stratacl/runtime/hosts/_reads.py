@@ -1,0 +1,218 @@
+"""What a host's carrier reads from the other hosts for a barrier of a call (``FarReads``): the
+byte ranges the call's slice maps (collectives/_slices.py) have this host's members pull from
+each far member's input in the phase after the barrier, and nothing else.
+
+    barrier b of call c of a communicator spanning hosts (b counted by the carrier: 0 at the
+    call's entry, 1 at its middle, ...; a departure is marked and reads nothing)
+      -> every member's descriptor of c: operation, count, dtype, root, its input's address
+         and segment (an all_to_all_v's counts in the extension words)
+      -> phase b of the operator's slice map for each member on this host, from the frontend
+         the member itself took for that call (``phases``: eager, by chunks, large)
+      -> its slices that load from a far member's input (IN), merged per member into runs
+         of that input (``planned``), cached per call shape
+      -> one MPI_Get per run into the member's mirror (with the expandable allocator one per
+         chunk a run touches, where the member's chunk table says the chunk is)
+
+A barrier past the call's last phase reads nothing, nor does a call whose descriptors disagree
+(every member raises without pulling). The operators whose slice maps depend on more than
+the descriptors (expert-parallel calls, a user's slice map) are read as a whole: the input,
+twice its size when it is an eager slot, and the second buffer the operator table names
+(``read_block``). A far member's send is read whole too: a receive pulls all of it.
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import numpy as np
+
+from ..._operators import OPERATORS
+from ...collectives import DTYPE_BY_CODE, slices
+from ..memory import RegistrationUnit
+from ..pipeline import EAGER_BYTES, EAGER_CHUNKS_READ
+from ..services import (
+    F_ADDR, F_CALL, F_COUNT, F_DTYPE, F_FLAGS, F_NBYTES, F_OP, F_ROOT, F_SEG_OFF, F_SEG_SIZE, F_SEG_VA,
+)
+from ._carrierwords import CarrierWords
+
+NAME = {op.code: op.name for op in OPERATORS}
+READ_BLOCK = {op.code: op.read_block for op in OPERATORS if op.read_block is not None}
+# the operators whose slice maps follow from their descriptors (``phases``)
+PLANNED = ("barrier", "split", "all_gather", "reduce_scatter", "all_reduce", "all_to_all", "broadcast", "gather",
+           "scatter", "reduce", "all_to_all_v")
+
+
+def phases(name: str, me: int, n: int, count: int, itemsize: int, root: int,
+           counts: np.ndarray | None = None) -> list:
+    """The slice maps member ``me`` of ``n`` runs for a call of ``name`` whose descriptors say
+    ``count`` elements of ``itemsize`` bytes (the operator's F_COUNT) and ``root``; ``counts``:
+    an all_to_all_v's extension words, a row per member (what it sends to each, then what it
+    receives from each). The frontend is the one the Communicator's method takes for those
+    arguments (runtime/communicator/_comm.py, _pipelined.py), with the mesh algorithm, the
+    only one a job over hosts runs."""
+    nb = count * itemsize
+    if name == "all_gather":
+        return slices.all_gather(me, n, nb)
+    if name == "reduce_scatter":                  # F_COUNT is the output's, the input n times it
+        return slices.reduce_scatter(me, n, n * count, itemsize)
+    if name == "all_reduce":
+        if nb <= EAGER_BYTES:
+            if count >= n and n * nb >= EAGER_CHUNKS_READ:
+                return slices.all_reduce_eager_chunks(me, n, count, itemsize)
+            return slices.all_reduce_eager(me, n, nb)
+        return slices.all_reduce(me, n, count, itemsize, small=0)
+    if name == "all_to_all":
+        return slices.all_to_all(me, n, nb)
+    if name == "broadcast":
+        return slices.broadcast(me, n, nb, root)
+    if name in ("gather", "reduce"):
+        return getattr(slices, name)(me, n, nb, root)
+    if name == "scatter":
+        return slices.scatter(me, n, nb, root)
+    if name == "all_to_all_v":
+        return slices.all_to_all_v(me, n, counts[:, :n], counts[:, n:2 * n], itemsize)
+    return []                                     # barrier, split: nothing is pulled
+
+
+def planned(name: str, n: int, here: Sequence[int], far: Sequence[int], barrier: int, count: int, itemsize: int,
+            root: int, counts: np.ndarray | None = None) -> dict[int, np.ndarray]:
+    """What the members ``here`` (indices in a communicator of ``n``) pull from the members
+    ``far`` in the phase after barrier ``barrier`` of a call (``phases``' arguments): for each
+    far member from which they pull anything, its runs as an array of (offset from the start
+    of its input, bytes), sorted, none overlapping or touching another."""
+    loads = [m for me in here for m in phases(name, me, n, count, itemsize, root, counts)[barrier:barrier + 1]]
+    if not loads:
+        return {}
+    m = slices.concat(*loads)
+    far_mask = np.zeros(n, bool)
+    far_mask[list(far)] = True
+    keep = far_mask[m.peer] & (m.src_buf == slices.IN) & (m.op != slices.STORE)
+    peer, lo, hi = m.peer[keep], m.src[keep], m.src[keep] + m.nbytes[keep]
+    if not peer.size:
+        return {}
+    # runs of one member never merge with another's: each member's offsets are shifted apart
+    shift = peer * (int(max(hi.max(), 1)) + 1)
+    order = np.lexsort((lo, peer))
+    peer, lo, hi = peer[order], (lo + shift)[order], (hi + shift)[order]
+    reach = np.maximum.accumulate(hi)
+    start = np.ones(peer.size, bool)
+    start[1:] = lo[1:] > reach[:-1]
+    first = np.flatnonzero(start)
+    ends = np.append(first[1:], peer.size) - 1
+    runs_peer, runs_lo, runs_hi = peer[first], lo[first], reach[ends]
+    base = shift[order][first]
+    out = {}
+    for p in np.unique(runs_peer):
+        sel = runs_peer == p
+        out[int(p)] = np.stack([runs_lo[sel] - base[sel], runs_hi[sel] - runs_lo[sel]], axis=1)
+    return out
+
+
+class FarReads:
+    """The reads ``serve`` (runtime/hosts/_carrier.py) makes into this host's mirrors: for a
+    barrier of a communicator spanning hosts (``barrier``) and for a far member's send
+    (``runs``). ``read(wants)`` reads (owner, HBM offset, bytes) triples; ``mirror(r)``: rank
+    r's mirror here; ``chunk``: the expandable allocator's chunk (0: segments are contiguous
+    in HBM), its chunk table at ``table_offset`` of every segment; ``slice_start(r)``: where
+    rank r's address slice begins."""
+
+    def __init__(self, ctl, host: int, host_of: Sequence[int], read: Callable, mirror: Callable, chunk: int,
+                 table_offset: int, slice_start: Callable[[int], int]):
+        self.w, self.lay = CarrierWords(ctl), ctl.layout
+        self.host, self.host_of = host, host_of
+        self._read, self._mirror, self.chunk = read, mirror, chunk
+        self.table_offset, self.slice_start = table_offset, slice_start
+        self.table_bytes = RegistrationUnit.table_bytes(slice_start(1) - slice_start(0), chunk) if chunk else 0
+        self._calls: dict[tuple, tuple[int, int]] = {}     # communicator -> (its last call, barriers of it)
+        self._plans: dict[tuple, dict] = {}                # a call shape's ``planned``
+
+    def runs(self, r: int, ranges, va: int, size: int, off: int) -> list:
+        """The reads that bring the byte ranges [addr, addr + nbytes) of rank r's segment (at
+        va, size bytes, at HBM offset off) into its mirror: one a range, or with the
+        expandable allocator one per chunk a range touches, where r's chunk table says the
+        chunk is (its entries for the segment's chunks read first: a rank here maps the whole
+        segment, chunk by chunk, runtime/memory/_registration.py)."""
+        cut = [(max(a, va), min(a + b, va + size)) for a, b in ranges]
+        cut = [(lo, hi) for lo, hi in cut if hi > lo]
+        if not cut or not size:
+            return []
+        if not self.chunk:
+            return [(r, off + lo - va, hi - lo) for lo, hi in cut]
+        chunk, start = self.chunk, self.slice_start(r)
+        table = self._mirror(r)[self.table_offset:self.table_offset + self.table_bytes].view(np.int64)
+        first, last = (va - start) // chunk, (va + size - 1 - start) // chunk
+        self._read([(r, self.table_offset + 8 * first, 8 * (last - first + 1))])
+        out = []
+        for lo, hi in cut:
+            for c in range(va + (lo - va) // chunk * chunk, hi, chunk):
+                at = int(table[(c - start) // chunk]) - 1
+                a, b = max(lo, c), min(hi, c + chunk)
+                out.append((r, (at if at >= 0 else off + c - va) + a - c, b - a))
+        return out
+
+    def barrier(self, members: list[int], slots: list[int]) -> list:
+        """What to read for the barrier of the communicator of ``members`` (world ranks, in
+        their control-segment ``slots``) that just completed everywhere, before its members
+        here go on: the runs their slice maps pull from far members in the next phase."""
+        n, w, lay = len(members), self.w, self.lay
+        here = tuple(i for i, m in enumerate(members) if self.host_of[m] == self.host)
+        far = tuple(i for i, m in enumerate(members) if self.host_of[m] != self.host)
+        # the call is the one the members here are in (they wait at this barrier); a far
+        # member's newest descriptor may already be of the next call, whose words came in
+        # before this barrier was handled here (an eager call has no departure): each member's
+        # descriptor of this call is the one of its parity (runtime/pipeline/_protocol.py)
+        mine = lay.slot(members[here[0]], slots[here[0]])
+        call = max(int(w.descriptor(mine + lay.slot_desc(p))[F_CALL]) for p in (0, 1))
+        at = [lay.slot(m, sl) + lay.slot_desc(call & 1) for m, sl in zip(members, slots)]
+        d = np.stack([w.descriptor(a) for a in at])
+        key = (members[0], slots[0])
+        last = self._calls.get(key)
+        b = last[1] + 1 if last is not None and last[0] == call else 0
+        self._calls[key] = (call, b)
+        name = NAME.get(int(d[0, F_OP]))
+        if name not in PLANNED:
+            return self._whole(members, at, d)
+        if (d[:, F_OP:F_FLAGS + 1] != d[0, F_OP:F_FLAGS + 1]).any() or d[:, F_FLAGS].any():
+            return []                # every member raises without pulling (runtime/pipeline/_protocol.py)
+        dtype = DTYPE_BY_CODE.get(int(d[0, F_DTYPE]))
+        counts = np.stack([w.extension(a, 2 * n) for a in at]) if name == "all_to_all_v" else None
+        shape = (name, n, here, b, int(d[0, F_COUNT]), int(d[0, F_DTYPE]), int(d[0, F_ROOT]),
+                 None if counts is None else counts.tobytes())
+        plan = self._plans.get(shape)
+        if plan is None:
+            if len(self._plans) >= 256:      # a few shapes recur; do not grow without bound
+                self._plans.clear()
+            plan = self._plans[shape] = planned(name, n, here, far, b, int(d[0, F_COUNT]),
+                                                dtype.itemsize if dtype is not None else 1, int(d[0, F_ROOT]), counts)
+        wants = []
+        for i, ranges in plan.items():
+            di = d[i]
+            wants += self.runs(members[i], [(int(di[F_ADDR]) + int(o), int(nb)) for o, nb in ranges],
+                               int(di[F_SEG_VA]), int(di[F_SEG_SIZE]), int(di[F_SEG_OFF]))
+        return wants
+
+    def forget(self, members: list[int], slots: list[int]) -> None:
+        """A communicator is made in these slots: its calls are numbered from the start (a
+        failed split gives its slot back to the next one)."""
+        self._calls.pop((members[0], slots[0]), None)
+
+    def _whole(self, members: list[int], at: list[int], d: np.ndarray) -> list:
+        """An operator read as a whole: each far member's input (an eager slot, twice its
+        size: an eager all_reduce by chunks leaves its reduced chunk after the copy) and the
+        second buffer its descriptor names in its extension words (READ_BLOCK)."""
+        wants, n = [], len(members)
+        for i, m in enumerate(members):
+            if self.host_of[m] == self.host:
+                continue
+            di = d[i]
+            nbytes = int(di[F_NBYTES])
+            extent = 2 * nbytes if nbytes <= EAGER_BYTES else nbytes
+            wants += self.runs(m, [(int(di[F_ADDR]), extent)], int(di[F_SEG_VA]), int(di[F_SEG_SIZE]),
+                               int(di[F_SEG_OFF]))
+            where = READ_BLOCK.get(int(di[F_OP]))
+            if where is not None:
+                block = where[0] * n + where[1]
+                e = self.w.extension(at[i], block + 4)[block:]   # the block's address, its segment's va, size, offset
+                if int(e[0]):
+                    wants += self.runs(m, [(int(e[0]), int(e[1]) + int(e[2]) - int(e[0]))], int(e[1]), int(e[2]),
+                                       int(e[3]))
+        return wants
