@@ -606,6 +606,12 @@ def train_tokens_main(a, args: list[str]) -> int:
                 except ub.ReplayError as e:
                     print(f"{config:<10} not extrapolated: {e}", flush=True)
                     continue
+                if a.keep:           # for train_breakdown.py --iteration: the traces and the skew they extrapolate with
+                    import pickle
+                    os.makedirs(a.keep, exist_ok=True)
+                    with open(os.path.join(a.keep, f"{config}-i{it}.pkl"), "wb") as f:
+                        pickle.dump({"ranks": ranks, "hidden": a.target, "tokens": target_tokens, "iteration": it,
+                                     "imbalance": load, "traces": fitted}, f)
                 for n, traces in [(n, t) for n, t in zip(ranks, fitted)] + [(n, None) for n in scales]:
                     if traces is None:
                         traces = ub.extrapolate(*fitted, n, routing=skewed_routing(load))

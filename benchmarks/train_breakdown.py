@@ -52,7 +52,7 @@ import numpy as np
 TP = 4
 REPLICAS = 8
 KINDS = ["FSDP all_gather", "FSDP reduce_scatter", "TP all_reduce", "TP all_gather", "EP dispatch", "EP combine",
-         "expert all_reduce", "other"]
+         "expert all_reduce", "expert FSDP all_gather", "expert FSDP reduce_scatter", "other"]
 
 
 def kinds_of(traces: list[dict]) -> dict:
@@ -75,6 +75,8 @@ def kinds_of(traces: list[dict]) -> dict:
                 kind = f"FSDP {op}"
             elif op == "all_reduce" and len(m) == REPLICAS and stride == n // REPLICAS:
                 kind = "expert all_reduce"
+            elif op in ("all_gather", "reduce_scatter") and len(m) == REPLICAS and stride == n // REPLICAS:
+                kind = f"expert FSDP {op}"
             elif op in ("all_reduce", "all_gather") and len(m) == TP and stride == 1:
                 kind = f"TP {op}"
             else:
@@ -229,21 +231,26 @@ DERIVED = {"balanced": ("roa", lambda t, kinds: with_partition(t, "balanced")),
            "sdma": ("roa", lambda t, kinds: on_path(with_partition(t, "balanced"), kinds, set(KINDS), "sdma"))}
 
 
-def traces_at(keep: str, config: str, n: int) -> list[dict]:
-    """``config``'s traces at ``n`` ranks: kept by paper_size.py --keep (extrapolated in N when
-    ``n`` was not recorded), or, for a configuration of DERIVED not kept, made from the one it
-    differs from."""
+def traces_at(keep: str, config: str, n: int, iteration: int | None = None) -> list[dict]:
+    """``config``'s traces at ``n`` ranks: kept by paper_size.py --keep (``iteration``: its
+    deployed training, ``--tokens --iterations``, kept per iteration with the experts' skew),
+    extrapolated in N when ``n`` was not recorded (with the kept skew); or, for a configuration
+    of DERIVED not kept, made from the one it differs from."""
     from stratacl import ep, ub
-    path = os.path.join(keep, f"{config}.pkl")
+    path = os.path.join(keep, f"{config}.pkl" if iteration is None else f"{config}-i{iteration}.pkl")
     if not os.path.exists(path) and config in DERIVED:
         source, make = DERIVED[config]
-        traces = traces_at(keep, source, n)
+        traces = traces_at(keep, source, n, iteration)
         return make(traces, kinds_of(traces))
     with open(path, "rb") as f:
         kept = pickle.load(f)
     if n in kept["ranks"]:
         return kept["traces"][kept["ranks"].index(n)]
-    return ub.extrapolate(*kept["traces"], n, routing=ep.routing)
+    routing = ep.routing
+    if kept.get("imbalance", 1.0) != 1.0:
+        from paper_size import skewed_routing       # run as a file: its siblings import directly
+        routing = skewed_routing(kept["imbalance"])
+    return ub.extrapolate(*kept["traces"], n, routing=routing)
 
 
 def show(out: dict, tables_only: bool = False) -> None:
@@ -284,6 +291,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--show", default=None, help="print a breakdown saved by --json, replaying nothing")
     p.add_argument("--configs", default="roa,auto")
     p.add_argument("--ranks", type=int, default=64)
+    p.add_argument("--iteration", type=int, default=None, help="the deployed training's traces at this iteration "
+                                                                "(paper_size.py --tokens --iterations --keep)")
     p.add_argument("--free", default=None, help="the kinds made free one at a time (comma-separated; "
                                                  "default: every kind in the step)")
     p.add_argument("--short", action="store_true", help="fewer whole-step counterfactuals (replays at 512 ranks "
@@ -303,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
            "ranks": a.ranks, "configs": {}, "counterfactuals": []}
     base = {}
     for config in configs:
-        traces = traces_at(a.keep, config, a.ranks)
+        traces = traces_at(a.keep, config, a.ranks, a.iteration)
         kinds = kinds_of(traces)
         base[config] = (traces, kinds)
         got = breakdown(traces, kinds)
