@@ -16,9 +16,11 @@ including when no selected test calls its function. A mutant mutmut did not run 
 selection of names, or an interrupted run) has no verdict: it is left out of the score and
 counted as not run, so a module none of whose mutants ran shows no score rather than 0%.
 
-Run from the repository root, with the package installed (``pip install -e .``) so the
-compiled extensions exist; mutmut copies them. Not part of CI: a fresh run takes tens of
-minutes on two cores.
+Run it from the repository with the package installed in place (``pip install -e ".[test]"``):
+mutmut copies ``stratacl/`` from this tree, and the tests import that copy, so the compiled
+extensions must sit in the tree beside the sources; a non-editable install puts them elsewhere,
+and the script says so before starting mutmut. Not part of CI: a fresh run takes 10-20 minutes
+on two cores.
 """
 from __future__ import annotations
 
@@ -112,6 +114,16 @@ def show(result: dict, survivors: bool) -> None:
                 print(f"  survivor  {module}: {s}")
 
 
+def _tree_imports() -> str | None:
+    """Why ``stratacl`` does not import from the repository's tree (as it will from mutmut's copy
+    of it), or None when it does."""
+    probe = subprocess.run([sys.executable, "-c", "import stratacl"], cwd=ROOT, capture_output=True, text=True)
+    if probe.returncode == 0:
+        return None
+    lines = probe.stderr.strip().splitlines()
+    return lines[-1] if lines else f"exit {probe.returncode}"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--workers", type=int, default=2, help="mutmut's parallel children (default 2)")
@@ -125,6 +137,14 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     os.chdir(ROOT)
     if not args.report_only:
+        # checked before mutants/ is removed: a refused run keeps the last run's results
+        why = _tree_imports()
+        if why is not None:
+            print(f"mutation.py: stratacl does not import from {ROOT} ({why}). mutmut copies stratacl/ "
+                  f"from there, compiled extensions included: install the package in place "
+                  f"(pip install -e \".[test]\") or build them there (python setup.py build_ext --inplace)",
+                  file=sys.stderr)
+            return 2
         if args.resume:
             # a timeout or a worker killed by a signal may be the host (load, the OOM killer): run it again
             names = [n for n, st in _statuses().items() if _module_of(n) and st not in ("killed", "caught by type check")]
