@@ -326,6 +326,14 @@ def test_exchange():
     assert [norm(s) for s in S.exchange([])] == [B, B]
 
 
+def test_exchange_barrier_phase_is_a_barrier_between_the_phases_around_it():
+    # a user's slice map in three phases (stratacl.fabric): the middle one is a barrier, and its
+    # matrix is not read; the phase after it is still timed
+    steps = [norm(s) for s in S.exchange([([[0, 2], [4, 0]], S.LOAD), (None, S.BARRIER_PHASE),
+                                          ([[0, 8], [0, 0]], S.LOAD_REDUCE)])]
+    assert steps == [B, ("Mesh", [(0, 1, 2, LOAD_), (1, 0, 4, LOAD_)]), B, ("Mesh", [(0, 1, 8, RED_)]), B]
+
+
 def test_peers_read():
     def pr(*a, **k):
         out = S.peers_read(*a, **k)
