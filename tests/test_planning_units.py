@@ -637,8 +637,10 @@ def test_config_as_env_and_repr():
 
 def test_check_environment(monkeypatch):
     ok = {s.env: "1" for s in _config.SETTINGS}
+    # the job's own variables: the launcher's, the job store's (set by stratacl/jobs/_supervisor.py) and the test hooks
     ok.update({k: "1" for k in ("STRATACL_JOB_ID", "STRATACL_RANK", "STRATACL_WORLD_SIZE", "STRATACL_BOOT",
-                                "STRATACL_LAUNCHER_PID", "STRATACL_NPROCS", "STRATACL_TEST_HOST_MEMORY", "PATH")})
+                                "STRATACL_LAUNCHER_PID", "STRATACL_NPROCS", "STRATACL_JOB_SECRET", "STRATACL_STORE",
+                                "STRATACL_TEST_HOST_MEMORY", "STRATACL_TEST_JOB_TAG", "PATH")})
     _config.check_environment(ok)
     for key, msg in (("STRATACL_TIMEOT", "unknown environment variable STRATACL_TIMEOT; did you mean STRATACL_TIMEOUT?"),
                      ("STRATACL_HBMSIZE", "unknown environment variable STRATACL_HBMSIZE; did you mean STRATACL_HBM_SIZE?"),
