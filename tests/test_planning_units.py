@@ -793,6 +793,28 @@ TOPOLOGY_ERRORS = [
     ("sdma/notify_us", "x", "field sdma.'notify_us' must be float, got 'x'"),
     ("compute/peak_tflops", "x", "field compute.'peak_tflops' must be float, got 'x'"),
     ("compute/efficiency", "x", "field compute.'efficiency' must be float, got 'x'"),
+    ("cores/transfer_us", "x", "field cores.'transfer_us' must be float, got 'x'"),
+    ("cores/transfer_us", -1, "field cores.'transfer_us' must be >= 0, got -1.0"),
+    # every registration step names its section
+    *((f"registration/{key}", -1, f"field registration.'{key}' must be >= 0, got -1.0")
+      for key in ("export_us", "import_us", "reserve_va_us", "rdma_us", "rdma_us_per_gib", "metadata_direct_us",
+                  "metadata_relay_us")),
+    ("registration/rdma_us", 5, "fields registration.'rdma_us' and registration.'rdma_us_per_gib' go together "
+                                "(both set, or both null), got 5.0, None"),
+    ("registration/rdma_us_per_gib", 2, "fields registration.'rdma_us' and registration.'rdma_us_per_gib' go "
+                                        "together (both set, or both null), got None, 2.0"),
+    # numbers past the bounds (MAX_NUMBER = 1e12, MAX_INT = 2**40, MAX_RANKS = 2**31), either sign
+    ("tiers/link/bandwidth_gbps", 1.5e12,
+     "field tiers.link.'bandwidth_gbps' must be a finite number of at most 1e+12, got 1500000000000.0"),
+    ("tiers/link/latency_us", -1.5e12,
+     "field tiers.link.'latency_us' must be a finite number of at most 1e+12, got -1500000000000.0"),
+    ("tiers/link/bandwidth_gbps", float("inf"),
+     "field tiers.link.'bandwidth_gbps' must be a finite number of at most 1e+12, got inf"),
+    ("tiers/link/unit_bytes", 2**40 + 1,
+     "field tiers.link.'unit_bytes' must be at most 1099511627776 (2**40), got 1099511627777"),
+    ("levels/1/size", -2**40 - 1, "field levels[1].'size' must be at most 1099511627776 (2**40), got -1099511627777"),
+    ("levels/1/size", 2**31 + 1,
+     "fields levels[*].'size' multiply to 2147483649 ranks per outermost unit; at most 2147483648 (2**31)"),
 ]
 
 
@@ -808,7 +830,9 @@ def test_from_dict_boundaries_are_accepted():
                         ("sdma/efficiency", 1e-9), ("compute/efficiency", 1e-9), ("levels/1/uplink_gbps", 1e-9),
                         ("port/gbps", 1e-9), ("cores/issue_gbps", 1e-9), ("compute/peak_tflops", 1e-9),
                         ("sync/flag_us", 0), ("registration/map_us", 0), ("sdma/descriptor_us", 0),
-                        ("sdma/max_descriptor_bytes", 1), ("sdma/poll_cores", 0)):
+                        ("sdma/max_descriptor_bytes", 1), ("sdma/poll_cores", 0),
+                        # the largest number, integer and rank count a topology may hold
+                        ("tiers/link/bandwidth_gbps", 1e12), ("tiers/link/unit_bytes", 2**40), ("levels/1/size", 2**31)):
         T.from_dict(_with(path, value))
 
 
