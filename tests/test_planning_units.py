@@ -851,6 +851,13 @@ def test_load(tmp_path):
     p.write_text("{not json")
     msg = raises_config(T.load, str(p))
     assert msg.startswith(f"topology file {p}: not valid JSON (Expecting property name") and msg.endswith(")")
+    p.write_bytes(b'{"name": "\xff"}')
+    assert raises_config(T.load, str(p)) == (f"topology file {p}: not UTF-8 text (byte 0xff at offset 10); "
+                                             f"a topology is a JSON file")
+    p.write_text("[1, 2]")
+    assert raises_config(T.load, str(p)) == (f"topology file {p}: must hold a JSON object (with name, levels, tiers, "
+                                             f"beyond), got list")
+    assert raises_config(T.load, str(tmp_path)) == f"topology file {tmp_path}: cannot read it (Is a directory)"
     missing = str(tmp_path / "none.json")
     assert raises_config(T.load, missing) == f"topology {missing!r}: not a built-in (cm384, flat) and no such file"
     assert raises_config(T.load, "CM384") == "topology 'CM384': not a built-in (cm384, flat) and no such file"
