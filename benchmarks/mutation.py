@@ -12,9 +12,15 @@ for slice maps, schedules, the partitioner, ``_sizes`` and ``_config``; only the
 ``ub/_topology.py`` (``from_dict``, ``load``) and only the routing checks of expert parallelism
 (``ep/_buffer.py``'s argument checks, ``collectives/_ep.py``'s ``route``). Every mutant of those
 is run; a mutant counts as killed when a test fails (or it times out), as survived otherwise,
-including when no selected test calls its function. Run from the repository root, with the
-package installed (``pip install -e .``) so the compiled extensions exist; mutmut copies them.
-Not part of CI: a fresh run takes tens of minutes on two cores.
+including when no selected test calls its function. A mutant mutmut did not run (a run over a
+selection of names, or an interrupted run) has no verdict: it is left out of the score and
+counted as not run, so a module none of whose mutants ran shows no score rather than 0%.
+
+Run it from the repository with the package installed in place (``pip install -e ".[test]"``):
+mutmut copies ``stratacl/`` from this tree, and the tests import that copy, so the compiled
+extensions must sit in the tree beside the sources; a non-editable install puts them elsewhere,
+and the script says so before starting mutmut. Not part of CI: a fresh run takes 10-20 minutes
+on two cores.
 """
 from __future__ import annotations
 
@@ -47,6 +53,7 @@ MODULES: dict[str, list[str]] = {
 }
 
 KILLED = {"killed", "timeout", "caught by type check", "segfault"}
+NOT_RUN = "not checked"      # mutmut's status of a mutant it generated but did not run
 
 
 def _statuses() -> dict[str, str]:
@@ -66,12 +73,15 @@ def _module_of(name: str) -> str | None:
 
 
 def report(statuses: dict[str, str]) -> dict:
-    rows = {m: {"total": 0, "killed": 0, "timeout": 0, "survived": []} for m in MODULES}
+    rows = {m: {"total": 0, "killed": 0, "timeout": 0, "survived": [], "not_run": 0} for m in MODULES}
     for name, status in sorted(statuses.items()):
         module = _module_of(name)
         if module is None:
             continue
         row = rows[module]
+        if status == NOT_RUN:
+            row["not_run"] += 1
+            continue
         row["total"] += 1
         if status in KILLED:
             row["killed"] += 1
@@ -81,7 +91,8 @@ def report(statuses: dict[str, str]) -> dict:
     total = sum(r["total"] for r in rows.values())
     killed = sum(r["killed"] for r in rows.values())
     return {"modules": rows, "total": total, "killed": killed,
-            "score": killed / total if total else None}
+            "score": killed / total if total else None,
+            "not_run": sum(r["not_run"] for r in rows.values())}
 
 
 def show(result: dict, survivors: bool) -> None:
@@ -94,10 +105,23 @@ def show(result: dict, survivors: bool) -> None:
     to = sum(r["timeout"] for r in result["modules"].values())
     overall = f"{result['score']:7.1%}" if t else f"{'-':>7}"
     print(f"{'overall':32} {t:8d} {k:7d} {to:9d} {t - k:9d} {overall}")
+    if result["not_run"]:
+        left = ", ".join(f"{m} {r['not_run']}" for m, r in result["modules"].items() if r["not_run"])
+        print(f"not run (no verdict, left out of the counts above): {left}")
     if survivors:
         for module, r in result["modules"].items():
             for s in r["survived"]:
                 print(f"  survivor  {module}: {s}")
+
+
+def _tree_imports() -> str | None:
+    """Why ``stratacl`` does not import from the repository's tree (as it will from mutmut's copy
+    of it), or None when it does."""
+    probe = subprocess.run([sys.executable, "-c", "import stratacl"], cwd=ROOT, capture_output=True, text=True)
+    if probe.returncode == 0:
+        return None
+    lines = probe.stderr.strip().splitlines()
+    return lines[-1] if lines else f"exit {probe.returncode}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -113,6 +137,14 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     os.chdir(ROOT)
     if not args.report_only:
+        # checked before mutants/ is removed: a refused run keeps the last run's results
+        why = _tree_imports()
+        if why is not None:
+            print(f"mutation.py: stratacl does not import from {ROOT} ({why}). mutmut copies stratacl/ "
+                  f"from there, compiled extensions included: install the package in place "
+                  f"(pip install -e \".[test]\") or build them there (python setup.py build_ext --inplace)",
+                  file=sys.stderr)
+            return 2
         if args.resume:
             # a timeout or a worker killed by a signal may be the host (load, the OOM killer): run it again
             names = [n for n, st in _statuses().items() if _module_of(n) and st not in ("killed", "caught by type check")]

@@ -326,6 +326,14 @@ def test_exchange():
     assert [norm(s) for s in S.exchange([])] == [B, B]
 
 
+def test_exchange_barrier_phase_is_a_barrier_between_the_phases_around_it():
+    # a user's slice map in three phases (stratacl.fabric): the middle one is a barrier, and its
+    # matrix is not read; the phase after it is still timed
+    steps = [norm(s) for s in S.exchange([([[0, 2], [4, 0]], S.LOAD), (None, S.BARRIER_PHASE),
+                                          ([[0, 8], [0, 0]], S.LOAD_REDUCE)])]
+    assert steps == [B, ("Mesh", [(0, 1, 2, LOAD_), (1, 0, 4, LOAD_)]), B, ("Mesh", [(0, 1, 8, RED_)]), B]
+
+
 def test_peers_read():
     def pr(*a, **k):
         out = S.peers_read(*a, **k)
@@ -629,8 +637,10 @@ def test_config_as_env_and_repr():
 
 def test_check_environment(monkeypatch):
     ok = {s.env: "1" for s in _config.SETTINGS}
+    # the job's own variables: the launcher's, the job store's (set by stratacl/jobs/_supervisor.py) and the test hooks
     ok.update({k: "1" for k in ("STRATACL_JOB_ID", "STRATACL_RANK", "STRATACL_WORLD_SIZE", "STRATACL_BOOT",
-                                "STRATACL_LAUNCHER_PID", "STRATACL_NPROCS", "STRATACL_TEST_HOST_MEMORY", "PATH")})
+                                "STRATACL_LAUNCHER_PID", "STRATACL_NPROCS", "STRATACL_JOB_SECRET", "STRATACL_STORE",
+                                "STRATACL_TEST_HOST_MEMORY", "STRATACL_TEST_JOB_TAG", "PATH")})
     _config.check_environment(ok)
     for key, msg in (("STRATACL_TIMEOT", "unknown environment variable STRATACL_TIMEOT; did you mean STRATACL_TIMEOUT?"),
                      ("STRATACL_HBMSIZE", "unknown environment variable STRATACL_HBMSIZE; did you mean STRATACL_HBM_SIZE?"),
@@ -783,6 +793,28 @@ TOPOLOGY_ERRORS = [
     ("sdma/notify_us", "x", "field sdma.'notify_us' must be float, got 'x'"),
     ("compute/peak_tflops", "x", "field compute.'peak_tflops' must be float, got 'x'"),
     ("compute/efficiency", "x", "field compute.'efficiency' must be float, got 'x'"),
+    ("cores/transfer_us", "x", "field cores.'transfer_us' must be float, got 'x'"),
+    ("cores/transfer_us", -1, "field cores.'transfer_us' must be >= 0, got -1.0"),
+    # every registration step names its section
+    *((f"registration/{key}", -1, f"field registration.'{key}' must be >= 0, got -1.0")
+      for key in ("export_us", "import_us", "reserve_va_us", "rdma_us", "rdma_us_per_gib", "metadata_direct_us",
+                  "metadata_relay_us")),
+    ("registration/rdma_us", 5, "fields registration.'rdma_us' and registration.'rdma_us_per_gib' go together "
+                                "(both set, or both null), got 5.0, None"),
+    ("registration/rdma_us_per_gib", 2, "fields registration.'rdma_us' and registration.'rdma_us_per_gib' go "
+                                        "together (both set, or both null), got None, 2.0"),
+    # numbers past the bounds (MAX_NUMBER = 1e12, MAX_INT = 2**40, MAX_RANKS = 2**31), either sign
+    ("tiers/link/bandwidth_gbps", 1.5e12,
+     "field tiers.link.'bandwidth_gbps' must be a finite number of at most 1e+12, got 1500000000000.0"),
+    ("tiers/link/latency_us", -1.5e12,
+     "field tiers.link.'latency_us' must be a finite number of at most 1e+12, got -1500000000000.0"),
+    ("tiers/link/bandwidth_gbps", float("inf"),
+     "field tiers.link.'bandwidth_gbps' must be a finite number of at most 1e+12, got inf"),
+    ("tiers/link/unit_bytes", 2**40 + 1,
+     "field tiers.link.'unit_bytes' must be at most 1099511627776 (2**40), got 1099511627777"),
+    ("levels/1/size", -2**40 - 1, "field levels[1].'size' must be at most 1099511627776 (2**40), got -1099511627777"),
+    ("levels/1/size", 2**31 + 1,
+     "fields levels[*].'size' multiply to 2147483649 ranks per outermost unit; at most 2147483648 (2**31)"),
 ]
 
 
@@ -798,7 +830,9 @@ def test_from_dict_boundaries_are_accepted():
                         ("sdma/efficiency", 1e-9), ("compute/efficiency", 1e-9), ("levels/1/uplink_gbps", 1e-9),
                         ("port/gbps", 1e-9), ("cores/issue_gbps", 1e-9), ("compute/peak_tflops", 1e-9),
                         ("sync/flag_us", 0), ("registration/map_us", 0), ("sdma/descriptor_us", 0),
-                        ("sdma/max_descriptor_bytes", 1), ("sdma/poll_cores", 0)):
+                        ("sdma/max_descriptor_bytes", 1), ("sdma/poll_cores", 0),
+                        # the largest number, integer and rank count a topology may hold
+                        ("tiers/link/bandwidth_gbps", 1e12), ("tiers/link/unit_bytes", 2**40), ("levels/1/size", 2**31)):
         T.from_dict(_with(path, value))
 
 
@@ -817,6 +851,13 @@ def test_load(tmp_path):
     p.write_text("{not json")
     msg = raises_config(T.load, str(p))
     assert msg.startswith(f"topology file {p}: not valid JSON (Expecting property name") and msg.endswith(")")
+    p.write_bytes(b'{"name": "\xff"}')
+    assert raises_config(T.load, str(p)) == (f"topology file {p}: not UTF-8 text (byte 0xff at offset 10); "
+                                             f"a topology is a JSON file")
+    p.write_text("[1, 2]")
+    assert raises_config(T.load, str(p)) == (f"topology file {p}: must hold a JSON object (with name, levels, tiers, "
+                                             f"beyond), got list")
+    assert raises_config(T.load, str(tmp_path)) == f"topology file {tmp_path}: cannot read it (Is a directory)"
     missing = str(tmp_path / "none.json")
     assert raises_config(T.load, missing) == f"topology {missing!r}: not a built-in (cm384, flat) and no such file"
     assert raises_config(T.load, "CM384") == "topology 'CM384': not a built-in (cm384, flat) and no such file"
