@@ -110,10 +110,13 @@ def _mpirun_reports(run) -> dict[int, dict]:
             for rec in [json.loads(line[3:])] if "checks" in rec}
 
 
-@pytest.fixture(scope="module")
-def one_host() -> dict[int, dict]:
-    """hosts_collectives.py on one host: every rank's results, modeled clocks, maps."""
-    together = launch("-n", str(N), "--clock", "virtual", script("hosts_collectives.py"),
+# settings a job over hosts runs with as on one host: the default, a pre-registered pool
+SETTINGS = {"mesh": (), "pool": ("--registration", "pool")}
+
+
+def _one_host_run(*flags: str) -> dict[int, dict]:
+    """hosts_collectives.py on one host with ``flags``: every rank's results, modeled clocks, maps."""
+    together = launch("-n", str(N), "--clock", "virtual", *flags, script("hosts_collectives.py"),
                       env=clean_env(STRATACL_TIMEOUT="60"), timeout=200)
     assert together.returncode == 0, together.explain()
     t = _reports(together)
@@ -122,6 +125,24 @@ def one_host() -> dict[int, dict]:
         assert all(t[q]["own"] in t[r]["mapped"] for q in range(N)), r     # one host: every rank's segment
         assert t[r]["refusals"] == {"get": None, "store": None}
     return t
+
+
+@pytest.fixture(scope="module")
+def one_host() -> dict[int, dict]:
+    """hosts_collectives.py on one host, default settings."""
+    return _one_host_run()
+
+
+@pytest.fixture(scope="module")
+def one_host_with(one_host):
+    """hosts_collectives.py on one host with a setting of SETTINGS (each run once)."""
+    runs = {"mesh": one_host}
+
+    def get(setting: str) -> dict[int, dict]:
+        if setting not in runs:
+            runs[setting] = _one_host_run(*SETTINGS[setting])
+        return runs[setting]
+    return get
 
 
 def _same_as_one_host_but_split(a: dict[int, dict], t: dict[int, dict]) -> None:
@@ -147,11 +168,13 @@ def _same_as_one_host_but_split(a: dict[int, dict], t: dict[int, dict]) -> None:
     assert not own_shm_names()
 
 
-def test_every_collective_and_send_recv_across_two_hosts_are_exact_with_the_single_host_modeled_clock(one_host):
-    apart = launch("-n", str(N), "--emulate-hosts", str(K), "--clock", "virtual", script("hosts_collectives.py"),
-                   env=clean_env(STRATACL_TIMEOUT="60"), timeout=200)
+@pytest.mark.parametrize("setting", SETTINGS)
+def test_every_collective_and_send_recv_across_two_hosts_are_exact_with_the_single_host_modeled_clock(
+        one_host_with, setting):
+    apart = launch("-n", str(N), "--emulate-hosts", str(K), "--clock", "virtual", *SETTINGS[setting],
+                   script("hosts_collectives.py"), env=clean_env(STRATACL_TIMEOUT="60"), timeout=200)
     assert apart.returncode == 0, apart.explain()
-    _same_as_one_host_but_split(_reports(apart), one_host)
+    _same_as_one_host_but_split(_reports(apart), one_host_with(setting))
     assert not _carriers_left()
 
 
@@ -308,7 +331,6 @@ def test_a_host_whose_launcher_is_killed_is_named_by_every_rank_of_the_other_hos
 
 @pytest.mark.parametrize("flags, why", [
     (["--algo", "ring"], "--emulate-hosts 2 does not run with --algo ring (ring steps are not carried"),
-    (["--registration", "pool"], "--emulate-hosts 2 does not run with --registration pool"),
     (["-n", "1"], "--emulate-hosts 2: more hosts than ranks (1)"),
 ])
 def test_what_emulated_hosts_cannot_carry_is_refused_at_launch(flags, why):
