@@ -110,8 +110,9 @@ def _mpirun_reports(run) -> dict[int, dict]:
             for rec in [json.loads(line[3:])] if "checks" in rec}
 
 
-# settings a job over hosts runs with as on one host: the default, a pre-registered pool
-SETTINGS = {"mesh": (), "pool": ("--registration", "pool")}
+# settings a job over hosts runs with as on one host: the default, a pre-registered pool,
+# registration metadata relayed by each host's daemon
+SETTINGS = {"mesh": (), "pool": ("--registration", "pool"), "relay": ("--metadata-path", "relay")}
 
 
 def _one_host_run(*flags: str) -> dict[int, dict]:
@@ -155,6 +156,7 @@ def _same_as_one_host_but_split(a: dict[int, dict], t: dict[int, dict]) -> None:
         assert a[r]["checks"] and all(v is True for v in a[r]["checks"].values()), (r, a[r]["checks"])
         assert a[r]["checks"] == t[r]["checks"]
         assert a[r]["clocks"] == t[r]["clocks"], r               # the model does not see the hosts
+        assert a[r]["metadata_to_far"] == 0, r                   # far ranks map mirrors: no metadata to them
         host = r * K // N
         for q in range(N):
             assert (a[q]["own"] in a[r]["mapped"]) == (q * K // N == host), (r, q)

@@ -24,8 +24,6 @@ def uncarried(config) -> list[tuple[str, str, str]]:
     out = []
     if config.algo != "mesh":
         out.append(("algo", config.algo, "ring steps are not carried across hosts yet; use mesh"))
-    if config.metadata_path != "direct":
-        out.append(("metadata_path", config.metadata_path, "one daemon cannot relay to several hosts"))
     return out
 
 
