@@ -234,6 +234,33 @@ def test_a_carrier_reads_for_a_call_exactly_the_slices_its_plans_pull_from_the_o
     assert not own_shm_names()
 
 
+def test_a_carrier_reads_for_a_ring_call_exactly_what_its_steps_pull_from_a_far_neighbour():
+    # under --algo ring a member pulls from its left neighbour only: what a host's carrier reads
+    # for a call is what the steps of its members whose left neighbour is far pull from it (at
+    # the barriers, and as the neighbour's ring-step word moves), each step's bytes once; not
+    # the mesh's plan at the barriers besides. The caching allocator: no chunk-table entries.
+    from stratacl.collectives import slices
+    run = launch("-n", str(N), "--emulate-hosts", str(K), "--algo", "ring", "--allocator", "caching",
+                 script("ring_reads.py"), env=clean_env(STRATACL_TIMEOUT="60"), timeout=200)
+    assert run.returncode == 0, run.explain()
+    cases = [r for r in run.records if "case" in r]
+    assert len(cases) == 3 * N, [r["case"] for r in cases]
+    for r in cases:
+        host = r["rank"] * K // N
+        step = getattr(slices, f"ring_{r['frontend']}_step")
+        steps = 2 * (N - 1) if r["frontend"] == "all_reduce" else N - 1
+        planned = 0
+        for j in range(N):
+            left = (j - 1) % N
+            if j * K // N == host and left * K // N != host:
+                for s in range(steps):
+                    m = step(j, N, *r["args"], s)[0]
+                    planned += int(m.nbytes[m.peer == left].sum())
+        assert r["exact"], (r["rank"], r["case"])
+        assert planned and r["reads"] == [planned] * 3, (r["rank"], r["case"], planned)
+    assert not own_shm_names()
+
+
 @pytest.mark.parametrize("algo", ["mesh", "ring"])
 def test_a_program_mpirun_starts_over_two_hosts_is_one_job_carried_by_the_first_rank_of_each(one_host_with, algo):
     # the user's mpirun, its ranks split into hosts as --emulate-hosts splits them (on real
