@@ -110,10 +110,16 @@ def _mpirun_reports(run) -> dict[int, dict]:
             for rec in [json.loads(line[3:])] if "checks" in rec}
 
 
-@pytest.fixture(scope="module")
-def one_host() -> dict[int, dict]:
-    """hosts_collectives.py on one host: every rank's results, modeled clocks, maps."""
-    together = launch("-n", str(N), "--clock", "virtual", script("hosts_collectives.py"),
+# settings a job over hosts runs with as on one host: the default, ring steps (every all_gather,
+# reduce_scatter and all_reduce a ring: each step's word and the bytes it pulls from a far left
+# neighbour carried), a pre-registered pool, registration metadata relayed by each host's daemon
+SETTINGS = {"mesh": (), "ring": ("--algo", "ring"), "pool": ("--registration", "pool"),
+            "relay": ("--metadata-path", "relay")}
+
+
+def _one_host_run(*flags: str) -> dict[int, dict]:
+    """hosts_collectives.py on one host with ``flags``: every rank's results, modeled clocks, maps."""
+    together = launch("-n", str(N), "--clock", "virtual", *flags, script("hosts_collectives.py"),
                       env=clean_env(STRATACL_TIMEOUT="60"), timeout=200)
     assert together.returncode == 0, together.explain()
     t = _reports(together)
@@ -122,6 +128,24 @@ def one_host() -> dict[int, dict]:
         assert all(t[q]["own"] in t[r]["mapped"] for q in range(N)), r     # one host: every rank's segment
         assert t[r]["refusals"] == {"get": None, "store": None}
     return t
+
+
+@pytest.fixture(scope="module")
+def one_host() -> dict[int, dict]:
+    """hosts_collectives.py on one host, default settings."""
+    return _one_host_run()
+
+
+@pytest.fixture(scope="module")
+def one_host_with(one_host):
+    """hosts_collectives.py on one host with a setting of SETTINGS (each run once)."""
+    runs = {"mesh": one_host}
+
+    def get(setting: str) -> dict[int, dict]:
+        if setting not in runs:
+            runs[setting] = _one_host_run(*SETTINGS[setting])
+        return runs[setting]
+    return get
 
 
 def _same_as_one_host_but_split(a: dict[int, dict], t: dict[int, dict]) -> None:
@@ -134,6 +158,7 @@ def _same_as_one_host_but_split(a: dict[int, dict], t: dict[int, dict]) -> None:
         assert a[r]["checks"] and all(v is True for v in a[r]["checks"].values()), (r, a[r]["checks"])
         assert a[r]["checks"] == t[r]["checks"]
         assert a[r]["clocks"] == t[r]["clocks"], r               # the model does not see the hosts
+        assert a[r]["metadata_to_far"] == 0, r                   # far ranks map mirrors: no metadata to them
         host = r * K // N
         for q in range(N):
             assert (a[q]["own"] in a[r]["mapped"]) == (q * K // N == host), (r, q)
@@ -147,11 +172,18 @@ def _same_as_one_host_but_split(a: dict[int, dict], t: dict[int, dict]) -> None:
     assert not own_shm_names()
 
 
-def test_every_collective_and_send_recv_across_two_hosts_are_exact_with_the_single_host_modeled_clock(one_host):
-    apart = launch("-n", str(N), "--emulate-hosts", str(K), "--clock", "virtual", script("hosts_collectives.py"),
-                   env=clean_env(STRATACL_TIMEOUT="60"), timeout=200)
+@pytest.mark.parametrize("setting", SETTINGS)
+def test_every_collective_and_send_recv_across_two_hosts_are_exact_with_the_single_host_modeled_clock(
+        one_host, one_host_with, setting):
+    apart = launch("-n", str(N), "--emulate-hosts", str(K), "--clock", "virtual", *SETTINGS[setting],
+                   script("hosts_collectives.py"), env=clean_env(STRATACL_TIMEOUT="60"), timeout=200)
     assert apart.returncode == 0, apart.explain()
-    _same_as_one_host_but_split(_reports(apart), one_host)
+    together = one_host_with(setting)
+    _same_as_one_host_but_split(_reports(apart), together)
+    if setting == "ring":
+        # the calls ran as rings on both sides: their modeled times are not the mesh's
+        assert all(together[r]["clocks"]["all_reduce 256 KiB"] != one_host[r]["clocks"]["all_reduce 256 KiB"]
+                   for r in range(N))
     assert not _carriers_left()
 
 
@@ -202,11 +234,41 @@ def test_a_carrier_reads_for_a_call_exactly_the_slices_its_plans_pull_from_the_o
     assert not own_shm_names()
 
 
-def test_a_program_mpirun_starts_over_two_hosts_is_one_job_carried_by_the_first_rank_of_each(one_host):
+def test_a_carrier_reads_for_a_ring_call_exactly_what_its_steps_pull_from_a_far_neighbour():
+    # under --algo ring a member pulls from its left neighbour only: what a host's carrier reads
+    # for a call is what the steps of its members whose left neighbour is far pull from it (at
+    # the barriers, and as the neighbour's ring-step word moves), each step's bytes once; not
+    # the mesh's plan at the barriers besides. The caching allocator: no chunk-table entries.
+    from stratacl.collectives import slices
+    run = launch("-n", str(N), "--emulate-hosts", str(K), "--algo", "ring", "--allocator", "caching",
+                 script("ring_reads.py"), env=clean_env(STRATACL_TIMEOUT="60"), timeout=200)
+    assert run.returncode == 0, run.explain()
+    cases = [r for r in run.records if "case" in r]
+    assert len(cases) == 3 * N, [r["case"] for r in cases]
+    for r in cases:
+        host = r["rank"] * K // N
+        step = getattr(slices, f"ring_{r['frontend']}_step")
+        steps = 2 * (N - 1) if r["frontend"] == "all_reduce" else N - 1
+        planned = 0
+        for j in range(N):
+            left = (j - 1) % N
+            if j * K // N == host and left * K // N != host:
+                for s in range(steps):
+                    m = step(j, N, *r["args"], s)[0]
+                    planned += int(m.nbytes[m.peer == left].sum())
+        assert r["exact"], (r["rank"], r["case"])
+        assert planned and r["reads"] == [planned] * 3, (r["rank"], r["case"], planned)
+    assert not own_shm_names()
+
+
+@pytest.mark.parametrize("algo", ["mesh", "ring"])
+def test_a_program_mpirun_starts_over_two_hosts_is_one_job_carried_by_the_first_rank_of_each(one_host_with, algo):
     # the user's mpirun, its ranks split into hosts as --emulate-hosts splits them (on real
-    # hosts, by host name): the first rank of each host carries its host's part in a thread
-    run = _mpirun(N, script("hosts_collectives.py"), STRATACL_EMULATE_HOSTS=str(K), STRATACL_CLOCK="virtual")
-    _same_as_one_host_but_split(_mpirun_reports(run), one_host)
+    # hosts, by host name): the first rank of each host carries its host's part in a thread;
+    # settings from the environment (STRATACL_ALGO=ring was refused at init() once)
+    run = _mpirun(N, script("hosts_collectives.py"), STRATACL_EMULATE_HOSTS=str(K), STRATACL_CLOCK="virtual",
+                  STRATACL_ALGO=algo)
+    _same_as_one_host_but_split(_mpirun_reports(run), one_host_with(algo))
 
 
 def test_hosts_under_mpirun_with_different_settings_are_refused_by_name():
@@ -307,11 +369,9 @@ def test_a_host_whose_launcher_is_killed_is_named_by_every_rank_of_the_other_hos
 
 
 @pytest.mark.parametrize("flags, why", [
-    (["--algo", "ring"], "--emulate-hosts 2 does not run with --algo ring (ring steps are not carried"),
-    (["--registration", "pool"], "--emulate-hosts 2 does not run with --registration pool"),
     (["-n", "1"], "--emulate-hosts 2: more hosts than ranks (1)"),
 ])
-def test_what_emulated_hosts_cannot_carry_is_refused_at_launch(flags, why):
+def test_a_job_emulated_hosts_cannot_split_is_refused_at_launch(flags, why):
     n = [] if "-n" in flags else ["-n", "4"]
     run = launch(*n, *flags, "--emulate-hosts", "2", script("rank_info.py"), timeout=60)
     assert run.returncode == 2, run.explain()

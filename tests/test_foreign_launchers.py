@@ -126,13 +126,6 @@ def test_torchrun_ranks_on_several_hosts_are_refused_with_the_fix():
         _foreign.join(launch, stratacl.Config())
 
 
-def test_settings_a_job_over_hosts_cannot_carry_are_refused_at_init():
-    launch = _foreign.Launch("mpirun (Open MPI)", 1, 4, 1, 4, "x")
-    with pytest.raises(stratacl.BootstrapError, match=r"^stratacl.init\(\): a job spanning hosts \(2 here\) does "
-                       r"not run with STRATACL_ALGO=ring \(ring steps are not carried"):
-        _foreign.join(launch, stratacl.Config(emulate_hosts=2, algo="ring"))
-
-
 # --- the real launchers ------------------------------------------------------------------
 
 def test_an_unmodified_torch_program_runs_under_torchrun():

@@ -1,6 +1,7 @@
 """The bootstrap daemon: relays registration metadata and cleans up after the launcher.
 
     rank --ring--> daemon --ring--> every other rank        (metadata_path = relay)
+                                    of its host              (a job over hosts: one daemon a host)
 
 It holds the read end of a pipe from the launcher. EOF on that pipe means the launcher is
 gone (finished, or killed even by SIGKILL): the daemon then kills any rank still alive,
@@ -32,7 +33,10 @@ from stratacl.runtime.services import (
 )
 
 
-def _relay(ctl: Control, stop: threading.Event) -> None:
+def _relay(ctl: Control, stop: threading.Event, ranks: list[int]) -> None:
+    """Relay what ``ranks`` (the host's: the job's, on one host) post to the daemon: a
+    broadcast to each of them but its sender. The ranks of other hosts map this host's mirrors,
+    which their carriers fill, and are sent no metadata (runtime/memory/_registration.py)."""
     world = ctl.world
     box = Mailbox(ctl, world)
 
@@ -44,7 +48,7 @@ def _relay(ctl: Control, stop: threading.Event) -> None:
         msgs = box.drain()
         for row in msgs.tolist():
             kind, src, dst = unpack_header(row[0])
-            targets = [r for r in range(world) if r != src] if dst == BROADCAST else [dst]
+            targets = [r for r in ranks if r != src] if dst == BROADCAST else [dst]
             for r in targets:
                 box.post(r, tuple(row))
         left = box.flush(alive)
@@ -143,10 +147,12 @@ def main() -> None:
     if sys.argv[1] == "--watch":
         return main_watch()
     job_id, world, ctl_fd, pipe_fd = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    # a job over hosts: this host's ranks (its launcher's part of the job)
+    ranks = [int(r) for r in sys.argv[5].split(",")] if len(sys.argv) > 5 else list(range(world))
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     ctl = Control(ctl_fd, world)
     stop = threading.Event()
-    relay = threading.Thread(target=_relay, args=(ctl, stop), daemon=True, name="stratacl-relay")
+    relay = threading.Thread(target=_relay, args=(ctl, stop, ranks), daemon=True, name="stratacl-relay")
     relay.start()
     while os.read(pipe_fd, 4096):
         pass
@@ -172,7 +178,7 @@ def main_watch() -> None:
         signal.signal(sig, signal.SIG_IGN)
     ctl = Control(ctl_fd, world)
     stop = threading.Event()
-    threading.Thread(target=_relay, args=(ctl, stop), daemon=True, name="stratacl-relay").start()
+    threading.Thread(target=_relay, args=(ctl, stop, ranks), daemon=True, name="stratacl-relay").start()
     try:
         # the ranks join once this is posted (runtime/hosts/_foreign.py): none is left unwatched
         import posix_ipc

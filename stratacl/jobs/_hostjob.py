@@ -30,7 +30,7 @@ import socket
 import subprocess
 import sys
 
-from stratacl.runtime.hosts import MPIRUN_FLAGS, hosts_of, mpirun_env, uncarried
+from stratacl.runtime.hosts import MPIRUN_FLAGS, hosts_of, mpirun_env
 from stratacl.runtime.memory import new_job_id
 
 HOSTJOB_ENV = "STRATACL_HOSTJOB"         # what the host launchers read (JSON; hostjob_env)
@@ -89,9 +89,6 @@ def refusal(n: int, config, hosts: list[tuple[str, int]] | None = None) -> str |
             store_address(hosts)
         except ValueError as e:
             return str(e)
-    why = [f"--{name.replace('_', '-')} {value} ({reason})" for name, value, reason in uncarried(config)]
-    if why:
-        return f"{flag} does not run with " + "; ".join(why)
     if _mpirun() is None:
         return f"{flag} needs mpirun and mpi4py beside this Python (pip install 'stratacl-emu[cluster]')"
     return None

@@ -214,7 +214,8 @@ class Job:
                     old_handlers[sig] = signal.signal(sig, self._on_signal)
             daemon = subprocess.Popen(
                 [sys.executable, "-P", "-m", "stratacl.jobs._daemon", self.job_id, str(self.n), str(ctl_fd),
-                 str(pipe_r)], pass_fds=(ctl_fd, pipe_r), start_new_session=True, stdin=subprocess.DEVNULL)
+                 str(pipe_r), *([",".join(map(str, self.ranks))] if part is not None else [])],
+                pass_fds=(ctl_fd, pipe_r), start_new_session=True, stdin=subprocess.DEVNULL)
             os.close(pipe_r)
             pipe_r = -1
             warning = short_memory_warning(self.n)

@@ -255,7 +255,12 @@ def far_store():
 refusals = {"get": refused(lambda: shmem.get(buf, sym, far)), "store": refused(far_store)}
 comm.barrier()
 
-job = _world.runtime().job_id    # this host's part of the job
+rt = _world.runtime()
+job = rt.job_id                         # this host's part of the job
+# registration messages ever posted on this host to a rank of another host (by a rank here, or
+# by this host's daemon relaying): they map mirrors, so none should be; nobody would read them
+lay = rt.ctl.layout
+metadata_to_far = sum(int(rt.ctl.u64[lay.ring(q, p) // 8]) for q in rt.hosts.remote() for p in range(n + 1))
 mapped, own = set(), None               # the shared-memory files this rank mapped (their inodes), its HBM's
 with open("/proc/self/maps") as f:     # a segment is a /dev/shm name, or a memfd when /dev/shm is too small
     for line in f:
@@ -266,5 +271,6 @@ with open("/proc/self/maps") as f:     # a segment is a /dev/shm name, or a memf
         mapped.add(inode)
         if name == f"stratacl-{job}-hbm-{me}":
             own = inode
-emit(rank=me, checks=checks, clocks=clocks, refusals=refusals, mapped=sorted(mapped), own=own)
+emit(rank=me, checks=checks, clocks=clocks, refusals=refusals, mapped=sorted(mapped), own=own,
+     metadata_to_far=metadata_to_far)
 stratacl.finalize()

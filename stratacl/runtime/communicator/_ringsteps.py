@@ -15,7 +15,10 @@ communicator slot; step s of a call waits until the left neighbour's count reach
 base + s. A ring call also publishes one more buffer than its input (all_gather: the output
 the right neighbour pulls forwarded chunks from; reduce_scatter / all_reduce: the scratch
 buffer holding partial reductions), in descriptor field F_AUX1 and the first four extension
-words (segment va, size, HBM offset, epoch), so the right neighbour can check its readiness.
+words (segment va, size, HBM offset, epoch), so the right neighbour can check its readiness;
+the fifth holds the call's base (its count before the call, mod 2**32), by which a host's
+carrier tells, from a far member's ring-step word, which step of which call it finished and
+reads what the step after it pulls (runtime/hosts/_reads.py, ``FarReads.ring``).
 """
 from __future__ import annotations
 
@@ -26,7 +29,7 @@ import numpy as np
 from ...collectives import OUT, REDUCE_OPS, SCRATCH, slices
 from .. import _native
 from ..pipeline import RankServices, buffer_size
-from ..services import DESC_FIXED, F_AUX1, SLICE, SPIN_POLLS, WAKE_ALL, wait_until
+from ..services import DESC_FIXED, F_AUX1, H_CARRIER_BELL, SLICE, SPIN_POLLS, WAKE_ALL, wait_until
 
 if TYPE_CHECKING:
     from ..pipeline import CallInput
@@ -51,6 +54,10 @@ class RingSteps:
         self._left_word = ctl.base + offs[self._left] + lay.slot_ring_step()
         self._own_word = ctl.base + offs[rank] + lay.slot_ring_step()
         self._steps = 0                 # ring steps finished on this communicator, ever (mod 2**32 in the word)
+        # a right neighbour on another host learns of this member's steps through the host's
+        # carrier (runtime/hosts/_carrier.py), which each step rings; 0: on this host
+        right = members[(rank + 1) % n]
+        self._bell = ctl.base + H_CARRIER_BELL if right in rt.hosts.remote() else 0
         self._scratch = None
         self._ready_extra = np.full((n, 2), -1, dtype=np.int64)   # as Executor.ready, for the extra buffers
 
@@ -86,7 +93,8 @@ class RingSteps:
         Returns the slot parity."""
         addr = _native.data_address(extra)
         seg = self._buffers.hbm_segment(extra, addr) if extra.nbytes else None
-        ext = (seg.va, seg.size, seg.hbm_offset, seg.epoch) if seg is not None else (0, 0, 0, 0)
+        ext = ((seg.va, seg.size, seg.hbm_offset, seg.epoch) if seg is not None else (0, 0, 0, 0)) + (
+            self._steps & 0xFFFFFFFF,)       # the base of the steps ``run`` is about to take
         parity = self._protocol.enter(operation, dtype, count, 0, redop, inp, aux1=addr, ext=ext)
         left = self._left
         self._executor.peer_sources(operation, parity, inp.addr if inp is not None else 0, only=left)
@@ -113,6 +121,9 @@ class RingSteps:
             word = self._own_word
             _native.store_u32(word, (base + s + 1) & 0xFFFFFFFF)
             _native.futex_wake(word, WAKE_ALL)
+            if self._bell:
+                _native.fetch_add_u64(self._bell, 1)
+                _native.futex_wake(self._bell, 1)
 
     def _wait_left(self, base: int, s: int, operation: str) -> None:
         target = (base + s) & 0xFFFFFFFF

@@ -14,8 +14,7 @@ from ._carrier import MPIRUN_FLAGS as MPIRUN_FLAGS
 from ._carrier import hosts_of as hosts_of
 from ._carrier import mpirun_env as mpirun_env
 from ._hosts import HostMap as HostMap
-from ._hosts import uncarried as uncarried
 
 __all__ = [
-    "MPIRUN_FLAGS", "CarrierThread", "HostMap", "foreign", "hosts_of", "mpirun_env", "uncarried",
+    "MPIRUN_FLAGS", "CarrierThread", "HostMap", "foreign", "hosts_of", "mpirun_env",
 ]

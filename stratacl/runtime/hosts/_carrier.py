@@ -134,6 +134,7 @@ class Carrier:
 # --- the host's event loop -----------------------------------------------------------------
 TAG_SEND, TAG_DONE, TAG_FAILED, TAG_BLOCK = 11, 12, 13, 14   # carrier-to-carrier messages (serve)
 TAG_WATCH = 15                                      # never sent: the host watch's receive
+TAG_RING = 16                                       # a member's ring-step word, to its right neighbour's host
 POLL_S = 0.001                                      # how often an idle carrier calls into MPI
 WATCH_S = 0.05                                      # how often the host watch asks MPI (CarrierThread)
 
@@ -154,6 +155,10 @@ def serve(ctl, carrier: Carrier, chunk: int, table_offset: int, slice_start, sto
       number go to the receiver's carrier, which reads the sender's segment into its mirror
       before it announces the send to the receiver; the receiver's answer (done word, status)
       comes back the same way;
+    - a ring step finished by a rank here whose right neighbour in a communicator is far (its
+      ring-step word moved): the word goes to the neighbour's carrier, which reads what the
+      neighbour's next steps pull from the rank (runtime/hosts/_reads.py, ``FarReads.ring``)
+      into the mirror before it writes the word there;
     - the job's first failure recorded on this host goes to every other host, and one
       recorded elsewhere is recorded here."""
     from mpi4py import MPI
@@ -178,8 +183,14 @@ def serve(ctl, carrier: Carrier, chunk: int, table_offset: int, slice_start, sto
     seq_at = done_at = np.zeros(0, np.int64)
     sent = answered = np.zeros(0, np.uint32)
 
+    # ring-step words of members here whose right neighbour is far, in the world and in each
+    # communicator spanning hosts: (members, slots, the member's index); what was forwarded last
+    rings: list[tuple] = []
+    ring_at = np.zeros(0, np.int64)
+    stepped = np.zeros(0, np.uint32)
+
     def carry_p2p(a: int, members: list[int], slots: list[int]) -> None:
-        nonlocal seq_at, done_at, sent, answered
+        nonlocal seq_at, done_at, sent, answered, ring_at, stepped
         i = members.index(a)
         new = [(a, slots[i], j, b, slots[j], i) for j, b in enumerate(members) if host_of[b] != host]
         pairs.extend(new)
@@ -191,6 +202,10 @@ def serve(ctl, carrier: Carrier, chunk: int, table_offset: int, slice_start, sto
         zero = np.zeros(len(new), np.uint32)
         sent = np.append(sent, ctl.u32[seq_at[len(sent):]] if world_words else zero).astype(np.uint32)
         answered = np.append(answered, ctl.u32[done_at[len(answered):]] if world_words else zero).astype(np.uint32)
+        if host_of[members[(i + 1) % len(members)]] != host:
+            rings.append((members, slots, i))
+            ring_at = np.append(ring_at, w.ring_step(a, slots[i]) // 4).astype(np.int64)
+            stepped = np.append(stepped, ctl.u32[ring_at[-1]] if world_words else 0).astype(np.uint32)
 
     for a in mine:
         carry_p2p(a, list(range(world)), [0] * world)
@@ -259,6 +274,16 @@ def serve(ctl, carrier: Carrier, chunk: int, table_offset: int, slice_start, sto
                 comm.send((pair, int(now_answered[i]), st, why, t), dest=host_of[pair[3]], tag=TAG_DONE)
                 busy = True
             sent, answered = now_sent.copy(), now_answered.copy()
+        # ring steps of ranks here, to their right neighbours' hosts (after the blocks of the
+        # barriers they passed: a far neighbour's carrier has the call's descriptors first)
+        if rings:
+            now_stepped = ctl.u32[ring_at]
+            for k in np.flatnonzero(now_stepped != stepped):
+                members, slots, i = rings[k]
+                comm.send((members, slots, i, int(now_stepped[k])), dest=host_of[members[(i + 1) % len(members)]],
+                          tag=TAG_RING)
+                busy = True
+            stepped = now_stepped.copy()
         # what other carriers sent
         while comm.Iprobe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=status):
             tag, msg = status.Get_tag(), comm.recv(source=status.Get_source(), tag=status.Get_tag())
@@ -293,6 +318,14 @@ def serve(ctl, carrier: Carrier, chunk: int, table_offset: int, slice_start, sto
                 _native.store_u32(ctl.base + w.recv_status(*a), st)
                 _native.store_u32(ctl.base + w.recv_done(*a), seq)
                 _native.futex_wake(ctl.base + w.recv_done(*a), 2**31 - 1)
+            elif tag == TAG_RING:
+                # far member i's ring steps: what the member after it here pulls from them is
+                # read before the word that lets it pull is written
+                members, slots, i, now = msg
+                word = w.ring_step(members[i], slots[i])
+                read(far.ring(members, slots, i, int(ctl.u32[word // 4]), now))
+                _native.store_u32(ctl.base + word, now)
+                _native.futex_wake(ctl.base + word, 2**31 - 1)
             elif tag == TAG_FAILED and not failure_known:
                 rank, kind, value = msg
                 failure_known = True

@@ -26,15 +26,17 @@ class CarrierWords:
 
     def collective(self, r: int, slot: int) -> list[slice]:
         """The parts of ``own`` a barrier's block carries to other hosts: the arrival word, the
-        root and ring counters, the call descriptors and their reasons, the card. Not the
-        point-to-point words (sequence numbers, answers, send descriptors and their reasons):
-        those travel with their send or answer (TAG_SEND, TAG_DONE), and a block written over
-        them could announce a send or an answer before its descriptor, bytes or modeled time."""
-        at, lay, w = self.lay.slot(r, slot), self.lay, self.ctl.world
+        root counter, the call descriptors and their reasons, the card. Not the point-to-point
+        words (sequence numbers, answers, send descriptors and their reasons): those travel
+        with their send or answer (TAG_SEND, TAG_DONE), and a block written over them could
+        announce a send or an answer before its descriptor, bytes or modeled time. Nor the
+        ring-step counter, for the same reason: it travels alone (TAG_RING), once the bytes
+        the next step pulls are read."""
+        at, lay = self.lay.slot(r, slot), self.lay
         return [slice(at + self._arrival, at + Layout.SLOT_SEND_SEQ),
-                slice(at + lay.slot_recv_status() + 4 * w, at + lay.slot_p2p_desc()),
+                slice(at + lay.slot_root_done(), at + lay.slot_ring_step()),
                 slice(at + lay.slot_desc(0), at + lay.slot_reason(2)),
-                slice(at + lay.slot_reason(2 + 2 * w), at + lay.slot_bytes)]
+                slice(at + lay.slot_reason(2 + 2 * self.ctl.world), at + lay.slot_bytes)]
 
     def write_collective(self, r: int, slot: int, block: bytes, at: int) -> int:
         """Write the ``collective`` parts of r's words from another host's block, whose copy of
@@ -55,6 +57,9 @@ class CarrierWords:
         n = int(i32[(at + self.lay.slot_members()) // 4])
         members = i32[(at + self.lay.slot_members()) // 4 + 1:][:n].tolist()
         return members, i32[(at + self.lay.slot_slots()) // 4:][:n].tolist()
+
+    def ring_step(self, a: int, slot: int) -> int:            # a's ring steps finished, ever (u32)
+        return self.lay.slot(a, slot) + self.lay.slot_ring_step()
 
     # the point-to-point words of member a (world rank, in its ``slot`` of the communicator)
     # towards the member of index b there

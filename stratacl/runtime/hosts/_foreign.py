@@ -228,14 +228,6 @@ def _mpi():
     return MPI
 
 
-def _check_spanning(launch: Launch, config, host_of: list[int]) -> None:
-    from ._hosts import uncarried
-    why = [f"STRATACL_{name.upper()}={value} ({reason})" for name, value, reason in uncarried(config)]
-    if why:
-        raise BootstrapError(f"stratacl.init(): a job spanning hosts ({max(host_of) + 1} here) does not run with "
-                             + "; ".join(why))
-
-
 class _Word:
     """The launcher's channel between the first rank of a host and the host's other ranks: one
     word, the job id (or, starting with "!", why the first rank could not make the job)."""
@@ -320,7 +312,6 @@ def join(launch: Launch, config) -> Joined:
     host_of = hosts(launch, config)
     carriers, host = None, 0
     if host_of is not None:
-        _check_spanning(launch, config, host_of)
         host = host_of[launch.rank]
     word = _Word(launch, config, host_of, host)
     local = word.local

@@ -10,25 +10,15 @@ span hosts (each member writes the communicator's card, members and slots, in it
 point-to-point call's words and bytes when its sender announces them, on the world
 communicator and on any other communicator spanning hosts (whose members hand the carrier its
 card when they make it): the carriers forward a send's descriptor and number, and the
-receiver's answer. What else would need a word outside those (one-sided calls, ring steps) is
-refused with ``NotImplementedError`` naming the operation, rather than left to time out.
+receiver's answer; a ring step's word when a member whose right neighbour is far finishes the
+step, the bytes the neighbour's next step pulls read first. What else would need a word outside
+those (one-sided calls) is refused with ``NotImplementedError`` naming the operation, rather
+than left to time out.
 """
 from __future__ import annotations
 
 from .. import _native
 from ..services import COMM_SLOTS, H_CARRIER, H_CARRIER_READ
-
-
-def uncarried(config) -> list[tuple[str, str, str]]:
-    """The settings of ``config`` a job spanning hosts cannot run with: (setting, value, why)."""
-    out = []
-    if config.algo != "mesh":
-        out.append(("algo", config.algo, "ring steps are not carried across hosts yet; use mesh"))
-    if config.registration == "pool":
-        out.append(("registration", "pool", "a pool is mapped whole, too large to carry at every barrier"))
-    if config.metadata_path != "direct":
-        out.append(("metadata_path", config.metadata_path, "one daemon cannot relay to several hosts"))
-    return out
 
 
 class HostMap:

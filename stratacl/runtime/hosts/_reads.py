@@ -13,6 +13,14 @@ each far member's input in the phase after the barrier, and nothing else.
       -> one MPI_Get per run into the member's mirror (with the expandable allocator one per
          chunk a run touches, where the member's chunk table says the chunk is)
 
+A ring call (``--algo ring``/``auto``, runtime/communicator/_ringsteps.py; its descriptor names
+its extra buffer in F_AUX1, which a mesh call leaves 0) has each member pull from its left
+neighbour only, step after step: its entry barrier reads what step 0 pulls from a far left
+neighbour (its input), all_reduce's middle barrier what step N-1 pulls, and every later step
+is read once the far neighbour's ring-step word says it finished the step before (``ring``,
+from its base in the descriptor's fifth extension word): from its input, or from the output
+or scratch buffer its descriptor names.
+
 A barrier past the call's last phase reads nothing, nor does a call whose descriptors disagree
 (every member raises without pulling). The operators whose slice maps depend on more than
 the descriptors (expert-parallel calls, a user's slice map) are read as a whole: the input,
@@ -21,6 +29,7 @@ twice its size when it is an eager slot, and the second buffer the operator tabl
 """
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Callable, Sequence
 
 import numpy as np
@@ -30,7 +39,7 @@ from ...collectives import DTYPE_BY_CODE, slices
 from ..memory import RegistrationUnit
 from ..pipeline import EAGER_BYTES, EAGER_CHUNKS_READ
 from ..services import (
-    F_ADDR, F_CALL, F_COUNT, F_DTYPE, F_FLAGS, F_NBYTES, F_OP, F_ROOT, F_SEG_OFF, F_SEG_SIZE, F_SEG_VA,
+    F_ADDR, F_AUX1, F_CALL, F_COUNT, F_DTYPE, F_FLAGS, F_NBYTES, F_OP, F_ROOT, F_SEG_OFF, F_SEG_SIZE, F_SEG_VA,
 )
 from ._carrierwords import CarrierWords
 
@@ -47,8 +56,8 @@ def phases(name: str, me: int, n: int, count: int, itemsize: int, root: int,
     ``count`` elements of ``itemsize`` bytes (the operator's F_COUNT) and ``root``; ``counts``:
     an all_to_all_v's extension words, a row per member (what it sends to each, then what it
     receives from each). The frontend is the one the Communicator's method takes for those
-    arguments (runtime/communicator/_comm.py, _pipelined.py), with the mesh algorithm, the
-    only one a job over hosts runs."""
+    arguments (runtime/communicator/_comm.py, _pipelined.py), with the mesh algorithm (a ring
+    call's steps: ``ring_steps``)."""
     nb = count * itemsize
     if name == "all_gather":
         return slices.all_gather(me, n, nb)
@@ -71,6 +80,38 @@ def phases(name: str, me: int, n: int, count: int, itemsize: int, root: int,
     if name == "all_to_all_v":
         return slices.all_to_all_v(me, n, counts[:, :n], counts[:, n:2 * n], itemsize)
     return []                                     # barrier, split: nothing is pulled
+
+
+RING = ("all_gather", "reduce_scatter", "all_reduce")     # the operators with ring steps
+U32 = 0xFFFFFFFF
+
+
+@lru_cache(maxsize=64)
+def ring_steps(name: str, me: int, n: int, count: int, itemsize: int) -> tuple:
+    """The slice maps of member ``me``'s ring steps in a ring call of ``name`` whose descriptors
+    say ``count`` elements of ``itemsize`` bytes (F_COUNT: all_gather's and all_reduce's input,
+    reduce_scatter's output), one a step, as runtime/communicator/_ringsteps.py runs them."""
+    if name == "all_gather":
+        return tuple(m for s in range(n - 1) for m in slices.ring_all_gather_step(me, n, count * itemsize, s))
+    if name == "reduce_scatter":
+        return tuple(m for s in range(n - 1) for m in slices.ring_reduce_scatter_step(me, n, n * count, itemsize, s))
+    return tuple(m for s in range(2 * (n - 1)) for m in slices.ring_all_reduce_step(me, n, count, itemsize, s))
+
+
+def ring_step_after(name: str, n: int, barrier: int) -> int | None:
+    """The ring step that starts after barrier ``barrier`` of a ring call without waiting for
+    the left neighbour (the entry: step 0; all_reduce's middle: step N-1, its second chain's
+    first), or None (a departure)."""
+    if barrier == 0:
+        return 0
+    return n - 1 if name == "all_reduce" and barrier == 1 else None
+
+
+def ring_step_waits(name: str, n: int, s: int) -> bool:
+    """Whether ring step ``s`` waits for the left neighbour to finish step s-1 (every step but
+    those ``ring_step_after`` a barrier; s past the last step: none)."""
+    total = 2 * (n - 1) if name == "all_reduce" else n - 1
+    return 0 < s < total and not (name == "all_reduce" and s == n - 1)
 
 
 def planned(name: str, n: int, here: Sequence[int], far: Sequence[int], barrier: int, count: int, itemsize: int,
@@ -174,6 +215,17 @@ class FarReads:
         if (d[:, F_OP:F_FLAGS + 1] != d[0, F_OP:F_FLAGS + 1]).any() or d[:, F_FLAGS].any():
             return []                # every member raises without pulling (runtime/pipeline/_protocol.py)
         dtype = DTYPE_BY_CODE.get(int(d[0, F_DTYPE]))
+        if name in RING and int(d[0, F_AUX1]):
+            step = ring_step_after(name, n, b)
+            if step is None:
+                return []
+            wants = []
+            for j in here:
+                i = (j - 1) % n
+                if i in far:
+                    wants += self._ring_pull(members[i], at[i], d[i], i, ring_steps(
+                        name, j, n, int(d[0, F_COUNT]), dtype.itemsize if dtype is not None else 1)[step])
+            return wants
         counts = np.stack([w.extension(a, 2 * n) for a in at]) if name == "all_to_all_v" else None
         shape = (name, n, here, b, int(d[0, F_COUNT]), int(d[0, F_DTYPE]), int(d[0, F_ROOT]),
                  None if counts is None else counts.tobytes())
@@ -188,6 +240,53 @@ class FarReads:
             di = d[i]
             wants += self.runs(members[i], [(int(di[F_ADDR]) + int(o), int(nb)) for o, nb in ranges],
                                int(di[F_SEG_VA]), int(di[F_SEG_SIZE]), int(di[F_SEG_OFF]))
+        return wants
+
+    def ring(self, members: list[int], slots: list[int], i: int, seen: int, now: int) -> list:
+        """What member i+1 (here) of the communicator of ``members`` (in their ``slots``) pulls
+        from member i (far) in the steps that member i's ring-step word moving from ``seen``
+        to ``now`` (u32) lets it take: for each value between, the step it finished tells
+        which call (the one of i's two descriptors here whose base the value passes) and which
+        step of it (the value less the base); a step that does not wait on the word (the first
+        of a chain, read at a barrier) or past the call's last is not read."""
+        n, lay, w = len(members), self.lay, self.w
+        j = (i + 1) % n
+        wants = []
+        for parity in (0, 1):
+            at = lay.slot(members[i], slots[i]) + lay.slot_desc(parity)
+            d = w.descriptor(at)
+            name = NAME.get(int(d[F_OP]))
+            if name not in RING or not int(d[F_AUX1]) or int(d[F_FLAGS]):
+                continue
+            base = int(w.extension(at, 5)[4])
+            dtype = DTYPE_BY_CODE.get(int(d[F_DTYPE]))
+            steps = None
+            for k in range(1, ((now - seen) & U32) + 1):
+                s = (seen + k - base) & U32
+                if ring_step_waits(name, n, s):
+                    if steps is None:
+                        steps = ring_steps(name, j, n, int(d[F_COUNT]), dtype.itemsize if dtype is not None else 1)
+                    wants += self._ring_pull(members[i], at, d, i, steps[s])
+        return wants
+
+    def _ring_pull(self, member: int, at: int, d: np.ndarray, i: int, step) -> list:
+        """The reads that bring what ``step`` (a slice map) loads from member ``i`` (world rank
+        ``member``, its descriptor ``d`` at ``at``) into its mirror: from its input, or from
+        the extra buffer a ring call names (F_AUX1; its segment in the extension words)."""
+        keep = (step.peer == i) & (step.op != slices.STORE)
+        wants = []
+        from_input = keep & (step.src_buf == slices.IN)
+        if from_input.any():
+            addr = int(d[F_ADDR])
+            wants += self.runs(member, [(addr + int(o), int(b)) for o, b in zip(step.src[from_input],
+                                                                               step.nbytes[from_input])],
+                               int(d[F_SEG_VA]), int(d[F_SEG_SIZE]), int(d[F_SEG_OFF]))
+        extra = keep & (step.src_buf != slices.IN)
+        if extra.any():
+            addr = int(d[F_AUX1])
+            va, size, off = (int(v) for v in self.w.extension(at, 3))
+            wants += self.runs(member, [(addr + int(o), int(b)) for o, b in zip(step.src[extra], step.nbytes[extra])],
+                               va, size, off)
         return wants
 
     def forget(self, members: list[int], slots: list[int]) -> None:
