@@ -73,7 +73,6 @@ class Carrier:
         for table in comm.allgather({r: MPI.Get_address(a) for r, a in self._local.items()}):
             self._at.update(table)
         self.moved = 0                                # bytes read from other hosts, ever
-        self.put_bytes = 0                            # bytes put into other hosts' segments, ever
         self.failure: BaseException | None = None     # what ``failed`` made of the first error
         self.failing = threading.Lock()               # the carrier and the host watch may both fail
         self.outstanding: list = []                   # serve's sends in flight (their buffers)
@@ -102,50 +101,33 @@ class Carrier:
         here, each owner's host under a shared passive-target lock; returns the bytes read. The
         owners' carriers must call into MPI meanwhile (``serve`` polls it) for their side to
         progress."""
-        refused: list = []
-        plan = self._checked(wants, refused)
-        MPI, win = self._mpi, self._win
-        for host in sorted({self.host_of[o] for o, _, _ in plan}):
-            win.Lock(host, MPI.LOCK_SHARED)
-            for owner, offset, nbytes in plan:
-                if self.host_of[owner] == host:
-                    win.Get([self._mirrors[owner][offset:offset + nbytes], MPI.BYTE], host,
-                            target=(self._at[owner] + offset, nbytes, MPI.BYTE))
-            win.Unlock(host)
-        moved = sum(p[2] for p in plan)
-        self.moved += moved
-        if refused:
-            raise ValueError(f"carrier of host {self.host}: refused {len(refused)} read(s): " + "; ".join(refused))
-        return moved
+        return self._move(wants, "read")
 
     def put(self, wants: Iterable[tuple[int, int, int]]) -> int:
-        """Put each (owner rank, HBM offset, bytes) of the owner's mirror here into the owner's
-        segment on its host, each owner's host under a shared passive-target lock, whose
-        release completes the puts there (MPI_Win_unlock); returns the bytes put. The owners'
-        carriers must call into MPI meanwhile, as for ``read``."""
+        """Put each (owner rank, HBM offset, bytes) of the owner's mirror here into its segment,
+        as ``read`` reads; the lock's release (MPI_Win_unlock) completes them there first."""
+        return self._move(wants, "put")
+
+    def _move(self, wants, what: str) -> int:
         refused: list = []
         plan = self._checked(wants, refused)
         MPI, win = self._mpi, self._win
+        op = win.Get if what == "read" else win.Put
         for host in sorted({self.host_of[o] for o, _, _ in plan}):
             win.Lock(host, MPI.LOCK_SHARED)
             for owner, offset, nbytes in plan:
                 if self.host_of[owner] == host:
-                    win.Put([self._mirrors[owner][offset:offset + nbytes], MPI.BYTE], host,
-                            target=(self._at[owner] + offset, nbytes, MPI.BYTE))
+                    op([self._mirrors[owner][offset:offset + nbytes], MPI.BYTE], host,
+                       target=(self._at[owner] + offset, nbytes, MPI.BYTE))
             win.Unlock(host)
-        put = sum(p[2] for p in plan)
-        self.put_bytes += put
+        moved = sum(p[2] for p in plan)
+        self.moved += moved if what == "read" else 0
         if refused:
-            raise ValueError(f"carrier of host {self.host}: refused {len(refused)} put(s): " + "; ".join(refused))
-        return put
-
-    def mirror(self, rank: int) -> np.ndarray:
-        """The bytes of ``rank``'s mirror on this host."""
-        return self._mirrors[rank]
+            raise ValueError(f"carrier of host {self.host}: refused {len(refused)} {what}(s): " + "; ".join(refused))
+        return moved
 
     def segment(self, rank: int) -> np.ndarray:
-        """The bytes of ``rank``'s segment on this host: its own if it is a rank here, else
-        this host's mirror of it."""
+        """The bytes of ``rank``'s segment here: its own for a rank here, else its mirror."""
         return self._local[rank] if rank in self._local else self._mirrors[rank]
 
     def close(self) -> None:
@@ -266,8 +248,7 @@ def serve(ctl, carrier: Carrier, chunk: int, table_offset: int, slice_start, sto
                 far.forget(members, slots)
                 continue
             key = (members[0], slots[0])
-            # what the members here stored into far members' mirrors in the phase this barrier
-            # ends lands in their segments first: complete there before the block below leaves
+            # far stores of the phase this barrier ends: in their owners' segments before it leaves
             carrier.put(far.stores(members, slots))
             block = b"".join(bytes(ctl.u8[w.own(m, sl)]) for m, sl in zip(members, slots) if host_of[m] == host)
             hosts = sorted({host_of[m] for m in members} - {host})
