@@ -37,6 +37,10 @@ class Operator:
     # (address, segment address, size, offset, epoch) at word a * N + b (N: the members), or
     # None: across hosts the carriers read it with the input (runtime/hosts/_reads.py)
     read_block: tuple[int, int] | None = None
+    # a buffer peers store into, named in the extension words as read_block names its own, or
+    # None: across hosts a store lands in this host's mirror of the peer, and the storing host's
+    # carrier puts the stored ranges back into the peer's segment (runtime/hosts/_reads.py)
+    write_block: tuple[int, int] | None = None
 
 
 OPERATORS: tuple[Operator, ...] = (
@@ -56,7 +60,8 @@ OPERATORS: tuple[Operator, ...] = (
     Operator("gather", 13, "collective"),
     Operator("scatter", 14, "collective"),
     # a user's slice map run as an operator (stratacl.fabric), whatever its name
-    Operator("slice_map", 15, "fabric", read_block=(2, 7)),      # the traffic block (fabric/_usermap.py)
+    # the traffic block, and its dst (fabric/_usermap.py)
+    Operator("slice_map", 15, "fabric", read_block=(2, 7), write_block=(2, 0)),
     Operator("reduce", 16, "collective", native=True),
     # point to point: codes owned by the native layer (_native.h, OP_SEND = 100, ...)
     Operator("send", 100, "p2p", native=True),

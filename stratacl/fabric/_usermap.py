@@ -13,7 +13,8 @@ store into). The backend does the rest, as for the library's own operators:
         |                       extension words: the dst buffer's block and both sizes, which
         |                       must be the same on every rank (symmetric buffers); a rank that
         |                       rejects its slices raises, its peers raise CollectiveMismatch
-        sources, blocks ready   peers' src (loads) and dst (stores) registered here
+        sources, blocks ready   peers' src (loads) and dst (stores) registered here (a peer on
+        |                       another host: this host's mirror of it, see "Across hosts")
         phases                  each compiled (collectives/_backend.py) and run on the cores
         |                       (balanced or naive partitioning) or the SDMA engine, with a
         |                       barrier between two phases
@@ -24,6 +25,14 @@ Actions: ``load`` (peer's src -> my dst), ``store`` (my src -> peer's dst), ``re
 src loaded and accumulated into my dst: every reduce slice of a phase writing the same dst range
 is one reduction, in the order the slices were added, with the atomic write-back the paper's
 MTE does; list this rank itself as a peer to include its own values).
+
+Across hosts (runtime/hosts/_reads.py) a peer on another host is this host's mirror of it: a
+load reads what the carrier read into the mirror at the barrier before the phase, and a store
+writes into the mirror, from which the carrier puts the stored ranges into the peer's segment
+on its host before the barrier that ends the phase completes there. The carrier learns the
+ranges from the block the traffic block is part of: after its [phases, N + 1] words, when the
+communicator spans hosts, the number of this rank's stores into far members and one row per
+store (phase, member, dst offset, bytes).
 """
 from __future__ import annotations
 
@@ -39,11 +48,14 @@ from ..runtime import pipeline
 ACTIONS = {"load": slices.LOAD, "store": slices.STORE, "reduce": slices.LOAD_ACC}
 # extension words after the 2 N words of needs (the src bytes this rank reads of each peer, the dst
 # bytes it writes of each): dst's block (address, segment address, size, offset, epoch), the
-# sizes of src and dst, the traffic block (timed calls only)
+# sizes of src and dst, the traffic block (timed calls, and calls storing into far members: the
+# far stores follow the traffic, see the module docstring)
 X_DST, X_SRC_BYTES, X_DST_BYTES, X_TRAFFIC, X_WORDS = 0, 5, 6, 7, 12
 OPERATION = "slice_map"
 # where the operator table tells the carriers (across hosts) peers read the traffic block
 assert BY_NAME[OPERATION].read_block == (2, X_TRAFFIC)
+# and where it tells them peers store into (dst's block), whose stored ranges they put back
+assert BY_NAME[OPERATION].write_block == (2, X_DST)
 
 
 class SliceMap:
@@ -92,9 +104,10 @@ class SliceMap:
     def _maps(self, me: int, n: int, src_bytes: int, dst_bytes: int, itemsize: int, name: str):
         """Each phase as the backend's slice map, after the checks of this rank's own side; the
         bytes of each peer's src it reads and of each peer's dst it writes (checked against the
-        peers' sizes once they are known); and its bytes per peer and transfer kind, phase by
-        phase, for the modeled clock."""
-        maps, traffic = [], np.zeros((self.phases, n + 1), dtype=np.int64)
+        peers' sizes once they are known); its bytes per peer and transfer kind, phase by
+        phase, for the modeled clock; and its stores, a row each (phase, peer, dst offset,
+        bytes)."""
+        maps, traffic, stores = [], np.zeros((self.phases, n + 1), dtype=np.int64), []
         need = np.zeros((2, n), dtype=np.int64)
         for k, phase in enumerate(self._phases):
             a = np.array(phase, dtype=np.int64).reshape(-1, 5)
@@ -120,8 +133,9 @@ class SliceMap:
             # way (collectives/_slices.py)
             maps.append(slices.make(me, peer, slices.IN, src, slices.OUT, dst, nbytes, op))
             np.add.at(traffic[k], peer, nbytes)
+            stores.append(np.stack([np.full(int(store.sum()), k), peer[store], dst[store], nbytes[store]], axis=1))
             traffic[k, n] = schedules.LOAD_REDUCE if (op == slices.LOAD_ACC).any() else schedules.LOAD
-        return maps, need, traffic
+        return maps, need, traffic, np.concatenate(stores).astype(np.int64)
 
 
 def run(comm, smap: SliceMap, src: np.ndarray, dst: np.ndarray, *, reduce: str = "sum",
@@ -141,7 +155,8 @@ def _run(comm, pipe, smap: SliceMap, src, dst, reduce: str, name: str) -> None:
     n, me = comm.size, comm.rank
     error = inp = target = flat = None
     code = rcode = phases = 0
-    maps = need = traffic = None
+    maps = need = traffic = far_stores = None
+    spans = False
     try:
         if not isinstance(smap, SliceMap):
             raise TypeError(f"{name}: expected a stratacl.fabric.SliceMap, got {type(smap).__name__}")
@@ -153,10 +168,12 @@ def _run(comm, pipe, smap: SliceMap, src, dst, reduce: str, name: str) -> None:
         code = dtype_code(dst.dtype, name)
         rcode = reduce_code(reduce, dst.dtype, name)
         phases = smap.phases
-        maps, need, traffic = smap._maps(me, n, src.nbytes, dst.nbytes, dst.itemsize, name)
-        # a store writes into the peer's memory, which across hosts is only this host's mirror
-        # of it: refused by name (the carriers bring bytes here, they do not write them back)
-        pipe.check_near(name, [p for m in maps for p in m.peer[m.op == slices.STORE]], "stores into a peer's buffer")
+        maps, need, traffic, stores = smap._maps(me, n, src.nbytes, dst.nbytes, dst.itemsize, name)
+        # a store into a far member writes into this host's mirror of it: the carrier puts
+        # these ranges back into the member's segment (empty bytes move nothing)
+        far = pipe.far_members()
+        spans = bool(far.any())
+        far_stores = stores[far[stores[:, 1]] & (stores[:, 3] > 0)]
         pipe.check_path(name)
         inp = pipe.input(src, name, bool(np.may_share_memory(src, dst)))
         flat = dst.reshape(-1)
@@ -173,9 +190,13 @@ def _run(comm, pipe, smap: SliceMap, src, dst, reduce: str, name: str) -> None:
         x = ext[2 * n:]
         x[X_DST:X_DST + 5] = pipe.block(target) if target.size else 0
         x[X_SRC_BYTES], x[X_DST_BYTES] = src.nbytes, dst.nbytes
-        if timed:
-            block = pipe.empty(traffic.shape, np.int64)
-            block[...] = traffic
+        if timed or far_stores.size:
+            # across hosts the far stores follow the traffic (their count first), for the carrier
+            block = pipe.empty((traffic.size + (1 + far_stores.size if spans else 0),), np.int64)
+            block[:traffic.size] = traffic.reshape(-1)
+            if spans:
+                block[traffic.size] = len(far_stores)
+                block[traffic.size + 1:] = far_stores.reshape(-1)
             x[X_TRAFFIC:X_TRAFFIC + 5] = pipe.block(block)
     parity = pipe.enter(OPERATION if name == "slice_map" else name, code, inp, ext, error, count=phases, redop=rcode)
     words = pipe.extensions(parity)

@@ -101,25 +101,34 @@ class Carrier:
         here, each owner's host under a shared passive-target lock; returns the bytes read. The
         owners' carriers must call into MPI meanwhile (``serve`` polls it) for their side to
         progress."""
+        return self._move(wants, "read")
+
+    def put(self, wants: Iterable[tuple[int, int, int]]) -> int:
+        """Put each (owner rank, HBM offset, bytes) of the owner's mirror here into its segment,
+        as ``read`` reads; the lock's release (MPI_Win_unlock) completes them there first."""
+        return self._move(wants, "put")
+
+    def _move(self, wants, what: str) -> int:
         refused: list = []
         plan = self._checked(wants, refused)
         MPI, win = self._mpi, self._win
+        op = win.Get if what == "read" else win.Put
         for host in sorted({self.host_of[o] for o, _, _ in plan}):
             win.Lock(host, MPI.LOCK_SHARED)
             for owner, offset, nbytes in plan:
                 if self.host_of[owner] == host:
-                    win.Get([self._mirrors[owner][offset:offset + nbytes], MPI.BYTE], host,
-                            target=(self._at[owner] + offset, nbytes, MPI.BYTE))
+                    op([self._mirrors[owner][offset:offset + nbytes], MPI.BYTE], host,
+                       target=(self._at[owner] + offset, nbytes, MPI.BYTE))
             win.Unlock(host)
         moved = sum(p[2] for p in plan)
-        self.moved += moved
+        self.moved += moved if what == "read" else 0
         if refused:
-            raise ValueError(f"carrier of host {self.host}: refused {len(refused)} read(s): " + "; ".join(refused))
+            raise ValueError(f"carrier of host {self.host}: refused {len(refused)} {what}(s): " + "; ".join(refused))
         return moved
 
-    def mirror(self, rank: int) -> np.ndarray:
-        """The bytes of ``rank``'s mirror on this host."""
-        return self._mirrors[rank]
+    def segment(self, rank: int) -> np.ndarray:
+        """The bytes of ``rank``'s segment here: its own for a rank here, else its mirror."""
+        return self._local[rank] if rank in self._local else self._mirrors[rank]
 
     def close(self) -> None:
         """Free the window (collective). The buffers stay the caller's."""
@@ -150,7 +159,8 @@ def serve(ctl, carrier: Carrier, chunk: int, table_offset: int, slice_start, sto
       other host in the communicator, and once every such host's have come, write them here,
       read what the call's slice maps have the members here pull from far members in the
       next phase into the mirrors (passive-target reads; runtime/hosts/_reads.py), set the
-      barrier's generation word;
+      barrier's generation word; and before the words leave, put what the members here
+      stored into far members' mirrors in the phase the barrier ends into their segments;
     - a send from a rank here to a far rank (its sequence word moved): the descriptor and the
       number go to the receiver's carrier, which reads the sender's segment into its mirror
       before it announces the send to the receiver; the receiver's answer (done word, status)
@@ -174,7 +184,7 @@ def serve(ctl, carrier: Carrier, chunk: int, table_offset: int, slice_start, sto
         carrier.read(wants)
         _native.store_u64(ctl.base + H_CARRIER_READ, carrier.moved)
 
-    far = FarReads(ctl, host, host_of, read, carrier.mirror, chunk, table_offset, slice_start)
+    far = FarReads(ctl, host, host_of, read, carrier.segment, chunk, table_offset, slice_start)
 
     # point-to-point words of members here towards far members, of the world communicator and
     # of each communicator spanning hosts a member here announced (an entry k = 0, with its
@@ -238,6 +248,8 @@ def serve(ctl, carrier: Carrier, chunk: int, table_offset: int, slice_start, sto
                 far.forget(members, slots)
                 continue
             key = (members[0], slots[0])
+            # far stores of the phase this barrier ends: in their owners' segments before it leaves
+            carrier.put(far.stores(members, slots))
             block = b"".join(bytes(ctl.u8[w.own(m, sl)]) for m, sl in zip(members, slots) if host_of[m] == host)
             hosts = sorted({host_of[m] for m in members} - {host})
             sending += [comm.isend((members, slots, block), dest=g, tag=TAG_BLOCK) for g in hosts]

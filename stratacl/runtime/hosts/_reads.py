@@ -26,6 +26,20 @@ A barrier past the call's last phase reads nothing, nor does a call whose descri
 the descriptors (expert-parallel calls, a user's slice map) are read as a whole: the input,
 twice its size when it is an eager slot, and the second buffer the operator table names
 (``read_block``). A far member's send is read whole too: a receive pulls all of it.
+
+A user's slice map may also store into a far member's buffer (the operator table's
+``write_block``, its dst): the store lands in this host's mirror of the member, and this host's
+carrier puts it back (``stores``):
+
+    barrier j of the call, its members here all arrived (before their words leave the host)
+      -> each member here's far stores (phase, member, dst offset, bytes), after its traffic
+         block (fabric/_usermap.py), read from its segment here
+      -> those of phase j - 1 (the phase the barrier ends), at the far member's dst block
+      -> one MPI_Put per run from the mirror into the member's segment, complete there
+         before the barrier's words are sent, so before the barrier completes on its host
+
+At the call's entry barrier the carrier reads the chunk-table entries of each far dst stored
+into (``runs``), which the ranks here map the mirror by, as for a read.
 """
 from __future__ import annotations
 
@@ -45,6 +59,10 @@ from ._carrierwords import CarrierWords
 
 NAME = {op.code: op.name for op in OPERATORS}
 READ_BLOCK = {op.code: op.read_block for op in OPERATORS if op.read_block is not None}
+# the operators whose members may store into a far member's buffer: the buffer's block and the
+# block whose tail lists the stores (after the traffic words, [count, phases, N + 1] words in)
+STORES = {op.code: (op.write_block, op.read_block) for op in OPERATORS if op.write_block is not None}
+STORE_ROW = 4                                     # phase, member, dst offset, bytes
 # the operators whose slice maps follow from their descriptors (``phases``)
 PLANNED = ("barrier", "split", "all_gather", "reduce_scatter", "all_reduce", "all_to_all", "broadcast", "gather",
            "scatter", "reduce", "all_to_all_v")
@@ -151,27 +169,30 @@ def planned(name: str, n: int, here: Sequence[int], far: Sequence[int], barrier:
 class FarReads:
     """The reads ``serve`` (runtime/hosts/_carrier.py) makes into this host's mirrors: for a
     barrier of a communicator spanning hosts (``barrier``) and for a far member's send
-    (``runs``). ``read(wants)`` reads (owner, HBM offset, bytes) triples; ``mirror(r)``: rank
-    r's mirror here; ``chunk``: the expandable allocator's chunk (0: segments are contiguous
+    (``runs``); and what its members here stored into far members' mirrors (``stores``).
+    ``read(wants)`` reads (owner, HBM offset, bytes) triples; ``segment(r)``: rank r's
+    segment here, or its mirror for a rank of another host; ``chunk``: the expandable allocator's chunk (0: segments are contiguous
     in HBM), its chunk table at ``table_offset`` of every segment; ``slice_start(r)``: where
     rank r's address slice begins."""
 
-    def __init__(self, ctl, host: int, host_of: Sequence[int], read: Callable, mirror: Callable, chunk: int,
+    def __init__(self, ctl, host: int, host_of: Sequence[int], read: Callable, segment: Callable, chunk: int,
                  table_offset: int, slice_start: Callable[[int], int]):
         self.w, self.lay = CarrierWords(ctl), ctl.layout
         self.host, self.host_of = host, host_of
-        self._read, self._mirror, self.chunk = read, mirror, chunk
+        self._read, self._segment, self.chunk = read, segment, chunk
         self.table_offset, self.slice_start = table_offset, slice_start
         self.table_bytes = RegistrationUnit.table_bytes(slice_start(1) - slice_start(0), chunk) if chunk else 0
         self._calls: dict[tuple, tuple[int, int]] = {}     # communicator -> (its last call, barriers of it)
         self._plans: dict[tuple, dict] = {}                # a call shape's ``planned``
+        self._entered: dict[tuple, tuple[int, int]] = {}   # communicator -> (its last call, barriers entered)
 
-    def runs(self, r: int, ranges, va: int, size: int, off: int) -> list:
+    def runs(self, r: int, ranges, va: int, size: int, off: int, read_table: bool = True) -> list:
         """The reads that bring the byte ranges [addr, addr + nbytes) of rank r's segment (at
         va, size bytes, at HBM offset off) into its mirror: one a range, or with the
         expandable allocator one per chunk a range touches, where r's chunk table says the
         chunk is (its entries for the segment's chunks read first: a rank here maps the whole
-        segment, chunk by chunk, runtime/memory/_registration.py)."""
+        segment, chunk by chunk, runtime/memory/_registration.py; ``read_table=False``: they are
+        here already, as for a rank of this host)."""
         cut = [(max(a, va), min(a + b, va + size)) for a, b in ranges]
         cut = [(lo, hi) for lo, hi in cut if hi > lo]
         if not cut or not size:
@@ -179,9 +200,10 @@ class FarReads:
         if not self.chunk:
             return [(r, off + lo - va, hi - lo) for lo, hi in cut]
         chunk, start = self.chunk, self.slice_start(r)
-        table = self._mirror(r)[self.table_offset:self.table_offset + self.table_bytes].view(np.int64)
+        table = self._segment(r)[self.table_offset:self.table_offset + self.table_bytes].view(np.int64)
         first, last = (va - start) // chunk, (va + size - 1 - start) // chunk
-        self._read([(r, self.table_offset + 8 * first, 8 * (last - first + 1))])
+        if read_table:
+            self._read([(r, self.table_offset + 8 * first, 8 * (last - first + 1))])
         out = []
         for lo, hi in cut:
             for c in range(va + (lo - va) // chunk * chunk, hi, chunk):
@@ -211,7 +233,13 @@ class FarReads:
         self._calls[key] = (call, b)
         name = NAME.get(int(d[0, F_OP]))
         if name not in PLANNED:
-            return self._whole(members, at, d)
+            wants = self._whole(members, at, d)
+            if b == 0 and int(d[0, F_OP]) in STORES and not d[:, F_FLAGS].any():
+                # the chunk-table entries of far buffers stored into, which the ranks here map
+                # the mirrors by; the stored bytes themselves are the ranks' to write
+                for _, m, args in self._far_stores(members, at, d, None):
+                    self.runs(m, *args)
+            return wants
         if (d[:, F_OP:F_FLAGS + 1] != d[0, F_OP:F_FLAGS + 1]).any() or d[:, F_FLAGS].any():
             return []                # every member raises without pulling (runtime/pipeline/_protocol.py)
         dtype = DTYPE_BY_CODE.get(int(d[0, F_DTYPE]))
@@ -293,6 +321,74 @@ class FarReads:
         """A communicator is made in these slots: its calls are numbered from the start (a
         failed split gives its slot back to the next one)."""
         self._calls.pop((members[0], slots[0]), None)
+        self._entered.pop((members[0], slots[0]), None)
+
+    def stores(self, members: list[int], slots: list[int]) -> list:
+        """What to put for the barrier of the communicator of ``members`` (in their ``slots``)
+        whose members here all arrived, before their words leave the host: the runs of far
+        members' buffers the members here stored into (this host's mirrors of them) in the
+        phase this barrier ends, as (owner, HBM offset, bytes). Counts the call's barriers as
+        they are entered (0: the entry, which ends no phase; a departure ends the last)."""
+        lay, w, n = self.lay, self.w, len(members)
+        here = [i for i, m in enumerate(members) if self.host_of[m] == self.host]
+        mine = lay.slot(members[here[0]], slots[here[0]])
+        descs = [w.descriptor(mine + lay.slot_desc(p)) for p in (0, 1)]
+        call = max(int(dp[F_CALL]) for dp in descs)
+        key = (members[0], slots[0])
+        last = self._entered.get(key)
+        j = last[1] + 1 if last is not None and last[0] == call else 0
+        self._entered[key] = (call, j)
+        if j == 0 or int(descs[call & 1][F_OP]) not in STORES:
+            return []
+        at = [lay.slot(m, sl) + lay.slot_desc(call & 1) for m, sl in zip(members, slots)]
+        d = np.stack([w.descriptor(a) for a in at])
+        if d[:, F_FLAGS].any() or (d[:, F_OP] != d[0, F_OP]).any():
+            return []                # every member raised without storing
+        wants = []
+        for _, m, args in self._far_stores(members, at, d, j - 1):
+            wants += self.runs(m, *args, read_table=False)      # read at the entry (``barrier``)
+        return wants
+
+    def _far_stores(self, members: list[int], at: list[int], d: np.ndarray, phase: int | None):
+        """For each far member the members here store into (in ``phase``, or in any), its index,
+        world rank and the arguments of ``runs`` for those stores: the ranges at its buffer's
+        address (its block in its extension words, WRITE_BLOCK) and the buffer's segment."""
+        n, w = len(members), self.w
+        write, tail = STORES[int(d[0, F_OP])]
+        rows = []
+        for i, m in enumerate(members):
+            if self.host_of[m] != self.host:
+                continue
+            block = tail[0] * n + tail[1]
+            e = w.extension(at[i], block + 4)[block:]            # address, segment va, size, offset
+            if not int(e[0]):
+                continue                                      # no traffic block: no far stores
+            words = int(d[i, F_COUNT]) * (n + 1)              # the traffic block: [phases, N + 1]
+            seg = tuple(int(v) for v in e[1:4])
+            count = int(self._local(m, int(e[0]) + 8 * words, 8, *seg).view(np.int64)[0])
+            if count:
+                rows.append(self._local(m, int(e[0]) + 8 * (words + 1), 8 * STORE_ROW * count, *seg)
+                            .view(np.int64).reshape(count, STORE_ROW))
+        if not rows:
+            return []
+        r = np.concatenate(rows)
+        if phase is not None:
+            r = r[r[:, 0] == phase]
+        out = []
+        block = write[0] * n + write[1]
+        for i in np.unique(r[:, 1]).tolist():
+            e = w.extension(at[i], block + 4)[block:]
+            sel = r[:, 1] == i
+            out.append((i, members[i], ([(int(e[0]) + int(o), int(b)) for o, b in zip(r[sel, 2], r[sel, 3])],
+                                        int(e[1]), int(e[2]), int(e[3]))))
+        return out
+
+    def _local(self, r: int, addr: int, nbytes: int, va: int, size: int, off: int) -> np.ndarray:
+        """The bytes [addr, addr + nbytes) of rank r's segment here (at va, size bytes, at HBM
+        offset off), a copy."""
+        seg = self._segment(r)
+        return np.concatenate([seg[o:o + b] for _, o, b in self.runs(r, [(addr, nbytes)], va, size, off,
+                                                                     read_table=False)] or [np.zeros(0, np.uint8)])
 
     def _whole(self, members: list[int], at: list[int], d: np.ndarray) -> list:
         """An operator read as a whole: each far member's input (an eager slot, twice its

@@ -96,6 +96,14 @@ class Pipeline:
         it inside the argument checks, so that ``enter`` tells the peers."""
         self._rt.hosts.refuse_peers(operation, [self._members[int(p)] for p in peers], what)
 
+    def far_members(self) -> np.ndarray:
+        """Which members (a bool per index) are on another host than this rank; none on one
+        host. What this rank writes into such a member's memory lands in this host's mirror of
+        it, which the carrier puts back into the member's segment only for the ranges a front
+        end names to it (fabric/_usermap.py, runtime/hosts/_reads.py)."""
+        remote = self._rt.hosts.remote()
+        return np.fromiter((m in remote for m in self._members), bool, len(self._members))
+
     def check_path(self, operation: str) -> None:
         """ValueError unless the call's ``path=`` is one of the paths (raise it inside the
         argument checks, so that ``enter`` tells the peers)."""
