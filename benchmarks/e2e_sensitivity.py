@@ -3,9 +3,14 @@ under cm384 with one parameter x0.5 and x2, no new runs.
 
     python benchmarks/e2e_sensitivity.py --keep DIR [--workload dlrm] [--scale 128]
                                          [--parameters all|NAME,...] [--json FILE]
+    python benchmarks/e2e_sensitivity.py --keep DIR --workload train --iteration 200 --scale 512
+                                         [--parameters ...] [--factors 0.5,2] [--no-base]
 
-``DIR`` holds the traces ``benchmarks/paper_size.py --keep DIR`` pickled (per configuration and
-cache size: every recorded rank count's traces at the target batch). For each variant of the
+``DIR`` holds the traces ``benchmarks/paper_size.py --keep DIR`` pickled (dlrm: per configuration
+and cache size, every recorded rank count's traces at the target batch; train: per configuration
+and iteration, ``--tokens --iterations --keep``, extrapolated with the kept experts' skew and
+judged by ``paper._training_deployed``). ``--factors`` and ``--no-base`` split a long sweep over
+processes. For each variant of the
 model (cm384 as it is, then each parameter of ASSUMED x0.5 and x2, ``paper.scaled_dict``) every
 configuration's traces are extrapolated to ``--scale`` dies and replayed with the variant's
 topology, and the report's own function for the workload's rows (``paper._dlrm_deployed``)
@@ -79,12 +84,14 @@ def _retarget(traces: list[dict], topology: str) -> list[dict]:
 
 
 def steps(kept: dict, scale: int, topology: str, kernel_factor: float = 1.0) -> dict:
-    """Each kept (config, cache) set's step at ``scale`` dies, replayed under ``topology``."""
+    """Each kept (config, cache or iteration) set's step at ``scale`` dies, replayed under ``topology``."""
     from stratacl import ep, ub
 
+    from paper_size import skewed_routing
     out = {}
     for key, k in kept.items():
-        traces = ub.extrapolate(*k["traces"], scale, routing=ep.routing)
+        routing = skewed_routing(k["imbalance"]) if k.get("imbalance", 1.0) != 1.0 else ep.routing
+        traces = ub.extrapolate(*k["traces"], scale, routing=routing)
         if kernel_factor != 1.0:
             traces = _scale_kernels(traces, kernel_factor)
         out[key] = train_metrics(ub.replay(_retarget(traces, topology)))["modeled_step_us"]
@@ -107,8 +114,26 @@ def load(keep: str) -> dict:
     return kept
 
 
-def judge(found: dict, scale: int) -> dict:
+def load_train(keep: str, iteration: int) -> dict:
+    """{(config, iteration): pickle} from paper_size.py --tokens --iterations --keep's files."""
+    kept = {}
+    for config in CONFIGS:
+        path = os.path.join(keep, f"{config}-i{iteration}.pkl")
+        if os.path.exists(path):
+            with open(path, "rb") as f:
+                kept[(config, iteration)] = pickle.load(f)
+    if len(kept) != len(CONFIGS):
+        raise SystemExit(f"e2e_sensitivity: {', '.join(CONFIGS)}-i{iteration}.pkl needed in {keep}")
+    return kept
+
+
+def judge(found: dict, scale: int, workload: str = "dlrm") -> dict:
     """The report's rows from these steps: {claim: (here, holds)}."""
+    if workload == "train":          # the recorded rows' dimensions, this replay's steps
+        recorded = paper._rows_of(paper.TRAIN_DEPLOYED)
+        rows = [dict(paper._pick(recorded, config=c, ranks=scale, iteration=it), modeled_step_us=us)
+                for (c, it), us in found.items()]
+        return {r["claim"]: (r["here"], r["holds"]) for r in paper._training_deployed(rows)}
     rows = [{"config": c, "ranks": scale, "cache_gib": g, "modeled_step_us": us,
              "miss_rate": per_die(g, ZIPF)["miss_fraction"]} for (c, g), us in found.items()]
     return {r["claim"]: (r["here"], r["holds"]) for r in paper._dlrm_deployed(rows)}
@@ -117,13 +142,16 @@ def judge(found: dict, scale: int) -> dict:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--keep", required=True)
-    p.add_argument("--workload", choices=("dlrm",), default="dlrm")
+    p.add_argument("--workload", choices=("dlrm", "train"), default="dlrm")
+    p.add_argument("--iteration", type=int, default=200, help="train: the kept iteration")
+    p.add_argument("--factors", default="0.5,2", help="each parameter's factors")
+    p.add_argument("--no-base", action="store_true", help="skip cm384 as it is")
     p.add_argument("--scale", type=int, default=128)
     p.add_argument("--parameters", default="all")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
-    kept = load(a.keep)
-    names = list(ASSUMED) if a.parameters == "all" else a.parameters.split(",")
+    kept = load_train(a.keep, a.iteration) if a.workload == "train" else load(a.keep)
+    names = list(ASSUMED) if a.parameters == "all" else [] if a.parameters == "none" else a.parameters.split(",")
     command = " ".join(["python", "benchmarks/e2e_sensitivity.py", *sys.argv[1:]])
     out = {"command": command, "scale": a.scale, "not_replayed": NOT_REPLAYED, "rows": []}
     with tempfile.TemporaryDirectory(prefix="stratacl-sensitivity-") as tmp:
@@ -132,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
             with open(path, "w") as f:
                 json.dump(topo, f)
             found = steps(kept, a.scale, path, kernel_factor)
-            claims = judge(found, a.scale)
+            claims = judge(found, a.scale, a.workload)
             out["rows"].append({"parameter": name, "factor": factor,
                                 "steps_us": {f"{c}@{g:g}": us for (c, g), us in found.items()},
                                 "claims": {k: {"here": h, "holds": bool(ok)} for k, (h, ok) in claims.items()}})
@@ -141,13 +169,16 @@ def main(argv: list[str] | None = None) -> int:
             if a.json:
                 with open(a.json, "w") as f:
                     json.dump(out, f, indent=1)
-        run("cm384", 1.0, paper._topology._CM384)
+        if not a.no_base:
+            run("cm384", 1.0, paper._topology._CM384)
         for name in names:
-            for factor in (0.5, 2.0):
+            for factor in (float(x) for x in a.factors.split(",")):
                 paths = ASSUMED[name]
                 kernels = factor if paths == [("compute", "efficiency")] else 1.0
                 # efficiency is in the traces' kernel times, not read again by the replay
                 run(name, factor, paper._topology._CM384 if kernels != 1.0 else _variant(paths, factor), kernels)
+    if a.no_base:
+        return 0
     base = out["rows"][0]["claims"]
     print("\n| parameter | x | " + " | ".join(k.split(".", 1)[1] for k in base) + " |")
     print("|---|---|" + "---|" * len(base))
