@@ -3,7 +3,7 @@ what it reads and takes per collective call.
 
     python benchmarks/carrier_cost.py [--hosts 2] [--ranks-per-host 4] [--bytes 4M] [-i 10]
                                       [--btl tcp] [--json PATH]
-    python benchmarks/carrier_cost.py --calls [--hosts 2] [--ranks-per-host 4] [-i 20]
+    python benchmarks/carrier_cost.py --calls|--onesided [--hosts 2] [--ranks-per-host 4] [-i 20]
                                       [--btl tcp] [--json PATH]
 
 Starts ``--hosts`` carriers (stratacl/runtime/hosts/_carrier.py) under the Open MPI wheel's ``mpirun``
@@ -34,6 +34,11 @@ calls), a barrier before and after each, and reports per call, medians over the 
 
 Every result is checked exactly on every rank after the last call. ``--hosts 1`` runs the same
 job on one host (no carrier): the reference the cross-host walls compare with.
+
+``--onesided`` runs the same kind of job with one-sided calls (``stratacl.shmem``) from rank 0
+to the last rank (on the other host of two; on rank 0's host with ``--hosts 1``), each ``-i``
+times after two untimed ones, and reports the median wall of each at rank 0: put, get and
+put_signal of 8 B and 1 MiB, and an atomic fetch_add; the bytes are checked exactly.
 """
 from __future__ import annotations
 
@@ -216,6 +221,67 @@ def _calls_body(a) -> None:
     stratacl.finalize()
 
 
+# (name, operation, bytes): what ``--onesided`` times from rank 0 to the last rank
+ONESIDED = (
+    ("put 8 B", "put", 8), ("put 1 MiB", "put", 1 << 20),
+    ("get 8 B", "get", 8), ("get 1 MiB", "get", 1 << 20),
+    ("put_signal 8 B", "put_signal", 8), ("put_signal 1 MiB", "put_signal", 1 << 20),
+    ("atomic_fetch_add", "atomic", 8),
+)
+
+
+def _onesided_body(a) -> None:
+    import numpy as np
+
+    import stratacl
+    from stratacl import shmem
+    comm = stratacl.init()
+    n, me = comm.size, comm.rank
+    peer = n - 1
+    box = shmem.zeros((1 << 20,), np.uint8)
+    word = shmem.zeros((1,), np.uint64)
+    sig = shmem.signal_pad(1)
+    rows, good, box_of_peer = [], True, None
+    for name, op, nbytes in ONESIDED:
+        wall = []
+        for t in range(2 + a.iters):
+            data = ((np.arange(nbytes) + t + 7 * len(rows)) % 251).astype(np.uint8)
+            if me == 0:
+                t0 = time.perf_counter()
+                if op == "put":
+                    shmem.put(box[:nbytes], data, peer)
+                elif op == "get":
+                    got = np.empty(nbytes, np.uint8)
+                    shmem.get(got, box[:nbytes], peer)
+                elif op == "put_signal":
+                    shmem.put_signal(box[:nbytes], data, sig[0:1], t + 1, shmem.SIGNAL_SET, peer)
+                else:
+                    shmem.atomic_fetch_add(word, 1, peer)
+                if t >= 2:
+                    wall.append(time.perf_counter() - t0)
+                if op == "get":
+                    good = good and np.array_equal(got, box_of_peer[:nbytes])
+            elif me == peer and op == "put_signal":
+                shmem.wait_until(sig[0:1], shmem.CMP_EQ, t + 1)
+            comm.barrier()
+            if me == peer and op in ("put", "put_signal"):
+                good = good and np.array_equal(box[:nbytes], data)
+            if op == "put":                      # what the next get reads: the last put's bytes
+                box_of_peer = data
+            comm.barrier()                       # checked before the next call writes again
+        rows.append({"name": name, "wall": wall})
+    if me == peer:
+        good = good and int(word[0]) == 2 + a.iters
+    ok = stratacl.zeros((1,), np.int64)
+    ok[0] = int(good)
+    comm.all_reduce(ok, "min")
+    if me == 0:
+        out = [{"name": r["name"], "wall_s": {"best": min(r["wall"]), "median": statistics.median(r["wall"])}}
+               for r in rows]
+        print("@@ " + json.dumps({"hosts": a.hosts, "ranks": n, "rows": out, "exact": bool(ok[0])}), flush=True)
+    stratacl.finalize()
+
+
 def comm_gather(comm, rows) -> list:
     """Every rank's ``rows`` at every rank (as JSON, through collectives of the job itself)."""
     import numpy as np
@@ -234,8 +300,9 @@ def comm_gather(comm, rows) -> list:
 
 def _calls(a, mpirun: str, root: list[str]) -> None:
     n = a.hosts * a.ranks_per_host
+    body = "--onesided-body" if a.onesided else "--calls-body"
     argv = [mpirun, *root, "--oversubscribe", "--bind-to", "none", "--mca", "btl", f"self,{a.btl}", "-n", str(n),
-            sys.executable, os.path.abspath(__file__), "--calls-body", "--hosts", str(a.hosts), "-i", str(a.iters)]
+            sys.executable, os.path.abspath(__file__), body, "--hosts", str(a.hosts), "-i", str(a.iters)]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "PRTE_"))}
     env.update(STRATACL_EMULATE_HOSTS=str(a.hosts), OMP_NUM_THREADS="1")
     p = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=1800)
@@ -244,12 +311,18 @@ def _calls(a, mpirun: str, root: list[str]) -> None:
         sys.exit(f"the job failed ({p.returncode}): {p.stdout[-2000:]} {p.stderr[-2000:]}")
     print(f"{n} ranks over {a.hosts} emulated hosts (STRATACL_EMULATE_HOSTS, mpirun), btl {a.btl}, {a.iters} calls "
           f"each, medians")
-    print("| call | read a call, each host | wall a call (slowest rank) | exact |")
-    print("|---|---|---|---|")
-    for row in rec["rows"]:
-        read = ", ".join(f"{b / 2**20:.3f} MiB" for b in row["read_per_host"])
-        print(f"| {row['name']} | {read} | {row['wall_s']['median'] * 1e3:.2f} ms | "
-              f"{'yes' if row['exact'] else 'NO'} |")
+    if a.onesided:
+        print(f"| call, rank 0 -> rank {n - 1} | wall a call | exact |")
+        print("|---|---|---|")
+        for row in rec["rows"]:
+            print(f"| {row['name']} | {row['wall_s']['median'] * 1e6:.0f} us | {'yes' if rec['exact'] else 'NO'} |")
+    else:
+        print("| call | read a call, each host | wall a call (slowest rank) | exact |")
+        print("|---|---|---|---|")
+        for row in rec["rows"]:
+            read = ", ".join(f"{b / 2**20:.3f} MiB" for b in row["read_per_host"])
+            print(f"| {row['name']} | {read} | {row['wall_s']['median'] * 1e3:.2f} ms | "
+                  f"{'yes' if row['exact'] else 'NO'} |")
     if a.json:
         import stratacl
         here = os.path.dirname(os.path.dirname(os.path.abspath(stratacl.__file__)))
@@ -272,6 +345,8 @@ def main() -> None:
     ap.add_argument("--calls", action="store_true", help="a job's collectives: bytes read and wall per call")
     ap.add_argument("--carrier-body", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--calls-body", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--onesided", action="store_true", help="a job's one-sided calls: wall per call at rank 0")
+    ap.add_argument("--onesided-body", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.carrier_body:
         _carrier_body(a)
@@ -279,11 +354,14 @@ def main() -> None:
     if a.calls_body:
         _calls_body(a)
         return
+    if a.onesided_body:
+        _onesided_body(a)
+        return
     mpirun = shutil.which("mpirun", path=os.path.dirname(sys.executable))
     if mpirun is None:
         sys.exit("no mpirun beside this Python: pip install -e '.[cluster]'")
     root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
-    if a.calls:
+    if a.calls or a.onesided:
         _calls(a, mpirun, root)
         return
     argv = [mpirun, *root, "--oversubscribe", "--bind-to", "none", "--mca", "btl", f"self,{a.btl}", "--mca", "pml",

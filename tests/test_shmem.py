@@ -1,10 +1,7 @@
 """One-sided communication (``stratacl.shmem``) at N in {2, 3, 8, 32}: exact bytes, the ordering
-of data and signals under ranks racing, atomics, the modeled clock, and the errors.
-
-Every rank computes what every peer sent (``helpers.rank_data``), so each checks its own HBM
-byte for byte. The ordering stress test is what the memory model promises: a receiver that
-sees a signal move reads the data of every round the signal covers, each time, while its
-sender races ahead as far as the receiver's credits allow.
+of data and signals under ranks racing, atomics, the modeled clock, and the errors. The
+programs the ranks run are in tests/onesided_programs.py (tests/test_emulated_hosts.py runs
+them across two hosts too).
 """
 from __future__ import annotations
 
@@ -14,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import stratacl
-from stratacl import shmem
-from helpers import rank_data, ranks
+from helpers import ranks
+from onesided_programs import atomics, clock, errors, exact, stress
 
 NS = ranks(2, 3, 8, 32)
 TIMEOUT = {2: 120, 3: 120, 8: 200, 32: 400}     # the communication timeout: a shared, loaded host
@@ -41,200 +38,37 @@ def test_cas_u64_agrees_with_its_python_definition(initial, expected, desired, h
 
 # --- exact bytes ------------------------------------------------------------------------------
 
-def _sizes(n):
-    return [0, 1, 7, 1000, 65537] if n <= 8 else [0, 7, 1000]
-
-
-def _exact(comm):
-    n, me = comm.size, comm.rank
-    bad = []
-    for dt in (np.uint8, np.float32, np.int64):
-        for count in _sizes(n):
-            tag = f"{np.dtype(dt)}/{count}"
-            rows = shmem.zeros((n, count), dt)
-            # put: row `me` of every peer's array (self included) gets my data
-            for pe in range(n):
-                shmem.put(rows[me], rank_data(me, count, dt, "put" + tag + f"/{pe}"), pe)
-            shmem.barrier_all()
-            for src in range(n):
-                if rows[src].tobytes() != rank_data(src, count, dt, "put" + tag + f"/{me}").tobytes():
-                    bad.append(f"put {tag}: row from {src}")
-            # get: every peer's row addressed to me, into plain numpy memory
-            for pe in range(n):
-                got = np.empty(count, dt)
-                shmem.get(got, rows[pe], pe)
-                if got.tobytes() != rank_data(pe, count, dt, "put" + tag + f"/{pe}").tobytes():
-                    bad.append(f"get {tag}: from {pe}")
-            shmem.barrier_all()
-    # a sub-communicator: pe numbers its ranks
-    sub = comm.split(me % 2, me)
-    y = shmem.zeros(4, np.int64)          # symmetric over the world, so over any sub-communicator too
-    if sub.size > 1:
-        shmem.put(y, np.full(4, me, np.int64), (sub.rank + 1) % sub.size, comm=sub)
-        shmem.barrier_all(comm=sub)
-        left = sub.members[(sub.rank - 1) % sub.size]
-        if y.tolist() != [left] * 4:
-            bad.append(f"sub-communicator put: {y.tolist()} != {[left] * 4}")
-    # peer_view and ptr name the same bytes
-    z = shmem.zeros(8, np.int32)
-    z[:] = me
-    shmem.barrier_all()
-    right = (me + 1) % n
-    if shmem.peer_view(z, right).tolist() != [right] * 8:
-        bad.append("peer_view")
-    if stratacl.ub.view(shmem.ptr(z, right), (8,), np.int32).tolist() != [right] * 8:
-        bad.append("ptr")
-    shmem.barrier_all()
-    # allocations that differ between ranks: a symmetric pad is refused on every rank, one made
-    # with symmetric=False exchanges its addresses and works
-    keep = stratacl.empty(1000 * (me + 1), np.uint8)       # noqa: F841  (held: the offsets differ)
-    try:
-        shmem.signal_pad(1)
-        bad.append("an asymmetric signal pad was accepted")
-    except stratacl.OneSidedError as e:
-        if "not symmetric" not in str(e):
-            bad.append(f"asymmetric pad: {e}")
-    sig = shmem.signal_pad(1, symmetric=False)
-    shmem.put_signal(sig[:0], sig[:0], sig[0:1], me + 1, shmem.SIGNAL_SET, right)
-    if shmem.wait_until(sig[0:1], shmem.CMP_EQ, (me - 1) % n + 1) != (me - 1) % n + 1:
-        bad.append("signal through a non-symmetric pad")
-    if shmem.atomic_fetch(shmem.ptr(sig, right), right) != me + 1:
-        bad.append("ptr of a non-symmetric pad")
-    shmem.barrier_all()
-    return bad
-
-
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("n", NS)
 def test_put_get_exact_bytes(n):
-    assert _spawn(_exact, n) == [[]] * n
+    assert _spawn(exact, n) == [[]] * n
 
 
 # --- ordering: data before signal, ranks racing -----------------------------------------------
-
-def _pattern(src: int, rnd: int, count: int) -> np.ndarray:
-    return (np.arange(count, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)) ^ np.uint64(src * 1_000_003 + rnd)
-
-
-def _ring_race(comm, rounds, slots, count):
-    """Every rank streams `rounds` rounds to its right neighbour through `slots` data slots,
-    signalling each round; the receiver checks, every time the signal moves, the data of every
-    round it moved over, then hands the slots back (credits)."""
-    n, me = comm.size, comm.rank
-    right, left = (me + 1) % n, (me - 1) % n
-    data = shmem.zeros((slots, count), np.uint64)
-    sig = shmem.signal_pad(2)            # [0]: rounds arrived from the left; [1]: credits from the right
-    arrived, credit = sig[0:1], sig[1:2]
-    bad, moves, seen, sent = [], 0, 0, 0
-    while seen < rounds or sent < rounds:
-        # send what the credits allow
-        while sent < rounds and sent + 1 - slots <= int(credit[0]):
-            sent += 1
-            shmem.put_signal(data[sent % slots], _pattern(me, sent, count), arrived, sent, shmem.SIGNAL_SET, right)
-        if seen < rounds:
-            v = shmem.wait_until(arrived, shmem.CMP_GT, seen)
-            moves += 1
-            for r in range(seen + 1, v + 1):
-                if not np.array_equal(data[r % slots], _pattern(left, r, count)):
-                    bad.append(f"round {r} from {left}: data not visible with its signal {v}")
-            seen = v
-            shmem.atomic_set(credit, seen, left)       # a pad word: a signal too (wakes the sender)
-        elif sent < rounds:
-            shmem.wait_until(credit, shmem.CMP_GE, sent + 1 - slots)
-    shmem.barrier_all()
-    return bad, moves
-
-
-def _fan_in(comm, rounds, count):
-    """Every rank put_signals (SIGNAL_ADD) into rank 0's slot for it, racing; rank 0 checks all
-    slots once the count covers everyone, each round."""
-    n, me = comm.size, comm.rank
-    slots = shmem.zeros((n, count), np.uint64)
-    sig = shmem.signal_pad(1)
-    bad = []
-    for r in range(1, rounds + 1):
-        shmem.put_signal(slots[me], _pattern(me, r, count), sig[0:1], 1, shmem.SIGNAL_ADD, 0)
-        if me == 0:
-            shmem.wait_until(sig[0:1], shmem.CMP_GE, n * r)
-            bad += [f"round {r}: slot {s}" for s in range(n) if not np.array_equal(slots[s], _pattern(s, r, count))]
-        shmem.barrier_all()
-    return bad
-
-
-def _stress(comm, rounds, slots, count, fan_rounds):
-    bad, moves = _ring_race(comm, rounds, slots, count)
-    return bad + _fan_in(comm, fan_rounds, count), moves
-
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("n", NS)
 def test_put_signal_data_is_visible_with_its_signal_under_races(n):
     rounds, slots, count, fan = {2: (400, 3, 2048, 20), 3: (300, 3, 2048, 20), 8: (60, 2, 1024, 6),
                                  32: (8, 2, 256, 2)}[n]
-    out = _spawn(_stress, n, rounds, slots, count, fan)
+    out = _spawn(stress, n, rounds, slots, count, fan)
     assert [bad for bad, _ in out] == [[]] * n
     assert all(1 <= moves <= rounds for _, moves in out)
 
 
 # --- atomics ----------------------------------------------------------------------------------
 
-def _atomics(comm, k):
-    n, me = comm.size, comm.rank
-    words = shmem.zeros(2, np.uint64)
-    olds = [shmem.atomic_fetch_add(words[0:1], 1, 0) for _ in range(k)]
-    target = n - 1
-    for _ in range(k):                     # an increment made of compare_swap retries
-        seen = shmem.atomic_fetch(words[1:2], target)
-        while True:
-            got = shmem.atomic_compare_swap(words[1:2], seen, seen + 1, target)
-            if got == seen:
-                break
-            seen = got
-    shmem.barrier_all()
-    return olds, int(words[0]) if me == 0 else None, int(words[1]) if me == target else None
-
-
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("n", NS)
 def test_atomics_race_to_exact_counts(n):
     k = 50 if n <= 8 else 3
-    out = _spawn(_atomics, n, k)
+    out = _spawn(atomics, n, k)
     olds = sorted(v for o, _, _ in out for v in o)
     assert olds == list(range(n * k))                   # every fetch_add saw a distinct old value
     assert out[0][1] == n * k and out[n - 1][2] == n * k
 
 
 # --- the modeled clock ------------------------------------------------------------------------
-
-def _clock(comm, nbytes, fars):
-    """Rank 0 puts and put_signals to each of `fars` in turn; returns what both clocks did, and
-    the tier between them, per far rank."""
-    me = comm.rank
-    x = shmem.zeros(nbytes, np.uint8)
-    sig = shmem.signal_pad(len(fars))
-    src = np.ones(nbytes, np.uint8)
-    outs = []
-    for i, far in enumerate(fars):
-        out = {}
-        if me == 0:
-            t0 = comm.clock()
-            shmem.put(x, src, far)
-            t1 = comm.clock()
-            shmem.quiet()
-            t2 = comm.clock()
-            shmem.put_signal(x, src, sig[i:i + 1], 1, shmem.SIGNAL_SET, far)
-            t3 = comm.clock()
-            out = dict(put=t1 - t0, quiet=t2 - t1, sent=t3)
-        elif me == far:
-            before = comm.clock()
-            shmem.wait_until(sig[i:i + 1], shmem.CMP_EQ, 1)
-            out = dict(before=before, after=comm.clock())
-        tier = comm.topology.tier(0, far)
-        out.update(latency=tier.latency_us * 1e-6, flag=comm.topology.contention.flag_us * 1e-6)
-        outs.append(out)
-        shmem.barrier_all()
-    return outs
-
 
 def _check_clock(out, fars):
     for i, far in enumerate(fars):
@@ -246,7 +80,7 @@ def _check_clock(out, fars):
 
 
 def test_modeled_clock_charges_the_tier_and_joins_at_the_signal():
-    small, big, again = (_spawn(_clock, 2, b, [1], clock="virtual") for b in (4096, 1 << 20, 1 << 20))
+    small, big, again = (_spawn(clock, 2, b, [1], clock="virtual") for b in (4096, 1 << 20, 1 << 20))
     _check_clock(small, [1])
     _check_clock(big, [1])
     assert big[0][0]["put"] > small[0][0]["put"]         # bandwidth: more bytes, more time
@@ -256,7 +90,7 @@ def test_modeled_clock_charges_the_tier_and_joins_at_the_signal():
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_modeled_clock_at_32_ranks_follows_the_tiers():
-    out = _spawn(_clock, 32, 1 << 20, [1, 16], clock="virtual")
+    out = _spawn(clock, 32, 1 << 20, [1, 16], clock="virtual")
     _check_clock(out, [1, 16])
     near, far = out[0]
     assert far["latency"] > near["latency"] and far["put"] > near["put"]   # inter-node vs die-to-die
@@ -264,70 +98,7 @@ def test_modeled_clock_at_32_ranks_follows_the_tiers():
 
 # --- errors -----------------------------------------------------------------------------------
 
-def _expect(fn, kind, *parts):
-    try:
-        fn()
-    except kind as e:
-        msg = str(e)
-        missing = [p for p in parts if p not in msg]
-        return [] if not missing else [f"{kind.__name__} message {msg!r} lacks {missing}"]
-    except Exception as e:      # noqa: BLE001
-        return [f"expected {kind.__name__}, got {type(e).__name__}: {e}"]
-    return [f"expected {kind.__name__}, nothing raised"]
-
-
-def _errors(comm):
-    n, me = comm.size, comm.rank
-    right = (me + 1) % n
-    x = shmem.zeros(64, np.uint64)
-    sig = shmem.signal_pad(1)
-    x[:] = 1000 + me
-    shmem.barrier_all()
-    bad = []
-    E = stratacl.OneSidedError
-    src = np.arange(64, dtype=np.uint64)
-    # a peer out of range
-    bad += _expect(lambda: shmem.put(x, src, n), E, f"peer {n}", "out of range", "shmem.put", "for address 0x")
-    bad += _expect(lambda: shmem.get(np.empty(4, np.uint64), x, -1), E, "peer -1", "shmem.get")
-    # an address no registered range of the peer holds
-    hole = stratacl.runtime.address_of(x) - 2 * stratacl.config.hbm_size     # in my slice (4 x HBM), unmapped
-    bad += _expect(lambda: shmem.put(hole, src, right), E, f"peer {right}", "not inside a registered")
-    bad += _expect(lambda: shmem.atomic_fetch_add(hole, 1, right), E, f"peer {right}", "not inside a registered")
-    try:
-        shmem.put(hole, src, right)
-    except E as e:
-        if (e.operation, e.peer) != ("shmem.put", right) or e.address is None or f"{e.address:#x}" not in str(e):
-            bad.append(f"attributes: {(e.operation, e.peer, e.address)}")
-    # too many bytes for the destination array
-    bad += _expect(lambda: shmem.put(x[:8], src, right), ValueError, "do not fit")
-    # misaligned and mistyped atomics
-    bad += _expect(lambda: shmem.atomic_fetch_add(stratacl.runtime.address_of(x) + 4, 1, right), E, "aligned",
-                   f"peer {right}")
-    bad += _expect(lambda: shmem.atomic_compare_swap(x.view(np.uint32)[:2], 0, 1, right), E, "64-bit")
-    # a signal that is no signal pad's word; put_signal writes nothing then
-    bad += _expect(lambda: shmem.put_signal(x, src, x[0:1], 1, shmem.SIGNAL_SET, right), E, "signal pad")
-    bad += _expect(lambda: shmem.put_signal(x, src, sig[0:1], 1, "xor", right), ValueError, "sig_op")
-    # a wait that times out, naming the word and (once there is one) the last signaller
-    bad += _expect(lambda: shmem.wait_until(sig[0:1], shmem.CMP_EQ, 7, timeout=0.2), stratacl.SignalTimeout,
-                   "never updated", f"{stratacl.runtime.address_of(sig):#x}")
-    shmem.barrier_all()
-    shmem.put_signal(x[:0], src[:0], sig[0:1], 3, shmem.SIGNAL_SET, right)
-    shmem.barrier_all()
-    left = (me - 1) % n
-    try:
-        shmem.wait_until(sig[0:1], shmem.CMP_EQ, 7, timeout=0.2)
-        bad.append("no timeout")
-    except stratacl.SignalTimeout as e:
-        if e.peer != left or f"last updated by peer {left}" not in str(e) or "holds 3" not in str(e):
-            bad.append(f"timeout names {e.peer}: {e}")
-    shmem.barrier_all()
-    # none of the refused calls wrote anything: every rank's array is as it was
-    if x.tolist() != [1000 + me] * 64:
-        bad.append(f"memory changed: {x[:4]}...")
-    return bad
-
-
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("n", NS)
 def test_errors_name_the_peer_and_the_address_and_write_nothing(n):
-    assert _spawn(_errors, n) == [[]] * n
+    assert _spawn(errors, n) == [[]] * n

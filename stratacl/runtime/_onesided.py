@@ -17,14 +17,20 @@ slice, mapped here by the registration unit. A front end (``stratacl.shmem``,
     heap.signal(op, sig, value, sig_op, pe)         data fenced before the signal; the
     heap.wait(op, sig, cmp, value, timeout)         signaller's modeled time travels with it
 
-Signal words live in signal pads (``signal_pad``): n u64 signal words followed by more rows of
-n u64 (``PAD_ROWS``): a change counter whose low 32 bits are the futex word waiters sleep on,
-the number of waiters asleep (a wake is skipped when it is 0), the last signaller's world
-rank + 1 (for a timeout's message), and, with a modeled clock, an arrival log: for each of
-the last ``LOG_ENTRIES`` values the word took, that value + 1 and the modeled time the update
-that made it arrives at (entry ``value % LOG_ENTRIES``). A signaller stores the value, then
-bumps the counter, then reads the waiters; a waiter counts itself, then sleeps only while the
-counter is unchanged: whichever comes first, no wake-up is lost.
+Signal words live in signal pads (``signal_pad``; their layout and the one way a word is
+updated: runtime/services/_pads.py): n u64 signal words, then a change counter waiters sleep
+on, the number of waiters, the last signaller, and an arrival log of the modeled time each
+recent value arrives at.
+
+A peer on another host (a job over hosts: runtime/hosts/_hosts.py) has no window here that
+loads and stores reach: its bytes move through this host's carrier (``HostMap.far_put``,
+``far_get``), its words are updated by its own host's carrier (``far_update``), each call
+done when it returns, so the ordering rules hold as on one host. What the carrier is given
+is where the bytes are in the peer's HBM segment, which only the peer's allocator knows: so
+a far peer is reached in symmetric objects whose placement every member shared when they
+were made (``exchange``: ``allocate``, ``signal_pad``, and ``shmem.buffer_register``), and
+refused elsewhere. A view of a far peer's memory (``shmem.peer_view``) is refused and
+``shmem.ptr`` gives 0 for it (nvshmem_ptr's NULL: no load/store path).
 
 Modeled time (``--clock virtual|throttled``; nothing is charged with the clock off). Every
 transfer is timed as a point-to-point pull of its bytes between the two ranks
@@ -59,17 +65,15 @@ from .._errors import OneSidedError, SignalTimeout
 from ..ub import to_bits, us_from_bits
 from . import _native
 from ._world import runtime
-from .services import SLICE
+from .memory import hbm_runs
+from .services import (
+    LOG_ENTRIES, MASK64, PAD_LAST, PAD_LOG, PAD_ROWS, PAD_SEQ, PAD_SIGNAL, PAD_WAITERS, SLICE, UPDATES, update_word,
+)
 
-# a signal pad's rows of n u64 words: the signals, then their bookkeeping (module docstring)
-PAD_SIGNAL, PAD_SEQ, PAD_WAITERS, PAD_LAST, PAD_LOG = range(5)
-LOG_ENTRIES = 32            # values whose arrival a signal word remembers (a fan-in of up to 32 is exact)
-PAD_ROWS = PAD_LOG + 2 * LOG_ENTRIES
 SIGNAL_OPS = ("set", "add")
 COMPARISONS = {"eq": operator.eq, "ne": operator.ne, "gt": operator.gt, "ge": operator.ge,
                "lt": operator.lt, "le": operator.le}
-MASK64 = (1 << 64) - 1
-ATOMICS = ("fetch_add", "compare_swap", "fetch", "set")
+ATOMICS = UPDATES
 
 # live signal pads of this process: own base address -> (n, weak reference to the pad's block,
 # the members' bases by world rank for a pad made with symmetric=False, else None)
@@ -77,6 +81,29 @@ _PADS: dict[int, tuple[int, weakref.ref, dict | None]] = {}
 _PAD_BASES: list[int] = []
 # the modeled time this rank's latest put lands at (quiet joins it), per runtime
 _LANDING: dict[int, float] = {}
+# what ``exchange`` sends of an array: its address and bytes, and its segment's address, bytes
+# and HBM offset (what a descriptor names)
+EXCHANGED = 5
+
+
+class FarObject:
+    """An object of a rank on another host, as ``exchange`` learnt it: its address and bytes,
+    its segment's (va, size, HBM offset), a weak reference to this rank's counterpart (the
+    entry lives as long as it), and, with the expandable allocator, the rank's chunk-table
+    entries for the segment once read."""
+
+    __slots__ = ("addr", "nbytes", "va", "size", "off", "ref", "table")
+
+    def __init__(self, addr: int, nbytes: int, va: int, size: int, off: int, ref: weakref.ref):
+        self.addr, self.nbytes, self.va, self.size, self.off, self.ref = addr, nbytes, va, size, off, ref
+        self.table: np.ndarray | None = None
+
+    def overlaps(self, addr: int, nbytes: int) -> bool:
+        return addr < self.addr + self.nbytes and self.addr < addr + nbytes
+
+
+# the far members' objects, per runtime: world rank -> [FarObject]
+_FAR: dict[int, dict[int, list[FarObject]]] = {}
 
 
 def address_of(a: np.ndarray) -> int:
@@ -126,9 +153,12 @@ class SymmetricHeap:
         if not 0 <= p < self.size:
             raise OneSidedError(f"{op}: rank {self.rank}: peer {p} is out of range{at}: the communicator has ranks "
                                 f"0..{self.size - 1}", op, p, addr)
-        if self._rt.hosts.spanned:
-            self._rt.hosts.refuse_peers(op, [self.members[p]], "one-sided calls")
         return self.members[p]
+
+    def far(self, world: int) -> bool:
+        """World rank ``world`` is on another host than this rank."""
+        hosts = self._rt.hosts
+        return hosts.spanned and hosts.host_of[world] != hosts.host
 
     def remote(self, addr: int, nbytes: int, pe: int, op: str, align: int = 1) -> int:
         """The address of peer ``pe``'s counterpart of [addr, addr + nbytes): ``addr`` is in
@@ -154,6 +184,14 @@ class SymmetricHeap:
             return target
         if w.owner(target + nbytes - 1) != world:
             ok = False
+        elif self.far(world):
+            if self.far_runs(world, target, nbytes) is None:
+                raise OneSidedError(
+                    f"{op}: rank {self.rank} -> peer {pe}: {target:#x}+{nbytes} is not inside a symmetric object of "
+                    f"peer {pe} (world rank {world}), which is on host {self._rt.hosts.host_of[world]}: a peer on "
+                    f"another host is reached only in objects made by shmem.empty/zeros/signal_pad or "
+                    f"registered with shmem.buffer_register", op, pe, target)
+            return target
         elif world == self.me:
             ok = self._rt.own_segment(target, nbytes) is not None
         else:
@@ -170,24 +208,101 @@ class SymmetricHeap:
         """The bytes [addr, addr + nbytes) of the shadow window (checked by ``remote`` first)."""
         return self._rt.window.view(addr, nbytes)
 
+    def view(self, target: int, nbytes: int, pe: int, op: str) -> np.ndarray:
+        """Loads and stores on peer ``pe``'s bytes at ``target`` (checked by ``remote``);
+        OneSidedError for a peer on another host, which no load or store reaches."""
+        world = self.members[pe]
+        if self.far(world):
+            raise OneSidedError(f"{op}: rank {self.rank} -> peer {pe}: peer {pe} (world rank {world}) is on another "
+                                f"host (host {self._rt.hosts.host_of[world]}), and loads and stores do not cross "
+                                f"hosts; move its bytes with shmem.put/get", op, pe, target)
+        return self.window(target, nbytes)
+
+    def copy(self, op: str, target: int, buf: np.ndarray, pe: int, put: bool) -> None:
+        """Copy the bytes ``buf`` to peer ``pe``'s ``target`` (``put``), or from there into
+        ``buf`` (checked by ``remote``): through the window, or for a peer on another host,
+        through this host's carrier."""
+        world = self.members[pe]
+        if not buf.nbytes:
+            return
+        if self.far(world):
+            move = self._rt.hosts.far_put if put else self._rt.hosts.far_get
+            move(op, world, self.far_runs(world, target, buf.nbytes), buf, self._rt.health, self.timeout)
+        elif put:
+            self.window(target, buf.nbytes)[:] = buf
+        else:
+            buf[:] = self.window(target, buf.nbytes)
+
     def allocate(self, shape, dtype, op: str) -> np.ndarray:
         """A symmetric HBM array: allocated here, then checked to sit at the same offset of
-        every member's slice (an allgather of the offsets). Collective, host-blocking."""
+        every member's slice (``exchange``). Collective, host-blocking."""
         a = self._rt.empty(shape, dtype)
-        self.check_symmetric(address_of(a) if a.nbytes else 0, op)
+        self.check_symmetric(self.exchange(a, op), op)
         return a
 
-    def check_symmetric(self, addr: int, op: str) -> None:
-        """Every member's ``addr`` is at the same offset of its slice (0: an empty array, not
-        compared). Collective; raises OneSidedError on every member if not."""
+    def exchange(self, a: np.ndarray, op: str) -> list[int]:
+        """Every member's address of its counterpart of this rank's HBM array ``a`` (0 for an
+        empty one), by rank. With them travels where each is in its member's HBM (the segment
+        its descriptors would name), kept while ``a`` lives for the members on other hosts
+        (``far_runs``). One allgather of the same size whether the members share a host or not:
+        the modeled clock does not see the hosts. Collective."""
+        mine = np.zeros(EXCHANGED, dtype=np.int64)
+        if a.nbytes:
+            addr = address_of(a)
+            seg = self._rt.own_segment(addr, a.nbytes)
+            if seg is None:
+                raise OneSidedError(f"{op}: rank {self.rank}: {addr:#x}+{a.nbytes} is not one allocation of this "
+                                    f"rank's HBM (allocate it with stratacl.empty)", op, None, addr)
+            mine[:] = addr, a.nbytes, seg.va, seg.size, seg.hbm_offset
+        every = np.zeros((self.size, EXCHANGED), dtype=np.int64)
+        self.comm.all_gather(every.reshape(-1), mine)
+        if self._rt.hosts.spans(self.members):
+            table = _FAR.setdefault(id(self._rt), {})
+            ref = weakref.ref(a)
+            for world, (addr, nbytes, va, size, off) in zip(self.members, every.tolist()):
+                if self.far(world) and nbytes:
+                    live = [e for e in table.get(world, []) if e.ref() is not None and not e.overlaps(addr, nbytes)]
+                    table[world] = live + [FarObject(addr, nbytes, va, size, off, ref)]
+        return every[:, 0].tolist()
+
+    def check_symmetric(self, addrs: list[int], op: str) -> None:
+        """Every member's address (``exchange``'s, by rank) is at the same offset of its slice
+        (0: an empty array, not compared). Raises OneSidedError on every member if not."""
         w = self._rt.window
-        off = np.array([addr - w.slice_start(self.me) if addr else -1], dtype=np.int64)
-        offs = np.zeros(self.size, dtype=np.int64)
-        self.comm.all_gather(offs, off)
-        if len(set(offs.tolist())) > 1:
+        offs = [addr - w.slice_start(m) if addr else -1 for m, addr in zip(self.members, addrs)]
+        if len(set(offs)) > 1:
             raise OneSidedError(f"{op}: the members' allocations are not symmetric: offsets in their slices "
-                                f"{offs.tolist()} (by rank); allocate symmetric objects in the same order and "
-                                f"sizes on every rank", op, None, addr)
+                                f"{offs} (by rank); allocate symmetric objects in the same order and "
+                                f"sizes on every rank", op, None, addrs[self.rank])
+
+    # --- peers on other hosts -----------------------------------------------------------------
+    def far_runs(self, world: int, target: int, nbytes: int) -> list[tuple[int, int]] | None:
+        """(HBM offset, bytes) runs of far rank ``world``'s [target, target + nbytes), inside an
+        object it exchanged (``exchange``) that is still live here; None if there is none.
+        With the expandable allocator the object's chunks are where the rank's chunk table
+        says: its entries are read once, through this host's carrier into the mirror."""
+        for obj in _FAR.get(id(self._rt), {}).get(world, []):
+            if obj.addr <= target and target + nbytes <= obj.addr + obj.nbytes and obj.ref() is not None:
+                reg = self._rt.reg
+                if not reg.chunk:
+                    return [(obj.off + target - obj.va, nbytes)]
+                if obj.table is None:
+                    obj.table = self._table(world, obj, reg.chunk, reg.table_offset)
+                start = self._rt.window.slice_start(world)
+                start += (obj.va - start) // reg.chunk * reg.chunk          # the entry obj.table begins at
+                return [(o, n) for _, o, n in hbm_runs(target, target + nbytes, obj.va, obj.size, obj.off, reg.chunk,
+                                                       obj.table, start)]
+        return None
+
+    def _table(self, world: int, obj: "FarObject", chunk: int, table_offset: int) -> np.ndarray:
+        """Far rank ``world``'s chunk-table entries for the chunks of ``obj``'s segment, from the
+        first: read from its HBM into this host's mirror by the carrier, then from the mirror."""
+        start = self._rt.window.slice_start(world)
+        first, last = (obj.va - start) // chunk, (obj.va + obj.size - 1 - start) // chunk
+        out = np.zeros(last - first + 1, dtype=np.int64)
+        self._rt.hosts.far_get("shmem.chunk_table", world, [(table_offset + 8 * first, out.nbytes)],
+                               out.view(np.uint8), self._rt.health, self.timeout)
+        return out
 
     # --- signal pads --------------------------------------------------------------------------
     def signal_pad(self, n: int, op: str = "signal_pad", symmetric: bool = True) -> np.ndarray:
@@ -201,12 +316,11 @@ class SymmetricHeap:
         block[...] = 0
         base = address_of(block)
         peers = None
+        bases = self.exchange(block, op)
         if symmetric:
-            self.check_symmetric(base, op)
+            self.check_symmetric(bases, op)
         else:
-            bases = np.zeros(self.size, dtype=np.int64)
-            self.comm.all_gather(bases, np.array([base], dtype=np.int64))
-            peers = dict(zip(self.members, bases.tolist()))
+            peers = dict(zip(self.members, bases))
         _forget_dead_pads()
         _PADS[base] = (n, weakref.ref(block), peers)
         bisect.insort(_PAD_BASES, base)
@@ -327,48 +441,25 @@ class SymmetricHeap:
         full fence)."""
         self.check_sig_op(op, sig_op)
         target, stride = words
-        value = int(value) & MASK64
-        self.update(target, stride, pe, lambda old: value if sig_op == "set" else (old + value) & MASK64)
+        self.update(op, target, stride, pe, "set" if sig_op == "set" else "fetch_add", int(value) & MASK64)
 
-    def update(self, target: int, stride: int, pe: int, new_value, expect: int | None = None) -> int:
-        """Change peer ``pe``'s signal word at ``target`` to ``new_value(old)`` atomically (only
-        if it holds ``expect``, when given) and return the old value. Before the word changes:
-        a fence (every earlier store of this rank is visible first), the signaller noted, and
-        with a modeled clock the new value's arrival (now + the flag latency) in the word's
-        log. After: its change counted, its waiters woken."""
-        _native.fence()
+    def update(self, op: str, target: int, stride: int, pe: int, kind: str, a: int = 0, b: int = 0) -> int:
+        """Update peer ``pe``'s u64 word at ``target`` (services/_pads.py, ``update_word``:
+        ``kind`` with operands a, b; a signal when ``stride``, a signal pad's row stride) and
+        return the value it held. A signal's modeled arrival (now + the flag latency) is logged
+        with its value; on another host's peer, that host's carrier makes the update."""
         c = self._rt.clock
         arrival = None
-        if c is not None:
-            world = self.members[pe]
+        world = self.members[pe]
+        if c is not None and stride and kind != "fetch":
             arrival = to_bits(c.entering() + (float(c.model.fabric.flag_us(self.me, world)) if world != self.me else 0.0))
             key = id(self._rt)
             _LANDING[key] = max(_LANDING.get(key, 0.0), us_from_bits(arrival))
-        _native.store_u64(target + PAD_LAST * stride, self.me + 1)
-        old = _native.load_u64(target)
-        while True:
-            if expect is not None and old != expect:
-                return old
-            new = new_value(old)
-            if arrival is not None:
-                # logged before the word changes: a waiter that sees the value finds its arrival
-                slot = target + (PAD_LOG + 2 * (new % LOG_ENTRIES)) * stride
-                _native.store_u64(slot + stride, arrival)
-                _native.store_u64(slot, (new + 1) & MASK64)
-            got = _native.cas_u64(target, old, new)
-            if got == old:
-                break
-            old = got
-        self.bump(target, stride)
-        return old
-
-    @staticmethod
-    def bump(target: int, stride: int) -> None:
-        """A signal word changed: count the change, wake its waiters if any sleep."""
-        seq = target + PAD_SEQ * stride
-        _native.fetch_add_u64(seq, 1)
-        if _native.load_u64(target + PAD_WAITERS * stride):
-            _native.futex_wake(seq, 0x7FFFFFFF)
+        if self.far(world):
+            (offset, _), = self.far_runs(world, target, 8)
+            return self._rt.hosts.far_update(op, world, offset, stride, kind, a, b, arrival, self._rt.health,
+                                             self.timeout)
+        return update_word(target, stride, kind, a, b, arrival, self.me)
 
     @staticmethod
     def arrival(sig: int, stride: int, cmp: str, value: int, seen: int) -> float | None:
@@ -449,29 +540,12 @@ class SymmetricHeap:
         a, b = int(a) & MASK64, int(b) & MASK64
         if kind not in ATOMICS:
             raise ValueError(f"{op}: unknown atomic {kind!r} (one of {ATOMICS})")
-        if kind != "fetch":
-            # a signal pad's word: the update is a signal (logged, its waiters woken)
-            mine = self.untranslate(target, self.members[pe])
-            found = self.pad_word(mine, op)
-            if found is not None and (mine - found[0]) % 8 == 0:
-                stride = 8 * found[1]
-                if kind == "fetch_add":
-                    old = self.update(target, stride, pe, lambda o: (o + a) & MASK64)
-                elif kind == "compare_swap":
-                    old = self.update(target, stride, pe, lambda o: b, expect=a)
-                else:
-                    old = self.update(target, stride, pe, lambda o: a)
-                self.charge_atomic(op, pe)
-                return int(old)
-        if kind == "fetch_add":
-            old = _native.fetch_add_u64(target, a)
-        elif kind == "compare_swap":
-            old = _native.cas_u64(target, a, b)
-        elif kind == "fetch":
-            old = _native.load_u64(target)
-        else:
-            old = _native.load_u64(target)
-            _native.store_u64(target, a)
+        stride = 0
+        mine = self.untranslate(target, self.members[pe])
+        found = self.pad_word(mine, op)
+        if found is not None and (mine - found[0]) % 8 == 0:
+            stride = 8 * found[1]          # a signal pad's word: the update is a signal (logged, waiters woken)
+        old = self.update(op, target, stride, pe, kind, a, b)
         self.charge_atomic(op, pe)
         return int(old)
 

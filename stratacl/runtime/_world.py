@@ -61,7 +61,7 @@ class Runtime:
                  host_of: list[int] | None = None):
         self.rank, self.world, self.job_id, self.config, self.ctl = rank, world, job_id, config, ctl
         # a job spanning hosts: hbm_fds of another host's ranks are this host's mirrors of them
-        self.hosts = HostMap(rank, world, host_of, ctl.base)
+        self.hosts = HostMap(rank, world, host_of, ctl.base, ctl.layout.region(rank), hbm_fds)
         if self.hosts.spanned:
             ctl.ring_carrier_on_announcements()
         if config.trace and config.clock != "virtual":

@@ -42,6 +42,7 @@ from ._api import atomic_fetch as atomic_fetch
 from ._api import atomic_fetch_add as atomic_fetch_add
 from ._api import atomic_set as atomic_set
 from ._api import barrier_all as barrier_all
+from ._api import buffer_register as buffer_register
 from ._api import empty as empty
 from ._api import fence as fence
 from ._api import get as get
@@ -58,6 +59,6 @@ from ._api import wait_until as wait_until
 from ._api import zeros as zeros
 
 __all__ = ["CMP_EQ", "CMP_GE", "CMP_GT", "CMP_LE", "CMP_LT", "CMP_NE", "SIGNAL_ADD", "SIGNAL_SET",
-           "atomic_compare_swap", "atomic_fetch", "atomic_fetch_add", "atomic_set", "barrier_all", "empty", "fence",
-           "get", "my_pe", "n_pes", "peer_view", "ptr", "put", "put_signal", "quiet", "signal_fetch", "signal_pad",
-           "wait_until", "zeros"]
+           "atomic_compare_swap", "atomic_fetch", "atomic_fetch_add", "atomic_set", "barrier_all", "buffer_register",
+           "empty", "fence", "get", "my_pe", "n_pes", "peer_view", "ptr", "put", "put_signal", "quiet",
+           "signal_fetch", "signal_pad", "wait_until", "zeros"]

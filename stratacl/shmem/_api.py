@@ -70,6 +70,17 @@ def zeros(shape, dtype=np.float32, comm=None) -> np.ndarray:
     return a
 
 
+def buffer_register(a: np.ndarray, comm=None) -> None:
+    """Make the HBM array ``a`` (from ``stratacl.empty``, not ``shmem.empty``) reachable by
+    one-sided calls from the members of ``comm`` on other hosts, as nvshmemx_buffer_register
+    does for a buffer NVSHMEM did not allocate: where ``a`` is in this rank's HBM is shared with
+    them (held while ``a`` lives). On one host every HBM array is reachable already, and this
+    does nothing. Collective over ``comm``."""
+    if not isinstance(a, np.ndarray):
+        raise TypeError(f"shmem.buffer_register: expected an HBM array, got {type(a).__name__}")
+    SymmetricHeap.of(comm).exchange(a, "shmem.buffer_register")
+
+
 def signal_pad(n: int, comm=None, symmetric: bool = True) -> np.ndarray:
     """``n`` zeroed u64 signal words over ``comm``; a signal is one word of it, passed as a
     one-element view (``sig[i:i+1]``). ``symmetric``: the pad sits at the same offset of every
@@ -81,11 +92,14 @@ def signal_pad(n: int, comm=None, symmetric: bool = True) -> np.ndarray:
 
 def ptr(dst, pe: int, comm=None) -> int:
     """The address of ``pe``'s counterpart of this rank's symmetric object ``dst`` (an array or
-    an address), at which ``stratacl.ub.view`` reads it (nvshmem_ptr). Checked: OneSidedError
-    if it is not registered memory of ``pe``. Local."""
+    an address), at which ``stratacl.ub.view`` reads it (nvshmem_ptr); 0, as nvshmem_ptr's
+    NULL, when ``pe`` is on another host (no load or store reaches it). Checked:
+    OneSidedError if it is not registered memory of ``pe``. Local."""
     op = "shmem.ptr"
     addr, nbytes = _symmetric(dst, op, "symmetric")
-    return SymmetricHeap.of(comm).remote(addr, nbytes or 1, pe, op)
+    heap = SymmetricHeap.of(comm)
+    target = heap.remote(addr, nbytes or 1, pe, op)
+    return 0 if heap.far(heap.members[pe]) else target
 
 
 def peer_view(a: np.ndarray, pe: int, comm=None) -> np.ndarray:
@@ -95,7 +109,7 @@ def peer_view(a: np.ndarray, pe: int, comm=None) -> np.ndarray:
     addr, nbytes = _symmetric(a, op, "symmetric")
     heap = SymmetricHeap.of(comm)
     target = heap.remote(addr, nbytes, pe, op)
-    return heap.window(target, nbytes).view(a.dtype).reshape(a.shape)
+    return heap.view(target, nbytes, pe, op).view(a.dtype).reshape(a.shape)
 
 
 def put(dst, src, pe: int, comm=None) -> None:
@@ -108,7 +122,7 @@ def put(dst, src, pe: int, comm=None) -> None:
     addr, capacity = _symmetric(dst, op, "destination")
     _fits(op, "destination", capacity, data.nbytes)
     target = heap.remote(addr, data.nbytes, pe, op)
-    heap.window(target, data.nbytes)[:] = data
+    heap.copy(op, target, data, pe, put=True)
     heap.charge_put(op, pe, data.nbytes)
 
 
@@ -123,7 +137,7 @@ def get(dst: np.ndarray, src, pe: int, comm=None) -> None:
     addr, capacity = _symmetric(src, op, "source")
     _fits(op, "source", capacity, dst.nbytes)
     target = heap.remote(addr, dst.nbytes, pe, op)
-    dst.reshape(-1).view(np.uint8)[:] = heap.window(target, dst.nbytes)
+    heap.copy(op, target, dst.reshape(-1).view(np.uint8), pe, put=False)
     heap.charge_get(op, pe, dst.nbytes)
 
 
@@ -139,7 +153,7 @@ def put_signal(dst, src, signal, value: int, sig_op: str, pe: int, comm=None) ->
     _fits(op, "destination", capacity, data.nbytes)
     target = heap.remote(addr, data.nbytes, pe, op)
     words = heap.signal_words(_signal(signal, op), pe, op)
-    heap.window(target, data.nbytes)[:] = data
+    heap.copy(op, target, data, pe, put=True)
     heap.charge_put(op, pe, data.nbytes)
     heap.signal(op, words, value, sig_op, pe)
 

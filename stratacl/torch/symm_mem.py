@@ -19,6 +19,9 @@ counting src's signals to dst on that channel. Differences from torch (docs/one-
 - ``timeout_ms=0`` means the communication timeout (STRATACL_TIMEOUT), not "forever";
 - buffers are exchanged at ``rendezvous`` (their addresses need not be symmetric); CPU only,
   no multicast, no ``buffer_ptrs_dev``;
+- a peer on another host (a job over hosts) is reached by ``put``, ``get``, ``put_signal``,
+  ``wait_signal`` and ``barrier``; its ``signal_pad_ptrs`` entry is 0 (no load or store
+  reaches it) and ``get_buffer``/``get_signal_pad`` refuse it with OneSidedError;
 - ``get`` and ``put`` (StrataCL additions) copy to and from a peer's buffer as timed one-sided
   transfers; loads and stores through ``get_buffer`` views are plain memory accesses the
   modeled clock does not see.
@@ -109,6 +112,8 @@ class SymmetricMemory:
                                          "symm_mem.rendezvous")
         self.buffer_ptrs = every[0::2].tolist()
         self.buffer_size = int(nbytes)
+        # members on other hosts learn where it is in this rank's HBM (nothing on one host)
+        stratacl.shmem.buffer_register(hbm, comm=comm)
         # torch does not require the members' allocations to be alike: the pad's addresses are exchanged
         self._pad = stratacl.shmem.signal_pad(CHANNELS * n, comm=comm, symmetric=False)
         self.signal_pad_ptrs = [stratacl.shmem.ptr(self._pad, r, comm=comm) for r in range(n)]
@@ -123,6 +128,13 @@ class SymmetricMemory:
             raise stratacl.OneSidedError(f"{op}: rank {self.rank}: peer {rank} is out of range: the group has ranks "
                                          f"0..{self.world_size - 1}", op, int(rank))
         return int(rank)
+
+    def _near(self, r: int, op: str) -> int:
+        """``r``, if loads and stores reach it (on this rank's host); OneSidedError otherwise."""
+        if not self.signal_pad_ptrs[r]:
+            raise stratacl.OneSidedError(f"{op}: rank {self.rank}: peer {r} is on another host, and loads and stores "
+                                         f"do not cross hosts; use put/get", op, r)
+        return r
 
     def _view(self, base: int, limit: int, sizes, dtype: torch.dtype, storage_offset: int, op: str) -> torch.Tensor:
         sizes = tuple(int(s) for s in sizes)
@@ -141,14 +153,14 @@ class SymmetricMemory:
     def get_buffer(self, rank: int, sizes, dtype: torch.dtype, storage_offset: int = 0) -> torch.Tensor:
         """A tensor over ``rank``'s buffer (zero copy: loads and stores reach its HBM). Local."""
         op = "symm_mem.get_buffer"
-        r = self._peer(rank, op)
+        r = self._near(self._peer(rank, op), op)
         return self._view(self.buffer_ptrs[r], self.buffer_size, sizes, dtype, storage_offset, op)
 
     def get_signal_pad(self, rank: int, sizes=None, dtype: torch.dtype | None = None,
                        storage_offset: int = 0) -> torch.Tensor:
         """A tensor over ``rank``'s signal pad words (default: all of them, as ``torch.uint64``). Local."""
         op = "symm_mem.get_signal_pad"
-        r = self._peer(rank, op)
+        r = self._near(self._peer(rank, op), op)
         dtype = torch.uint64 if dtype is None else dtype
         itemsize = torch.empty((), dtype=dtype).element_size()
         sizes = (self.signal_pad_size // itemsize,) if sizes is None or len(sizes) == 0 else sizes

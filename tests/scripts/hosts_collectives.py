@@ -271,7 +271,7 @@ def refused(run):
 
 
 far = (me + n // 2) % n                      # a rank on the other host of two
-refusals = {"get": refused(lambda: shmem.get(buf, sym, far))}
+refusals = {"peer_view": refused(lambda: shmem.peer_view(sym, far))}
 comm.barrier()
 
 rt = _world.runtime()

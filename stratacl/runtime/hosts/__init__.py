@@ -1,11 +1,13 @@
 """Jobs across hosts, and jobs another launcher started.
 
-    _hosts         HostMap: which host each rank is on, and what a peer on another host refuses
+    _hosts         HostMap: which host each rank is on; a rank's end of a one-sided call with a far peer
     _carrier       one host's end of the cross-host path: its HBM in one MPI window, the
                    other hosts' bytes in mirrors, words and failures carried at barriers; run in
                    the host's launcher, in its first rank, or as a process of its own
     _carrierwords  where the words a carrier carries sit in the host's control segment
     _reads         what a carrier reads for a barrier of a call: the far slices of its plans
+    _requests      one-sided calls with a far peer: this host's ranks' requests, other hosts' updates
+    _lost          a carrier failed or another host was lost: the job ends, named, on every host
     _foreign       joining a job torchrun or mpirun started (``foreign``: detect, join, joined)
 """
 from . import _foreign as foreign

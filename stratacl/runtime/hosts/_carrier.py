@@ -30,12 +30,13 @@ import numpy as np
 from .. import _native
 from ..memory import RegistrationUnit
 from ..services import (
-    CARRIER_QUEUE, COMM_SLOTS, F_ADDR, F_AUX1, F_NBYTES, F_SEG_OFF, F_SEG_SIZE, F_SEG_VA, FAILED_CARRIER, H_CARRIER,
+    CARRIER_QUEUE, COMM_SLOTS, F_ADDR, F_AUX1, F_NBYTES, F_SEG_OFF, F_SEG_SIZE, F_SEG_VA, H_CARRIER,
     H_CARRIER_BELL, H_CARRIER_PID, H_CARRIER_READ, H_HBM_SIZE, H_SLICE, H_VA_BASE, STATE_DEAD, STATE_FINALIZED, Control,
-    carrier_failure, host_lost,
 )
 from ._carrierwords import CarrierWords
 from ._reads import FarReads
+from ._lost import TAG_FAILED, HostLost, failed, lost_hosts
+from ._requests import TAG_UPDATE, TAG_UPDATED, FarRequests
 
 
 class Carrier:
@@ -126,6 +127,10 @@ class Carrier:
             raise ValueError(f"carrier of host {self.host}: refused {len(refused)} {what}(s): " + "; ".join(refused))
         return moved
 
+    def address(self, rank: int) -> int:
+        """Where this process maps the segment of ``rank``, a rank of this host."""
+        return self._local[rank].ctypes.data
+
     def segment(self, rank: int) -> np.ndarray:
         """The bytes of ``rank``'s segment here: its own for a rank here, else its mirror."""
         return self._local[rank] if rank in self._local else self._mirrors[rank]
@@ -141,7 +146,7 @@ class Carrier:
 
 
 # --- the host's event loop -----------------------------------------------------------------
-TAG_SEND, TAG_DONE, TAG_FAILED, TAG_BLOCK = 11, 12, 13, 14   # carrier-to-carrier messages (serve)
+TAG_SEND, TAG_DONE, TAG_BLOCK = 11, 12, 14           # carrier-to-carrier messages (serve; TAG_FAILED: _lost.py)
 TAG_WATCH = 15                                      # never sent: the host watch's receive
 TAG_RING = 16                                       # a member's ring-step word, to its right neighbour's host
 POLL_S = 0.001                                      # how often an idle carrier calls into MPI
@@ -169,6 +174,10 @@ def serve(ctl, carrier: Carrier, chunk: int, table_offset: int, slice_start, sto
       ring-step word moved): the word goes to the neighbour's carrier, which reads what the
       neighbour's next steps pull from the rank (runtime/hosts/_reads.py, ``FarReads.ring``)
       into the mirror before it writes the word there;
+    - a one-sided call of a rank here with a far peer (its request word moved): its bytes put
+      or got, or its update made by the peer's carrier, then the rank answered
+      (runtime/hosts/_requests.py). A rank makes one request at a time, so its put is in
+      place before its next request (the signal of a put_signal) leaves;
     - the job's first failure recorded on this host goes to every other host, and one
       recorded elsewhere is recorded here."""
     from mpi4py import MPI
@@ -219,6 +228,8 @@ def serve(ctl, carrier: Carrier, chunk: int, table_offset: int, slice_start, sto
 
     for a in mine:
         carry_p2p(a, list(range(world)), [0] * world)
+
+    requests = FarRequests(ctl, carrier, comm, mine, host_of, read)      # one-sided calls with far peers
     failure_known = ctl.failure() is not None
     head = _native.load_u64(queue + 8)
     waiting: dict[tuple, deque] = {}     # communicator -> its barriers handed here, oldest first
@@ -296,6 +307,7 @@ def serve(ctl, carrier: Carrier, chunk: int, table_offset: int, slice_start, sto
                           tag=TAG_RING)
                 busy = True
             stepped = now_stepped.copy()
+        busy = requests.poll() or busy
         # what other carriers sent
         while comm.Iprobe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=status):
             tag, msg = status.Get_tag(), comm.recv(source=status.Get_source(), tag=status.Get_tag())
@@ -338,6 +350,10 @@ def serve(ctl, carrier: Carrier, chunk: int, table_offset: int, slice_start, sto
                 read(far.ring(members, slots, i, int(ctl.u32[word // 4]), now))
                 _native.store_u32(ctl.base + word, now)
                 _native.futex_wake(ctl.base + word, 2**31 - 1)
+            elif tag == TAG_UPDATE:
+                requests.update(msg, status.Get_source())
+            elif tag == TAG_UPDATED:
+                requests.updated(msg)
             elif tag == TAG_FAILED and not failure_known:
                 rank, kind, value = msg
                 failure_known = True
@@ -377,67 +393,6 @@ def same_settings(comm, config) -> None:
         said = "; ".join(f"{k}: " + ", ".join(f"host {g} {e.get(k, '(default)')}" for g, e in enumerate(every))
                          for k in differ)
         raise ValueError(f"the hosts' settings differ ({said}); give every host the same STRATACL_* settings")
-
-
-class HostLost(RuntimeError):
-    """Another host's carrier process (a host launcher, or a carrier of its own) died: MPI says
-    it failed (MPI_ERR_PROC_FAILED, Open MPI's fault tolerance). ``host``, ``value``: the lost
-    host and FAILED_CARRIER's value naming it with its ranks."""
-
-    def __init__(self, host: int, host_of: Sequence[int], why: str):
-        ranks = [r for r, h in enumerate(host_of) if h == host] or [0]
-        self.host, self.value = host, host_lost(host, ranks[0], ranks[-1])
-        super().__init__(f"{carrier_failure(self.value)} (MPI: {why})")
-
-
-def lost_hosts(comm, error: BaseException) -> list[int]:
-    """The hosts (ranks of ``comm``) MPI knows died, if ``error`` is MPI's word that a process
-    failed; else []."""
-    from mpi4py import MPI
-    if not isinstance(error, MPI.Exception) or error.Get_error_class() not in (
-            MPI.ERR_PROC_FAILED, MPI.ERR_PROC_FAILED_PENDING, MPI.ERR_REVOKED):
-        return []
-    try:
-        group = comm.Get_failed()
-        gone = group.Translate_ranks(list(range(group.Get_size())), comm.Get_group())
-    except Exception:          # noqa: BLE001 - an MPI without the query: the error still says it
-        return []
-    return sorted(int(g) for g in gone if g is not None and g >= 0)
-
-
-def failed(ctl, carrier: Carrier, error: BaseException, comm=None) -> BaseException:
-    """Carrier ``carrier`` failed with ``error``: say so on stderr, end the job on this host (its
-    ranks raise PeerFailure naming the carrier's host at their next wait, or the host that was
-    lost when MPI says another host's process died) and, as far as MPI still goes, on the
-    others. Returns the error the launcher reports (a HostLost when a host was lost); the first
-    call's, whichever thread made it."""
-    with carrier.failing:
-        if carrier.failure is None:
-            carrier.failure = _failed(ctl, carrier, error, comm)
-    return carrier.failure
-
-
-def _failed(ctl, carrier: Carrier, error: BaseException, comm) -> BaseException:
-    import sys
-
-    gone = lost_hosts(carrier.comm if comm is None else comm, error)
-    if gone:
-        error = HostLost(gone[0], carrier.host_of, str(error).strip())
-        print(f"stratacl: host {carrier.host}: {error}", file=sys.stderr, flush=True)
-        value = error.value
-    else:
-        print(f"stratacl: the carrier of host {carrier.host} failed: {type(error).__name__}: {error}",
-              file=sys.stderr, flush=True)
-        value = carrier.host
-    ctl.record_shutdown(value, FAILED_CARRIER)
-    try:
-        for g in range(carrier.comm.size):
-            if g != carrier.host and g not in gone:
-                carrier.outstanding.append(carrier.comm.isend((-1, FAILED_CARRIER, value), dest=g,
-                                                              tag=TAG_FAILED))
-    except Exception:          # noqa: BLE001 - MPI itself may be what failed
-        pass
-    return error
 
 
 class CarrierThread:

@@ -50,7 +50,7 @@ import numpy as np
 
 from ..._operators import OPERATORS
 from ...collectives import DTYPE_BY_CODE, slices
-from ..memory import RegistrationUnit
+from ..memory import RegistrationUnit, hbm_runs
 from ..pipeline import EAGER_BYTES, EAGER_CHUNKS_READ
 from ..services import (
     F_ADDR, F_AUX1, F_CALL, F_COUNT, F_DTYPE, F_FLAGS, F_NBYTES, F_OP, F_ROOT, F_SEG_OFF, F_SEG_SIZE, F_SEG_VA,
@@ -204,13 +204,7 @@ class FarReads:
         first, last = (va - start) // chunk, (va + size - 1 - start) // chunk
         if read_table:
             self._read([(r, self.table_offset + 8 * first, 8 * (last - first + 1))])
-        out = []
-        for lo, hi in cut:
-            for c in range(va + (lo - va) // chunk * chunk, hi, chunk):
-                at = int(table[(c - start) // chunk]) - 1
-                a, b = max(lo, c), min(hi, c + chunk)
-                out.append((r, (at if at >= 0 else off + c - va) + a - c, b - a))
-        return out
+        return [(r, o, b) for lo, hi in cut for _, o, b in hbm_runs(lo, hi, va, size, off, chunk, table, start)]
 
     def barrier(self, members: list[int], slots: list[int]) -> list:
         """What to read for the barrier of the communicator of ``members`` (world ranks, in

@@ -29,6 +29,7 @@ from ._names import new_job_id as new_job_id
 from ._names import refused as refused
 from ._registration import RegistrationUnit as RegistrationUnit
 from ._registration import array_extent as array_extent
+from ._registration import hbm_runs as hbm_runs
 from ._segments import create_job_segments as create_job_segments
 from ._segments import open_job_segments as open_job_segments
 from ._segments import prefix as prefix
@@ -40,7 +41,7 @@ from ._window import round_up as round_up
 
 __all__ = [
     "CachingAllocator", "ExpandableAllocator", "Hbm", "RegistrationUnit", "ShadowWindow", "array_extent",
-    "array_from_block", "check_window", "create_job_segments", "create_semaphore", "fmt_bytes", "hbm_base",
+    "array_from_block", "check_window", "create_job_segments", "create_semaphore", "fmt_bytes", "hbm_base", "hbm_runs",
     "new_job_id", "open_job_segments", "prefix", "refused", "round_up", "slice_bytes_for", "summary_table",
     "unlink_job_names",
 ]

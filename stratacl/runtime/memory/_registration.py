@@ -109,6 +109,7 @@ class RegistrationUnit:
                  own_segment: Callable[[int, int], object], chunk: int = 0, table_offset: int = 0):
         self.rank, self.world, self.ctl, self.window = rank, world, ctl, window
         self.hbm_fds, self.mode, self.path, self.chunk = hbm_fds, mode, path, chunk
+        self.table_offset = table_offset
         self.check_job, self.timeout, self.own_segment = check_job, timeout, own_segment
         self.hbm = None                      # set by the runtime once HBM exists
         self.pool_bytes = 0
@@ -487,6 +488,26 @@ class RegistrationUnit:
     def reset_peak(self) -> None:
         o = self.owned
         o["registered_peak"], o["registered_bytes_peak"] = o["registered"], o["registered_bytes"]
+
+
+def hbm_runs(lo: int, hi: int, va: int, size: int, off: int, chunk: int = 0, table=None,
+             start: int = 0) -> list[tuple[int, int, int]]:
+    """The bytes [lo, hi) (addresses, cut to the segment) of a segment mapped at ``va``, ``size``
+    bytes from HBM offset ``off``, as (address, HBM offset, bytes) runs: one, or with the
+    expandable allocator (``chunk`` > 0) one per chunk the range touches, each where the owner's
+    chunk table (``table``, its entries from the slice's ``start``: HBM offset + 1, 0 if not
+    written) says the chunk is."""
+    lo, hi = max(lo, va), min(hi, va + size)
+    if hi <= lo:
+        return []
+    if not chunk:
+        return [(lo, off + lo - va, hi - lo)]
+    out = []
+    for c in range(va + (lo - va) // chunk * chunk, hi, chunk):
+        at = int(table[(c - start) // chunk]) - 1
+        a, b = max(lo, c), min(hi, c + chunk)
+        out.append((a, (at if at >= 0 else off + c - va) + a - c, b - a))
+    return out
 
 
 def array_extent(shape, dtype: np.dtype, operation: str) -> tuple[tuple[int, ...], int]:

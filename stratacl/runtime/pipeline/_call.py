@@ -90,12 +90,6 @@ class Pipeline:
         return self._modeling.algo_for(operation, nbytes, itemsize)
 
     # --- local checks and staging -----------------------------------------------------------
-    def check_near(self, operation: str, peers, what: str) -> None:
-        """NotImplementedError if any of ``peers`` (ranks of the communicator) is on another
-        host than this rank, for ``what`` the carriers do not carry (runtime/hosts/_hosts.py). Raise
-        it inside the argument checks, so that ``enter`` tells the peers."""
-        self._rt.hosts.refuse_peers(operation, [self._members[int(p)] for p in peers], what)
-
     def far_members(self) -> np.ndarray:
         """Which members (a bool per index) are on another host than this rank; none on one
         host. What this rank writes into such a member's memory lands in this host's mirror of

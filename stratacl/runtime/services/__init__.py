@@ -6,6 +6,7 @@
                 job's failure ends a wait with an error naming them (``wait_until``, ``JobHealth``)
     _mailbox    host-DRAM mailbox rings between ranks and the daemon (registration metadata)
     _flight     the flight recorder read back: every rank's last calls (the launcher's report)
+    _pads       signal pads' words and the one way a word of HBM is updated (one-sided calls)
     _trace      a rank's calls in modeled time, recorded for ``stratacl.ub.replay``
 
 Their words live in shared memory and are read and written through the runtime's native
@@ -60,6 +61,31 @@ from ._control import host_lost as host_lost
 from ._mailbox import BROADCAST as BROADCAST
 from ._mailbox import Mailbox as Mailbox
 from ._mailbox import unpack_header as unpack_header
+from ._control import OS_A as OS_A
+from ._control import OS_ARRIVAL as OS_ARRIVAL
+from ._control import OS_B as OS_B
+from ._control import OS_DONE as OS_DONE
+from ._control import OS_GET as OS_GET
+from ._control import OS_KIND as OS_KIND
+from ._control import OS_NBYTES as OS_NBYTES
+from ._control import OS_OFFSET as OS_OFFSET
+from ._control import OS_OLD as OS_OLD
+from ._control import OS_PEER as OS_PEER
+from ._control import OS_PUT as OS_PUT
+from ._control import OS_SEQ as OS_SEQ
+from ._control import OS_STRIDE as OS_STRIDE
+from ._control import OS_UPDATE as OS_UPDATE
+from ._control import R_ONESIDED as R_ONESIDED
+from ._pads import LOG_ENTRIES as LOG_ENTRIES
+from ._pads import MASK64 as MASK64
+from ._pads import PAD_LAST as PAD_LAST
+from ._pads import PAD_LOG as PAD_LOG
+from ._pads import PAD_ROWS as PAD_ROWS
+from ._pads import PAD_SEQ as PAD_SEQ
+from ._pads import PAD_SIGNAL as PAD_SIGNAL
+from ._pads import PAD_WAITERS as PAD_WAITERS
+from ._pads import UPDATES as UPDATES
+from ._pads import update_word as update_word
 from ._sync import JobHealth as JobHealth
 from ._sync import SLICE as SLICE
 from ._sync import SPIN_POLLS as SPIN_POLLS
@@ -68,11 +94,14 @@ from ._sync import wait_until as wait_until
 from ._trace import Trace as Trace
 
 __all__ = [
-    "BROADCAST", "CARRIER_QUEUE", "COMM_SLOTS", "DESC_FIXED", "EXT_WORDS_EXTRA", "F_ADDR", "F_AUX0", "F_AUX1",
-    "F_AUX2", "F_CALL", "F_COUNT", "F_DTYPE", "F_EPOCH", "F_FLAGS", "F_NBYTES", "F_OP", "F_REDOP", "F_ROOT",
-    "F_SEG_OFF", "F_SEG_SIZE", "F_SEG_VA", "FAILED_CARRIER", "FAILED_DAEMON", "FAILED_EXIT", "FAILED_GONE",
-    "FAILED_SIGNAL", "FLAG_REJECTED", "H_CARRIER", "H_CARRIER_BELL", "H_CARRIER_PID", "H_CARRIER_READ", "H_HBM_SIZE",
-    "H_MAGIC", "H_SLICE", "H_VA_BASE", "MAGIC", "P2P_DESC", "REASON_BYTES", "SLICE", "SPIN_POLLS", "STATE_DEAD",
-    "STATE_FINALIZED", "STATE_RUNNING", "WAKE_ALL", "WORLD_INIT_CALLS", "Control", "JobHealth", "Layout", "Mailbox",
-    "Trace", "carrier_failure", "flight", "host_lost", "unpack_header", "wait_until",
+    "BROADCAST", "CARRIER_QUEUE", "COMM_SLOTS", "DESC_FIXED", "EXT_WORDS_EXTRA", "FAILED_CARRIER", "FAILED_DAEMON",
+    "FAILED_EXIT", "FAILED_GONE", "FAILED_SIGNAL", "FLAG_REJECTED", "F_ADDR", "F_AUX0", "F_AUX1", "F_AUX2",
+    "F_CALL", "F_COUNT", "F_DTYPE", "F_EPOCH", "F_FLAGS", "F_NBYTES", "F_OP", "F_REDOP", "F_ROOT", "F_SEG_OFF",
+    "F_SEG_SIZE", "F_SEG_VA", "H_CARRIER", "H_CARRIER_BELL", "H_CARRIER_PID", "H_CARRIER_READ", "H_HBM_SIZE",
+    "H_MAGIC", "H_SLICE", "H_VA_BASE", "LOG_ENTRIES", "MAGIC", "MASK64", "OS_A", "OS_ARRIVAL", "OS_B", "OS_DONE",
+    "OS_GET", "OS_KIND", "OS_NBYTES", "OS_OFFSET", "OS_OLD", "OS_PEER", "OS_PUT", "OS_SEQ", "OS_STRIDE",
+    "OS_UPDATE", "P2P_DESC", "PAD_LAST", "PAD_LOG", "PAD_ROWS", "PAD_SEQ", "PAD_SIGNAL", "PAD_WAITERS",
+    "REASON_BYTES", "R_ONESIDED", "SLICE", "SPIN_POLLS", "STATE_DEAD", "STATE_FINALIZED", "STATE_RUNNING",
+    "UPDATES", "WAKE_ALL", "WORLD_INIT_CALLS", "Control", "JobHealth", "Layout", "Mailbox", "Trace",
+    "carrier_failure", "flight", "host_lost", "unpack_header", "update_word", "wait_until",
 ]

@@ -100,6 +100,17 @@ _SHUTDOWNS = (FAILED_SHUTDOWN, FAILED_DAEMON, FAILED_CARRIER)       # the whole 
 
 # rank region word offsets (bytes)
 R_PID, R_STATE, R_DOORBELL, R_PUBLISHED = 0, 8, 16, 24
+# a one-sided call of the rank with a peer on another host (runtime/hosts/_hosts.py, ``far_call``),
+# which the host's carrier carries out (runtime/hosts/_carrier.py): u32 the rank's request
+# number, u32 the carrier's answer (the number it has done), then u64 words: what to do
+# (OS_PUT, OS_GET, or OS_UPDATE + the index of the update in services/_pads.py's UPDATES),
+# the peer (world rank), the HBM offset in its segment, the bytes (an update: 1 when it
+# carries a modeled arrival), the update's operands a and b, the signal pad's row stride (0:
+# a plain word), the arrival's bits, and the value the word held (the carrier's answer)
+R_ONESIDED = 32
+OS_SEQ, OS_DONE, OS_KIND, OS_PEER, OS_OFFSET, OS_NBYTES, OS_A, OS_B, OS_STRIDE, OS_ARRIVAL, OS_OLD = (
+    0, 4, 8, 16, 24, 32, 40, 48, 56, 64, 72)
+OS_PUT, OS_GET, OS_UPDATE = 1, 2, 3
 R_RINGS = 128
 
 # a rejection's reason: "Type: message" as UTF-8, NUL-terminated, cut to fit with the marker
