@@ -323,7 +323,7 @@ class FarReads:
         members' buffers the members here stored into (this host's mirrors of them) in the
         phase this barrier ends, as (owner, HBM offset, bytes). Counts the call's barriers as
         they are entered (0: the entry, which ends no phase; a departure ends the last)."""
-        lay, w, n = self.lay, self.w, len(members)
+        lay, w = self.lay, self.w
         here = [i for i, m in enumerate(members) if self.host_of[m] == self.host]
         mine = lay.slot(members[here[0]], slots[here[0]])
         descs = [w.descriptor(mine + lay.slot_desc(p)) for p in (0, 1)]
