@@ -58,8 +58,12 @@ ASSUMED = {
     "SDMA notify (us)": [("sdma", "notify_us")],
     "host tier latency (us)": [("tiers", "host", "latency_us")],
 }
-NOT_REPLAYED = {"the access law's exponent (Zipf 1.05)": "changes the misses a step: new recordings",
-                "the batch a die (1024)": "changes the program's arrays: new recordings"}
+NOT_REPLAYED = {  # per workload: its own settings, which change what the program does
+    "dlrm": {"the access law's exponent (Zipf 1.05)": "changes the misses a step: new recordings",
+             "the batch a die (1024)": "changes the program's arrays: new recordings"},
+    "train": {"the tokens a replica (16,384)": "changes the program's arrays: new recordings",
+              "the routing skew's law over iterations": "changes the experts' loads: new recordings"},
+}
 
 
 def _variant(paths: list[tuple], factor: float) -> dict:
@@ -153,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     kept = load_train(a.keep, a.iteration) if a.workload == "train" else load(a.keep)
     names = list(ASSUMED) if a.parameters == "all" else [] if a.parameters == "none" else a.parameters.split(",")
     command = " ".join(["python", "benchmarks/e2e_sensitivity.py", *sys.argv[1:]])
-    out = {"command": command, "scale": a.scale, "not_replayed": NOT_REPLAYED, "rows": []}
+    out = {"command": command, "scale": a.scale, "not_replayed": NOT_REPLAYED[a.workload], "rows": []}
     with tempfile.TemporaryDirectory(prefix="stratacl-sensitivity-") as tmp:
         def run(name, factor, topo, kernel_factor=1.0):
             path = os.path.join(tmp, f"topology-{len(out['rows'])}.json")

@@ -1490,7 +1490,8 @@ def render(result: dict, sens: dict | None, command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-E2E_SENSITIVITY = ("e2e-2026-12-05-dlrm-sensitivity.json",)      # benchmarks/e2e_sensitivity.py's runs
+E2E_SENSITIVITY = ("e2e-2026-12-05-dlrm-sensitivity.json",       # benchmarks/e2e_sensitivity.py's runs
+                   "e2e-2026-12-05-train-sensitivity.json")
 
 
 def e2e_sensitivity_lines() -> list[str]:
