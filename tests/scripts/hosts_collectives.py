@@ -14,7 +14,6 @@ from _report import emit, failure_record  # noqa: E402
 import stratacl  # noqa: E402
 from stratacl import fabric, shmem  # noqa: E402
 from stratacl.runtime import _world  # noqa: E402
-from stratacl.runtime import _world  # noqa: E402
 
 comm = stratacl.init()
 n, me = comm.size, comm.rank
