@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import select
 import signal
 import stat
 import subprocess
@@ -543,6 +544,31 @@ def test_another_user_cannot_open_or_map_a_jobs_segments():
 
 
 # --- 8. exit codes --------------------------------------------------------------------------
+
+def test_the_daemon_reads_how_a_rank_it_did_not_start_ended_from_its_zombie():
+    # under torchrun or mpirun the host's daemon is not the ranks' parent: it learns how one
+    # ended from /proc/<pid>/stat while the process waits to be reaped, and once reaped, only
+    # that it ended
+    from stratacl.jobs._daemon import _exit_status
+    from stratacl.runtime.services import FAILED_EXIT, FAILED_GONE, FAILED_SIGNAL
+
+    def zombie(code):
+        child = subprocess.Popen([sys.executable, "-c", code])
+        fd = os.pidfd_open(child.pid)
+        try:
+            select.select([fd], [], [], 30)          # readable once it ended; not reaped
+        finally:
+            os.close(fd)
+        return child
+
+    for code, seen in (("import os, signal; os.kill(os.getpid(), signal.SIGKILL)", (FAILED_SIGNAL, signal.SIGKILL)),
+                       ("import os; os._exit(0)", (FAILED_EXIT, 0)),
+                       ("import os; os._exit(7)", (FAILED_EXIT, 7))):
+        child = zombie(code)
+        assert _exit_status(child.pid) == seen, code
+        child.wait(timeout=30)
+        assert _exit_status(child.pid) == (FAILED_GONE, 0), code
+
 
 def test_cli_rank_sys_exit_code_is_the_launchers():
     n, who, code = 4, 2, 3

@@ -174,8 +174,11 @@ def test_a_rank_killed_under_torchrun_is_named_by_the_survivors_and_nothing_is_l
     assert run.returncode != 0
     assert sorted(reports) == [0, 2], run.stdout[-2000:] + run.stderr[-2000:]
     for r in (0, 2):
-        assert reports[r]["error"].startswith("PeerFailure: barrier: "), reports[r]
-        assert "peer rank 1 killed by SIGKILL" in reports[r]["error"], reports[r]
+        assert reports[r]["error"].startswith(f"PeerFailure: barrier: rank {r}: peer rank 1 "), reports[r]
+        # the host's daemon reads the signal from the zombie; torchrun, its parent, may reap it
+        # first (at its next look, --monitor-interval) on a loaded host, and then the cause is
+        # gone. The zombie read itself: tests/test_failures.py's test of _exit_status
+        assert re.search(r"peer rank 1 (killed by SIGKILL|ended without finalizing)", reports[r]["error"]), reports[r]
 
 
 def test_a_rank_exiting_0_without_finalize_under_torchrun_is_named_by_the_survivors():
