@@ -221,14 +221,17 @@ def test_torchrun_nodes_of_different_sizes_are_one_job():
 
 def test_a_rank_killed_on_one_torchrun_node_is_named_on_both_and_nothing_is_left():
     # rank 1 on node 0: its node's survivor learns it from its daemon, node 1's from the carriers
-    run = torchrun_nodes(2, 2, os.path.join(SCRIPTS, "foreign_kill.py"), env=_env(uuid.uuid4().hex),
+    # (the survivors hold off torchrun's SIGTERM until they have reported, as on one node)
+    run = torchrun_nodes(2, 2, os.path.join(SCRIPTS, "foreign_kill.py"), "hold", env=_env(uuid.uuid4().hex),
                          flags=("--monitor-interval", "3"), timeout=120)
     reports = _reports(run.stdout)
     assert run.returncode != 0
     assert sorted(reports) == [0, 2, 3], run.explain()
     for r in (0, 2, 3):
-        assert reports[r]["error"] == (f"PeerFailure: barrier: rank {r}: peer rank 1 killed by SIGKILL; this "
-                                       f"operation cannot complete"), reports[r]
+        # how rank 1 ended, as its daemon read it from the zombie, or, once torchrun reaped it
+        # first, only that it ended (the single-node test says why)
+        assert re.fullmatch(rf"PeerFailure: barrier: rank {r}: peer rank 1 (killed by SIGKILL|ended without "
+                            rf"finalizing); this operation cannot complete", reports[r]["error"]), reports[r]
     assert not own_shm_names()
 
 

@@ -9,11 +9,13 @@ import time
 import stratacl
 
 comm = stratacl.init()
-comm.barrier()
-if comm.rank == 0:
-    os.write(1, ("@@ " + json.dumps({"ready": True}) + "\n").encode())
 end = time.monotonic() + 60
 try:
+    # the first barrier too: rank 0 leaves it (and says the job is up) before the ranks of
+    # another host have learnt through their carrier that it completed
+    comm.barrier()
+    if comm.rank == 0:
+        os.write(1, ("@@ " + json.dumps({"ready": True}) + "\n").encode())
     while time.monotonic() < end:
         comm.barrier()
 except stratacl.StrataError as e:

@@ -12,8 +12,8 @@ Every survivor prints ``@@ {"rank": r, "pid": p, "error": "<type>: <message>"}``
 
 torchrun ends the other workers (SIGTERM, then SIGKILL 30 s later) at its first look at them
 after the kill (--monitor-interval), which may come before a loaded host has let the survivors
-see rank 1 go. With the argument ``hold`` (one torchrun node) the survivors ignore SIGTERM, and
-torchrun waits for them to report and exit. Not over nodes or under mpirun: there a survivor
+see rank 1 go. With the argument ``hold`` the survivors ignore SIGTERM, and torchrun (on one
+node or over nodes) waits for them to report and exit. Not under mpirun: there a survivor
 that has reported does not always exit by itself (an open issue), and the launcher's SIGTERM
 is what ends it.
 """
