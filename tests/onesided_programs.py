@@ -221,6 +221,10 @@ def errors(comm, far=()):
     except E as e:
         if (e.operation, e.peer) != ("shmem.put", right) or e.address is None or f"{e.address:#x}" not in str(e):
             bad.append(f"attributes: {(e.operation, e.peer, e.address)}")
+    # memory that is not this rank's HBM cannot be registered (refused on every rank, before
+    # the collective)
+    bad += expect(lambda: shmem.buffer_register(np.zeros(8)), E, "not one allocation of this rank's HBM",
+                  "shmem.buffer_register")
     # too many bytes for the destination array
     bad += expect(lambda: shmem.put(x[:8], src, right), ValueError, "do not fit")
     # misaligned and mistyped atomics

@@ -247,16 +247,20 @@ class SymmetricHeap:
         (``far_runs``). One allgather of the same size whether the members share a host or not:
         the modeled clock does not see the hosts. Collective."""
         mine = np.zeros(EXCHANGED, dtype=np.int64)
+        spans = self._rt.hosts.spans(self.members)
         if a.nbytes:
             addr = address_of(a)
-            seg = self._rt.own_segment(addr, a.nbytes)
-            if seg is None:
+            # where it is in the HBM matters to members on other hosts only: on one host the
+            # allocator is not asked (a few us of a ~100 us collective), the range only checked
+            w = self._rt.window
+            seg = self._rt.own_segment(addr, a.nbytes) if spans else None
+            if seg is None and (spans or w.owner(addr) != self.me or w.owner(addr + a.nbytes - 1) != self.me):
                 raise OneSidedError(f"{op}: rank {self.rank}: {addr:#x}+{a.nbytes} is not one allocation of this "
                                     f"rank's HBM (allocate it with stratacl.empty)", op, None, addr)
-            mine[:] = addr, a.nbytes, seg.va, seg.size, seg.hbm_offset
+            mine[:] = (addr, a.nbytes, seg.va, seg.size, seg.hbm_offset) if seg else (addr, a.nbytes, 0, 0, 0)
         every = np.zeros((self.size, EXCHANGED), dtype=np.int64)
         self.comm.all_gather(every.reshape(-1), mine)
-        if self._rt.hosts.spans(self.members):
+        if spans:
             table = _FAR.setdefault(id(self._rt), {})
             ref = weakref.ref(a)
             for world, (addr, nbytes, va, size, off) in zip(self.members, every.tolist()):
