@@ -5,12 +5,16 @@ under cm384 with one parameter x0.5 and x2, no new runs.
                                          [--parameters all|NAME,...] [--json FILE]
     python benchmarks/e2e_sensitivity.py --keep DIR --workload train --iteration 200 --scale 512
                                          [--parameters ...] [--factors 0.5,2] [--no-base]
+    python benchmarks/e2e_sensitivity.py --keep DIR --workload serve [--caps FILE] [--parameters ...]
 
 ``DIR`` holds the traces ``benchmarks/paper_size.py --keep DIR`` pickled (dlrm: per configuration
 and cache size, every recorded rank count's traces at the target batch; train: per configuration
 and iteration, ``--tokens --iterations --keep``, extrapolated with the kept experts' skew and
-judged by ``paper._training_deployed``). ``--factors`` and ``--no-base`` split a long sweep over
-processes. For each variant of the
+judged by ``paper._training_deployed``; serve: per configuration and table kind, the traces
+``benchmarks/serve_deployed.py tables --keep DIR`` pickled at the instances' sizes, replayed into
+step tables, the deployment swept over request rates (``pd_model.sweep``, the KV transfers timed
+under the same variant) and judged by ``paper._serving_deployed``; ``--scale`` does not apply).
+``--factors`` and ``--no-base`` split a long sweep over processes. For each variant of the
 model (cm384 as it is, then each parameter of ASSUMED x0.5 and x2, ``paper.scaled_dict``) every
 configuration's traces are extrapolated to ``--scale`` dies and replayed with the variant's
 topology, and the report's own function for the workload's rows (``paper._dlrm_deployed``)
@@ -63,7 +67,13 @@ NOT_REPLAYED = {  # per workload: its own settings, which change what the progra
              "the batch a die (1024)": "changes the program's arrays: new recordings"},
     "train": {"the tokens a replica (16,384)": "changes the program's arrays: new recordings",
               "the routing skew's law over iterations": "changes the experts' loads: new recordings"},
+    "serve": {"the lengths the tables are recorded at (prompts of 1,155 tokens, decode context 1,260: the "
+              "Splitwise trace's means)": "changes the program's arrays: new recordings",
+              "the experts' skew": "changes the experts' loads: new recordings",
+              "the fabric-free bound (nocomm) and the ladder's jit, roa, balanced, sdma": "not kept: the rows "
+              "judged are StrataCL's, HCCL-zerocopy's and HCCL's"},
 }
+SERVE_CONFIGS = ("staged", "pool", "auto")
 
 
 def _variant(paths: list[tuple], factor: float) -> dict:
@@ -131,8 +141,42 @@ def load_train(keep: str, iteration: int) -> dict:
     return kept
 
 
+def load_serve(keep: str) -> dict:
+    """{(config, kind): pickle} from serve_deployed.py tables --keep's files ``<config>-<kind>.pkl``."""
+    kept = {}
+    for config in SERVE_CONFIGS:
+        for kind in ("prefill", "decode"):
+            path = os.path.join(keep, f"{config}-{kind}.pkl")
+            if not os.path.exists(path):
+                raise SystemExit(f"e2e_sensitivity: {path} needed (serve_deployed.py tables --keep)")
+            with open(path, "rb") as f:
+                kept[(config, kind)] = pickle.load(f)
+    return kept
+
+
+def serve_steps(kept: dict, topology: str, kernel_factor: float, caps: str) -> tuple[dict, dict]:
+    """The kept step traces replayed under ``topology`` into step tables, the deployment swept
+    over rates with them: (the sweep, the tables), as paper._serving_deployed reads them."""
+    from stratacl import ub
+
+    import pd_model
+    from serve_deployed import PROMPT, step_times
+    tables = {"settings": {"prompt": PROMPT}, "tables": {}}
+    for (config, kind), k in kept.items():
+        traces = _scale_kernels(k["traces"], kernel_factor) if kernel_factor != 1.0 else k["traces"]
+        tables["tables"].setdefault(config, {})[kind] = step_times(ub.replay(_retarget(traces, topology)),
+                                                                   k["timeline"])
+    cap = pd_model.caps(caps)
+    sweep = pd_model.sweep(tables, cap, list(SERVE_CONFIGS), log=lambda *_: None, topology=topology)
+    sweep.update(caps={str(c): v for c, v in cap.items()}, settings={"fig11b_rate": pd_model.FIG11B_RATE})
+    return sweep, tables["tables"]
+
+
 def judge(found: dict, scale: int, workload: str = "dlrm") -> dict:
     """The report's rows from these steps: {claim: (here, holds)}."""
+    if workload == "serve":          # found: (the sweep, the tables)
+        rows = paper._serving_deployed(*found)
+        return {r["claim"]: (r["here"], r["holds"]) for r in rows if r["claim"].startswith(("fig11a", "fig11b"))}
     if workload == "train":          # the recorded rows' dimensions, this replay's steps
         recorded = paper._rows_of(paper.TRAIN_DEPLOYED)
         rows = [dict(paper._pick(recorded, config=c, ranks=scale, iteration=it), modeled_step_us=us)
@@ -146,7 +190,9 @@ def judge(found: dict, scale: int, workload: str = "dlrm") -> dict:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--keep", required=True)
-    p.add_argument("--workload", choices=("dlrm", "train"), default="dlrm")
+    p.add_argument("--workload", choices=("dlrm", "train", "serve"), default="dlrm")
+    p.add_argument("--caps", default=os.path.join(paper.RESULTS, paper.SERVE_DEPLOYED_CAPS),
+                   help="serve: benchmarks/fragmentation.py --model v4flash's JSON")
     p.add_argument("--iteration", type=int, default=200, help="train: the kept iteration")
     p.add_argument("--factors", default="0.5,2", help="each parameter's factors")
     p.add_argument("--no-base", action="store_true", help="skip cm384 as it is")
@@ -154,19 +200,31 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--parameters", default="all")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
-    kept = load_train(a.keep, a.iteration) if a.workload == "train" else load(a.keep)
-    names = list(ASSUMED) if a.parameters == "all" else [] if a.parameters == "none" else a.parameters.split(",")
+    kept = {"train": lambda: load_train(a.keep, a.iteration), "serve": lambda: load_serve(a.keep),
+            "dlrm": lambda: load(a.keep)}[a.workload]()
+    # names hold commas ("UB registration split (export, import, ...)"): one whole name, or several
+    # separated by ";" (or by "," when none has one)
+    names = (list(ASSUMED) if a.parameters == "all" else [] if a.parameters == "none" else [a.parameters]
+             if a.parameters in ASSUMED else a.parameters.split(";" if ";" in a.parameters else ","))
+    unknown = [n for n in names if n not in ASSUMED]
+    if unknown:
+        p.error(f"--parameters: unknown {unknown}; the assumed parameters are {list(ASSUMED)}")
     command = " ".join(["python", "benchmarks/e2e_sensitivity.py", *sys.argv[1:]])
-    out = {"command": command, "scale": a.scale, "not_replayed": NOT_REPLAYED[a.workload], "rows": []}
+    dies = 192 if a.workload == "serve" else a.scale           # serve: the deployment's 4 x 32 + 4 x 16 dies
+    out = {"command": command, "scale": dies, "not_replayed": NOT_REPLAYED[a.workload], "rows": []}
     with tempfile.TemporaryDirectory(prefix="stratacl-sensitivity-") as tmp:
         def run(name, factor, topo, kernel_factor=1.0):
             path = os.path.join(tmp, f"topology-{len(out['rows'])}.json")
             with open(path, "w") as f:
                 json.dump(topo, f)
-            found = steps(kept, a.scale, path, kernel_factor)
+            if a.workload == "serve":
+                found = serve_steps(kept, path, kernel_factor, a.caps)
+                measured = {"sustained_rate": found[0]["readings"]["sustained_rate"]}
+            else:
+                found = steps(kept, a.scale, path, kernel_factor)
+                measured = {"steps_us": {f"{c}@{g:g}": us for (c, g), us in found.items()}}
             claims = judge(found, a.scale, a.workload)
-            out["rows"].append({"parameter": name, "factor": factor,
-                                "steps_us": {f"{c}@{g:g}": us for (c, g), us in found.items()},
+            out["rows"].append({"parameter": name, "factor": factor, **measured,
                                 "claims": {k: {"here": h, "holds": bool(ok)} for k, (h, ok) in claims.items()}})
             print(f"{name} x{factor:g}: " + ", ".join(f"{k.split('.')[1]} {h:.3f} ({'holds' if ok else 'no'})"
                                                     for k, (h, ok) in claims.items()), flush=True)

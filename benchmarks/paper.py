@@ -821,14 +821,17 @@ def _rate_ratio(reach: dict, config: str, over: str) -> float | None:
     return x / y
 
 
-def _serving_deployed() -> list[dict]:
+def _serving_deployed(sweep: dict | None = None, tables: dict | None = None) -> list[dict]:
     """Serving as the paper deploys it: DeepSeek V4 Flash, 4 prefill instances (EP 32) and 4 decode
     instances (EP 16) on 192 dies, a Poisson stream of Splitwise-length requests swept over rates.
     Throughputs are the highest rates each configuration sustains (normalized latency at most
     twice HCCL's at 5 req/s, the rule docs/end-to-end.md wrote down before the run); Fig. 11b at 15
-    req/s. The fabric-free configuration (nocomm) is the bound beside every row."""
-    with open(os.path.join(RESULTS, SERVE_DEPLOYED)) as f:
-        sweep = json.load(f)
+    req/s. The fabric-free configuration (nocomm) is the bound beside every row. ``sweep`` and
+    ``tables``: another sweep and its step tables (benchmarks/e2e_sensitivity.py's replays under a
+    varied model) judged by the same rows; by default the recorded ones."""
+    if sweep is None:
+        with open(os.path.join(RESULTS, SERVE_DEPLOYED)) as f:
+            sweep = json.load(f)
     reach = sweep["readings"]["sustained_rate"]
     b = (f"recorded docs/results/{SERVE_DEPLOYED} (DeepSeek V4 Flash, 4 prefill x EP 32 + 4 decode x EP 16 = 192 "
          f"dies, Splitwise lengths, Poisson arrivals; step tables docs/results/{SERVE_DEPLOYED_TABLES}, batch caps "
@@ -839,8 +842,9 @@ def _serving_deployed() -> list[dict]:
 
     def speedup(c, over):
         return _rate_ratio(reach, c, over)
-    with open(os.path.join(RESULTS, SERVE_DEPLOYED_TABLES)) as f:
-        tables = json.load(f)["tables"]
+    if tables is None:
+        with open(os.path.join(RESULTS, SERVE_DEPLOYED_TABLES)) as f:
+            tables = json.load(f)["tables"]
 
     def step(config, kind, count):
         t = tables.get(config, {}).get(kind)

@@ -216,8 +216,8 @@ def sustained(points: list[tuple[float, float]], target: float) -> float | None:
     return float("inf")
 
 
-def sweep(tables: dict, cap: dict, configs: list[str], seed: int = 1, log=print) -> dict:
-    kv = {c: kv_time(c) for c in configs}
+def sweep(tables: dict, cap: dict, configs: list[str], seed: int = 1, log=print, topology: str = "cm384") -> dict:
+    kv = {c: kv_time(c, topology) for c in configs}
     settings = {"prompt": tables["settings"]["prompt"]}
 
     def run(config, rate):

@@ -1,7 +1,7 @@
 """Serving as the paper deploys it: DeepSeek V4 Flash, 4 prefill instances (EP 32) and 4 decode
 instances (EP 16) on 192 dies, a Poisson stream of Splitwise-length requests, in modeled time.
 
-    python benchmarks/serve_deployed.py tables [--configs staged,auto,pool] [--json FILE]
+    python benchmarks/serve_deployed.py tables [--configs staged,auto,pool] [--json FILE] [--keep DIR]
     python benchmarks/serve_deployed.py verify [--config staged] [--json FILE]
     python benchmarks/serve_deployed.py sweep --tables FILE [--caps FILE] [--json FILE]
 
@@ -99,8 +99,11 @@ def step_times(replay, timeline: dict, layers: int = deploy.LAYERS) -> list[dict
     return out
 
 
-def at_size(config: str, kind: str, points, hidden: int, n: int, tmp: str, ranks=RANKS, hiddens=HIDDEN) -> list:
-    """The table of ``kind`` at ``hidden`` and ``n`` ranks, from the recordings."""
+def at_size(config: str, kind: str, points, hidden: int, n: int, tmp: str, ranks=RANKS, hiddens=HIDDEN,
+            keep: str | None = None) -> list:
+    """The table of ``kind`` at ``hidden`` and ``n`` ranks, from the recordings. ``keep``: a
+    directory where the extrapolated traces and the timeline are pickled (``<config>-<kind>.pkl``)
+    for ``benchmarks/e2e_sensitivity.py --workload serve`` to replay under a varied model."""
     from stratacl import ep, ub
 
     fitted, timeline = [], None
@@ -110,10 +113,15 @@ def at_size(config: str, kind: str, points, hidden: int, n: int, tmp: str, ranks
         fitted.append(ub.extrapolate_dimension([t for t, _ in got], list(hiddens), hidden))
         print(f"  {config} {kind}: recorded N={r} at hidden {list(hiddens)}", flush=True)
     traces = ub.extrapolate(*fitted, n, routing=functools.partial(ep.routing, shared=True), skew=SKEW)
+    if keep:
+        import pickle
+        os.makedirs(keep, exist_ok=True)
+        with open(os.path.join(keep, f"{config}-{kind}.pkl"), "wb") as f:
+            pickle.dump({"traces": traces, "timeline": timeline}, f)
     return step_times(ub.replay(traces), timeline)
 
 
-def tables(configs: list[str], out: str | None, command: str) -> dict:
+def tables(configs: list[str], out: str | None, command: str, keep: str | None = None) -> dict:
     found = {"command": command, "settings": {"ranks": RANKS, "hidden": HIDDEN, "layers": LAYERS, "prompt": PROMPT,
                                               "context": CONTEXT, "skew": SKEW, "ep": EP,
                                               "args": {k: model_args(deploy.HIDDEN, k) for k in EP}},
@@ -123,7 +131,7 @@ def tables(configs: list[str], out: str | None, command: str) -> dict:
             got = {}
             for kind, points in (("decode", DECODE), ("prefill", PREFILL)):
                 try:
-                    got[kind] = at_size(config, kind, points, deploy.HIDDEN, EP[kind], tmp)
+                    got[kind] = at_size(config, kind, points, deploy.HIDDEN, EP[kind], tmp, keep=keep)
                 except Exception as e:        # a refusal (ub.ReplayError) is reported, not hidden
                     got[kind] = {"refused": f"{type(e).__name__}: {e}"}
                     print(f"{config} {kind}: not extrapolated: {e}", flush=True)
@@ -177,11 +185,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", default="staged", help="verify: the configuration")
     p.add_argument("--tables", default=None, help="sweep: the tables' JSON")
     p.add_argument("--caps", default=None, help="sweep: benchmarks/fragmentation.py --model v4flash's JSON")
+    p.add_argument("--keep", default=None, help="tables: pickle the extrapolated traces here (e2e_sensitivity.py)")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
     command = " ".join(["python", "benchmarks/serve_deployed.py", *argv])
     if a.what == "tables":
-        tables(a.configs.split(","), a.json, command)
+        tables(a.configs.split(","), a.json, command, a.keep)
     elif a.what == "verify":
         verify(a.config, a.json, command)
     else:
