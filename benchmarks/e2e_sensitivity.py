@@ -114,6 +114,8 @@ def steps(kept: dict, scale: int, topology: str, kernel_factor: float = 1.0) -> 
 
 def load(keep: str) -> dict:
     """{(config, cache_gib): pickle} from paper_size.py --keep's files ``<config>-cache_gib<G>.pkl``."""
+    if not os.path.isdir(keep):
+        raise SystemExit(f"e2e_sensitivity: no directory {keep} (it holds the kept .pkl traces: paper_size.py --keep)")
     kept = {}
     for name in sorted(os.listdir(keep)):
         stem, ext = os.path.splitext(name)
@@ -200,8 +202,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--parameters", default="all")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
-    kept = {"train": lambda: load_train(a.keep, a.iteration), "serve": lambda: load_serve(a.keep),
-            "dlrm": lambda: load(a.keep)}[a.workload]()
     # names hold commas ("UB registration split (export, import, ...)"): one whole name, or several
     # separated by ";" (or by "," when none has one)
     names = (list(ASSUMED) if a.parameters == "all" else [] if a.parameters == "none" else [a.parameters]
@@ -209,6 +209,8 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [n for n in names if n not in ASSUMED]
     if unknown:
         p.error(f"--parameters: unknown {unknown}; the assumed parameters are {list(ASSUMED)}")
+    kept = {"train": lambda: load_train(a.keep, a.iteration), "serve": lambda: load_serve(a.keep),
+            "dlrm": lambda: load(a.keep)}[a.workload]()
     command = " ".join(["python", "benchmarks/e2e_sensitivity.py", *sys.argv[1:]])
     dies = 192 if a.workload == "serve" else a.scale           # serve: the deployment's 4 x 32 + 4 x 16 dies
     out = {"command": command, "scale": dies, "not_replayed": NOT_REPLAYED[a.workload], "rows": []}

@@ -62,3 +62,34 @@ def test_replays_under_a_variant_equal_runs_made_with_it(tmp_path):
                          )["modeled_step_us"]
     assert host == pytest.approx(steps["host"], rel=1e-9) and host != pytest.approx(steps["cm384"], rel=1e-6)
     assert slow == pytest.approx(steps["efficiency"], rel=1e-9) and slow > steps["cm384"]
+
+
+def test_the_serving_rows_judge_a_given_sweep_as_the_report_judges_the_recorded_one():
+    # e2e_sensitivity --workload serve hands its sweep and tables to the report's own rows: with
+    # the recorded ones they are the report's rows, and judge keeps Fig. 11a's and 11b's
+    paper = sens.paper
+    with open(Path(paper.RESULTS) / paper.SERVE_DEPLOYED) as f:
+        sweep = json.load(f)
+    with open(Path(paper.RESULTS) / paper.SERVE_DEPLOYED_TABLES) as f:
+        tables = json.load(f)["tables"]
+    rows = {r["claim"]: (r["here"], r["holds"]) for r in paper._serving_deployed()}
+    judged = sens.judge((sweep, tables), 192, "serve")
+    assert sorted(judged) == ["fig11a.strata_over_hccl.deployed", "fig11a.strata_over_zerocopy.deployed",
+                              "fig11a.zerocopy_over_hccl.deployed", "fig11b.p99_tpot_lower.deployed",
+                              "fig11b.p99_ttft_lower.deployed"]
+    assert all(judged[c] == rows[c] for c in judged)
+    # another sweep is judged, not the recorded one: StrataCL's rate doubled doubles its row
+    faster = json.loads(json.dumps(sweep))
+    faster["readings"]["sustained_rate"]["auto"] *= 2
+    assert sens.judge((faster, tables), 192, "serve")["fig11a.strata_over_hccl.deployed"][0] == \
+        pytest.approx(2 * rows["fig11a.strata_over_hccl.deployed"][0])
+
+
+def test_a_parameter_whose_name_holds_commas_is_one_parameter(capsys):
+    with pytest.raises(SystemExit):
+        sens.main(["--keep", "/nonexistent", "--parameters", "compute efficiency,no such parameter"])
+    assert "unknown ['no such parameter']" in capsys.readouterr().err
+    # the registration split's name, commas and all, is one parameter: it passes the check and
+    # the run goes on to find no kept traces
+    with pytest.raises(SystemExit, match="pkl"):
+        sens.main(["--keep", "/nonexistent", "--parameters", "UB registration split (export, import, reserve VA, map)"])
