@@ -853,7 +853,8 @@ def _serving_deployed(sweep: dict | None = None, tables: dict | None = None) -> 
     steps = "; ".join(f"{kind} at {count} a die: HCCL {step('staged', kind, count) / 1e3:.0f} ms, StrataCL "
                       f"{step('auto', kind, count) / 1e3:.0f} ms ({step('staged', kind, count) / step('auto', kind, count):.2f}x), "
                       f"fabric free {step('nocomm', kind, count) / 1e3:.0f} ms"
-                      for kind, count in (("prefill", 14), ("decode", 64)) if step("auto", kind, count))
+                      for kind, count in (("prefill", 14), ("decode", 64)) if step("auto", kind, count)
+                      and step("nocomm", kind, count))
     bound = (f"the fabric free on RoA's path (nocomm: the cores still move the bytes) sustains {free:.2f}x HCCL's "
              "rate, and SDMA, which hands the cores back to the kernels, passes it, so it bounds the rows without "
              f"SDMA only; the steps: {steps}; the latency target's crossing near saturation magnifies the "

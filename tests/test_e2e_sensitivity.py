@@ -78,6 +78,12 @@ def test_the_serving_rows_judge_a_given_sweep_as_the_report_judges_the_recorded_
                               "fig11a.zerocopy_over_hccl.deployed", "fig11b.p99_tpot_lower.deployed",
                               "fig11b.p99_ttft_lower.deployed"]
     assert all(judged[c] == rows[c] for c in judged)
+    # the replays keep StrataCL's, HCCL-zerocopy's and HCCL's tables only: no fabric-free bound
+    kept = {c: tables[c] for c in sens.SERVE_CONFIGS}
+    alone = json.loads(json.dumps(sweep))
+    alone["readings"]["sustained_rate"] = {c: alone["readings"]["sustained_rate"][c] for c in sens.SERVE_CONFIGS}
+    alone["rows"] = [r for r in alone["rows"] if r["config"] in sens.SERVE_CONFIGS]
+    assert sens.judge((alone, kept), 192, "serve") == judged
     # another sweep is judged, not the recorded one: StrataCL's rate doubled doubles its row
     faster = json.loads(json.dumps(sweep))
     faster["readings"]["sustained_rate"]["auto"] *= 2
