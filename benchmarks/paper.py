@@ -1496,7 +1496,7 @@ def render(result: dict, sens: dict | None, command: str) -> str:
 
 
 E2E_SENSITIVITY = ("e2e-2026-12-05-dlrm-sensitivity.json",       # benchmarks/e2e_sensitivity.py's runs
-                   "e2e-2026-12-05-train-sensitivity.json")
+                   "e2e-2026-12-05-train-sensitivity.json", "e2e-2026-12-06-serve-sensitivity.json")
 
 
 def e2e_sensitivity_lines() -> list[str]:
