@@ -34,6 +34,7 @@ import copy
 import json
 import os
 import pickle
+import shlex
 import sys
 import tempfile
 
@@ -211,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--parameters: unknown {unknown}; the assumed parameters are {list(ASSUMED)}")
     kept = {"train": lambda: load_train(a.keep, a.iteration), "serve": lambda: load_serve(a.keep),
             "dlrm": lambda: load(a.keep)}[a.workload]()
-    command = " ".join(["python", "benchmarks/e2e_sensitivity.py", *sys.argv[1:]])
+    command = shlex.join(["python", "benchmarks/e2e_sensitivity.py", *(sys.argv[1:] if argv is None else argv)])
     dies = 192 if a.workload == "serve" else a.scale           # serve: the deployment's 4 x 32 + 4 x 16 dies
     out = {"command": command, "scale": dies, "not_replayed": NOT_REPLAYED[a.workload], "rows": []}
     with tempfile.TemporaryDirectory(prefix="stratacl-sensitivity-") as tmp:
