@@ -190,6 +190,16 @@ def judge(found: dict, scale: int, workload: str = "dlrm") -> dict:
     return {r["claim"]: (r["here"], r["holds"]) for r in paper._dlrm_deployed(rows)}
 
 
+def _parameters(spec: str) -> list[str]:
+    """--parameters' names: "all", "none", one whole name (names hold commas: "UB registration
+    split (export, import, ...)"), or several separated by ";" (or by "," when none has one)."""
+    if spec in ("all", "none"):
+        return list(ASSUMED) if spec == "all" else []
+    if spec in ASSUMED:
+        return [spec]
+    return spec.split(";" if ";" in spec else ",")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--keep", required=True)
@@ -203,15 +213,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--parameters", default="all")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
-    # names hold commas ("UB registration split (export, import, ...)"): one whole name, or several
-    # separated by ";" (or by "," when none has one)
-    names = (list(ASSUMED) if a.parameters == "all" else [] if a.parameters == "none" else [a.parameters]
-             if a.parameters in ASSUMED else a.parameters.split(";" if ";" in a.parameters else ","))
+    names = _parameters(a.parameters)
     unknown = [n for n in names if n not in ASSUMED]
     if unknown:
         p.error(f"--parameters: unknown {unknown}; the assumed parameters are {list(ASSUMED)}")
-    kept = {"train": lambda: load_train(a.keep, a.iteration), "serve": lambda: load_serve(a.keep),
-            "dlrm": lambda: load(a.keep)}[a.workload]()
+    if a.workload == "train":
+        kept = load_train(a.keep, a.iteration)
+    elif a.workload == "serve":
+        kept = load_serve(a.keep)
+    else:
+        kept = load(a.keep)
     command = shlex.join(["python", "benchmarks/e2e_sensitivity.py", *(sys.argv[1:] if argv is None else argv)])
     dies = 192 if a.workload == "serve" else a.scale           # serve: the deployment's 4 x 32 + 4 x 16 dies
     out = {"command": command, "scale": dies, "not_replayed": NOT_REPLAYED[a.workload], "rows": []}

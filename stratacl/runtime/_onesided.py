@@ -252,9 +252,13 @@ class SymmetricHeap:
             addr = address_of(a)
             # where it is in the HBM matters to members on other hosts only: on one host the
             # allocator is not asked (a few us of a ~100 us collective), the range only checked
-            w = self._rt.window
-            seg = self._rt.own_segment(addr, a.nbytes) if spans else None
-            if seg is None and (spans or w.owner(addr) != self.me or w.owner(addr + a.nbytes - 1) != self.me):
+            if spans:
+                seg = self._rt.own_segment(addr, a.nbytes)
+                ours = seg is not None
+            else:
+                seg, w = None, self._rt.window
+                ours = w.owner(addr) == w.owner(addr + a.nbytes - 1) == self.me
+            if not ours:
                 raise OneSidedError(f"{op}: rank {self.rank}: {addr:#x}+{a.nbytes} is not one allocation of this "
                                     f"rank's HBM (allocate it with stratacl.empty)", op, None, addr)
             mine[:] = (addr, a.nbytes, seg.va, seg.size, seg.hbm_offset) if seg else (addr, a.nbytes, 0, 0, 0)
