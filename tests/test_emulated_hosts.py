@@ -410,6 +410,39 @@ def test_a_host_whose_launcher_is_killed_is_named_by_every_rank_of_the_other_hos
     assert not own_shm_names()
 
 
+def test_a_job_whose_every_host_launcher_is_killed_fails_though_mpirun_says_0():
+    # under --with-ft ulfm mpirun exits 0 when its processes die by a signal: with every host's
+    # launcher SIGKILLed nothing is left to say the job failed but stratacl-launch, which counts
+    # each host launcher's last line (its exit code) and names the hosts that sent none
+    p = subprocess.Popen(launcher_command() + ["-n", "4", "--emulate-hosts", "2", "--timeout", "60",
+                                               script("barriers_until_failure.py")],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=clean_env(), start_new_session=True)
+    tree: list[psutil.Process] = []
+    try:
+        read_lines_until(p, 1, '@@ {"ready"', timeout=60)
+        tree = psutil.Process(p.pid).children(recursive=True)
+        launchers = [q for q in tree if "stratacl.jobs._hostlaunch" in q.cmdline() and "OMPI_COMM_WORLD_RANK" in q.environ()]
+        assert len(launchers) == 2, launchers
+        for q in launchers:
+            q.kill()
+        out, err = p.communicate(timeout=40)
+    finally:
+        if p.poll() is None:
+            for q in [psutil.Process(p.pid), *tree]:
+                try:
+                    q.kill()
+                except psutil.NoSuchProcess:
+                    pass
+            p.wait(10)
+    err = err.decode(errors="replace")
+    assert p.returncode == 1, err[-4000:]
+    assert err.endswith("stratacl-launch: the launcher of host(s) 0, 1 ended without reporting how (killed by a "
+                        "signal, or crashed): the job failed\n"), err[-4000:]
+    assert "stratacl-host-outcome" not in err
+    assert_all_gone([q.pid for q in tree], timeout=15)
+    assert not own_shm_names()
+
+
 @pytest.mark.parametrize("flags, why", [
     (["-n", "1"], "--emulate-hosts 2: more hosts than ranks (1)"),
 ])
@@ -438,22 +471,52 @@ def test_the_torch_backend_and_ep_dispatch_combine_run_exact_across_two_hosts():
     assert not own_shm_names()
 
 
-def test_hosts_and_a_hostfile_run_the_job_through_mpirun_one_launcher_per_host(tmp_path):
-    # the flags of real hosts, here all on this machine: uneven parts (3 + 1), every result
-    # exact, no rank mapping another host's segment
-    hostfile = tmp_path / "hosts"
-    hostfile.write_text("# two hosts\nlocalhost slots=3\nlocalhost slots=1\n")
-    env = clean_env(STRATACL_TIMEOUT="60")
-    for flags in (["--hostfile", str(hostfile)], ["--hosts", "localhost:3,localhost:1"]):
-        run = launch("-n", "4", *flags, "--clock", "virtual", script("hosts_collectives.py"), env=env, timeout=200)
-        assert run.returncode == 0, run.explain()
-        rep = _reports(run)
-        assert sorted(rep) == [0, 1, 2, 3]
-        host_of = [0, 0, 0, 1]
+def _hosts_collectives_exact(run, host_of: list[int]) -> None:
+    """Every check of hosts_collectives.py true on every rank, and no rank mapping a segment of
+    a rank on another host."""
+    assert run.returncode == 0, run.explain()
+    rep = _reports(run)
+    assert sorted(rep) == list(range(len(host_of)))
+    for r in rep:
+        assert all(v is True for v in rep[r]["checks"].values()), (r, rep[r]["checks"])
+        for q in rep:
+            assert (rep[q]["own"] in rep[r]["mapped"]) == (host_of[q] == host_of[r]), (r, q)
+
+
+def test_hosts_on_this_machine_run_the_job_through_mpirun_one_launcher_per_host():
+    # the flags of real hosts, every host named localhost: uneven parts (3 + 1), the store on
+    # loopback, every result exact, no rank mapping another host's segment
+    run = launch("-n", "4", "--hosts", "localhost:3,localhost:1", "--clock", "virtual", script("hosts_collectives.py"),
+                 env=clean_env(STRATACL_TIMEOUT="60"), timeout=200)
+    _hosts_collectives_exact(run, [0, 0, 0, 1])
+    assert not own_shm_names()
+
+
+def test_hosts_and_a_hostfile_naming_machines_run_as_on_real_hosts(tmp_path):
+    # two emulated machines (namespaces of their own, an address each on a link) named by
+    # address, stratacl-launch run on the link as on a login node, mpirun reaching each through
+    # its remote-launch agent as through ssh: the real-host path (-H, the settings exported with
+    # -x, the store on the first host's address, which host 1 reaches over the link only)
+    from stratacl.jobs._machines import Machines
+    machines = Machines(2)
+    try:
+        first, second = machines.addresses
+        env = machines.mpirun_env(clean_env(STRATACL_TIMEOUT="60"))
+        hostfile = tmp_path / "hosts"
+        hostfile.write_text(f"# two machines\n{first} slots=3\n{second} slots=1\n")
+        run = launch("-n", "4", "--hostfile", str(hostfile), "--clock", "virtual", script("hosts_collectives.py"),
+                     env=env, timeout=200, wrap=machines.head_command([]))
+        _hosts_collectives_exact(run, [0, 0, 0, 1])
+        run = launch("-n", "4", "--hosts", f"{first}:3,{second}:1", script("host_isolation.py"), env=env, timeout=200,
+                     wrap=machines.head_command([]))
+        rep = _isolation(run)
         for r in range(4):
-            assert all(v is True for v in rep[r]["checks"].values()), (r, rep[r]["checks"])
-            for q in range(4):
-                assert (rep[q]["own"] in rep[r]["mapped"]) == (host_of[q] == host_of[r]), (flags, r, q)
+            assert rep[r]["store_host"] == first and rep[r]["store"] == "ok", rep[r]
+            assert rep[r]["address"] == (first if r < 3 else second), rep[r]
+            assert rep[r]["opened"] == ("ok" if r < 3 else "ENOENT"), rep[r]
+            assert rep[r]["loopback_store"] == "ECONNREFUSED", rep[r]     # it listens on the link only
+    finally:
+        machines.close()
     assert not own_shm_names()
 
 

@@ -29,11 +29,13 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 
 from stratacl.runtime.hosts import MPIRUN_FLAGS, hosts_of, mpirun_env
 from stratacl.runtime.memory import new_job_id
 
 HOSTJOB_ENV = "STRATACL_HOSTJOB"         # what the host launchers read (JSON; hostjob_env)
+OUTCOME = "stratacl-host-outcome: "      # a host launcher's last line on stderr: "<index> <exit code>"
 
 
 @dataclasses.dataclass
@@ -178,8 +180,12 @@ def _run(n: int, config, target: tuple, hosts: list[tuple[str, int]], machines, 
     if machines is not None:
         # mpirun runs on the machines' link, as on a login node; its agent enters each machine
         argv, env = machines.head_command(argv), machines.mpirun_env(env)
-    # mpirun hands this stdin to host 0's launcher, whose ranks inherit it as on one host
-    p = subprocess.Popen(argv, env=env, start_new_session=True)
+    # mpirun hands this stdin to host 0's launcher, whose ranks inherit it as on one host; its
+    # stderr comes through here, less each host launcher's outcome line
+    p = subprocess.Popen(argv, env=env, start_new_session=True, stderr=subprocess.PIPE)
+    outcomes: dict[int, int] = {}
+    relay = threading.Thread(target=_relay_stderr, args=(p.stderr.fileno(), outcomes), daemon=True)
+    relay.start()
 
     def forward(signum, frame):
         try:
@@ -188,7 +194,61 @@ def _run(n: int, config, target: tuple, hosts: list[tuple[str, int]], machines, 
             pass
     old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        return p.wait()
+        code = p.wait()
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+    relay.join()
+    p.stderr.close()
+    return job_exit_code(code, outcomes, len(hosts))
+
+
+def job_exit_code(mpirun_code: int, outcomes: dict[int, int], k: int) -> int:
+    """The job's exit code from mpirun's and the host launchers' own (``outcomes``: host index
+    -> code, from their OUTCOME lines). mpirun's, unless it says 0: under ``--with-ft ulfm`` it
+    exits 0 when launchers die by a signal (a host launcher killed, or crashed in MPI), so a
+    host that did not report, or reported a failure, fails the job and is named."""
+    if mpirun_code != 0:
+        return mpirun_code
+    silent = [g for g in range(k) if g not in outcomes]
+    if silent:
+        print(f"stratacl-launch: the launcher of host(s) {', '.join(map(str, silent))} ended without reporting "
+              f"how (killed by a signal, or crashed): the job failed", file=sys.stderr, flush=True)
+        return 1
+    return max(outcomes.values(), default=0)
+
+
+def _relay_stderr(fd: int, outcomes: dict[int, int]) -> None:
+    """Copy mpirun's stderr to ours as it comes, keeping back (and recording) the host
+    launchers' OUTCOME lines; a line that starts like one is held until its end."""
+    mark = OUTCOME.encode()
+    held, at_start = b"", True
+    while True:
+        data = os.read(fd, 1 << 16)
+        if not data:
+            break
+        out = []
+        for piece in (held + data).splitlines(keepends=True):
+            held = b""
+            # (Open MPI ends a help message it forwards with a NUL byte, which may start our line)
+            line = piece.lstrip(b"\0")
+            if at_start and (line.startswith(mark) or mark.startswith(line)):
+                if not piece.endswith(b"\n"):
+                    held = piece                    # could be an outcome line: wait for the rest
+                    continue
+                index, _, code = line[len(mark):].strip().partition(b" ")
+                try:
+                    outcomes[int(index)] = int(code)
+                    continue
+                except ValueError:
+                    pass                            # not one of ours: pass it on
+            out.append(piece)
+            at_start = piece.endswith(b"\n")
+        _write_all(b"".join(out))
+    _write_all(held)
+
+
+def _write_all(data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(sys.stderr.fileno(), view):]

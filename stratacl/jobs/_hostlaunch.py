@@ -5,13 +5,27 @@ mpirun, that runs this host's ranks as ``stratacl-launch`` runs a job, and its c
 """
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import sys
 import time
 
 
+def report(index: int, code: int) -> None:
+    """This launcher's exit code, for stratacl-launch (the last line it writes: _hostjob.py's
+    OUTCOME). Under ``--with-ft ulfm`` mpirun exits 0 when launchers die by a signal, so
+    stratacl-launch counts a host without this line as failed."""
+    from stratacl.jobs._hostjob import OUTCOME
+    sys.stdout.flush()
+    sys.stderr.write(f"{OUTCOME}{index} {code}\n")
+    sys.stderr.flush()
+
+
 def main() -> int:
+    # a crash in MPI after a host was lost shows the Python frames too (Open MPI keeps a
+    # handler that is already installed)
+    faulthandler.enable()
     from mpi4py import MPI
 
     from stratacl._config import Config
@@ -44,11 +58,10 @@ def main() -> int:
     except MPI.Exception:               # a host was lost: nobody to wait for there
         pass
     del run
+    report(part.index, outcome.exit_code)
     if outcome.reason == "carrier" and outcome.carrier.startswith("HostLost: "):
         # a host was lost: its carrier thread may be stuck in a read from it, and MPI's finalize
         # would wait for it; nothing is left to tidy in MPI, so leave without it
-        sys.stdout.flush()
-        sys.stderr.flush()
         os._exit(outcome.exit_code)
     return outcome.exit_code
 

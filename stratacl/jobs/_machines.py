@@ -10,8 +10,8 @@ A *holder* is ``unshare ... sh -c '...; exec cat'``: it makes the namespaces, mo
 tmpfs on ``/dev/shm`` (after making every mount private, so nothing propagates back), brings up
 its loopback, and then waits on a pipe from the launcher. mpirun runs in the head's network
 namespace, as on a login node, and starts each host's launcher through its remote-launch agent,
-``python -m stratacl.jobs._machines agent ADDRESS CMD``, which enters that host's namespaces with
-``nsenter`` as ssh would enter a machine.
+``python -m stratacl.jobs._machines agent ADDRESS=PID,... ADDRESS CMD``, which enters the
+namespaces of the host at ADDRESS (PID: its holder) with ``nsenter`` as ssh would enter a machine.
 
 Every address lives in namespaces the job made; the machine's own namespaces gain nothing. The
 kernel removes a namespace, its links and its mounts when its last process ends: ``close`` ends
@@ -21,7 +21,6 @@ the launcher itself is killed).
 from __future__ import annotations
 
 import ipaddress
-import json
 import os
 import shutil
 import signal
@@ -30,7 +29,6 @@ import sys
 import time
 
 NETWORK = ipaddress.ip_network("10.250.0.0/16")    # inside the job's own namespaces only
-MACHINES_ENV = "STRATACL_MACHINES"                 # {address: holder pid}, read by the agent
 _TOOLS = ("unshare", "nsenter", "ip", "mount")
 
 
@@ -103,8 +101,8 @@ class Machines:
     def mpirun_env(self, env: dict[str, str]) -> dict[str, str]:
         """``env`` for mpirun: its remote-launch agent enters the machines, its daemons and the
         carriers' TCP use the link."""
-        return {**env, MACHINES_ENV: json.dumps({a: h.pid for a, h in zip(self.addresses, self.hosts)}),
-                "PRTE_MCA_plm_ssh_agent": f"{sys.executable} -P -m stratacl.jobs._machines agent",
+        where = ",".join(f"{a}={h.pid}" for a, h in zip(self.addresses, self.hosts))
+        return {**env, "PRTE_MCA_plm_ssh_agent": f"{sys.executable} -P -m stratacl.jobs._machines agent {where}",
                 "PRTE_MCA_plm_ssh_no_tree_spawn": "1", "PRTE_MCA_oob_tcp_if_include": str(NETWORK),
                 "OMPI_MCA_btl_tcp_if_include": str(NETWORK)}
 
@@ -155,15 +153,15 @@ def processes_in(inodes: set[int]) -> list[int]:
 
 
 def agent(argv: list[str]) -> int:
-    """mpirun's remote-launch agent: ``agent ADDRESS CMD...`` runs CMD (a shell command, as ssh
-    runs it) in the namespaces of the machine at ADDRESS."""
-    pids = json.loads(os.environ.pop(MACHINES_ENV))    # the machine does not see it
-    host, command = argv[0], " ".join(argv[1:])
+    """mpirun's remote-launch agent: ``agent ADDRESS=PID,... ADDRESS CMD...`` runs CMD (a shell
+    command, as ssh runs it) in the namespaces of the machine at ADDRESS (PID: its holder)."""
+    pids = dict(item.split("=") for item in argv[0].split(","))
+    host, command = argv[1], " ".join(argv[2:])
     if host not in pids:
         print(f"stratacl machines: no emulated machine {host!r} (have {', '.join(pids)})", file=sys.stderr)
         return 255
     cwd = os.getcwd()
-    os.execvp("nsenter", ["nsenter", "-t", str(pids[host]), "-n", "-i", "-m", "-u", f"--wd={cwd}", "--",
+    os.execvp("nsenter", ["nsenter", "-t", pids[host], "-n", "-i", "-m", "-u", f"--wd={cwd}", "--",
                           "sh", "-c", command])
     return 255
 
@@ -171,4 +169,4 @@ def agent(argv: list[str]) -> int:
 if __name__ == "__main__":
     if sys.argv[1:2] == ["agent"]:
         sys.exit(agent(sys.argv[2:]))
-    sys.exit("usage: python -m stratacl.jobs._machines agent ADDRESS COMMAND...")
+    sys.exit("usage: python -m stratacl.jobs._machines agent ADDRESS=PID,... ADDRESS COMMAND...")

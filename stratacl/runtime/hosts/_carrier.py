@@ -511,11 +511,20 @@ MPIRUN_FLAGS = ("--with-ft", "ulfm", "--bind-to", "none", "--mca", "btl", "self,
                 "--mca", "osc", "rdma")
 
 
+def _users_mpi_setting(key: str) -> bool:
+    """An MPI setting of the user's that an ``mpirun`` of carriers keeps: how it reaches the
+    hosts (``PRTE_MCA_plm_ssh_agent``, ``..._args``: another rsh, ssh options) and which
+    networks it uses (``OMPI_MCA_btl_tcp_if_include``, ``PRTE_MCA_oob_tcp_if_exclude``, ...)."""
+    return key.startswith("PRTE_MCA_plm_ssh_") or (key.startswith(("OMPI_MCA_", "PRTE_MCA_"))
+                                                    and key.endswith(("_if_include", "_if_exclude")))
+
+
 def mpirun_env(env: dict[str, str]) -> tuple[dict[str, str], list[str]]:
     """The environment for an ``mpirun`` of carriers started from ``env`` (none of the MPI
-    job this process may be part of), and its ``-x`` flags: the settings, Python's own
-    variables and thread counts reach the other hosts."""
-    env = {k: v for k, v in env.items() if not k.startswith(("OMPI_", "PMIX_", "PRTE_"))}
+    job this process may be part of, but the user's settings of how to reach the hosts), and
+    its ``-x`` flags: the settings, Python's own variables and thread counts reach the other
+    hosts."""
+    env = {k: v for k, v in env.items() if not k.startswith(("OMPI_", "PMIX_", "PRTE_")) or _users_mpi_setting(k)}
     return env, [a for k in sorted(env) if k.startswith(("STRATACL_", "PYTHON", "OMP_")) for a in ("-x", k)]
 
 
