@@ -363,6 +363,11 @@ def test_a_rank_killed_on_the_other_host_is_named_by_every_survivor_and_nothing_
     assert not _carriers_left()
 
 
+# a segmentation fault inside Open MPI's one-sided read or its lock, in the carrier thread
+OSC_RDMA_CRASH = re.compile(r"Fatal Python error: Segmentation fault\n\nCurrent thread [^\n]*\n"
+                            r'  File "[^"]*/runtime/hosts/_carrier\.py", line \d+ in _move\n')
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("n, prog, op", [(4, "barriers_until_failure.py", "barrier"),
                                          (8, "barriers_until_failure.py", "barrier"),
@@ -397,6 +402,14 @@ def test_a_host_whose_launcher_is_killed_is_named_by_every_rank_of_the_other_hos
             p.wait(10)
     out, err = out.decode(), err.decode(errors="replace")
     assert p.returncode == 1, out[-2000:] + err[-4000:]
+    if op == "all_reduce" and OSC_RDMA_CRASH.search(err):
+        # Open MPI's osc rdma may crash host 0's launcher in a read from the lost host before MPI
+        # knows it failed (docs/cluster.md, "A lost host"): the job still fails by name, clean
+        assert err.endswith("stratacl-launch: the launcher of host(s) 0, 1 ended without reporting how (killed "
+                            "by a signal, or crashed): the job failed\n"), err[-4000:]
+        assert_all_gone([q.pid for q in tree], timeout=15)
+        assert not own_shm_names()
+        return
     half = n // 2
     lost = f"host 1 (ranks {half}-{n - 1}) was lost: its launcher or carrier died"
     errors = {rec["rank"]: rec["error"] for line in out.splitlines() if line.startswith("@@ ")

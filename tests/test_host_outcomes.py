@@ -18,7 +18,7 @@ import os, sys, threading
 from stratacl.jobs._hostjob import _relay_stderr
 r, w = os.pipe()
 outcomes = {}
-t = threading.Thread(target=_relay_stderr, args=(r, outcomes))
+t = threading.Thread(target=_relay_stderr, args=(r, outcomes, threading.Event()))
 t.start()
 for chunk in CHUNKS:
     os.write(w, chunk)
@@ -46,6 +46,25 @@ def test_outcome_lines_are_kept_back_whole_and_everything_else_passes_in_order()
 
 def test_a_line_that_only_starts_like_an_outcome_is_passed_on_at_the_end():
     assert _relay([b"strat"]) == ("[]", b"strat")
+
+
+def test_once_mpirun_ended_the_relay_stops_when_the_pipe_is_quiet_though_a_writer_holds_it():
+    # a process mpirun left behind keeps the pipe's write end: no end of file comes
+    import threading
+
+    from stratacl.jobs._hostjob import _relay_stderr
+    r, w = os.pipe()
+    ended, outcomes = threading.Event(), {}
+    relay = threading.Thread(target=_relay_stderr, args=(r, outcomes, ended), daemon=True)
+    relay.start()
+    os.write(w, OUTCOME.encode() + b"0 0\n")
+    ended.set()
+    relay.join(timeout=10)
+    try:
+        assert not relay.is_alive() and outcomes == {0: 0}
+    finally:
+        os.close(w)
+        os.close(r)
 
 
 @pytest.mark.parametrize("mpirun, outcomes, code", [

@@ -24,6 +24,7 @@ import dataclasses
 import ipaddress
 import json
 import os
+import select
 import shutil
 import signal
 import socket
@@ -36,6 +37,7 @@ from stratacl.runtime.memory import new_job_id
 
 HOSTJOB_ENV = "STRATACL_HOSTJOB"         # what the host launchers read (JSON; hostjob_env)
 OUTCOME = "stratacl-host-outcome: "      # a host launcher's last line on stderr: "<index> <exit code>"
+RELAY_QUIET_S = 0.2                      # how long the relay of mpirun's stderr waits for more once mpirun exited
 
 
 @dataclasses.dataclass
@@ -184,7 +186,8 @@ def _run(n: int, config, target: tuple, hosts: list[tuple[str, int]], machines, 
     # stderr comes through here, less each host launcher's outcome line
     p = subprocess.Popen(argv, env=env, start_new_session=True, stderr=subprocess.PIPE)
     outcomes: dict[int, int] = {}
-    relay = threading.Thread(target=_relay_stderr, args=(p.stderr.fileno(), outcomes), daemon=True)
+    ended = threading.Event()
+    relay = threading.Thread(target=_relay_stderr, args=(p.stderr.fileno(), outcomes, ended), daemon=True)
     relay.start()
 
     def forward(signum, frame):
@@ -198,6 +201,7 @@ def _run(n: int, config, target: tuple, hosts: list[tuple[str, int]], machines, 
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+    ended.set()
     relay.join()
     p.stderr.close()
     return job_exit_code(code, outcomes, len(hosts))
@@ -218,12 +222,19 @@ def job_exit_code(mpirun_code: int, outcomes: dict[int, int], k: int) -> int:
     return max(outcomes.values(), default=0)
 
 
-def _relay_stderr(fd: int, outcomes: dict[int, int]) -> None:
+def _relay_stderr(fd: int, outcomes: dict[int, int], ended: threading.Event) -> None:
     """Copy mpirun's stderr to ours as it comes, keeping back (and recording) the host
-    launchers' OUTCOME lines; a line that starts like one is held until its end."""
+    launchers' OUTCOME lines; a line that starts like one is held until its end. Until the
+    pipe's end, or once ``ended`` (mpirun exited, having passed on all its processes' output)
+    as soon as nothing more comes for RELAY_QUIET_S: a process mpirun left (a daemon of it
+    still ending on another host) may hold the pipe open."""
     mark = OUTCOME.encode()
     held, at_start = b"", True
     while True:
+        if not select.select([fd], [], [], RELAY_QUIET_S)[0]:
+            if ended.is_set():
+                break
+            continue
         data = os.read(fd, 1 << 16)
         if not data:
             break
