@@ -59,7 +59,21 @@ class Profiler:
         self._n += 1
 
     def record_many(self, core, stage: str, begin, end) -> None:
-        core, begin, end = np.broadcast_arrays(np.asarray(core), np.asarray(begin, float), np.asarray(end, float))
+        core, begin, end = np.asarray(core), np.asarray(begin, float), np.asarray(end, float)
+        if begin.ndim == 0 and end.ndim == 0 and core.ndim <= 1:
+            # one interval on several cores (a wait, a core's stage): no per-row arrays to build,
+            # which is most of an estimate's time at large sizes (many staged rounds)
+            if not end >= begin:                  # NaN compares false: dropped, as below
+                return
+            k = core.size
+            while self._n + k > self._rows.size:
+                self._rows = np.resize(self._rows, 2 * self._rows.size)
+            rows = self._rows[self._n:self._n + k]
+            rows["core"], rows["stage"], rows["begin"], rows["end"] = core, self._stage(stage), begin, end
+            self._n += k
+            return
+        if not core.shape == begin.shape == end.shape:
+            core, begin, end = np.broadcast_arrays(core, begin, end)
         keep = ~(np.isnan(begin) | np.isnan(end)) & (end >= begin)
         k = int(keep.sum())
         while self._n + k > self._rows.size:
@@ -104,10 +118,12 @@ class Profiler:
         """Per-core completion (end of its last data or descriptor stage), gap, sync vs data time."""
         r = self.rows
         work = np.isin(r["stage"], [self.stages.index(s) for s in ("data", "descriptor")]) & (r["core"] >= 0)
-        done = {}
-        for c, e in zip(r["core"][work].tolist(), r["end"][work].tolist()):
-            done[c] = max(done.get(c, 0.0), e)
-        ends = np.array(list(done.values())) if done else np.zeros(0)
+        # each core's latest end, from 0.0 (fmax: a NaN end never wins, as with max(best, nan))
+        cores, at = np.unique(r["core"][work], return_inverse=True)
+        latest = np.zeros(cores.size)
+        np.fmax.at(latest, at, r["end"][work])
+        done = dict(zip(cores.tolist(), latest.tolist()))
+        ends = latest
         dur = r["end"] - r["begin"]
         per_stage = {s: float(dur[(r["stage"] == i) & (r["core"] >= 0)].sum()) for i, s in enumerate(self.stages)}
         busy = {s: v for s, v in per_stage.items() if s in ("data", "descriptor", "poll")}
