@@ -84,10 +84,14 @@ def _imbalance(experts: int, topk: int, skew: float) -> float:
     g = logp[0] + x
     count = np.zeros((x.size, topk))                      # P(j of the others above g), j < k
     count[:, 0] = 1.0
+    stay, move = np.empty((x.size, topk - 1)), np.empty((x.size, topk - 1))   # no arrays made per expert
     for lp in logp[1:]:
         above = -np.expm1(-np.exp(lp - g))
-        count[:, 1:] = count[:, 1:] * (1 - above)[:, None] + count[:, :-1] * above[:, None]
-        count[:, 0] *= 1 - above
+        keep = 1 - above
+        np.multiply(count[:, 1:], keep[:, None], out=stay)
+        np.multiply(count[:, :-1], above[:, None], out=move)
+        np.add(stay, move, out=count[:, 1:])
+        count[:, 0] *= keep
     picked = float(np.sum(count.sum(1) * dens) * (x[1] - x[0]))
     return picked * experts / topk
 
