@@ -23,9 +23,10 @@ DTYPES = [np.bool_, np.uint8, np.int8, np.int16, np.int32, np.int64, np.float16,
 
 
 def _hash(tag: str, rank: int, start: int, stop: int) -> np.ndarray:
-    seed = np.uint64(zlib.crc32(f"{tag}/{rank}".encode()))
-    i = np.arange(start, stop, dtype=np.uint64)
-    h = (i + seed) * np.uint64(0x9E3779B97F4A7C15)
+    # in place, one array: a 32-rank job's ranks spend half their time making each other's data
+    h = np.arange(start, stop, dtype=np.uint64)
+    h += np.uint64(zlib.crc32(f"{tag}/{rank}".encode()))
+    h *= np.uint64(0x9E3779B97F4A7C15)
     h ^= h >> np.uint64(29)
     h *= np.uint64(0xBF58476D1CE4E5B9)
     h ^= h >> np.uint64(32)
@@ -42,12 +43,19 @@ def rank_data(rank: int, count: int, dtype, tag: str, reduce_op: str | None = No
     dt = np.dtype(dtype)
     h = _hash(f"{tag}/{count}/{dt.str}", rank, start, stop)
     if dt.kind == "b":
-        return (h & np.uint64(1)).astype(dt)
-    if dt.kind in "iu":
-        return h.astype(np.uint64).view(np.uint64).astype(dt, casting="unsafe")
-    if reduce_op == "prod":
-        return (1.0 + ((h % np.uint64(256)).astype(np.float64) - 128.0) / 1024.0).astype(dt)
-    return ((h % np.uint64(65536)).astype(np.float64) / 8192.0 - 4.0).astype(dt)
+        h &= np.uint64(1)
+        return h.astype(dt)
+    if dt.kind in "iu":                         # the low bits, two's complement for signed types
+        return h.astype(dt, casting="unsafe", copy=False)
+    f = (h % np.uint64(256) if reduce_op == "prod" else h % np.uint64(65536)).astype(np.float64)
+    if reduce_op == "prod":                     # 1 + (k - 128) / 1024
+        f -= 128.0
+        f /= 1024.0
+        f += 1.0
+    else:                                       # k / 8192 - 4
+        f /= 8192.0
+        f -= 4.0
+    return f.astype(dt, copy=False)
 
 
 def place(a: np.ndarray, in_hbm: bool) -> np.ndarray:

@@ -196,24 +196,3 @@ def test_what_does_not_extrapolate_in_a_dimension_says_why(tmp_path):
     with pytest.raises(ub.ReplayError, match=r"rank 0's event \d+ \(call all_reduce\)\.extra: jit mappings are paid "
                        r"in some recordings only .*members paying \(0 at 32, 0 at 64, 2 at 128\)"):
         ub.extrapolate_dimension([e, f, g], [32, 64, 128], 512)
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_the_training_example_extrapolates_in_its_hidden_size(tmp_path):
-    """examples/train_step.py (TP, FSDP, EP, its kernels through ``charge_kernel``) recorded at
-    hidden 32, 64, 128 and extrapolated to 256 gives every rank the clock of a real run at 256."""
-    from pathlib import Path
-
-    from launch_helpers import launch
-
-    example = Path(__file__).resolve().parents[1] / "examples" / "train_step.py"
-    traces = {}
-    for h in (32, 64, 128, 256):
-        run = launch("-n", "2", "--clock", "virtual", "--trace", str(tmp_path / f"h{h}"), "--timeout", "90",
-                     str(example), "--steps", "2", "--layers", "2", "--hidden", str(h), "--ffn", "64", "--tokens",
-                     "8", timeout=140)
-        assert run.returncode == 0, run.explain()
-        traces[h] = ub.load_traces(str(tmp_path / f"h{h}"))
-    got = ub.replay(ub.extrapolate_dimension([traces[32], traces[64], traces[128]], [32, 64, 128], 256))
-    np.testing.assert_allclose(got.end_us, [t["end_us"] for t in traces[256]], rtol=1e-9)

@@ -465,9 +465,10 @@ def test_a_shared_skew_gives_the_expert_loads_the_imbalance_asked_for(experts, t
     # every rank the same hot experts: each rank's own loads are as uneven as the whole batch's
     hot = int(np.argmax(load))
     assert all(np.bincount(r.ravel(), minlength=experts).argmax() == hot for r in shared) or imbalance < 1.5
-    apart = ep.routing(tokens, experts, topk, 8, skew, 11)
-    spread = np.bincount(np.concatenate(apart).ravel(), minlength=experts)
-    assert spread.max() / spread.mean() < load.max() / load.mean() or imbalance < 1.5
+    if imbalance >= 1.5:        # below, a noise this size can hide the difference: no draw needed
+        apart = ep.routing(tokens, experts, topk, 8, skew, 11)
+        spread = np.bincount(np.concatenate(apart).ravel(), minlength=experts)
+        assert spread.max() / spread.mean() < load.max() / load.mean()
     assert ep.skew_for(1.0, experts, topk) == 0.0
     assert ep.skew_for(imbalance, experts, topk) < ep.skew_for(imbalance + 0.1, experts, topk)
 

@@ -348,8 +348,11 @@ def test_train_step_example_trains_exactly_as_one_process(registration, batches,
 def test_train_step_seeded_routing_extrapolates_in_hidden(tmp_path):
     """--routing seeded draws the experts from the seed, step, micro-batch and layer, not the
     activations: at 4 ranks (where the gate's routing is refused) the traces at hidden 32, 64,
-    128 extrapolate (ub.extrapolate_dimension) to a real run's at 256, every rank exact and every
-    comm.clock() read equal."""
+    128 extrapolate (ub.extrapolate_dimension) to a real run's at 256, every rank exact, every
+    comm.clock() read and every rank's end time equal. (This is also the training example's
+    hidden-size extrapolation at TP 2 x FSDP 2, EP 4: test_dims ran it at 2 ranks under the gate,
+    whose top-4 of 4 experts sends every token everywhere, FSDP 1; this run makes the same calls
+    and more.)"""
     from stratacl import ub
 
     traces = {}
@@ -366,6 +369,7 @@ def test_train_step_seeded_routing_extrapolates_in_hidden(tmp_path):
     real = ub.replay(traces[256])
     assert [len(c) for c in fitted.clocks] == [len(c) for c in real.clocks] == [4] * 4
     assert [x for c in fitted.clocks for x in c] == pytest.approx([x for c in real.clocks for x in c], rel=1e-9)
+    assert list(fitted.end_us) == pytest.approx([t["end_us"] for t in traces[256]], rel=1e-9)
     with pytest.raises(ub.ReplayError, match="routing changes with the dimension"):
         gate = {}
         for h in (32, 64):

@@ -43,6 +43,16 @@ class Profiler:
         self._open: dict = {}
         self.stages = list(STAGES)
 
+    def _reserve(self, k: int) -> None:
+        """Room for ``k`` more rows: the buffer doubles (once, to the size doubling reaches)."""
+        size = self._rows.size
+        while self._n + k > size:
+            size = 2 * size or 1
+        if size != self._rows.size:
+            rows = np.empty(size, dtype=_ROW)
+            rows[:self._n] = self._rows[:self._n]
+            self._rows = rows
+
     def _stage(self, name: str) -> int:
         try:
             return self.stages.index(name)
@@ -53,19 +63,40 @@ class Profiler:
     def record(self, core: int, stage: str, begin: float, end: float) -> None:
         if end < begin:
             raise ValueError(f"profiler: stage {stage!r} on core {core} ends ({end}) before it begins ({begin})")
-        if self._n == self._rows.size:
-            self._rows = np.resize(self._rows, 2 * self._rows.size)
+        self._reserve(1)
         self._rows[self._n] = (core, self._stage(stage), begin, end)
         self._n += 1
 
     def record_many(self, core, stage: str, begin, end) -> None:
-        core, begin, end = np.broadcast_arrays(np.asarray(core), np.asarray(begin, float), np.asarray(end, float))
+        core, begin, end = np.asarray(core), np.asarray(begin, float), np.asarray(end, float)
+        if begin.ndim == 0 and end.ndim == 0 and core.ndim <= 1:
+            # one interval on several cores (a wait, a core's stage): no per-row arrays to build,
+            # which is most of an estimate's time at large sizes (many staged rounds)
+            if not end >= begin:                  # NaN compares false: dropped, as below
+                return
+            k = core.size
+            self._reserve(k)
+            rows = self._rows[self._n:self._n + k]
+            rows["core"], rows["stage"], rows["begin"], rows["end"] = core, self._stage(stage), begin, end
+            self._n += k
+            return
+        if not core.shape == begin.shape == end.shape:
+            core, begin, end = np.broadcast_arrays(core, begin, end)
         keep = ~(np.isnan(begin) | np.isnan(end)) & (end >= begin)
         k = int(keep.sum())
-        while self._n + k > self._rows.size:
-            self._rows = np.resize(self._rows, 2 * self._rows.size)
+        self._reserve(k)
         rows = self._rows[self._n:self._n + k]
         rows["core"], rows["stage"] = core[keep], self._stage(stage)
+        rows["begin"], rows["end"] = begin[keep], end[keep]
+        self._n += k
+
+    def _append(self, core: np.ndarray, stage: np.ndarray, begin: np.ndarray, end: np.ndarray) -> None:
+        """Rows already broadcast, ``stage`` as ids; dropped as ``record_many`` drops them."""
+        keep = ~(np.isnan(begin) | np.isnan(end)) & (end >= begin)
+        k = int(keep.sum())
+        self._reserve(k)
+        rows = self._rows[self._n:self._n + k]
+        rows["core"], rows["stage"] = core[keep], stage[keep]
         rows["begin"], rows["end"] = begin[keep], end[keep]
         self._n += k
 
@@ -104,10 +135,12 @@ class Profiler:
         """Per-core completion (end of its last data or descriptor stage), gap, sync vs data time."""
         r = self.rows
         work = np.isin(r["stage"], [self.stages.index(s) for s in ("data", "descriptor")]) & (r["core"] >= 0)
-        done = {}
-        for c, e in zip(r["core"][work].tolist(), r["end"][work].tolist()):
-            done[c] = max(done.get(c, 0.0), e)
-        ends = np.array(list(done.values())) if done else np.zeros(0)
+        # each core's latest end, from 0.0 (fmax: a NaN end never wins, as with max(best, nan))
+        cores, at = np.unique(r["core"][work], return_inverse=True)
+        latest = np.zeros(cores.size)
+        np.fmax.at(latest, at, r["end"][work])
+        done = dict(zip(cores.tolist(), latest.tolist()))
+        ends = latest
         dur = r["end"] - r["begin"]
         per_stage = {s: float(dur[(r["stage"] == i) & (r["core"] >= 0)].sum()) for i, s in enumerate(self.stages)}
         busy = {s: v for s, v in per_stage.items() if s in ("data", "descriptor", "poll")}
@@ -177,14 +210,8 @@ def profile_plan(model, plan: list, members, clocks_in=None, ranks=None) -> list
                 st = np.maximum(end, np.roll(end, 1)) + lat
                 starts.append(st)
                 end = st + dur[s]
-            for s, st in enumerate(starts):
-                for i in want:
-                    if s > 0:
-                        who = cores if model.path == "mte" else cores[:model.topology.sdma.poll_cores]
-                        profs[i].record_many(who, "sync", starts[s - 1][i] + dur[s - 1, i], st[i])
-                    run = runs.at(s, i)
-                    if run is not None:
-                        _record_run(profs[i], run[0], st[i])
+            who = cores if model.path == "mte" else cores[:model.topology.sdma.poll_cores]
+            _record_ring(profs, want, np.array(starts), dur, runs, who)
             t = end
             continue
         t_next = advance([step], t)
@@ -200,6 +227,77 @@ def profile_plan(model, plan: list, members, clocks_in=None, ranks=None) -> list
                 profs[i].record_many(who, "sync", t[i], t_next[i])
         t = t_next
     return [profs[i] for i in want]
+
+
+def _run_rows(run) -> list[tuple]:
+    """What ``_record_run`` records for ``run`` entered at t0, as segments (stage, cores,
+    begin offsets, end offsets, whether the begin is t0 itself), each broadcast as it does."""
+    from ..sdma import SdmaRun
+    if isinstance(run, SdmaRun):
+        c = np.arange(run.build_end.size)
+        parts = [("descriptor", c, None, run.doorbell_end), ("poll", c, run.doorbell_end, run.poll_end),
+                 ("engine", np.full(run.desc_end.size, ENGINE), run.desc_start, run.desc_end)]
+    else:
+        parts = [("data", np.arange(run.core_end.size), run.core_start, run.core_end)]
+    out = []
+    for stage, core, b, e in parts:
+        core, bb, ee = np.broadcast_arrays(np.asarray(core), np.asarray(0.0 if b is None else b, float),
+                                           np.asarray(e, float))
+        out.append((stage, core.ravel(), bb.ravel(), ee.ravel(), b is None))
+    return out
+
+
+def _record_ring(profs: dict, want: list, starts: np.ndarray, dur: np.ndarray, runs, who: np.ndarray) -> None:
+    """A ring step's probes on each profiled member, in the order the step-by-step walk made
+    them (step s: the wait for step s-1's flag on ``who``, then step s's core run), built for all
+    steps of a member at once: a 32-rank staged ring at 1 GiB has thousands of steps. ``starts``
+    [S, n]: each step's start. Every begin and end is the walk's own sum (t0 + offset; a wait
+    from the end of the step before, start + duration, to the step's start), so the rows are
+    bit for bit the walk's."""
+    steps = starts.shape[0]
+    # row templates: block 0 is the wait on ``who``; then one block per distinct run in the step
+    names = ["sync"]
+    core, stage, boff, eoff, exact = [who], [np.zeros(who.size, np.int16)], [np.zeros(who.size)], \
+        [np.zeros(who.size)], [np.zeros(who.size, bool)]
+    block_of_run = np.full(len(runs.runs), -1)
+    used = np.unique(runs.index)
+    for r in used.tolist():
+        run = runs.runs[r]
+        if run is None:
+            continue
+        block_of_run[r] = len(core)
+        segs = _run_rows(run[0])
+        for name, c, b, e, ex in segs:
+            if name not in names:
+                names.append(name)
+        core.append(np.concatenate([c for _, c, _, _, _ in segs]))
+        stage.append(np.concatenate([np.full(c.size, names.index(name), np.int16) for name, c, _, _, _ in segs]))
+        boff.append(np.concatenate([b for _, _, b, _, _ in segs]))
+        eoff.append(np.concatenate([e for _, _, _, e, _ in segs]))
+        exact.append(np.concatenate([np.full(c.size, ex) for _, c, _, _, ex in segs]))
+    block_len = np.array([c.size for c in core])
+    block_off = np.cumsum(block_len) - block_len
+    core, stage, boff, eoff, exact = (np.concatenate(x) for x in (core, stage, boff, eoff, exact))
+    for i in want:
+        prof = profs[i]
+        ids = np.array([prof._stage(name) for name in names], np.int16)
+        # blocks in walk order: step s's wait (from step 1 on), then its run (when it has one)
+        bt = np.stack([np.r_[-1, np.zeros(steps - 1, np.int64)], block_of_run[runs.index[:, i]]], axis=1).ravel()
+        bs = np.repeat(np.arange(steps), 2)
+        keep = bt >= 0
+        bt, bs = bt[keep], bs[keep]
+        blen = block_len[bt]
+        total = int(blen.sum())
+        row = np.repeat(block_off[bt] - (np.cumsum(blen) - blen), blen) + np.arange(total)
+        s = np.repeat(bs, blen)
+        t0 = starts[s, i]
+        begin = np.where(exact[row], t0, t0 + boff[row])
+        end = t0 + eoff[row]
+        wait = row < who.size                                 # rows of block 0
+        sw = s[wait]
+        begin[wait] = starts[sw - 1, i] + dur[sw - 1, i]
+        end[wait] = starts[sw, i]
+        prof._append(core[row], ids[stage[row]], begin, end)
 
 
 def _record_run(prof: Profiler, run, t0: float) -> None:
