@@ -547,9 +547,20 @@ def main(argv: list[str]) -> int:
     # the host's daemon watches this process from now on: if it ends before the host's ranks,
     # they are told (FAILED_CARRIER) rather than left to time out
     _native.store_u64(ctl.base + H_CARRIER_PID, os.getpid() | comm.rank << 32)
-    thread = CarrierThread(comm, host_of, ctl, hbm_fds, Config(), until_done=True)
+    config = Config()
+    thread = CarrierThread(comm, host_of, ctl, hbm_fds, config, until_done=True)
+    mine, lost_at = [r for r, h in enumerate(host_of) if h == comm.rank], None
     while not thread.join(1.0):
-        pass
+        if thread.lost is None:
+            continue
+        # another host was lost: the carrier may be stuck in a read from it, which never
+        # returns; once this host's ranks are gone (or after the bound the carrier itself
+        # keeps), leave without MPI's finalize, as a host launcher does
+        lost_at = lost_at or time.monotonic()
+        if (all(ctl.state(r) in (STATE_FINALIZED, STATE_DEAD) for r in mine)
+                or time.monotonic() - lost_at > 2 * config.grace + 10):
+            print(f"stratacl carrier of host {comm.rank}: {thread.error}", flush=True)
+            os._exit(1)
     for fd in (ctl_fd, *hbm_fds):
         os.close(fd)
     if thread.error:
