@@ -363,6 +363,36 @@ def test_a_rank_killed_on_the_other_host_is_named_by_every_survivor_and_nothing_
     assert not _carriers_left()
 
 
+def _job_ended_by(act, n: int = 4, prog: str = "barriers_until_failure.py", timeout: float = 40):
+    """Start ``-n n --emulate-hosts 2 prog``, wait until it is ready, ``act(p, tree)`` (the
+    launcher's process and every process under it then), and wait for the job to end; the whole
+    tree is killed if it does not (mpirun runs in a session of its own). Returns the launcher's
+    exit code, its stdout and stderr as text, and the tree."""
+    p = subprocess.Popen(launcher_command() + ["-n", str(n), "--emulate-hosts", "2", "--timeout", "60", script(prog)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=clean_env(), start_new_session=True)
+    tree: list[psutil.Process] = []
+    try:
+        read_lines_until(p, 1, '@@ {"ready"', timeout=60)
+        tree = psutil.Process(p.pid).children(recursive=True)
+        act(p, tree)
+        out, err = p.communicate(timeout=timeout)
+    finally:
+        if p.poll() is None:
+            for q in [psutil.Process(p.pid), *tree]:
+                try:
+                    q.kill()
+                except psutil.NoSuchProcess:
+                    pass
+            p.wait(10)
+    return p.returncode, out.decode(), err.decode(errors="replace"), tree
+
+
+def _host_launchers(tree: list[psutil.Process]) -> dict[str, psutil.Process]:
+    """The host launchers of a job over hosts by host index (not mpirun itself)."""
+    return {q.environ()["OMPI_COMM_WORLD_RANK"]: q for q in tree
+            if "stratacl.jobs._hostlaunch" in q.cmdline() and "OMPI_COMM_WORLD_RANK" in q.environ()}
+
+
 # a segmentation fault inside Open MPI's one-sided read or its lock, in the carrier thread
 OSC_RDMA_CRASH = re.compile(r"Fatal Python error: Segmentation fault\n\nCurrent thread [^\n]*\n"
                             r'  File "[^"]*/runtime/hosts/_carrier\.py", line \d+ in _move\n')
@@ -380,28 +410,12 @@ def test_a_host_whose_launcher_is_killed_is_named_by_every_rank_of_the_other_hos
     # host watch finds host 1's process failed and names it, every rank of host 0 raises at
     # once (not CommTimeout 60 s later), host 0's launcher prints its block naming host 1, the
     # job exits 1
-    p = subprocess.Popen(launcher_command() + ["-n", str(n), "--emulate-hosts", "2", "--timeout", "60",
-                                               script(prog)],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=clean_env(), start_new_session=True)
-    tree: list[psutil.Process] = []
-    try:
-        read_lines_until(p, 1, '@@ {"ready"', timeout=60)
-        tree = psutil.Process(p.pid).children(recursive=True)
-        launchers = {q.environ()["OMPI_COMM_WORLD_RANK"]: q for q in tree      # (not mpirun itself)
-                     if "stratacl.jobs._hostlaunch" in q.cmdline() and "OMPI_COMM_WORLD_RANK" in q.environ()}
+    def kill_host_1(p, tree):
+        launchers = _host_launchers(tree)
         assert sorted(launchers) == ["0", "1"], launchers
         launchers["1"].kill()
-        out, err = p.communicate(timeout=40)        # the ranks' own timeout is 60 s
-    finally:
-        if p.poll() is None:            # mpirun runs in a session of its own: end the whole tree
-            for q in [psutil.Process(p.pid), *tree]:
-                try:
-                    q.kill()
-                except psutil.NoSuchProcess:
-                    pass
-            p.wait(10)
-    out, err = out.decode(), err.decode(errors="replace")
-    assert p.returncode == 1, out[-2000:] + err[-4000:]
+    code, out, err, tree = _job_ended_by(kill_host_1, n, prog)      # (40 s: the ranks' own timeout is 60 s)
+    assert code == 1, out[-2000:] + err[-4000:]
     if op == "all_reduce" and OSC_RDMA_CRASH.search(err):
         # Open MPI's osc rdma may crash host 0's launcher in a read from the lost host before MPI
         # knows it failed (docs/cluster.md, "A lost host"): the job still fails by name, clean
@@ -427,28 +441,13 @@ def test_a_job_whose_every_host_launcher_is_killed_fails_though_mpirun_says_0():
     # under --with-ft ulfm mpirun exits 0 when its processes die by a signal: with every host's
     # launcher SIGKILLed nothing is left to say the job failed but stratacl-launch, which counts
     # each host launcher's last line (its exit code) and names the hosts that sent none
-    p = subprocess.Popen(launcher_command() + ["-n", "4", "--emulate-hosts", "2", "--timeout", "60",
-                                               script("barriers_until_failure.py")],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=clean_env(), start_new_session=True)
-    tree: list[psutil.Process] = []
-    try:
-        read_lines_until(p, 1, '@@ {"ready"', timeout=60)
-        tree = psutil.Process(p.pid).children(recursive=True)
-        launchers = [q for q in tree if "stratacl.jobs._hostlaunch" in q.cmdline() and "OMPI_COMM_WORLD_RANK" in q.environ()]
-        assert len(launchers) == 2, launchers
-        for q in launchers:
+    def kill_both(p, tree):
+        launchers = _host_launchers(tree)
+        assert sorted(launchers) == ["0", "1"], launchers
+        for q in launchers.values():
             q.kill()
-        out, err = p.communicate(timeout=40)
-    finally:
-        if p.poll() is None:
-            for q in [psutil.Process(p.pid), *tree]:
-                try:
-                    q.kill()
-                except psutil.NoSuchProcess:
-                    pass
-            p.wait(10)
-    err = err.decode(errors="replace")
-    assert p.returncode == 1, err[-4000:]
+    code, _out, err, tree = _job_ended_by(kill_both)
+    assert code == 1, err[-4000:]
     assert err.endswith("stratacl-launch: the launcher of host(s) 0, 1 ended without reporting how (killed by a "
                         "signal, or crashed): the job failed\n"), err[-4000:]
     assert "stratacl-host-outcome" not in err
@@ -604,26 +603,12 @@ def test_where_namespaces_cannot_be_made_the_hosts_share_the_machine_and_the_lau
 
 
 def test_sigint_to_the_launcher_ends_every_host_and_removes_their_namespaces():
-    p = subprocess.Popen(launcher_command() + ["-n", "4", "--emulate-hosts", "2", "--timeout", "60",
-                                               script("barriers_until_failure.py")],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=clean_env())
-    tree: list[psutil.Process] = []
-    try:
-        read_lines_until(p, 1, '@@ {"ready"', timeout=60)
-        tree = psutil.Process(p.pid).children(recursive=True)
+    def interrupt(p, tree):
         inside = {os.stat(f"/proc/{q.pid}/ns/net").st_ino for q in tree if q.is_running()}
         assert len(inside - {os.stat("/proc/self/ns/net").st_ino}) >= 2       # the head's and the hosts'
         p.send_signal(signal.SIGINT)
-        p.communicate(timeout=60)
-    finally:
-        if p.poll() is None:
-            for q in [psutil.Process(p.pid), *tree]:
-                try:
-                    q.kill()
-                except psutil.NoSuchProcess:
-                    pass
-            p.wait(10)
-    assert p.returncode != 0
+    code, _out, _err, tree = _job_ended_by(interrupt, timeout=60)
+    assert code != 0
     assert_all_gone([q.pid for q in tree], timeout=15)
 
 
